@@ -1,0 +1,236 @@
+/* NumPy .npy reader and writer: '<f4'/'<f8', C order, header v1.0-3.0.
+ * The reader treats its input as hostile: every length is checked against
+ * the bytes actually present before anything is allocated or read. */
+#include "muon_internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { NPY_MAX_HEADER = 1 << 20, NPY_MAX_FILE_HEADER_SCAN = 16 };
+
+typedef struct {
+    const char *p, *end;
+} cursor;
+
+static void skip_ws(cursor *c)
+{
+    while (c->p < c->end && isspace((unsigned char)*c->p)) c->p++;
+}
+
+static int eat(cursor *c, char ch)
+{
+    skip_ws(c);
+    if (c->p < c->end && *c->p == ch) {
+        c->p++;
+        return 1;
+    }
+    return 0;
+}
+
+/* A Python string literal in quotes; copies at most cap-1 chars. */
+static int parse_str(cursor *c, char *buf, size_t cap)
+{
+    skip_ws(c);
+    if (c->p >= c->end || (*c->p != '\'' && *c->p != '"')) return 0;
+    char q = *c->p++;
+    size_t n = 0;
+    while (c->p < c->end && *c->p != q) {
+        if (n + 1 >= cap) return 0;
+        buf[n++] = *c->p++;
+    }
+    if (c->p >= c->end) return 0;
+    c->p++;
+    buf[n] = '\0';
+    return 1;
+}
+
+static int parse_word(cursor *c, const char *w)
+{
+    skip_ws(c);
+    size_t n = strlen(w);
+    if ((size_t)(c->end - c->p) >= n && memcmp(c->p, w, n) == 0) {
+        c->p += n;
+        return 1;
+    }
+    return 0;
+}
+
+static int parse_shape(cursor *c, int *ndim, int64_t *shape)
+{
+    if (!eat(c, '(')) return 0;
+    *ndim = 0;
+    for (;;) {
+        if (eat(c, ')')) return 1;
+        skip_ws(c);
+        if (c->p >= c->end || !isdigit((unsigned char)*c->p)) return 0;
+        int64_t v = 0;
+        while (c->p < c->end && isdigit((unsigned char)*c->p)) {
+            if (v > (INT64_MAX - 9) / 10) return 0;
+            v = v * 10 + (*c->p++ - '0');
+        }
+        while (c->p < c->end && (*c->p == 'L')) c->p++; /* Python 2 longs */
+        if (*ndim >= MU_MAX_DIMS) return 0;
+        shape[(*ndim)++] = v;
+        if (!eat(c, ',')) {
+            if (!eat(c, ')')) return 0;
+            return 1;
+        }
+    }
+}
+
+typedef struct {
+    int dtype, ndim, have_descr, have_order, have_shape;
+    int64_t shape[MU_MAX_DIMS];
+} npy_header;
+
+static int parse_header(const char *text, size_t len, npy_header *h)
+{
+    cursor c = {text, text + len};
+    char key[32], val[32];
+    memset(h, 0, sizeof *h);
+    if (!eat(&c, '{')) return mu__fail(MU_EFORMAT, "npy header is not a dict");
+    for (;;) {
+        if (eat(&c, '}')) break;
+        if (!parse_str(&c, key, sizeof key) || !eat(&c, ':'))
+            return mu__fail(MU_EFORMAT, "npy header: malformed key");
+        if (strcmp(key, "descr") == 0) {
+            if (!parse_str(&c, val, sizeof val))
+                return mu__fail(MU_EFORMAT, "npy header: descr is not a string");
+            if (strcmp(val, "<f4") == 0) h->dtype = MU_F32;
+            else if (strcmp(val, "<f8") == 0) h->dtype = MU_F64;
+            else
+                return mu__fail(MU_EDTYPE,
+                                "npy dtype '%s' is not supported (only '<f4' and '<f8')", val);
+            h->have_descr = 1;
+        } else if (strcmp(key, "fortran_order") == 0) {
+            if (parse_word(&c, "True"))
+                return mu__fail(MU_EFORMAT,
+                                "npy file is in Fortran order; only C order is supported");
+            if (!parse_word(&c, "False"))
+                return mu__fail(MU_EFORMAT, "npy header: fortran_order is not a boolean");
+            h->have_order = 1;
+        } else if (strcmp(key, "shape") == 0) {
+            if (!parse_shape(&c, &h->ndim, h->shape))
+                return mu__fail(MU_EFORMAT, "npy header: malformed shape (at most %d dims)",
+                                MU_MAX_DIMS);
+            h->have_shape = 1;
+        } else {
+            return mu__fail(MU_EFORMAT, "npy header: unexpected key '%s'", key);
+        }
+        if (!eat(&c, ',')) {
+            if (!eat(&c, '}')) return mu__fail(MU_EFORMAT, "npy header: expected ',' or '}'");
+            break;
+        }
+    }
+    if (!h->have_descr || !h->have_order || !h->have_shape)
+        return mu__fail(MU_EFORMAT, "npy header lacks descr, fortran_order or shape");
+    return MU_OK;
+}
+
+int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out)
+{
+    if (!out) return mu__fail(MU_EINVAL, "out is NULL");
+    *out = NULL;
+    const unsigned char *b = buf;
+    if (!b || len < 10 || memcmp(b, "\x93NUMPY", 6) != 0)
+        return mu__fail(MU_EFORMAT, "not an npy file (bad magic)");
+    unsigned major = b[6];
+    size_t hlen, start;
+    if (major == 1) {
+        hlen = (size_t)b[8] | (size_t)b[9] << 8;
+        start = 10;
+    } else if (major == 2 || major == 3) {
+        if (len < 12) return mu__fail(MU_EFORMAT, "npy file truncated in its header length");
+        hlen = (size_t)b[8] | (size_t)b[9] << 8 | (size_t)b[10] << 16 | (size_t)b[11] << 24;
+        start = 12;
+    } else {
+        return mu__fail(MU_EFORMAT, "npy version %u.%u is not supported", major, b[7]);
+    }
+    if (hlen > NPY_MAX_HEADER) return mu__fail(MU_EFORMAT, "npy header too long (%zu)", hlen);
+    if (hlen > len - start) return mu__fail(MU_EFORMAT, "npy file truncated inside its header");
+    npy_header h;
+    int rc = parse_header((const char *)b + start, hlen, &h);
+    if (rc) return rc;
+    int64_t numel = mu__shape_numel(h.ndim, h.shape);
+    size_t es = mu_dtype_size(h.dtype), avail = len - start - hlen;
+    if (numel < 0 || (uint64_t)numel > avail / es)
+        return mu__fail(MU_EFORMAT, "npy header claims %lld elements but the file holds %zu bytes",
+                        (long long)numel, avail);
+    if ((size_t)numel * es != avail)
+        return mu__fail(MU_EFORMAT, "npy file has %zu trailing bytes after the data",
+                        avail - (size_t)numel * es);
+    mu_tensor *t;
+    rc = mu_tensor_new(h.dtype, h.ndim, h.shape, &t);
+    if (rc) return rc;
+    memcpy(t->data, b + start + hlen, (size_t)numel * es);
+    *out = t;
+    return MU_OK;
+}
+
+int mu_npy_load(const char *path, mu_tensor **out)
+{
+    if (!out) return mu__fail(MU_EINVAL, "out is NULL");
+    *out = NULL;
+    if (!path) return mu__fail(MU_EINVAL, "path is NULL");
+    FILE *f = fopen(path, "rb");
+    if (!f) return mu__fail(MU_EIO, "cannot open '%s': %s", path, strerror(errno));
+    long size = -1;
+    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return mu__fail(MU_EIO, "cannot size '%s'", path);
+    }
+    char *buf = malloc(size > 0 ? (size_t)size : 1);
+    if (!buf) {
+        fclose(f);
+        return mu__fail(MU_ENOMEM, "cannot read '%s' (%ld bytes)", path, size);
+    }
+    size_t got = fread(buf, 1, (size_t)size, f);
+    fclose(f);
+    int rc = got == (size_t)size ? mu_npy_load_mem(buf, got, out)
+                                 : mu__fail(MU_EIO, "short read on '%s'", path);
+    free(buf);
+    if (rc && rc != MU_EIO) {
+        char msg[900];
+        snprintf(msg, sizeof msg, "%s", mu_last_error());
+        mu__fail(rc, "%s: %s", path, msg);
+    }
+    return rc;
+}
+
+int mu_npy_save(const mu_tensor *t, const char *path)
+{
+    if (!t || !path) return mu__fail(MU_EINVAL, "tensor or path is NULL");
+    char dict[512];
+    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
+                     t->dtype == MU_F32 ? "<f4" : "<f8");
+    for (int i = 0; i < t->ndim; i++)
+        n += snprintf(dict + n, sizeof dict - n, "%lld%s", (long long)t->shape[i],
+                      t->ndim == 1 || i + 1 < t->ndim ? ", " : "");
+    n += snprintf(dict + n, sizeof dict - n, "), }");
+    /* magic(6) + version(2) + len(2) + dict + spaces + '\n', multiple of 64 */
+    size_t total = 10 + (size_t)n + 1;
+    size_t pad = (64 - total % 64) % 64;
+    size_t hlen = (size_t)n + pad + 1;
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+                             (unsigned char)(hlen & 0xff), (unsigned char)(hlen >> 8)};
+    mu_tensor *c;
+    int rc = mu_tensor_contiguous(t, &c);
+    if (rc) return rc;
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        mu_tensor_free(c);
+        return mu__fail(MU_EIO, "cannot open '%s' for writing: %s", path, strerror(errno));
+    }
+    size_t nbytes = (size_t)mu_tensor_numel(c) * mu_dtype_size(c->dtype);
+    int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)n, f) == (size_t)n;
+    for (size_t i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
+    ok = ok && fputc('\n', f) != EOF && fwrite(c->data, 1, nbytes, f) == nbytes;
+    ok = (fclose(f) == 0) && ok;
+    mu_tensor_free(c);
+    if (!ok) return mu__fail(MU_EIO, "write to '%s' failed: %s", path, strerror(errno));
+    return MU_OK;
+}
