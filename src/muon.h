@@ -71,10 +71,10 @@ typedef struct mu_tensor {
     void *data;
     mu_storage *storage;
     int64_t offset;
-    int32_t dtype;
+    int32_t scalar;     /* mu_dtype */
     int32_t ndim;
-    int64_t shape[8];
-    int64_t stride[8]; /* in elements */
+    int64_t dims[8];   /* sizes */
+    int64_t strides[8]; /* in elements */
 } mu_tensor;
 
 /* New zero-filled contiguous tensor owning its storage. ndim may be 0. */
@@ -97,6 +97,9 @@ MU_API int mu_tensor_view(const mu_tensor *t, int ndim, const int64_t *shape, mu
 MU_API int mu_tensor_transpose(const mu_tensor *t, int d0, int d1, mu_tensor **out);
 MU_API int mu_tensor_narrow(const mu_tensor *t, int dim, int64_t start, int64_t length,
                             mu_tensor **out);
+/* Drop a size-1 dim / insert one at position dim (views). */
+MU_API int mu_tensor_squeeze(const mu_tensor *t, int dim, mu_tensor **out);
+MU_API int mu_tensor_unsqueeze(const mu_tensor *t, int dim, mu_tensor **out);
 /* Same storage if already contiguous, else a contiguous copy. */
 MU_API int mu_tensor_contiguous(const mu_tensor *t, mu_tensor **out);
 /* Always a new contiguous copy (optionally of another dtype; -1 keeps it). */

@@ -82,7 +82,7 @@ static int parse_shape(cursor *c, int *ndim, int64_t *shape)
 }
 
 typedef struct {
-    int dtype, ndim, have_descr, have_order, have_shape;
+    int scalar, ndim, have_descr, have_order, have_shape;
     int64_t shape[MU_MAX_DIMS];
 } npy_header;
 
@@ -99,8 +99,8 @@ static int parse_header(const char *text, size_t len, npy_header *h)
         if (strcmp(key, "descr") == 0) {
             if (!parse_str(&c, val, sizeof val))
                 return mu__fail(MU_EFORMAT, "npy header: descr is not a string");
-            if (strcmp(val, "<f4") == 0) h->dtype = MU_F32;
-            else if (strcmp(val, "<f8") == 0) h->dtype = MU_F64;
+            if (strcmp(val, "<f4") == 0) h->scalar = MU_F32;
+            else if (strcmp(val, "<f8") == 0) h->scalar = MU_F64;
             else
                 return mu__fail(MU_EDTYPE,
                                 "npy dtype '%s' is not supported (only '<f4' and '<f8')", val);
@@ -155,7 +155,7 @@ int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out)
     int rc = parse_header((const char *)b + start, hlen, &h);
     if (rc) return rc;
     int64_t numel = mu__shape_numel(h.ndim, h.shape);
-    size_t es = mu_dtype_size(h.dtype), avail = len - start - hlen;
+    size_t es = mu_dtype_size(h.scalar), avail = len - start - hlen;
     if (numel < 0 || (uint64_t)numel > avail / es)
         return mu__fail(MU_EFORMAT, "npy header claims %lld elements but the file holds %zu bytes",
                         (long long)numel, avail);
@@ -163,7 +163,7 @@ int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out)
         return mu__fail(MU_EFORMAT, "npy file has %zu trailing bytes after the data",
                         avail - (size_t)numel * es);
     mu_tensor *t;
-    rc = mu_tensor_new(h.dtype, h.ndim, h.shape, &t);
+    rc = mu_tensor_new(h.scalar, h.ndim, h.shape, &t);
     if (rc) return rc;
     memcpy(t->data, b + start + hlen, (size_t)numel * es);
     *out = t;
@@ -206,9 +206,9 @@ int mu_npy_save(const mu_tensor *t, const char *path)
     if (!t || !path) return mu__fail(MU_EINVAL, "tensor or path is NULL");
     char dict[512];
     int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
-                     t->dtype == MU_F32 ? "<f4" : "<f8");
+                     t->scalar == MU_F32 ? "<f4" : "<f8");
     for (int i = 0; i < t->ndim; i++)
-        n += snprintf(dict + n, sizeof dict - n, "%lld%s", (long long)t->shape[i],
+        n += snprintf(dict + n, sizeof dict - n, "%lld%s", (long long)t->dims[i],
                       t->ndim == 1 || i + 1 < t->ndim ? ", " : "");
     n += snprintf(dict + n, sizeof dict - n, "), }");
     /* magic(6) + version(2) + len(2) + dict + spaces + '\n', multiple of 64 */
@@ -225,7 +225,7 @@ int mu_npy_save(const mu_tensor *t, const char *path)
         mu_tensor_free(c);
         return mu__fail(MU_EIO, "cannot open '%s' for writing: %s", path, strerror(errno));
     }
-    size_t nbytes = (size_t)mu_tensor_numel(c) * mu_dtype_size(c->dtype);
+    size_t nbytes = (size_t)mu_tensor_numel(c) * mu_dtype_size(c->scalar);
     int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)n, f) == (size_t)n;
     for (size_t i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF && fwrite(c->data, 1, nbytes, f) == nbytes;

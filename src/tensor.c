@@ -59,13 +59,13 @@ int mu__tensor_over(mu_storage *s, int dtype, int64_t offset, int ndim, const in
     if (!t) return mu__fail(MU_ENOMEM, "out of memory for a tensor handle");
     atomic_fetch_add(&s->refcount, 1);
     t->storage = s;
-    t->dtype = dtype;
+    t->scalar = dtype;
     t->ndim = ndim;
     t->offset = offset;
     t->data = (char *)s->base + offset * (int64_t)mu_dtype_size(dtype);
     for (int i = 0; i < ndim; i++) {
-        t->shape[i] = shape[i];
-        t->stride[i] = stride[i];
+        t->dims[i] = shape[i];
+        t->strides[i] = stride[i];
     }
     *out = t;
     return MU_OK;
@@ -132,15 +132,15 @@ void mu_tensor_free(mu_tensor *t)
     free(t);
 }
 
-int64_t mu_tensor_numel(const mu_tensor *t) { return mu__shape_numel(t->ndim, t->shape); }
+int64_t mu_tensor_numel(const mu_tensor *t) { return mu__shape_numel(t->ndim, t->dims); }
 
 int mu_tensor_is_contiguous(const mu_tensor *t)
 {
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] == 0) return 1;
-        if (t->shape[i] != 1 && t->stride[i] != s) return 0;
-        s *= t->shape[i];
+        if (t->dims[i] == 0) return 1;
+        if (t->dims[i] != 1 && t->strides[i] != s) return 0;
+        s *= t->dims[i];
     }
     return 1;
 }
@@ -183,7 +183,7 @@ int mu_tensor_view(const mu_tensor *t, int ndim, const int64_t *shape, mu_tensor
                         (long long)numel, (long long)known);
     int64_t st[MU_MAX_DIMS];
     contiguous_strides(ndim, sh, st);
-    return mu__tensor_over(t->storage, t->dtype, t->offset, ndim, sh, st, out);
+    return mu__tensor_over(t->storage, t->scalar, t->offset, ndim, sh, st, out);
 }
 
 int mu_tensor_transpose(const mu_tensor *t, int d0, int d1, mu_tensor **out)
@@ -194,11 +194,11 @@ int mu_tensor_transpose(const mu_tensor *t, int d0, int d1, mu_tensor **out)
         return mu__fail(MU_EINVAL, "transpose dims %d, %d out of range for %d dims", d0, d1,
                         t->ndim);
     int64_t sh[MU_MAX_DIMS], st[MU_MAX_DIMS];
-    memcpy(sh, t->shape, sizeof sh);
-    memcpy(st, t->stride, sizeof st);
-    sh[d0] = t->shape[d1]; sh[d1] = t->shape[d0];
-    st[d0] = t->stride[d1]; st[d1] = t->stride[d0];
-    return mu__tensor_over(t->storage, t->dtype, t->offset, t->ndim, sh, st, out);
+    memcpy(sh, t->dims, sizeof sh);
+    memcpy(st, t->strides, sizeof st);
+    sh[d0] = t->dims[d1]; sh[d1] = t->dims[d0];
+    st[d0] = t->strides[d1]; st[d1] = t->strides[d0];
+    return mu__tensor_over(t->storage, t->scalar, t->offset, t->ndim, sh, st, out);
 }
 
 int mu_tensor_narrow(const mu_tensor *t, int dim, int64_t start, int64_t length, mu_tensor **out)
@@ -207,15 +207,49 @@ int mu_tensor_narrow(const mu_tensor *t, int dim, int64_t start, int64_t length,
     *out = NULL;
     if (dim < 0 || dim >= t->ndim)
         return mu__fail(MU_EINVAL, "narrow dim %d out of range for %d dims", dim, t->ndim);
-    if (start < 0 || length < 0 || start > t->shape[dim] || length > t->shape[dim] - start)
+    if (start < 0 || length < 0 || start > t->dims[dim] || length > t->dims[dim] - start)
         return mu__fail(MU_EINVAL, "narrow [%lld, %lld) out of range for size %lld in dim %d",
-                        (long long)start, (long long)(start + length), (long long)t->shape[dim],
+                        (long long)start, (long long)(start + length), (long long)t->dims[dim],
                         dim);
     int64_t sh[MU_MAX_DIMS];
-    memcpy(sh, t->shape, sizeof sh);
+    memcpy(sh, t->dims, sizeof sh);
     sh[dim] = length;
-    return mu__tensor_over(t->storage, t->dtype, t->offset + start * t->stride[dim], t->ndim, sh,
-                           t->stride, out);
+    return mu__tensor_over(t->storage, t->scalar, t->offset + start * t->strides[dim], t->ndim, sh,
+                           t->strides, out);
+}
+
+int mu_tensor_squeeze(const mu_tensor *t, int dim, mu_tensor **out)
+{
+    if (!out) return mu__fail(MU_EINVAL, "out is NULL");
+    *out = NULL;
+    if (dim < 0 || dim >= t->ndim || t->dims[dim] != 1)
+        return mu__fail(MU_EINVAL, "squeeze: dim %d is not a size-1 dim", dim);
+    int64_t sh[MU_MAX_DIMS], st[MU_MAX_DIMS];
+    for (int i = 0, j = 0; i < t->ndim; i++)
+        if (i != dim) {
+            sh[j] = t->dims[i];
+            st[j++] = t->strides[i];
+        }
+    return mu__tensor_over(t->storage, t->scalar, t->offset, t->ndim - 1, sh, st, out);
+}
+
+int mu_tensor_unsqueeze(const mu_tensor *t, int dim, mu_tensor **out)
+{
+    if (!out) return mu__fail(MU_EINVAL, "out is NULL");
+    *out = NULL;
+    if (dim < 0 || dim > t->ndim || t->ndim >= MU_MAX_DIMS)
+        return mu__fail(MU_EINVAL, "unsqueeze: dim %d out of range", dim);
+    int64_t sh[MU_MAX_DIMS], st[MU_MAX_DIMS];
+    for (int i = 0, j = 0; i <= t->ndim; i++) {
+        if (i == dim) {
+            sh[i] = 1;
+            st[i] = (dim < t->ndim) ? t->strides[dim] * t->dims[dim] : 1;
+        } else {
+            sh[i] = t->dims[j];
+            st[i] = t->strides[j++];
+        }
+    }
+    return mu__tensor_over(t->storage, t->scalar, t->offset, t->ndim + 1, sh, st, out);
 }
 
 /* Visit every element in row-major order; fn gets both element pointers. */
@@ -227,17 +261,17 @@ static void each_pair(mu_tensor *dst, const mu_tensor *src, pair_fn fn)
     int64_t n = mu_tensor_numel(dst);
     if (n == 0) return;
     int64_t idx[MU_MAX_DIMS] = {0};
-    size_t ed = mu_dtype_size(dst->dtype), es = mu_dtype_size(src->dtype);
+    size_t ed = mu_dtype_size(dst->scalar), es = mu_dtype_size(src->scalar);
     char *pd = dst->data;
     const char *ps = src->data;
     for (int64_t k = 0; k < n; k++) {
-        fn(pd, ps, dst->dtype, src->dtype);
+        fn(pd, ps, dst->scalar, src->scalar);
         for (int i = nd - 1; i >= 0; i--) {
-            pd += dst->stride[i] * (int64_t)ed;
-            ps += src->stride[i] * (int64_t)es;
-            if (++idx[i] < dst->shape[i]) break;
-            pd -= dst->stride[i] * dst->shape[i] * (int64_t)ed;
-            ps -= src->stride[i] * src->shape[i] * (int64_t)es;
+            pd += dst->strides[i] * (int64_t)ed;
+            ps += src->strides[i] * (int64_t)es;
+            if (++idx[i] < dst->dims[i]) break;
+            pd -= dst->strides[i] * dst->dims[i] * (int64_t)ed;
+            ps -= src->strides[i] * src->dims[i] * (int64_t)es;
             idx[i] = 0;
         }
     }
@@ -254,7 +288,7 @@ static int same_shape(const mu_tensor *a, const mu_tensor *b)
 {
     if (a->ndim != b->ndim) return 0;
     for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i]) return 0;
+        if (a->dims[i] != b->dims[i]) return 0;
     return 1;
 }
 
@@ -264,19 +298,19 @@ int mu_tensor_copy(mu_tensor *dst, const mu_tensor *src)
     if (!same_shape(dst, src) && !(mu_tensor_numel(dst) == mu_tensor_numel(src) &&
                                    mu_tensor_is_contiguous(dst) && mu_tensor_is_contiguous(src)))
         return mu__fail(MU_ESHAPE, "copy between different shapes");
-    if (dst->data == src->data && dst->dtype == src->dtype && same_shape(dst, src) &&
-        memcmp(dst->stride, src->stride, sizeof(int64_t) * dst->ndim) == 0)
+    if (dst->data == src->data && dst->scalar == src->scalar && same_shape(dst, src) &&
+        memcmp(dst->strides, src->strides, sizeof(int64_t) * dst->ndim) == 0)
         return MU_OK;
-    if (dst->dtype == src->dtype && mu_tensor_is_contiguous(dst) && mu_tensor_is_contiguous(src)) {
-        memmove(dst->data, src->data, (size_t)mu_tensor_numel(dst) * mu_dtype_size(dst->dtype));
+    if (dst->scalar == src->scalar && mu_tensor_is_contiguous(dst) && mu_tensor_is_contiguous(src)) {
+        memmove(dst->data, src->data, (size_t)mu_tensor_numel(dst) * mu_dtype_size(dst->scalar));
         return MU_OK;
     }
     if (!same_shape(dst, src)) { /* contiguous, same numel, other dtype: flat copy */
         int64_t n = mu_tensor_numel(dst);
         mu_tensor fd = *dst, fs = *src;
         fd.ndim = fs.ndim = 1;
-        fd.shape[0] = fs.shape[0] = n;
-        fd.stride[0] = fs.stride[0] = 1;
+        fd.dims[0] = fs.dims[0] = n;
+        fd.strides[0] = fs.strides[0] = 1;
         each_pair(&fd, &fs, copy_one);
         return MU_OK;
     }
@@ -297,16 +331,16 @@ int mu_tensor_fill(mu_tensor *t, double value)
     if (!t) return mu__fail(MU_EINVAL, "tensor is NULL");
     /* A zero-stride source tensor of doubles broadcasts the value. */
     mu_tensor src = *t;
-    src.dtype = MU_F64;
+    src.scalar = MU_F64;
     src.data = &value;
-    for (int i = 0; i < src.ndim; i++) src.stride[i] = 0;
+    for (int i = 0; i < src.ndim; i++) src.strides[i] = 0;
     each_pair(t, &src, fill_one);
     return MU_OK;
 }
 
 static double elem(const mu_tensor *t, const char *p)
 {
-    return t->dtype == MU_F32 ? *(const float *)p : *(const double *)p;
+    return t->scalar == MU_F32 ? *(const float *)p : *(const double *)p;
 }
 
 int mu_tensor_norm(const mu_tensor *t, double *out)
@@ -315,7 +349,7 @@ int mu_tensor_norm(const mu_tensor *t, double *out)
     double acc = 0;
     int64_t n = mu_tensor_numel(t);
     if (mu_tensor_is_contiguous(t)) {
-        if (t->dtype == MU_F32) {
+        if (t->scalar == MU_F32) {
             const float *x = t->data;
             for (int64_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
         } else {
@@ -324,15 +358,15 @@ int mu_tensor_norm(const mu_tensor *t, double *out)
         }
     } else if (n > 0) {
         int64_t idx[MU_MAX_DIMS] = {0};
-        size_t es = mu_dtype_size(t->dtype);
+        size_t es = mu_dtype_size(t->scalar);
         const char *p = t->data;
         for (int64_t k = 0; k < n; k++) {
             double v = elem(t, p);
             acc += v * v;
             for (int i = t->ndim - 1; i >= 0; i--) {
-                p += t->stride[i] * (int64_t)es;
-                if (++idx[i] < t->shape[i]) break;
-                p -= t->stride[i] * t->shape[i] * (int64_t)es;
+                p += t->strides[i] * (int64_t)es;
+                if (++idx[i] < t->dims[i]) break;
+                p -= t->strides[i] * t->dims[i] * (int64_t)es;
                 idx[i] = 0;
             }
         }
@@ -344,16 +378,16 @@ int mu_tensor_norm(const mu_tensor *t, double *out)
 void *mu__tensor_ptr(const mu_tensor *t, const int64_t *index)
 {
     int64_t off = 0;
-    for (int i = 0; i < t->ndim; i++) off += index[i] * t->stride[i];
-    return (char *)t->data + off * (int64_t)mu_dtype_size(t->dtype);
+    for (int i = 0; i < t->ndim; i++) off += index[i] * t->strides[i];
+    return (char *)t->data + off * (int64_t)mu_dtype_size(t->scalar);
 }
 
 static int check_index(const mu_tensor *t, const int64_t *index)
 {
     for (int i = 0; i < t->ndim; i++)
-        if (index[i] < 0 || index[i] >= t->shape[i])
+        if (index[i] < 0 || index[i] >= t->dims[i])
             return mu__fail(MU_EINVAL, "index %lld out of range for size %lld in dim %d",
-                            (long long)index[i], (long long)t->shape[i], i);
+                            (long long)index[i], (long long)t->dims[i], i);
     return MU_OK;
 }
 
@@ -370,7 +404,7 @@ int mu_tensor_set(mu_tensor *t, const int64_t *index, double value)
     int rc = check_index(t, index);
     if (rc) return rc;
     void *p = mu__tensor_ptr(t, index);
-    if (t->dtype == MU_F32) *(float *)p = (float)value;
+    if (t->scalar == MU_F32) *(float *)p = (float)value;
     else *(double *)p = value;
     return MU_OK;
 }
@@ -379,7 +413,7 @@ int mu_tensor_all_finite(const mu_tensor *t, int64_t *where)
 {
     int64_t n = mu_tensor_numel(t);
     int64_t idx[MU_MAX_DIMS] = {0};
-    size_t es = mu_dtype_size(t->dtype);
+    size_t es = mu_dtype_size(t->scalar);
     const char *p = t->data;
     if (mu_tensor_is_contiguous(t)) {
         for (int64_t k = 0; k < n; k++)
@@ -395,9 +429,9 @@ int mu_tensor_all_finite(const mu_tensor *t, int64_t *where)
             return 0;
         }
         for (int i = t->ndim - 1; i >= 0; i--) {
-            p += t->stride[i] * (int64_t)es;
-            if (++idx[i] < t->shape[i]) break;
-            p -= t->stride[i] * t->shape[i] * (int64_t)es;
+            p += t->strides[i] * (int64_t)es;
+            if (++idx[i] < t->dims[i]) break;
+            p -= t->strides[i] * t->dims[i] * (int64_t)es;
             idx[i] = 0;
         }
     }
@@ -409,7 +443,7 @@ int mu_tensor_contiguous(const mu_tensor *t, mu_tensor **out)
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
     if (mu_tensor_is_contiguous(t))
-        return mu__tensor_over(t->storage, t->dtype, t->offset, t->ndim, t->shape, t->stride, out);
+        return mu__tensor_over(t->storage, t->scalar, t->offset, t->ndim, t->dims, t->strides, out);
     return mu_tensor_clone(t, -1, out);
 }
 
@@ -418,7 +452,7 @@ int mu_tensor_clone(const mu_tensor *t, int dtype, mu_tensor **out)
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
     mu_tensor *c;
-    int rc = mu_tensor_new(dtype < 0 ? t->dtype : dtype, t->ndim, t->shape, &c);
+    int rc = mu_tensor_new(dtype < 0 ? t->scalar : dtype, t->ndim, t->dims, &c);
     if (rc) return rc;
     rc = mu_tensor_copy(c, t);
     if (rc) {

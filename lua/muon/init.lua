@@ -1,0 +1,53 @@
+-- muon: the Muon optimizer engine. require("muon") loads the C core
+-- (build/libmuon.so, $MUON_LIB, or the host's own symbols) through the FFI.
+local ffi = require("ffi")
+local core = require("muon.core")
+
+local C = core.C
+local muon = {
+  _VERSION = ffi.string(C.mu_version()),
+  tensor = require("muon.tensor"),
+}
+
+-- { core = "SkylakeX", threads = 2, config = "...", expected = "SkylakeX" }.
+-- Warns once (stderr) when OpenBLAS runs a generic core on a CPU that has a
+-- fast one: that is a 7x slower sgemm.
+local warned = false
+function muon.blas_info()
+  local info = ffi.new("mu_blas_info")
+  core.check(C.mu_blas_get_info(info), "blas_info")
+  local r = {
+    core = ffi.string(info.core),
+    config = ffi.string(info.config),
+    threads = info.threads,
+    expected = core.cpu_core_type(),
+    library = core.path,
+  }
+  local generic = r.core:match("^Prescott") or r.core:match("^Core2") or r.core:match("^Nehalem")
+    or r.core:match("^Barcelona") or r.core:match("^Bulldozer") or r.core:match("^Generic")
+  if generic and r.expected and not warned then
+    warned = true
+    io.stderr:write(("muon: OpenBLAS runs its generic %s core on a CPU that supports %s; "
+      .. "sgemm is several times slower. Fix: export OPENBLAS_CORETYPE=%s before starting.\n")
+      :format(r.core, r.expected, r.expected))
+  end
+  return r
+end
+
+-- Modules that land with later layers load lazily, so a missing one fails
+-- only when used.
+setmetatable(muon, {
+  __index = function(t, k)
+    local ok, mod = pcall(require, "muon." .. k)
+    if ok then
+      rawset(t, k, mod)
+      return mod
+    end
+    if tostring(mod):find("module 'muon." .. k .. "' not found", 1, true) then
+      return nil
+    end
+    error(mod, 2)
+  end,
+})
+
+return muon

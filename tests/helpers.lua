@@ -1,0 +1,61 @@
+-- Shared test helpers: tensor comparison against references.
+local muon = require("muon")
+local T = muon.tensor
+
+local H = {}
+
+H.root = os.getenv("PWD") or "."
+H.fixtures = "tests/fixtures"
+
+-- Max |a - b| over all elements (a, b tensors or flat tables).
+function H.max_abs_diff(a, b)
+  local fa = type(a) == "table" and a or a:flat()
+  local fb = type(b) == "table" and b or b:flat()
+  assert(#fa == #fb, ("element counts differ: %d vs %d"):format(#fa, #fb))
+  local m = 0
+  for i = 1, #fa do
+    local d = math.abs(fa[i] - fb[i])
+    if d ~= d then return math.huge end
+    if d > m then m = d end
+  end
+  return m
+end
+
+-- Assert a and b agree elementwise within tol (absolute).
+function H.assert_close(a, b, tol, what)
+  local d = H.max_abs_diff(a, b)
+  assert(d <= tol, ("%s: max abs diff %.3g > tol %.3g"):format(what or "tensors", d, tol))
+  return d
+end
+
+-- Assert bitwise-equal float contents.
+function H.assert_equal_bits(a, b, what)
+  local fa, fb = a:flat(), b:flat()
+  assert(#fa == #fb, (what or "tensors") .. ": element counts differ")
+  for i = 1, #fa do
+    if fa[i] ~= fb[i] and not (fa[i] ~= fa[i] and fb[i] ~= fb[i]) then
+      error(("%s: element %d differs: %.17g vs %.17g"):format(what or "tensors", i, fa[i], fb[i]), 2)
+    end
+  end
+end
+
+function H.tmpname(suffix)
+  return os.tmpname() .. (suffix or "")
+end
+
+function H.write_file(path, bytes)
+  local f = assert(io.open(path, "wb"))
+  f:write(bytes)
+  f:close()
+end
+
+function H.read_file(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+H.T = T
+H.muon = muon
+return H
