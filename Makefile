@@ -7,11 +7,18 @@
 
 PKGS     := libluajit-5.1-dev luajit libopenblas-dev libopenmpi-dev openmpi-bin lua-busted lua-cjson wamerican
 PKGCONF  := luajit openblas
+# Open MPI when present (Debian: libopenmpi-dev); else the single-process
+# communicator backend is built.
+HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && echo 1)
+ifeq ($(HAVE_MPI),1)
+PKGCONF  += ompi-c
+MPIFLAG  := -DMU_HAVE_MPI
+endif
 CC       ?= cc
 BUILD    := build
 OPT      ?= -O2
 CFLAGS   ?= $(OPT) -g
-CFLAGS   += -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -D_POSIX_C_SOURCE=200809L -DMU_BUILDING
+CFLAGS   += -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -D_POSIX_C_SOURCE=200809L -DMU_BUILDING $(MPIFLAG)
 DEPCFLAGS = $(shell pkg-config --cflags $(PKGCONF) 2>/dev/null)
 DEPLIBS   = $(shell pkg-config --libs $(PKGCONF) 2>/dev/null) -lm -lpthread
 ifeq ($(SAN),1)
@@ -25,8 +32,18 @@ LIB_SO   := $(BUILD)/libmuon.so
 LIB_A    := $(BUILD)/libmuon.a
 CDEF     := $(BUILD)/gen/cdef.inc
 
+# C test programs (tests/c/*.c -> build/tests/*), each printing TAP lines.
+CTESTS   := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c))
+# Host programs: the CLI (src/cli/) and the examples' C trainers.
+CLI      := $(BUILD)/muon
+CLI_SRCS := $(wildcard src/cli/*.c)
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+# Hosts link the static library and export its symbols so that Lua code
+# running inside them finds the API through ffi.C.
+HOSTLINK  = -Wl,--whole-archive $(LIB_A) -Wl,--no-whole-archive -Wl,--export-dynamic $(LDSAN) $(DEPLIBS)
+
 .PHONY: all deps test demo bench clean
-all: $(LIB_SO) $(LIB_A)
+all: $(LIB_SO) $(LIB_A) $(if $(CLI_SRCS),$(CLI)) $(CTESTS) $(EXAMPLES)
 
 deps:
 	@missing=""; for p in $(PKGS); do \
@@ -59,6 +76,17 @@ $(LIB_SO): $(OBJS)
 
 $(LIB_A): $(OBJS)
 	rm -f $@ && ar rcs $@ $(OBJS)
+
+$(BUILD)/tests/%: tests/c/%.c $(LIB_A) src/muon.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK)
+
+$(CLI): $(CLI_SRCS) $(LIB_A) src/muon.h
+	$(CC) $(CFLAGS) $(DEPCFLAGS) -Isrc -o $@ $(CLI_SRCS) $(HOSTLINK)
+
+$(BUILD)/examples/%: examples/%.c $(LIB_A) src/muon.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK)
 
 test: deps all
 	@bash tests/run.sh
