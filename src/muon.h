@@ -123,6 +123,36 @@ MU_API int mu_npy_load(const char *path, mu_tensor **out);
 MU_API int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out);
 MU_API int mu_npy_save(const mu_tensor *t, const char *path);
 
+/* ---------------------------------------------------------- safetensors */
+
+/* Raw I/O of safetensors files (u64 LE header length N, N bytes of JSON,
+ * data section); the JSON itself is parsed and built in Lua
+ * (lua/muon/safetensors.lua). Offsets are relative to the data section. */
+typedef struct mu_st_reader mu_st_reader;
+
+/* Open and bounds-check: file >= 8 bytes, N <= 100,000,000 and N <= file
+ * size - 8; reads the N header bytes (MU_EFORMAT/MU_EIO naming the path). */
+MU_API int mu_st_reader_open(const char *path, mu_st_reader **out);
+/* The header bytes (NUL-terminated, *len = N without the NUL). */
+MU_API const char *mu_st_reader_header(const mu_st_reader *r, size_t *len);
+/* Bytes in the data section (file size - 8 - N). */
+MU_API int64_t mu_st_reader_data_size(const mu_st_reader *r);
+/* Copy data bytes [begin, end) into contiguous dst after checking
+ * 0 <= begin <= end <= data size and end - begin == numel * element size. */
+MU_API int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *dst);
+MU_API void mu_st_reader_close(mu_st_reader *r);
+
+/* Atomic write: "path.tmp.<pid>" gets the length, the header padded with
+ * spaces to a multiple of 8, each tensor's bytes in order (contiguous
+ * copies where needed); fsync, rename over path, fsync the directory. On any
+ * error the temporary file is removed, path is left as it was, MU_EIO. */
+MU_API int mu_st_write(const char *path, const char *header, size_t header_len, int n,
+                       mu_tensor *const *ts);
+/* XXH64 (seed 0) of the concatenated bytes of the tensors in order (= the
+ * data section of a file holding them), and of a plain buffer. */
+MU_API int mu_st_checksum(int n, mu_tensor *const *ts, uint64_t *out);
+MU_API int mu_st_checksum_bytes(const void *data, size_t len, uint64_t *out);
+
 /* ----------------------------------------------------------------- BLAS */
 
 typedef struct mu_blas_info {
@@ -202,6 +232,148 @@ MU_API int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad);
 MU_API int mu_foreach_pack(int n, mu_tensor *const *srcs, mu_tensor *dst, const int64_t *offsets);
 MU_API int mu_foreach_unpack(int n, const mu_tensor *src, mu_tensor *const *dsts,
                              const int64_t *offsets);
+
+/* --------------------------------------------------------- communicator */
+
+/* Collectives for distributed steps (src/comm.c). A mu_comm wraps a private
+ * duplicate of an MPI communicator; without MPI every communicator is a
+ * single process (size 1) and collectives are local copies. Counts and
+ * displacements are in elements of the dtype (MU_F32/MU_F64). Each handle
+ * counts its calls, the logical payload bytes it sent to / received from
+ * OTHER ranks (self copies count nothing), and seconds spent in calls. */
+typedef struct mu_comm mu_comm;
+typedef struct mu_comm_request mu_comm_request;
+enum { MU_COMM_SUM = 0, MU_COMM_MAX = 1, MU_COMM_MIN = 2 };
+
+typedef struct mu_comm_stats {
+    int64_t calls;
+    int64_t bytes_sent;
+    int64_t bytes_recv;
+    double seconds;
+} mu_comm_stats;
+
+/* 1 if built with Open MPI. */
+MU_API int mu_comm_have_mpi(void);
+/* MPI_COMM_WORLD (initializing MPI with MPI_Init_thread if needed). */
+MU_API int mu_comm_world(mu_comm **out);
+/* A size-1 communicator of this process alone (never touches MPI). */
+MU_API int mu_comm_self(mu_comm **out);
+/* Wrap a caller's communicator: mpi_comm_ptr points at an MPI_Comm. */
+MU_API int mu_comm_from_handle(void *mpi_comm_ptr, mu_comm **out);
+/* MPI_Comm_split: ranks with the same color form one communicator, ordered
+ * by key (then by rank). Collective over c. */
+MU_API int mu_comm_split(mu_comm *c, int color, int key, mu_comm **out);
+MU_API void mu_comm_free(mu_comm *c);
+MU_API int mu_comm_rank(const mu_comm *c);
+MU_API int mu_comm_size(const mu_comm *c);
+MU_API int mu_comm_get_stats(const mu_comm *c, mu_comm_stats *out);
+MU_API void mu_comm_reset_stats(mu_comm *c);
+
+MU_API int mu_comm_alltoallv(mu_comm *c, int dtype, const void *sendbuf, const int64_t *sendcounts,
+                             const int64_t *sdispls, void *recvbuf, const int64_t *recvcounts,
+                             const int64_t *rdispls);
+MU_API int mu_comm_ialltoallv(mu_comm *c, int dtype, const void *sendbuf, const int64_t *sendcounts,
+                              const int64_t *sdispls, void *recvbuf, const int64_t *recvcounts,
+                              const int64_t *rdispls, mu_comm_request **out);
+MU_API int mu_comm_allgatherv(mu_comm *c, int dtype, const void *sendbuf, int64_t sendcount,
+                              void *recvbuf, const int64_t *recvcounts, const int64_t *displs);
+MU_API int mu_comm_bcast(mu_comm *c, int dtype, void *buf, int64_t n, int root);
+MU_API int mu_comm_bcast_bytes(mu_comm *c, void *buf, int64_t nbytes, int root);
+MU_API int mu_comm_ibcast(mu_comm *c, int dtype, void *buf, int64_t n, int root,
+                          mu_comm_request **out);
+/* Completes and frees a request (NULL is ok). */
+MU_API int mu_comm_wait(mu_comm_request *req);
+/* In-place all-reduce (op: MU_COMM_SUM / MAX / MIN). */
+MU_API int mu_comm_allreduce_i64(mu_comm *c, int64_t *buf, int64_t n, int op);
+MU_API int mu_comm_allreduce_f64(mu_comm *c, double *buf, int64_t n, int op);
+MU_API int mu_comm_barrier(mu_comm *c);
+/* MPI_Finalize, only if this library initialized MPI, and only once. */
+MU_API int mu_comm_finalize(void);
+/* MPI_Abort(MPI_COMM_WORLD, code) when MPI runs with more than one rank;
+ * otherwise returns (the caller exits as usual). */
+MU_API void mu_comm_abort(int code);
+/* World size: from MPI if initialized, else from the launcher's environment
+ * (OMPI_COMM_WORLD_SIZE / PMI_SIZE), else 1. Does not initialize MPI. */
+MU_API int mu_comm_world_size(void);
+
+/* --------------------------------------------------------------- engine */
+
+/*
+ * Embedding API for C trainers (src/engine.c). An engine owns a LuaJIT state
+ * running lua/muon/engine.lua with one config file; the trainer registers
+ * its parameter and gradient buffers (wrapped, never copied) and calls
+ * mu_engine_step after each backward pass. Every call is protected: Lua
+ * errors come back as status codes, never as exits or longjmps. The detail
+ * of the last failure is in mu_engine_error(eng) (with the Lua traceback
+ * when a config hook raised) and in mu_last_error().
+ * An engine is not thread-safe: use it from one thread at a time.
+ *
+ * The Lua modules are found through, in order: opts->lua_path, the
+ * environment variable MUON_LUA_PATH (a directory holding muon/init.lua, or
+ * a package.path template containing '?'), the install prefix of the code
+ * holding this library (<prefix>/share/lua/5.1), a source tree (<dir>/lua
+ * above the executable or library), then LuaJIT's default package.path.
+ *
+ * OpenBLAS picks its kernels when the program starts: a host should call
+ * mu_blas_fix_core(argv) first thing in main (see below).
+ */
+typedef struct mu_engine mu_engine;
+
+typedef struct mu_engine_opts {
+    int trusted;          /* nonzero: the config runs with full Lua (io, os) */
+    const char *lua_path; /* directory holding muon/init.lua; NULL = search */
+} mu_engine_opts;
+
+/* Open an engine on a config file (a Lua chunk returning a table). On
+ * failure *out is NULL and the detail is in mu_last_error(): MU_EIO for a
+ * missing or unreadable file, MU_EFORMAT for a syntax error, MU_EINVAL for
+ * a bad config (the message names the option), MU_ELUA otherwise. */
+MU_API int mu_engine_open(mu_engine **out, const char *config_path);
+MU_API int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_opts *opts);
+/* Register a parameter: data (and grad, NULL = no gradient, the parameter
+ * is skipped) point at C-contiguous buffers of shape[0..ndim-1] elements of
+ * dtype (MU_F32 or MU_F64) that stay valid until mu_engine_close. The
+ * engine updates data in place at each step and only reads grad. */
+MU_API int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
+                               const int64_t *shape, void *data, void *grad);
+/* One optimizer step over every registered parameter (atomic in Lua: a
+ * failure names the parameter and leaves the parameters unchanged). */
+MU_API int mu_engine_step(mu_engine *eng);
+/* Runtime values: set "lr_scale" (multiplies every group's lr); get "lr",
+ * "step", "lr_scale", "lr:<group index or name>". */
+MU_API int mu_engine_set(mu_engine *eng, const char *key, double value);
+MU_API int mu_engine_get(mu_engine *eng, const char *key, double *out);
+/* Optimizer state as safetensors (save is atomic; load checks names and
+ * shapes against the registered parameters and changes nothing on error). */
+MU_API int mu_engine_save(mu_engine *eng, const char *path);
+MU_API int mu_engine_load(mu_engine *eng, const char *path);
+/* Detail of the last failed call on eng ("" if none); NULL eng gives
+ * mu_last_error(). Valid until the next call on eng. */
+MU_API const char *mu_engine_error(const mu_engine *eng);
+/* Free the engine and its Lua state (the trainer's buffers are untouched).
+ * NULL is a no-op; a closed pointer must not be used again. */
+MU_API void mu_engine_close(mu_engine *eng);
+
+/* Run a Lua script file (or, with mu_script_run_module, a module function:
+ * "muon.check" calls require("muon.check").main(args), "mod:fn" calls
+ * require("mod").fn(args)) in a fresh LuaJIT state set
+ * up like an engine's; argv[0..argc-1] become the global arg[1..argc] (arg[0]
+ * is the script) or main's args table. *status gets the script's exit status:
+ * 0, or the integer it returns, or 1 on a Lua error (then MU_ELUA is returned
+ * and the message and traceback are in mu_last_error()). With flags
+ * MU_SCRIPT_MPI: on error print the message to stderr and abort the MPI job
+ * if it runs more than one rank (mu_comm_abort), and finalize MPI at the end
+ * (mu_comm_finalize). */
+enum { MU_SCRIPT_MPI = 1 };
+MU_API int mu_script_run(const char *path, int argc, char **argv, int flags, int *status);
+MU_API int mu_script_run_module(const char *module, int argc, char **argv, int flags, int *status);
+
+/* When OPENBLAS_CORETYPE is unset or empty and the CPU supports a faster
+ * OpenBLAS core than the one running (SkylakeX: avx512f+bw+vl; Haswell:
+ * avx2), set the variable and re-execute /proc/self/exe with argv (once,
+ * guarded by MUON_BLAS_REEXEC). Returns MU_OK when nothing needed doing (or
+ * the re-exec failed: the program continues on the slower core). */
+MU_API int mu_blas_fix_core(char **argv);
 
 #ifndef MU_FFI_CDEF
 #ifdef __cplusplus

@@ -8,6 +8,7 @@ local muon = {
   _VERSION = ffi.string(C.mu_version()),
   tensor = require("muon.tensor"),
 }
+muon.param = require("muon.param")
 
 -- { core = "SkylakeX", threads = 2, config = "...", expected = "SkylakeX" }.
 -- Warns once (stderr) when OpenBLAS runs a generic core on a CPU that has a

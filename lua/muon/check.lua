@@ -1,0 +1,168 @@
+-- `muon check config.lua --params shapes.txt`: which parameter lands in
+-- which group, with which optimizer and options, and every problem found,
+-- without training anything (engine.check builds a dry engine).
+local check = {}
+
+local USAGE = "usage: muon check CONFIG.lua --params SHAPES.txt\n"
+  .. "  SHAPES.txt: one parameter per line, 'name dim1 dim2 ...' ('#' starts a comment)\n"
+
+-- Parse a shapes file: returns list of { name=, shape={...} } or nil, err.
+function check.read_shapes(path)
+  local f, err = io.open(path, "r")
+  if not f then return nil, "cannot open params file: " .. tostring(err) end
+  local shapes, problems = {}, {}
+  local n = 0
+  for line in f:lines() do
+    n = n + 1
+    local text = line:gsub("#.*$", "")
+    local fields = {}
+    for w in text:gmatch("%S+") do fields[#fields + 1] = w end
+    if #fields > 0 then
+      local shape, bad = {}, nil
+      for i = 2, #fields do
+        local d = tonumber(fields[i])
+        if not d or d ~= math.floor(d) or d < 0 then bad = fields[i] break end
+        shape[#shape + 1] = d
+      end
+      if bad then
+        problems[#problems + 1] = ("%s:%d: bad dimension '%s' for parameter '%s'"):format(path, n, bad, fields[1])
+      else
+        shapes[#shapes + 1] = { name = fields[1], shape = shape }
+      end
+    end
+  end
+  f:close()
+  return shapes, problems
+end
+
+local KEY_ORDER = {
+  "lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_variant", "matched_adamw_rms",
+  "betas", "eps", "adjust_lr",
+}
+local HOOKS = { "reshape_fn", "ns_transform_fn", "post_update_fn", "zeropower_fn", "momentum_update_fn" }
+
+local function fmt_value(v)
+  if type(v) == "table" then
+    local parts = {}
+    for i = 1, #v do parts[i] = fmt_value(v[i]) end
+    return "(" .. table.concat(parts, ",") .. ")"
+  elseif type(v) == "number" then
+    return ("%.6g"):format(v)
+  end
+  return tostring(v)
+end
+
+-- "lr=0.02 wd=0.1 ..." from a row's options (the usual keys first, hooks by name).
+function check.format_options(options)
+  local parts, seen = {}, {}
+  options = options or {}
+  for _, k in ipairs(KEY_ORDER) do
+    if options[k] ~= nil then
+      parts[#parts + 1] = k .. "=" .. fmt_value(options[k])
+      seen[k] = true
+    end
+  end
+  local hooks = {}
+  for _, k in ipairs(HOOKS) do
+    if options[k] ~= nil then
+      hooks[#hooks + 1] = k
+      seen[k] = true
+    end
+  end
+  if #hooks > 0 then parts[#parts + 1] = "hooks=" .. table.concat(hooks, ",") end
+  return table.concat(parts, " ")
+end
+
+-- Text table with a header row; columns padded to the widest cell.
+function check.format_table(header, rows)
+  local widths = {}
+  for i, h in ipairs(header) do widths[i] = #h end
+  for _, r in ipairs(rows) do
+    for i, c in ipairs(r) do widths[i] = math.max(widths[i] or 0, #c) end
+  end
+  local out = {}
+  local function line(cells)
+    local t = {}
+    for i, c in ipairs(cells) do
+      t[i] = i == #cells and c or (c .. string.rep(" ", widths[i] - #c))
+    end
+    out[#out + 1] = table.concat(t, "  ")
+  end
+  line(header)
+  local rule = {}
+  for i = 1, #header do rule[i] = string.rep("-", widths[i]) end
+  line(rule)
+  for _, r in ipairs(rows) do line(r) end
+  return table.concat(out, "\n") .. "\n"
+end
+
+-- Runs the check; returns text for stdout and the list of problems.
+function check.run(config_path, shapes_path)
+  local shapes, problems = check.read_shapes(shapes_path)
+  if not shapes then return "", { problems } end
+  local engine = require("muon.engine")
+  local ok, rows, more = pcall(engine.check, config_path, shapes)
+  if not ok then
+    problems[#problems + 1] = tostring(rows)
+    return "", problems
+  end
+  for _, p in ipairs(more or {}) do problems[#problems + 1] = p end
+  local cells = {}
+  for _, r in ipairs(rows or {}) do
+    local dims = {}
+    for i, d in ipairs(r.shape or {}) do dims[i] = tostring(d) end
+    local group = r.group and tostring(r.group) or "-"
+    if r.group_name then group = group .. " (" .. r.group_name .. ")" end
+    cells[#cells + 1] = {
+      r.name, table.concat(dims, "x"), group, r.optimizer or "-", check.format_options(r.options),
+    }
+  end
+  local text = check.format_table({ "parameter", "shape", "group", "optimizer", "options" }, cells)
+  return text, problems
+end
+
+function check.main(args)
+  local config, params
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    if a == "--params" then
+      params = args[i + 1]
+      if not params then
+        io.stderr:write("muon check: --params needs a file\n" .. USAGE)
+        return 2
+      end
+      i = i + 2
+    elseif a:match("^%-%-params=") then
+      params = a:sub(10)
+      i = i + 1
+    elseif a == "-h" or a == "--help" then
+      io.write(USAGE)
+      return 0
+    elseif a:sub(1, 1) == "-" then
+      io.stderr:write("muon check: unknown option '" .. a .. "'\n" .. USAGE)
+      return 2
+    elseif config then
+      io.stderr:write("muon check: unexpected argument '" .. a .. "'\n" .. USAGE)
+      return 2
+    else
+      config = a
+      i = i + 1
+    end
+  end
+  if not config or not params then
+    io.stderr:write("muon check: " .. (config and "missing --params SHAPES.txt" or "missing CONFIG.lua") .. "\n" .. USAGE)
+    return 2
+  end
+  local text, problems = check.run(config, params)
+  io.write(text)
+  if #problems == 0 then
+    io.write("no problems found\n")
+    return 0
+  end
+  io.write(("\n%d problem%s:\n"):format(#problems, #problems == 1 and "" or "s"))
+  for _, p in ipairs(problems) do io.write("  - ", p, "\n") end
+  return 1
+end
+
+return check

@@ -1,0 +1,206 @@
+-- Communicators (src/comm.c) for distributed steps, through the FFI.
+--
+--   local comm = require("muon.comm")
+--   local w = comm.world()            -- MPI_COMM_WORLD (MPI initialized lazily)
+--   w:rank(), w:size()                -- 0-based rank like MPI
+--   local sub = w:split(color, key)
+--   w:alltoallv(send, sendcounts, recv, recvcounts)   -- tensors or typed buffers, Lua count tables
+--   w:allgatherv(send, recv, recvcounts)
+--   w:bcast(tensor, root), w:ibcast(tensor, root):wait()
+--   w:allreduce({...}, "sum"|"max"|"min", "i64"|"f64") -> table
+--   w:barrier()
+--   comm.stats(w) / w:stats() -> { calls=, bytes_sent=, bytes_recv=, seconds= }
+--   comm.finalize(), comm.abort(code), comm.have_mpi(), comm.world_size()
+--
+-- Without MPI (or with libmuon built without it) every communicator has
+-- size 1 and the collectives are local copies.
+local ffi = require("ffi")
+local core = require("muon.core")
+local C, check = core.C, core.check
+
+local M = {}
+
+local Comm = {}
+Comm.__index = Comm
+
+local function wrap(ptr)
+  return setmetatable({ ptr = ffi.gc(ptr, C.mu_comm_free) }, Comm)
+end
+
+function M.have_mpi() return C.mu_comm_have_mpi() == 1 end
+function M.world_size() return tonumber(C.mu_comm_world_size()) end
+
+function M.world()
+  local out = ffi.new("mu_comm *[1]")
+  check(C.mu_comm_world(out), "comm.world", 2)
+  return wrap(out[0])
+end
+
+function M.self()
+  local out = ffi.new("mu_comm *[1]")
+  check(C.mu_comm_self(out), "comm.self", 2)
+  return wrap(out[0])
+end
+
+-- Wrap a caller's MPI_Comm (ptr: a pointer to an MPI_Comm, as cdata or lightuserdata).
+function M.from_handle(ptr)
+  local out = ffi.new("mu_comm *[1]")
+  check(C.mu_comm_from_handle(ffi.cast("void *", ptr), out), "comm.from_handle", 2)
+  return wrap(out[0])
+end
+
+function M.is_comm(x) return getmetatable(x) == Comm end
+
+function M.finalize() check(C.mu_comm_finalize(), "comm.finalize", 2) end
+function M.abort(code) C.mu_comm_abort(code or 1) end
+
+function Comm:rank() return tonumber(C.mu_comm_rank(self.ptr)) end
+function Comm:size() return tonumber(C.mu_comm_size(self.ptr)) end
+
+function Comm:split(color, key)
+  if type(color) ~= "number" or color < 0 then error("comm:split: color must be a number >= 0", 2) end
+  local out = ffi.new("mu_comm *[1]")
+  check(C.mu_comm_split(self.ptr, color, key or self:rank(), out), "comm:split", 2)
+  return wrap(out[0])
+end
+
+function M.stats(c)
+  local s = ffi.new("mu_comm_stats")
+  check(C.mu_comm_get_stats(c.ptr, s), "comm.stats", 2)
+  return { calls = tonumber(s.calls), bytes_sent = tonumber(s.bytes_sent),
+           bytes_recv = tonumber(s.bytes_recv), seconds = tonumber(s.seconds) }
+end
+Comm.stats = M.stats
+function Comm:reset_stats() C.mu_comm_reset_stats(self.ptr) end
+
+-- A buffer argument: a muon tensor (contiguous) or { ptr = cdata, dtype = "float32"|"float64" }.
+local function buf(x, what)
+  if type(x) == "cdata" and ffi.istype("mu_tensor *", x) then
+    if C.mu_tensor_is_contiguous(x) ~= 1 then error(what .. " must be contiguous", 3) end
+    return x.data, x.scalar
+  elseif type(x) == "table" and x.ptr then
+    local dt = x.dtype == "float64" and C.MU_F64 or C.MU_F32
+    return x.ptr, dt
+  end
+  error(what .. " must be a contiguous tensor or { ptr=, dtype= }", 3)
+end
+
+local function counts_displs(counts, n, what)
+  if type(counts) ~= "table" or #counts ~= n then
+    error(("%s must be a table of %d counts (one per rank)"):format(what, n), 3)
+  end
+  local c, d = ffi.new("int64_t[?]", n), ffi.new("int64_t[?]", n)
+  local off = 0
+  for i = 1, n do
+    c[i - 1] = counts[i]
+    d[i - 1] = off
+    off = off + counts[i]
+  end
+  return c, d, off
+end
+
+-- Counts are per peer (1-based table index = rank + 1); displacements are packed.
+function Comm:alltoallv(send, sendcounts, recv, recvcounts)
+  local n = self:size()
+  local sp, sdt = buf(send, "alltoallv: send")
+  local rp, rdt = buf(recv, "alltoallv: recv")
+  if sdt ~= rdt then error("alltoallv: send and recv dtypes differ", 2) end
+  local sc, sd = counts_displs(sendcounts, n, "alltoallv: sendcounts")
+  local rc, rd = counts_displs(recvcounts, n, "alltoallv: recvcounts")
+  check(C.mu_comm_alltoallv(self.ptr, sdt, sp, sc, sd, rp, rc, rd), "comm:alltoallv", 2)
+end
+
+local Req = {}
+Req.__index = Req
+function Req:wait()
+  if self.q then
+    local q = self.q
+    self.q, self.keep = nil, nil
+    check(C.mu_comm_wait(q), "comm request wait", 2)
+  end
+end
+
+function Comm:ialltoallv(send, sendcounts, recv, recvcounts)
+  local n = self:size()
+  local sp, sdt = buf(send, "ialltoallv: send")
+  local rp, rdt = buf(recv, "ialltoallv: recv")
+  if sdt ~= rdt then error("ialltoallv: send and recv dtypes differ", 2) end
+  local sc, sd = counts_displs(sendcounts, n, "ialltoallv: sendcounts")
+  local rc, rd = counts_displs(recvcounts, n, "ialltoallv: recvcounts")
+  local out = ffi.new("mu_comm_request *[1]")
+  check(C.mu_comm_ialltoallv(self.ptr, sdt, sp, sc, sd, rp, rc, rd, out), "comm:ialltoallv", 2)
+  return setmetatable({ q = out[0], keep = { send, recv } }, Req)
+end
+
+function Comm:allgatherv(send, recv, recvcounts)
+  local n = self:size()
+  local sp, sdt = buf(send, "allgatherv: send")
+  local rp, rdt = buf(recv, "allgatherv: recv")
+  if sdt ~= rdt then error("allgatherv: send and recv dtypes differ", 2) end
+  local rc, rd = counts_displs(recvcounts, n, "allgatherv: recvcounts")
+  check(C.mu_comm_allgatherv(self.ptr, sdt, sp, recvcounts[self:rank() + 1], rp, rc, rd), "comm:allgatherv", 2)
+end
+
+function Comm:bcast(t, root)
+  local p, dt = buf(t, "bcast: tensor")
+  local n = type(t) == "table" and t.n or tonumber(C.mu_tensor_numel(t))
+  check(C.mu_comm_bcast(self.ptr, dt, p, n, root or 0), "comm:bcast", 2)
+end
+
+function Comm:ibcast(t, root)
+  local p, dt = buf(t, "ibcast: tensor")
+  local n = type(t) == "table" and t.n or tonumber(C.mu_tensor_numel(t))
+  local out = ffi.new("mu_comm_request *[1]")
+  check(C.mu_comm_ibcast(self.ptr, dt, p, n, root or 0, out), "comm:ibcast", 2)
+  return setmetatable({ q = out[0], keep = { t } }, Req)
+end
+
+-- Broadcast a Lua string from root; every rank returns it.
+function Comm:bcast_string(s, root)
+  root = root or 0
+  local len = ffi.new("int64_t[1]", self:rank() == root and #s or 0)
+  check(C.mu_comm_allreduce_i64(self.ptr, len, 1, C.MU_COMM_MAX), "comm:bcast_string", 2)
+  local n = tonumber(len[0])
+  local b = ffi.new("char[?]", n + 1)
+  if self:rank() == root then ffi.copy(b, s, n) end
+  check(C.mu_comm_bcast_bytes(self.ptr, b, n, root), "comm:bcast_string", 2)
+  return ffi.string(b, n)
+end
+
+local OPS = { sum = 0, max = 1, min = 2 }
+
+-- All-reduce a Lua array of numbers; kind "i64" (default) or "f64".
+function Comm:allreduce(values, op, kind)
+  local o = OPS[op or "sum"]
+  if not o then error("allreduce: op must be 'sum', 'max' or 'min', got " .. tostring(op), 2) end
+  kind = kind or "i64"
+  local n = #values
+  if kind == "i64" then
+    local b = ffi.new("int64_t[?]", math.max(n, 1))
+    for i = 1, n do b[i - 1] = values[i] end
+    check(C.mu_comm_allreduce_i64(self.ptr, b, n, o), "comm:allreduce", 2)
+    local r = {}
+    for i = 1, n do r[i] = tonumber(b[i - 1]) end
+    return r
+  elseif kind == "f64" then
+    local b = ffi.new("double[?]", math.max(n, 1))
+    for i = 1, n do b[i - 1] = values[i] end
+    check(C.mu_comm_allreduce_f64(self.ptr, b, n, o), "comm:allreduce", 2)
+    local r = {}
+    for i = 1, n do r[i] = b[i - 1] end
+    return r
+  end
+  error("allreduce: kind must be 'i64' or 'f64', got " .. tostring(kind), 2)
+end
+
+function Comm:barrier() check(C.mu_comm_barrier(self.ptr), "comm:barrier", 2) end
+
+-- Release now (otherwise the garbage collector does it).
+function Comm:free()
+  if self.ptr ~= nil then
+    C.mu_comm_free(ffi.gc(self.ptr, nil))
+    self.ptr = nil
+  end
+end
+
+return M

@@ -1,0 +1,262 @@
+-- Fused multi-tensor ops over Lua arrays of tensors (thin layer over
+-- mu_foreach_* in src/foreach.c: one threaded pass over memory per call).
+-- All tensors of one call share one dtype and must be contiguous. The C side
+-- validates everything before touching memory, so a failed call changes
+-- nothing. Pointer arrays are cached per argument slot and reused, so a call
+-- allocates nothing per tensor.
+local ffi = require("ffi")
+local core = require("muon.core")
+local T = require("muon.tensor")
+
+local C, check = core.C, core.check
+local is_tensor = T.is_tensor
+
+local F = {}
+
+local ptr_arr = ffi.typeof("mu_tensor *[?]")
+local dbl_arr = ffi.typeof("double[?]")
+local i64_arr = ffi.typeof("int64_t[?]")
+local int_box = ffi.typeof("int[1]")
+
+-- slot name -> { cap = n, arr = cdata }
+local cache = {}
+local function slot_array(slot, ctype, n)
+  local c = cache[slot]
+  if not c or c.cap < n then
+    local cap = math.max(n, 16)
+    if c then cap = math.max(cap, c.cap * 2) end
+    c = { cap = cap, arr = ctype(cap) }
+    cache[slot] = c
+  end
+  return c.arr
+end
+
+local function tensors(slot, list, what, level)
+  if type(list) ~= "table" then
+    error(what .. " must be a Lua array of tensors, got " .. type(list), level + 1)
+  end
+  local len = #list
+  local arr = slot_array(slot, ptr_arr, len)
+  for i = 1, len do
+    local t = list[i]
+    if not is_tensor(t) then
+      error(("%s[%d] is not a tensor (%s)"):format(what, i, type(t)), level + 1)
+    end
+    arr[i - 1] = t
+  end
+  return arr, len
+end
+
+local DT = { [0] = "float32", [1] = "float64" }
+
+-- Per-index numel and dtype agreement, with 1-based names (the C side checks
+-- again, with 0-based indices, before touching memory).
+local function match(arr0, what0, arrk, whatk, n, level)
+  for i = 0, n - 1 do
+    local a, b = arr0[i], arrk[i]
+    if b.scalar ~= a.scalar then
+      error(("%s[%d] is %s but %s[%d] is %s"):format(whatk, i + 1, DT[b.scalar], what0, i + 1,
+        DT[a.scalar]), level + 1)
+    end
+    local na, nb = C.mu_tensor_numel(a), C.mu_tensor_numel(b)
+    if na ~= nb then
+      error(("%s[%d] has %d elements but %s[%d] has %d"):format(whatk, i + 1, tonumber(nb),
+        what0, i + 1, tonumber(na)), level + 1)
+    end
+  end
+end
+
+local function same_count(what, n, other, level)
+  if type(other) ~= "table" then
+    error(what .. " must be a Lua array of tensors, got " .. type(other), level + 1)
+  end
+  if #other ~= n then
+    error(("%s has %d tensors, expected %d"):format(what, #other, n), level + 1)
+  end
+end
+
+local function number(v, what, level)
+  if type(v) ~= "number" then
+    error(what .. " must be a number, got " .. type(v), level + 1)
+  end
+  return v
+end
+
+-- Per-tensor scales: nil (all 1), a number, or an array of n numbers.
+-- Returns a double* (or nil) and the uniform value.
+local function scales_arg(slot, s, n, what, level)
+  if s == nil then return nil, 1.0 end
+  if type(s) == "number" then return nil, s end
+  if type(s) ~= "table" then
+    error(what .. " must be nil, a number or an array of numbers, got " .. type(s), level + 1)
+  end
+  if #s ~= n then
+    error(("%s has %d values, expected %d"):format(what, #s, n), level + 1)
+  end
+  local arr = slot_array(slot, dbl_arr, n)
+  for i = 1, n do
+    arr[i - 1] = number(s[i], what .. "[" .. i .. "]", level + 1)
+  end
+  return arr, 1.0
+end
+
+-- u = g + m1*buf; buf' = m2*buf + g; nesterov: u = m1*u + g.
+-- new_bufs nil means in place (bufs); m2 nil means m1. Returns updates.
+function F.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
+  local g, n = tensors("a", grads, "grads", 2)
+  same_count("bufs", n, bufs, 2)
+  same_count("updates", n, updates, 2)
+  local b = tensors("b", bufs, "bufs", 2)
+  local nb = b
+  if new_bufs ~= nil then
+    same_count("new_bufs", n, new_bufs, 2)
+    nb = tensors("c", new_bufs, "new_bufs", 2)
+  end
+  local u = tensors("d", updates, "updates", 2)
+  match(g, "grads", b, "bufs", n, 2)
+  if nb ~= b then match(g, "grads", nb, "new_bufs", n, 2) end
+  match(g, "grads", u, "updates", n, 2)
+  number(m1, "m1", 2)
+  if m2 == nil then m2 = m1 end
+  number(m2, "m2", 2)
+  if type(nesterov) ~= "boolean" then
+    error("nesterov must be a boolean, got " .. type(nesterov), 2)
+  end
+  check(C.mu_foreach_momentum(n, g, b, nb, u, m1, m2, nesterov and 1 or 0), "foreach.momentum", 2)
+  return updates
+end
+
+-- p = p*decay + alpha*(update*scale_i); scales nil, a number or an array.
+function F.apply(params, updates, scales, decay, alpha)
+  local p, n = tensors("a", params, "params", 2)
+  same_count("updates", n, updates, 2)
+  local u = tensors("b", updates, "updates", 2)
+  match(p, "params", u, "updates", n, 2)
+  local sarr, s1 = scales_arg("s", scales, n, "scales", 2)
+  number(decay, "decay", 2)
+  number(alpha, "alpha", 2)
+  if sarr == nil and s1 ~= 1.0 then
+    sarr = slot_array("s", dbl_arr, n)
+    for i = 0, n - 1 do sarr[i] = s1 end
+  end
+  check(C.mu_foreach_apply(n, p, u, sarr, decay, alpha), "foreach.apply", 2)
+end
+
+-- x = x * s (s a number or an array of per-tensor numbers).
+function F.scale(xs, scales)
+  local x, n = tensors("a", xs, "xs", 2)
+  if scales == nil then error("scales must be a number or an array of numbers, got nil", 2) end
+  local sarr, s1 = scales_arg("s", scales, n, "scales", 2)
+  check(C.mu_foreach_scale(n, x, sarr, s1), "foreach.scale", 2)
+end
+
+local ADAMW_KEYS = { lr = true, beta1 = true, beta2 = true, betas = true, eps = true,
+                     weight_decay = true, step = true }
+
+-- torch.optim.AdamW step over the arrays; opts = {lr=, beta1=0.9, beta2=0.999
+-- (or betas={b1, b2}), eps=1e-8, weight_decay=1e-2, step=} (step >= 1, the
+-- step number after incrementing, as torch's state["step"]).
+function F.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)
+  local p, n = tensors("a", params, "params", 2)
+  same_count("grads", n, grads, 2)
+  same_count("exp_avgs", n, exp_avgs, 2)
+  same_count("exp_avg_sqs", n, exp_avg_sqs, 2)
+  local g = tensors("b", grads, "grads", 2)
+  local m = tensors("c", exp_avgs, "exp_avgs", 2)
+  local v = tensors("d", exp_avg_sqs, "exp_avg_sqs", 2)
+  match(p, "params", g, "grads", n, 2)
+  match(p, "params", m, "exp_avgs", n, 2)
+  match(p, "params", v, "exp_avg_sqs", n, 2)
+  if type(opts) ~= "table" then error("opts must be a table, got " .. type(opts), 2) end
+  for k in pairs(opts) do
+    if not ADAMW_KEYS[k] then error("foreach.adamw: unknown option '" .. tostring(k) .. "'", 2) end
+  end
+  local b1, b2 = opts.beta1, opts.beta2
+  if opts.betas ~= nil then
+    if b1 ~= nil or b2 ~= nil then error("give either betas or beta1/beta2, not both", 2) end
+    if type(opts.betas) ~= "table" or #opts.betas ~= 2 then
+      error("betas must be a pair {beta1, beta2}", 2)
+    end
+    b1, b2 = opts.betas[1], opts.betas[2]
+  end
+  if b1 == nil then b1 = 0.9 end
+  if b2 == nil then b2 = 0.999 end
+  local eps = opts.eps == nil and 1e-8 or opts.eps
+  local wd = opts.weight_decay == nil and 1e-2 or opts.weight_decay
+  number(opts.lr, "lr", 2)
+  number(b1, "beta1", 2)
+  number(b2, "beta2", 2)
+  number(eps, "eps", 2)
+  number(wd, "weight_decay", 2)
+  local step = number(opts.step, "step", 2)
+  if step ~= math.floor(step) or step < 1 then
+    error("step must be an integer >= 1, got " .. tostring(step), 2)
+  end
+  check(C.mu_foreach_adamw(n, p, g, m, v, opts.lr, b1, b2, eps, wd, step), "foreach.adamw", 2)
+end
+
+-- true, nil when every element is finite; else false and the 1-based index
+-- of the first tensor holding NaN or Inf.
+function F.all_finite(xs)
+  local x, n = tensors("a", xs, "xs", 2)
+  local bad = int_box()
+  local rc = C.mu_foreach_all_finite(n, x, bad)
+  if rc < 0 then check(rc, "foreach.all_finite", 2) end
+  if rc == 1 then return true, nil end
+  return false, bad[0] + 1
+end
+
+-- Offsets are element offsets into the batch (0 = its first element); nil
+-- means back to back in order. Returns the offsets used and the total.
+local function offsets_arg(list, n, offsets, level)
+  local arr = slot_array("o", i64_arr, n)
+  local used, total = {}, 0
+  if offsets == nil then
+    for i = 1, n do
+      used[i] = total
+      arr[i - 1] = total
+      total = total + list[i]:numel()
+    end
+    return arr, used, total
+  end
+  if type(offsets) ~= "table" or #offsets ~= n then
+    error("offsets must be nil or an array of " .. n .. " element offsets", level + 1)
+  end
+  for i = 1, n do
+    local o = offsets[i]
+    if type(o) ~= "number" or o ~= math.floor(o) or o < 0 then
+      error(("offsets[%d] must be a non-negative integer, got %s"):format(i, tostring(o)), level + 1)
+    end
+    arr[i - 1] = o
+    used[i] = o
+    total = math.max(total, o + list[i]:numel())
+  end
+  return arr, used, total
+end
+
+-- Copy srcs[i] into dst (a contiguous batch tensor) at element offsets.
+function F.pack(srcs, dst, offsets)
+  local s, n = tensors("a", srcs, "srcs", 2)
+  if not is_tensor(dst) then error("dst must be a tensor, got " .. type(dst), 2) end
+  local oarr, used, total = offsets_arg(srcs, n, offsets, 2)
+  check(C.mu_foreach_pack(n, s, dst, oarr), "foreach.pack", 2)
+  return used, total
+end
+
+-- Copy from src (a contiguous batch tensor) at element offsets into dsts[i].
+function F.unpack(src, dsts, offsets)
+  if not is_tensor(src) then error("src must be a tensor, got " .. type(src), 2) end
+  local d, n = tensors("a", dsts, "dsts", 2)
+  local oarr, used, total = offsets_arg(dsts, n, offsets, 2)
+  check(C.mu_foreach_unpack(n, src, d, oarr), "foreach.unpack", 2)
+  return used, total
+end
+
+-- Total number of elements of a list of tensors (batch buffer sizing).
+function F.numel(list)
+  local total = 0
+  for i = 1, #list do total = total + list[i]:numel() end
+  return total
+end
+
+return F

@@ -1,0 +1,114 @@
+-- Glue between C hosts (src/engine.c: mu_engine_*, mu_script_run*) and the
+-- Lua engine. The Lua C API cannot push FFI cdata, so the C side passes raw
+-- buffers as light userdata plus a shape table; this module wraps them as
+-- tensors. Errors raised here as tables { code = "EFORMAT", msg = ... }
+-- choose the status code the C call returns.
+local ffi = require("ffi")
+
+local host = {}
+
+local DTYPE_BY_CODE = { [0] = "float32", [1] = "float64" }
+local PTR_TYPE = { float32 = ffi.typeof("float *"), float64 = ffi.typeof("double *") }
+
+local function raise(code, msg)
+  error({ code = code, msg = msg }, 0)
+end
+
+-- Open an engine on a config file. A syntax error is reported as EFORMAT
+-- (checked by compiling the chunk, without running it); anything the engine
+-- rejects (unknown option, bad value) comes back as EINVAL from the caller.
+function host.open(path, opts)
+  local chunk, err = loadfile(path)
+  if not chunk then raise("EFORMAT", tostring(err)) end
+  local engine = require("muon.engine")
+  if next(opts) == nil then opts = nil end
+  return engine.new(path, opts)
+end
+
+-- Tensors wrapping the trainer's buffers, kept alive by the engine object
+-- (the engine holds the tensors it is given; the buffers belong to C).
+function host.add_param(eng, name, dtype_code, shape, data, grad)
+  local T = require("muon.tensor")
+  local dtype = DTYPE_BY_CODE[dtype_code]
+  if not dtype then raise("EDTYPE", "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
+  local value = T.wrap(ffi.cast(PTR_TYPE[dtype], data), shape, dtype)
+  local g = nil
+  if grad ~= nil then g = T.wrap(ffi.cast(PTR_TYPE[dtype], grad), shape, dtype) end
+  eng:add_param(name, value, g)
+end
+
+function host.step(eng) eng:step() end
+
+function host.set(eng, key, value) eng:set(key, value) end
+
+function host.get(eng, key)
+  local v = eng:get(key)
+  if type(v) ~= "number" then
+    raise("EINVAL", "key '" .. tostring(key) .. "' has no numeric value (got " .. type(v) .. ")")
+  end
+  return v
+end
+
+function host.save(eng, path) eng:save(path) end
+
+function host.load(eng, path) eng:load(path) end
+
+-- `muon run script.lua args...`: arg = { [0] = script, args... } as in the
+-- standalone interpreter; the chunk also gets the args as `...`. A numeric
+-- return value is the exit status.
+function host.run_script(path, args)
+  local chunk, err = loadfile(path)
+  if not chunk then error(err, 0) end
+  local a = { [0] = path }
+  for i = 1, #args do a[i] = args[i] end
+  rawset(_G, "arg", a)
+  local ret = chunk(unpack(args))
+  if type(ret) == "number" then return ret end
+  if ret == false then return 1 end
+  return 0
+end
+
+-- "module" calls require(module).main(args); "module:fn" calls .fn(args).
+function host.run_module(target, args)
+  local mod, fn = target:match("^([^:]+):([%w_]+)$")
+  if not mod then mod, fn = target, "main" end
+  local m = require(mod)
+  if type(m) ~= "table" or type(m[fn]) ~= "function" then
+    error("module '" .. mod .. "' has no function '" .. fn .. "'", 0)
+  end
+  local ret = m[fn](args)
+  if type(ret) == "number" then return ret end
+  if ret == false then return 1 end
+  return 0
+end
+
+-- `muon info`: version, library, BLAS core and threads, MPI.
+function host.info(args)
+  if #args > 0 then
+    io.stderr:write("muon info: unexpected argument '" .. args[1] .. "'\n")
+    return 2
+  end
+  local muon = require("muon")
+  local core = require("muon.core")
+  local C = core.C
+  local b = muon.blas_info()
+  local lines = {}
+  local function add(k, v) lines[#lines + 1] = ("%-18s %s"):format(k, v) end
+  add("version", muon._VERSION)
+  add("library", core.path)
+  add("lua modules", (package.searchpath("muon", package.path) or "?"):gsub("/muon/init%.lua$", ""))
+  add("luajit", jit and jit.version or _VERSION)
+  add("blas core", b.core .. (b.expected and (" (cpu supports " .. b.expected .. ")") or ""))
+  add("blas threads", tostring(b.threads))
+  add("blas config", b.config)
+  add("OPENBLAS_CORETYPE", os.getenv("OPENBLAS_CORETYPE") or "(unset)")
+  local have_mpi = false
+  pcall(function() have_mpi = C.mu_comm_have_mpi() ~= 0 end)
+  local size = 1
+  pcall(function() size = C.mu_comm_world_size() end)
+  add("mpi", have_mpi and ("Open MPI (world size " .. tostring(size) .. ")") or "not built (single-process backend)")
+  io.write(table.concat(lines, "\n"), "\n")
+  return 0
+end
+
+return host

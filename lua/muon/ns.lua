@@ -1,0 +1,230 @@
+-- Newton-Schulz orthogonalization (the seed's zeropower_via_newtonschulz5),
+-- computed in C (src/ns.c). Coefficient schedules and option validation
+-- live here; the presets' numbers live in C (mu_ns_preset).
+--
+--   local ns = require("muon.ns")
+--   local u = ns.zeropower(x, { steps = 5, variant = "asym5", eps = 1e-10 })
+--   ns.coefficients("asym5", 5)          --> { {4.0848, -6.8946, 2.9270}, ... }, norm_scale
+--   -- hot loop (optimizer): validate once, reuse the C options and a workspace
+--   local r = ns.resolve({ steps = 5, variant = "asym5" })
+--   local ws = ns.workspace("float32", rows, cols)
+--   ns.zeropower_into(out, x, r, ws)     -- out, x contiguous, same shape
+local ffi = require("ffi")
+local core = require("muon.core")
+local T = require("muon.tensor")
+
+local C, check = core.C, core.check
+
+local ns = {}
+
+ns.VARIANTS = { "legacy", "asym5", "polar_express", "deepseekv4", "custom" }
+local PRESET = { legacy = true, asym5 = true, polar_express = true, deepseekv4 = true }
+ns.DEFAULT_STEPS = 5
+ns.DEFAULT_VARIANT = "asym5"
+ns.DEFAULT_EPS = 1e-10
+
+local VARIANT_MSG = "ns_variant must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', or 'custom', got "
+
+local function repr(v)
+  if type(v) == "string" then return "'" .. v .. "'" end
+  if type(v) == "table" then
+    local parts = {}
+    for i = 1, #v do parts[i] = repr(v[i]) end
+    return "(" .. table.concat(parts, ", ") .. ")"
+  end
+  return tostring(v)
+end
+
+local function is_int(v)
+  return type(v) == "number" and v == math.floor(v) and v == v and v > -math.huge and v < math.huge
+end
+
+local function finite(v)
+  return type(v) == "number" and v == v and v > -math.huge and v < math.huge
+end
+
+-- Validate (variant, steps, custom) like the seed's Muon constructor.
+-- Returns the normalized custom list (copied, numbers) or nil for presets.
+-- level: error level as seen by the caller of the public function.
+local function validate(variant, steps, custom, level)
+  level = (level or 1) + 1
+  if type(variant) ~= "string" or not (PRESET[variant] or variant == "custom") then
+    error(VARIANT_MSG .. repr(variant), level)
+  end
+  if not is_int(steps) or steps < 0 then
+    error("ns_steps must be a non-negative integer, got " .. repr(steps), level)
+  end
+  if variant ~= "custom" then
+    if custom ~= nil then
+      error("ns_coefficients can only be provided when ns_variant='custom'", level)
+    end
+    return nil
+  end
+  if custom == nil or (type(custom) == "table" and #custom == 0) then
+    error("ns_coefficients must be provided when ns_variant='custom'", level)
+  end
+  if type(custom) ~= "table" then
+    error("ns_coefficients must be a list of {a, b, c} triples, got " .. type(custom), level)
+  end
+  if steps > #custom then
+    error(("ns_steps=%d exceeds the %d provided coefficient groups"):format(steps, #custom), level)
+  end
+  local normalized = {}
+  for i = 1, #custom do
+    local t = custom[i]
+    if type(t) ~= "table" or #t ~= 3 then
+      error(("ns_coefficients[%d] must contain exactly three values, got %s"):format(i - 1, repr(t)), level)
+    end
+    for j = 1, 3 do
+      if not finite(t[j]) then
+        error(("ns_coefficients[%d] must contain only finite values"):format(i - 1), level)
+      end
+    end
+    normalized[i] = { t[1], t[2], t[3] }
+  end
+  return normalized
+end
+
+-- ns.validate(variant, steps, custom): raises like the seed; returns the
+-- normalized custom triples (or nil for a preset).
+function ns.validate(variant, steps, custom)
+  return validate(variant, steps == nil and ns.DEFAULT_STEPS or steps, custom, 2)
+end
+
+-- Fill a double[3*steps] with the schedule; returns arr, steps, norm_scale.
+local function schedule(variant, steps, custom, level)
+  level = level + 1
+  local normalized = validate(variant, steps, custom, level)
+  local arr = ffi.new("double[?]", math.max(3 * steps, 3))
+  local scale = 1.0
+  if normalized then
+    for k = 1, steps do
+      for j = 1, 3 do arr[3 * (k - 1) + j - 1] = normalized[k][j] end
+    end
+  elseif steps > 0 then
+    local sc, ns_out = ffi.new("double[1]"), ffi.new("int[1]")
+    local rc = C.mu_ns_preset(variant, steps, arr, steps, sc, ns_out)
+    if rc ~= 0 then error(ffi.string(C.mu_last_error()), level) end
+    scale = sc[0]
+  else
+    local sc, ns_out = ffi.new("double[1]"), ffi.new("int[1]")
+    local tmp = ffi.new("double[30]")
+    check(C.mu_ns_preset(variant, 0, tmp, 10, sc, ns_out), "ns preset", level)
+    scale = sc[0]
+  end
+  return arr, steps, scale
+end
+
+-- Natural number of steps of a preset (5; 10 for deepseekv4).
+local function natural_steps(variant)
+  if variant == "deepseekv4" then return 10 end
+  return ns.DEFAULT_STEPS
+end
+
+-- ns.coefficients(variant, steps, custom) -> { {a, b, c}, ... }, norm_scale
+-- steps defaults to the preset's natural length (5; 10 for deepseekv4).
+function ns.coefficients(variant, steps, custom)
+  if variant == nil then variant = ns.DEFAULT_VARIANT end
+  if steps == nil then steps = variant == "custom" and type(custom) == "table" and #custom or natural_steps(variant) end
+  local arr, n, scale = schedule(variant, steps, custom, 2)
+  local out = {}
+  for k = 1, n do
+    out[k] = { arr[3 * k - 3], arr[3 * k - 2], arr[3 * k - 1] }
+  end
+  return out, scale
+end
+
+local OPTION_KEYS = { steps = true, variant = true, eps = true, coefficients = true, path = true,
+  workspace = true, norm_scale = true }
+local PATHS = { symmetric = C.MU_NS_SYMMETRIC, plain = C.MU_NS_PLAIN }
+
+local function check_keys(opts, allowed, level)
+  local unknown = {}
+  for k in pairs(opts) do
+    if not allowed[k] then unknown[#unknown + 1] = tostring(k) end
+  end
+  if #unknown > 0 then
+    table.sort(unknown)
+    error("zeropower got unknown options: " .. table.concat(unknown, ", "), level + 1)
+  end
+end
+
+local resolved_mt = { __index = {} }
+
+-- ns.resolve(opts) -> validated, reusable options (holds the C mu_ns_opts
+-- and its coefficient array). Keys: steps, variant, eps, coefficients,
+-- path ("symmetric" | "plain"), norm_scale (default: the preset's).
+local function resolve(opts, level)
+  level = level + 1
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" then error("opts must be a table, got " .. type(opts), level) end
+  if getmetatable(opts) == resolved_mt then return opts end
+  check_keys(opts, OPTION_KEYS, level)
+  local variant = opts.variant == nil and ns.DEFAULT_VARIANT or opts.variant
+  local steps = opts.steps
+  if steps == nil then steps = PRESET[variant] and natural_steps(variant) or ns.DEFAULT_STEPS end
+  local eps = opts.eps == nil and ns.DEFAULT_EPS or opts.eps
+  if not finite(eps) or eps < 0 then error("eps must be a finite number >= 0, got " .. repr(eps), level) end
+  local path = opts.path == nil and "symmetric" or opts.path
+  if PATHS[path] == nil then
+    error("path must be 'symmetric' or 'plain', got " .. repr(path), level)
+  end
+  local arr, n, scale = schedule(variant, steps, opts.coefficients, level)
+  if opts.norm_scale ~= nil then
+    if not finite(opts.norm_scale) or opts.norm_scale <= 0 then
+      error("norm_scale must be a finite number > 0, got " .. repr(opts.norm_scale), level)
+    end
+    scale = opts.norm_scale
+  end
+  local copts = ffi.new("mu_ns_opts")
+  copts.steps = n
+  copts.coeffs = arr
+  copts.eps = eps
+  copts.norm_scale = scale
+  copts.path = PATHS[path]
+  return setmetatable({
+    variant = variant, steps = n, eps = eps, path = path, norm_scale = scale,
+    coeffs = arr, -- keeps the array alive for copts
+    copts = copts,
+  }, resolved_mt)
+end
+
+function ns.resolve(opts)
+  return resolve(opts, 2)
+end
+
+-- ns.workspace(dtype, rows, cols): reusable buffers for matrices up to
+-- rows x cols (either orientation), freed by the GC.
+function ns.workspace(dtype, rows, cols)
+  if not is_int(rows) or not is_int(cols) or rows < 0 or cols < 0 then
+    error("workspace: rows and cols must be non-negative integers", 2)
+  end
+  local box = ffi.new("mu_ns_workspace *[1]")
+  check(C.mu_ns_workspace_new(T.dtype_code(dtype, 2), rows, cols, box), "workspace", 2)
+  return ffi.gc(box[0], C.mu_ns_workspace_free)
+end
+
+-- ns.zeropower_into(out, x, resolved, ws): the C call without validation of
+-- options (resolved from ns.resolve). x and out: contiguous, same shape
+-- (2-D or 3-D) and dtype; out may be x. ws may be nil.
+function ns.zeropower_into(out, x, r, ws)
+  check(C.mu_ns_zeropower(x, out, r.copts, ws), "zeropower", 2)
+  return out
+end
+
+-- ns.zeropower(x, opts) -> a new tensor, x unchanged. x: 2-D (n x m) or 3-D
+-- (batch x n x m), contiguous or not, float32 or float64.
+function ns.zeropower(x, opts)
+  if not T.is_tensor(x) then error("zeropower: x must be a tensor", 2) end
+  if x:dim() ~= 2 and x:dim() ~= 3 then
+    error("zeropower: x must be 2-D or 3-D, got " .. x:dim() .. "-D", 2)
+  end
+  local r = resolve(opts, 2)
+  local ws = opts and opts.workspace or nil
+  local src = x:is_contiguous() and x or x:contiguous()
+  local out = T.zeros(x:size(), x:dtype())
+  check(C.mu_ns_zeropower(src, out, r.copts, ws), "zeropower", 2)
+  return out
+end
+
+return ns

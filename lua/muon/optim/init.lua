@@ -1,0 +1,5 @@
+-- muon.optim: the optimizers.
+return {
+  Muon = require("muon.optim.muon"),
+  AdamW = require("muon.optim.adamw"),
+}

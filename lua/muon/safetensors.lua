@@ -1,0 +1,448 @@
+-- safetensors files: the format of Hugging Face's `safetensors` package
+-- (u64 little-endian header length N, N bytes of JSON, raw little-endian
+-- data), F32 and F64 tensors only.
+--
+--   local st = require("muon.safetensors")
+--   st.save(path, { {name = "w", tensor = w}, ... } or { w = w, ... }, { key = "value" })
+--   local f = st.load(path)    --> { tensors = {name -> tensor}, order = {names in file order},
+--                              --    metadata = {string -> string} }
+--   local h = st.inspect(path) --> { entries = { {name, dtype, shape, offsets = {b, e}}, ... },
+--                              --    order, metadata, data_size }   (no data read)
+--
+-- The JSON header is parsed with lua-cjson and produced here in the exact
+-- layout of the reference (Rust) writer: compact, "__metadata__" first,
+-- then each tensor as {"dtype","shape","data_offsets"}, padded with spaces to
+-- a multiple of 8 bytes. Tensors are stored in the given order, contiguous,
+-- without gaps. save() adds "muon.format" = "1" and "muon.checksum" =
+-- "xxh64:<16 hex digits>" (XXH64 of the data section) to the metadata; load()
+-- verifies the checksum when present. Writes are atomic (src/safetensors.c).
+--
+-- Files are untrusted input: every structure, dtype, shape and offset is
+-- validated before anything is allocated; offsets must tile the data section
+-- exactly (no overlap, no gap, no trailing bytes), as the reference reader
+-- requires. Errors name the path and the tensor.
+local ffi = require("ffi")
+local bit = require("bit")
+local core = require("muon.core")
+local T = require("muon.tensor")
+
+local C, check = core.C, core.check
+
+local cjson = require("cjson").new()
+cjson.decode_invalid_numbers(false) -- no NaN, Infinity, hex
+cjson.decode_max_depth(8)           -- a valid header nests 3 deep
+
+local M = {}
+
+M.FORMAT_VERSION = "1"
+M.MAX_DIMS = 8
+local MAX_INT = 2 ^ 53 -- integers in the header must be exact doubles
+
+local DTYPE_OF = { F32 = "float32", F64 = "float64" }
+local ST_DTYPE = { float32 = "F32", float64 = "F64" }
+local ELSIZE = { F32 = 4, F64 = 8 }
+local RESERVED_META = { ["muon.checksum"] = true, ["muon.format"] = true }
+
+local reader_box = ffi.typeof("mu_st_reader *[1]")
+local size_box = ffi.typeof("size_t[1]")
+local u64_box = ffi.typeof("uint64_t[1]")
+local tensor_arr = ffi.typeof("mu_tensor *[?]")
+
+-- ------------------------------------------------------------- helpers
+
+-- Is s valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF)?
+local function valid_utf8(s)
+  local i, n = 1, #s
+  local byte, find = string.byte, string.find
+  while true do
+    i = find(s, "[\128-\255]", i)
+    if not i then return true end
+    local c = byte(s, i)
+    local len, lo, hi = 0, 0x80, 0xBF
+    if c >= 0xC2 and c <= 0xDF then len = 1
+    elseif c == 0xE0 then len, lo = 2, 0xA0
+    elseif c == 0xED then len, hi = 2, 0x9F
+    elseif c >= 0xE1 and c <= 0xEF then len = 2
+    elseif c == 0xF0 then len, lo = 3, 0x90
+    elseif c >= 0xF1 and c <= 0xF3 then len = 3
+    elseif c == 0xF4 then len, hi = 3, 0x8F
+    else return false, i end
+    if i + len > n then return false, i end
+    local c1 = byte(s, i + 1)
+    if c1 < lo or c1 > hi then return false, i end
+    for k = 2, len do
+      local ck = byte(s, i + k)
+      if ck < 0x80 or ck > 0xBF then return false, i end
+    end
+    i = i + len + 1
+  end
+end
+M.valid_utf8 = valid_utf8
+
+-- JSON string literal as serde_json writes it (the reference writer): only
+-- '"', '\' and control characters are escaped; '/' and non-ASCII are not.
+local SHORT_ESC = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f",
+                    ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
+local function json_string(s)
+  return '"' .. s:gsub('[%z\1-\31"\\]', function(ch)
+    return SHORT_ESC[ch] or ("\\u%04x"):format(ch:byte())
+  end) .. '"'
+end
+M.json_string = json_string
+
+local function json_int(x)
+  return ("%.0f"):format(x)
+end
+
+-- Raw (still escaped) keys of the top-level JSON object, in order. Used to
+-- detect duplicate names, which cjson silently merges (last one wins).
+-- Only called on text cjson has accepted, so the structure is well formed.
+local function top_level_keys(s)
+  local keys, depth, i = {}, 0, 1
+  local expect_key = false
+  local find, byte = string.find, string.byte
+  while true do
+    local j = find(s, '[{}%[%]",]', i)
+    if not j then break end
+    local c = byte(s, j)
+    if c == 34 then -- '"': skip the string
+      local k = j + 1
+      while true do
+        local q = find(s, '["\\]', k)
+        if not q then return keys end
+        if byte(s, q) == 92 then k = q + 2 else k = q break end
+      end
+      if depth == 1 and expect_key then
+        keys[#keys + 1] = s:sub(j, k)
+        expect_key = false
+      end
+      i = k + 1
+    else
+      if c == 123 or c == 91 then -- { [
+        depth = depth + 1
+        if depth == 1 then expect_key = (c == 123) end
+      elseif c == 125 or c == 93 then -- } ]
+        depth = depth - 1
+      elseif c == 44 and depth == 1 then -- ,
+        expect_key = true
+      end
+      i = j + 1
+    end
+  end
+  return keys
+end
+
+local function is_int(x)
+  return type(x) == "number" and x == math.floor(x) and x >= 0 and x <= MAX_INT
+end
+
+local function shape_str(shape)
+  local parts = {}
+  for i = 1, #shape do parts[i] = json_int(shape[i]) end
+  return "[" .. table.concat(parts, ", ") .. "]"
+end
+
+-- A Lua array decoded by cjson: keys exactly 1..n.
+local function is_array(t)
+  if type(t) ~= "table" then return false end
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n == #t
+end
+
+-- ---------------------------------------------------------- header parse
+
+-- Validate the header text of `path` whose data section has data_size bytes.
+-- Returns entries sorted by offset and the metadata table.
+local function parse_header(path, text, data_size)
+  local function bad(fmt, ...)
+    error(("safetensors '%s': " .. fmt):format(path, ...), 0)
+  end
+  local ok_utf8, at = valid_utf8(text)
+  if not ok_utf8 then bad("header is not valid UTF-8 (byte %d)", at) end
+  if text:sub(1, 1) ~= "{" then bad("header does not start with '{' (not a safetensors file?)") end
+  local ok, hdr = pcall(cjson.decode, text)
+  if not ok then bad("header is not valid JSON: %s", tostring(hdr)) end
+  if type(hdr) ~= "table" then bad("header is not a JSON object") end
+
+  -- duplicates (cjson keeps only the last of equal keys)
+  local raw_keys = top_level_keys(text)
+  local nkeys = 0
+  for _ in pairs(hdr) do nkeys = nkeys + 1 end
+  if #raw_keys ~= nkeys then
+    local seen = {}
+    for _, raw in ipairs(raw_keys) do
+      local okk, name = pcall(cjson.decode, raw)
+      name = okk and name or raw
+      if seen[name] then bad("tensor '%s' appears more than once in the header", tostring(name)) end
+      seen[name] = true
+    end
+    bad("header has duplicate keys")
+  end
+
+  local metadata = {}
+  local meta = hdr.__metadata__
+  if meta ~= nil and meta ~= cjson.null then
+    if type(meta) ~= "table" then bad("__metadata__ is not an object") end
+    for k, v in pairs(meta) do
+      if type(k) ~= "string" then bad("__metadata__ is not an object") end
+      if type(v) ~= "string" then
+        bad("__metadata__ value of '%s' is a %s, not a string", k, v == cjson.null and "null" or type(v))
+      end
+      metadata[k] = v
+    end
+  end
+
+  local entries = {}
+  for name, info in pairs(hdr) do
+    if name ~= "__metadata__" then
+      if type(name) ~= "string" then bad("header is not a JSON object") end
+      local function badt(fmt, ...)
+        bad("tensor '%s': " .. fmt, name, ...)
+      end
+      if type(info) ~= "table" then badt("entry is not an object") end
+      for k in pairs(info) do
+        if k ~= "dtype" and k ~= "shape" and k ~= "data_offsets" then
+          badt("unexpected key '%s' (expected dtype, shape, data_offsets)", tostring(k))
+        end
+      end
+      local dtype = info.dtype
+      if type(dtype) ~= "string" then badt("dtype is missing or not a string") end
+      local es = ELSIZE[dtype]
+      if not es then badt("dtype '%s' is not supported (only F32 and F64)", dtype) end
+      local shape = info.shape
+      if not is_array(shape) then badt("shape is missing or not a list") end
+      if #shape > M.MAX_DIMS then badt("shape has %d dims; at most %d are supported", #shape, M.MAX_DIMS) end
+      for d = 1, #shape do
+        if not is_int(shape[d]) then
+          badt("shape entry %d (%s) is not a non-negative integer", d, tostring(shape[d]))
+        end
+      end
+      local offs = info.data_offsets
+      if not is_array(offs) or #offs ~= 2 then badt("data_offsets is not a list of two integers") end
+      local b, e = offs[1], offs[2]
+      if not is_int(b) or not is_int(e) then badt("data_offsets are not non-negative integers") end
+      if b > e then badt("data_offsets [%s, %s] begin after they end", json_int(b), json_int(e)) end
+      if e > data_size then
+        badt("data_offsets [%s, %s] run past the end of the data section (%s bytes); truncated file?",
+             json_int(b), json_int(e), json_int(data_size))
+      end
+      -- element count without overflow: stop as soon as it exceeds the span
+      local span = e - b
+      local limit = span / es
+      local numel = 1
+      for d = 1, #shape do
+        if shape[d] == 0 then numel = 0 break end
+      end
+      if numel ~= 0 then
+        for d = 1, #shape do
+          numel = numel * shape[d]
+          if numel > limit then
+            badt("shape %s needs more than the %s bytes of its data_offsets [%s, %s]",
+                 shape_str(shape), json_int(span), json_int(b), json_int(e))
+          end
+        end
+      end
+      if numel * es ~= span then
+        badt("shape %s of %s needs %s bytes but data_offsets [%s, %s] hold %s",
+             shape_str(shape), dtype, json_int(numel * es), json_int(b), json_int(e), json_int(span))
+      end
+      local sh = {}
+      for d = 1, #shape do sh[d] = shape[d] end
+      entries[#entries + 1] = { name = name, dtype = DTYPE_OF[dtype], st_dtype = dtype, shape = sh,
+                                offsets = { b, e }, numel = numel }
+    end
+  end
+
+  table.sort(entries, function(x, y)
+    if x.offsets[1] ~= y.offsets[1] then return x.offsets[1] < y.offsets[1] end
+    if x.offsets[2] ~= y.offsets[2] then return x.offsets[2] < y.offsets[2] end
+    return x.name < y.name
+  end)
+  local pos, prev = 0, nil
+  for _, en in ipairs(entries) do
+    local b = en.offsets[1]
+    if b < pos then
+      bad("tensor '%s' (data_offsets [%s, %s]) overlaps tensor '%s' (which ends at %s)",
+          en.name, json_int(b), json_int(en.offsets[2]), prev.name, json_int(pos))
+    elseif b > pos then
+      bad("tensor '%s' starts at %s, leaving a gap of %s bytes after %s", en.name, json_int(b),
+          json_int(b - pos), prev and ("tensor '" .. prev.name .. "'") or "the header")
+    end
+    pos, prev = en.offsets[2], en
+  end
+  if pos ~= data_size then
+    bad("data section has %s bytes but the tensors cover %s (trailing bytes or missing tensors)",
+        json_int(data_size), json_int(pos))
+  end
+  return entries, metadata
+end
+
+local function open_reader(path, level)
+  if type(path) ~= "string" then error("path must be a string, got " .. type(path), level + 1) end
+  local box = reader_box()
+  check(C.mu_st_reader_open(path, box), nil, level + 1)
+  local r = ffi.gc(box[0], C.mu_st_reader_close)
+  local len = size_box()
+  local ptr = C.mu_st_reader_header(r, len)
+  local text = ffi.string(ptr, len[0])
+  local data_size = tonumber(C.mu_st_reader_data_size(r))
+  return r, text, data_size
+end
+
+local function close_reader(r)
+  ffi.gc(r, nil)
+  C.mu_st_reader_close(r)
+end
+
+local function checksum_hex(n, arr)
+  local out = u64_box()
+  check(C.mu_st_checksum(n, arr, out), "checksum", 3)
+  return "xxh64:" .. bit.tohex(out[0], 16)
+end
+
+--- Header of a safetensors file, validated, without reading the data.
+function M.inspect(path)
+  local r, text, data_size = open_reader(path, 2)
+  local ok, entries, metadata = pcall(parse_header, path, text, data_size)
+  close_reader(r)
+  if not ok then error(entries, 0) end
+  local order = {}
+  for i, en in ipairs(entries) do order[i] = en.name end
+  return { entries = entries, order = order, metadata = metadata, data_size = data_size }
+end
+
+--- Load every tensor (new contiguous tensors) of a safetensors file.
+function M.load(path)
+  local r, text, data_size = open_reader(path, 2)
+  local ok, res = pcall(function()
+    local entries, metadata = parse_header(path, text, data_size)
+    local tensors, order = {}, {}
+    local arr = tensor_arr(math.max(#entries, 1))
+    for i, en in ipairs(entries) do
+      local t = T.zeros(en.shape, en.dtype)
+      local rc = C.mu_st_reader_read(r, en.offsets[1], en.offsets[2], t)
+      if rc ~= 0 then
+        error(("tensor '%s': %s"):format(en.name, ffi.string(C.mu_last_error())), 0)
+      end
+      tensors[en.name] = t
+      order[i] = en.name
+      arr[i - 1] = t
+    end
+    local want = metadata["muon.checksum"]
+    if want ~= nil then
+      local algo = want:match("^(%w+):")
+      if algo ~= "xxh64" or not want:match("^xxh64:%x+$") or #want ~= 22 then
+        error(("safetensors '%s': unsupported checksum '%s' in __metadata__ (expected xxh64:<16 hex>)")
+              :format(path, want), 0)
+      end
+      local got = checksum_hex(#entries, arr)
+      if got ~= want:lower() then
+        error(("safetensors '%s': checksum mismatch (header says %s, data gives %s): the file is corrupted")
+              :format(path, want, got), 0)
+      end
+    end
+    return { tensors = tensors, order = order, metadata = metadata }
+  end)
+  close_reader(r)
+  if not ok then error(res, 0) end
+  return res
+end
+
+-- ------------------------------------------------------------------ save
+
+-- Ordered list of {name, tensor} from a list of {name=, tensor=} or a map.
+local function normalize_entries(entries, level)
+  if type(entries) ~= "table" then
+    error("entries must be a list of {name = ..., tensor = ...} or a name -> tensor table, got "
+          .. type(entries), level + 1)
+  end
+  local list = {}
+  if entries[1] ~= nil then
+    local n = #entries
+    for k in pairs(entries) do
+      if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
+        error("entries mixes a list with key '" .. tostring(k) .. "'", level + 1)
+      end
+    end
+    for i = 1, n do
+      local e = entries[i]
+      if type(e) ~= "table" or type(e.name) ~= "string" or not T.is_tensor(e.tensor) then
+        error(("entries[%d] must be {name = string, tensor = tensor}"):format(i), level + 1)
+      end
+      for k in pairs(e) do
+        if k ~= "name" and k ~= "tensor" then
+          error(("entries[%d]: unknown key '%s'"):format(i, tostring(k)), level + 1)
+        end
+      end
+      list[i] = { name = e.name, tensor = e.tensor }
+    end
+  else
+    for k, v in pairs(entries) do
+      if type(k) ~= "string" then error("entries: key " .. tostring(k) .. " is not a name", level + 1) end
+      if not T.is_tensor(v) then error("entries['" .. k .. "'] is not a tensor", level + 1) end
+      list[#list + 1] = { name = k, tensor = v }
+    end
+    table.sort(list, function(a, b) return a.name < b.name end)
+  end
+  local seen = {}
+  for _, e in ipairs(list) do
+    if seen[e.name] then error("tensor name '" .. e.name .. "' is used twice", level + 1) end
+    seen[e.name] = true
+    if e.name == "__metadata__" then error("'__metadata__' cannot be a tensor name", level + 1) end
+    if not valid_utf8(e.name) then error("tensor name '" .. e.name .. "' is not valid UTF-8", level + 1) end
+  end
+  return list
+end
+
+--- Save tensors atomically. entries: ordered list of {name=, tensor=} or a
+--- name -> tensor table (stored sorted by name); metadata: string -> string.
+function M.save(path, entries, metadata)
+  if type(path) ~= "string" or path == "" then
+    error("path must be a non-empty string, got " .. tostring(path), 2)
+  end
+  local list = normalize_entries(entries, 2)
+  if metadata ~= nil and type(metadata) ~= "table" then
+    error("metadata must be a table of string -> string, got " .. type(metadata), 2)
+  end
+  local meta = {}
+  for k, v in pairs(metadata or {}) do
+    if type(k) ~= "string" or type(v) ~= "string" then
+      error(("metadata must map strings to strings (key %s holds a %s)"):format(tostring(k), type(v)), 2)
+    end
+    if RESERVED_META[k] then error("metadata key '" .. k .. "' is reserved (written by save)", 2) end
+    if not valid_utf8(k) or not valid_utf8(v) then
+      error("metadata key '" .. k .. "' or its value is not valid UTF-8", 2)
+    end
+    meta[k] = v
+  end
+
+  local n = #list
+  local arr = tensor_arr(math.max(n, 1))
+  for i, e in ipairs(list) do arr[i - 1] = e.tensor end
+  meta["muon.format"] = M.FORMAT_VERSION
+  meta["muon.checksum"] = checksum_hex(n, arr)
+
+  local keys = {}
+  for k in pairs(meta) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local parts = {}
+  for i, k in ipairs(keys) do parts[i] = json_string(k) .. ":" .. json_string(meta[k]) end
+  local out = { '{"__metadata__":{' .. table.concat(parts, ",") .. "}" }
+  local pos = 0
+  for _, e in ipairs(list) do
+    local t = e.tensor
+    local dt = ST_DTYPE[t:dtype()]
+    local dims = {}
+    for d = 0, t.ndim - 1 do dims[d + 1] = json_int(tonumber(t.dims[d])) end
+    local nbytes = t:numel() * ELSIZE[dt]
+    out[#out + 1] = ("%s:{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%s,%s]}")
+      :format(json_string(e.name), dt, table.concat(dims, ","), json_int(pos), json_int(pos + nbytes))
+    pos = pos + nbytes
+  end
+  local header = table.concat(out, ",") .. "}"
+  check(C.mu_st_write(path, header, #header, n, arr), nil, 2)
+  return pos
+end
+
+return M

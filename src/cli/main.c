@@ -1,0 +1,85 @@
+/*
+ * muon -- command-line host for the muon engine.
+ *
+ *   muon run script.lua [args...]           run a Lua script with muon loaded
+ *   muon check config.lua --params shapes   show which parameter lands where
+ *   muon info                                version, BLAS core, MPI
+ *
+ * The host embeds LuaJIT through the library (mu_script_run*), so this file
+ * never touches the Lua API itself.
+ */
+#include "muon.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char usage_text[] =
+    "usage: muon <command> [args]\n"
+    "\n"
+    "commands:\n"
+    "  run SCRIPT.lua [ARGS...]             run a Lua script with the muon modules on\n"
+    "                                       package.path (arg[1..] = ARGS); works under mpirun\n"
+    "  check CONFIG.lua --params SHAPES     print which parameter lands in which group,\n"
+    "                                       with optimizer and options, and every problem;\n"
+    "                                       SHAPES has lines 'name dim1 dim2 ...'; exit 1 on problems\n"
+    "  info                                 version, BLAS core and threads, MPI availability\n"
+    "\n"
+    "options:\n"
+    "  -h, --help                           this text\n"
+    "  --version                            print the version\n"
+    "\n"
+    "environment: MUON_LUA_PATH (Lua module directory), MUON_LIB, OPENBLAS_CORETYPE,\n"
+    "OPENBLAS_NUM_THREADS\n";
+
+static int usage_error(const char *fmt, const char *what)
+{
+    fputs("muon: ", stderr);
+    fprintf(stderr, fmt, what);
+    fputs("\n\n", stderr);
+    fputs(usage_text, stderr);
+    return 2;
+}
+
+static int report(int rc, int status, int printed)
+{
+    if (rc != MU_OK) {
+        if (!printed) fprintf(stderr, "muon: %s\n", mu_last_error());
+        return status ? status : 1;
+    }
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    mu_blas_fix_core(argv); /* may re-exec with OPENBLAS_CORETYPE set */
+
+    if (argc < 2) return usage_error("%s", "missing command");
+    const char *cmd = argv[1];
+    int status = 1;
+
+    if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("muon %s\n", mu_version());
+        return 0;
+    }
+    if (strcmp(cmd, "run") == 0) {
+        if (argc < 3) return usage_error("%s", "run: missing script");
+        if (argv[2][0] == '-' && argv[2][1] != '\0')
+            return usage_error("run: unknown option '%s' (options go after the script)", argv[2]);
+        int rc = mu_script_run(argv[2], argc - 3, argv + 3, MU_SCRIPT_MPI, &status);
+        return report(rc, status, 1);
+    }
+    if (strcmp(cmd, "check") == 0) {
+        int rc = mu_script_run_module("muon.check", argc - 2, argv + 2, 0, &status);
+        return report(rc, status, 0);
+    }
+    if (strcmp(cmd, "info") == 0) {
+        int rc = mu_script_run_module("muon.host:info", argc - 2, argv + 2, 0, &status);
+        return report(rc, status, 0);
+    }
+    if (cmd[0] == '-') return usage_error("unknown option '%s'", cmd);
+    return usage_error("unknown command '%s'", cmd);
+}

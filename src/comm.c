@@ -1,0 +1,579 @@
+/*
+ * comm.c -- collectives for distributed (HSDP) steps.
+ *
+ * A mu_comm wraps an MPI communicator (a private duplicate, so our traffic
+ * never mixes with the caller's) and counts, per handle, the calls made, the
+ * payload bytes sent to and received from OTHER ranks (logical volume: what
+ * the operation semantically moves between ranks, not the wire traffic of
+ * the algorithm MPI picks; self-to-self copies count nothing) and the wall
+ * time spent inside the calls.
+ *
+ * Without MPI (MU_HAVE_MPI undefined) the same API works as a single-process
+ * backend: every communicator has size 1 and collectives are local copies.
+ *
+ * Global state: exactly two flags, both about the MPI library itself, which
+ * is a process-wide singleton: whether this library called MPI_Init_thread
+ * (so that mu_comm_finalize finalizes only what we initialized) and whether
+ * mu_comm_finalize already ran (so it finalizes once). They are atomics.
+ */
+#include "muon_internal.h"
+
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef MU_HAVE_MPI
+#include <mpi.h>
+#endif
+
+struct mu_comm {
+#ifdef MU_HAVE_MPI
+    MPI_Comm comm;
+#endif
+    int rank;
+    int size;
+    mu_comm_stats stats;
+};
+
+struct mu_comm_request {
+    mu_comm *c;
+#ifdef MU_HAVE_MPI
+    MPI_Request req;
+    int *ibuf; /* count/displacement arrays that must live until the wait */
+#endif
+    int64_t sent, recv;
+    double t0;
+};
+
+static atomic_int mu__we_initialized = 0; /* this library called MPI_Init_thread */
+static atomic_int mu__finalized = 0;      /* mu_comm_finalize ran */
+
+static double mu__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void mu__account(mu_comm *c, int64_t sent, int64_t recv, double t0) {
+    c->stats.calls++;
+    c->stats.bytes_sent += sent;
+    c->stats.bytes_recv += recv;
+    c->stats.seconds += mu__now() - t0;
+}
+
+static int mu__esize(int dtype, size_t *es) {
+    if (dtype == MU_F32) *es = 4;
+    else if (dtype == MU_F64) *es = 8;
+    else return mu__fail(MU_EDTYPE, "comm: dtype %d is not MU_F32 or MU_F64", dtype);
+    return MU_OK;
+}
+
+#ifdef MU_HAVE_MPI
+static MPI_Datatype mu__mpi_type(int dtype) { return dtype == MU_F64 ? MPI_DOUBLE : MPI_FLOAT; }
+
+static int mu__mpi_fail(int err, const char *what) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "code %d", err);
+    return mu__fail(MU_ECOMM, "%s failed: %s", what, msg);
+}
+
+static int mu__ensure_init(void) {
+    int inited = 0, fin = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (fin) return mu__fail(MU_ESTATE, "comm: MPI was already finalized");
+    if (!inited) {
+        int provided = 0;
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        if (rc != MPI_SUCCESS) return mu__mpi_fail(rc, "MPI_Init_thread");
+        atomic_store(&mu__we_initialized, 1);
+    }
+    return MU_OK;
+}
+
+static int mu__wrap(MPI_Comm src, mu_comm **out) {
+    mu_comm *c = calloc(1, sizeof *c);
+    if (!c) return mu__fail(MU_ENOMEM, "comm: out of memory");
+    int rc = MPI_Comm_dup(src, &c->comm);
+    if (rc != MPI_SUCCESS) {
+        free(c);
+        return mu__mpi_fail(rc, "MPI_Comm_dup");
+    }
+    MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c->comm, &c->rank);
+    MPI_Comm_size(c->comm, &c->size);
+    *out = c;
+    return MU_OK;
+}
+
+/* Per-peer int arrays from int64 counts, refusing what MPI's int cannot hold. */
+static int mu__to_int(int n, const int64_t *src, int *dst, const char *what) {
+    for (int i = 0; i < n; i++) {
+        if (src[i] < 0 || src[i] > INT_MAX)
+            return mu__fail(MU_EINVAL, "comm: %s[%d] = %lld is negative or exceeds INT_MAX", what, i,
+                            (long long)src[i]);
+        dst[i] = (int)src[i];
+    }
+    return MU_OK;
+}
+#endif
+
+static mu_comm *mu__new_single(void) {
+    mu_comm *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->rank = 0;
+    c->size = 1;
+#ifdef MU_HAVE_MPI
+    c->comm = MPI_COMM_NULL;
+#endif
+    return c;
+}
+
+MU_API int mu_comm_have_mpi(void) {
+#ifdef MU_HAVE_MPI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+MU_API int mu_comm_world(mu_comm **out) {
+    if (!out) return mu__fail(MU_EINVAL, "mu_comm_world: out is NULL");
+    *out = NULL;
+#ifdef MU_HAVE_MPI
+    int rc = mu__ensure_init();
+    if (rc) return rc;
+    return mu__wrap(MPI_COMM_WORLD, out);
+#else
+    mu_comm *c = mu__new_single();
+    if (!c) return mu__fail(MU_ENOMEM, "mu_comm_world: out of memory");
+    *out = c;
+    return MU_OK;
+#endif
+}
+
+MU_API int mu_comm_self(mu_comm **out) {
+    if (!out) return mu__fail(MU_EINVAL, "mu_comm_self: out is NULL");
+    *out = NULL;
+    mu_comm *c = mu__new_single();
+    if (!c) return mu__fail(MU_ENOMEM, "mu_comm_self: out of memory");
+    *out = c;
+    return MU_OK;
+}
+
+MU_API int mu_comm_from_handle(void *mpi_comm_ptr, mu_comm **out) {
+    if (!out) return mu__fail(MU_EINVAL, "mu_comm_from_handle: out is NULL");
+    *out = NULL;
+    if (!mpi_comm_ptr) return mu__fail(MU_EINVAL, "mu_comm_from_handle: mpi_comm_ptr is NULL");
+#ifdef MU_HAVE_MPI
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited)
+        return mu__fail(MU_ESTATE, "mu_comm_from_handle: MPI is not initialized by the caller");
+    return mu__wrap(*(MPI_Comm *)mpi_comm_ptr, out);
+#else
+    return mu__fail(MU_ESTATE, "mu_comm_from_handle: libmuon was built without MPI");
+#endif
+}
+
+MU_API int mu_comm_split(mu_comm *c, int color, int key, mu_comm **out) {
+    if (!out) return mu__fail(MU_EINVAL, "mu_comm_split: out is NULL");
+    *out = NULL;
+    if (!c) return mu__fail(MU_EINVAL, "mu_comm_split: comm is NULL");
+    if (color < 0) return mu__fail(MU_EINVAL, "mu_comm_split: color %d is negative", color);
+    double t0 = mu__now();
+#ifdef MU_HAVE_MPI
+    if (c->comm != MPI_COMM_NULL) {
+        MPI_Comm nc;
+        int rc = MPI_Comm_split(c->comm, color, key, &nc);
+        if (rc != MPI_SUCCESS) return mu__mpi_fail(rc, "MPI_Comm_split");
+        mu_comm *r = calloc(1, sizeof *r);
+        if (!r) {
+            MPI_Comm_free(&nc);
+            return mu__fail(MU_ENOMEM, "mu_comm_split: out of memory");
+        }
+        r->comm = nc;
+        MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(nc, &r->rank);
+        MPI_Comm_size(nc, &r->size);
+        mu__account(c, 0, 0, t0);
+        *out = r;
+        return MU_OK;
+    }
+#endif
+    mu_comm *r = mu__new_single();
+    if (!r) return mu__fail(MU_ENOMEM, "mu_comm_split: out of memory");
+    mu__account(c, 0, 0, t0);
+    *out = r;
+    return MU_OK;
+}
+
+MU_API void mu_comm_free(mu_comm *c) {
+    if (!c) return;
+#ifdef MU_HAVE_MPI
+    if (c->comm != MPI_COMM_NULL) {
+        int fin = 0;
+        MPI_Finalized(&fin);
+        if (!fin) MPI_Comm_free(&c->comm);
+    }
+#endif
+    free(c);
+}
+
+MU_API int mu_comm_rank(const mu_comm *c) { return c ? c->rank : -1; }
+MU_API int mu_comm_size(const mu_comm *c) { return c ? c->size : -1; }
+
+MU_API int mu_comm_get_stats(const mu_comm *c, mu_comm_stats *out) {
+    if (!c || !out) return mu__fail(MU_EINVAL, "mu_comm_get_stats: comm or out is NULL");
+    *out = c->stats;
+    return MU_OK;
+}
+
+MU_API void mu_comm_reset_stats(mu_comm *c) {
+    if (c) memset(&c->stats, 0, sizeof c->stats);
+}
+
+MU_API int mu_comm_alltoallv(mu_comm *c, int dtype, const void *sendbuf, const int64_t *sendcounts,
+                             const int64_t *sdispls, void *recvbuf, const int64_t *recvcounts,
+                             const int64_t *rdispls) {
+    size_t es = 0;
+    if (!c) return mu__fail(MU_EINVAL, "mu_comm_alltoallv: comm is NULL");
+    int rc = mu__esize(dtype, &es);
+    if (rc) return rc;
+    if (!sendcounts || !sdispls || !recvcounts || !rdispls)
+        return mu__fail(MU_EINVAL, "mu_comm_alltoallv: counts/displacements are NULL");
+    double t0 = mu__now();
+    int64_t sent = 0, recv = 0;
+    for (int i = 0; i < c->size; i++) {
+        if (sendcounts[i] < 0 || recvcounts[i] < 0 || sdispls[i] < 0 || rdispls[i] < 0)
+            return mu__fail(MU_EINVAL, "mu_comm_alltoallv: negative count or displacement for peer %d", i);
+        if (i != c->rank) {
+            sent += sendcounts[i];
+            recv += recvcounts[i];
+        }
+    }
+#ifdef MU_HAVE_MPI
+    if (c->size > 1) {
+        int n = c->size;
+        int *ib = malloc(sizeof(int) * 4 * (size_t)n);
+        if (!ib) return mu__fail(MU_ENOMEM, "mu_comm_alltoallv: out of memory");
+        if ((rc = mu__to_int(n, sendcounts, ib, "sendcounts")) ||
+            (rc = mu__to_int(n, sdispls, ib + n, "sdispls")) ||
+            (rc = mu__to_int(n, recvcounts, ib + 2 * n, "recvcounts")) ||
+            (rc = mu__to_int(n, rdispls, ib + 3 * n, "rdispls"))) {
+            free(ib);
+            return rc;
+        }
+        MPI_Datatype t = mu__mpi_type(dtype);
+        int e = MPI_Alltoallv(sendbuf, ib, ib + n, t, recvbuf, ib + 2 * n, ib + 3 * n, t, c->comm);
+        free(ib);
+        if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Alltoallv");
+        mu__account(c, sent * (int64_t)es, recv * (int64_t)es, t0);
+        return MU_OK;
+    }
+#endif
+    if (sendcounts[0] != recvcounts[0])
+        return mu__fail(MU_ESHAPE, "mu_comm_alltoallv: sendcounts[0] = %lld but recvcounts[0] = %lld",
+                        (long long)sendcounts[0], (long long)recvcounts[0]);
+    if (sendcounts[0] > 0)
+        memmove((char *)recvbuf + rdispls[0] * (int64_t)es, (const char *)sendbuf + sdispls[0] * (int64_t)es,
+                (size_t)sendcounts[0] * es);
+    mu__account(c, 0, 0, t0);
+    return MU_OK;
+}
+
+MU_API int mu_comm_allgatherv(mu_comm *c, int dtype, const void *sendbuf, int64_t sendcount,
+                              void *recvbuf, const int64_t *recvcounts, const int64_t *displs) {
+    size_t es = 0;
+    if (!c) return mu__fail(MU_EINVAL, "mu_comm_allgatherv: comm is NULL");
+    int rc = mu__esize(dtype, &es);
+    if (rc) return rc;
+    if (!recvcounts || !displs) return mu__fail(MU_EINVAL, "mu_comm_allgatherv: counts/displs are NULL");
+    if (sendcount != recvcounts[c->rank])
+        return mu__fail(MU_ESHAPE, "mu_comm_allgatherv: sendcount %lld != recvcounts[%d] = %lld",
+                        (long long)sendcount, c->rank, (long long)recvcounts[c->rank]);
+    double t0 = mu__now();
+    int64_t recv = 0;
+    for (int i = 0; i < c->size; i++) {
+        if (recvcounts[i] < 0 || displs[i] < 0)
+            return mu__fail(MU_EINVAL, "mu_comm_allgatherv: negative count or displacement for peer %d", i);
+        if (i != c->rank) recv += recvcounts[i];
+    }
+#ifdef MU_HAVE_MPI
+    if (c->size > 1) {
+        int n = c->size, sc = 0;
+        int *ib = malloc(sizeof(int) * 2 * (size_t)n);
+        if (!ib) return mu__fail(MU_ENOMEM, "mu_comm_allgatherv: out of memory");
+        if ((rc = mu__to_int(n, recvcounts, ib, "recvcounts")) || (rc = mu__to_int(n, displs, ib + n, "displs")) ||
+            (rc = mu__to_int(1, &sendcount, &sc, "sendcount"))) {
+            free(ib);
+            return rc;
+        }
+        MPI_Datatype t = mu__mpi_type(dtype);
+        int e = MPI_Allgatherv(sendbuf, sc, t, recvbuf, ib, ib + n, t, c->comm);
+        free(ib);
+        if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Allgatherv");
+        mu__account(c, sendcount * (int64_t)es * (c->size - 1), recv * (int64_t)es, t0);
+        return MU_OK;
+    }
+#endif
+    if (sendcount > 0)
+        memmove((char *)recvbuf + displs[0] * (int64_t)es, sendbuf, (size_t)sendcount * es);
+    mu__account(c, 0, 0, t0);
+    return MU_OK;
+}
+
+static int mu__bcast_check(mu_comm *c, int64_t n, int root, const char *what) {
+    if (!c) return mu__fail(MU_EINVAL, "%s: comm is NULL", what);
+    if (root < 0 || root >= c->size)
+        return mu__fail(MU_EINVAL, "%s: root %d outside [0, %d)", what, root, c->size);
+    if (n < 0 || n > INT_MAX) return mu__fail(MU_EINVAL, "%s: count %lld out of range", what, (long long)n);
+    return MU_OK;
+}
+
+static void mu__bcast_volume(const mu_comm *c, int64_t nbytes, int root, int64_t *sent, int64_t *recv) {
+    *sent = c->rank == root ? nbytes * (c->size - 1) : 0;
+    *recv = c->rank == root ? 0 : nbytes;
+}
+
+MU_API int mu_comm_bcast_bytes(mu_comm *c, void *buf, int64_t nbytes, int root) {
+    int rc = mu__bcast_check(c, nbytes, root, "mu_comm_bcast_bytes");
+    if (rc) return rc;
+    double t0 = mu__now();
+    int64_t s, r;
+    mu__bcast_volume(c, nbytes, root, &s, &r);
+#ifdef MU_HAVE_MPI
+    if (c->size > 1) {
+        int e = MPI_Bcast(buf, (int)nbytes, MPI_BYTE, root, c->comm);
+        if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Bcast");
+    }
+#else
+    MU__UNUSED(buf);
+#endif
+    mu__account(c, s, r, t0);
+    return MU_OK;
+}
+
+MU_API int mu_comm_bcast(mu_comm *c, int dtype, void *buf, int64_t n, int root) {
+    size_t es = 0;
+    int rc = mu__esize(dtype, &es);
+    if (rc) return rc;
+    if ((rc = mu__bcast_check(c, n, root, "mu_comm_bcast"))) return rc;
+    double t0 = mu__now();
+    int64_t s, r;
+    mu__bcast_volume(c, n * (int64_t)es, root, &s, &r);
+#ifdef MU_HAVE_MPI
+    if (c->size > 1) {
+        int e = MPI_Bcast(buf, (int)n, mu__mpi_type(dtype), root, c->comm);
+        if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Bcast");
+    }
+#else
+    MU__UNUSED(buf);
+#endif
+    mu__account(c, s, r, t0);
+    return MU_OK;
+}
+
+MU_API int mu_comm_ibcast(mu_comm *c, int dtype, void *buf, int64_t n, int root, mu_comm_request **out) {
+    size_t es = 0;
+    if (!out) return mu__fail(MU_EINVAL, "mu_comm_ibcast: out is NULL");
+    *out = NULL;
+    int rc = mu__esize(dtype, &es);
+    if (rc) return rc;
+    if ((rc = mu__bcast_check(c, n, root, "mu_comm_ibcast"))) return rc;
+    mu_comm_request *q = calloc(1, sizeof *q);
+    if (!q) return mu__fail(MU_ENOMEM, "mu_comm_ibcast: out of memory");
+    q->c = c;
+    q->t0 = mu__now();
+    mu__bcast_volume(c, n * (int64_t)es, root, &q->sent, &q->recv);
+#ifdef MU_HAVE_MPI
+    q->req = MPI_REQUEST_NULL;
+    if (c->size > 1) {
+        int e = MPI_Ibcast(buf, (int)n, mu__mpi_type(dtype), root, c->comm, &q->req);
+        if (e != MPI_SUCCESS) {
+            free(q);
+            return mu__mpi_fail(e, "MPI_Ibcast");
+        }
+    }
+#else
+    MU__UNUSED(buf);
+#endif
+    *out = q;
+    return MU_OK;
+}
+
+MU_API int mu_comm_ialltoallv(mu_comm *c, int dtype, const void *sendbuf, const int64_t *sendcounts,
+                              const int64_t *sdispls, void *recvbuf, const int64_t *recvcounts,
+                              const int64_t *rdispls, mu_comm_request **out) {
+    size_t es = 0;
+    if (!out) return mu__fail(MU_EINVAL, "mu_comm_ialltoallv: out is NULL");
+    *out = NULL;
+    if (!c) return mu__fail(MU_EINVAL, "mu_comm_ialltoallv: comm is NULL");
+    int rc = mu__esize(dtype, &es);
+    if (rc) return rc;
+    if (!sendcounts || !sdispls || !recvcounts || !rdispls)
+        return mu__fail(MU_EINVAL, "mu_comm_ialltoallv: counts/displacements are NULL");
+    int64_t sent = 0, recv = 0;
+    for (int i = 0; i < c->size; i++) {
+        if (sendcounts[i] < 0 || recvcounts[i] < 0 || sdispls[i] < 0 || rdispls[i] < 0)
+            return mu__fail(MU_EINVAL, "mu_comm_ialltoallv: negative count or displacement for peer %d", i);
+        if (i != c->rank) {
+            sent += sendcounts[i];
+            recv += recvcounts[i];
+        }
+    }
+    mu_comm_request *q = calloc(1, sizeof *q);
+    if (!q) return mu__fail(MU_ENOMEM, "mu_comm_ialltoallv: out of memory");
+    q->c = c;
+    q->t0 = mu__now();
+    q->sent = sent * (int64_t)es;
+    q->recv = recv * (int64_t)es;
+#ifdef MU_HAVE_MPI
+    q->req = MPI_REQUEST_NULL;
+    if (c->size > 1) {
+        int n = c->size;
+        q->ibuf = malloc(sizeof(int) * 4 * (size_t)n);
+        if (!q->ibuf) {
+            free(q);
+            return mu__fail(MU_ENOMEM, "mu_comm_ialltoallv: out of memory");
+        }
+        int *ib = q->ibuf;
+        if ((rc = mu__to_int(n, sendcounts, ib, "sendcounts")) || (rc = mu__to_int(n, sdispls, ib + n, "sdispls")) ||
+            (rc = mu__to_int(n, recvcounts, ib + 2 * n, "recvcounts")) ||
+            (rc = mu__to_int(n, rdispls, ib + 3 * n, "rdispls"))) {
+            free(q->ibuf);
+            free(q);
+            return rc;
+        }
+        MPI_Datatype t = mu__mpi_type(dtype);
+        int e = MPI_Ialltoallv(sendbuf, ib, ib + n, t, recvbuf, ib + 2 * n, ib + 3 * n, t, c->comm, &q->req);
+        if (e != MPI_SUCCESS) {
+            free(q->ibuf);
+            free(q);
+            return mu__mpi_fail(e, "MPI_Ialltoallv");
+        }
+        *out = q;
+        return MU_OK;
+    }
+#endif
+    if (sendcounts[0] != recvcounts[0]) {
+        free(q);
+        return mu__fail(MU_ESHAPE, "mu_comm_ialltoallv: sendcounts[0] = %lld but recvcounts[0] = %lld",
+                        (long long)sendcounts[0], (long long)recvcounts[0]);
+    }
+    if (sendcounts[0] > 0)
+        memmove((char *)recvbuf + rdispls[0] * (int64_t)es, (const char *)sendbuf + sdispls[0] * (int64_t)es,
+                (size_t)sendcounts[0] * es);
+    *out = q;
+    return MU_OK;
+}
+
+MU_API int mu_comm_wait(mu_comm_request *q) {
+    if (!q) return MU_OK;
+    int rc = MU_OK;
+#ifdef MU_HAVE_MPI
+    if (q->req != MPI_REQUEST_NULL) {
+        int e = MPI_Wait(&q->req, MPI_STATUS_IGNORE);
+        if (e != MPI_SUCCESS) rc = mu__mpi_fail(e, "MPI_Wait");
+    }
+    free(q->ibuf);
+#endif
+    if (rc == MU_OK) mu__account(q->c, q->sent, q->recv, q->t0);
+    free(q);
+    return rc;
+}
+
+static int mu__allreduce(mu_comm *c, void *buf, int64_t n, int op, int is_int, const char *what) {
+    if (!c) return mu__fail(MU_EINVAL, "%s: comm is NULL", what);
+    if (n < 0 || n > INT_MAX) return mu__fail(MU_EINVAL, "%s: count %lld out of range", what, (long long)n);
+    if (op != MU_COMM_SUM && op != MU_COMM_MAX && op != MU_COMM_MIN)
+        return mu__fail(MU_EINVAL, "%s: op %d is not MU_COMM_SUM, MU_COMM_MAX or MU_COMM_MIN", what, op);
+    if (n > 0 && !buf) return mu__fail(MU_EINVAL, "%s: buf is NULL", what);
+    double t0 = mu__now();
+    int64_t vol = n * 8 * (int64_t)(c->size - 1);
+#ifdef MU_HAVE_MPI
+    if (c->size > 1) {
+        MPI_Op mop = op == MU_COMM_SUM ? MPI_SUM : op == MU_COMM_MAX ? MPI_MAX : MPI_MIN;
+        int e = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, is_int ? MPI_INT64_T : MPI_DOUBLE, mop, c->comm);
+        if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Allreduce");
+    }
+#else
+    MU__UNUSED(is_int);
+#endif
+    mu__account(c, vol, vol, t0);
+    return MU_OK;
+}
+
+MU_API int mu_comm_allreduce_i64(mu_comm *c, int64_t *buf, int64_t n, int op) {
+    return mu__allreduce(c, buf, n, op, 1, "mu_comm_allreduce_i64");
+}
+
+MU_API int mu_comm_allreduce_f64(mu_comm *c, double *buf, int64_t n, int op) {
+    return mu__allreduce(c, buf, n, op, 0, "mu_comm_allreduce_f64");
+}
+
+MU_API int mu_comm_barrier(mu_comm *c) {
+    if (!c) return mu__fail(MU_EINVAL, "mu_comm_barrier: comm is NULL");
+    double t0 = mu__now();
+#ifdef MU_HAVE_MPI
+    if (c->size > 1) {
+        int e = MPI_Barrier(c->comm);
+        if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Barrier");
+    }
+#endif
+    mu__account(c, 0, 0, t0);
+    return MU_OK;
+}
+
+MU_API int mu_comm_finalize(void) {
+#ifdef MU_HAVE_MPI
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&mu__finalized, &expected, 1)) return MU_OK;
+    if (!atomic_load(&mu__we_initialized)) return MU_OK;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin) return MU_OK;
+    int e = MPI_Finalize();
+    if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Finalize");
+#else
+    atomic_store(&mu__finalized, 1);
+#endif
+    return MU_OK;
+}
+
+MU_API void mu_comm_abort(int code) {
+#ifdef MU_HAVE_MPI
+    int inited = 0, fin = 0, size = 1;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (inited && !fin) {
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    }
+#else
+    MU__UNUSED(code);
+#endif
+}
+
+MU_API int mu_comm_world_size(void) {
+#ifdef MU_HAVE_MPI
+    int inited = 0, fin = 0, size = 1;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (inited && !fin) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    else {
+        /* Before MPI_Init: the launcher's environment tells the size. */
+        const char *s = getenv("OMPI_COMM_WORLD_SIZE");
+        if (!s) s = getenv("PMI_SIZE");
+        if (s) size = atoi(s);
+        if (size < 1) size = 1;
+    }
+    return size;
+#else
+    return 1;
+#endif
+}
