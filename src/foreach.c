@@ -65,7 +65,7 @@
  * of float32 / two of float64) so threads do not write the same line. */
 #define MU__FOREACH_ALIGN 16
 
-enum { OP_MOMENTUM, OP_APPLY, OP_SCALE, OP_ADAMW, OP_FINITE, OP_PACK, OP_UNPACK };
+enum { OP_MOMENTUM, OP_APPLY, OP_SCALE, OP_ADAMW, OP_FINITE, OP_PACK, OP_UNPACK, OP_TRIAD };
 
 typedef struct job {
     int op;
@@ -291,6 +291,25 @@ MU__AVX2 static void adamw_f64_avx2(double *p, const double *g, double *m, doubl
     for (; k < len; k++) adamw_f64(p, g, m, v, k, h);
 }
 
+MU__AVX2 static void triad_f32_avx2(float *d, const float *a, const float *b, int64_t len, float s)
+{
+    const __m256 vs = _mm256_set1_ps(s);
+    int64_t k = 0;
+    for (; k + 8 <= len; k += 8)
+        _mm256_storeu_ps(d + k, _mm256_fmadd_ps(vs, _mm256_loadu_ps(b + k), _mm256_loadu_ps(a + k)));
+    for (; k < len; k++) d[k] = fmaf(s, b[k], a[k]);
+}
+
+MU__AVX2 static void triad_f64_avx2(double *d, const double *a, const double *b, int64_t len,
+                                    double s)
+{
+    const __m256d vs = _mm256_set1_pd(s);
+    int64_t k = 0;
+    for (; k + 4 <= len; k += 4)
+        _mm256_storeu_pd(d + k, _mm256_fmadd_pd(vs, _mm256_loadu_pd(b + k), _mm256_loadu_pd(a + k)));
+    for (; k < len; k++) d[k] = fma(s, b[k], a[k]);
+}
+
 /* 1 if all finite. Exponent bits all ones <=> NaN or Inf. */
 MU__AVX2 static int finite_f32_avx2(const float *x, int64_t len)
 {
@@ -435,6 +454,25 @@ static int segment(job *J, int i, int64_t k0, int64_t len)
             const double *xd = x;
             for (int64_t k = 0; k < len; k++)
                 if (!isfinite(xd[k])) return 0;
+        }
+        break;
+    }
+    case OP_TRIAD: {
+        void *d = tdata(J->a[i], k0), *a = tdata(J->b[i], k0), *b = tdata(J->c[i], k0);
+        if (f32) {
+            float sf = (float)J->s0, *df = d;
+            const float *af = a, *bf = b;
+#if MU__X86
+            if (simd) { triad_f32_avx2(df, af, bf, len, sf); break; }
+#endif
+            for (int64_t k = 0; k < len; k++) df[k] = fmaf(sf, bf[k], af[k]);
+        } else {
+            double *dd = d;
+            const double *ad = a, *bd = b;
+#if MU__X86
+            if (simd) { triad_f64_avx2(dd, ad, bd, len, J->s0); break; }
+#endif
+            for (int64_t k = 0; k < len; k++) dd[k] = fma(J->s0, bd[k], ad[k]);
         }
         break;
     }
@@ -774,6 +812,21 @@ int mu_foreach_unpack(int n, const mu_tensor *src, mu_tensor *const *dsts, const
     job J;
     job_init(&J, OP_UNPACK, n, dtype);
     J.a = dsts, J.batch = src, J.offsets = offsets;
+    run_job(&J);
+    return MU_OK;
+}
+
+int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor *b, double s)
+{
+    mu_tensor *arr[3] = { dst, (mu_tensor *)a, (mu_tensor *)b };
+    mu_tensor *const *arrs[3] = { &arr[0], &arr[1], &arr[2] };
+    const char *names[3] = { "dst", "a", "b" };
+    int dtype, rc = check_arrays(1, 3, arrs, names, &dtype);
+    if (rc) return rc;
+    job J;
+    job_init(&J, OP_TRIAD, 1, dtype);
+    J.a = arrs[0], J.b = arrs[1], J.c = arrs[2];
+    J.s0 = s;
     run_job(&J);
     return MU_OK;
 }

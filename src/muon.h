@@ -233,6 +233,10 @@ MU_API int mu_foreach_pack(int n, mu_tensor *const *srcs, mu_tensor *dst, const 
 MU_API int mu_foreach_unpack(int n, const mu_tensor *src, mu_tensor *const *dsts,
                              const int64_t *offsets);
 
+/* Benchmark helper (not API): STREAM triad dst = a + s*b over one array
+ * each, threaded like the ops above; measures the machine's bandwidth. */
+MU_API int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor *b, double s);
+
 /* --------------------------------------------------------- communicator */
 
 /* Collectives for distributed steps (src/comm.c). A mu_comm wraps a private

@@ -95,7 +95,11 @@ local function scales_arg(slot, s, n, what, level)
   end
   local arr = slot_array(slot, dbl_arr, n)
   for i = 1, n do
-    arr[i - 1] = number(s[i], what .. "[" .. i .. "]", level + 1)
+    local v = number(s[i], what .. "[" .. i .. "]", level + 1)
+    if v ~= v or v == math.huge or v == -math.huge then
+      error(("%s[%d] = %s is not finite"):format(what, i, tostring(v)), level + 1)
+    end
+    arr[i - 1] = v
   end
   return arr, 1.0
 end

@@ -133,7 +133,7 @@ local function top_level_keys(s)
 end
 
 local function is_int(x)
-  return type(x) == "number" and x == math.floor(x) and x >= 0 and x <= MAX_INT
+  return type(x) == "number" and x == math.floor(x) and x >= 0 and x < MAX_INT
 end
 
 local function shape_str(shape)

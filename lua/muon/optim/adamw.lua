@@ -121,13 +121,18 @@ function AdamW:_commit(group, params)
   end
 end
 
-function AdamW:step()
+-- prepare (may raise) / commit (cannot fail) / finish, as Muon.
+function AdamW:prepare()
   local plans = {}
   for gi, group in ipairs(self.param_groups) do
     local ok, params = pcall(plan_group, gi, group)
-    if not ok then error(params, 2) end
+    if not ok then error(params, 0) end
     plans[gi] = params or false
   end
+  return plans
+end
+
+function AdamW:commit(plans)
   for gi, group in ipairs(self.param_groups) do
     group.step = group.step + 1
     if plans[gi] then
@@ -137,6 +142,14 @@ function AdamW:step()
     end
   end
   self.stats.steps = self.stats.steps + 1
+end
+
+function AdamW:finish() end
+
+function AdamW:step()
+  local ok, plans = pcall(self.prepare, self)
+  if not ok then error(plans, 2) end
+  self:commit(plans)
 end
 
 function AdamW:params()

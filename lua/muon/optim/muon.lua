@@ -512,17 +512,35 @@ function Muon:_post_update(plan)
   end
 end
 
--- One optimizer step over every group; atomic (see the top of this file).
-function Muon:step()
+-- The three phases of a step, separate so that a host driving several
+-- optimizers (the engine) can make their steps atomic together:
+-- prepare() computes everything and may raise; commit() cannot fail;
+-- finish() runs post_update_fn.
+function Muon:prepare()
   local plans = {}
   for gi, group in ipairs(self.param_groups) do
     local ok, plan = pcall(self._plan_group, self, gi, group)
-    if not ok then error(plan, 2) end
+    if not ok then error(plan, 0) end
     plans[gi] = plan
   end
+  return plans
+end
+
+function Muon:commit(plans)
   for _, plan in ipairs(plans) do self:_commit(plan) end
   self.stats.steps = self.stats.steps + 1
+end
+
+function Muon:finish(plans)
   for _, plan in ipairs(plans) do self:_post_update(plan) end
+end
+
+-- One optimizer step over every group; atomic (see the top of this file).
+function Muon:step()
+  local ok, plans = pcall(self.prepare, self)
+  if not ok then error(plans, 2) end
+  self:commit(plans)
+  self:finish(plans)
 end
 
 -- Every parameter of every group, in order.

@@ -1,0 +1,539 @@
+-- Fused multi-tensor ops (src/foreach.c via lua/muon/foreach.lua) against
+-- element-by-element Lua references: bit-exact float32 mirrors where the
+-- operation order is defined, double-precision math otherwise.
+local ffi = require("ffi")
+local H = require("helpers")
+local T = H.T
+local F = require("muon.foreach")
+
+-- float32 rounding of a double. +, -, *, / and sqrt of float32 values done
+-- in double and rounded once to float32 are correctly rounded (53 >= 2*24+2),
+-- so f32(a op b) mirrors the float32 operation exactly.
+local fbox = ffi.new("float[1]")
+local function f32(x)
+  fbox[0] = x
+  return fbox[0]
+end
+
+-- Correctly rounded float32 fma(a, b, c) for float32 a, b, c: a*b is exact in
+-- double; s = p + c rounds once and TwoSum gives the exact error; the float32
+-- rounding of s can only be wrong when s is exactly a float32 midpoint, then
+-- the error's sign decides.
+local function fmaf(a, b, c)
+  local p = a * b
+  local s = p + c
+  local bb = s - p
+  local err = (p - (s - bb)) + (c - bb)
+  local r = f32(s)
+  if err ~= 0 and r ~= s then
+    local other = 2 * s - r
+    if f32(other) == other then -- s is the midpoint of r and other
+      if err > 0 then return math.max(r, other) else return math.min(r, other) end
+    end
+  end
+  return r
+end
+
+local function vals(t)
+  return t:flat()
+end
+
+-- Max relative difference |a-b| / max(|b|, floor).
+local function max_rel(a, b, floor)
+  local fa, fb = type(a) == "table" and a or a:flat(), type(b) == "table" and b or b:flat()
+  assert(#fa == #fb)
+  local m = 0
+  for i = 1, #fa do
+    local d = math.abs(fa[i] - fb[i]) / math.max(math.abs(fb[i]), floor or 1e-300)
+    if d ~= d then return math.huge end
+    if d > m then m = d end
+  end
+  return m
+end
+
+local function assert_exact(got, want, what)
+  local g = type(got) == "table" and got or got:flat()
+  assert(#g == #want, what .. ": element counts differ")
+  for i = 1, #want do
+    if g[i] ~= want[i] then
+      error(("%s: element %d: got %.9g, want %.9g"):format(what, i, g[i], want[i]), 2)
+    end
+  end
+end
+
+local SHAPES = { { 7, 5 }, { 13 }, { 3, 1, 9 }, { 1 }, { 0 }, { 64, 33 } }
+
+local function rand_list(seed, dtype, scale)
+  local list = {}
+  for i, s in ipairs(SHAPES) do
+    local t = T.randn(s, seed * 100 + i, dtype)
+    if scale then
+      local p = t:ptr()
+      for k = 0, t:numel() - 1 do p[k] = p[k] * scale end
+    end
+    list[i] = t
+  end
+  return list
+end
+
+local function clones(list)
+  local out = {}
+  for i, t in ipairs(list) do out[i] = t:clone() end
+  return out
+end
+
+local function zeros_like(list)
+  local out = {}
+  for i, t in ipairs(list) do out[i] = T.zeros(t:size(), t:dtype()) end
+  return out
+end
+
+describe("foreach.momentum", function()
+  it("matches a hand-computed step", function()
+    local g, b, u = T.from({ 1, -2 }, { 2 }), T.from({ 2, 4 }, { 2 }), T.zeros({ 2 })
+    F.momentum({ g }, { b }, nil, { u }, 0.5, 0.25, false)
+    assert_exact(u, { 1 + 0.5 * 2, -2 + 0.5 * 4 }, "u")
+    assert_exact(b, { 0.25 * 2 + 1, 0.25 * 4 - 2 }, "buf")
+    b = T.from({ 2, 4 }, { 2 })
+    F.momentum({ g }, { b }, nil, { u }, 0.5, 0.25, true)
+    assert_exact(u, { 0.5 * 2 + 1, 0.5 * 0 - 2 }, "nesterov u")
+  end)
+
+  for _, nest in ipairs({ false, true }) do
+    for _, m in ipairs({ { 0.95, 0.95 }, { 0.9, 0.7 } }) do
+      local m1, m2 = m[1], m[2]
+      it(("float32 is bit-exact vs the seed's op order (nesterov=%s, m1=%g, m2=%g)")
+        :format(tostring(nest), m1, m2), function()
+        local grads, bufs = rand_list(1, "float32"), rand_list(2, "float32")
+        local old = clones(bufs)
+        local new_bufs, ups = zeros_like(grads), zeros_like(grads)
+        F.momentum(grads, bufs, new_bufs, ups, m1, m2, nest)
+        local m1f, m2f = f32(m1), f32(m2)
+        for i = 1, #grads do
+          local g, b = vals(grads[i]), vals(old[i])
+          local wu, wb = {}, {}
+          for k = 1, #g do
+            local u = fmaf(m1f, b[k], g[k])           -- _foreach_add(g, buf, alpha=m1)
+            wb[k] = f32(f32(b[k] * m2f) + g[k])       -- _foreach_mul_(buf, m2); add_(g)
+            if nest then u = f32(f32(u * m1f) + g[k]) end -- mul_(u, m1); add_(g)
+            wu[k] = u
+          end
+          assert_exact(ups[i], wu, "updates[" .. i .. "]")
+          assert_exact(new_bufs[i], wb, "new_bufs[" .. i .. "]")
+          H.assert_equal_bits(bufs[i], old[i], "bufs untouched")
+          -- and close to the exact double-precision math
+          local du = {}
+          for k = 1, #g do
+            du[k] = g[k] + m1 * b[k]
+            if nest then du[k] = g[k] + m1 * du[k] end
+          end
+          assert(H.max_abs_diff(ups[i], du) < 1e-5)
+        end
+        -- in place (new_bufs nil) gives the same buffers
+        F.momentum(grads, old, nil, zeros_like(grads), m1, m2, nest)
+        for i = 1, #grads do H.assert_equal_bits(old[i], new_bufs[i], "in-place bufs") end
+      end)
+    end
+  end
+
+  it("float64 matches double math", function()
+    local grads, bufs = rand_list(3, "float64"), rand_list(4, "float64")
+    local old = clones(bufs)
+    local ups = zeros_like(grads)
+    F.momentum(grads, bufs, nil, ups, 0.9, 0.8, true)
+    for i = 1, #grads do
+      local g, b = vals(grads[i]), vals(old[i])
+      local wu, wb = {}, {}
+      for k = 1, #g do
+        wu[k] = 0.9 * (g[k] + 0.9 * b[k]) + g[k]
+        wb[k] = 0.8 * b[k] + g[k]
+      end
+      assert(max_rel(ups[i], wu, 1) < 1e-15, "u")
+      assert(max_rel(bufs[i], wb, 1) < 1e-15, "buf")
+    end
+  end)
+
+  it("rejects mismatched shapes, dtypes and aliasing, touching nothing", function()
+    local grads, bufs = rand_list(5, "float32"), rand_list(6, "float32")
+    local ups = zeros_like(grads)
+    local before = clones(bufs)
+    local bad = clones(bufs)
+    bad[3] = T.zeros({ 5 })
+    local ok, err = pcall(F.momentum, grads, bad, nil, ups, 0.9, 0.9, true)
+    assert.is_false(ok)
+    assert.matches("bufs%[3%] has 5 elements but grads%[3%] has 27", err)
+    bad[3] = T.zeros({ 3, 1, 9 }, "float64")
+    ok, err = pcall(F.momentum, grads, bad, nil, ups, 0.9, 0.9, true)
+    assert.is_false(ok)
+    assert.matches("bufs%[3%] is float64", err)
+    -- updates aliasing a gradient (C check)
+    local ups2 = zeros_like(grads)
+    ups2[6] = grads[6]
+    ok, err = pcall(F.momentum, grads, bufs, nil, ups2, 0.9, 0.9, true)
+    assert.is_false(ok)
+    assert.matches("updates%[5%] aliases", err)
+    -- non-contiguous
+    local nc = clones(grads)
+    nc[6] = T.zeros({ 33, 64 }):transpose(1, 2)
+    ok, err = pcall(F.momentum, nc, bufs, nil, ups, 0.9, 0.9, true)
+    assert.is_false(ok)
+    assert.matches("not contiguous", err)
+    ok, err = pcall(F.momentum, grads, bufs, nil, ups, 0.9, 0.9, nil)
+    assert.is_false(ok)
+    assert.matches("nesterov must be a boolean", err)
+    ok, err = pcall(F.momentum, grads, { bufs[1] }, nil, ups, 0.9, 0.9, true)
+    assert.is_false(ok)
+    assert.matches("bufs has 1 tensors, expected 6", err)
+    for i = 1, #bufs do
+      H.assert_equal_bits(bufs[i], before[i], "bufs unchanged")
+      assert.are.equal(0, ups[i]:norm())
+    end
+  end)
+end)
+
+describe("foreach.apply", function()
+  local function ref32(p, u, decay, s, alpha)
+    local df, sf, af = f32(decay), f32(s), f32(alpha)
+    local out = {}
+    for k = 1, #p do
+      local t = f32(p[k] * df)           -- p.mul_(decay)
+      local us = f32(u[k] * sf)          -- update.mul_(scale)
+      out[k] = fmaf(af, us, t)           -- p.add_(update, alpha=alpha)
+    end
+    return out
+  end
+
+  for _, case in ipairs({
+    { "per-tensor scales", function(n) local s = {} for i = 1, n do s[i] = 0.5 + i / 7 end return s end },
+    { "no scales", function() return nil end },
+    { "one scale", function() return 3.7 end },
+  }) do
+    it("float32 is bit-exact vs mul_/mul_/add_(alpha), " .. case[1], function()
+      local params, ups = rand_list(7, "float32"), rand_list(8, "float32")
+      local old = clones(params)
+      local scales = case[2](#params)
+      local lr, wd = 0.02, 0.1
+      F.apply(params, ups, scales, 1 - lr * wd, -lr)
+      for i = 1, #params do
+        local s = type(scales) == "table" and scales[i] or scales or 1
+        local want = ref32(vals(old[i]), vals(ups[i]), 1 - lr * wd, s, -lr)
+        assert_exact(params[i], want, "params[" .. i .. "]")
+        -- double math
+        local p, u, d = vals(old[i]), vals(ups[i]), {}
+        for k = 1, #p do d[k] = p[k] * (1 - lr * wd) - lr * s * u[k] end
+        assert(H.max_abs_diff(params[i], d) < 1e-6)
+      end
+    end)
+  end
+
+  it("float64 matches double math; decay 1 and alpha 1 leave p + s*u", function()
+    local params, ups = rand_list(9, "float64"), rand_list(10, "float64")
+    local old = clones(params)
+    F.apply(params, ups, { 1, 2, 3, 4, 5, 6 }, 0.998, -0.02)
+    for i = 1, #params do
+      local p, u, d = vals(old[i]), vals(ups[i]), {}
+      for k = 1, #p do d[k] = p[k] * 0.998 - 0.02 * i * u[k] end
+      assert(max_rel(params[i], d, 1) < 1e-15)
+    end
+    local p2 = clones(old)
+    F.apply(p2, ups, nil, 1, 1)
+    for i = 1, #p2 do
+      local p, u, d = vals(old[i]), vals(ups[i]), {}
+      for k = 1, #p do d[k] = p[k] + u[k] end
+      assert_exact(p2[i], d, "p + u")
+    end
+  end)
+
+  it("rejects a numel mismatch and a bad scales array, touching nothing", function()
+    local params, ups = rand_list(11, "float32"), rand_list(12, "float32")
+    local old = clones(params)
+    local bad = clones(ups)
+    bad[2] = T.zeros({ 12 })
+    local ok, err = pcall(F.apply, params, bad, nil, 0.9, -1)
+    assert.is_false(ok)
+    assert.matches("updates%[2%] has 12 elements but params%[2%] has 13", err)
+    ok, err = pcall(F.apply, params, ups, { 1, 2 }, 0.9, -1)
+    assert.is_false(ok)
+    assert.matches("scales has 2 values, expected 6", err)
+    ok, err = pcall(F.apply, params, ups, { 1, 2, 3, 4, 5, 0 / 0 }, 0.9, -1)
+    assert.is_false(ok)
+    assert.matches("scales%[6%] = %-?nan is not finite", err)
+    for i = 1, #params do H.assert_equal_bits(params[i], old[i], "params unchanged") end
+  end)
+end)
+
+describe("foreach.scale", function()
+  it("multiplies in the tensor dtype, per tensor or uniformly", function()
+    for _, dt in ipairs({ "float32", "float64" }) do
+      local xs = rand_list(13, dt)
+      local old = clones(xs)
+      local sc = { 0.1, 2, -3, 0.3, 1e3, 0.7 }
+      F.scale(xs, sc)
+      for i = 1, #xs do
+        local o, w = vals(old[i]), {}
+        for k = 1, #o do w[k] = dt == "float32" and f32(o[k] * f32(sc[i])) or o[k] * sc[i] end
+        assert_exact(xs[i], w, dt .. " xs[" .. i .. "]")
+      end
+      F.scale(xs, 0.5)
+      for i = 1, #xs do
+        local o, w = vals(old[i]), {}
+        for k = 1, #o do w[k] = (dt == "float32" and f32(o[k] * f32(sc[i])) or o[k] * sc[i]) * 0.5 end
+        assert_exact(xs[i], w, dt .. " uniform xs[" .. i .. "]")
+      end
+    end
+  end)
+end)
+
+-- Double-precision AdamW as torch.optim.AdamW documents it.
+local function adamw_ref(p, g, m, v, o)
+  local b1, b2 = o.beta1, o.beta2
+  local bc1, bc2 = 1 - b1 ^ o.step, 1 - b2 ^ o.step
+  for k = 1, #p do
+    p[k] = p[k] * (1 - o.lr * o.weight_decay)
+    m[k] = b1 * m[k] + (1 - b1) * g[k]
+    v[k] = b2 * v[k] + (1 - b2) * g[k] * g[k]
+    local mh, vh = m[k] / bc1, v[k] / bc2
+    p[k] = p[k] - o.lr * mh / (math.sqrt(vh) + o.eps)
+  end
+end
+
+-- float32 mirror of the op order in src/foreach.c (torch single-tensor path).
+local function adamw_ref32(p, g, m, v, o)
+  local bc1, bc2 = 1 - o.beta1 ^ o.step, 1 - o.beta2 ^ o.step
+  local decay, w = f32(1 - o.lr * o.weight_decay), f32(1 - o.beta1)
+  local wm1 = f32(w - 1)
+  local b2, c2 = f32(o.beta2), f32(1 - o.beta2)
+  local bc2s, eps, nss = f32(math.sqrt(bc2)), f32(o.eps), f32(-(o.lr / bc1))
+  for k = 1, #p do
+    local pv = f32(p[k] * decay)
+    local diff = f32(g[k] - m[k])
+    if 1 - o.beta1 < 0.5 then m[k] = fmaf(w, diff, m[k]) else m[k] = fmaf(wm1, diff, g[k]) end
+    v[k] = f32(f32(v[k] * b2) + f32(f32(c2 * g[k]) * g[k]))
+    local den = f32(f32(f32(math.sqrt(v[k])) / bc2s) + eps)
+    p[k] = f32(pv + f32(f32(nss * m[k]) / den))
+  end
+end
+
+describe("foreach.adamw", function()
+  it("step 1 is bias-corrected: p*(1-lr*wd) - lr*g/(|g|+eps)", function()
+    local p, g = T.from({ 1, -2, 0.5 }, { 3 }, "float64"), T.from({ 0.3, -4, 1e-3 }, { 3 }, "float64")
+    local m, v = T.zeros({ 3 }, "float64"), T.zeros({ 3 }, "float64")
+    F.adamw({ p }, { g }, { m }, { v }, { lr = 0.1, beta1 = 0.9, beta2 = 0.999, eps = 1e-8,
+      weight_decay = 0.01, step = 1 })
+    local want = {}
+    local p0, g0 = { 1, -2, 0.5 }, { 0.3, -4, 1e-3 }
+    for k = 1, 3 do want[k] = p0[k] * (1 - 0.1 * 0.01) - 0.1 * g0[k] / (math.abs(g0[k]) + 1e-8) end
+    assert(max_rel(p, want, 1) < 1e-14)
+    assert(max_rel(m, { 0.1 * 0.3, -0.4, 1e-4 }, 1e-300) < 1e-15)
+    assert(max_rel(v, { 0.001 * 0.09, 0.001 * 16, 0.001 * 1e-6 }, 1e-300) < 1e-12)
+  end)
+
+  for _, dt in ipairs({ "float64", "float32" }) do
+    for _, b1 in ipairs({ 0.9, 0.3 }) do
+      it(("%s over 6 steps matches double AdamW (beta1=%g, weight decay)"):format(dt, b1), function()
+        local params = rand_list(20, dt)
+        local m, v = zeros_like(params), zeros_like(params)
+        local rp, rm, rv, r32 = {}, {}, {}, {}
+        for i = 1, #params do
+          rp[i], rm[i], rv[i] = vals(params[i]), vals(m[i]), vals(v[i])
+          r32[i] = { vals(params[i]), vals(m[i]), vals(v[i]) }
+        end
+        local o = { lr = 0.01, beta1 = b1, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1 }
+        for step = 1, 6 do
+          local grads = rand_list(100 + step, dt, 0.5)
+          o.step = step
+          F.adamw(params, grads, m, v, o)
+          for i = 1, #params do
+            local g = vals(grads[i])
+            adamw_ref(rp[i], g, rm[i], rv[i], o)
+            if dt == "float32" then adamw_ref32(r32[i][1], g, r32[i][2], r32[i][3], o) end
+          end
+        end
+        -- float64: rounding only (~1e-16 per op). float32: each step's
+        -- update has relative error ~ a few 2^-24 of lr (~1e-9 absolute),
+        -- p itself carries 2^-24 relative (~2e-7 for |p| <= 3); 1e-6 bounds
+        -- both over 6 steps while a wrong formula (e.g. no bias correction,
+        -- off by ~lr) fails by 1e-3.
+        local tol = dt == "float64" and 1e-13 or 1e-6
+        for i = 1, #params do
+          assert(H.max_abs_diff(params[i], rp[i]) <= tol, "params " .. i)
+          assert(H.max_abs_diff(m[i], rm[i]) <= tol, "exp_avg " .. i)
+          assert(H.max_abs_diff(v[i], rv[i]) <= tol, "exp_avg_sq " .. i)
+          if dt == "float32" then
+            assert_exact(params[i], r32[i][1], "float32 mirror params[" .. i .. "]")
+            assert_exact(m[i], r32[i][2], "float32 mirror exp_avg[" .. i .. "]")
+            assert_exact(v[i], r32[i][3], "float32 mirror exp_avg_sq[" .. i .. "]")
+          end
+        end
+      end)
+    end
+  end
+
+  it("validates options and shapes before touching anything", function()
+    local params = rand_list(30, "float32")
+    local old = clones(params)
+    local g, m, v = rand_list(31, "float32"), zeros_like(params), zeros_like(params)
+    local ok, err = pcall(F.adamw, params, g, m, v, { lr = 0.1, step = 1, betaa = 0.9 })
+    assert.is_false(ok)
+    assert.matches("unknown option 'betaa'", err)
+    ok, err = pcall(F.adamw, params, g, m, v, { lr = 0.1, step = 0 })
+    assert.is_false(ok)
+    assert.matches("step must be an integer >= 1", err)
+    ok, err = pcall(F.adamw, params, g, m, v, { lr = 0.1, step = 1, beta2 = 1 })
+    assert.is_false(ok)
+    assert.matches("beta2 = 1 is not in", err)
+    local bad = zeros_like(params)
+    bad[4] = T.zeros({ 2 })
+    ok, err = pcall(F.adamw, params, g, m, bad, { lr = 0.1, step = 1 })
+    assert.is_false(ok)
+    assert.matches("exp_avg_sqs%[4%] has 2 elements but params%[4%] has 1", err)
+    for i = 1, #params do
+      H.assert_equal_bits(params[i], old[i], "params unchanged")
+      assert.are.equal(0, m[i]:norm())
+    end
+  end)
+end)
+
+describe("foreach.all_finite", function()
+  it("finds the first tensor holding NaN or Inf", function()
+    for _, dt in ipairs({ "float32", "float64" }) do
+      local xs = rand_list(40, dt)
+      assert.are.same({ true }, { F.all_finite(xs) })
+      xs[6]:set(1 / 0, 64, 33)
+      local ok, bad = F.all_finite(xs)
+      assert.is_false(ok)
+      assert.are.equal(6, bad)
+      xs[3]:set(0 / 0, 2, 1, 9)
+      ok, bad = F.all_finite(xs)
+      assert.are.equal(3, bad)
+      xs[1]:set(-1 / 0, 1, 1)
+      ok, bad = F.all_finite(xs)
+      assert.are.equal(1, bad)
+      -- a huge finite value is fine
+      local ys = { T.from({ 3.4e38, -3.4e38, 0 }, { 3 }, dt) }
+      assert.is_true((F.all_finite(ys)))
+    end
+  end)
+
+  it("threaded scan over large tensors reports the first bad one", function()
+    local xs = { T.zeros({ 100000 }), T.zeros({ 300000 }), T.zeros({ 200000 }) }
+    xs[3]:set(0 / 0, 1)
+    xs[2]:set(1 / 0, 299999)
+    local ok, bad = F.all_finite(xs)
+    assert.is_false(ok)
+    assert.are.equal(2, bad)
+    xs[2]:set(0, 299999)
+    ok, bad = F.all_finite(xs)
+    assert.are.equal(3, bad)
+  end)
+end)
+
+describe("foreach.pack / unpack", function()
+  it("round-trips at explicit and packed offsets", function()
+    for _, dt in ipairs({ "float32", "float64" }) do
+      local xs = rand_list(50, dt)
+      local n = F.numel(xs)
+      local batch = T.zeros({ n + 20 }, dt)
+      local offs = {}
+      local o = 20
+      for i = #xs, 1, -1 do offs[i] = o; o = o + xs[i]:numel() end
+      F.pack(xs, batch, offs)
+      local flat = batch:flat()
+      for i = 1, #xs do
+        local xv = vals(xs[i])
+        for k = 1, #xv do assert.are.equal(xv[k], flat[offs[i] + k]) end
+      end
+      for k = 1, 20 do assert.are.equal(0, flat[k]) end
+      local back = zeros_like(xs)
+      F.unpack(batch, back, offs)
+      for i = 1, #xs do H.assert_equal_bits(back[i], xs[i], "roundtrip " .. i) end
+      -- nil offsets: back to back
+      local b2 = T.zeros({ n }, dt)
+      local used, total = F.pack(xs, b2)
+      assert.are.equal(n, total)
+      assert.are.equal(0, used[1])
+      assert.are.equal(35, used[2])
+      back = zeros_like(xs)
+      F.unpack(b2, back)
+      for i = 1, #xs do H.assert_equal_bits(back[i], xs[i], "packed roundtrip " .. i) end
+    end
+  end)
+
+  it("rejects out-of-range offsets and dtype mismatch, touching nothing", function()
+    local xs = rand_list(51, "float32")
+    local n = F.numel(xs)
+    local batch = T.zeros({ n })
+    local offs = {}
+    local o = 0
+    for i = 1, #xs do offs[i] = o; o = o + xs[i]:numel() end
+    offs[6] = offs[6] + 1
+    local ok, err = pcall(F.pack, xs, batch, offs)
+    assert.is_false(ok)
+    assert.matches("exceeds dst", err)
+    assert.are.equal(0, batch:norm())
+    ok, err = pcall(F.pack, xs, T.zeros({ n }, "float64"))
+    assert.is_false(ok)
+    assert.matches("dtype", err)
+  end)
+end)
+
+describe("foreach threading", function()
+  -- Calls of >= 65536 elements run on several threads; chunks of 30000
+  -- elements (narrow views) run on one. Results must be bitwise equal.
+  local N = 333333
+  local function chunks(t)
+    local out, s = {}, 1
+    while s <= N do
+      local len = math.min(30000, N - s + 1)
+      out[#out + 1] = t:narrow(1, s, len)
+      s = s + len
+    end
+    return out
+  end
+
+  it("momentum, apply, adamw and scale equal the single-threaded result bitwise", function()
+    for _, dt in ipairs({ "float32", "float64" }) do
+      local g, b = T.randn({ N }, 60, dt), T.randn({ N }, 61, dt)
+      local b1, b2 = b:clone(), b:clone()
+      local u1, u2 = T.zeros({ N }, dt), T.zeros({ N }, dt)
+      F.momentum({ g }, { b1 }, nil, { u1 }, 0.9, 0.8, true)
+      F.momentum(chunks(g), chunks(b2), nil, chunks(u2), 0.9, 0.8, true)
+      H.assert_equal_bits(u1, u2, dt .. " momentum u")
+      H.assert_equal_bits(b1, b2, dt .. " momentum buf")
+
+      local p1, p2 = g:clone(), g:clone()
+      F.apply({ p1 }, { u1 }, { 1.7 }, 0.998, -0.02)
+      local cs = chunks(p2)
+      local sc = {}
+      for i = 1, #cs do sc[i] = 1.7 end
+      F.apply(cs, chunks(u1), sc, 0.998, -0.02)
+      H.assert_equal_bits(p1, p2, dt .. " apply")
+
+      local m1, v1, m2, v2 = T.zeros({ N }, dt), T.zeros({ N }, dt), T.zeros({ N }, dt), T.zeros({ N }, dt)
+      for step = 1, 2 do
+        local o = { lr = 1e-3, beta1 = 0.9, beta2 = 0.99, eps = 1e-8, weight_decay = 0.1, step = step }
+        F.adamw({ p1 }, { u1 }, { m1 }, { v1 }, o)
+        F.adamw(chunks(p2), chunks(u1), chunks(m2), chunks(v2), o)
+      end
+      H.assert_equal_bits(p1, p2, dt .. " adamw p")
+      H.assert_equal_bits(v1, v2, dt .. " adamw v")
+
+      F.scale({ p1 }, 0.3)
+      F.scale(chunks(p2), 0.3)
+      H.assert_equal_bits(p1, p2, dt .. " scale")
+    end
+  end)
+
+  it("float32 threaded momentum equals the float32 reference", function()
+    local g, b = T.randn({ N }, 70), T.randn({ N }, 71)
+    local u = T.zeros({ N })
+    local b0 = b:clone()
+    local gp, bp = g:ptr(), b0:ptr()
+    F.momentum({ g }, { b }, nil, { u }, 0.95, 0.95, false)
+    local up = u:ptr()
+    local m = f32(0.95)
+    for k = 0, N - 1, 7 do
+      assert(up[k] == fmaf(m, bp[k], gp[k]), "element " .. k)
+    end
+  end)
+end)
