@@ -585,7 +585,7 @@ int main(int argc, char **argv)
 {
     mu_blas_fix_core(argv); /* OpenBLAS's fast core for this CPU (re-exec once) */
 
-    options o = {.steps = 1500, .batch = 256, .hidden = 256, .layers = 2, .emb = 16, .ctx = 8,
+    options o = {.steps = 1000, .batch = 256, .hidden = 256, .layers = 2, .emb = 16, .ctx = 8,
                  .eval_every = 100, .print_every = 100, .eval_limit = 40000, .seed = 42,
                  .out = "build/demo", .words = "/usr/share/dict/words",
                  .cfg = {"configs/muon.lua", "configs/adamw.lua"}};

@@ -25,7 +25,8 @@
  *
  * Threads: a call whose total element count reaches MU__FOREACH_MT_MIN runs
  * on up to the CPUs in the process affinity mask (capped at
- * MU__FOREACH_MAX_THREADS), spawning the extra threads per call (measured:
+ * MU__FOREACH_MAX_THREADS; the environment variable MU_FOREACH_THREADS
+ * overrides the count, e.g. 1 for MPI ranks that fill the cores), spawning the extra threads per call (measured:
  * ~30 us for one thread, negligible next to the >= 1 ms of such a pass) so no
  * pool, no global state and no idle threads that could steal cycles from
  * OpenBLAS. Each element is computed by the same code whatever the split, so
@@ -37,6 +38,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__clang__)
@@ -528,8 +530,15 @@ static void *worker(void *p)
     return NULL;
 }
 
+/* Threads for a large call: MU_FOREACH_THREADS if set (e.g. 1 for MPI ranks
+ * that already fill the cores), else the CPUs this process may run on. */
 static int cpu_count(void)
 {
+    const char *env = getenv("MU_FOREACH_THREADS");
+    if (env && *env) {
+        int t = atoi(env);
+        return t < 1 ? 1 : t > MU__FOREACH_MAX_THREADS ? MU__FOREACH_MAX_THREADS : t;
+    }
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
     int c = CPU_COUNT(&set);

@@ -37,7 +37,7 @@ enum { MU__NS_MAX_SLOTS = 16 };
  * matrix per thread with single-threaded BLAS; larger ones use threaded
  * BLAS per matrix. Measured with tests/bench/ns_bench.lua (see README). */
 #ifndef MU__NS_BATCH_PAR_MAX
-#define MU__NS_BATCH_PAR_MAX (1024 * 1024)
+#define MU__NS_BATCH_PAR_MAX (INT64_MAX)
 #endif
 
 typedef struct mu__ns_slot {
@@ -289,8 +289,7 @@ static void ns_scale_copy(int dt, void *dst, const void *src, int64_t len, doubl
     if (dt == MU_F32) {
         float *d = dst;
         const float *x = src;
-        float f = (float)s;
-        for (int64_t i = 0; i < len; i++) d[i] = f * x[i];
+        for (int64_t i = 0; i < len; i++) d[i] = (float)(s * x[i]);
     } else {
         double *d = dst;
         const double *x = src;
@@ -379,8 +378,17 @@ static void ns_one(const ns_job *job, const mu__ns_slot *s, int64_t i)
     double xs = scale; /* pending scale of x (normalization folded in) */
     int to_dst = o->steps % 2 == 1;
     if (job->inplace && to_dst) {
-        ns_scale_copy(dt, s->x, src, len, scale);
+        memcpy(s->x, src, (size_t)len * es);
         x = s->x;
+    }
+    /* Folding the scale into the first step's alpha (s^2 for X X^T) is exact
+     * enough while the unscaled products neither overflow nor underflow;
+     * otherwise normalize first, into a buffer step 1 does not write. */
+    const double lim = dt == MU_F32 ? 0x1p40 : 0x1p400;
+    if (!(norm <= lim && norm >= 1.0 / lim)) {
+        void *buf = x == s->x ? s->x : to_dst ? s->x : (void *)dst;
+        ns_scale_copy(dt, buf, x, len, scale);
+        x = buf;
         xs = 1.0;
     }
     for (int k = 0; k < o->steps; k++) {

@@ -293,12 +293,14 @@ function D.plan(records, mesh, opts)
   -- (batch 1 of every group, batch 2 of every group, ...).
   local by_group, group_order = {}, {}
   for _, i in ipairs(ns_idx) do
+    if records[i].kind ~= "owner" then goto continue end
     local g = records[i].group or 1
     if not by_group[g] then
       by_group[g] = {}
       group_order[#group_order + 1] = g
     end
     table.insert(by_group[g], i)
+    ::continue::
   end
   table.sort(group_order)
   local per_group = {}

@@ -1,0 +1,37 @@
+-- Helper for choosing MU__NS_BATCH_PAR_MAX (src/ns.c): a batch through one
+-- 3-D call (matrices spread over threads, single-threaded BLAS each, when
+-- n*m <= the threshold) vs the same matrices one 2-D call at a time
+-- (threaded BLAS per matrix).  luajit tests/bench/ns_batch_crossover.lua
+local ffi = require("ffi")
+local T = require("muon.tensor")
+local ns = require("muon.ns")
+ffi.cdef [[
+struct mu_xo_timespec { long tv_sec; long tv_nsec; };
+int clock_gettime(int clk, struct mu_xo_timespec *ts);
+]]
+local ts = ffi.new("struct mu_xo_timespec")
+local function now()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+local function best(fn)
+  fn()
+  local b = math.huge
+  for _ = 1, 3 do
+    local t0 = now(); fn(); b = math.min(b, now() - t0)
+  end
+  return b
+end
+local r = ns.resolve({})
+print(("%-14s %12s %12s %7s"):format("batch", "per-thread", "threaded", "ratio"))
+for _, s in ipairs({ { 16, 64, 64 }, { 16, 128, 128 }, { 8, 256, 256 }, { 8, 256, 1024 }, { 4, 512, 512 },
+  { 4, 768, 768 }, { 4, 768, 3072 }, { 4, 1024, 1024 }, { 2, 1024, 4096 } }) do
+  local x = T.randn(s, 1)
+  local out = T.zeros(s)
+  local ws = ns.workspace("float32", s[2], s[3])
+  local slices = {}
+  for i = 1, s[1] do slices[i] = { x:select(1, i), out:select(1, i) } end
+  local tp = best(function() ns.zeropower_into(out, x, r, ws) end)
+  local tt = best(function() for i = 1, s[1] do ns.zeropower_into(slices[i][2], slices[i][1], r, ws) end end)
+  print(("%-14s %10.2f ms %10.2f ms %7.2f"):format(table.concat(s, "x"), tp * 1e3, tt * 1e3, tt / tp))
+end

@@ -1,0 +1,166 @@
+-- An independent double-precision Muon in plain Lua (small matrices only):
+-- the seed's algorithm written from its formulas, for the specs to compare
+-- the C/LuaJIT engine against. Matrices are Lua arrays of rows.
+local R = {}
+
+function R.matmul(a, b)
+  local n, k, m = #a, #b, #b[1]
+  local c = {}
+  for i = 1, n do
+    local row, ai = {}, a[i]
+    for j = 1, m do
+      local s = 0
+      for t = 1, k do s = s + ai[t] * b[t][j] end
+      row[j] = s
+    end
+    c[i] = row
+  end
+  return c
+end
+
+function R.transpose(a)
+  local t = {}
+  for j = 1, #a[1] do
+    t[j] = {}
+    for i = 1, #a do t[j][i] = a[i][j] end
+  end
+  return t
+end
+
+function R.frob(a)
+  local s = 0
+  for i = 1, #a do
+    for j = 1, #a[i] do s = s + a[i][j] ^ 2 end
+  end
+  return math.sqrt(s)
+end
+
+R.LEGACY = { 3.4445, -4.7750, 2.0315 }
+R.ASYM5 = {
+  { 4.0848, -6.8946, 2.9270 }, { 3.9505, -6.3029, 2.6377 }, { 3.7418, -5.5913, 2.3037 },
+  { 2.8769, -3.1427, 1.2046 }, { 2.8366, -3.0525, 1.2012 },
+}
+
+function R.schedule(variant, steps, custom)
+  local s = {}
+  for i = 1, steps do
+    if variant == "legacy" then s[i] = R.LEGACY
+    elseif variant == "asym5" then s[i] = R.ASYM5[i]
+    else s[i] = custom[i] end
+  end
+  return s
+end
+
+-- The seed's zeropower_via_newtonschulz5 on one matrix.
+function R.ns(x, coeffs, eps, norm_scale)
+  local transposed = #x > #x[1]
+  if transposed then x = R.transpose(x) end
+  local nrm = (norm_scale or 1) * R.frob(x) + eps
+  local X = {}
+  for i = 1, #x do
+    X[i] = {}
+    for j = 1, #x[1] do X[i][j] = x[i][j] / nrm end
+  end
+  for _, c in ipairs(coeffs) do
+    local A = R.matmul(X, R.transpose(X))
+    local AA = R.matmul(A, A)
+    local B = {}
+    for i = 1, #A do
+      B[i] = {}
+      for j = 1, #A do B[i][j] = c[2] * A[i][j] + c[3] * AA[i][j] end
+    end
+    local BX = R.matmul(B, X)
+    for i = 1, #X do
+      for j = 1, #X[1] do X[i][j] = c[1] * X[i][j] + BX[i][j] end
+    end
+  end
+  if transposed then X = R.transpose(X) end
+  return X
+end
+
+-- Core (A, B) slices of a flat row-major array of the given shape.
+local function core(shape)
+  local n = #shape
+  if n == 2 then return shape[1], shape[2] end
+  if n == 3 and shape[2] == 1 then return shape[1], shape[3] end
+  return shape[n - 1], shape[n]
+end
+R.core = core
+
+local function numel(shape)
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return n
+end
+R.numel = numel
+
+-- One Muon step in double precision on flat arrays.
+-- p = { value = flat, grad = flat, shape = {...}, buf = flat or nil }
+-- o = group options (seed names); returns nothing, updates p.value, p.buf.
+function R.muon_step(params, o)
+  local m = o.momentum or 0.95
+  local m1, m2
+  if type(m) == "table" then m1, m2 = m[1], m[#m] else m1, m2 = m, m end
+  local nesterov = o.nesterov ~= false
+  local lr, wd = o.lr or 2e-2, o.weight_decay or 0.1
+  local rms = o.matched_adamw_rms == nil and 0.2 or o.matched_adamw_rms
+  local steps = o.ns_steps or 5
+  local coeffs = R.schedule(o.ns_variant or "asym5", steps, o.ns_coefficients)
+  local eps = o.ns_epsilon or 1e-10
+  for _, p in ipairs(params) do
+    local n = #p.value
+    p.buf = p.buf or {}
+    local u = {}
+    for i = 1, n do
+      local b = p.buf[i] or 0
+      local g = p.grad[i]
+      u[i] = g + m1 * b
+      p.buf[i] = m2 * b + g
+      if nesterov then u[i] = m1 * u[i] + g end
+    end
+    local A, B = core(p.shape)
+    local slices = n / (A * B)
+    local scale
+    if o.scale_mode == "keller" then
+      scale = math.sqrt(math.max(1, A / B))
+    elseif rms == 0 then
+      scale = o.zero_rms_scale_mode == "use_lr" and 1 or 0
+    else
+      scale = math.sqrt(math.max(A, B)) * rms
+    end
+    if o.apply_lr_in_update then scale = scale * -lr end
+    local alpha = o.apply_lr_in_update and 1 or -lr
+    for s = 0, slices - 1 do
+      local X = {}
+      for i = 1, A do
+        X[i] = {}
+        for j = 1, B do X[i][j] = u[s * A * B + (i - 1) * B + j] end
+      end
+      local Y = R.ns(X, coeffs, eps)
+      for i = 1, A do
+        for j = 1, B do
+          local k = s * A * B + (i - 1) * B + j
+          p.value[k] = p.value[k] * (1 - lr * wd) + alpha * scale * Y[i][j]
+        end
+      end
+    end
+  end
+end
+
+-- AdamW as torch.optim.AdamW, double precision, flat arrays.
+function R.adamw_step(p, o, step)
+  local lr, b1, b2, eps, wd = o.lr, o.betas[1], o.betas[2], o.eps, o.weight_decay
+  p.m = p.m or {}
+  p.v = p.v or {}
+  local bc1, bc2 = 1 - b1 ^ step, 1 - b2 ^ step
+  for i = 1, #p.value do
+    local g = p.grad[i]
+    p.value[i] = p.value[i] * (1 - lr * wd)
+    p.m[i] = (p.m[i] or 0) + (1 - b1) * (g - (p.m[i] or 0))
+    p.v[i] = b2 * (p.v[i] or 0) + (1 - b2) * g * g
+    local denom = math.sqrt(p.v[i]) / math.sqrt(bc2) + eps
+    p.value[i] = p.value[i] - (lr / bc1) * p.m[i] / denom
+  end
+end
+
+return R
