@@ -114,6 +114,13 @@ static int mu__lua_fail(lua_State *L, mu_engine *eng, int status, int fallback, 
         msg = lua_tostring(L, -1);
     }
     if (!msg) msg = "unknown Lua error";
+    /* drop the position prefix that error(msg, 2) adds when the engine
+     * blames its caller, the glue in muon/host.lua */
+    const char *glue = strstr(msg, "muon/host.lua:");
+    if (glue && !memchr(msg, '\n', (size_t)(glue - msg))) {
+        const char *rest = strstr(glue, ": ");
+        if (rest) msg = rest + 2;
+    }
     mu__fail(rc, "%s: %s", what, msg);
     if (eng) {
         luaL_Buffer b;
@@ -127,9 +134,8 @@ static int mu__lua_fail(lua_State *L, mu_engine *eng, int status, int fallback, 
         }
         luaL_pushresult(&b);
         mu__set_err(eng, lua_tostring(L, -1));
-        lua_pop(L, 1);
     }
-    lua_settop(L, 0);
+    lua_settop(L, 1); /* keep the message handler at index 1 */
     return rc;
 }
 
@@ -159,7 +165,10 @@ static int mu__search_up(const char *start, char *out, size_t cap)
         for (int i = 0; i < 2; i++) {
             snprintf(probe, sizeof probe, "%s%s/muon/init.lua", strcmp(dir, "/") ? dir : "", subs[i]);
             if (mu__is_file(probe)) {
-                snprintf(out, cap, "%s%s", strcmp(dir, "/") ? dir : "", subs[i]);
+                size_t n = strlen(probe) - strlen("/muon/init.lua");
+                if (n >= cap) return 0;
+                memcpy(out, probe, n);
+                out[n] = '\0';
                 return 1;
             }
         }

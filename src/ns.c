@@ -37,7 +37,7 @@ enum { MU__NS_MAX_SLOTS = 16 };
  * matrix per thread with single-threaded BLAS; larger ones use threaded
  * BLAS per matrix. Measured with tests/bench/ns_bench.lua (see README). */
 #ifndef MU__NS_BATCH_PAR_MAX
-#define MU__NS_BATCH_PAR_MAX (INT64_MAX)
+#define MU__NS_BATCH_PAR_MAX (1024 * 4096)
 #endif
 
 typedef struct mu__ns_slot {

@@ -47,7 +47,7 @@ function config.sandbox(path)
     loadstring = blocked("loadstring", path), collectgarbage = blocked("collectgarbage", path),
     module = blocked("module", path), setfenv = blocked("setfenv", path), getfenv = blocked("getfenv", path),
   }
-  env.string.dump = nil
+  env.string.dump = blocked("string.dump", path)
   -- load of source text only, in this same sandbox.
   env.load = function(chunk, name, mode, e)
     if mode ~= nil and mode ~= "t" or (type(chunk) == "string" and chunk:byte(1) == 27) then

@@ -108,7 +108,6 @@ for _, s in ipairs(SHAPES) do
   end
   local sg = flops / sgemm_rate(n, m)
   rows[#rows + 1] = { s = s, sym = res.symmetric, plain = res.plain, sgemm = sg, flops = flops }
-  io.stderr:write(("  measured %s\n"):format(s))
 end
 
 local torch, why = torch_times(SHAPES)

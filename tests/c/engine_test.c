@@ -1,0 +1,339 @@
+/*
+ * The C embedding API (src/engine.c): every call, the error paths, and the
+ * numbers of one Muon and one AdamW step against values computed here in
+ * double precision. TAP output; exit 1 on any failure.
+ */
+#include "muon.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int n_test, n_fail;
+
+static void ok(int cond, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    n_test++;
+    printf("%s %d - ", cond ? "ok" : "not ok", n_test);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (!cond) n_fail++;
+}
+
+static int contains(const char *s, const char *needle) { return s && strstr(s, needle) != NULL; }
+
+static char dir[256];
+
+static const char *write_file(const char *name, const char *text)
+{
+    static char paths[16][320];
+    static int next;
+    char *p = paths[next++ % 16];
+    snprintf(p, 320, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    if (!f) { perror(p); exit(1); }
+    fputs(text, f);
+    fclose(f);
+    return p;
+}
+
+/* Muon lr 0.1, no decay, momentum 0.9 nesterov; AdamW lr 0.01 for b*. */
+static const char *CONFIG =
+    "return {\n"
+    "  groups = {\n"
+    "    { name = 'mats', optimizer = 'muon', match = '^w', min_dim = 2, lr = 0.1,\n"
+    "      weight_decay = 0, momentum = 0.9, nesterov = true, matched_adamw_rms = 0.2 },\n"
+    "    { name = 'vecs', optimizer = 'adamw', match = '^b', lr = 0.01, betas = {0.9, 0.99},\n"
+    "      eps = 1e-8, weight_decay = 0.5 },\n"
+    "  },\n"
+    "}\n";
+
+/* Muon output for W = G = 2*I (2x2): u = (1+m) G (nesterov, first step),
+ * X = u / (||u||_F + eps) has both singular values s0 = 1/sqrt(2); each NS
+ * step maps s -> a s + b s^3 + c s^5 with the preset's triples. */
+static double muon_expected_diag(void)
+{
+    double coeffs[3 * 16], norm_scale = 1.0;
+    int nsteps = 0;
+    if (mu_ns_preset("asym5", 5, coeffs, 16, &norm_scale, &nsteps) != MU_OK) return NAN;
+    double s = 1.0 / (norm_scale * sqrt(2.0));
+    for (int i = 0; i < nsteps; i++) {
+        double a = coeffs[3 * i], b = coeffs[3 * i + 1], c = coeffs[3 * i + 2];
+        s = a * s + b * s * s * s + c * s * s * s * s * s;
+    }
+    return s;
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/muon_engine_test.XXXXXX");
+    if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
+    mu_engine *eng = (mu_engine *)&n_test; /* must be reset to NULL on failure */
+    int rc;
+
+    /* --- open: failures leave *out NULL and name the problem */
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/nope.lua", dir);
+    rc = mu_engine_open(&eng, missing);
+    ok(rc == MU_EIO && eng == NULL, "missing config: MU_EIO, out NULL (rc %d)", rc);
+    ok(contains(mu_last_error(), "nope.lua"), "missing config: message names the file: %s", mu_last_error());
+    ok(contains(mu_engine_error(NULL), "nope.lua"), "mu_engine_error(NULL) is mu_last_error()");
+
+    eng = (mu_engine *)&n_test;
+    rc = mu_engine_open(&eng, write_file("syntax.lua", "return { groups = { \n"));
+    ok(rc == MU_EFORMAT && eng == NULL, "syntax error: MU_EFORMAT, out NULL (rc %d)", rc);
+    ok(contains(mu_last_error(), "syntax.lua"), "syntax error: message names the file: %s", mu_last_error());
+
+    eng = (mu_engine *)&n_test;
+    rc = mu_engine_open(&eng, write_file("unknown.lua",
+                                         "return { groups = { { optimizer = 'muon', match = '.*', lrr = 0.1 } } }\n"));
+    ok(rc == MU_EINVAL && eng == NULL, "unknown group option: MU_EINVAL, out NULL (rc %d)", rc);
+    ok(contains(mu_last_error(), "lrr"), "unknown group option: message names it: %s", mu_last_error());
+
+    eng = (mu_engine *)&n_test;
+    rc = mu_engine_open(&eng, write_file("notable.lua", "return 42\n"));
+    ok(rc != MU_OK && eng == NULL && contains(mu_last_error(), "table"),
+       "config returning a number: error (%d): %s", rc, mu_last_error());
+
+    rc = mu_engine_open(NULL, missing);
+    ok(rc == MU_EINVAL, "open with out NULL: MU_EINVAL");
+    eng = (mu_engine *)&n_test;
+    rc = mu_engine_open(&eng, NULL);
+    ok(rc == MU_EINVAL && eng == NULL, "open with NULL path: MU_EINVAL");
+
+    /* sandbox: a config using io is refused unless trusted */
+    const char *io_cfg = write_file("io.lua",
+        "local f = io.open('/dev/null') if f then f:close() end\n"
+        "return { groups = { { optimizer = 'adamw', match = '.*', lr = 0.1 } } }\n");
+    eng = NULL;
+    rc = mu_engine_open(&eng, io_cfg);
+    ok(rc != MU_OK && eng == NULL && contains(mu_last_error(), "io"), "sandboxed config cannot use io: %s",
+       mu_last_error());
+    mu_engine_opts opts = {.trusted = 1, .lua_path = NULL};
+    rc = mu_engine_open_ex(&eng, io_cfg, &opts);
+    ok(rc == MU_OK && eng != NULL, "trusted config may use io (rc %d: %s)", rc, mu_last_error());
+    mu_engine_close(eng);
+    mu_engine_opts badpath = {.trusted = 0, .lua_path = "/nonexistent/lua"};
+    eng = (mu_engine *)&n_test;
+    rc = mu_engine_open_ex(&eng, io_cfg, &badpath);
+    ok(rc != MU_OK && eng == NULL && contains(mu_last_error(), "muon.host"),
+       "lua_path without the modules: error naming muon.host (rc %d)", rc);
+
+    /* --- a working engine */
+    const char *cfg = write_file("cfg.lua", CONFIG);
+    eng = NULL;
+    rc = mu_engine_open(&eng, cfg);
+    ok(rc == MU_OK && eng != NULL, "open a valid config (rc %d: %s)", rc, mu_last_error());
+    if (!eng) {
+        printf("1..%d\n", n_test);
+        return 1;
+    }
+    ok(strcmp(mu_engine_error(eng), "") == 0, "fresh engine has no error");
+
+    float w[4] = {1, 0, 0, 1}, gw[4] = {2, 0, 0, 2};
+    float b[3] = {1, -2, 3}, gb[3] = {0.5f, -0.25f, 2.0f};
+    float nog[2] = {7, 8};
+    float one[3] = {1, 2, 3}, gone[3] = {0, 0, 0};
+    int64_t s22[2] = {2, 2}, s3[1] = {3}, s2[1] = {2}, sneg[2] = {2, -1};
+
+    rc = mu_engine_add_param(eng, "w.0", MU_F32, 2, s22, NULL, gw);
+    ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "w.0") && contains(mu_engine_error(eng), "data"),
+       "NULL data: MU_EINVAL naming the parameter: %s", mu_engine_error(eng));
+    ok(contains(mu_last_error(), "data is NULL"), "NULL data: also in mu_last_error()");
+    rc = mu_engine_add_param(eng, "w.0", MU_F32, 2, sneg, w, gw);
+    ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "negative"), "negative dimension: MU_EINVAL: %s",
+       mu_engine_error(eng));
+    rc = mu_engine_add_param(eng, "w.0", 7, 2, s22, w, gw);
+    ok(rc == MU_EDTYPE, "unknown dtype: MU_EDTYPE");
+    rc = mu_engine_add_param(eng, "w.0", MU_F32, 9, s22, w, gw);
+    ok(rc == MU_EINVAL, "ndim 9: MU_EINVAL");
+    rc = mu_engine_add_param(eng, NULL, MU_F32, 2, s22, w, gw);
+    ok(rc == MU_EINVAL, "NULL name: MU_EINVAL");
+    rc = mu_engine_add_param(NULL, "w.0", MU_F32, 2, s22, w, gw);
+    ok(rc == MU_EINVAL, "NULL engine: MU_EINVAL");
+    rc = mu_engine_add_param(eng, "x.0", MU_F32, 2, s22, w, gw);
+    ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "x.0") && contains(mu_engine_error(eng), "no group"),
+       "parameter no group matches: MU_EINVAL: %s", mu_engine_error(eng));
+    rc = mu_engine_add_param(eng, "w.vec", MU_F32, 1, s3, one, gone);
+    ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "w.vec") && contains(mu_engine_error(eng), "no group"),
+       "1-D parameter kept out of the Muon group by min_dim matches no group: %s", mu_engine_error(eng));
+    ok(!contains(mu_last_error(), "host.lua:") &&
+           strncmp(mu_engine_error(eng), "mu_engine_add_param: parameter 'x.0'", 36) == 0,
+       "messages do not start with the glue's position");
+
+    rc = mu_engine_add_param(eng, "w.0", MU_F32, 2, s22, w, gw);
+    ok(rc == MU_OK, "add 2x2 Muon parameter (rc %d: %s)", rc, mu_engine_error(eng));
+    rc = mu_engine_add_param(eng, "w.0", MU_F32, 2, s22, w, gw);
+    ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "already"), "duplicate name: MU_EINVAL");
+    rc = mu_engine_add_param(eng, "b.0", MU_F32, 1, s3, b, gb);
+    ok(rc == MU_OK, "add 1-D AdamW parameter");
+    rc = mu_engine_add_param(eng, "b.nograd", MU_F32, 1, s2, nog, NULL);
+    ok(rc == MU_OK, "add a parameter without a gradient");
+
+    /* --- one step, checked against double-precision references */
+    rc = mu_engine_step(eng);
+    ok(rc == MU_OK, "step (rc %d: %s)", rc, mu_engine_error(eng));
+    double d = muon_expected_diag();
+    double scale = sqrt(2.0) * 0.2; /* sqrt(max(A, B)) * matched_adamw_rms */
+    double w_diag = 1.0 - 0.1 * scale * d, maxerr = 0.0;
+    for (int i = 0; i < 4; i++) {
+        double want = (i == 0 || i == 3) ? w_diag : 0.0;
+        maxerr = fmax(maxerr, fabs(w[i] - want));
+    }
+    ok(maxerr < 1e-5, "Muon step matches the scalar NS reference (w00 %.7f want %.7f, err %.1e)", w[0], w_diag,
+       maxerr);
+    /* AdamW step 1: m_hat = g, v_hat = g^2: p = p (1 - lr wd) - lr g / (|g| + eps) */
+    const double b0[3] = {1, -2, 3}, g0[3] = {0.5, -0.25, 2.0};
+    maxerr = 0.0;
+    for (int i = 0; i < 3; i++) {
+        double want = b0[i] * (1 - 0.01 * 0.5) - 0.01 * g0[i] / (fabs(g0[i]) + 1e-8);
+        maxerr = fmax(maxerr, fabs(b[i] - want));
+    }
+    ok(maxerr < 1e-6, "AdamW step matches the closed form (err %.1e)", maxerr);
+    ok(nog[0] == 7 && nog[1] == 8, "parameter without a gradient is unchanged");
+
+    /* --- runtime values */
+    double v = -1;
+    rc = mu_engine_get(eng, "step", &v);
+    ok(rc == MU_OK && v == 1, "get step = 1 (%g)", v);
+    rc = mu_engine_get(eng, "lr", &v);
+    ok(rc == MU_OK && fabs(v - 0.1) < 1e-12, "get lr = 0.1 (%g)", v);
+    rc = mu_engine_get(eng, "lr:vecs", &v);
+    ok(rc == MU_OK && fabs(v - 0.01) < 1e-12, "get lr:vecs = 0.01 (%g)", v);
+    rc = mu_engine_set(eng, "lr_scale", 0.5);
+    ok(rc == MU_OK, "set lr_scale 0.5");
+    rc = mu_engine_get(eng, "lr_scale", &v);
+    ok(rc == MU_OK && v == 0.5, "get lr_scale = 0.5");
+    rc = mu_engine_set(eng, "lr_scael", 1.0);
+    ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "lr_scael"), "set unknown key: MU_EINVAL naming it: %s",
+       mu_engine_error(eng));
+    rc = mu_engine_set(eng, "lr_scale", -1.0);
+    ok(rc == MU_EINVAL, "set lr_scale -1: MU_EINVAL");
+    v = 123;
+    rc = mu_engine_get(eng, "nope", &v);
+    ok(rc == MU_EINVAL && v == 123 && contains(mu_engine_error(eng), "nope"), "get unknown key: MU_EINVAL, out untouched");
+    rc = mu_engine_get(eng, "lr", NULL);
+    ok(rc == MU_EINVAL, "get with NULL out: MU_EINVAL");
+    ok(mu_engine_set(NULL, "lr_scale", 1) == MU_EINVAL && mu_engine_get(NULL, "lr", &v) == MU_EINVAL &&
+           mu_engine_step(NULL) == MU_EINVAL && mu_engine_save(NULL, "x") == MU_EINVAL &&
+           mu_engine_load(NULL, "x") == MU_EINVAL,
+       "NULL engine: every call returns MU_EINVAL");
+
+    /* --- save / load roundtrip: state saved, step, restore, step again */
+    char ckpt[320];
+    snprintf(ckpt, sizeof ckpt, "%s/opt.safetensors", dir);
+    rc = mu_engine_save(eng, ckpt);
+    ok(rc == MU_OK && access(ckpt, R_OK) == 0, "save (rc %d: %s)", rc, mu_engine_error(eng));
+    float w_saved[4], b_saved[3];
+    memcpy(w_saved, w, sizeof w);
+    memcpy(b_saved, b, sizeof b);
+    gw[1] = 0.5f; gb[0] = -1.0f; /* a different gradient for step 2 */
+    rc = mu_engine_step(eng);
+    ok(rc == MU_OK, "second step");
+    rc = mu_engine_get(eng, "lr", &v);
+    ok(rc == MU_OK && fabs(v - 0.05) < 1e-12, "lr after set lr_scale 0.5 = 0.05 (%g)", v);
+    float w_after[4], b_after[3];
+    memcpy(w_after, w, sizeof w);
+    memcpy(b_after, b, sizeof b);
+    memcpy(w, w_saved, sizeof w);
+    memcpy(b, b_saved, sizeof b);
+    rc = mu_engine_set(eng, "lr_scale", 1.0);
+    rc |= mu_engine_load(eng, ckpt);
+    ok(rc == MU_OK, "load (rc %d: %s)", rc, mu_engine_error(eng));
+    rc = mu_engine_get(eng, "step", &v);
+    ok(rc == MU_OK && v == 1, "load restores the step count (%g)", v);
+    rc = mu_engine_get(eng, "lr_scale", &v);
+    ok(rc == MU_OK && v == 0.5, "load restores lr_scale (%g)", v);
+    rc = mu_engine_step(eng);
+    ok(rc == MU_OK && memcmp(w, w_after, sizeof w) == 0 && memcmp(b, b_after, sizeof b) == 0,
+       "step after load reproduces the step after save bit for bit");
+
+    char bad[320];
+    snprintf(bad, sizeof bad, "%s/missing.safetensors", dir);
+    rc = mu_engine_load(eng, bad);
+    ok(rc != MU_OK && contains(mu_engine_error(eng), "missing.safetensors"), "load of a missing file fails naming it: %s",
+       mu_engine_error(eng));
+    rc = mu_engine_save(eng, "/nonexistent-dir/x.safetensors");
+    ok(rc != MU_OK, "save into a missing directory fails (rc %d)", rc);
+
+    /* a checkpoint of another parameter set is refused */
+    mu_engine *other = NULL;
+    rc = mu_engine_open(&other, cfg);
+    float w2[6] = {0}, gw2[6] = {0};
+    int64_t s23[2] = {2, 3};
+    rc |= mu_engine_add_param(other, "w.0", MU_F32, 2, s23, w2, gw2);
+    ok(rc == MU_OK, "second engine on the same config");
+    rc = mu_engine_load(other, ckpt);
+    ok(rc != MU_OK && contains(mu_engine_error(other), "w.0"), "load with a different shape fails naming the parameter: %s",
+       mu_engine_error(other));
+    mu_engine_close(other);
+
+    /* non-finite gradient: the step fails atomically */
+    memcpy(w_saved, w, sizeof w);
+    gw[2] = NAN;
+    rc = mu_engine_step(eng);
+    ok(rc != MU_OK && memcmp(w, w_saved, sizeof w) == 0, "NaN gradient: step fails, parameters unchanged: %s",
+       mu_engine_error(eng));
+    gw[2] = 0.0f;
+    mu_engine_close(eng);
+
+    /* --- a hook that raises: traceback in the engine's error */
+    const char *hook_cfg = write_file("hook.lua",
+        "local function explode(p) error('hook exploded on ' .. p.name) end\n"
+        "return { groups = { { optimizer = 'muon', match = '.*', lr = 0.1, post_update_fn = explode } } }\n");
+    eng = NULL;
+    rc = mu_engine_open(&eng, hook_cfg);
+    rc |= mu_engine_add_param(eng, "w.0", MU_F32, 2, s22, w, gw);
+    ok(rc == MU_OK, "open a config whose hook raises");
+    rc = mu_engine_add_param(eng, "w.vec", MU_F32, 1, s3, one, gone);
+    ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "w.vec") && contains(mu_engine_error(eng), "1D"),
+       "1-D parameter routed to a Muon group: MU_EINVAL: %s", mu_engine_error(eng));
+    rc = mu_engine_step(eng);
+    const char *e = mu_engine_error(eng);
+    char first[200];
+    snprintf(first, sizeof first, "%.*s", (int)strcspn(e, "\n"), e);
+    ok(rc == MU_ELUA && contains(e, "hook exploded on w.0"), "raising hook: MU_ELUA with the message: %s", first);
+    ok(contains(e, "stack traceback") && contains(e, "hook.lua:1"), "raising hook: traceback names the hook's line");
+    ok(!contains(mu_last_error(), "stack traceback") && contains(mu_last_error(), "hook exploded"),
+       "mu_last_error() has the message without the traceback");
+    mu_engine_close(eng);
+    mu_engine_close(NULL);
+    ok(1, "mu_engine_close(NULL) is a no-op");
+
+    /* --- scripts */
+    int status = -1;
+    const char *script = write_file("s.lua",
+        "local muon = require('muon')\n"
+        "assert(arg[0]:match('s.lua$') and arg[1] == 'x' and arg[2] == 'y')\n"
+        "local t = muon.tensor.from({3, 4}, {2})\n"
+        "return math.floor(t:norm() + 0.5)\n");
+    char *args[2] = {"x", "y"};
+    rc = mu_script_run(script, 2, args, 0, &status);
+    ok(rc == MU_OK && status == 5, "mu_script_run: args, require('muon'), exit status from return (%d)", status);
+    rc = mu_script_run(write_file("e.lua", "local function f() error('script failed here') end\nf()\n"), 0, NULL, 0,
+                       &status);
+    ok(rc == MU_ELUA && status == 1 && contains(mu_last_error(), "script failed here") &&
+           contains(mu_last_error(), "stack traceback"),
+       "mu_script_run: a Lua error gives MU_ELUA, status 1, message + traceback");
+    rc = mu_script_run_module("muon.nonexistent_module", 0, NULL, 0, &status);
+    ok(rc == MU_ELUA && contains(mu_last_error(), "nonexistent_module"), "mu_script_run_module: missing module");
+    rc = mu_script_run(NULL, 0, NULL, 0, &status);
+    ok(rc == MU_EINVAL, "mu_script_run(NULL): MU_EINVAL");
+
+    ok(strcmp(mu_strerror(MU_ELUA), "lua error") == 0 && strcmp(mu_strerror(MU_EIO), "i/o error") == 0,
+       "mu_strerror");
+    ok(mu_blas_fix_core(NULL) == MU_OK, "mu_blas_fix_core with NULL argv does nothing");
+
+    /* clean up */
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    printf("1..%d\n", n_test);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,264 @@
+-- AdamW, the config-driven engine, config loading and its sandbox.
+local H = require("helpers")
+local R = require("ref_muon")
+local muon = H.muon
+local T = H.T
+local engine = muon.engine
+
+describe("AdamW", function()
+  it("matches a double-precision torch.optim.AdamW over 5 steps", function()
+    local o = { lr = 0.01, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 }
+    local specs = { { 7 }, { 3, 4 }, { 2, 3, 2 } }
+    local params, refs = {}, {}
+    for i, s in ipairs(specs) do
+      local v, g = T.randn(s, i), T.randn(s, 10 + i)
+      params[i] = muon.param("p" .. i, v, g)
+      refs[i] = { value = v:flat(), grad = g:flat() }
+    end
+    local opt = muon.optim.AdamW(params, o)
+    for step = 1, 5 do
+      if step > 1 then
+        for i, p in ipairs(params) do
+          local g = T.randn(p.value:size(), step * 100 + i)
+          p.grad:copy(g)
+          refs[i].grad = g:flat()
+        end
+      end
+      opt:step()
+      for i = 1, #refs do R.adamw_step(refs[i], o, step) end
+    end
+    for i, p in ipairs(params) do
+      H.assert_close(p.value, refs[i].value, 2e-6, p.name)
+      H.assert_close(opt.state[p].exp_avg, refs[i].m, 1e-6, p.name .. " exp_avg")
+      H.assert_close(opt.state[p].exp_avg_sq, refs[i].v, 1e-6, p.name .. " exp_avg_sq")
+      assert.equal(5, opt.state[p].step)
+    end
+  end)
+
+  it("first step moves each weight by about lr (bias correction)", function()
+    local v = T.from({ 1, -2, 3 }, { 3 })
+    local g = T.from({ 0.5, -4, 1e-3 }, { 3 })
+    local opt = muon.optim.AdamW({ muon.param("b", v, g) }, { lr = 0.1, weight_decay = 0 })
+    opt:step()
+    -- m/sqrt(v) after correction is sign(g) for every element
+    H.assert_close(v, { 0.9, -1.9, 2.9 }, 1e-5, "step 1")
+  end)
+
+  it("validates its options", function()
+    local p = muon.param("b", T.zeros({ 3 }), T.zeros({ 3 }))
+    local cases = {
+      { { lr = -1 }, "lr must be >= 0" },
+      { { betas = { 0.9 } }, "betas must be a pair" },
+      { { betas = { 0.9, 1.5 } }, "betas[2] must be in [0, 1)" },
+      { { momentum = 0.9 }, "AdamW got unexpected options: momentum" },
+      { { eps = 0 / 0 }, "eps must be a finite number" },
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(muon.optim.AdamW, { p }, c[1])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
+    end
+  end)
+
+  it("a NaN gradient fails atomically, naming the parameter", function()
+    local a = muon.param("a", T.randn({ 4 }, 1), T.randn({ 4 }, 2))
+    local b = muon.param("b", T.randn({ 4 }, 3), T.randn({ 4 }, 4))
+    local opt = muon.optim.AdamW({ a, b })
+    local av, bv = a.value:clone(), b.value:clone()
+    b.grad:set(0 / 0, 2)
+    local ok, err = pcall(opt.step, opt)
+    assert.is_false(ok)
+    assert.truthy(err:find("parameter 'b': gradient holds NaN or Inf", 1, true), err)
+    H.assert_equal_bits(a.value, av, "a")
+    H.assert_equal_bits(b.value, bv, "b")
+    assert.is_nil(opt.state[a])
+  end)
+end)
+
+local function tiny_model(eng, seed)
+  local ps = {
+    eng:add_param("embed.weight", T.randn({ 10, 4 }, seed + 1), T.randn({ 10, 4 }, seed + 2)),
+    eng:add_param("hidden.0.weight", T.randn({ 8, 4 }, seed + 3), T.randn({ 8, 4 }, seed + 4)),
+    eng:add_param("hidden.0.bias", T.randn({ 8 }, seed + 5), T.randn({ 8 }, seed + 6)),
+    eng:add_param("head.weight", T.randn({ 3, 8 }, seed + 7), T.randn({ 3, 8 }, seed + 8)),
+  }
+  return ps
+end
+
+local function write_config(text)
+  local path = H.tmpname(".lua")
+  H.write_file(path, text)
+  return path
+end
+
+describe("engine", function()
+  it("routes parameters by pattern, dims and order", function()
+    local eng = engine.new("configs/muon.lua")
+    tiny_model(eng, 0)
+    local got = {}
+    for _, r in ipairs(eng:describe()) do got[#got + 1] = r.name .. "=" .. r.optimizer .. ":" .. r.group_name end
+    assert.same({ "embed.weight=adamw:rest", "hidden.0.weight=muon:hidden", "hidden.0.bias=adamw:rest",
+      "head.weight=adamw:rest" }, got)
+  end)
+
+  it("steps like the optimizers used directly, with the schedule", function()
+    local eng = engine.new({
+      groups = {
+        { optimizer = "muon", match = "^hidden", min_dim = 2, lr = 0.02 },
+        { optimizer = "adamw", lr = 0.001, betas = { 0.9, 0.95 }, weight_decay = 0 },
+      },
+      schedule = function(step, g) return g.base_lr * step end,
+    })
+    local ps = tiny_model(eng, 10)
+    local ref_h = muon.param("h", ps[2].value:clone(), ps[2].grad)
+    local ref_b = muon.param("b", ps[3].value:clone(), ps[3].grad)
+    local mo = muon.optim.Muon({ ref_h }, { lr = 0.02 })
+    local ao = muon.optim.AdamW({ ref_b }, { lr = 0.001, betas = { 0.9, 0.95 }, weight_decay = 0 })
+    for step = 1, 3 do
+      eng:step()
+      mo.param_groups[1].lr = 0.02 * step
+      ao.param_groups[1].lr = 0.001 * step
+      mo:step()
+      ao:step()
+      assert.equal(0.02 * step, eng:get("lr"))
+      assert.equal(0.001 * step, eng:get("lr:2"))
+    end
+    H.assert_equal_bits(ps[2].value, ref_h.value, "muon param")
+    H.assert_equal_bits(ps[3].value, ref_b.value, "adamw param")
+    assert.equal(3, eng:get("step"))
+  end)
+
+  it("lr_scale multiplies every group's lr", function()
+    local eng = engine.new("configs/keller.lua")
+    tiny_model(eng, 20)
+    eng:set("lr_scale", 0.5)
+    eng:step()
+    assert.equal(0.01, eng:get("lr"))
+    assert.equal(0.5, eng:get("lr_scale"))
+    assert.has_error(function() eng:set("bogus", 1) end)
+    assert.has_error(function() eng:get("bogus") end)
+  end)
+
+  it("a failure in one optimizer leaves the other untouched", function()
+    local eng = engine.new("configs/muon.lua")
+    local ps = tiny_model(eng, 30)
+    eng:step()
+    local before = {}
+    for i, p in ipairs(ps) do before[i] = p.value:clone() end
+    ps[4].grad:set(0 / 0, 1, 1) -- AdamW head
+    local ok, err = pcall(eng.step, eng)
+    assert.is_false(ok)
+    assert.truthy(err:find("parameter 'head.weight'", 1, true), err)
+    for i, p in ipairs(ps) do H.assert_equal_bits(p.value, before[i], p.name) end
+    assert.equal(1, eng:get("step"))
+  end)
+
+  it("save and load resume bit-identically", function()
+    local a = engine.new("configs/muon.lua")
+    local pa = tiny_model(a, 40)
+    for _ = 1, 3 do a:step() end
+    local path = H.tmpname(".safetensors")
+    a:save(path)
+    local b = engine.new("configs/muon.lua")
+    local pb = tiny_model(b, 999)
+    for i = 1, #pa do pb[i].value:copy(pa[i].value) pb[i].grad:copy(pa[i].grad) end
+    b:load(path)
+    os.remove(path)
+    assert.equal(3, b:get("step"))
+    for _ = 1, 2 do
+      a:step()
+      b:step()
+    end
+    for i = 1, #pa do H.assert_equal_bits(pa[i].value, pb[i].value, pa[i].name) end
+  end)
+
+  it("reports routing problems and bad configs with clear messages", function()
+    local eng = engine.new({ groups = { { optimizer = "muon", match = "^w" } } })
+    local ok, err = pcall(eng.add_param, eng, "bias", T.zeros({ 2, 2 }))
+    assert.truthy(err:find("parameter 'bias' (shape 2x2) matches no group", 1, true), err)
+    ok, err = pcall(eng.add_param, eng, "w1", T.zeros({ 3 }))
+    assert.truthy(err:find("parameter 'w1' is 1-D but matched Muon group 1", 1, true), err)
+    eng:add_param("w2", T.zeros({ 2, 2 }))
+    ok, err = pcall(eng.add_param, eng, "w2", T.zeros({ 2, 2 }))
+    assert.truthy(err:find("'w2' is already registered", 1, true), err)
+    local cases = {
+      { { groups = { { optimizer = "muon", lrr = 1 } } }, "group 1 (muon): unknown option(s): lrr" },
+      { { groups = { { optimizer = "sgd" } } }, "optimizer must be 'muon' or 'adamw'" },
+      { { groups = {} }, "'groups' must be a non-empty list" },
+      { { groups = { { optimizer = "adamw", lr = -3 } } }, "lr must be >= 0" },
+      { { groups = { {} }, extra = 1 }, "unknown top-level key(s): extra" },
+      { { groups = { {} }, hooks = { reshape = function() end } }, "unknown hook 'reshape'" },
+    }
+    for _, c in ipairs(cases) do
+      ok, err = pcall(engine.new, c[1])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
+    end
+  end)
+
+  it("loads config files and reports missing files and syntax errors", function()
+    local ok, err = pcall(engine.new, "/nonexistent/cfg.lua")
+    assert.truthy(err:find("config '/nonexistent/cfg.lua': cannot open the file", 1, true), err)
+    local path = write_config("return { groups = { { optimizer = 'muon' } ")
+    ok, err = pcall(engine.new, path)
+    os.remove(path)
+    assert.truthy(err:find("syntax error", 1, true), err)
+    path = write_config("return 42")
+    ok, err = pcall(engine.new, path)
+    os.remove(path)
+    assert.truthy(err:find("must return a table, got number", 1, true), err)
+  end)
+
+  it("check() lists rows and problems instead of raising", function()
+    local rows, problems = engine.check("configs/muon.lua", {
+      { name = "hidden.w", shape = { 4, 4 } }, { name = "b", shape = { 4 } },
+    })
+    assert.equal(2, #rows)
+    assert.equal("muon", rows[1].optimizer)
+    assert.equal("adamw", rows[2].optimizer)
+    assert.same({}, problems)
+    rows, problems = engine.check({ groups = { { optimizer = "muon", match = "^w" } } }, {
+      { name = "x", shape = { 3, 3 } },
+    })
+    assert.equal(1, #problems)
+    assert.truthy(problems[1]:find("parameter 'x' (shape 3x3) matches no group", 1, true))
+  end)
+end)
+
+describe("config sandbox", function()
+  local blocked = {
+    { "os.execute('true')", "os.execute is blocked" },
+    { "io.open('/tmp/x', 'w')", "io.open is blocked" },
+    { "io.popen('ls')", "io.popen is blocked" },
+    { "require('ffi')", "require('ffi') is blocked" },
+    { "require('os')", "require('os') is blocked" },
+    { "debug.getinfo(1)", "debug.getinfo is blocked" },
+    { "load(string.dump(function() end))", "string.dump is blocked" },
+    { "load('\\27LuaJ')", "load of bytecode is blocked" },
+    { "dofile('/etc/passwd')", "dofile is blocked" },
+    { "os.remove('/tmp/x')", "os.remove is blocked" },
+  }
+  for _, b in ipairs(blocked) do
+    it("blocks " .. b[1], function()
+      local path = write_config(b[1] .. "\nreturn { groups = { {} } }")
+      local ok, err = pcall(engine.new, path)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(b[2], 1, true), tostring(err))
+      if b[2]:find("blocked", 1, true) then
+        assert.truthy(tostring(err):find("trusted = true", 1, true), tostring(err))
+      end
+      -- a trusted config may do it (where harmless)
+      os.remove(path)
+    end)
+  end
+
+  it("allows muon's own modules and trusted configs", function()
+    local path = write_config("local m = require('muon'); assert(m.tensor); return { groups = { { optimizer = 'adamw' } } }")
+    assert.has_no.errors(function() engine.new(path) end)
+    os.remove(path)
+    path = write_config("local f = io.open('/dev/null'); f:close(); return { groups = { { optimizer = 'adamw' } } }")
+    assert.has_error(function() engine.new(path) end)
+    assert.has_no.errors(function() engine.new(path, { trusted = true }) end)
+    os.remove(path)
+  end)
+end)
