@@ -42,7 +42,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)
 # running inside them finds the API through ffi.C.
 HOSTLINK  = -Wl,--whole-archive $(LIB_A) -Wl,--no-whole-archive -Wl,--export-dynamic $(LDSAN) $(DEPLIBS)
 
-.PHONY: all deps test demo bench clean
+.PHONY: all deps test demo bench clean install
 all: $(LIB_SO) $(LIB_A) $(if $(CLI_SRCS),$(CLI)) $(CTESTS) $(EXAMPLES)
 
 deps:
@@ -91,8 +91,33 @@ $(BUILD)/examples/%: examples/%.c $(LIB_A) src/muon.h
 test: deps all
 	@bash tests/run.sh
 
+# The demo: a C trainer (examples/demo_trainer.c) trains a character-level
+# model twice (configs/muon.lua, configs/adamw.lua); writes build/demo/.
 demo: deps all
-	@echo "make demo: the demo trainer lands with issue 5; not yet."
+	$(BUILD)/examples/demo_trainer --out $(BUILD)/demo
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: library, header, Lua modules,
+# CLI and a pkg-config file, so that an out-of-tree trainer builds with
+#   cc trainer.c $$(pkg-config --cflags --libs muon)
+PREFIX   ?= /usr/local
+VERSION  := $(shell sed -n 's/.*mu_version(void) { return "\([^"]*\)".*/\1/p' src/cdef.c)
+install: all
+	@set -e; d="$(DESTDIR)$(PREFIX)"; \
+	install -d "$$d/lib/pkgconfig" "$$d/include" "$$d/bin" "$$d/share/lua/5.1"; \
+	install -m 644 $(LIB_A) "$$d/lib/libmuon.a"; \
+	install -m 755 $(LIB_SO) "$$d/lib/libmuon.so"; \
+	install -m 644 src/muon.h "$$d/include/muon.h"; \
+	install -m 755 $(CLI) "$$d/bin/muon"; \
+	for f in $$(cd lua && find muon -name '*.lua' | sort); do \
+	  install -D -m 644 "lua/$$f" "$$d/share/lua/5.1/$$f"; \
+	done; \
+	printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' 'libdir=$${exec_prefix}/lib' \
+	  'includedir=$${prefix}/include' 'luadir=$${prefix}/share/lua/5.1' '' \
+	  'Name: muon' 'Description: Muon optimizer engine (C core, LuaJIT configs and hooks)' \
+	  'Version: $(VERSION)' 'Requires.private: $(PKGCONF)' 'Cflags: -I$${includedir}' \
+	  'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -lmuon' 'Libs.private: -lm -lpthread' \
+	  > "$$d/lib/pkgconfig/muon.pc"; \
+	echo "installed muon $(VERSION) into $$d (pkg-config: $$d/lib/pkgconfig/muon.pc)"
 
 bench: deps all
 	@bash tests/bench/run.sh

@@ -27,7 +27,7 @@
  * on up to the CPUs in the process affinity mask (capped at
  * MU__FOREACH_MAX_THREADS; the environment variable MU_FOREACH_THREADS
  * overrides the count, e.g. 1 for MPI ranks that fill the cores), spawning the extra threads per call (measured:
- * ~30 us for one thread, negligible next to the >= 1 ms of such a pass) so no
+ * ~25-50 us for one thread, small next to the >= 1 ms of such a pass) so no
  * pool, no global state and no idle threads that could steal cycles from
  * OpenBLAS. Each element is computed by the same code whatever the split, so
  * results are bitwise independent of the thread count.
@@ -56,11 +56,12 @@
 #endif
 
 /* Below this many elements in a call, run on the calling thread only.
- * Measured (tests/bench/foreach_bench.lua): spawning one thread costs
- * ~30 us; one thread moves ~20-25 GB/s, so 2 threads pay off from a few
- * 100 KB; 1<<16 elements (256 KB of float32 per array). */
+ * Measured on the 2-core EPYC (tests/bench/foreach_bench.lua): spawning and
+ * joining one thread costs ~25-50 us, and one thread already streams
+ * ~45 GB/s against ~55 GB/s for two, so the second thread pays off only for
+ * passes of >= ~1 ms: 1<<21 elements (8 MB per float32 array). */
 #ifndef MU__FOREACH_MT_MIN
-#define MU__FOREACH_MT_MIN (1 << 16)
+#define MU__FOREACH_MT_MIN (1 << 21)
 #endif
 #define MU__FOREACH_MAX_THREADS 8
 /* Thread range boundaries are rounded to this many elements (a cache line

@@ -94,20 +94,29 @@ for _, op in ipairs({ "triad", "momentum", "apply", "adamw", "scale", "all_finit
   print(("%-11s %10.1f %10.1f %9.0f%%"):format(op, r1, r2, 100 * r2 / results[2].triad))
 end
 
--- Small calls: time per call around the threading threshold (1<<16 elements).
-print("small calls (momentum on one float32 tensor, us per call, 1 thread vs default):")
-for _, n in ipairs({ 4096, 16384, 65536, 131072, 262144, 1048576 }) do
-  local g, b, u = T.randn({ n }, 3), T.randn({ n }, 4), T.zeros({ n })
-  local function f() F.momentum({ g }, { b }, nil, { u }, 0.9, 0.9, true) end
-  ffi.C.setenv("MU_FOREACH_THREADS", "1", 1)
-  local t1 = median_time(f, 51)
-  ffi.C.setenv("MU_FOREACH_THREADS", "2", 1)
-  local t2 = median_time(f, 51)
-  ffi.C.unsetenv("MU_FOREACH_THREADS")
-  local td = median_time(f, 51)
-  print(("  %8d elements: 1 thread %8.1f us, 2 threads %8.1f us, default %8.1f us")
-    :format(n, t1 * 1e6, t2 * 1e6, td * 1e6))
+-- Calls around the threading threshold (1<<21 elements): momentum on one
+-- float32 tensor, data rotated over ~256 MB so it comes from memory.
+print("single-tensor momentum, cold data, us per call (1 thread / 2 threads / default):")
+for _, n in ipairs({ 65536, 524288, 2097152, 4194304, 8388608 }) do
+  local K = math.max(2, math.ceil(256e6 / (12 * n)))
+  local sets = {}
+  for k = 1, K do sets[k] = { T.randn({ n }, k), T.randn({ n }, k + 99), T.zeros({ n }) } end
+  local function f()
+    for k = 1, K do
+      local s = sets[k]
+      F.momentum({ s[1] }, { s[2] }, nil, { s[3] }, 0.9, 0.9, true)
+    end
+  end
+  local t = {}
+  for j, thr in ipairs({ "1", "2", false }) do
+    if thr then ffi.C.setenv("MU_FOREACH_THREADS", thr, 1) else ffi.C.unsetenv("MU_FOREACH_THREADS") end
+    t[j] = median_time(f, 5) / K
+  end
+  print(("  %8d elements: %8.1f %8.1f %8.1f us"):format(n, t[1] * 1e6, t[2] * 1e6, t[3] * 1e6))
+  sets = nil
+  collectgarbage()
 end
+ffi.C.unsetenv("MU_FOREACH_THREADS")
 
 -- torch comparison: the seed's _foreach sequence on the same shapes.
 local py = "/usr/bin/python3"

@@ -164,7 +164,7 @@ int main(void)
     ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "w.vec") && contains(mu_engine_error(eng), "no group"),
        "1-D parameter kept out of the Muon group by min_dim matches no group: %s", mu_engine_error(eng));
     ok(!contains(mu_last_error(), "host.lua:") &&
-           strncmp(mu_engine_error(eng), "mu_engine_add_param: parameter 'x.0'", 36) == 0,
+           strncmp(mu_engine_error(eng), "mu_engine_add_param: parameter 'w.vec'", 38) == 0,
        "messages do not start with the glue's position");
 
     rc = mu_engine_add_param(eng, "w.0", MU_F32, 2, s22, w, gw);
