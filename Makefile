@@ -111,6 +111,7 @@ install: all
 	for f in $$(cd lua && find muon -name '*.lua' | sort); do \
 	  install -D -m 644 "lua/$$f" "$$d/share/lua/5.1/$$f"; \
 	done; \
+	for f in configs/*.lua; do install -D -m 644 "$$f" "$$d/share/muon/$$f"; done; \
 	printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' 'libdir=$${exec_prefix}/lib' \
 	  'includedir=$${prefix}/include' 'luadir=$${prefix}/share/lua/5.1' '' \
 	  'Name: muon' 'Description: Muon optimizer engine (C core, LuaJIT configs and hooks)' \

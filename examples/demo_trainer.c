@@ -371,6 +371,7 @@ static int gradcheck(const dataset *train)
 typedef struct {
     int steps, batch, hidden, layers, emb, ctx, eval_every, print_every, eval_limit;
     uint64_t seed;
+    double lr_scale[2];
     const char *out, *words, *cfg[2];
 } options;
 
@@ -390,7 +391,7 @@ static int check(int rc, mu_engine *eng, const char *what)
     return 0;
 }
 
-static int train_run(const options *o, const dataset *train, const dataset *held, run_result *res)
+static int train_run(const options *o, const dataset *train, const dataset *held, run_result *res, int k)
 {
     model m;
     int maxb = o->batch > 1024 ? o->batch : 1024;
@@ -411,9 +412,12 @@ static int train_run(const options *o, const dataset *train, const dataset *held
     int64_t sh[2] = {V, m.hidden}, sbh[1] = {V};
     if (rc == MU_OK) rc = mu_engine_add_param(eng, "head.weight", MU_F32, 2, sh, m.Wh, m.dWh);
     if (rc == MU_OK) rc = mu_engine_add_param(eng, "head.bias", MU_F32, 1, sbh, m.bh, m.dbh);
+    if (rc == MU_OK && o->lr_scale[k] != 1.0) rc = mu_engine_set(eng, "lr_scale", o->lr_scale[k]);
     if (check(rc, eng, "mu_engine_add_param")) { mu_engine_close(eng); model_free(&m); return 1; }
 
-    printf("\n== %s (%s): %d steps, batch %d\n", res->label, res->config, o->steps, o->batch);
+    printf("\n== %s (%s", res->label, res->config);
+    if (o->lr_scale[k] != 1.0) printf(", lr_scale %g", o->lr_scale[k]);
+    printf("): %d steps, batch %d\n", o->steps, o->batch);
     rng_t r = {o->seed ^ 0x5eedULL};
     int64_t *idx = xcalloc((size_t)o->batch, sizeof(int64_t));
     double t0 = now_ms(), opt_ms = 0.0, window_ms = 0.0, window_loss = 0.0;
@@ -578,7 +582,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: demo_trainer [--steps N] [--batch B] [--hidden H] [--layers L] [--emb E]\n"
                "                    [--ctx C] [--seed S] [--out DIR] [--words FILE]\n"
-               "                    [--muon-config F] [--adamw-config F] [--gradcheck]\n");
+               "                    [--muon-config F] [--adamw-config F] [--muon-lr-scale X]\n"
+               "                    [--adamw-lr-scale X] [--eval-every N] [--print-every N] [--gradcheck]\n");
 }
 
 int main(int argc, char **argv)
@@ -587,7 +592,7 @@ int main(int argc, char **argv)
 
     options o = {.steps = 1000, .batch = 256, .hidden = 256, .layers = 2, .emb = 16, .ctx = 8,
                  .eval_every = 100, .print_every = 100, .eval_limit = 40000, .seed = 42,
-                 .out = "build/demo", .words = "/usr/share/dict/words",
+                 .lr_scale = {1.0, 1.0}, .out = "build/demo", .words = "/usr/share/dict/words",
                  .cfg = {"configs/muon.lua", "configs/adamw.lua"}};
     int do_gradcheck = 0;
     for (int i = 1; i < argc; i++) {
@@ -609,6 +614,8 @@ int main(int argc, char **argv)
         if (strcmp(a, "--words") == 0 && v) { o.words = v; i++; continue; }
         if (strcmp(a, "--muon-config") == 0 && v) { o.cfg[0] = v; i++; continue; }
         if (strcmp(a, "--adamw-config") == 0 && v) { o.cfg[1] = v; i++; continue; }
+        if (strcmp(a, "--muon-lr-scale") == 0 && v) { o.lr_scale[0] = atof(v); i++; continue; }
+        if (strcmp(a, "--adamw-lr-scale") == 0 && v) { o.lr_scale[1] = atof(v); i++; continue; }
         if (strcmp(a, "--gradcheck") == 0) { do_gradcheck = 1; continue; }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) { usage(stdout); return 0; }
         fprintf(stderr, "demo_trainer: unknown or incomplete option '%s'\n", a);
@@ -645,7 +652,7 @@ int main(int argc, char **argv)
             rs[k].train = xcalloc((size_t)o.steps, sizeof(double));
             rs[k].lr = xcalloc((size_t)o.steps, sizeof(double));
             rs[k].heldout = xcalloc((size_t)o.steps, sizeof(double));
-            status = train_run(&o, &train, &held, &rs[k]);
+            status = train_run(&o, &train, &held, &rs[k], k);
         }
         if (status == 0) {
             printf("\n%-7s %-20s %10s %10s %9s %9s %8s\n", "run", "config", "train", "held-out", "ms/step", "opt ms", "time s");

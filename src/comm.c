@@ -48,8 +48,10 @@ struct mu_comm_request {
     double t0;
 };
 
+#ifdef MU_HAVE_MPI
 static atomic_int mu__we_initialized = 0; /* this library called MPI_Init_thread */
-static atomic_int mu__finalized = 0;      /* mu_comm_finalize ran */
+#endif
+static atomic_int mu__finalized = 0; /* mu_comm_finalize ran */
 
 static double mu__now(void) {
     struct timespec ts;
@@ -205,6 +207,7 @@ MU_API int mu_comm_split(mu_comm *c, int color, int key, mu_comm **out) {
         return MU_OK;
     }
 #endif
+    MU__UNUSED(key);
     mu_comm *r = mu__new_single();
     if (!r) return mu__fail(MU_ENOMEM, "mu_comm_split: out of memory");
     mu__account(c, 0, 0, t0);

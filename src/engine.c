@@ -156,7 +156,26 @@ static int mu__search_up(const char *start, char *out, size_t cap)
 {
     char dir[PATH_MAX];
     char probe[PATH_MAX + 64];
-    if (!start || !realpath(start, dir)) return 0;
+    if (!start) return 0;
+    if (!realpath(start, dir)) {
+        /* /proc/self/exe of a binary replaced while running reads
+         * "<path> (deleted)": its directory still tells where we are */
+        ssize_t n = readlink(start, probe, sizeof probe - 1);
+        if (n <= 0) {
+            if (strlen(start) >= sizeof probe) return 0;
+            strcpy(probe, start);
+        } else {
+            probe[n] = '\0';
+        }
+        char *slash = strrchr(probe, '/');
+        if (!slash) return 0;
+        *slash = '\0';
+        char parent[PATH_MAX];
+        if (!realpath(probe[0] ? probe : "/", parent)) return 0;
+        snprintf(probe, sizeof probe, "%s/x", parent);
+        if (strlen(probe) >= sizeof dir) return 0;
+        strcpy(dir, probe);
+    }
     for (int level = 0; level < 4; level++) {
         char *slash = strrchr(dir, '/');
         if (!slash) return 0;
@@ -194,7 +213,7 @@ static void mu__lua_path(const char *explicit_dir, char *templ, size_t cap)
     } else {
         Dl_info info;
         int found = 0;
-        if (dladdr((void *)&mu_engine_open, &info) && info.dli_fname && info.dli_fname[0] == '/')
+        if (dladdr((void *)&mu_engine_open, &info) && info.dli_fname && info.dli_fname[0])
             found = mu__search_up(info.dli_fname, dir, sizeof dir);
         if (!found) found = mu__search_up("/proc/self/exe", dir, sizeof dir);
         if (!found) return;
@@ -364,6 +383,57 @@ int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
     return mu__call(eng, 5, 0, MU_EINVAL, "mu_engine_add_param");
 }
 
+int mu_engine_set_comm(mu_engine *eng, void *mpi_comm_ptr)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_set_comm: eng is NULL");
+    if (!mpi_comm_ptr) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_comm: mpi_comm_ptr is NULL");
+    mu__push_call(eng, "set_comm");
+    lua_pushlightuserdata(eng->L, mpi_comm_ptr);
+    return mu__call(eng, 1, 0, MU_ESTATE, "mu_engine_set_comm");
+}
+
+int mu_engine_add_param_sharded(mu_engine *eng, const char *name, int dtype, int ndim,
+                                const int64_t *global_shape, int naxes,
+                                const mu_placement *placements, void *local_data, void *local_grad)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_add_param_sharded: eng is NULL");
+    if (!name || !*name) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_add_param_sharded: name is NULL or empty");
+    if (ndim < 0 || ndim > MU_MAX_DIMS || (ndim > 0 && !global_shape))
+        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_add_param_sharded: parameter '%s': bad ndim %d or NULL shape",
+                         name, ndim);
+    for (int i = 0; i < ndim; i++)
+        if (global_shape[i] < 0)
+            return MU__EFAIL(eng, MU_EINVAL,
+                             "mu_engine_add_param_sharded: parameter '%s': global_shape[%d] is negative", name, i);
+    if (naxes < 0 || (naxes > 0 && !placements))
+        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_add_param_sharded: parameter '%s': bad naxes %d or NULL placements",
+                         name, naxes);
+    if (local_grad && local_grad == local_data)
+        return MU__EFAIL(eng, MU_EINVAL,
+                         "mu_engine_add_param_sharded: parameter '%s': grad is the same buffer as data", name);
+    lua_State *L = eng->L;
+    mu__push_call(eng, "add_param_sharded");
+    lua_pushstring(L, name);
+    lua_pushinteger(L, dtype);
+    lua_createtable(L, ndim, 0);
+    for (int i = 0; i < ndim; i++) {
+        lua_pushnumber(L, (lua_Number)global_shape[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_createtable(L, naxes, 0);
+    for (int i = 0; i < naxes; i++) {
+        lua_createtable(L, 2, 0);
+        lua_pushinteger(L, placements[i].kind);
+        lua_rawseti(L, -2, 1);
+        lua_pushinteger(L, placements[i].dim);
+        lua_rawseti(L, -2, 2);
+        lua_rawseti(L, -2, i + 1);
+    }
+    if (local_data) lua_pushlightuserdata(L, local_data); else lua_pushnil(L);
+    if (local_grad) lua_pushlightuserdata(L, local_grad); else lua_pushnil(L);
+    return mu__call(eng, 6, 0, MU_EINVAL, "mu_engine_add_param_sharded");
+}
+
 int mu_engine_step(mu_engine *eng)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_step: eng is NULL");
@@ -441,7 +511,8 @@ static int mu__script(const char *fn, const char *target, int argc, char **argv,
             lua_pushstring(L, argv[i]);
             lua_rawseti(L, -2, i + 1);
         }
-        st = lua_pcall(L, 2, 1, 1);
+        lua_pushboolean(L, (flags & MU_SCRIPT_TRUSTED) != 0);
+        st = lua_pcall(L, 3, 1, 1);
     }
     if (st != 0) {
         /* message + traceback into mu_last_error() */

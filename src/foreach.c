@@ -26,7 +26,9 @@
  * Threads: a call whose total element count reaches MU__FOREACH_MT_MIN runs
  * on up to the CPUs in the process affinity mask (capped at
  * MU__FOREACH_MAX_THREADS; the environment variable MU_FOREACH_THREADS
- * overrides the count, e.g. 1 for MPI ranks that fill the cores), spawning the extra threads per call (measured:
+ * overrides the count, e.g. 1 for MPI ranks that fill the cores, and
+ * MU_FOREACH_MT_MIN the threshold; MU_FOREACH_NOSIMD=1 selects the portable
+ * kernels, for tests), spawning the extra threads per call (measured:
  * ~25-50 us for one thread, small next to the >= 1 ms of such a pass) so no
  * pool, no global state and no idle threads that could steal cycles from
  * OpenBLAS. Each element is computed by the same code whatever the split, so
@@ -294,6 +296,22 @@ MU__AVX2 static void adamw_f64_avx2(double *p, const double *g, double *m, doubl
     for (; k < len; k++) adamw_f64(p, g, m, v, k, h);
 }
 
+MU__AVX2 static void scale_f32_avx2(float *x, int64_t len, float s)
+{
+    const __m256 vs = _mm256_set1_ps(s);
+    int64_t k = 0;
+    for (; k + 8 <= len; k += 8) _mm256_storeu_ps(x + k, _mm256_mul_ps(_mm256_loadu_ps(x + k), vs));
+    for (; k < len; k++) x[k] = x[k] * s;
+}
+
+MU__AVX2 static void scale_f64_avx2(double *x, int64_t len, double s)
+{
+    const __m256d vs = _mm256_set1_pd(s);
+    int64_t k = 0;
+    for (; k + 4 <= len; k += 4) _mm256_storeu_pd(x + k, _mm256_mul_pd(_mm256_loadu_pd(x + k), vs));
+    for (; k < len; k++) x[k] = x[k] * s;
+}
+
 MU__AVX2 static void triad_f32_avx2(float *d, const float *a, const float *b, int64_t len, float s)
 {
     const __m256 vs = _mm256_set1_ps(s);
@@ -395,9 +413,15 @@ static int segment(job *J, int i, int64_t k0, int64_t len)
         if (J->op == OP_SCALE) {
             if (f32) {
                 float *x = p, sf = (float)s;
+#if MU__X86
+                if (simd) { scale_f32_avx2(x, len, sf); break; }
+#endif
                 for (int64_t k = 0; k < len; k++) x[k] = x[k] * sf;
             } else {
                 double *x = p;
+#if MU__X86
+                if (simd) { scale_f64_avx2(x, len, s); break; }
+#endif
                 for (int64_t k = 0; k < len; k++) x[k] = x[k] * s;
             }
             break;
@@ -550,8 +574,12 @@ static void run_job(job *J)
 {
     J->total = 0;
     for (int i = 0; i < J->n; i++) J->total += mu_tensor_numel(J->a[i]);
-    J->use_simd = have_simd();
-    int want = J->nthreads > 0 ? J->nthreads : J->total >= MU__FOREACH_MT_MIN ? cpu_count() : 1;
+    const char *nosimd = getenv("MU_FOREACH_NOSIMD"); /* tests: the portable kernels */
+    J->use_simd = have_simd() && !(nosimd && *nosimd && *nosimd != '0');
+    int64_t mt_min = MU__FOREACH_MT_MIN;
+    const char *env = getenv("MU_FOREACH_MT_MIN"); /* benchmarks measure the threshold */
+    if (env && *env) mt_min = atoll(env);
+    int want = J->total >= mt_min ? cpu_count() : 1;
     pthread_t th[MU__FOREACH_MAX_THREADS];
     worker_arg args[MU__FOREACH_MAX_THREADS];
     int started = 0;
@@ -660,8 +688,9 @@ int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
     if (rc) return rc;
     if ((rc = finite_scalar("m1", m1)) || (rc = finite_scalar("m2", m2))) return rc;
     for (int i = 0; i < n; i++)
-        if (updates[i]->data == grads[i]->data || updates[i]->data == bufs[i]->data ||
-            (updates[i]->data == new_bufs[i]->data && mu_tensor_numel(updates[i]) > 0))
+        if (mu_tensor_numel(updates[i]) > 0 &&
+            (updates[i]->data == grads[i]->data || updates[i]->data == bufs[i]->data ||
+             updates[i]->data == new_bufs[i]->data))
             return mu__fail(MU_EINVAL, "updates[%d] aliases an input or new_bufs[%d]", i, i);
     job J;
     job_init(&J, OP_MOMENTUM, n, dtype);
@@ -777,7 +806,7 @@ static int check_batch(int n, mu_tensor *const *ts, const char *tname, const mu_
     if (rc) return rc;
     if (!batch) return mu__fail(MU_EINVAL, "%s is NULL", bname);
     if (n > 0 && batch->scalar != dtype)
-        return mu__fail(MU_EDTYPE, "%s has dtype %s but %s[0] has %s", bname,
+        return mu__fail(MU_EDTYPE, "%s has dtype %s but the %s are %s", bname,
                         batch->scalar == MU_F64 ? "float64" : "float32", tname,
                         dtype == MU_F64 ? "float64" : "float32");
     if (!mu_tensor_is_contiguous(batch))

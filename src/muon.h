@@ -181,7 +181,9 @@ typedef struct mu_ns_opts {
 typedef struct mu_ns_workspace mu_ns_workspace;
 
 /* Workspace for matrices of up to rows x cols (either orientation), reused
- * across calls so the step loop never allocates. */
+ * across calls so the step loop never allocates. One call at a time per
+ * workspace: a batch of small matrices adds one buffer set per BLAS thread
+ * on first use (the batch runs one single-threaded BLAS worker per core). */
 MU_API int mu_ns_workspace_new(int dtype, int64_t rows, int64_t cols, mu_ns_workspace **out);
 MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
 
@@ -201,34 +203,47 @@ MU_API int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, do
 
 /* ------------------------------------------------- fused multi-tensor ops */
 
+/* All mu_foreach_* calls take arrays of n contiguous tensors of one dtype
+ * (MU_F32 or MU_F64; else MU_EDTYPE, non-contiguous MU_EINVAL); tensors of
+ * index i have the same numel (else MU_ESHAPE naming the index). Everything
+ * is validated before any memory is touched. Tensors of one index are the
+ * same memory or disjoint (partial overlap is MU_EINVAL). Float32 results
+ * reproduce the rounding of the torch sequences they replace (see
+ * src/foreach.c); results do not depend on the thread count. Large calls
+ * run on the process's CPUs (env MU_FOREACH_THREADS overrides). */
+
 /* Muon momentum as the seed: u = g + m1*buf; buf' = m2*buf + g;
- * nesterov: u = m1*u + g. Reads grads/bufs, writes new_bufs and updates
- * (new_bufs may alias bufs for an in-place update; updates must not alias
- * the inputs). All tensors of index i have the same numel. */
+ * nesterov: u = m1*u + g (float32: u = fma(m1, buf, g) as torch's
+ * add(alpha=), then separately rounded products and sums). Reads
+ * grads/bufs, writes new_bufs and updates (new_bufs may alias bufs for an
+ * in-place update; updates must not alias the others). */
 MU_API int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
                                mu_tensor *const *new_bufs, mu_tensor *const *updates,
                                double m1, double m2, int nesterov);
 
-/* Decoupled decay + apply: p = p * decay + (alpha * scales[i]) * update
- * (scales NULL means 1). updates[i] has params[i]'s numel. */
+/* Decoupled decay + apply: p = fma(alpha, update * scales[i], p * decay),
+ * i.e. the seed's update.mul_(s); p.mul_(decay); p.add_(update, alpha=)
+ * in one pass without writing update (scales NULL means 1). */
 MU_API int mu_foreach_apply(int n, mu_tensor *const *params, mu_tensor *const *updates,
                             const double *scales, double decay, double alpha);
 
 /* x *= scales[i] (or scale when scales is NULL). */
 MU_API int mu_foreach_scale(int n, mu_tensor *const *xs, const double *scales, double scale);
 
-/* torch.optim.AdamW (bias-corrected, decoupled decay), step >= 1. */
+/* torch.optim.AdamW (bias-corrected, decoupled decay), step >= 1 (the
+ * step number after incrementing); 0 <= beta < 1. */
 MU_API int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *grads,
                             mu_tensor *const *exp_avgs, mu_tensor *const *exp_avg_sqs,
                             double lr, double beta1, double beta2, double eps,
                             double weight_decay, int64_t step);
 
 /* 1 if every element of every tensor is finite; else 0 and *bad is the
- * index of the first tensor holding NaN/Inf. */
+ * index of the first tensor holding NaN/Inf (negative on a bad argument). */
 MU_API int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad);
 
 /* Copy each src[i] into dst at element offset offsets[i] (pack), or back
- * (unpack). dst/src batch buffers are contiguous. */
+ * (unpack). dst/src batch buffers are contiguous, of the tensors' dtype;
+ * offsets[i] + numel must fit (else MU_ESHAPE). */
 MU_API int mu_foreach_pack(int n, mu_tensor *const *srcs, mu_tensor *dst, const int64_t *offsets);
 MU_API int mu_foreach_unpack(int n, const mu_tensor *src, mu_tensor *const *dsts,
                              const int64_t *offsets);
@@ -300,6 +315,7 @@ MU_API void mu_comm_abort(int code);
  * (OMPI_COMM_WORLD_SIZE / PMI_SIZE), else 1. Does not initialize MPI. */
 MU_API int mu_comm_world_size(void);
 
+
 /* --------------------------------------------------------------- engine */
 
 /*
@@ -367,8 +383,9 @@ MU_API void mu_engine_close(mu_engine *eng);
  * and the message and traceback are in mu_last_error()). With flags
  * MU_SCRIPT_MPI: on error print the message to stderr and abort the MPI job
  * if it runs more than one rank (mu_comm_abort), and finalize MPI at the end
- * (mu_comm_finalize). */
-enum { MU_SCRIPT_MPI = 1 };
+ * (mu_comm_finalize). With MU_SCRIPT_TRUSTED, engines the script opens load
+ * their configs with full Lua unless it passes { trusted = false }. */
+enum { MU_SCRIPT_MPI = 1, MU_SCRIPT_TRUSTED = 2 };
 MU_API int mu_script_run(const char *path, int argc, char **argv, int flags, int *status);
 MU_API int mu_script_run_module(const char *module, int argc, char **argv, int flags, int *status);
 
@@ -378,6 +395,31 @@ MU_API int mu_script_run_module(const char *module, int argc, char **argv, int f
  * guarded by MUON_BLAS_REEXEC). Returns MU_OK when nothing needed doing (or
  * the re-exec failed: the program continues on the slower core). */
 MU_API int mu_blas_fix_core(char **argv);
+
+/* ------------------------------------------------- distributed engines */
+
+/* For a config with dist = { mesh = {...} } (see lua/muon/dist.lua). */
+enum { MU_REPLICATE = 0, MU_SHARD = 1 };
+/* Placement of a parameter on one mesh axis: MU_REPLICATE, or MU_SHARD
+ * along tensor dim `dim` (0-based); local shards follow torch.chunk. */
+typedef struct mu_placement {
+    int kind;
+    int dim;
+} mu_placement;
+/* Use the caller's communicator (mpi_comm_ptr points at an MPI_Comm; the
+ * engine keeps a duplicate) instead of MPI_COMM_WORLD. Call it before the
+ * first mu_engine_add_param*. */
+MU_API int mu_engine_set_comm(mu_engine *eng, void *mpi_comm_ptr);
+/* Register this rank's shard of a parameter of global shape global_shape,
+ * with one placement per mesh axis (naxes = the mesh's axes). local_data and
+ * local_grad hold the local shard (C order, its torch.chunk shape).
+ * local_data may be NULL when the local shard is empty; local_grad NULL
+ * means "no gradient" and must be so on every rank (for an empty shard of a
+ * parameter with a gradient pass any non-NULL pointer; it is not read). */
+MU_API int mu_engine_add_param_sharded(mu_engine *eng, const char *name, int dtype, int ndim,
+                                       const int64_t *global_shape, int naxes,
+                                       const mu_placement *placements, void *local_data,
+                                       void *local_grad);
 
 #ifndef MU_FFI_CDEF
 #ifdef __cplusplus

@@ -201,32 +201,35 @@ void mu_ns_workspace_free(mu_ns_workspace *ws)
  * large finite float64 values do not overflow. */
 static int ns_norm(int dt, const void *p, int64_t len, double *norm)
 {
-    double ss = 0.0, amax = 0.0;
+    double acc[8] = {0}, ss = 0.0;
+    int64_t i = 0, main = len & ~(int64_t)7;
     if (dt == MU_F32) {
         const float *x = p;
-        for (int64_t i = 0; i < len; i++) {
-            double v = x[i];
-            ss += v * v;
-        }
+        for (; i < main; i += 8)
+            for (int k = 0; k < 8; k++) acc[k] += (double)x[i + k] * x[i + k];
+        for (; i < len; i++) ss += (double)x[i] * x[i];
+        for (int k = 0; k < 8; k++) ss += acc[k];
         if (!isfinite(ss)) return 0; /* float32 squares cannot overflow a double */
         *norm = sqrt(ss);
         return 1;
     }
     const double *x = p;
-    int bad = 0;
-    for (int64_t i = 0; i < len; i++) {
-        double v = x[i];
-        bad |= !isfinite(v);
-        ss += v * v;
-    }
-    if (bad) return 0;
+    for (; i < main; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += x[i + k] * x[i + k];
+    for (; i < len; i++) ss += x[i] * x[i];
+    for (int k = 0; k < 8; k++) ss += acc[k];
     if (isfinite(ss)) {
         *norm = sqrt(ss);
         return 1;
     }
-    for (int64_t i = 0; i < len; i++) amax = fmax(amax, fabs(x[i]));
+    /* NaN/Inf, or finite values whose squares overflow: rescale by max|x|. */
+    double amax = 0.0;
+    for (i = 0; i < len; i++) {
+        if (!isfinite(x[i])) return 0;
+        amax = fmax(amax, fabs(x[i]));
+    }
     ss = 0.0;
-    for (int64_t i = 0; i < len; i++) {
+    for (i = 0; i < len; i++) {
         double v = x[i] / amax;
         ss += v * v;
     }
@@ -337,7 +340,8 @@ typedef struct ns_job {
     char *out;
     int64_t bytes_per; /* bytes per matrix */
     const mu_ns_opts *opts;
-    int inplace; /* out aliases in */
+    int inplace;         /* out aliases in */
+    const double *norms; /* per-matrix norms from the check pass, or NULL */
 } ns_job;
 
 /* Orthogonalize matrix `i` of the job with workspace slot s. The input is
@@ -352,7 +356,8 @@ static void ns_one(const ns_job *job, const mu__ns_slot *s, int64_t i)
     const mu_ns_opts *o = job->opts;
 
     double norm = 0.0;
-    ns_norm(dt, src, len, &norm);
+    if (job->norms) norm = job->norms[i];
+    else ns_norm(dt, src, len, &norm);
     if (norm == 0.0) { /* zero in, zero out (eps > 0 was checked) */
         memset(dst, 0, (size_t)len * es);
         return;
@@ -497,7 +502,10 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
     if (ib != (const char *)ob && ib < ob + total && ob < ib + total)
         return mu__fail(MU_EINVAL, "ns: out partially overlaps the input");
 
-    /* Validate everything before writing anything. */
+    /* Validate everything before writing anything (norms kept for small
+     * batches, recomputed otherwise). */
+    enum { NORMS_KEPT = 128 };
+    double norms[NORMS_KEPT];
     for (int64_t i = 0; i < batch; i++) {
         double norm;
         if (!ns_norm(dt, ib + i * len * (int64_t)es, len, &norm))
@@ -506,6 +514,7 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
         if (norm == 0.0 && opts->eps == 0.0)
             return mu__fail(MU_EINVAL, "ns: input matrix %lld (0-based batch index) is all zeros "
                             "and eps = 0 (division by zero)", (long long)i);
+        if (i < NORMS_KEPT) norms[i] = norm;
     }
 
     mu_ns_workspace *own = NULL;
@@ -524,7 +533,8 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
                         (long long)rows, (long long)cols);
     }
 
-    ns_job job = {dt, rows, cols, ib, ob, len * (int64_t)es, opts, ib == (const char *)ob};
+    ns_job job = {dt,   rows, cols, ib, ob, len * (int64_t)es, opts, ib == (const char *)ob,
+                  batch <= NORMS_KEPT ? norms : NULL};
 
     int threads = openblas_get_num_threads();
     if (threads > MU__NS_MAX_SLOTS) threads = MU__NS_MAX_SLOTS;

@@ -178,6 +178,11 @@ describe("foreach.momentum", function()
     ok, err = pcall(F.momentum, nc, bufs, nil, ups, 0.9, 0.9, true)
     assert.is_false(ok)
     assert.matches("not contiguous", err)
+    local mixed = clones(grads)
+    mixed[2] = mixed[2]:clone("float64")
+    ok, err = pcall(F.momentum, mixed, bufs, nil, ups, 0.9, 0.9, true)
+    assert.is_false(ok)
+    assert.matches("grads%[2%] is float64 but grads%[1%] is float32", err)
     ok, err = pcall(F.momentum, grads, bufs, nil, ups, 0.9, 0.9, nil)
     assert.is_false(ok)
     assert.matches("nesterov must be a boolean", err)
@@ -478,8 +483,18 @@ describe("foreach.pack / unpack", function()
 end)
 
 describe("foreach threading", function()
-  -- Calls of >= 65536 elements run on several threads; chunks of 30000
-  -- elements (narrow views) run on one. Results must be bitwise equal.
+  -- With MU_FOREACH_MT_MIN=65536 and MU_FOREACH_THREADS=3 (an uneven split),
+  -- calls of >= 65536 elements run on 3 threads; chunks of 30000 elements
+  -- (narrow views) run on one. Results must be bitwise equal.
+  -- (core.lua declares setenv; an empty value means unset to the C side.)
+  before_each(function()
+    ffi.C.setenv("MU_FOREACH_MT_MIN", "65536", 1)
+    ffi.C.setenv("MU_FOREACH_THREADS", "3", 1)
+  end)
+  after_each(function()
+    ffi.C.setenv("MU_FOREACH_MT_MIN", "", 1)
+    ffi.C.setenv("MU_FOREACH_THREADS", "", 1)
+  end)
   local N = 333333
   local function chunks(t)
     local out, s = {}, 1
@@ -534,6 +549,39 @@ describe("foreach threading", function()
     local m = f32(0.95)
     for k = 0, N - 1, 7 do
       assert(up[k] == fmaf(m, bp[k], gp[k]), "element " .. k)
+    end
+  end)
+end)
+
+describe("foreach portable kernels", function()
+  -- MU_FOREACH_NOSIMD=1 selects the scalar kernels (libm fmaf/fma), used on
+  -- CPUs without AVX2+FMA: they must give the same bits as the vector ones.
+  after_each(function() ffi.C.setenv("MU_FOREACH_NOSIMD", "", 1) end)
+
+  it("momentum, apply, adamw, scale and all_finite equal the vector kernels bitwise", function()
+    for _, dt in ipairs({ "float32", "float64" }) do
+      local res = {}
+      for pass, flag in ipairs({ "", "1" }) do
+        ffi.C.setenv("MU_FOREACH_NOSIMD", flag, 1)
+        local grads, bufs, params = rand_list(80, dt), rand_list(81, dt), rand_list(82, dt)
+        local ups = zeros_like(grads)
+        F.momentum(grads, bufs, nil, ups, 0.9, 0.8, true)
+        F.apply(params, ups, { 1, 2, 3, 4, 5, 6 }, 0.99, -0.1)
+        local m, v = zeros_like(params), zeros_like(params)
+        for step = 1, 3 do
+          F.adamw(params, grads, m, v, { lr = 0.01, beta1 = 0.9, beta2 = 0.95, weight_decay = 0.1, step = step })
+          F.adamw(params, ups, m, v, { lr = 0.01, beta1 = 0.3, beta2 = 0.95, weight_decay = 0.1, step = step })
+        end
+        F.scale(ups, 0.7)
+        grads[4]:set(0 / 0, 1)
+        local ok, bad = F.all_finite(grads)
+        assert.is_false(ok)
+        assert.are.equal(4, bad)
+        res[pass] = { ups, bufs, params, m, v }
+      end
+      for k = 1, 5 do
+        for i = 1, #SHAPES do H.assert_equal_bits(res[1][k][i], res[2][k][i], dt .. " result " .. k) end
+      end
     end
   end)
 end)

@@ -247,6 +247,20 @@ describe("ns shapes", function()
     end
   end)
 
+  it("the threaded batch path is deterministic (no races between BLAS workers)", function()
+    -- 24 matrices spread over single-threaded OpenBLAS calls on all cores;
+    -- a shared-buffer race would show as a large or varying difference.
+    local x = T.randn({ 24, 40, 72 }, 39)
+    local first = ns.zeropower(x)
+    for _ = 1, 4 do H.assert_equal_bits(ns.zeropower(x), first, "repeat") end
+    local t = ns.zeropower(x:transpose(2, 3)) -- tall batch, ColMajor path
+    for i = 1, 24, 5 do
+      H.assert_close(first:select(1, i), ns.zeropower(x:select(1, i)), 1e-6, "item " .. i)
+      H.assert_close(t:select(1, i), ns.zeropower(x:select(1, i):transpose(1, 2)), 1e-6, "tall item " .. i)
+      H.assert_close(t:select(1, i):transpose(1, 2), first:select(1, i), 1e-6, "tall = wide^T, item " .. i)
+    end
+  end)
+
   it("tall batch in float64 matches the Lua reference", function()
     local x = T.randn({ 2, 9, 4 }, 32, "float64")
     local y = ns.zeropower(x, { variant = "legacy" })

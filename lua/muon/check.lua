@@ -3,8 +3,9 @@
 -- without training anything (engine.check builds a dry engine).
 local check = {}
 
-local USAGE = "usage: muon check CONFIG.lua --params SHAPES.txt\n"
+local USAGE = "usage: muon check [--trust] CONFIG.lua --params SHAPES.txt\n"
   .. "  SHAPES.txt: one parameter per line, 'name dim1 dim2 ...' ('#' starts a comment)\n"
+  .. "  --trust: run the config with full Lua (io, os, require); default: sandboxed\n"
 
 -- Parse a shapes file: returns list of { name=, shape={...} } or nil, err.
 function check.read_shapes(path)
@@ -97,32 +98,44 @@ function check.format_table(header, rows)
 end
 
 -- Runs the check; returns text for stdout and the list of problems.
-function check.run(config_path, shapes_path)
+function check.run(config_path, shapes_path, opts)
   local shapes, problems = check.read_shapes(shapes_path)
   if not shapes then return "", { problems } end
   local engine = require("muon.engine")
-  local ok, rows, more = pcall(engine.check, config_path, shapes)
+  local okc, err = pcall(engine.new, config_path, opts)
+  if not okc then -- the config itself is broken: no table
+    problems[#problems + 1] = tostring(err)
+    return "", problems
+  end
+  local ok, rows, more = pcall(engine.check, config_path, shapes, opts)
   if not ok then
     problems[#problems + 1] = tostring(rows)
     return "", problems
   end
   for _, p in ipairs(more or {}) do problems[#problems + 1] = p end
+  local by_name = {}
+  for _, r in ipairs(rows or {}) do by_name[r.name] = r end
   local cells = {}
-  for _, r in ipairs(rows or {}) do
+  for _, s in ipairs(shapes) do
     local dims = {}
-    for i, d in ipairs(r.shape or {}) do dims[i] = tostring(d) end
-    local group = r.group and tostring(r.group) or "-"
-    if r.group_name then group = group .. " (" .. r.group_name .. ")" end
-    cells[#cells + 1] = {
-      r.name, table.concat(dims, "x"), group, r.optimizer or "-", check.format_options(r.options),
-    }
+    for i, d in ipairs(s.shape) do dims[i] = tostring(d) end
+    local r = by_name[s.name]
+    if r then
+      local group = r.group and tostring(r.group) or "-"
+      if r.group_name then group = group .. " (" .. r.group_name .. ")" end
+      cells[#cells + 1] = {
+        r.name, table.concat(dims, "x"), group, r.optimizer or "-", check.format_options(r.options),
+      }
+    else
+      cells[#cells + 1] = { s.name, table.concat(dims, "x"), "-", "-", "(not registered: see problems)" }
+    end
   end
   local text = check.format_table({ "parameter", "shape", "group", "optimizer", "options" }, cells)
   return text, problems
 end
 
 function check.main(args)
-  local config, params
+  local config, params, trusted
   local i = 1
   while i <= #args do
     local a = args[i]
@@ -135,6 +148,9 @@ function check.main(args)
       i = i + 2
     elseif a:match("^%-%-params=") then
       params = a:sub(10)
+      i = i + 1
+    elseif a == "--trust" then
+      trusted = true
       i = i + 1
     elseif a == "-h" or a == "--help" then
       io.write(USAGE)
@@ -154,7 +170,7 @@ function check.main(args)
     io.stderr:write("muon check: " .. (config and "missing --params SHAPES.txt" or "missing CONFIG.lua") .. "\n" .. USAGE)
     return 2
   end
-  local text, problems = check.run(config, params)
+  local text, problems = check.run(config, params, trusted and { trusted = true } or nil)
   io.write(text)
   if #problems == 0 then
     io.write("no problems found\n")

@@ -399,9 +399,9 @@ function D.hash(s)
 end
 
 function D.describe_record(r)
-  return ("'%s' shape {%s} placement %s group %s%s%s"):format(r.name, table.concat(r.shape, ","),
+  return ("'%s' shape {%s} placement %s group %s%s%s%s"):format(r.name, table.concat(r.shape, ","),
     D.placement_string(r.placement), tostring(r.group or 1), r.muon and " muon" or " elementwise",
-    r.has_grad and "" or " no-grad")
+    r.has_grad and "" or " no-grad", r.dtype and (" " .. r.dtype) or "")
 end
 
 -- Collective over comm: all ranks check they registered the same records

@@ -13,6 +13,8 @@ local is_tensor = T.is_tensor
 
 local F = {}
 
+local DT = { [0] = "float32", [1] = "float64" }
+
 local ptr_arr = ffi.typeof("mu_tensor *[?]")
 local dbl_arr = ffi.typeof("double[?]")
 local i64_arr = ffi.typeof("int64_t[?]")
@@ -37,17 +39,21 @@ local function tensors(slot, list, what, level)
   end
   local len = #list
   local arr = slot_array(slot, ptr_arr, len)
+  local dt
   for i = 1, len do
     local t = list[i]
     if not is_tensor(t) then
       error(("%s[%d] is not a tensor (%s)"):format(what, i, type(t)), level + 1)
     end
+    dt = dt or t.scalar
+    if t.scalar ~= dt then
+      error(("%s[%d] is %s but %s[1] is %s (one dtype per call)"):format(what, i,
+        tostring(DT[t.scalar]), what, tostring(DT[dt])), level + 1)
+    end
     arr[i - 1] = t
   end
   return arr, len
 end
-
-local DT = { [0] = "float32", [1] = "float64" }
 
 -- Per-index numel and dtype agreement, with 1-based names (the C side checks
 -- again, with 0-based indices, before touching memory).

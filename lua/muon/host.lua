@@ -37,6 +37,46 @@ function host.add_param(eng, name, dtype_code, shape, data, grad)
   eng:add_param(name, value, g)
 end
 
+-- mu_engine_set_comm: a caller's MPI communicator for a distributed config.
+function host.set_comm(eng, ptr)
+  if not eng.dist then raise("ESTATE", "set_comm: the config has no dist section") end
+  eng.dist:set_comm(require("muon.comm").from_handle(ptr))
+end
+
+-- mu_engine_add_param_sharded: placements = { {kind, dim0}, ... } per mesh
+-- axis; the buffers hold this rank's shard (data may be NULL when the shard
+-- is empty; grad NULL means no gradient, on every rank alike).
+function host.add_param_sharded(eng, name, dtype_code, shape, placements, data, grad)
+  local T = require("muon.tensor")
+  local dtype = DTYPE_BY_CODE[dtype_code]
+  if not dtype then raise("EDTYPE", "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
+  if not eng.dist then raise("ESTATE", "add_param_sharded: parameter '" .. name .. "': the config has no dist section") end
+  local pl = { shape = shape }
+  for i, p in ipairs(placements) do
+    if p[1] == 0 then pl[i] = "R"
+    elseif p[1] == 1 then
+      if p[2] < 0 or p[2] >= #shape then
+        raise("EINVAL", ("parameter '%s': placements[%d] shards dim %d (0-based) of a %d-D tensor"):format(name, i - 1, p[2], #shape))
+      end
+      pl[i] = { "shard", p[2] + 1 }
+    else raise("EINVAL", ("parameter '%s': placements[%d].kind %d is not MU_REPLICATE or MU_SHARD"):format(name, i - 1, p[1])) end
+  end
+  local local_shape = eng.dist:local_shape_of(name, shape, pl)
+  local n = 1
+  for _, x in ipairs(local_shape) do n = n * x end
+  local function wrap(ptr, what)
+    if ptr == nil then
+      if n > 0 then raise("EINVAL", ("parameter '%s': %s is NULL but the local shard has %d elements"):format(name, what, n)) end
+      return T.zeros(local_shape, dtype)
+    end
+    return T.wrap(ffi.cast(PTR_TYPE[dtype], ptr), local_shape, dtype)
+  end
+  local value = wrap(data, "local_data")
+  local g = nil
+  if grad ~= nil then g = wrap(grad, "local_grad") end
+  eng:add_param(name, value, g, pl)
+end
+
 function host.step(eng) eng:step() end
 
 function host.set(eng, key, value) eng:set(key, value) end
@@ -56,7 +96,20 @@ function host.load(eng, path) eng:load(path) end
 -- `muon run script.lua args...`: arg = { [0] = script, args... } as in the
 -- standalone interpreter; the chunk also gets the args as `...`. A numeric
 -- return value is the exit status.
-function host.run_script(path, args)
+-- trusted: engines opened by the script default to trusted configs.
+local function trust_configs()
+  local engine = require("muon.engine")
+  local new = engine.new
+  engine.new = function(cfg, opts)
+    local o = {}
+    for k, v in pairs(opts or {}) do o[k] = v end
+    if o.trusted == nil then o.trusted = true end
+    return new(cfg, o)
+  end
+end
+
+function host.run_script(path, args, trusted)
+  if trusted then trust_configs() end
   local chunk, err = loadfile(path)
   if not chunk then error(err, 0) end
   local a = { [0] = path }
@@ -69,7 +122,8 @@ function host.run_script(path, args)
 end
 
 -- "module" calls require(module).main(args); "module:fn" calls .fn(args).
-function host.run_module(target, args)
+function host.run_module(target, args, trusted)
+  if trusted then trust_configs() end
   local mod, fn = target:match("^([^:]+):([%w_]+)$")
   if not mod then mod, fn = target, "main" end
   local m = require(mod)

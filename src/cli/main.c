@@ -17,9 +17,11 @@ static const char usage_text[] =
     "usage: muon <command> [args]\n"
     "\n"
     "commands:\n"
-    "  run SCRIPT.lua [ARGS...]             run a Lua script with the muon modules on\n"
-    "                                       package.path (arg[1..] = ARGS); works under mpirun\n"
-    "  check CONFIG.lua --params SHAPES     print which parameter lands in which group,\n"
+    "  run [--trust] SCRIPT.lua [ARGS...]   run a Lua script with the muon modules on\n"
+    "                                       package.path (arg[1..] = ARGS); works under mpirun;\n"
+    "                                       --trust: configs it opens run with full Lua\n"
+    "  check [--trust] CONFIG.lua --params SHAPES\n"
+    "                                       print which parameter lands in which group,\n"
     "                                       with optimizer and options, and every problem;\n"
     "                                       SHAPES has lines 'name dim1 dim2 ...'; exit 1 on problems\n"
     "  info                                 version, BLAS core and threads, MPI availability\n"
@@ -66,10 +68,16 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "run") == 0) {
-        if (argc < 3) return usage_error("%s", "run: missing script");
-        if (argv[2][0] == '-' && argv[2][1] != '\0')
-            return usage_error("run: unknown option '%s' (options go after the script)", argv[2]);
-        int rc = mu_script_run(argv[2], argc - 3, argv + 3, MU_SCRIPT_MPI, &status);
+        int first = 2, flags = MU_SCRIPT_MPI;
+        if (argc > first && strcmp(argv[first], "--trust") == 0) {
+            flags |= MU_SCRIPT_TRUSTED;
+            first++;
+        }
+        if (argc <= first) return usage_error("%s", "run: missing script");
+        if (argv[first][0] == '-')
+            return usage_error("run: unknown option '%s' (the script's options go after the script)",
+                               argv[first]);
+        int rc = mu_script_run(argv[first], argc - first - 1, argv + first + 1, flags, &status);
         return report(rc, status, 1);
     }
     if (strcmp(cmd, "check") == 0) {

@@ -123,3 +123,19 @@ end
 print("GFLOP/s: plain-gemm flops (steps x (4 n^2 m + 2 n^3), n = smaller dim) / symmetric time;")
 print("sgemm ms: those flops at this run's standalone sgemm rate ((n x n)(n x m) product).")
 if not torch then print("torch: unavailable (" .. tostring(why) .. ")") end
+
+-- Targets (issue 3): symmetric >= 1.25x plain on the big/batched shapes,
+-- >= 1.4x faster than the seed's torch function on every shape.
+local sym_ok, sym_bad, torch_bad = true, {}, {}
+for _, row in ipairs(rows) do
+  local big = ({ ["2048x2048"] = true, ["4096x4096"] = true, ["12x768x768"] = true })[row.s]
+  if big and row.plain / row.sym < 1.25 then sym_ok = false; sym_bad[#sym_bad + 1] = row.s end
+  local t = torch and torch[row.s]
+  if t and t / (row.sym * 1e3) < 1.4 then torch_bad[#torch_bad + 1] = row.s end
+end
+print(("target plain/sym >= 1.25 (2048^2, 4096^2, 12x768^2): %s"):format(
+  sym_ok and "met" or ("NOT met on " .. table.concat(sym_bad, ", "))))
+if torch then
+  print(("target torch/us >= 1.4 (every shape): %s"):format(
+    #torch_bad == 0 and "met" or ("NOT met on " .. table.concat(torch_bad, ", "))))
+end

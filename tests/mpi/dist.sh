@@ -6,15 +6,46 @@
 S=tests/mpi/dist_check.lua
 for m in "1 1 1" "2 1 2" "2 2 1" "3 1 3" "3 3 1" "4 1 4" "4 4 1" "4 2 2"; do
   set -- $m
-  mpi_case "dist np=$1 mesh ${2}x${3}" "$1" luajit $S equal "$2" "$3"
+  mpi_case "dist np=$1 mesh ${2}x${3}" "$1" $RUN $S equal "$2" "$3"
 done
 ck=$(mktemp -d)
-mpi_case "dist np=4 mesh 2x2 save" 4 luajit $S save 2 2 "$ck/opt.safetensors"
-mpi_case "dist np=2 mesh 1x2 resume from np=4" 2 luajit $S resume 1 2 "$ck/opt.safetensors"
-mpi_case "dist np=1 resume from np=4" 1 luajit $S resume 1 1 "$ck/opt.safetensors"
-mpi_case "dist np=3 mesh 3x1 resume from np=4" 3 luajit $S resume 3 1 "$ck/opt.safetensors"
+mpi_case "dist np=4 mesh 2x2 save" 4 $RUN $S save 2 2 "$ck/opt.safetensors"
+mpi_case "dist np=2 mesh 1x2 resume from np=4" 2 $RUN $S resume 1 2 "$ck/opt.safetensors"
+mpi_case "dist np=1 resume from np=4" 1 $RUN $S resume 1 1 "$ck/opt.safetensors"
+mpi_case "dist np=3 mesh 3x1 resume from np=4" 3 $RUN $S resume 3 1 "$ck/opt.safetensors"
 rm -rf "$ck"
-mpi_case "dist np=3 different shape" 3 luajit $S shape 1 3
-mpi_case "dist np=4 hook raises on owner" 4 luajit $S hook 2 2
-mpi_case "dist np=2 post_update raises on rank 1" 2 luajit $S posthook 1 2
+mpi_case "dist np=3 different shape" 3 $RUN $S shape 1 3
+mpi_case "dist np=4 hook raises on owner" 4 $RUN $S hook 2 2
+mpi_case "dist np=2 post_update raises on rank 1" 2 $RUN $S posthook 1 2
+for m in "1 1 1" "3 3 1" "4 2 2"; do
+  set -- $m
+  mpi_case "engine np=$1 mesh ${2}x${3}" "$1" $RUN $S engine "$2" "$3"
+done
+if [ -x "$ROOT/build/muon" ]; then
+  # The example prints the same losses at any world size.
+  ex=$(mktemp -d)
+  for np in 1 4; do
+    (cd "$ROOT" && timeout -k 10 150 mpirun --timeout 120 --stdin none -np $np build/muon run examples/dist_hsdp.lua "$ex/ck$np.safetensors" </dev/null >"$ex/out$np" 2>&1)
+  done
+  # safetensors: 8-byte header length, JSON header (key order may differ), tensor bytes.
+  data_of() { local n; n=$(od -An -t u8 -N 8 "$1" | tr -d ' '); tail -c +$((n + 9)) "$1"; }
+  if grep -q "^step 30" "$ex/out1" && [ "$(grep '^step' "$ex/out1")" = "$(grep '^step' "$ex/out4")" ] \
+     && cmp -s <(data_of "$ex/ck1.safetensors") <(data_of "$ex/ck4.safetensors"); then
+    tap ok "examples/dist_hsdp.lua: same losses and identical checkpoint tensor bytes at np=1 and np=4"
+  else
+    tap fail "examples/dist_hsdp.lua: np=1 and np=4 differ"
+    diff "$ex/out1" "$ex/out4" | head -10 | sed 's/^/# /'
+  fi
+  rm -rf "$ex"
+  # An uncaught Lua error on one rank aborts the whole job (no hang).
+  t0=$(date +%s)
+  (cd "$ROOT" && timeout -k 10 150 mpirun --timeout 120 --stdin none -np 3 build/muon run tests/mpi/abort_check.lua </dev/null >/dev/null 2>&1)
+  rc=$?
+  t1=$(date +%s)
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ $((t1 - t0)) -lt 60 ]; then
+    tap ok "abort: an error on rank 1 of 3 ends the job (exit $rc, $((t1 - t0)) s)"
+  else
+    tap fail "abort: exit $rc after $((t1 - t0)) s"
+  fi
+fi
 [ "$FAILS" -eq 0 ]

@@ -31,6 +31,7 @@ local PARAMS = {
   { "w2d_t", { 5, 11 }, { "S(2)", "S(1)" }, 2 },
   { "nested", { 13, 3 }, { "S(1)", "S(1)" }, 1 },  -- two axes shard the same dim
   { "nograd", { 4, 4 }, { "R", "S(1)" }, 1, nograd = true },
+  { "w_f64", { 6, 5 }, { "R", "S(2)" }, 4, dtype = "float64" },   -- a float64 group
   { "embed", { 9, 4 }, { "R", "S(2)" }, 3 },       -- AdamW, sharded
   { "bias", { 10 }, { "R", "S(1)" }, 3 },          -- AdamW, 1-D
 }
@@ -48,6 +49,7 @@ local function groups(hooks)
     { optimizer = "muon", lr = 0.05, weight_decay = 0.01, nesterov = false, ns_variant = "legacy",
       momentum = { 0.9, 0.8 }, post_update_fn = hooks.post_update_fn or post_update },
     { optimizer = "adamw", lr = 3e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.01 },
+    { optimizer = "muon", lr = 0.03, weight_decay = 0.05 },
   }
 end
 
@@ -56,16 +58,16 @@ local function seed_of(name)
 end
 
 local function grad_for(spec, step)
-  return T.randn(spec[2], seed_of(spec[1]) * 64 + step, "float32")
+  return T.randn(spec[2], seed_of(spec[1]) * 64 + step, spec.dtype or "float32")
 end
 
 -- Single-process reference on full tensors: returns params by name and a stepper.
 local function reference(hooks)
   local gs = groups(hooks)
-  local byname, lists = {}, { {}, {}, {} }
+  local byname, lists = {}, { {}, {}, {}, {} }
   for _, spec in ipairs(PARAMS) do
-    local p = P.new(spec[1], T.randn(spec[2], seed_of(spec[1]), "float32"),
-      (not spec.nograd) and T.zeros(spec[2], "float32") or nil)
+    local p = P.new(spec[1], T.randn(spec[2], seed_of(spec[1]), spec.dtype or "float32"),
+      (not spec.nograd) and T.zeros(spec[2], spec.dtype or "float32") or nil)
     byname[spec[1]] = p
     table.insert(lists[spec[4]], p)
   end
@@ -74,7 +76,7 @@ local function reference(hooks)
     for k, v in pairs(gs[i]) do if k ~= "optimizer" then g[k] = v end end
     return g
   end
-  local muon = Muon.new({ group_table(1), group_table(2) }, {})
+  local muon = Muon.new({ group_table(1), group_table(2), group_table(4) }, {})
   local adamw = AdamW.new({ group_table(3) }, {})
   local step = 0
   local function advance(n)
@@ -110,9 +112,10 @@ local function distributed(w, hooks, opts)
     if opts.bad_shape and spec[1] == "w_even" and H.rank == H.size - 1 then shape = { 8, 7 } end
     local pl = D.placement(spec[3], ds.mesh, #shape)
     local box = D.local_box(shape, pl, ds.mesh, H.rank)
-    local full = T.randn(shape, seed_of(spec[1]), "float32")
-    local value = numel(box.len) > 0 and box_of(full, box, shape):clone() or T.zeros(box.len, "float32")
-    local grad = (not spec.nograd) and T.zeros(box.len, "float32") or nil
+    local dt = spec.dtype or "float32"
+    local full = T.randn(shape, seed_of(spec[1]), dt)
+    local value = numel(box.len) > 0 and box_of(full, box, shape):clone() or T.zeros(box.len, dt)
+    local grad = (not spec.nograd) and T.zeros(box.len, dt) or nil
     ds:add_param(spec[1], value, grad, { shape = shape, placement = spec[3], group = spec[4] })
     locals[spec[1]] = { value = value, grad = grad, box = box, shape = shape, spec = spec }
   end
@@ -185,6 +188,59 @@ H.main(function()
     H.check("post_update-logical-shape", ls_ok and seen_shapes.w_col ~= nil)
     H.check("nograd-untouched", bits_equal(locals.nograd.value,
       box_of(T.randn({ 4, 4 }, seed_of("nograd"), "float32"), locals.nograd.box, { 4, 4 })))
+  elseif mode == "engine" then
+    -- The config engine with dist = { mesh = ... } vs the same config without it.
+    local engine = require("muon.engine")
+    local G = {}
+    for _, spec in ipairs(PARAMS) do G[spec[1]] = spec[4] end
+    local function config(with_dist)
+      local gs = groups()
+      local cfg = { groups = {}, schedule = function(step, g) return { lr = g.base_lr * (1 - 0.05 * step) } end }
+      for i, g in ipairs(gs) do
+        local c = {}
+        for k, v in pairs(g) do c[k] = v end
+        c.match = function(name) return G[name] == i end
+        cfg.groups[i] = c
+      end
+      if with_dist then cfg.dist = { mesh = { { "replicate", A }, { "shard", B } } } end
+      return cfg
+    end
+    local ref = engine.new(config(false))
+    local eng = engine.new(config(true))
+    local locals = {}
+    local mesh = D.mesh({ { "replicate", A }, { "shard", B } }, H.size)
+    for _, spec in ipairs(PARAMS) do
+      local dt = spec.dtype or "float32"
+      local full = T.randn(spec[2], seed_of(spec[1]), dt)
+      local pl = D.placement(spec[3], mesh, #spec[2])
+      local box = D.local_box(spec[2], pl, mesh, H.rank)
+      local value = numel(box.len) > 0 and box_of(full, box, spec[2]):clone() or T.zeros(box.len, dt)
+      local grad = (not spec.nograd) and T.zeros(box.len, dt) or nil
+      local placement = { spec[3][1], spec[3][2], shape = spec[2] }
+      eng:add_param(spec[1], value, grad, placement)
+      ref:add_param(spec[1], full, (not spec.nograd) and T.zeros(spec[2], dt) or nil)
+      locals[spec[1]] = { value = value, grad = grad, box = box, shape = spec[2], spec = spec, full = full }
+    end
+    for step = 1, 10 do
+      for _, l in pairs(locals) do
+        if l.grad then
+          local g = grad_for(l.spec, step)
+          ref:param(l.spec[1]).grad:copy(g)
+          if numel(l.box.len) > 0 then l.grad:copy(box_of(g, l.box, l.shape)) end
+        end
+      end
+      ref:step()
+      eng:step()
+    end
+    local all_ok, first = true, nil
+    for name, l in pairs(locals) do
+      local ok, why = bits_equal(l.value, box_of(l.full, l.box, l.shape))
+      if not ok then all_ok = false; first = first or (name .. " " .. why) end
+    end
+    H.check("engine-bitwise-10-steps", all_ok, first)
+    local cs = eng:comm_stats()
+    H.check("engine-comm-stats", eng:get("step") == 10 and cs.data and (H.size == 1 or cs.data.calls > 0)
+      and (H.size == 1 or cs.data.bytes_sent + cs.data.bytes_recv > 0))
   elseif mode == "save" then
     local ds, _, advance = distributed(w)
     advance(5)

@@ -5,6 +5,9 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=no
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_btl=self,vader OMPI_MCA_plm=isolated
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 export LUA_PATH="$ROOT/lua/?.lua;$ROOT/lua/?/init.lua;$ROOT/tests/?.lua;;"
+# Scripts run under the CLI host when it is built (MPI finalized once and
+# the job aborted on a Lua error by the host), else under plain luajit.
+if [ -x "$ROOT/build/muon" ]; then RUN="build/muon run"; else RUN="luajit"; fi
 TAPN=0
 FAILS=0
 

@@ -1,0 +1,194 @@
+-- The examples and the CLI, run as a user would (build/muon, the demo
+-- trainer), asserting on the numbers they print. Needs `make` first.
+local ROOT = (debug.getinfo(1, "S").source:match("^@(.*)/tests/[^/]*$")) or "."
+local MUON = ROOT .. "/build/muon"
+local DEMO = ROOT .. "/build/examples/demo_trainer"
+
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- Runs a command line; returns stdout+stderr text and the exit status.
+local function run(cmd)
+  local p = assert(io.popen("cd " .. sh_quote(ROOT) .. " && " .. cmd .. " 2>&1; echo \"__status=$?\""))
+  local out = p:read("*a")
+  p:close()
+  local status = tonumber(out:match("__status=(%d+)%s*$"))
+  return out:gsub("__status=%d+%s*$", ""), status
+end
+
+local function tmpdir()
+  local p = io.popen("mktemp -d")
+  local d = p:read("*l")
+  p:close()
+  return d
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+end
+
+local function num(out, key)
+  return tonumber(out:match(key .. "%s+([%-%d%.e+]+)"))
+end
+
+describe("examples (build/muon run examples/*.lua)", function()
+  it("qkv_split: ns_transform_fn on a fused QKV equals three separate parameters", function()
+    local out, status = run(MUON .. " run examples/qkv_split.lua 4 12")
+    assert.are.equal(0, status, out)
+    local split, plain = num(out, "split_vs_separate"), num(out, "unsplit_vs_separate")
+    assert.is_true(split <= 1e-6, out)     -- same numbers as three parameters
+    assert.is_true(plain > 1e-4, out)      -- NS on the fused matrix is different
+    assert.truthy(out:find("OK:", 1, true), out)
+  end)
+
+  it("per_head_ns: reshape_fn runs Newton-Schulz per head", function()
+    local out, status = run(MUON .. " run examples/per_head_ns.lua 3")
+    assert.are.equal(0, status, out)
+    assert.is_true(num(out, "hook_vs_heads") <= 1e-6, out)
+    assert.is_true(num(out, "whole_vs_heads") > 1e-4, out)
+    -- rows of one head's orthogonalized update are nearly orthogonal
+    assert.is_true(num(out, "head1_max_row_cos") < 0.2, out)
+  end)
+
+  it("post_update_clip: logs update RMS = lr * matched_adamw_rms and clips norms", function()
+    local out, status = run(MUON .. " run examples/post_update_clip.lua 6 33")
+    assert.are.equal(0, status, out)
+    assert.are.equal(18, num(out, "calls"))
+    -- Muon's scale makes the update RMS about 0.2 * lr for every shape
+    -- (NS is approximate: within 5%)
+    local lo, hi = out:match("update_rms/lr min ([%d%.]+) max ([%d%.]+)")
+    assert.is_true(math.abs(tonumber(lo) - 0.2) < 0.01 and math.abs(tonumber(hi) - 0.2) < 0.01, out)
+    assert.is_true(num(out, "clipped") > 0, out)
+    assert.is_true(num(out, "max_norm_after") <= 33.0001, out)
+  end)
+
+  it("the examples also run under plain luajit", function()
+    local out, status = run("LUA_PATH='lua/?.lua;lua/?/init.lua;;' luajit examples/qkv_split.lua 2 8")
+    assert.are.equal(0, status, out)
+    assert.truthy(out:find("OK:", 1, true), out)
+  end)
+end)
+
+describe("muon CLI", function()
+  it("info prints the version, BLAS core and MPI", function()
+    local out, status = run(MUON .. " info")
+    assert.are.equal(0, status, out)
+    assert.truthy(out:match("version%s+%d+%.%d+%.%d+"), out)
+    assert.truthy(out:match("blas core%s+%S+"), out)
+    assert.truthy(out:match("blas threads%s+%d+"), out)
+    assert.truthy(out:match("\nmpi%s+%S"), out)
+  end)
+
+  it("--help and --version exit 0; unknown commands and options are usage errors", function()
+    local out, status = run(MUON .. " --help")
+    assert.are.equal(0, status)
+    assert.truthy(out:find("usage: muon", 1, true))
+    out, status = run(MUON .. " --version")
+    assert.are.equal(0, status)
+    assert.truthy(out:match("^muon %d+%.%d+%.%d+"))
+    out, status = run(MUON .. " frobnicate")
+    assert.are.equal(2, status)
+    assert.truthy(out:find("unknown command 'frobnicate'", 1, true), out)
+    out, status = run(MUON .. " --frob")
+    assert.are.equal(2, status)
+    out, status = run(MUON)
+    assert.are.equal(2, status)
+    out, status = run(MUON .. " run --nope x.lua")
+    assert.are.equal(2, status)
+    out, status = run(MUON .. " check configs/muon.lua --bogus")
+    assert.are.equal(2, status)
+    assert.truthy(out:find("--bogus", 1, true), out)
+  end)
+
+  it("run: arguments, exit status from the script, errors with traceback exit 1", function()
+    local d = tmpdir()
+    write(d .. "/ok.lua", "local muon = require('muon')\n"
+      .. "print('args', arg[0] ~= nil, ...)\n"
+      .. "return math.floor(muon.tensor.from({6, 8}, {2}):norm())\n")
+    local out, status = run(MUON .. " run " .. d .. "/ok.lua a b")
+    assert.are.equal(10, status, out)
+    assert.truthy(out:find("args\ttrue\ta\tb", 1, true), out)
+    write(d .. "/bad.lua", "local function inner() error('deliberate failure') end\ninner()\n")
+    out, status = run(MUON .. " run " .. d .. "/bad.lua")
+    assert.are.equal(1, status)
+    assert.truthy(out:find("bad.lua:1: deliberate failure", 1, true), out)
+    assert.truthy(out:find("stack traceback", 1, true), out)
+    out, status = run(MUON .. " run " .. d .. "/missing.lua")
+    assert.are.equal(1, status)
+    assert.truthy(out:find("missing.lua", 1, true), out)
+    os.execute("rm -rf " .. sh_quote(d))
+  end)
+
+  it("check: table of parameter -> group, optimizer, options; problems exit 1", function()
+    local out, status = run(MUON .. " check configs/muon.lua --params examples/demo_shapes.txt")
+    assert.are.equal(0, status, out)
+    local function row(name) return out:match("\n" .. name:gsub("%.", "%%.") .. "%s+([^\n]*)") end
+    assert.truthy(row("hidden.1.weight"):match("^256x256%s+1 %(hidden%)%s+muon%s+lr=0%.02 "), out)
+    assert.truthy(row("embed.weight"):match("^27x16%s+2 %(rest%)%s+adamw%s+lr=0%.003 "), out)
+    assert.truthy(row("hidden.0.bias"):match("adamw"), out)
+    assert.truthy(out:find("no problems found", 1, true), out)
+
+    local d = tmpdir()
+    write(d .. "/cfg.lua", "return { groups = { { name = 'mats', optimizer = 'muon', match = '^layers' } } }\n")
+    write(d .. "/shapes.txt", "# comment\nlayers.0.w 4 8\nlayers.0.b 8\nother 3 3\nbroken 3 x\n")
+    out, status = run(MUON .. " check " .. d .. "/cfg.lua --params " .. d .. "/shapes.txt")
+    assert.are.equal(1, status, out)
+    assert.truthy(out:match("\nlayers%.0%.w%s+4x8%s+1 %(mats%)%s+muon"), out)
+    assert.truthy(out:find("3 problems", 1, true), out)
+    assert.truthy(out:find("'layers.0.b' is 1-D", 1, true), out)
+    assert.truthy(out:find("'other' (shape 3x3) matches no group", 1, true), out)
+    assert.truthy(out:find("bad dimension 'x' for parameter 'broken'", 1, true), out)
+    -- a broken config is one problem, not a crash
+    write(d .. "/bad.lua", "return { groups = { { optimizer = 'muon', match = '.*', lr = 'fast' } } }\n")
+    out, status = run(MUON .. " check " .. d .. "/bad.lua --params " .. d .. "/shapes.txt")
+    assert.are.equal(1, status, out)
+    assert.truthy(out:find("lr", 1, true), out)
+    os.execute("rm -rf " .. sh_quote(d))
+  end)
+end)
+
+describe("demo trainer (examples/demo_trainer.c)", function()
+  it("backward pass matches central finite differences", function()
+    local out, status = run(DEMO .. " --gradcheck")
+    assert.are.equal(0, status, out)
+    local err = tonumber(out:match("max relative error ([%d%.e+-]+)"))
+    assert.is_true(err < 1e-2, out)
+    assert.truthy(out:find("gradcheck ok", 1, true))
+  end)
+
+  it("a short run trains both configs and writes the CSV and SVG", function()
+    local d = tmpdir()
+    local out, status = run(DEMO .. " --steps 40 --hidden 32 --batch 64 --eval-every 20 --print-every 20 --out " .. d)
+    assert.are.equal(0, status, out)
+    -- loss starts near ln(27) = 3.30 and goes down for both runs
+    local rows = {}
+    local f = assert(io.open(d .. "/loss.csv"))
+    local header = f:read("*l")
+    assert.are.equal("step,muon_train_loss,muon_heldout_loss,muon_lr,adamw_train_loss,adamw_heldout_loss,adamw_lr", header)
+    for line in f:lines() do rows[#rows + 1] = line end
+    f:close()
+    assert.are.equal(40, #rows)
+    local first = {}
+    for v in (rows[1] .. ","):gmatch("([^,]*),") do first[#first + 1] = v end
+    assert.is_true(math.abs(tonumber(first[2]) - math.log(27)) < 0.1, rows[1])
+    local muon_final, adamw_final = out:match("\nmuon%s+%S+%s+[%d%.]+%s+([%d%.]+)"), out:match("\nadamw%s+%S+%s+[%d%.]+%s+([%d%.]+)")
+    assert.is_true(tonumber(muon_final) < 3.0 and tonumber(adamw_final) < 3.2, out)
+    local svg = assert(io.open(d .. "/loss.svg")):read("*a")
+    assert.truthy(svg:find("<svg", 1, true))
+    assert.are.equal(4, select(2, svg:gsub("<polyline", "")))   -- train + held-out per run
+    assert.truthy(svg:find(">step<", 1, true))
+    assert.truthy(svg:find("muon train", 1, true) and svg:find("adamw held-out", 1, true))
+    assert.truthy(out:match("samples %(muon%): %a"), out)
+    os.execute("rm -rf " .. sh_quote(d))
+  end)
+
+  it("a bad config is reported with the engine's message", function()
+    local d = tmpdir()
+    write(d .. "/bad.lua", "return { groups = { { optimizer = 'muon', match = '^nothing' } } }\n")
+    local out, status = run(DEMO .. " --steps 2 --hidden 8 --muon-config " .. d .. "/bad.lua --out " .. d)
+    assert.are.equal(1, status, out)
+    assert.truthy(out:find("embed.weight' (shape 27x16) matches no group", 1, true), out)
+    os.execute("rm -rf " .. sh_quote(d))
+  end)
+end)
