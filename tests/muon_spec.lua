@@ -99,6 +99,19 @@ describe("Muon vs a double-precision reference", function()
     end)
   end
 
+  it("float64 parameters follow the reference to double rounding, mixed with float32 in one group", function()
+    local p64 = muon.param("d", T.randn({ 5, 7 }, 71, "float64"), T.randn({ 5, 7 }, 72, "float64"))
+    local p32 = muon.param("s", T.randn({ 5, 7 }, 71), T.randn({ 5, 7 }, 72))
+    local ref = { { value = p64.value:flat(), grad = p64.grad:flat(), shape = { 5, 7 } } }
+    local opt = Muon({ p32, p64 }, { lr = 0.05 })
+    for _ = 1, 3 do
+      opt:step()
+      R.muon_step(ref, { lr = 0.05 })
+    end
+    H.assert_close(p64.value, ref[1].value, 1e-12, "float64 value")
+    H.assert_close(p32.value, ref[1].value, 2e-5, "float32 value")
+  end)
+
   it("the plain-gemm path gives the same trajectory", function()
     local a = compare(SHAPES, { ns_path = "plain" }, 2, 2e-5)
     assert.is_true(a >= 0)

@@ -5,6 +5,7 @@ local T = require("muon.tensor")
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
 local P = require("muon.param")
+local first_nonfinite = require("muon.optim.util").first_nonfinite
 
 local AdamW = {}
 AdamW.__index = AdamW
@@ -83,8 +84,8 @@ local function plan_group(gi, group)
       grads[#grads + 1] = p.grad
     end
   end
-  local ok, bad = foreach.all_finite(grads)
-  if not ok then
+  local bad = first_nonfinite(grads)
+  if bad then
     if group.nonfinite == "skip" then return nil end
     error(("parameter '%s': gradient holds NaN or Inf (param group %d)"):format(params[bad].name, gi), 0)
   end
@@ -103,17 +104,19 @@ function AdamW:_commit(group, params)
       self.state[p] = st
     end
     st.step = st.step + 1
-    local b = by_step[st.step]
+    local key = st.step .. ":" .. p.value:dtype()
+    local b = by_step[key]
     if not b then
-      b = { params = {}, grads = {}, m = {}, v = {} }
-      by_step[st.step] = b
-      order[#order + 1] = st.step
+      b = { step = st.step, params = {}, grads = {}, m = {}, v = {} }
+      by_step[key] = b
+      order[#order + 1] = key
     end
     local n = #b.params + 1
     b.params[n], b.grads[n], b.m[n], b.v[n] = p.value, p.grad, st.exp_avg, st.exp_avg_sq
   end
-  for _, step in ipairs(order) do
-    local b = by_step[step]
+  for _, key in ipairs(order) do
+    local b = by_step[key]
+    local step = b.step
     foreach.adamw(b.params, b.grads, b.m, b.v, {
       lr = group.lr, beta1 = group.betas[1], beta2 = group.betas[2], eps = group.eps,
       weight_decay = group.weight_decay, step = step,

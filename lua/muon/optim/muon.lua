@@ -11,6 +11,8 @@ local ns = require("muon.ns")
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
 local P = require("muon.param")
+local per_dtype = require("muon.optim.util").per_dtype
+local first_nonfinite = require("muon.optim.util").first_nonfinite
 
 local Muon = {}
 Muon.__index = Muon
@@ -434,7 +436,8 @@ function Muon:momentum(group, params)
       if u ~= updates[i] then updates[i]:copy(u:is_contiguous() and u:view(p.value:size()) or u:reshape(p.value:size())) end
     end
   else
-    foreach.momentum(grads, bufs, new_bufs, updates, m1, m2, group.nesterov)
+    per_dtype(function(g, b, nb, u) foreach.momentum(g, b, nb, u, m1, m2, group.nesterov) end,
+      { grads, bufs, new_bufs, updates })
   end
   return new_bufs, updates
 end
@@ -452,8 +455,8 @@ function Muon:_plan_group(gi, group)
   if #params == 0 then return plan end
   local grads = {}
   for i, p in ipairs(params) do grads[i] = p.grad end
-  local ok, bad = foreach.all_finite(grads)
-  if not ok then
+  local bad = first_nonfinite(grads)
+  if bad then
     if group.nonfinite == "skip" then
       plan.skipped = true
       return plan
@@ -495,7 +498,8 @@ function Muon:_commit(plan)
     values[i] = p.value
   end
   local alpha = group.apply_lr_in_update and 1.0 or -group.lr
-  foreach.apply(values, plan.updates, nil, 1.0 - group.lr * group.weight_decay, alpha)
+  local decay = 1.0 - group.lr * group.weight_decay
+  per_dtype(function(v, u) foreach.apply(v, u, nil, decay, alpha) end, { values, plan.updates })
 end
 
 function Muon:_post_update(plan)
