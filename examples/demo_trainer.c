@@ -9,14 +9,19 @@
  * OpenBLAS sgemm; the optimizer is the muon engine, driven by a config file:
  * the same model is trained twice from the same seed and the same batches,
  * once with configs/muon.lua (Muon for the hidden matrices, AdamW for the
- * embedding, head and biases) and once with configs/adamw.lua.
+ * embedding, head and biases) and once with configs/adamw.lua, each at the
+ * learning-rate multiplier (mu_engine_set "lr_scale") that a small sweep
+ * found best for it: 0.5 for Muon, 2.0 for AdamW.
+ *
+ * The backward pass is checked against finite differences: --gradcheck.
  *
  * Writes <out>/loss.csv and <out>/loss.svg (default out: build/demo) and
  * prints a final table and a few sampled words.
  *
  *   build/examples/demo_trainer [--steps N] [--batch B] [--hidden H]
  *       [--layers L] [--seed S] [--out DIR] [--words FILE]
- *       [--muon-config F] [--adamw-config F] [--gradcheck]
+ *       [--muon-config F] [--adamw-config F] [--muon-lr-scale X]
+ *       [--adamw-lr-scale X] [--gradcheck]      (--help for all)
  */
 #include "muon.h"
 
@@ -321,7 +326,7 @@ static int gradcheck(const dataset *train)
 {
     model m;
     const int B = 6;
-    model_init(&m, train->ctx, 3, 7, 2, B);
+    model_init(&m, train->ctx, 3, 7, 3, B);
     model_randomize(&m, 7);
     /* make the tiny head large enough that its gradients are not tiny */
     for (int i = 0; i < V * m.hidden; i++) m.Wh[i] *= 20.0f;
@@ -351,8 +356,13 @@ static int gradcheck(const dataset *train)
             ps[k].p[i] = keep;
             double num = (lp - lm) / (2.0 * eps);
             double ana = ps[k].g[i];
-            double err = fabs(num - ana) / fmax(1e-3, fabs(num) + fabs(ana));
-            if (err > worst) worst = err;
+            /* float32 forward: the difference quotient carries ~1e-5 of noise */
+            double err = fabs(num - ana) / fmax(5e-3, fabs(num) + fabs(ana));
+            if (err > worst) {
+                worst = err;
+                if (getenv("GRADCHECK_VERBOSE"))
+                    printf("  %s[%d] analytic %.6e numeric %.6e err %.2e\n", ps[k].name, i, ana, num, err);
+            }
             checked++;
         }
     }
@@ -583,16 +593,21 @@ static void usage(FILE *f)
     fprintf(f, "usage: demo_trainer [--steps N] [--batch B] [--hidden H] [--layers L] [--emb E]\n"
                "                    [--ctx C] [--seed S] [--out DIR] [--words FILE]\n"
                "                    [--muon-config F] [--adamw-config F] [--muon-lr-scale X]\n"
-               "                    [--adamw-lr-scale X] [--eval-every N] [--print-every N] [--gradcheck]\n");
+               "                    [--adamw-lr-scale X] [--eval-every N] [--print-every N] [--gradcheck]\n"
+               "defaults: 1000 steps, batch 512, hidden 384, 3 layers, emb 16, ctx 8, seed 42,\n"
+               "          lr scales 0.5 (muon) and 2.0 (adamw), out build/demo\n");
 }
 
 int main(int argc, char **argv)
 {
     mu_blas_fix_core(argv); /* OpenBLAS's fast core for this CPU (re-exec once) */
 
-    options o = {.steps = 1000, .batch = 256, .hidden = 256, .layers = 2, .emb = 16, .ctx = 8,
-                 .eval_every = 100, .print_every = 100, .eval_limit = 40000, .seed = 42,
-                 .lr_scale = {1.0, 1.0}, .out = "build/demo", .words = "/usr/share/dict/words",
+    /* lr_scale: the best of a sweep over {0.25, 0.35, 0.5, 1, 2} (Muon) and
+     * {1, 1.5, 2, 2.5, 3} (AdamW), held-out loss after 1000 steps; the
+     * configs' schedules are written for 1000 steps. */
+    options o = {.steps = 1000, .batch = 512, .hidden = 384, .layers = 3, .emb = 16, .ctx = 8,
+                 .eval_every = 100, .print_every = 100, .eval_limit = 60000, .seed = 42,
+                 .lr_scale = {0.5, 2.0}, .out = "build/demo", .words = "/usr/share/dict/words",
                  .cfg = {"configs/muon.lua", "configs/adamw.lua"}};
     int do_gradcheck = 0;
     for (int i = 1; i < argc; i++) {
