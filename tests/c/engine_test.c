@@ -72,6 +72,10 @@ static double muon_expected_diag(void)
 
 int main(void)
 {
+    /* the engine must find its modules without help (tests/run.sh sets
+     * LUA_PATH, which LuaJIT would append to package.path) */
+    unsetenv("LUA_PATH");
+    unsetenv("MUON_LUA_PATH");
     snprintf(dir, sizeof dir, "/tmp/muon_engine_test.XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
     mu_engine *eng = (mu_engine *)&n_test; /* must be reset to NULL on failure */
@@ -175,6 +179,21 @@ int main(void)
     ok(rc == MU_OK, "add 1-D AdamW parameter");
     rc = mu_engine_add_param(eng, "b.nograd", MU_F32, 1, s2, nog, NULL);
     ok(rc == MU_OK, "add a parameter without a gradient");
+
+    /* distributed registration on a config without a dist section */
+    int fake_comm = 0;
+    mu_placement pl[1] = {{MU_SHARD, 0}};
+    ok(mu_engine_set_comm(NULL, &fake_comm) == MU_EINVAL, "set_comm with NULL engine: MU_EINVAL");
+    ok(mu_engine_set_comm(eng, NULL) == MU_EINVAL, "set_comm with NULL communicator: MU_EINVAL");
+    rc = mu_engine_set_comm(eng, &fake_comm);
+    ok(rc == MU_ESTATE && contains(mu_engine_error(eng), "dist"), "set_comm without a dist config: MU_ESTATE: %s",
+       mu_last_error());
+    rc = mu_engine_add_param_sharded(eng, "w.s", MU_F32, 2, s22, 1, pl, w, gw);
+    ok(rc == MU_ESTATE && contains(mu_engine_error(eng), "w.s"), "add_param_sharded without a dist config: MU_ESTATE");
+    rc = mu_engine_add_param_sharded(eng, "w.s", MU_F32, 2, sneg, 1, pl, w, gw);
+    ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "negative"), "add_param_sharded negative dimension: MU_EINVAL");
+    rc = mu_engine_add_param_sharded(eng, "w.s", MU_F32, 2, s22, 1, NULL, w, gw);
+    ok(rc == MU_EINVAL, "add_param_sharded NULL placements: MU_EINVAL");
 
     /* --- one step, checked against double-precision references */
     rc = mu_engine_step(eng);
