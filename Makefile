@@ -88,12 +88,17 @@ $(BUILD)/examples/%: examples/%.c $(LIB_A) src/muon.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK)
 
-test: deps all
+# test, demo and bench re-run make after deps: variables such as HAVE_MPI are
+# read when make starts, which on a fresh machine is before deps installed
+# the packages they look for.
+test: deps
+	@$(MAKE) --no-print-directory all
 	@bash tests/run.sh
 
 # The demo: a C trainer (examples/demo_trainer.c) trains a character-level
 # model twice (configs/muon.lua, configs/adamw.lua); writes build/demo/.
-demo: deps all
+demo: deps
+	@$(MAKE) --no-print-directory all
 	$(BUILD)/examples/demo_trainer --out $(BUILD)/demo
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: library, header, Lua modules,
@@ -120,7 +125,8 @@ install: all
 	  > "$$d/lib/pkgconfig/muon.pc"; \
 	echo "installed muon $(VERSION) into $$d (pkg-config: $$d/lib/pkgconfig/muon.pc)"
 
-bench: deps all
+bench: deps
+	@$(MAKE) --no-print-directory all
 	@bash tests/bench/run.sh
 
 clean:
