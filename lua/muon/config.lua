@@ -1,12 +1,18 @@
 -- Loading config files. A config is a Lua chunk returning a table; it runs
 -- in a restricted environment unless the caller trusts it: no os.execute,
 -- io, ffi, debug, bytecode, or require of anything but muon's own modules.
+-- Whatever muon module a sandboxed config requires is a facade, and every
+-- value crossing between the config and the host goes through the membrane
+-- of lua/muon/sandbox.lua: the config sees tensor proxies, never FFI cdata,
+-- so it cannot reach raw pointers (tensor:ptr(), tensor.data), write files
+-- (tensor:save, safetensors) or get at the FFI library (muon.core).
+local sandbox = require("muon.sandbox")
 local config = {}
 
 local TOP_KEYS = { groups = true, schedule = true, hooks = true, dist = true, name = true, seed = true }
 config.TOP_KEYS = TOP_KEYS
 
-local HOW_TO_ALLOW = "trusted = true (muon run --trust, or mu_engine_open_ex's trusted flag)"
+local HOW_TO_ALLOW = sandbox.HOW_TO_ALLOW
 
 local function blocked(what, path)
   return function()
@@ -34,7 +40,9 @@ function config.sandbox(path)
   local env = {
     assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = pcall,
     select = select, tonumber = tonumber, tostring = tostring, type = type, unpack = unpack,
-    xpcall = xpcall, print = print, setmetatable = setmetatable, getmetatable = getmetatable,
+    xpcall = xpcall, print = print, setmetatable = setmetatable,
+    -- only tables' metatables: the string metatable is shared with the host
+    getmetatable = function(x) if type(x) == "table" then return getmetatable(x) end return nil end,
     rawget = rawget, rawset = rawset, rawequal = rawequal,
     math = copy(math), string = copy(string), table = copy(table), bit = copy(bit),
     os = guarded("os", os, { "time", "clock", "date", "getenv", "difftime" }, path),
@@ -56,14 +64,33 @@ function config.sandbox(path)
     if type(chunk) ~= "string" then blocked("load of a reader function", path)() end
     return load(chunk, name, "t", e or env)
   end
-  env.require = function(name)
-    if name == "muon" or (type(name) == "string" and name:match("^muon%.[%w_.]+$")) then
-      return require(name)
-    end
-    blocked("require('" .. tostring(name) .. "')", path)()
-  end
+  env.require = sandbox.new_require(path)
   env._G = env
   return env
+end
+
+-- VM instructions a sandboxed config may run while it loads (its hooks,
+-- called later, are not bounded). About a second of interpreted Lua.
+config.LOAD_BUDGET = 1e9
+
+-- Run a sandboxed chunk with an instruction budget: interpreted (count
+-- hooks do not fire in JIT traces), in its own coroutine.
+function config.run_bounded(chunk, src)
+  local co = coroutine.create(chunk)
+  local old_hook, old_mask, old_count = debug.gethook()
+  jit.off(chunk, true)
+  debug.sethook(co, function()
+    error(("config '%s': exceeded the load budget of %.0f Lua instructions (endless loop?)")
+      :format(src, config.LOAD_BUDGET), 0)
+  end, "", config.LOAD_BUDGET)
+  local ok, result = coroutine.resume(co)
+  debug.sethook(co)
+  if old_hook then debug.sethook(old_hook, old_mask, old_count) end
+  jit.on(chunk, true)
+  if ok and coroutine.status(co) ~= "dead" then
+    ok, result = false, "coroutine.yield is not allowed at the top level of a config"
+  end
+  return ok, result
 end
 
 -- Load a config: a path (string) or an already-built table. Returns the
@@ -79,10 +106,21 @@ function config.load(src, trusted)
   local env = trusted and setmetatable({}, { __index = _G }) or config.sandbox(src)
   local chunk, err = load(text, "@" .. src, "t", env)
   if not chunk then error(("config '%s': syntax error: %s"):format(src, err), 2) end
-  local ok, result = pcall(chunk)
+  local ok, result
+  if trusted then
+    ok, result = pcall(chunk)
+  else
+    ok, result = config.run_bounded(chunk, src)
+  end
   if not ok then error(("config '%s': error while running: %s"):format(src, tostring(result)), 2) end
   if type(result) ~= "table" then
     error(("config '%s' must return a table, got %s"):format(src, type(result)), 2)
+  end
+  if not trusted then
+    -- hooks, schedules and match functions run behind the membrane
+    local okx, exported = pcall(sandbox.export, result)
+    if not okx then error(("config '%s': %s"):format(src, tostring(exported)), 2) end
+    result = exported
   end
   return result, src
 end

@@ -1,0 +1,248 @@
+-- Sandboxed configs: every way out is blocked (with a message naming the
+-- call and how to allow it), and hooks still work through the membrane.
+local H = require("helpers")
+local muon = H.muon
+local T = muon.tensor
+local engine = require("muon.engine")
+
+local function write_config(text)
+  local path = H.tmpname(".lua")
+  H.write_file(path, text)
+  return path
+end
+
+local GROUPS = "groups = { { name = 'm', optimizer = 'muon', min_dim = 2, lr = 0.02, weight_decay = 0 },"
+  .. " { name = 'a', optimizer = 'adamw', lr = 1e-3 } }"
+
+-- Run `body` inside a config (at load time) and return the error.
+local function load_error(body, trusted)
+  local path = write_config(body .. "\nreturn { " .. GROUPS .. " }")
+  local ok, err = pcall(engine.new, path, trusted and { trusted = true } or nil)
+  os.remove(path)
+  return ok, tostring(err)
+end
+
+-- Run `body` inside a post_update_fn hook (at step time, with a real
+-- parameter in scope as p/w) and return the error.
+local function hook_error(body)
+  local path = write_config("local muon = require('muon')\nreturn { " .. GROUPS
+    .. ", hooks = { post_update_fn = function(p, w, ctx)\n" .. body .. "\nend } }")
+  local eng = engine.new(path)
+  os.remove(path)
+  local w, g = T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2)
+  eng:add_param("w", w, g)
+  local ok, err = pcall(eng.step, eng)
+  return ok, tostring(err)
+end
+
+local function assert_blocked(ok, err, what)
+  assert.is_false(ok, what .. " was not blocked")
+  assert.truthy(err:find(what, 1, true), "message does not name " .. what .. ": " .. err)
+  assert.truthy(err:find("blocked", 1, true), err)
+  assert.truthy(err:find("trusted = true", 1, true), "message does not say how to allow it: " .. err)
+  assert.truthy(err:find("--trust", 1, true), err)
+  assert.truthy(err:find("mu_engine_open_ex", 1, true), err)
+end
+
+describe("sandboxed config: blocked at load time", function()
+  local cases = {
+    { "local _ = require('muon').core", "muon.core" },
+    { "local _ = require('muon').safetensors", "muon.safetensors" },
+    { "local _ = require('muon').comm", "muon.comm" },
+    { "local _ = require('muon').engine", "muon.engine" },
+    { "require('muon.core')", "require('muon.core')" },
+    { "require('muon.safetensors')", "require('muon.safetensors')" },
+    { "require('muon.config')", "require('muon.config')" },
+    { "require('muon.host')", "require('muon.host')" },
+    { "require('muon.optim.state')", "require('muon.optim.state')" },
+    { "require('jit')", "require('jit')" },
+    { "require('cjson')", "require('cjson')" },
+    { "require('muon').tensor.wrap(nil, {1})", "muon.tensor.wrap" },
+    { "require('muon').tensor.load('/etc/passwd')", "muon.tensor.load" },
+    { "local _ = require('muon').tensor.methods", "muon.tensor.methods" },
+    { "require('muon').ns.workspace('float32', 2, 2)", "muon.ns.workspace" },
+    { "require('muon').tensor.zeros({2, 2}):ptr()", "tensor:ptr()" },
+    { "require('muon').tensor.zeros({2, 2}):save('/tmp/muon_sandbox_x.npy')", "tensor:save()" },
+    { "local t = require('muon').tensor.zeros({2, 2}); local d = t.data", "tensor.data" },
+    { "local t = require('muon').tensor.zeros({2, 2}); t.dims[100] = 1", "tensor.dims" },
+    { "local t = require('muon').tensor.zeros({2, 2}); local s = t.storage", "tensor.storage" },
+    { "local t = require('muon').tensor.zeros({2, 2}); local s = t.strides", "tensor.strides" },
+    { "os.exit(3)", "os.exit" },
+    { "io.write('x')", "io.write" },
+    { "collectgarbage()", "collectgarbage" },
+    { "setfenv(1, {})", "setfenv" },
+    { "loadstring('return 1')", "loadstring" },
+    { "loadfile('/etc/passwd')", "loadfile" },
+    { "load(function() return nil end)", "load of a reader function" },
+    { "local _ = package.loaded['muon.core']", "package.loaded" },
+    { "jit.off()", "jit.off" },
+    { "ffi.cast('int *', 0)", "ffi.cast" },
+  }
+  for _, c in ipairs(cases) do
+    it("blocks " .. c[1], function()
+      local ok, err = load_error(c[1])
+      assert_blocked(ok, err, c[2])
+    end)
+  end
+
+  it("tensor:save and tensor:ptr work again in a trusted config", function()
+    local out = os.tmpname()
+    local ok, err = load_error(("local t = require('muon').tensor.from({1, 2}, {2}); assert(t:ptr()[1] == 2); t:save(%q)")
+      :format(out), true)
+    assert.is_true(ok, err)
+    assert.same({ 1, 2 }, T.load(out):flat())
+    os.remove(out)
+  end)
+
+  it("no file was written by a blocked save", function()
+    load_error("pcall(function() require('muon').tensor.zeros({2}):save('/tmp/muon_sandbox_y.npy') end)")
+    assert.is_nil(io.open("/tmp/muon_sandbox_y.npy", "rb"))
+  end)
+
+  it("cannot reach the host's string metatable or tensor metatables", function()
+    local ok, err = load_error([[
+      assert(getmetatable("") == nil, "string metatable visible")
+      local t = require('muon').tensor.zeros({2})
+      assert(getmetatable(t) == "muon.tensor (sandboxed)", tostring(getmetatable(t)))
+      assert(not pcall(setmetatable, t, {}), "setmetatable on a proxy")
+      assert(rawget(t, "data") == nil)
+      local ok = pcall(function() t.foo = 1 end)
+      assert(not ok, "tensor proxy is writable")
+    ]])
+    assert.is_true(ok, err)
+    -- and the host's string library is intact
+    assert.equal("ab", ("a"):format() .. "b")
+  end)
+
+  it("a blocked call caught by pcall in the config leaves no way around", function()
+    local ok, err = load_error([[
+      local muon = require('muon')
+      local a, e = pcall(function() return muon.core end)
+      assert(not a and tostring(e):find('blocked'))
+      local t = muon.tensor.zeros({2})
+      for _, k in ipairs({ 'ptr', 'save', 'data', 'storage', 'dims', 'strides', 'offset', 'scalar', 'ndim' }) do
+        assert(not pcall(function() return t[k] end), k)
+      end
+    ]])
+    assert.is_true(ok, err)
+  end)
+end)
+
+describe("sandboxed config: blocked inside hooks", function()
+  local cases = {
+    { "w:ptr()", "tensor:ptr()" },
+    { "w:save('/tmp/muon_sandbox_z.npy')", "tensor:save()" },
+    { "local d = w.data", "tensor.data" },
+    { "local d = p.value.dims", "tensor.dims" },
+    { "local d = p.grad:ptr()", "tensor:ptr()" },
+    { "local c = muon.core", "muon.core" },
+    { "io.open('/tmp/muon_sandbox_z', 'w')", "io.open" },
+  }
+  for _, c in ipairs(cases) do
+    it("blocks " .. c[1] .. " in post_update_fn", function()
+      local ok, err = hook_error(c[1])
+      assert_blocked(ok, err, c[2])
+    end)
+  end
+
+  it("hooks never see FFI cdata", function()
+    local ok, err = hook_error([[
+      assert(type(w) == "table" and type(p) == "table" and type(p.value) == "table", type(w))
+      assert(p.value == w, "param value and local tensor differ")
+      assert(p.name == "w" and ctx.param_fqn == "w")
+      for _, k in ipairs({ "value", "grad" }) do assert(type(p[k]) ~= "cdata") end
+      assert(not pcall(function() p.name = "x" end), "param proxy writable")
+      error("sentinel-ok")
+    ]])
+    assert.is_false(ok)
+    assert.truthy(err:find("sentinel-ok", 1, true), err)
+  end)
+end)
+
+describe("sandboxed config: hooks still work", function()
+  local HOOKS = [[
+local muon = require('muon')
+local ns = require('muon.ns')
+return { groups = { { name = 'm', optimizer = 'muon', lr = 0.02, weight_decay = 0.01 } },
+  hooks = {
+    reshape_fn = function(name, x)
+      if name == 'heads' then return { x:view({ 2, 4, 6 }) } end
+    end,
+    zeropower_fn = function(x, steps)
+      return ns.zeropower(x, { steps = steps, variant = 'asym5', eps = 1e-10 })
+    end,
+    momentum_update_fn = function(grads, bufs, m1, m2, nesterov)
+      local out = {}
+      for i, g in ipairs(grads) do
+        local u = g:clone()
+        bufs[i]:copy(g)   -- plain momentum-free update: buf = g
+        out[i] = u
+      end
+      return out
+    end,
+    post_update_fn = function(p, w, ctx)
+      if ctx.param_fqn == 'clamped' then
+        local n = w:norm()
+        local c = w:clone():fill(0)
+        c:narrow(1, 1, 1):fill(n)
+        w:copy(c)
+      end
+    end,
+  } }
+]]
+
+  local function run(trusted)
+    local path = write_config(HOOKS)
+    local eng = engine.new(path, trusted and { trusted = true } or nil)
+    os.remove(path)
+    local ps = {}
+    for i, spec in ipairs({ { "heads", { 8, 6 } }, { "clamped", { 3, 5 } }, { "plain", { 5, 3 } } }) do
+      local w, g = T.randn(spec[2], 10 + i), T.randn(spec[2], 20 + i)
+      eng:add_param(spec[1], w, g)
+      ps[spec[1]] = { w = w, g = g }
+    end
+    for s = 1, 3 do
+      for name, p in pairs(ps) do p.g:copy(T.randn(p.w:size(), 100 * s + #name)) end
+      eng:step()
+    end
+    return ps
+  end
+
+  it("gives bitwise the same results as the trusted config", function()
+    local a, b = run(false), run(true)
+    for name in pairs(a) do H.assert_equal_bits(a[name].w, b[name].w, name) end
+  end)
+
+  it("post_update_fn changes the real parameter (hand-checked)", function()
+    local ps = run(false)
+    local w = ps.clamped.w
+    local rows = w:totable()
+    -- first row holds the norm of the previous weights, the rest is zero
+    for j = 2, #rows do
+      for k = 1, #rows[j] do assert.equal(0, rows[j][k]) end
+    end
+    local v = rows[1][1]
+    assert.truthy(v > 0)
+    for k = 1, #rows[1] do assert.equal(v, rows[1][k]) end
+  end)
+
+  it("schedules and match functions get plain values", function()
+    local path = write_config([[
+      return { groups = { { optimizer = 'adamw', lr = 0.1, weight_decay = 0,
+          match = function(name, shape) assert(type(shape) == 'table'); return name:sub(1, 1) == 'b' end } },
+        schedule = function(step, g)
+          assert(type(g.base) == 'table' and g.base.lr == 0.1)
+          g.base.lr = 1e9 -- a copy: the engine's value stays
+          return g.base_lr / step
+        end }
+    ]])
+    local eng = engine.new(path)
+    os.remove(path)
+    local w, g = T.from({ 1, 2 }, { 2 }), T.from({ 1, 1 }, { 2 })
+    eng:add_param("b", w, g)
+    eng:step()
+    eng:step()
+    assert.near(0.05, eng:get("lr"), 1e-15)
+    assert.equal(0.1, eng.groups[1].base.lr)
+  end)
+end)
