@@ -4,8 +4,7 @@
 local T = require("muon.tensor")
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
-local P = require("muon.param")
-local first_nonfinite = require("muon.optim.util").first_nonfinite
+local stepping_params = require("muon.optim.util").stepping_params
 
 local AdamW = {}
 AdamW.__index = AdamW
@@ -33,63 +32,10 @@ end
 
 local function new(params, opts, level)
   level = level or 2
-  opts = opts or {}
-  if type(opts) ~= "table" then error("AdamW: options must be a table", level) end
-  local unknown = O.unknown_keys(opts, ALLOWED)
-  if #unknown > 0 then error("AdamW got unexpected options: " .. table.concat(unknown, ", "), level) end
-  if type(params) ~= "table" then error("AdamW: params must be a table", level) end
-  local defaults = O.merge(DEFAULTS, opts)
-  resolve_group(defaults, level)
-  local self = setmetatable({ defaults = defaults, param_groups = {}, state = {},
+  local defaults, groups = O.build_groups({ what = "AdamW", defaults = DEFAULTS, allowed = ALLOWED,
+    resolve = resolve_group }, params, opts, level)
+  return setmetatable({ defaults = defaults, param_groups = groups, state = {},
     stats = { steps = 0, skipped_nonfinite = 0 } }, AdamW)
-  local groups = params
-  if #params == 0 or P.is_param(params[1]) then groups = { { params = params } } end
-  for gi, g in ipairs(groups) do
-    if type(g) ~= "table" or type(g.params) ~= "table" then
-      error(("AdamW: param group %d must be a table with a params list"):format(gi), level)
-    end
-    local bad = {}
-    for k in pairs(g) do
-      if k ~= "params" and k ~= "name" and k ~= "step" and not ALLOWED[k] then bad[#bad + 1] = tostring(k) end
-    end
-    table.sort(bad)
-    if #bad > 0 then
-      error(("AdamW param group %d got unexpected keys: %s"):format(gi, table.concat(bad, ", ")), level)
-    end
-    for i, p in ipairs(g.params) do
-      if not P.is_param(p) then
-        error(("AdamW param group %d: params[%d] is not a muon.param"):format(gi, i), level)
-      end
-    end
-    local group = O.merge(defaults, {})
-    for k, v in pairs(g) do group[k] = v end
-    resolve_group(group, level)
-    group.step = g.step or 0
-    self.param_groups[gi] = group
-  end
-  return self
-end
-
--- Validate a group's gradients; returns the params that take a step, or
--- nil when the group is skipped for NaN/Inf.
-local function plan_group(gi, group)
-  local params, grads = {}, {}
-  for _, p in ipairs(group.params) do
-    if p.grad ~= nil then
-      if not P.same_shape(p.grad, p.value) then
-        error(("parameter '%s': grad shape %s does not match value shape %s")
-          :format(p.name, P.shape_string(p.grad), P.shape_string(p.value)), 0)
-      end
-      params[#params + 1] = p
-      grads[#grads + 1] = p.grad
-    end
-  end
-  local bad = first_nonfinite(grads)
-  if bad then
-    if group.nonfinite == "skip" then return nil end
-    error(("parameter '%s': gradient holds NaN or Inf (param group %d)"):format(params[bad].name, gi), 0)
-  end
-  return params
 end
 
 function AdamW:_commit(group, params)
@@ -128,9 +74,8 @@ end
 function AdamW:prepare()
   local plans = {}
   for gi, group in ipairs(self.param_groups) do
-    local ok, params = pcall(plan_group, gi, group)
-    if not ok then error(params, 0) end
-    plans[gi] = params or false
+    local params, skipped = stepping_params(gi, group)
+    plans[gi] = not skipped and params
   end
   return plans
 end

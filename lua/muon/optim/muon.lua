@@ -12,7 +12,7 @@ local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
 local P = require("muon.param")
 local per_dtype = require("muon.optim.util").per_dtype
-local first_nonfinite = require("muon.optim.util").first_nonfinite
+local stepping_params = require("muon.optim.util").stepping_params
 
 local Muon = {}
 Muon.__index = Muon
@@ -105,16 +105,11 @@ local function resolve_group(g, level)
   g._ns = resolved
 end
 
-local function check_params(list, where, level)
-  if type(list) ~= "table" then error(where .. ": params must be a list of muon.param", level + 1) end
-  for i, p in ipairs(list) do
-    if not P.is_param(p) then
-      error(("%s: params[%d] is not a muon.param (use muon.param(name, value, grad))"):format(where, i), level + 1)
-    end
-    if p.value:dim() < 2 then
-      error(("parameter '%s' is %d-D: 1D parameters are not supported in Muon (use AdamW)")
-        :format(p.name, p.value:dim()), level + 1)
-    end
+-- level nil: raise without position (inside a step).
+local function check_param(p, level)
+  if p.value:dim() < 2 then
+    error(("parameter '%s' is %d-D: 1D parameters are not supported in Muon (use AdamW)")
+      :format(p.name, p.value:dim()), level and level + 1 or 0)
   end
 end
 
@@ -122,49 +117,17 @@ end
 -- groups { params = {...}, <option overrides> }.
 local function new(params, opts, level)
   level = level or 2
-  opts = opts or {}
-  if type(opts) ~= "table" then error("Muon: options must be a table", level) end
-  local unknown = O.unknown_keys(opts, ALLOWED)
-  if #unknown > 0 then
-    error("Muon got unexpected keyword arguments: " .. table.concat(unknown, ", "), level)
-  end
-  if type(params) ~= "table" then error("Muon: params must be a table", level) end
-  local defaults = O.merge(DEFAULTS, opts)
-  resolve_group(defaults, level)
-  local self = setmetatable({
+  local defaults, groups = O.build_groups({ what = "Muon", defaults = DEFAULTS, allowed = ALLOWED,
+    resolve = resolve_group, check_param = check_param }, params, opts, level)
+  return setmetatable({
     defaults = defaults,
-    param_groups = {},
+    param_groups = groups,
     state = {},
     stats = { steps = 0, skipped_nonfinite = 0 },
     _scratch = {}, -- per param: { spare = tensor, update = tensor } (never visible state)
     _merged = {}, -- NS batch buffers by shape key
     _ws = nil,
   }, Muon)
-  local groups = params
-  if params[1] ~= nil and P.is_param(params[1]) or #params == 0 then
-    groups = { { params = params } }
-  end
-  for gi, g in ipairs(groups) do
-    if type(g) ~= "table" or type(g.params) ~= "table" then
-      error(("Muon: param group %d must be a table with a params list"):format(gi), level)
-    end
-    local unknown_g = {}
-    for k in pairs(g) do
-      if k ~= "params" and k ~= "name" and k ~= "step" and not ALLOWED[k] then unknown_g[#unknown_g + 1] = tostring(k) end
-    end
-    table.sort(unknown_g)
-    if #unknown_g > 0 then
-      error(("Muon param group %d got unexpected keys: %s"):format(gi, table.concat(unknown_g, ", ")), level)
-    end
-    check_params(g.params, ("Muon param group %d"):format(gi), level)
-    local group = O.merge(defaults, {})
-    for k, v in pairs(g) do group[k] = v end
-    group._ns = nil
-    resolve_group(group, level)
-    group.step = g.step or 0
-    self.param_groups[gi] = group
-  end
-  return self
 end
 
 -- Core shape (A, B) NS runs on: 2-D as is; (A, 1, B) conv-like; else last two.
@@ -397,16 +360,6 @@ local function scratch_for(self, p)
   return s
 end
 
-local function check_grad(p)
-  if not P.same_shape(p.grad, p.value) then
-    error(("parameter '%s': grad shape %s does not match value shape %s")
-      :format(p.name, P.shape_string(p.grad), P.shape_string(p.value)), 0)
-  end
-  if p.value:dim() < 2 then
-    error(("parameter '%s' is 1-D: 1D parameters are not supported in Muon"):format(p.name), 0)
-  end
-end
-
 -- Momentum for the given params into scratch: returns new buffers and NS
 -- inputs without touching state (seed: _update_muon_momentum).
 function Muon:momentum(group, params)
@@ -444,25 +397,9 @@ end
 
 -- Everything a group's step computes, before any visible change.
 function Muon:_plan_group(gi, group)
-  local params = {}
-  for _, p in ipairs(group.params) do
-    if p.grad ~= nil then
-      check_grad(p)
-      params[#params + 1] = p
-    end
-  end
-  local plan = { group = group, params = params, step = group.step + 1 }
-  if #params == 0 then return plan end
-  local grads = {}
-  for i, p in ipairs(params) do grads[i] = p.grad end
-  local bad = first_nonfinite(grads)
-  if bad then
-    if group.nonfinite == "skip" then
-      plan.skipped = true
-      return plan
-    end
-    error(("parameter '%s': gradient holds NaN or Inf (param group %d)"):format(params[bad].name, gi), 0)
-  end
+  local params, skipped = stepping_params(gi, group, check_param)
+  local plan = { group = group, params = params, step = group.step + 1, skipped = skipped or nil }
+  if skipped or #params == 0 then return plan end
   plan.new_bufs, plan.updates = self:momentum(group, params)
   local items = {}
   for i, p in ipairs(params) do items[i] = { name = p.name, input = plan.updates[i], param = p } end

@@ -1,4 +1,6 @@
 -- Option checking shared by the optimizers: defaults, unknown keys, types.
+local P = require("muon.param")
+
 local O = {}
 
 -- Sorted list of the keys of t missing from allowed.
@@ -59,6 +61,52 @@ function O.oneof(name, v, choices, level)
   for i, c in ipairs(choices) do quoted[i] = "'" .. c .. "'" end
   error(("%s must be %s, got %s"):format(name, table.concat(quoted, " or "),
     type(v) == "string" and ("'" .. v .. "'") or tostring(v)), level + 1)
+end
+
+-- Keys a param group may hold besides the optimizer's options.
+local GROUP_KEYS = { params = true, name = true, step = true }
+
+-- Validate the constructor arguments of an optimizer and build its groups,
+-- following torch: params is a list of muon.param, or a list of groups
+-- { params = {...}, <option overrides> }. spec = { what = "Muon", defaults,
+-- allowed, resolve = function(group, level), check_param = function(p, where, level) }.
+-- Returns the resolved defaults and the list of groups.
+function O.build_groups(spec, params, opts, level)
+  opts = opts or {}
+  if type(opts) ~= "table" then error(spec.what .. ": options must be a table", level + 1) end
+  local unknown = O.unknown_keys(opts, spec.allowed)
+  if #unknown > 0 then
+    error(spec.what .. " got unexpected keyword arguments: " .. table.concat(unknown, ", "), level + 1)
+  end
+  if type(params) ~= "table" then error(spec.what .. ": params must be a table", level + 1) end
+  local defaults = O.merge(spec.defaults, opts)
+  spec.resolve(defaults, level + 1)
+  local list = params
+  if #params == 0 or P.is_param(params[1]) then list = { { params = params } } end
+  local groups = {}
+  for gi, g in ipairs(list) do
+    local where = ("%s param group %d"):format(spec.what, gi)
+    if type(g) ~= "table" or type(g.params) ~= "table" then
+      error(where .. " must be a table with a params list", level + 1)
+    end
+    local bad = {}
+    for k in pairs(g) do
+      if not GROUP_KEYS[k] and not spec.allowed[k] then bad[#bad + 1] = tostring(k) end
+    end
+    table.sort(bad)
+    if #bad > 0 then error(where .. " got unexpected keys: " .. table.concat(bad, ", "), level + 1) end
+    for i, p in ipairs(g.params) do
+      if not P.is_param(p) then
+        error(("%s: params[%d] is not a muon.param (use muon.param(name, value, grad))"):format(where, i), level + 1)
+      end
+      if spec.check_param then spec.check_param(p, level + 1) end
+    end
+    local group = O.merge(defaults, g)
+    spec.resolve(group, level + 1)
+    group.step = g.step or 0
+    groups[gi] = group
+  end
+  return defaults, groups
 end
 
 return O

@@ -1,6 +1,7 @@
 -- Small helpers the optimizers share around the fused C ops, which take
 -- one dtype per call.
 local foreach = require("muon.foreach")
+local P = require("muon.param")
 
 local U = {}
 
@@ -43,6 +44,31 @@ function U.first_nonfinite(xs)
   local ok, bad = foreach.all_finite(xs)
   if ok then return nil end
   return bad
+end
+
+-- The parameters of group gi that take a step (those with a grad), after
+-- checking grad shapes (and check_param, if given) and finiteness. Returns
+-- params, skipped: skipped is true when a NaN/Inf gradient meets the
+-- group's nonfinite = "skip" policy; with "error" it raises naming the param.
+function U.stepping_params(gi, group, check_param)
+  local params, grads = {}, {}
+  for _, p in ipairs(group.params) do
+    if p.grad ~= nil then
+      if not P.same_shape(p.grad, p.value) then
+        error(("parameter '%s': grad shape %s does not match value shape %s")
+          :format(p.name, P.shape_string(p.grad), P.shape_string(p.value)), 0)
+      end
+      if check_param then check_param(p) end
+      params[#params + 1] = p
+      grads[#grads + 1] = p.grad
+    end
+  end
+  local bad = U.first_nonfinite(grads)
+  if bad then
+    if group.nonfinite == "skip" then return params, true end
+    error(("parameter '%s': gradient holds NaN or Inf (param group %d)"):format(params[bad].name, gi), 0)
+  end
+  return params, false
 end
 
 return U
