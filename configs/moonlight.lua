@@ -3,7 +3,8 @@
 -- update RMS matched to AdamW (0.2 * sqrt(max(A, B))), decoupled weight
 -- decay 0.1, Nesterov momentum 0.95; AdamW with the same lr and decay for
 -- embeddings, head and 1-D parameters. Warmup then cosine decay.
-local warmup, total = 100, 10000
+local schedules = require("muon.schedules")
+
 return {
   groups = {
     {
@@ -13,9 +14,5 @@ return {
     },
     { name = "adamw", optimizer = "adamw", match = ".*", lr = 2e-2, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 },
   },
-  schedule = function(step, group)
-    if step <= warmup then return group.base_lr * step / warmup end
-    local t = math.min(1, (step - warmup) / (total - warmup))
-    return group.base_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-  end,
+  schedule = schedules.warmup_cosine(100, 10000, 0.1),
 }

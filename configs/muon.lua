@@ -1,7 +1,8 @@
 -- The seed's Muon defaults for hidden matrices; AdamW for everything else
 -- (embeddings, output head, biases and other 1-D parameters).
 -- Learning rates follow a short linear warmup then cosine decay to 10%.
-local warmup, total = 20, 1000
+local schedules = require("muon.schedules")
+
 return {
   groups = {
     {
@@ -20,14 +21,5 @@ return {
       lr = 3e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0,
     },
   },
-  schedule = function(step, group)
-    local f
-    if step <= warmup then
-      f = step / warmup
-    else
-      local t = math.min(1, (step - warmup) / math.max(1, total - warmup))
-      f = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
-    end
-    return { lr = group.base_lr * f }
-  end,
+  schedule = schedules.warmup_cosine(20, 1000, 0.1),
 }

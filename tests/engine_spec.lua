@@ -225,6 +225,32 @@ describe("engine", function()
   end)
 end)
 
+describe("schedules", function()
+  it("warmup_cosine warms up linearly then decays to the floor", function()
+    local f = require("muon.schedules").warmup_cosine(20, 1020, 0.1)
+    local g = { base_lr = 2 }
+    assert.equal(0.1, f(1, g).lr)
+    assert.equal(2, f(20, g).lr)
+    assert.is_true(math.abs(f(520, g).lr - 2 * 0.55) < 1e-12)
+    assert.is_true(math.abs(f(1020, g).lr - 0.2) < 1e-12)
+    assert.is_true(math.abs(f(5000, g).lr - 0.2) < 1e-12)
+    assert.has_error(function() require("muon.schedules").warmup_cosine(10, 5) end)
+  end)
+
+  it("the shipped configs load sandboxed and schedule their lr", function()
+    for _, c in ipairs({ "muon", "adamw", "moonlight", "keller" }) do
+      local eng = engine.new("configs/" .. c .. ".lua")
+      eng:add_param("hidden.w", T.zeros({ 4, 4 }), T.zeros({ 4, 4 }))
+      eng:step()
+      assert.is_true(eng:get("lr") > 0, c)
+    end
+    local eng = engine.new("configs/muon.lua")
+    eng:add_param("hidden.w", T.zeros({ 4, 4 }), T.zeros({ 4, 4 }))
+    eng:step()
+    assert.equal(0.02 / 20, eng:get("lr"))
+  end)
+end)
+
 describe("config sandbox", function()
   local blocked = {
     { "os.execute('true')", "os.execute is blocked" },

@@ -222,6 +222,11 @@ BUILDERS["muon.foreach"] = function()
     "pack", "unpack", "numel" }), "muon.foreach.", {})
 end
 
+-- Pure functions of numbers: safe to hand out as they are.
+BUILDERS["muon.schedules"] = function()
+  return pick(require("muon.schedules"), { "warmup_cosine", "warmup_constant" })
+end
+
 BUILDERS["muon.param"] = function()
   local P = require("muon.param")
   local f = { new = import(P.new), is_param = function(x) return P.is_param(REAL[x]) end,
@@ -270,7 +275,7 @@ function S.new_require(path)
   req = function(name)
     if type(name) == "string" and BUILDERS[name] then return get(name) end
     error(("config '%s': require('%s') is blocked in sandboxed configs (allowed: muon, muon.tensor, muon.ns, "
-      .. "muon.param, muon.optim, muon.foreach); to allow it load the config with %s")
+      .. "muon.param, muon.optim, muon.foreach, muon.schedules); to allow it load the config with %s")
       :format(path, tostring(name), S.HOW_TO_ALLOW), 2)
   end
   return req
