@@ -165,13 +165,17 @@ local function slice_scale(group, a, b)
 end
 Muon.slice_scale = slice_scale
 
-function Muon:_buffer(key, shape, dtype)
-  local b = self._merged[key]
-  if b == nil then
-    b = T.zeros(shape, dtype)
-    self._merged[key] = b
+-- A reusable (n, a, b) buffer for NS batches: one per (dtype, core shape,
+-- slot), grown when a batch needs more slices, so memory stays bounded.
+function Muon:_buffer(dtype, n, a, b, slot)
+  local key = ("%s:%dx%d#%d"):format(dtype, a, b, slot)
+  local buf = self._merged[key]
+  if buf == nil or buf:size(1) < n then
+    buf = T.zeros({ n, a, b }, dtype)
+    self._merged[key] = buf
   end
-  return b
+  if buf:size(1) == n then return buf end
+  return buf:narrow(1, 1, n)
 end
 
 function Muon:_workspace(dtype, a, b)
@@ -197,7 +201,7 @@ function Muon:_ns_merged(group, tensors, slot)
     counts[i] = k
     n = n + k
   end
-  local merged = self:_buffer(("%s:%dx%dx%d#%s"):format(dtype, n, a, b, slot), { n, a, b }, dtype)
+  local merged = self:_buffer(dtype, n, a, b, slot)
   local off = 0
   for i, t in ipairs(tensors) do
     local k = counts[i]
