@@ -5,7 +5,7 @@
 #   make demo       deps + build + the main job
 #   make bench      benchmarks (tests/bench)
 
-PKGS     := libluajit-5.1-dev luajit libopenblas-dev libopenmpi-dev openmpi-bin lua-busted lua-cjson wamerican
+PKGS     := libluajit-5.1-dev luajit libopenblas-dev libopenmpi-dev openmpi-bin lua-busted lua-cjson wamerican valgrind
 PKGCONF  := luajit openblas
 # Open MPI when present (Debian: libopenmpi-dev); else the single-process
 # communicator backend is built.
@@ -15,7 +15,8 @@ PKGCONF  += ompi-c
 MPIFLAG  := -DMU_HAVE_MPI
 endif
 CC       ?= cc
-BUILD    := build
+# SAN=1 (ASan + UBSan) builds into its own tree so objects never mix.
+BUILD    := $(if $(filter 1,$(SAN)),build-san,build)
 OPT      ?= -O2
 CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -D_POSIX_C_SOURCE=200809L -DMU_BUILDING $(MPIFLAG)
@@ -42,7 +43,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)
 # running inside them finds the API through ffi.C.
 HOSTLINK  = -Wl,--whole-archive $(LIB_A) -Wl,--no-whole-archive -Wl,--export-dynamic $(LDSAN) $(DEPLIBS)
 
-.PHONY: all deps test demo bench clean install
+.PHONY: all deps test demo bench clean install fuzz
 all: $(LIB_SO) $(LIB_A) $(if $(CLI_SRCS),$(CLI)) $(CTESTS) $(EXAMPLES)
 
 deps:
@@ -91,9 +92,20 @@ $(BUILD)/examples/%: examples/%.c $(LIB_A) src/muon.h
 # test, demo and bench re-run make after deps: variables such as HAVE_MPI are
 # read when make starts, which on a fresh machine is before deps installed
 # the packages they look for.
+# make test SAN=1: the whole suite on the ASan+UBSan build (build-san/);
+# make test VALGRIND=1: the C embedding tests under valgrind as well.
 test: deps
 	@$(MAKE) --no-print-directory all
-	@bash tests/run.sh
+	@MUON_BUILD=$(BUILD) SAN=$(SAN) VALGRIND=$(VALGRIND) bash tests/run.sh
+
+# make fuzz [FUZZ_SECONDS=60] [FUZZ_TARGETS="npy safetensors config"]:
+# libFuzzer harnesses (tests/fuzz/) built with clang into build/fuzz/.
+FUZZ_PKGS := clang-14 libclang-rt-14-dev
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@$(MAKE) --no-print-directory deps PKGS="$(FUZZ_PKGS)"
+	@$(MAKE) --no-print-directory all
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run.sh
 
 # The demo: a C trainer (examples/demo_trainer.c) trains a character-level
 # model twice (configs/muon.lua, configs/adamw.lua); writes build/demo/.

@@ -96,6 +96,10 @@ static int parse_header(const char *text, size_t len, npy_header *h)
         if (eat(&c, '}')) break;
         if (!parse_str(&c, key, sizeof key) || !eat(&c, ':'))
             return mu__fail(MU_EFORMAT, "npy header: malformed key");
+        if ((strcmp(key, "descr") == 0 && h->have_descr) ||
+            (strcmp(key, "fortran_order") == 0 && h->have_order) ||
+            (strcmp(key, "shape") == 0 && h->have_shape))
+            return mu__fail(MU_EFORMAT, "npy header: duplicate key '%s'", key);
         if (strcmp(key, "descr") == 0) {
             if (!parse_str(&c, val, sizeof val))
                 return mu__fail(MU_EFORMAT, "npy header: descr is not a string");

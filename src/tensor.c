@@ -12,11 +12,15 @@ size_t mu_dtype_size(int dtype)
 
 int64_t mu__shape_numel(int ndim, const int64_t *shape)
 {
-    int64_t n = 1;
+    /* span: product of the extents counting 0 as 1, so that the strides of
+     * a contiguous layout fit too (a (0, 10^16, 10^4) shape is rejected). */
+    int64_t n = 1, span = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return -1;
-        if (shape[i] != 0 && n > INT64_MAX / 8 / shape[i]) return -1;
-        n *= shape[i];
+        int64_t d = shape[i] ? shape[i] : 1;
+        if (span > INT64_MAX / 8 / d) return -1;
+        span *= d;
+        n = shape[i] ? n * shape[i] : 0;
     }
     return n;
 }

@@ -1,8 +1,9 @@
 -- The examples and the CLI, run as a user would (build/muon, the demo
 -- trainer), asserting on the numbers they print. Needs `make` first.
 local ROOT = (debug.getinfo(1, "S").source:match("^@(.*)/tests/[^/]*$")) or "."
-local MUON = ROOT .. "/build/muon"
-local DEMO = ROOT .. "/build/examples/demo_trainer"
+local BUILD = os.getenv("MUON_BUILD") or "build" -- build-san under make test SAN=1
+local MUON = ROOT .. "/" .. BUILD .. "/muon"
+local DEMO = ROOT .. "/" .. BUILD .. "/examples/demo_trainer"
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
@@ -151,14 +152,14 @@ end)
 describe("minimal C trainer (examples/minimal_trainer.c)", function()
   it("fits its target with configs/muon.lua and with configs/adamw.lua", function()
     for _, cfg in ipairs({ "configs/muon.lua", "configs/adamw.lua" }) do
-      local out, status = run(ROOT .. "/build/examples/minimal_trainer " .. cfg)
+      local out, status = run(ROOT .. "/" .. BUILD .. "/examples/minimal_trainer " .. cfg)
       assert.are.equal(0, status, out)
       local first = tonumber(out:match("step%s+1%s+loss ([%d%.]+)"))
       local last = tonumber(out:match("step 1000%s+loss ([%d%.]+)"))
       assert.are.equal(25, first) -- sum over i = 0..11 of (i % 5 - 2)^2
       assert.is_true(last < 0.1 * first, out)
     end
-    local out, status = run(ROOT .. "/build/examples/minimal_trainer configs/missing.lua")
+    local out, status = run(ROOT .. "/" .. BUILD .. "/examples/minimal_trainer configs/missing.lua")
     assert.are.equal(1, status)
     assert.truthy(out:find("cannot open config file 'configs/missing.lua'", 1, true), out)
   end)

@@ -67,6 +67,13 @@ describe("sandboxed config: blocked at load time", function()
     { "local t = require('muon').tensor.zeros({2, 2}); t.dims[100] = 1", "tensor.dims" },
     { "local t = require('muon').tensor.zeros({2, 2}); local s = t.storage", "tensor.storage" },
     { "local t = require('muon').tensor.zeros({2, 2}); local s = t.strides", "tensor.strides" },
+    { "local m = require('muon'); local o = m.optim.Muon({ m.param('w', m.tensor.zeros({2, 2}), m.tensor.zeros({2, 2})) }); o:save('/tmp/muon_sandbox_o')",
+      "object member 'save'" },
+    { "local m = require('muon'); local o = m.optim.AdamW({}); o:load('/tmp/x')", "object member 'load'" },
+    { "local m = require('muon'); local o = m.optim.Muon({}); o:_commit({ group = {}, params = {} })", "object member '_commit'" },
+    { "local m = require('muon'); local o = m.optim.Muon({}); local s = o._scratch", "object member '_scratch'" },
+    { "local m = require('muon'); local o = m.optim.Muon({}); o:orthogonalize({}, {})", "object member 'orthogonalize'" },
+    { "require('muon.ns').zeropower(require('muon').tensor.zeros({2, 2}), { workspace = {} })", "workspace option" },
     { "os.exit(3)", "os.exit" },
     { "io.write('x')", "io.write" },
     { "collectgarbage()", "collectgarbage" },
@@ -92,6 +99,42 @@ describe("sandboxed config: blocked at load time", function()
     assert.is_true(ok, err)
     assert.same({ 1, 2 }, T.load(out):flat())
     os.remove(out)
+  end)
+
+  it("a config may build and step its own optimizer (bitwise as outside the sandbox)", function()
+    local path = write_config([[
+      local m = require('muon')
+      local T = m.tensor
+      local w, g = T.randn({ 5, 3 }, 1), T.randn({ 5, 3 }, 2)
+      local o = m.optim.Muon({ m.param('w', w, g) }, { lr = 0.1, weight_decay = 0.01 })
+      o:step()
+      o:step()
+      assert(o.stats.steps == 2 and o:state_dict().kind == 'muon')
+      assert(not pcall(function() o.defaults = {} end))
+      local parts = {}
+      for i, v in ipairs(w:flat()) do parts[i] = ('%a'):format(v) end
+      return { groups = { { optimizer = 'adamw' } }, name = table.concat(parts, ',') }
+    ]])
+    local eng = engine.new(path)
+    os.remove(path)
+    local w, g = T.randn({ 5, 3 }, 1), T.randn({ 5, 3 }, 2)
+    local o = muon.optim.Muon({ muon.param("w", w, g) }, { lr = 0.1, weight_decay = 0.01 })
+    o:step()
+    o:step()
+    local parts = {}
+    for i, v in ipairs(w:flat()) do parts[i] = ("%a"):format(v) end
+    assert.equal(table.concat(parts, ","), eng.config.name)
+  end)
+
+  it("tensor:copy and :shares_storage take only tensors (no forged structs)", function()
+    local ok, err = load_error([[
+      local t = require('muon').tensor.zeros({ 2 })
+      local a, e = pcall(t.copy, t, { data = nil, ndim = 1, dims = { 2 }, strides = { 1 }, scalar = 0 })
+      assert(not a and tostring(e):find('not a tensor'), tostring(e))
+      a, e = pcall(t.shares_storage, t, {})
+      assert(not a and tostring(e):find('not a tensor'), tostring(e))
+    ]])
+    assert.is_true(ok, err)
   end)
 
   it("no file was written by a blocked save", function()
@@ -125,6 +168,29 @@ describe("sandboxed config: blocked at load time", function()
       end
     ]])
     assert.is_true(ok, err)
+  end)
+end)
+
+describe("sandboxed config: load budget", function()
+  it("an endless loop at load time fails after the instruction budget", function()
+    local config = require("muon.config")
+    local saved = config.LOAD_BUDGET
+    config.LOAD_BUDGET = 1e6
+    local ok, err = load_error("local x = 0 while true do x = x + 1 end")
+    config.LOAD_BUDGET = saved
+    assert.is_false(ok)
+    assert.truthy(err:find("exceeded the load budget of 1000000 Lua instructions", 1, true), err)
+  end)
+
+  it("leaves a host's own hook in place (and then does not bound the load)", function()
+    local calls = 0
+    local function hook() calls = calls + 1 end
+    debug.sethook(hook, "", 1000)
+    local ok, err = load_error("local x = 0 for i = 1, 1e5 do x = x + i end")
+    local h = debug.gethook()
+    debug.sethook()
+    assert.is_true(ok, err)
+    assert.equal(hook, h)
   end)
 end)
 

@@ -74,20 +74,25 @@ end
 config.LOAD_BUDGET = 1e9
 
 -- Run a sandboxed chunk with an instruction budget: interpreted (count
--- hooks do not fire in JIT traces), in its own coroutine.
+-- hooks do not fire in JIT traces), in its own coroutine. LuaJIT has one
+-- hook per VM, so when the host already runs a hook (a profiler, a
+-- debugger, a coverage tool) it is left alone and the load is not bounded.
 function config.run_bounded(chunk, src)
   local co = coroutine.create(chunk)
-  local old_hook, old_mask, old_count = debug.gethook()
+  if debug.gethook() ~= nil then
+    local ok, result = coroutine.resume(co)
+    if ok and coroutine.status(co) ~= "dead" then ok, result = false, "coroutine.yield is not allowed in a config" end
+    return ok, result
+  end
   jit.off(chunk, true)
   debug.sethook(co, function()
     error(("exceeded the load budget of %.0f Lua instructions (endless loop?)"):format(config.LOAD_BUDGET), 0)
   end, "", config.LOAD_BUDGET)
   local ok, result = coroutine.resume(co)
   debug.sethook(co)
-  if old_hook then debug.sethook(old_hook, old_mask, old_count) end
   jit.on(chunk, true)
   if ok and coroutine.status(co) ~= "dead" then
-    ok, result = false, "coroutine.yield is not allowed at the top level of a config"
+    ok, result = false, "coroutine.yield is not allowed in a config"
   end
   return ok, result
 end

@@ -33,10 +33,12 @@ local function as_list(v, what, level)
   if v == nil then return {} end
   if type(v) == "string" then return { v } end
   if type(v) == "function" then return { v } end
-  if type(v) ~= "table" then error(what .. " must be a pattern, a list of patterns or a function", level + 1) end
+  -- level 0: the message already names the config (no position prefix)
+  local lv = level > 0 and level + 1 or 0
+  if type(v) ~= "table" then error(what .. " must be a pattern, a list of patterns or a function", lv) end
   for i, p in ipairs(v) do
     if type(p) ~= "string" and type(p) ~= "function" then
-      error(("%s[%d] must be a Lua pattern or a function"):format(what, i), level + 1)
+      error(("%s[%d] must be a Lua pattern or a function"):format(what, i), lv)
     end
   end
   return v
@@ -73,8 +75,8 @@ local function resolve_config(cfg, where)
   end
   local groups = {}
   for gi, g in ipairs(cfg.groups) do
+    if type(g) ~= "table" then error(("config %s: group %d must be a table"):format(where, gi), 0) end
     local label = ("group %d%s"):format(gi, g.name and (" ('" .. tostring(g.name) .. "')") or "")
-    if type(g) ~= "table" then error(("config %s: %s must be a table"):format(where, label), 0) end
     local kind = g.optimizer or "muon"
     local optim = OPTIMIZERS[kind]
     if not optim then
@@ -105,7 +107,8 @@ local function resolve_config(cfg, where)
     if not ok then error(("config %s: %s (%s): %s"):format(where, label, kind, tostring(err)), 0) end
     groups[gi] = {
       index = gi, name = g.name, kind = kind, options = opts,
-      match = as_list(g.match or ".*", label .. ".match", 1), exclude = as_list(g.exclude, label .. ".exclude", 1),
+      match = as_list(g.match or ".*", ("config %s: %s.match"):format(where, label), 0),
+      exclude = as_list(g.exclude, ("config %s: %s.exclude"):format(where, label), 0),
       min_dim = g.min_dim, max_dim = g.max_dim, params = {},
       base = O.merge(optim.DEFAULTS, opts),
     }

@@ -22,6 +22,7 @@ local PRESET = { legacy = true, asym5 = true, polar_express = true, deepseekv4 =
 ns.DEFAULT_STEPS = 5
 ns.DEFAULT_VARIANT = "asym5"
 ns.DEFAULT_EPS = 1e-10
+ns.MAX_STEPS = 1000
 
 local VARIANT_MSG = "ns_variant must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', or 'custom', got "
 
@@ -53,6 +54,10 @@ local function validate(variant, steps, custom, level)
   end
   if not is_int(steps) or steps < 0 then
     error("ns_steps must be a non-negative integer, got " .. repr(steps), level)
+  end
+  -- bound before the coefficient array is allocated (and passed as a C int)
+  if steps > ns.MAX_STEPS then
+    error(("ns_steps must be at most %d, got %s"):format(ns.MAX_STEPS, repr(steps)), level)
   end
   if variant ~= "custom" then
     if custom ~= nil then

@@ -66,6 +66,10 @@ local BLOCKED_MEMBERS = {
   strides = "tensor.strides (raw FFI field; use :stride())",
 }
 
+-- Methods whose first argument must be a tensor (checked here: an FFI call
+-- would turn a plain table into a temporary struct).
+local TENSOR_ARG = { copy = true, shares_storage = true }
+
 local tensor_methods = {}
 for _, name in ipairs(SAFE_METHODS) do
   local m = T.methods[name]
@@ -73,6 +77,10 @@ for _, name in ipairs(SAFE_METHODS) do
     local real = REAL[self]
     if real == nil or not T.is_tensor(real) then
       error(("tensor:%s called on %s, not a tensor"):format(name, type(self)), 2)
+    end
+    if TENSOR_ARG[name] then
+      local other = REAL[(...)]
+      if other == nil or not T.is_tensor(other) then error(("tensor:%s: argument is not a tensor"):format(name), 2) end
     end
     return import_all(m(real, export_all(...)))
   end
@@ -95,9 +103,22 @@ local tensor_mt = {
 
 -- ------------------------------------------------------------ object proxy
 
+-- Methods of host objects (optimizers made by the config) a config may
+-- call; everything else that is a function, and every "_" member, is
+-- blocked (opt:save/opt:load write and read files; the internal phases
+-- take forged plans).
+local OBJECT_METHODS = { step = true, params = true, state_dict = true, load_state_dict = true }
+local OBJECT_BLOCKED = { save = "(file write)", load = "(file read)" }
+
 local object_mt = {
   __metatable = "muon object (sandboxed)",
-  __index = function(self, k) return import(REAL[self][export(k)]) end,
+  __index = function(self, k)
+    local v = REAL[self][k]
+    if type(k) == "string" and (k:sub(1, 1) == "_" or (type(v) == "function" and not OBJECT_METHODS[k])) then
+      S.blocked_error(("object member '%s' %s"):format(k, OBJECT_BLOCKED[k] or "(internal)"), 2)
+    end
+    return import(v)
+  end,
   __newindex = function(_, k)
     error(("cannot set field '%s' of a host object in a sandboxed config"):format(tostring(k)), 2)
   end,
@@ -212,8 +233,14 @@ end
 
 BUILDERS["muon.ns"] = function()
   local ns = require("muon.ns")
-  return facade_of(pick(ns, { "zeropower", "coefficients", "validate", "VARIANTS", "DEFAULT_STEPS",
-    "DEFAULT_VARIANT", "DEFAULT_EPS" }), "muon.ns.", { workspace = "(raw workspace handle)",
+  local f = pick(ns, { "zeropower", "coefficients", "validate", "VARIANTS", "DEFAULT_STEPS",
+    "DEFAULT_VARIANT", "DEFAULT_EPS" })
+  local zp = f.zeropower
+  f.zeropower = function(x, opts)
+    if type(opts) == "table" and opts.workspace ~= nil then S.blocked_error("muon.ns.zeropower's workspace option", 2) end
+    return zp(x, opts)
+  end
+  return facade_of(f, "muon.ns.", { workspace = "(raw workspace handle)",
     zeropower_into = "(takes raw workspace handles)", resolve = "(returns raw FFI options)" })
 end
 

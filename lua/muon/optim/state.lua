@@ -3,11 +3,36 @@
 -- (names, shapes, dtypes), group steps and per-parameter scalars go in the
 -- metadata as JSON. Loading checks everything first and changes nothing on
 -- a mismatch; the error lists every mismatch.
+local ffi = require("ffi")
+local bit = require("bit")
+local core = require("muon.core")
+local C = core.C
 local cjson = require("cjson").new()
+cjson.decode_invalid_numbers(false)
+cjson.decode_max_depth(16)
 local st = require("muon.safetensors")
 local P = require("muon.param")
 
 local S = {}
+
+-- The data section is covered by st.save's "muon.checksum"; the metadata
+-- (parameter list, steps, scalars, engine values) by this one: XXH64 of the
+-- other metadata entries (but muon.format, which st.save adds), sorted, as
+-- "key=value\n".
+local META_SUM = "muon.state_checksum"
+local function meta_checksum(meta)
+  local keys = {}
+  for k in pairs(meta) do
+    if k ~= META_SUM and k ~= "muon.checksum" and k ~= "muon.format" then keys[#keys + 1] = k end
+  end
+  table.sort(keys)
+  local parts = {}
+  for i, k in ipairs(keys) do parts[i] = k .. "=" .. meta[k] .. "\n" end
+  local text = table.concat(parts)
+  local out = ffi.new("uint64_t[1]")
+  core.check(C.mu_st_checksum_bytes(text, #text, out), "checksum", 2)
+  return "xxh64:" .. bit.tohex(out[0], 16)
+end
 
 -- Tensor state keys of each optimizer kind (everything else is a scalar).
 local TENSOR_KEYS = { "momentum_buffer", "exp_avg", "exp_avg_sq" }
@@ -135,14 +160,72 @@ function S.encode(dicts, extra_meta)
   end
   meta["muon.state"] = cjson.encode(header)
   for k, v in pairs(extra_meta or {}) do meta[k] = v end
+  meta[META_SUM] = meta_checksum(meta)
   return entries, meta
+end
+
+-- Structure of a decoded muon.state header: raises a message naming the
+-- first thing wrong (the file is untrusted).
+local function is_int(x) return type(x) == "number" and x == math.floor(x) and x >= 0 and x < 2 ^ 53 end
+local function is_list(x)
+  if type(x) ~= "table" then return false end
+  local n = 0
+  for _ in pairs(x) do n = n + 1 end
+  return n == #x
+end
+local function validate_header(header)
+  if not is_list(header) then return "it is not a list" end
+  for i, h in ipairs(header) do
+    local w = ("entry %d"):format(i)
+    if type(h) ~= "table" then return w .. " is not an object" end
+    if type(h.prefix) ~= "string" then return w .. ": prefix is not a string" end
+    if h.kind ~= "muon" and h.kind ~= "adamw" then return w .. ": kind is not 'muon' or 'adamw'" end
+    if h.params ~= nil and not is_list(h.params) then return w .. ": params is not a list" end
+    if h.groups ~= nil and not is_list(h.groups) then return w .. ": groups is not a list" end
+    for j, e in ipairs(h.params or {}) do
+      local we = ("%s: params[%d]"):format(w, j)
+      if type(e) ~= "table" or type(e.name) ~= "string" then return we .. " has no name" end
+      if type(e.dtype) ~= "string" then return we .. " has no dtype" end
+      if not is_int(e.group) then return we .. " has no group index" end
+      if not is_list(e.shape) or #e.shape > 8 then return we .. " has no shape" end
+      for _, d in ipairs(e.shape) do
+        if not is_int(d) then return we .. " has a bad shape" end
+      end
+    end
+    for j, g in ipairs(h.groups or {}) do
+      if type(g) ~= "table" or not is_int(g.step) then return ("%s: groups[%d] has no step"):format(w, j) end
+    end
+    if h.scalars ~= nil then
+      if type(h.scalars) ~= "table" then return w .. ": scalars is not an object" end
+      for name, sc in pairs(h.scalars) do
+        if type(name) ~= "string" or type(sc) ~= "table" then return w .. ": scalars is malformed" end
+        for k, v in pairs(sc) do
+          if type(k) ~= "string" or type(v) ~= "number" then return w .. ": scalars is malformed" end
+        end
+      end
+    end
+  end
 end
 
 -- Inverse of encode: list of { prefix, dict } from a loaded file.
 function S.decode(file, path)
-  local ok, header = pcall(cjson.decode, file.metadata["muon.state"] or "")
-  if not ok or type(header) ~= "table" then
-    error(("'%s' is not a muon optimizer checkpoint (no valid muon.state metadata)"):format(path), 3)
+  local meta = file.metadata
+  if meta["muon.state"] == nil then
+    error(("'%s' is not a muon optimizer checkpoint (no muon.state metadata)"):format(path), 3)
+  end
+  if meta["muon.checksum"] == nil or meta[META_SUM] == nil then
+    error(("'%s': checkpoint has no checksum (muon.checksum, %s): corrupted or not written by muon")
+      :format(path, META_SUM), 3)
+  end
+  local want, got = meta[META_SUM], meta_checksum(meta)
+  if want:lower() ~= got then
+    error(("'%s': metadata checksum mismatch (header says %s, metadata gives %s): the file is corrupted")
+      :format(path, want, got), 3)
+  end
+  local ok, header = pcall(cjson.decode, meta["muon.state"])
+  local problem = not ok and "it is not valid JSON" or validate_header(header)
+  if problem then
+    error(("'%s': muon.state metadata is malformed (%s)"):format(path, problem), 3)
   end
   local out, used = {}, {}
   for _, h in ipairs(header) do
