@@ -94,21 +94,7 @@ end
 
 function AdamW:finish() end
 
-function AdamW:step()
-  local ok, plans = pcall(self.prepare, self)
-  if not ok then error(plans, 2) end
-  self:commit(plans)
-end
-
-function AdamW:params()
-  local list = {}
-  for _, g in ipairs(self.param_groups) do
-    for _, p in ipairs(g.params) do list[#list + 1] = p end
-  end
-  return list
-end
-
-require("muon.optim.state").install(AdamW)
+require("muon.optim.util").install_common(AdamW)
 
 return setmetatable({ new = new, AdamW = AdamW, DEFAULTS = DEFAULTS, OPTIONS = ALLOWED }, {
   __call = function(_, params, opts) return new(params, opts, 3) end,

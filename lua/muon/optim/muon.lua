@@ -480,24 +480,7 @@ function Muon:finish(plans)
   for _, plan in ipairs(plans) do self:_post_update(plan) end
 end
 
--- One optimizer step over every group; atomic (see the top of this file).
-function Muon:step()
-  local ok, plans = pcall(self.prepare, self)
-  if not ok then error(plans, 2) end
-  self:commit(plans)
-  self:finish(plans)
-end
-
--- Every parameter of every group, in order.
-function Muon:params()
-  local list = {}
-  for _, g in ipairs(self.param_groups) do
-    for _, p in ipairs(g.params) do list[#list + 1] = p end
-  end
-  return list
-end
-
-require("muon.optim.state").install(Muon)
+require("muon.optim.util").install_common(Muon)
 
 return setmetatable({ new = new, Muon = Muon, DEFAULTS = DEFAULTS, OPTIONS = ALLOWED, core_shape = core_shape }, {
   __call = function(_, params, opts) return new(params, opts, 3) end,

@@ -71,4 +71,27 @@ function U.stepping_params(gi, group, check_param)
   return params, false
 end
 
+-- Methods both optimizers share, on top of their prepare/commit/finish:
+-- step() (atomic: prepare may raise, commit cannot fail), params(), and the
+-- state/checkpoint methods.
+function U.install_common(class)
+  function class:step()
+    local ok, plans = pcall(self.prepare, self)
+    if not ok then error(plans, 2) end
+    self:commit(plans)
+    self:finish(plans)
+  end
+
+  -- Every parameter of every group, in order.
+  function class:params()
+    local list = {}
+    for _, g in ipairs(self.param_groups) do
+      for _, p in ipairs(g.params) do list[#list + 1] = p end
+    end
+    return list
+  end
+
+  require("muon.optim.state").install(class)
+end
+
 return U
