@@ -34,6 +34,35 @@ local function meta_checksum(meta)
   return "xxh64:" .. bit.tohex(out[0], 16)
 end
 
+-- JSON with object keys sorted, so that the same state always gives the
+-- same bytes (cjson's key order follows its hash table, which differs
+-- between processes). Values are strings, numbers, booleans, lists, maps.
+local function canonical_json(v)
+  local t = type(v)
+  if t == "table" then
+    local n, count = #v, 0
+    for _ in pairs(v) do count = count + 1 end
+    local parts = {}
+    if count == n and (n > 0 or next(v) == nil) then
+      for i = 1, n do parts[i] = canonical_json(v[i]) end
+      return "[" .. table.concat(parts, ",") .. "]"
+    end
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+    table.sort(keys)
+    for i, k in ipairs(keys) do
+      local x = v[k]
+      if x == nil then x = v[tonumber(k)] end
+      parts[i] = cjson.encode(k) .. ":" .. canonical_json(x)
+    end
+    return "{" .. table.concat(parts, ",") .. "}"
+  elseif t == "number" then
+    if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return ("%d"):format(v) end
+    return ("%.17g"):format(v)
+  end
+  return cjson.encode(v)
+end
+
 -- Tensor state keys of each optimizer kind (everything else is a scalar).
 local TENSOR_KEYS = { "momentum_buffer", "exp_avg", "exp_avg_sq" }
 
@@ -158,7 +187,7 @@ function S.encode(dicts, extra_meta)
     end
     header[#header + 1] = { prefix = prefix, kind = d.kind, params = d.params, groups = d.groups, scalars = scalars }
   end
-  meta["muon.state"] = cjson.encode(header)
+  meta["muon.state"] = canonical_json(header)
   for k, v in pairs(extra_meta or {}) do meta[k] = v end
   meta[META_SUM] = meta_checksum(meta)
   return entries, meta
