@@ -13,56 +13,9 @@ local function to_rows(t) -- 2-D tensor -> Lua table of rows (doubles)
   return t:totable()
 end
 
-local function mat_t(a)
-  local r = {}
-  for j = 1, #a[1] do
-    r[j] = {}
-    for i = 1, #a do r[j][i] = a[i][j] end
-  end
-  return r
-end
-
-local function mat_mul(a, b) -- (n x k) (k x m)
-  local n, k, m = #a, #b, #b[1]
-  local c = {}
-  for i = 1, n do
-    local ci, ai = {}, a[i]
-    for j = 1, m do
-      local s = 0
-      for l = 1, k do s = s + ai[l] * b[l][j] end
-      ci[j] = s
-    end
-    c[i] = ci
-  end
-  return c
-end
-
-local function ref_ns(x, coeffs, eps, norm_scale)
-  local transposed = #x > #x[1]
-  if transposed then x = mat_t(x) end
-  local ss = 0
-  for i = 1, #x do for j = 1, #x[1] do ss = ss + x[i][j] ^ 2 end end
-  local d = (norm_scale or 1) * math.sqrt(ss) + eps
-  local X = {}
-  for i = 1, #x do
-    X[i] = {}
-    for j = 1, #x[1] do X[i][j] = x[i][j] / d end
-  end
-  for _, abc in ipairs(coeffs) do
-    local a, b, c = abc[1], abc[2], abc[3]
-    local A = mat_mul(X, mat_t(X))
-    local AA = mat_mul(A, A)
-    local B = {}
-    for i = 1, #A do
-      B[i] = {}
-      for j = 1, #A do B[i][j] = b * A[i][j] + c * AA[i][j] end
-    end
-    local BX = mat_mul(B, X)
-    for i = 1, #X do for j = 1, #X[1] do X[i][j] = a * X[i][j] + BX[i][j] end end
-  end
-  if transposed then X = mat_t(X) end
-  return X
-end
+-- The plain-Lua double-precision reference shared with the Muon specs.
+local R = require("ref_muon")
+local mat_t, mat_mul, ref_ns = R.transpose, R.matmul, R.ns
 
 local function flatten(rows)
   local f = {}
