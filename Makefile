@@ -137,7 +137,11 @@ install: all
 	  > "$$d/lib/pkgconfig/muon.pc"; \
 	echo "installed muon $(VERSION) into $$d (pkg-config: $$d/lib/pkgconfig/muon.pc)"
 
+# The benchmarks compare against the seed's PyTorch code: Debian's torch
+# (and numpy) are installed for them, never needed by the build or tests.
+BENCH_PKGS := python3-torch python3-numpy
 bench: deps
+	@$(MAKE) --no-print-directory deps PKGS="$(BENCH_PKGS)" || echo "make bench: without torch the seed comparison is skipped"
 	@$(MAKE) --no-print-directory all
 	@bash tests/bench/run.sh
 
