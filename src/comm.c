@@ -240,25 +240,38 @@ MU_API void mu_comm_reset_stats(mu_comm *c) {
     if (c) memset(&c->stats, 0, sizeof c->stats);
 }
 
+/* Argument checks shared by the blocking and non-blocking all-to-all-v:
+ * element size, and the elements this rank sends to / receives from others. */
+static int check_alltoallv(const mu_comm *c, int dtype, const int64_t *sendcounts,
+                           const int64_t *sdispls, const int64_t *recvcounts,
+                           const int64_t *rdispls, const char *who, size_t *es, int64_t *sent,
+                           int64_t *recv) {
+    if (!c) return mu__fail(MU_EINVAL, "%s: comm is NULL", who);
+    int rc = mu__esize(dtype, es);
+    if (rc) return rc;
+    if (!sendcounts || !sdispls || !recvcounts || !rdispls)
+        return mu__fail(MU_EINVAL, "%s: counts/displacements are NULL", who);
+    *sent = *recv = 0;
+    for (int i = 0; i < c->size; i++) {
+        if (sendcounts[i] < 0 || recvcounts[i] < 0 || sdispls[i] < 0 || rdispls[i] < 0)
+            return mu__fail(MU_EINVAL, "%s: negative count or displacement for peer %d", who, i);
+        if (i != c->rank) {
+            *sent += sendcounts[i];
+            *recv += recvcounts[i];
+        }
+    }
+    return MU_OK;
+}
+
 MU_API int mu_comm_alltoallv(mu_comm *c, int dtype, const void *sendbuf, const int64_t *sendcounts,
                              const int64_t *sdispls, void *recvbuf, const int64_t *recvcounts,
                              const int64_t *rdispls) {
     size_t es = 0;
-    if (!c) return mu__fail(MU_EINVAL, "mu_comm_alltoallv: comm is NULL");
-    int rc = mu__esize(dtype, &es);
+    int64_t sent, recv;
+    int rc = check_alltoallv(c, dtype, sendcounts, sdispls, recvcounts, rdispls,
+                             "mu_comm_alltoallv", &es, &sent, &recv);
     if (rc) return rc;
-    if (!sendcounts || !sdispls || !recvcounts || !rdispls)
-        return mu__fail(MU_EINVAL, "mu_comm_alltoallv: counts/displacements are NULL");
     double t0 = mu__now();
-    int64_t sent = 0, recv = 0;
-    for (int i = 0; i < c->size; i++) {
-        if (sendcounts[i] < 0 || recvcounts[i] < 0 || sdispls[i] < 0 || rdispls[i] < 0)
-            return mu__fail(MU_EINVAL, "mu_comm_alltoallv: negative count or displacement for peer %d", i);
-        if (i != c->rank) {
-            sent += sendcounts[i];
-            recv += recvcounts[i];
-        }
-    }
 #ifdef MU_HAVE_MPI
     if (c->size > 1) {
         int n = c->size;
@@ -415,20 +428,10 @@ MU_API int mu_comm_ialltoallv(mu_comm *c, int dtype, const void *sendbuf, const 
     size_t es = 0;
     if (!out) return mu__fail(MU_EINVAL, "mu_comm_ialltoallv: out is NULL");
     *out = NULL;
-    if (!c) return mu__fail(MU_EINVAL, "mu_comm_ialltoallv: comm is NULL");
-    int rc = mu__esize(dtype, &es);
+    int64_t sent, recv;
+    int rc = check_alltoallv(c, dtype, sendcounts, sdispls, recvcounts, rdispls,
+                             "mu_comm_ialltoallv", &es, &sent, &recv);
     if (rc) return rc;
-    if (!sendcounts || !sdispls || !recvcounts || !rdispls)
-        return mu__fail(MU_EINVAL, "mu_comm_ialltoallv: counts/displacements are NULL");
-    int64_t sent = 0, recv = 0;
-    for (int i = 0; i < c->size; i++) {
-        if (sendcounts[i] < 0 || recvcounts[i] < 0 || sdispls[i] < 0 || rdispls[i] < 0)
-            return mu__fail(MU_EINVAL, "mu_comm_ialltoallv: negative count or displacement for peer %d", i);
-        if (i != c->rank) {
-            sent += sendcounts[i];
-            recv += recvcounts[i];
-        }
-    }
     mu_comm_request *q = calloc(1, sizeof *q);
     if (!q) return mu__fail(MU_ENOMEM, "mu_comm_ialltoallv: out of memory");
     q->c = c;

@@ -9,29 +9,7 @@ local T = H.T
 local D = require("driver")
 local engine = require("muon.engine")
 
-pcall(ffi.cdef, [[
-int fork(void);
-int kill(int pid, int sig);
-int waitpid(int pid, int *status, int options);
-void _exit(int status);
-int usleep(unsigned int usec);
-]])
-
-local function tmpdir()
-  local p = os.tmpname()
-  os.remove(p)
-  assert(os.execute("mkdir -p '" .. p .. "'") == 0)
-  return p
-end
-local function rmrf(p) os.execute("rm -rf '" .. p .. "'") end
-local function listdir(p)
-  local out = {}
-  local f = io.popen("ls -A '" .. p .. "'")
-  for line in f:lines() do out[#out + 1] = line end
-  f:close()
-  table.sort(out)
-  return out
-end
+local tmpdir, rmrf, listdir = H.tmpdir, H.rmrf, H.listdir
 
 -- An engine stepped `steps` times from fixed gradients.
 local function stepped_engine(steps, big)

@@ -56,6 +56,36 @@ function H.read_file(path)
   return s
 end
 
+-- libc process calls used by the crash-during-save tests (fork, then
+-- kill the child mid-save).
+pcall(require("ffi").cdef, [[
+int fork(void);
+int kill(int pid, int sig);
+int waitpid(int pid, int *status, int options);
+void _exit(int status);
+int usleep(unsigned int usec);
+int getpid(void);
+]])
+
+-- A fresh empty directory, its removal, and its sorted entries.
+function H.tmpdir()
+  local p = os.tmpname()
+  os.remove(p)
+  assert(os.execute("mkdir -p '" .. p .. "'") == 0)
+  return p
+end
+
+function H.rmrf(p) os.execute("rm -rf '" .. p .. "'") end
+
+function H.listdir(p)
+  local out = {}
+  local f = io.popen("ls -A '" .. p .. "'")
+  for line in f:lines() do out[#out + 1] = line end
+  f:close()
+  table.sort(out)
+  return out
+end
+
 H.T = T
 H.muon = muon
 return H

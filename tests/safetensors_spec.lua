@@ -6,14 +6,6 @@ local T = H.T
 local st = require("muon.safetensors")
 local C = require("muon.core").C
 
-pcall(ffi.cdef, [[
-int fork(void);
-int kill(int pid, int sig);
-int waitpid(int pid, int *status, int options);
-void _exit(int status);
-int usleep(unsigned int usec);
-int getpid(void);
-]])
 
 -- ----------------------------------------------------------------- utils
 
@@ -36,25 +28,7 @@ local function st_bytes(header, data, pad)
   return u64le(#header) .. header .. (data or "")
 end
 
-local function tmpdir()
-  local p = os.tmpname()
-  os.remove(p)
-  assert(os.execute("mkdir -p '" .. p .. "'") == 0)
-  return p
-end
-
-local function rmrf(p)
-  os.execute("rm -rf '" .. p .. "'")
-end
-
-local function listdir(p)
-  local out = {}
-  local f = io.popen("ls -A '" .. p .. "'")
-  for line in f:lines() do out[#out + 1] = line end
-  f:close()
-  table.sort(out)
-  return out
-end
+local tmpdir, rmrf, listdir = H.tmpdir, H.rmrf, H.listdir
 
 local function bytes_of(t)
   local c = t:contiguous()
