@@ -93,9 +93,7 @@ describe("engine checkpoint save under faults", function()
         end)
         ffi.C._exit(0)
       end
-      ffi.C.usleep(1000 + 2500 * (round % 8))
-      ffi.C.kill(pid, 9)
-      ffi.C.waitpid(pid, ffi.new("int[1]"), 0)
+      H.kill_when_exists(pid, path .. ".tmp." .. pid)
       local fresh = stepped_engine(0, true)
       fresh:load(path) -- checksums verified: a torn file would fail here
       assert.truthy(snaps[D.snapshot(fresh, true)], "loaded state is neither checkpoint")

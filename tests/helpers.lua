@@ -65,7 +65,28 @@ int waitpid(int pid, int *status, int options);
 void _exit(int status);
 int usleep(unsigned int usec);
 int getpid(void);
+int access(const char *path, int mode);
 ]])
+
+-- Kill process pid (SIGKILL) as soon as `file` exists, i.e. while it is in
+-- the middle of a save that writes that temporary file; returns true if it
+-- was caught there, false if the file never appeared within `seconds`.
+-- Polling for the file makes the "killed mid-save" tests independent of
+-- timing (a fixed sleep can always miss the save).
+function H.kill_when_exists(pid, file, seconds)
+  local C = require("ffi").C
+  local caught = false
+  for _ = 1, math.floor((seconds or 10) * 20000) do
+    if C.access(file, 0) == 0 then
+      caught = true
+      break
+    end
+    C.usleep(50)
+  end
+  C.kill(pid, 9)
+  C.waitpid(pid, require("ffi").new("int[1]"), 0)
+  return caught
+end
 
 -- A fresh empty directory, its removal, and its sorted entries.
 function H.tmpdir()
