@@ -11,15 +11,22 @@
  *   CblasColMajor on the same memory and writes the output the same way.
  * - The normalization is folded into the first step (alpha = s^2 for X X^T,
  *   alpha = s for B X), and a X + B X is computed as (B + a I) X, so each
- *   step is three BLAS calls and O(n^2) elementwise work, no pass over X.
+ *   step is three products and O(n^2) elementwise work, no pass over X.
  * - Iterates ping-pong between the workspace and the output buffer, so the
  *   final iterate lands in `out` without a copy.
  * - Symmetric path: A = X X^T with syrk (n^2 m flops instead of 2 n^2 m);
- *   A is mirrored and B = b A + c A A^T is one syrk with beta (n^3 instead of
+ *   A is mirrored and B = b A + c A A^T is a syrk with beta (n^3 instead of
  *   2 n^3); (B + a I) X with symm. Plain path: three gemms (testing/bench).
- * - Batches of small matrices: one single-threaded BLAS worker per core,
- *   each on its own matrices and its own workspace slot (measured faster
- *   than threaded BLAS per matrix below MU__NS_BATCH_PAR_MAX elements).
+ * - Reproducible bits: each product is a fixed list of tiles, each one
+ *   single-threaded BLAS call, that depends on (dtype, rows, cols, path)
+ *   only (see "the tiling"). A result is then the same bits whatever the
+ *   number of workers, OpenBLAS's thread setting, the batch it came in,
+ *   in place or not, and whichever process computes it.
+ * - Workers (OpenBLAS's thread count, or MU_NS_THREADS): a batch of small
+ *   matrices runs whole matrices per worker, each with its own workspace
+ *   slot; the tiles of a split matrix that is alone, too large for that or
+ *   left over at the end of a batch run on all workers, stage by stage
+ *   (see "workers").
  */
 #include "muon_internal.h"
 
@@ -34,8 +41,9 @@
 enum { MU__NS_MAX_SLOTS = 16 };
 
 /* Batches whose matrices have at most this many elements (n * m) run one
- * matrix per thread with single-threaded BLAS; larger ones use threaded
- * BLAS per matrix. Measured with tests/bench/ns_bench.lua (see README). */
+ * matrix per worker; larger ones share each matrix's tiles among the
+ * workers. A speed choice only: the bits are the same either way.
+ * Measured with tests/bench/ns_bench.lua (see README). */
 #ifndef MU__NS_BATCH_PAR_MAX
 #define MU__NS_BATCH_PAR_MAX (1024 * 4096)
 #endif
@@ -237,53 +245,81 @@ static int ns_norm(int dt, const void *p, int64_t len, double *norm)
     return 1;
 }
 
-enum { NS_BLK = 16 }; /* tile edge of the mirror (measured: 16 beats 32..128) */
+enum { NS_BLK = 16 }; /* sub-tile edge of the mirror (measured: 16 beats 32..128) */
 
 /* The computed triangle of an n x n symmetric matrix is, in memory, the
  * positions r*n + c with c >= r (RowMajor Upper == ColMajor Lower).
- * ns_prep: mirror A into its other triangle and set B's triangle = b * A,
- * tile by tile (rows of the tile read, columns written). */
+ * ns_prep: on the memory rectangle rows [r0, r1) x columns [c0, c1) of that
+ * triangle, first A += B when `sum` (B then holds the second half of a
+ * split Gram product), then mirror A into the other triangle and set
+ * B = b * A, NS_BLK sub-tile by sub-tile (rows of the sub-tile read,
+ * columns written). A rectangle touches only its own positions and their
+ * mirror images, so rectangles can be done concurrently. */
 #define NS_PREP_BODY(TYPE)                                                                  \
     do {                                                                                    \
         TYPE *restrict a = ap, *restrict b = bp;                                            \
         const TYPE bf = (TYPE)bcoef;                                                        \
-        for (int64_t r0 = 0; r0 < n; r0 += NS_BLK) {                                        \
-            int64_t r1 = r0 + NS_BLK < n ? r0 + NS_BLK : n;                                 \
-            for (int64_t r = r0; r < r1; r++)                                               \
-                for (int64_t c = r; c < r1; c++) {                                          \
-                    TYPE v = a[r * n + c];                                                  \
-                    a[c * n + r] = v;                                                       \
-                    b[r * n + c] = bf * v;                                                  \
+        for (int64_t i0 = r0; i0 < r1; i0 += NS_BLK) {                                      \
+            int64_t i1 = i0 + NS_BLK < r1 ? i0 + NS_BLK : r1;                               \
+            for (int64_t j0 = c0; j0 < c1; j0 += NS_BLK) {                                  \
+                int64_t j1 = j0 + NS_BLK < c1 ? j0 + NS_BLK : c1;                           \
+                if (j1 <= i0) continue; /* below the diagonal */                            \
+                for (int64_t r = i0; r < i1; r++) {                                         \
+                    TYPE *ar = a + r * n, *br = b + r * n;                                  \
+                    int64_t c = j0 > r ? j0 : r;                                            \
+                    if (sum)                                                                \
+                        for (; c < j1; c++) {                                               \
+                            TYPE v = ar[c] + br[c];                                         \
+                            ar[c] = v;                                                      \
+                            br[c] = bf * v;                                                 \
+                        }                                                                   \
+                    else                                                                    \
+                        for (; c < j1; c++) br[c] = bf * ar[c];                             \
                 }                                                                           \
-            for (int64_t c0 = r1; c0 < n; c0 += NS_BLK) {                                   \
-                int64_t c1 = c0 + NS_BLK < n ? c0 + NS_BLK : n;                             \
-                for (int64_t r = r0; r < r1; r++) {                                         \
-                    const TYPE *ar = a + r * n;                                             \
-                    TYPE *br = b + r * n;                                                   \
-                    for (int64_t c = c0; c < c1; c++) br[c] = bf * ar[c];                   \
-                }                                                                           \
-                for (int64_t c = c0; c < c1; c++) {                                         \
+                for (int64_t c = j0; c < j1; c++) {                                         \
                     TYPE *ac = a + c * n;                                                   \
-                    for (int64_t r = r0; r < r1; r++) ac[r] = a[r * n + c];                 \
+                    int64_t re = i1 < c ? i1 : c;                                           \
+                    for (int64_t r = i0; r < re; r++) ac[r] = a[r * n + c];                 \
                 }                                                                           \
             }                                                                               \
         }                                                                                   \
     } while (0)
 
-static void ns_prep(int dt, void *ap, void *bp, int64_t n, double bcoef)
+static void ns_prep(int dt, void *ap, void *bp, int64_t n, int64_t r0, int64_t r1, int64_t c0,
+                    int64_t c1, int sum, double bcoef)
 {
     if (dt == MU_F32) NS_PREP_BODY(float);
     else NS_PREP_BODY(double);
 }
 
-static void ns_add_diag(int dt, void *p, int64_t n, double v)
+/* B += S on the stored-triangle positions of the memory rectangle rows
+ * [r0, r1) x columns [c0, c1) (S: the second half of a split Gram product). */
+static void ns_accumulate(int dt, void *bp, const void *sp, int64_t n, int64_t r0, int64_t r1,
+                          int64_t c0, int64_t c1)
+{
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t from = c0 > r ? c0 : r;
+        if (dt == MU_F32) {
+            float *restrict b = (float *)bp + r * n;
+            const float *restrict x = (const float *)sp + r * n;
+            for (int64_t c = from; c < c1; c++) b[c] += x[c];
+        } else {
+            double *restrict b = (double *)bp + r * n;
+            const double *restrict x = (const double *)sp + r * n;
+            for (int64_t c = from; c < c1; c++) b[c] += x[c];
+        }
+    }
+}
+
+/* Add v to the diagonal positions i*n + i with i in [i0, i1). */
+static void ns_add_diag(int dt, void *p, int64_t n, int64_t i0, int64_t i1, double v)
 {
     if (dt == MU_F32) {
         float *x = p;
-        for (int64_t i = 0; i < n; i++) x[i * n + i] += (float)v;
+        for (int64_t i = i0; i < i1; i++) x[i * n + i] += (float)v;
     } else {
         double *x = p;
-        for (int64_t i = 0; i < n; i++) x[i * n + i] += v;
+        for (int64_t i = i0; i < i1; i++) x[i * n + i] += v;
     }
 }
 
@@ -331,6 +367,245 @@ static void ns_symm(int dt, enum CBLAS_ORDER lo, enum CBLAS_UPLO up, int m, int 
         cblas_dsymm(lo, CblasLeft, up, m, n, alpha, a, lda, b, ldb, 0.0, c, ldc);
 }
 
+/* ----------------------------------------------------------- the tiling
+ *
+ * Reproducibility: the bits of a result must not depend on the thread
+ * count, on how matrices are batched, or on which process computes them.
+ * OpenBLAS's threaded calls split work by thread count, so every BLAS call
+ * here runs single-threaded, and every product is a fixed list of tiles,
+ * each one call, chosen by ns_plan_init from (dtype, rows, cols, path) only;
+ * the elementwise passes between them are fixed too. A tile's call has the
+ * same sizes, leading dimensions and scalars whichever worker runs it,
+ * whenever, at whatever address, so each output element gets the same bits.
+ * Parallelism comes from running the tiles of one large matrix, or whole
+ * matrices of a batch, on different workers.
+ *
+ * With n <= m after the transpose trick, each step is a sequence of stages
+ * (a stage starts when the previous one is complete):
+ *   GRAM_A  A = s^2 X X^T           n x n, inner dimension m
+ *   PREP    A mirrored, B = b A     elementwise
+ *   GRAM_B  B = c A A^T + B         n x n, inner dimension n
+ *   REDUCE  B = B + a I             elementwise
+ *   APPLY   Y = s B X               n x m, in tm column blocks of mb columns
+ *                                   (sub-matrices with the ld of X), one
+ *                                   symm (gemm on the plain path) each
+ * A matrix that is not split (n < 2 * MU__NS_TILE_MIN) makes one call per
+ * product, as before tiling, with PREP and REDUCE done right after the
+ * Gram calls by the same worker (so small matrices cost nothing extra).
+ * Split matrices, symmetric path: each Gram product is two syrk calls over
+ * the two halves of its inner dimension, the first into A (B), the second
+ * into a scratch buffer (B for A; for B the step's output buffer, free
+ * until APPLY), and PREP (REDUCE) first adds the second half. Those two
+ * elementwise stages work on the stored triangle cut into tn x tn blocks
+ * (tn(tn+1)/2 rectangles). The halves are equal work for two workers and,
+ * added up, cost about one whole syrk, where splitting the rows of A
+ * instead (two diagonal syrk blocks and one gemm block) keeps one worker
+ * ~20% longer than the other (syrk is less efficient per flop than gemm)
+ * and re-packs X. Split matrices, plain path: the Gram products are tn
+ * row blocks of gemm (equal work), each tile then doing B = A (or + a I)
+ * on its rows.
+ *
+ * Sizes. Splitting a product into independent calls costs speed: Y's
+ * tiles each pack all of B. Measured single-threaded on the 2-core AVX-512
+ * EPYC (SkylakeX sgemm ~225 GFLOP/s), two column halves vs one call: +3-4%
+ * at 768x768 and 1024x4096, +2-4% at 4096x4096; quarters: +6-9%. Hence as
+ * few tiles as keep two workers busy: Y in two column halves up to
+ * 2 * MU__NS_TILE_M columns, and 4, 6, ... blocks of at most MU__NS_TILE_M
+ * beyond (an even count: two workers get equal shares); the same for the
+ * blocks of n (MU__NS_TILE_N) used by the elementwise stages and the plain
+ * path's Gram products. Below n = 2 * MU__NS_TILE_MIN = 1024 nothing is
+ * split: a batch must make the same calls as a lone matrix, and the split
+ * costs batches of split matrices a few percent (measured with two
+ * workers: +3-5% at 12 x 768x768 and 6 x 768x3072, +7% at 4 x 512x512,
+ * which put the one-process GPT-2-small step 4% behind the threaded-BLAS
+ * code it replaced), while matrices below 1024 usually come in batches
+ * (one per layer) that keep both cores busy anyway. The price is a lone
+ * matrix below 1024 running on one core: 768x768 alone takes ~45 ms
+ * instead of ~23 (still 1.5x faster than the seed's torch). Block sizes
+ * and the halves are rounded up to a multiple of NS_TILE_ALIGN (the
+ * kernels' register blocking). With more than two workers the Gram stages
+ * still have two tiles: the plan is sized for the 2-core target.
+ *
+ * The plan is part of the result: a build with other values gives other
+ * bits, so every process of a distributed run must use the same build (and
+ * the same OpenBLAS core, whose kernels differ). */
+#ifndef MU__NS_TILE_MIN
+#define MU__NS_TILE_MIN 512
+#endif
+#ifndef MU__NS_TILE_N
+#define MU__NS_TILE_N 2048
+#endif
+#ifndef MU__NS_TILE_M
+#define MU__NS_TILE_M 2048
+#endif
+enum { NS_TILE_ALIGN = 16 };
+
+enum { NS_GRAM_A, NS_PREP, NS_GRAM_B, NS_REDUCE, NS_APPLY, NS_NSTAGES };
+
+typedef struct ns_plan {
+    int dt, plain;
+    enum CBLAS_ORDER lo;     /* RowMajor, or ColMajor for tall inputs */
+    enum CBLAS_UPLO up;      /* Upper (RowMajor) / Lower (ColMajor): same memory triangle */
+    int n, m, ldx;           /* X is n x m in layout lo, leading dimension ldx */
+    int nb, tn;              /* blocks of n: tn of nb (the last one shorter) */
+    int mb, tm;              /* APPLY: tm column blocks of mb */
+    int halves;              /* symmetric Gram products split in two halves */
+    int tiles[NS_NSTAGES];   /* tiles per stage and step; 0: fused into the one before */
+    int nx;                  /* tiles per step */
+} ns_plan;
+
+static int64_t ns_half(int64_t d) /* first half of a split inner dimension */
+{
+    int64_t h = (d + 1) / 2;
+    h = (h + NS_TILE_ALIGN - 1) / NS_TILE_ALIGN * NS_TILE_ALIGN;
+    return h < d ? h : d;
+}
+
+/* Number of blocks for a dimension d (block size in *blk): one block below
+ * 2 * min, else the smallest even count of blocks of at most `target`
+ * (before rounding to NS_TILE_ALIGN). */
+static int ns_split(int64_t d, int64_t target, int64_t min, int *blk)
+{
+    int64_t count = 1, b = d;
+    if (d >= 2 * min) {
+        count = 2 * ((d + 2 * target - 1) / (2 * target));
+        b = (d + count - 1) / count;
+        b = (b + NS_TILE_ALIGN - 1) / NS_TILE_ALIGN * NS_TILE_ALIGN;
+    }
+    *blk = (int)(b > 0 ? b : 1);
+    return (int)((d + *blk - 1) / *blk);
+}
+
+static void ns_plan_init(ns_plan *p, int dt, int64_t rows, int64_t cols, int path)
+{
+    const int tall = rows > cols;
+    memset(p, 0, sizeof *p);
+    p->dt = dt;
+    p->plain = path == MU_NS_PLAIN;
+    p->lo = tall ? CblasColMajor : CblasRowMajor;
+    p->up = tall ? CblasLower : CblasUpper;
+    p->n = (int)(tall ? cols : rows);
+    p->m = (int)(tall ? rows : cols);
+    p->ldx = tall ? p->n : p->m;
+    p->tn = ns_split(p->n, MU__NS_TILE_N, MU__NS_TILE_MIN, &p->nb);
+    p->tm = 1;
+    p->mb = p->m;
+    if (p->tn > 1) p->tm = ns_split(p->m, MU__NS_TILE_M, MU__NS_TILE_MIN, &p->mb);
+    p->halves = !p->plain && p->tn > 1;
+    if (p->halves) {
+        const int rects = p->tn * (p->tn + 1) / 2; /* blocks of the stored triangle */
+        p->tiles[NS_GRAM_A] = p->tiles[NS_GRAM_B] = 2;
+        p->tiles[NS_PREP] = p->tiles[NS_REDUCE] = rects;
+    } else {
+        p->tiles[NS_GRAM_A] = p->tiles[NS_GRAM_B] = p->tn; /* row blocks (1: the whole) */
+    }
+    p->tiles[NS_APPLY] = p->tm;
+    for (int st = 0; st < NS_NSTAGES; st++) p->nx += p->tiles[st];
+}
+
+/* Element offsets of logical row i / column j of a matrix in layout lo. */
+static int64_t ns_row(const ns_plan *p, int64_t i, int ld)
+{
+    return p->lo == CblasRowMajor ? i * ld : i;
+}
+
+static int64_t ns_col(const ns_plan *p, int64_t j, int ld)
+{
+    return p->lo == CblasRowMajor ? j : j * ld;
+}
+
+/* The memory rectangle rows [r0, r1) x columns [c0, c1) of an n x n buffer
+ * (for ColMajor, logical rows and columns are swapped; the stored triangle
+ * is c >= r either way). */
+typedef struct ns_rect {
+    int r0, r1, c0, c1;
+} ns_rect;
+
+/* Rectangle t of the stored triangle in tn x tn blocks: the off-diagonal
+ * blocks first (row by row: twice the elements of a diagonal one), then
+ * the diagonal ones. */
+static void ns_tri_rect(const ns_plan *p, int t, ns_rect *r)
+{
+    const int noff = p->tn * (p->tn - 1) / 2;
+    int bi = 0, bj;
+    if (t < noff) {
+        while (t >= p->tn - 1 - bi) { /* block row bi holds tn - 1 - bi of them */
+            t -= p->tn - 1 - bi;
+            bi++;
+        }
+        bj = bi + 1 + t;
+    } else {
+        bi = bj = t - noff;
+    }
+    r->r0 = bi * p->nb;
+    r->r1 = r->r0 + p->nb < p->n ? r->r0 + p->nb : p->n;
+    r->c0 = bj * p->nb;
+    r->c1 = r->c0 + p->nb < p->n ? r->c0 + p->nb : p->n;
+}
+
+/* A product of the iteration; ns_product_tile runs one of its tiles. */
+typedef struct ns_prod {
+    int apply;     /* 0: Gram C = alpha P Q + beta C (n x n); 1: C = alpha S P (n x m) */
+    const void *p; /* Gram: P (n x k); apply: P = X (n x m) */
+    int ldp, k;
+    int qtrans;    /* Gram: Q = P^T (CblasTrans) or Q = P (plain B = c A A) */
+    const void *s; /* apply: the n x n S (stored triangle on the symmetric path) */
+    double alpha, beta;
+    void *c, *c2;  /* c2: where the second half of a split Gram product goes */
+    int ldc;
+} ns_prod;
+
+/* Run tile t of product pr: one single-threaded BLAS call. Tiles: APPLY,
+ * column blocks; Gram on the plain path, row blocks (memory rows [r0, r1)
+ * of C, returned in *rows); split symmetric Gram, the halves of k (the
+ * first with beta into c, the second with beta 0 into c2); else the whole. */
+static void ns_product_tile(const ns_plan *p, const ns_prod *pr, int t, ns_rect *rows)
+{
+    const int dt = p->dt, n = p->n;
+    const int64_t es = (int64_t)mu_dtype_size(dt);
+    const char *P = pr->p;
+    if (pr->apply) {
+        const int64_t j0 = (int64_t)t * p->mb;
+        const int nj = (int)(j0 + p->mb < p->m ? p->mb : p->m - j0);
+        const char *x = P + ns_col(p, j0, pr->ldp) * es;
+        char *y = (char *)pr->c + ns_col(p, j0, pr->ldc) * es;
+        if (p->plain)
+            ns_gemm(dt, p->lo, CblasNoTrans, n, nj, n, pr->alpha, pr->s, n, x, pr->ldp, 0.0, y,
+                    pr->ldc);
+        else
+            ns_symm(dt, p->lo, p->up, n, nj, pr->alpha, pr->s, n, x, pr->ldp, y, pr->ldc);
+        return;
+    }
+    if (!p->plain) {
+        int64_t k0 = 0, k1 = pr->k;
+        void *c = pr->c;
+        double beta = pr->beta;
+        if (p->halves) {
+            const int64_t h = ns_half(pr->k);
+            k0 = t == 0 ? 0 : h;
+            k1 = t == 0 ? h : pr->k;
+            if (t == 1) {
+                c = pr->c2;
+                beta = 0.0;
+            }
+        }
+        ns_syrk(dt, p->lo, p->up, n, (int)(k1 - k0), pr->alpha, P + ns_col(p, k0, pr->ldp) * es,
+                pr->ldp, beta, c, pr->ldc);
+        return;
+    }
+    /* plain: memory rows [r0, r1) of C are logical rows (RowMajor) or
+     * columns (ColMajor) of C = alpha P Q + beta C */
+    const int r0 = t * p->nb, r1 = r0 + p->nb < n ? r0 + p->nb : n;
+    const int rowmajor = p->lo == CblasRowMajor;
+    const int64_t i0 = rowmajor ? r0 : 0, j0 = rowmajor ? 0 : r0;
+    const int ni = rowmajor ? r1 - r0 : n, nj = rowmajor ? n : r1 - r0;
+    const int64_t qoff = pr->qtrans == CblasTrans ? ns_row(p, j0, pr->ldp) : ns_col(p, j0, pr->ldp);
+    ns_gemm(dt, p->lo, (enum CBLAS_TRANSPOSE)pr->qtrans, ni, nj, pr->k, pr->alpha,
+            P + ns_row(p, i0, pr->ldp) * es, pr->ldp, P + qoff * es, pr->ldp, pr->beta,
+            (char *)pr->c + (int64_t)r0 * pr->ldc * es, pr->ldc);
+    *rows = (ns_rect){r0, r1, 0, n};
+}
+
 /* ------------------------------------------------------------ one matrix */
 
 typedef struct ns_job {
@@ -342,90 +617,184 @@ typedef struct ns_job {
     const mu_ns_opts *opts;
     int inplace;         /* out aliases in */
     const double *norms; /* per-matrix norms from the check pass, or NULL */
+    ns_plan plan;
 } ns_job;
 
-/* Orthogonalize matrix `i` of the job with workspace slot s. The input is
- * known finite and, if zero, eps > 0. */
-static void ns_one(const ns_job *job, const mu__ns_slot *s, int64_t i)
+/* One matrix's iteration: set by ns_begin, then its tiles run in order
+ * (stage by stage) with ns_tile. */
+typedef struct ns_iter {
+    const ns_job *job;
+    const mu__ns_slot *s;
+    char *dst;
+    const void *x0;  /* step 1's input (the source, or a copy in the workspace) */
+    double xs0;      /* step 1's pending scale (normalization folded in) */
+    int dst_first;   /* step 1 writes dst (else the workspace) */
+    int done;        /* nothing left after ns_begin (zero input or 0 steps) */
+} ns_iter;
+
+/* Prologue of matrix i (serial, O(rows * cols)): the norm, zero input and
+ * 0 steps, and the buffers of the ping-pong. The input is known finite
+ * and, if zero, eps > 0. */
+static void ns_begin(ns_iter *it, const ns_job *job, const mu__ns_slot *s, int64_t i)
 {
     const int dt = job->dt;
     const size_t es = mu_dtype_size(dt);
-    const int64_t rows = job->rows, cols = job->cols, len = rows * cols;
+    const int64_t len = job->rows * job->cols;
     const char *src = job->in + i * job->bytes_per;
-    char *dst = job->out + i * job->bytes_per;
     const mu_ns_opts *o = job->opts;
+    it->job = job;
+    it->s = s;
+    it->dst = job->out + i * job->bytes_per;
+    it->done = 1;
 
     double norm = 0.0;
     if (job->norms) norm = job->norms[i];
     else ns_norm(dt, src, len, &norm);
     if (norm == 0.0) { /* zero in, zero out (eps > 0 was checked) */
-        memset(dst, 0, (size_t)len * es);
+        memset(it->dst, 0, (size_t)len * es);
         return;
     }
     const double scale = 1.0 / (o->norm_scale * norm + o->eps);
     if (o->steps == 0) {
-        ns_scale_copy(dt, dst, src, len, scale);
+        ns_scale_copy(dt, it->dst, src, len, scale);
         return;
     }
-
-    const int tall = rows > cols;
-    const enum CBLAS_ORDER lo = tall ? CblasColMajor : CblasRowMajor;
-    const enum CBLAS_UPLO up = tall ? CblasLower : CblasUpper;
-    const int n = (int)(tall ? cols : rows), m = (int)(tall ? rows : cols);
-    const int ldx = tall ? n : m;
-    const int plain = o->path == MU_NS_PLAIN;
-    void *A = s->a, *B = s->b;
-
     /* Ping-pong: the last step writes dst, the one before the workspace,
      * and so on backwards; in place with an odd step count, the input is
      * first copied to the workspace so step 1 does not overwrite its source. */
     const void *x = src;
-    double xs = scale; /* pending scale of x (normalization folded in) */
-    int to_dst = o->steps % 2 == 1;
-    if (job->inplace && to_dst) {
+    it->dst_first = o->steps % 2 == 1;
+    if (job->inplace && it->dst_first) {
         memcpy(s->x, src, (size_t)len * es);
         x = s->x;
     }
+    it->xs0 = scale;
     /* Folding the scale into the first step's alpha (s^2 for X X^T) is exact
      * enough while the unscaled products neither overflow nor underflow;
      * otherwise normalize first, into a buffer step 1 does not write. */
     const double lim = dt == MU_F32 ? 0x1p40 : 0x1p400;
     if (!(norm <= lim && norm >= 1.0 / lim)) {
-        void *buf = x == s->x ? s->x : to_dst ? s->x : (void *)dst;
+        void *buf = x == s->x ? s->x : it->dst_first ? s->x : (void *)it->dst;
         ns_scale_copy(dt, buf, x, len, scale);
         x = buf;
-        xs = 1.0;
+        it->xs0 = 1.0;
     }
-    for (int k = 0; k < o->steps; k++) {
-        const double ca = o->coeffs[3 * k], cb = o->coeffs[3 * k + 1], cc = o->coeffs[3 * k + 2];
-        void *y = to_dst ? (void *)dst : s->x;
-        if (plain) {
-            /* A = X X^T; B = b A + c A A; Y = (B + a I) X */
-            ns_gemm(dt, lo, CblasTrans, n, n, m, xs * xs, x, ldx, x, ldx, 0.0, A, n);
-            memcpy(B, A, (size_t)n * n * es);
-            ns_gemm(dt, lo, CblasNoTrans, n, n, n, cc, A, n, A, n, cb, B, n);
-            ns_add_diag(dt, B, n, ca);
-            ns_gemm(dt, lo, CblasNoTrans, n, m, n, xs, B, n, x, ldx, 0.0, y, ldx);
+    it->x0 = x;
+    it->done = 0;
+}
+
+/* Stage of tile t of a step (0 <= t < nx); t becomes the index within it. */
+static int ns_stage(const ns_plan *p, int *t)
+{
+    int st = 0;
+    while (*t >= p->tiles[st]) *t -= p->tiles[st++];
+    return st;
+}
+
+/* Tile u (0 <= u < steps * plan.nx) of the iteration: step u / nx, then the
+ * stages in order. A tile may run only once every tile of the stages
+ * before its own is done. */
+static void ns_tile(const ns_iter *it, int64_t u)
+{
+    if (it->done) return;
+    const ns_job *job = it->job;
+    const ns_plan *p = &job->plan;
+    const int dt = p->dt, n = p->n;
+    const int k = (int)(u / p->nx);
+    int t = (int)(u % p->nx);
+    const int stage = ns_stage(p, &t);
+    const double *co = job->opts->coeffs + 3 * k; /* a, b, c */
+    /* Step k reads the previous step's output and writes the other buffer. */
+    const int to_dst = it->dst_first ^ (k & 1);
+    const void *x = k == 0 ? it->x0 : to_dst ? it->s->x : (const void *)it->dst;
+    void *y = to_dst ? (void *)it->dst : it->s->x;
+    const double xs = k == 0 ? it->xs0 : 1.0;
+    void *A = it->s->a, *B = it->s->b;
+    ns_rect r = {0, n, 0, n}; /* the whole matrix unless a tile says otherwise */
+
+    switch (stage) {
+    case NS_GRAM_A: { /* A = xs^2 X X^T (second half into B) */
+        const ns_prod pr = {.p = x, .ldp = p->ldx, .k = p->m, .qtrans = CblasTrans,
+                            .alpha = xs * xs, .beta = 0.0, .c = A, .c2 = B, .ldc = n};
+        ns_product_tile(p, &pr, t, &r);
+        if (p->halves) return; /* PREP adds the halves */
+        if (p->plain) {        /* B = A on the tile's rows */
+            const size_t es = mu_dtype_size(dt);
+            memcpy((char *)B + (int64_t)r.r0 * n * (int64_t)es,
+                   (const char *)A + (int64_t)r.r0 * n * (int64_t)es,
+                   (size_t)(r.r1 - r.r0) * (size_t)n * es);
         } else {
-            ns_syrk(dt, lo, up, n, m, xs * xs, x, ldx, 0.0, A, n);
-            ns_prep(dt, A, B, n, cb);
-            ns_syrk(dt, lo, up, n, n, cc, A, n, 1.0, B, n);
-            ns_add_diag(dt, B, n, ca);
-            ns_symm(dt, lo, up, n, m, xs, B, n, x, ldx, y, ldx);
+            ns_prep(dt, A, B, n, 0, n, 0, n, 0, co[1]);
         }
-        x = y;
-        xs = 1.0;
-        to_dst = !to_dst;
+        return;
+    }
+    case NS_PREP: /* A = A + B (the halves), mirrored; B = b A */
+        ns_tri_rect(p, t, &r);
+        ns_prep(dt, A, B, n, r.r0, r.r1, r.c0, r.c1, 1, co[1]);
+        return;
+    case NS_GRAM_B: { /* B = c A A^T + B (plain: c A A + b B); second half into y */
+        const ns_prod pr = {.p = A, .ldp = n, .k = n,
+                            .qtrans = p->plain ? CblasNoTrans : CblasTrans, .alpha = co[2],
+                            .beta = p->plain ? co[1] : 1.0, .c = B, .c2 = y, .ldc = n};
+        ns_product_tile(p, &pr, t, &r);
+        if (!p->halves) ns_add_diag(dt, B, n, r.r0, r.r1, co[0]);
+        return;
+    }
+    case NS_REDUCE: /* B = B + second half, + a I */
+        ns_tri_rect(p, t, &r);
+        ns_accumulate(dt, B, y, n, r.r0, r.r1, r.c0, r.c1);
+        if (r.r0 == r.c0) ns_add_diag(dt, B, n, r.r0, r.r1, co[0]);
+        return;
+    default: { /* NS_APPLY: Y = xs (B + a I) X */
+        const ns_prod pr = {.apply = 1, .p = x, .ldp = p->ldx, .s = B, .alpha = xs, .c = y,
+                            .ldc = p->ldx};
+        ns_product_tile(p, &pr, t, NULL);
+        return;
+    }
     }
 }
 
-/* ------------------------------------------------------- batch workers */
+/* A whole matrix on one worker: the same tiles in order. */
+static void ns_one(const ns_job *job, const mu__ns_slot *s, int64_t i)
+{
+    ns_iter it;
+    ns_begin(&it, job, s, i);
+    const int64_t ntiles = (int64_t)job->opts->steps * job->plan.nx;
+    for (int64_t u = 0; u < ntiles && !it.done; u++) ns_tile(&it, u);
+}
+
+/* ------------------------------------------------------------ workers
+ *
+ * How the work is spread is a speed choice only (the bits are the same):
+ * - head: each worker takes whole matrices (an atomic counter) with its own
+ *   workspace slot. For batches of matrices up to MU__NS_BATCH_PAR_MAX
+ *   elements, where this beats sharing each matrix (no waiting between
+ *   stages).
+ * - tail: all workers share one matrix at a time, tile by tile (one slot).
+ *   For larger matrices, a lone matrix, and the last batch % workers
+ *   matrices of a head batch when they are split (they would otherwise
+ *   leave workers idle). Tickets from an atomic counter number the tail's
+ *   work in order: per matrix the prologue, then for each step the tiles of
+ *   each stage. A ticket's stage may start once every ticket before the
+ *   stage is done (`done` counts finished tickets; tickets of a later stage
+ *   cannot finish first, so it is a prefix count). Stage after stage is the
+ *   only ordering needed: each stage reads what the one before wrote, and
+ *   the next matrix's prologue waits for the last step of the previous
+ *   one, which used the same slot. */
 
 typedef struct ns_pool {
     const ns_job *job;
     mu_ns_workspace *ws;
-    int64_t count;
-    atomic_llong next;
+    int64_t head;            /* matrices [0, head): whole, one per worker */
+    int64_t batch;           /* matrices [head, batch): the tail, tile by tile */
+    atomic_llong next;       /* head: next matrix */
+    atomic_llong finished;   /* head: matrices done */
+    int64_t per_matrix;      /* tail: tickets per matrix (1 + steps * nx) */
+    atomic_llong ticket;     /* tail: next ticket */
+    atomic_llong done;       /* tail: tickets done */
+    ns_iter it;              /* tail: the current matrix (set by its prologue) */
+    pthread_mutex_t mu;      /* with cv: sleeping until a counter is reached */
+    pthread_cond_t cv;
 } ns_pool;
 
 typedef struct ns_worker {
@@ -433,16 +802,101 @@ typedef struct ns_worker {
     int slot;
 } ns_worker;
 
+/* Wait until *counter >= target: a short spin (workers usually arrive
+ * within microseconds of each other), then sleep until ns_wake. */
+static void ns_wait(ns_pool *p, atomic_llong *counter, int64_t target)
+{
+    for (int spin = 0; spin < 4096 && atomic_load(counter) < target; spin++) {
+    }
+    if (atomic_load(counter) >= target) return;
+    pthread_mutex_lock(&p->mu);
+    while (atomic_load(counter) < target) pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void ns_wake(ns_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Tail ticket -> first ticket of its stage and one past its last. */
+static void ns_stage_of(const ns_pool *p, int64_t ticket, int64_t *start, int64_t *end)
+{
+    const ns_plan *pl = &p->job->plan;
+    const int64_t u = ticket % p->per_matrix;
+    if (u == 0) { /* prologue */
+        *start = ticket;
+        *end = ticket + 1;
+        return;
+    }
+    int t = (int)((u - 1) % pl->nx);
+    const int st = ns_stage(pl, &t);
+    *start = ticket - t;
+    *end = *start + pl->tiles[st];
+}
+
 static void *ns_worker_main(void *arg)
 {
     ns_worker *w = arg;
     ns_pool *p = w->pool;
-    for (;;) {
+    for (;;) { /* head */
         long long i = atomic_fetch_add(&p->next, 1);
-        if (i >= p->count) break;
+        if (i >= p->head) break;
         ns_one(p->job, &p->ws->slot[w->slot], i);
+        if (atomic_fetch_add(&p->finished, 1) + 1 == p->head) ns_wake(p);
+    }
+    if (p->head == p->batch) return NULL;
+    ns_wait(p, &p->finished, p->head); /* the tail reuses slot 0 */
+    const int64_t count = (p->batch - p->head) * p->per_matrix;
+    for (;;) { /* tail */
+        long long ticket = atomic_fetch_add(&p->ticket, 1);
+        if (ticket >= count) break;
+        int64_t start, end;
+        ns_stage_of(p, ticket, &start, &end);
+        ns_wait(p, &p->done, start);
+        const int64_t u = ticket % p->per_matrix;
+        if (u == 0) ns_begin(&p->it, p->job, &p->ws->slot[0], p->head + ticket / p->per_matrix);
+        else ns_tile(&p->it, u - 1);
+        if (atomic_fetch_add(&p->done, 1) + 1 == end) ns_wake(p);
     }
     return NULL;
+}
+
+/* Workers: the OpenBLAS thread count when the call starts, or
+ * MU_NS_THREADS (a positive integer) when set; at most MU__NS_MAX_SLOTS.
+ * The results do not depend on it. */
+static int ns_workers(void)
+{
+    int w = openblas_get_num_threads();
+    const char *env = getenv("MU_NS_THREADS");
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v >= 1) w = v < MU__NS_MAX_SLOTS ? (int)v : MU__NS_MAX_SLOTS;
+    }
+    if (w < 1) w = 1;
+    return w < MU__NS_MAX_SLOTS ? w : MU__NS_MAX_SLOTS;
+}
+
+/* Run the pool on `threads` workers, the caller being worker 0 (fewer if a
+ * thread cannot be created: the work is shared dynamically). */
+static void ns_run(ns_pool *pool, int threads)
+{
+    ns_worker wk[MU__NS_MAX_SLOTS];
+    pthread_t tid[MU__NS_MAX_SLOTS];
+    int started = 0;
+    for (int t = 1; t < threads; t++) {
+        wk[t].pool = pool;
+        wk[t].slot = t;
+        if (pthread_create(&tid[t], NULL, ns_worker_main, &wk[t]) != 0) break;
+        started = t;
+    }
+    wk[0].pool = pool;
+    wk[0].slot = 0;
+    ns_worker_main(&wk[0]);
+    for (int t = 1; t <= started; t++) pthread_join(tid[t], NULL);
 }
 
 /* ------------------------------------------------------------- the API */
@@ -533,43 +987,55 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
                         (long long)rows, (long long)cols);
     }
 
-    ns_job job = {dt,   rows, cols, ib, ob, len * (int64_t)es, opts, ib == (const char *)ob,
-                  batch <= NORMS_KEPT ? norms : NULL};
+    ns_job job = {.dt = dt, .rows = rows, .cols = cols, .in = ib, .out = ob,
+                  .bytes_per = len * (int64_t)es, .opts = opts, .inplace = ib == (const char *)ob,
+                  .norms = batch <= NORMS_KEPT ? norms : NULL};
+    ns_plan_init(&job.plan, dt, rows, cols, opts->path);
 
-    int threads = openblas_get_num_threads();
-    if (threads > MU__NS_MAX_SLOTS) threads = MU__NS_MAX_SLOTS;
-    if (threads > batch) threads = (int)batch;
-    int par = threads > 1 && len <= MU__NS_BATCH_PAR_MAX;
-    if (par) {
-        while (ws->nslots < threads) {
+    /* Who does what (speed only; see "workers"). */
+    int threads = ns_workers();
+    int most = 1; /* most tiles in a stage: the tail's useful workers */
+    for (int st = 0; opts->steps > 0 && st < NS_NSTAGES; st++)
+        if (job.plan.tiles[st] > most) most = job.plan.tiles[st];
+    int64_t head = 0;
+    if (threads > 1 && batch > 1 && len <= MU__NS_BATCH_PAR_MAX) {
+        int per = threads < batch ? threads : (int)batch; /* one slot each */
+        while (ws->nslots < per) {
             if (ns_slot_alloc(ws, &ws->slot[ws->nslots]) != MU_OK) break;
             ws->nslots++;
         }
-        mu__clear_error();
-        if (ws->nslots < threads) threads = ws->nslots;
-        par = threads > 1;
-    }
-    if (!par) {
-        for (int64_t i = 0; i < batch; i++) ns_one(&job, &ws->slot[0], i);
-    } else {
-        ns_pool pool = {&job, ws, batch, 0};
-        ns_worker wk[MU__NS_MAX_SLOTS];
-        pthread_t tid[MU__NS_MAX_SLOTS];
-        int started = 0;
-        int saved = openblas_get_num_threads();
-        openblas_set_num_threads(1);
-        for (int t = 1; t < threads; t++) {
-            wk[t].pool = &pool;
-            wk[t].slot = t;
-            if (pthread_create(&tid[t], NULL, ns_worker_main, &wk[t]) != 0) break;
-            started = t;
+        mu__clear_error(); /* out of memory only means fewer workers */
+        if (ws->nslots < per) per = ws->nslots;
+        if (per > 1) {
+            threads = per;
+            head = most > 1 ? batch - batch % per : batch;
         }
-        wk[0].pool = &pool;
-        wk[0].slot = 0;
-        ns_worker_main(&wk[0]);
-        for (int t = 1; t <= started; t++) pthread_join(tid[t], NULL);
-        openblas_set_num_threads(saved);
     }
+    if (head == 0 && threads > most) threads = most;
+
+    /* Every BLAS call runs single-threaded (the count is process-wide). */
+    const int saved = openblas_get_num_threads();
+    if (saved != 1) openblas_set_num_threads(1);
+    int ran = 0;
+    if (threads > 1) {
+        ns_pool pool = {.job = &job, .ws = ws, .head = head, .batch = batch,
+                        .per_matrix = 1 + (int64_t)opts->steps * job.plan.nx};
+        atomic_init(&pool.next, 0);
+        atomic_init(&pool.finished, 0);
+        atomic_init(&pool.ticket, 0);
+        atomic_init(&pool.done, 0);
+        if (pthread_mutex_init(&pool.mu, NULL) == 0) {
+            if (pthread_cond_init(&pool.cv, NULL) == 0) {
+                ns_run(&pool, threads);
+                pthread_cond_destroy(&pool.cv);
+                ran = 1;
+            }
+            pthread_mutex_destroy(&pool.mu);
+        }
+    }
+    if (!ran) /* one worker, or no mutex: the same tiles in order */
+        for (int64_t i = 0; i < batch; i++) ns_one(&job, &ws->slot[0], i);
+    if (saved != 1) openblas_set_num_threads(saved);
     mu_ns_workspace_free(own);
     return MU_OK;
 }

@@ -432,3 +432,176 @@ describe("ns coefficients and validation", function()
     assert.are_not.equal(0, C.mu_ns_preset("asym5", 6, coeffs, 10, nil, nil))
   end)
 end)
+
+-- reproducibility -----------------------------------------------------------
+
+describe("ns results are a function of the inputs only (bitwise)", function()
+  -- src/ns.c computes every product as a fixed list of single-threaded BLAS
+  -- calls chosen from (dtype, rows, cols, path) only. These tests change
+  -- everything else -- OpenBLAS's thread setting, the worker count
+  -- (MU_NS_THREADS), the batch, in place or not, the address -- and compare
+  -- raw bits. 1040x1100 (and its transpose) is split into tiles (n >= 1024):
+  -- alone its tiles are shared by the workers, in a batch each worker takes
+  -- whole matrices, so the two schemes are compared too.
+  local muon = require("muon")
+  local C = require("muon.core").C
+  pcall(ffi.cdef, [[
+    int unsetenv(const char *name);
+    int memcmp(const void *a, const void *b, size_t n);
+    void cblas_dgemm(int order, int transa, int transb, int m, int n, int k, double alpha,
+                     const double *a, int lda, const double *b, int ldb, double beta,
+                     double *c, int ldc);
+  ]])
+  local blas = ffi.load("libopenblas.so.0")
+
+  local saved_threads, saved_env
+  before_each(function()
+    saved_threads = muon.blas_info().threads
+    saved_env = os.getenv("MU_NS_THREADS")
+  end)
+  after_each(function()
+    C.mu_blas_set_threads(saved_threads)
+    if saved_env then ffi.C.setenv("MU_NS_THREADS", saved_env, 1) else ffi.C.unsetenv("MU_NS_THREADS") end
+  end)
+
+  -- Run fn with OpenBLAS set to `blas` threads and MU_NS_THREADS = workers
+  -- (nil: unset, so the worker count follows OpenBLAS).
+  local function with_threads(blas_threads, workers, fn)
+    C.mu_blas_set_threads(blas_threads)
+    if workers then ffi.C.setenv("MU_NS_THREADS", tostring(workers), 1) else ffi.C.unsetenv("MU_NS_THREADS") end
+    local r = fn()
+    C.mu_blas_set_threads(saved_threads)
+    return r
+  end
+
+  -- Raw bytes equal; on failure, name the first element that differs.
+  local function same_bits(a, b, what)
+    assert.are.same(a:size(), b:size(), what)
+    assert.are.equal(a:dtype(), b:dtype(), what)
+    local es = a:dtype() == "float32" and 4 or 8
+    if ffi.C.memcmp(a.data, b.data, a:numel() * es) == 0 then return end
+    local pa, pb = a:ptr(), b:ptr()
+    local ua = ffi.cast(es == 4 and "uint32_t *" or "uint64_t *", a.data)
+    local ub = ffi.cast(es == 4 and "uint32_t *" or "uint64_t *", b.data)
+    for i = 0, a:numel() - 1 do
+      if ua[i] ~= ub[i] then
+        error(("%s: element %d differs in its bits: %.17g vs %.17g"):format(what, i + 1, pa[i], pb[i]), 2)
+      end
+    end
+  end
+
+  -- A contiguous copy of x at an address 3 elements past a fresh buffer's
+  -- start (so not 16-, 32- or 64-byte aligned like the allocator's).
+  local function moved(x)
+    local buf = T.zeros({ x:numel() + 3 }, x:dtype())
+    local v = T.wrap(buf:ptr() + 3, x:size(), x:dtype())
+    v:copy(x)
+    return v, buf -- keep buf alive while v is used
+  end
+
+  local combos = {}
+  for _, dtype in ipairs({ "float32", "float64" }) do
+    for _, path in ipairs({ "symmetric", "plain" }) do combos[#combos + 1] = { dtype, path } end
+  end
+
+  -- Every combination in full on the small shapes and on 1040x1100 float32
+  -- symmetric; the other large cases (float64, plain, the tall ColMajor
+  -- path) with fewer settings and steps, to keep the spec fast.
+  local cases = {}
+  for _, shape in ipairs({ { 64, 96 }, { 96, 64 }, { 1040, 1100 }, { 1100, 1040 } }) do
+    for _, combo in ipairs(combos) do
+      local big = shape[1] * shape[2] > 100000
+      local full = not big or (shape[1] == 1040 and combo[1] == "float32" and combo[2] == "symmetric")
+      if full or shape[1] == 1040 or combo[1] == "float32" then
+        -- odd steps: in place copies the input to the workspace first
+        cases[#cases + 1] = { shape = shape, dtype = combo[1], path = combo[2], full = full,
+                              steps = full and (big and 3 or 5) or 1 }
+      end
+    end
+  end
+
+  for _, c in ipairs(cases) do
+    local dtype, shape = c.dtype, c.shape
+    it(("%s %s %s: threads, workers, batch, in place, address"):format(table.concat(shape, "x"), dtype, c.path), function()
+      local r = ns.resolve({ steps = c.steps, path = c.path })
+      local batch = T.randn({ 4, shape[1], shape[2] }, 61, dtype)
+      local function run(x) return ns.zeropower_into(T.zeros(x:size(), dtype), x, r) end
+      local ref = with_threads(2, nil, function() return run(batch:select(1, 3)) end)
+      -- OpenBLAS thread settings (the worker count follows them) and
+      -- explicit worker counts {blas threads, MU_NS_THREADS}.
+      local cfgs = c.full and { { 1 }, { 2 }, { 3 }, { 2, 1 }, { 2, 2 }, { 1, 3 } } or { { 1 }, { 2, 1 } }
+      for _, cfg in ipairs(cfgs) do
+        local y = with_threads(cfg[1], cfg[2], function() return run(batch:select(1, 3)) end)
+        same_bits(y, ref, ("blas threads %d, MU_NS_THREADS %s"):format(cfg[1], tostring(cfg[2])))
+      end
+      -- the whole batch, each matrix alone, in place, at another address
+      local yb = with_threads(2, nil, function() return run(batch) end)
+      same_bits(yb:select(1, 3), ref, "batch of 4, item 3")
+      if c.full then
+        same_bits(with_threads(2, 1, function() return run(batch) end), yb, "batch of 4, one worker")
+        -- 3 workers: three matrices whole, the fourth shared (when split)
+        same_bits(with_threads(1, 3, function() return run(batch) end), yb, "batch of 4, three workers")
+      end
+      for i = 1, 4 do
+        local xi = batch:select(1, i):clone()
+        same_bits(with_threads(2, nil, function() return run(xi) end), yb:select(1, i), "alone, item " .. i)
+      end
+      local mv, keep = moved(batch:select(1, 2))
+      with_threads(2, nil, function() return ns.zeropower_into(mv, mv, r) end)
+      same_bits(mv, yb:select(1, 2), "in place at an unaligned address, item 2")
+      assert(keep)
+      if c.full then
+        local inplace = batch:clone()
+        with_threads(2, nil, function() return ns.zeropower_into(inplace, inplace, r) end)
+        same_bits(inplace, yb, "batch in place")
+      end
+    end)
+  end
+
+  -- Plain float64 NS with whole (untiled) dgemm calls, as the check that
+  -- the tiles assemble the right products: X <- a X + (b A + c A A) X.
+  local function blas_ref(x, coeffs)
+    local n, m = x:size(1), x:size(2)
+    local X = x:clone()
+    local s = 1 / (x:norm() + 1e-10)
+    local px = X:ptr()
+    for i = 0, n * m - 1 do px[i] = px[i] * s end
+    local A, B, Y = T.zeros({ n, n }, "float64"), T.zeros({ n, n }, "float64"), T.zeros({ n, m }, "float64")
+    for _, abc in ipairs(coeffs) do
+      blas.cblas_dgemm(101, 111, 112, n, n, m, 1, X:ptr(), m, X:ptr(), m, 0, A:ptr(), n)
+      B:copy(A)
+      blas.cblas_dgemm(101, 111, 111, n, n, n, abc[3], A:ptr(), n, A:ptr(), n, abc[2], B:ptr(), n)
+      Y:copy(X)
+      blas.cblas_dgemm(101, 111, 111, n, m, n, 1, B:ptr(), n, X:ptr(), m, abc[1], Y:ptr(), m)
+      X, Y = Y, X
+    end
+    return X
+  end
+
+  it("tiled shapes match whole-product BLAS in float64 (wide and tall, both paths)", function()
+    local x = T.randn({ 1040, 1100 }, 62, "float64")
+    local coeffs = ns.coefficients("asym5", 3)
+    local expect = blas_ref(x, coeffs)
+    local xt = x:transpose(1, 2):contiguous() -- 1100 x 1040: the ColMajor path
+    for _, path in ipairs({ "symmetric", "plain" }) do
+      -- entries ~ 1/sqrt(1100); measured differences ~4e-16 (rounding order)
+      H.assert_close(ns.zeropower(x, { path = path, steps = 3 }), expect, 1e-12, "wide " .. path)
+      H.assert_close(ns.zeropower(xt, { path = path, steps = 3 }):transpose(1, 2), expect, 1e-12, "tall " .. path)
+    end
+    H.assert_close(ns.zeropower(x:to("float32"), { steps = 3 }), expect, 1e-5, "float32")
+  end)
+
+  it("a batch of matrices too large for one-per-worker runs tile-parallel, zero matrix included", function()
+    -- 1024 x 4097 > 4M elements per matrix (above MU__NS_BATCH_PAR_MAX):
+    -- the workers share each matrix's tiles, matrix after matrix.
+    local r = ns.resolve({ steps = 1, path = "symmetric" })
+    local x = T.randn({ 2, 1024, 4097 }, 63)
+    x:select(1, 1):fill(0)
+    local y = with_threads(2, nil, function() return ns.zeropower_into(T.zeros(x:size()):fill(7), x, r) end)
+    assert.are.equal(0, y:select(1, 1):norm())
+    local x2 = x:select(1, 2):clone()
+    local y2 = with_threads(1, nil, function() return ns.zeropower_into(T.zeros(x2:size()), x2, r) end)
+    same_bits(y:select(1, 2), y2, "item 2 vs alone with one thread")
+    assert.is_true(y2:norm() > 1) -- not trivially zero
+  end)
+end)

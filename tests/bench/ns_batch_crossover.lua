@@ -1,7 +1,8 @@
 -- Helper for choosing MU__NS_BATCH_PAR_MAX (src/ns.c): a batch through one
--- 3-D call (matrices spread over threads, single-threaded BLAS each, when
--- n*m <= the threshold) vs the same matrices one 2-D call at a time
--- (threaded BLAS per matrix).  luajit tests/bench/ns_batch_crossover.lua
+-- 3-D call (whole matrices spread over the workers, when n*m <= the
+-- threshold) vs the same matrices one 2-D call at a time (each matrix's
+-- tiles shared by the workers, for shapes that are split).
+--   luajit tests/bench/ns_batch_crossover.lua
 local ffi = require("ffi")
 local T = require("muon.tensor")
 local ns = require("muon.ns")

@@ -3,6 +3,9 @@
 -- for those flops, plain/symmetric, and torch (the seed's function, float32,
 -- 2 threads, same OpenBLAS core) / ours when /usr/bin/python3 has torch.
 --   luajit tests/bench/ns_bench.lua [SHAPE ...]   (SHAPE like 768x768, 12x768x768)
+-- Ours runs MU_NS_THREADS workers when set, else one per OpenBLAS thread;
+-- every BLAS call is single-threaded and its tiles are fixed by the shape,
+-- so the results are the same bits whatever the worker count.
 local ffi = require("ffi")
 local muon = require("muon")
 local T = muon.tensor
@@ -89,7 +92,13 @@ local function torch_times(shapes)
 end
 
 local info = muon.blas_info()
-print(("OpenBLAS core %s, %d threads; %d steps, asym5, float32"):format(info.core, info.threads, STEPS))
+local workers = math.min(16, info.threads) -- MU__NS_MAX_SLOTS in src/ns.c
+local env_workers = tonumber(os.getenv("MU_NS_THREADS") or "")
+if env_workers and env_workers >= 1 and env_workers == math.floor(env_workers) then
+  workers = math.min(16, env_workers)
+end
+print(("OpenBLAS core %s, %d threads; NS workers %d; %d steps, asym5, float32"):format(info.core, info.threads,
+  workers, STEPS))
 
 local rows = {}
 for _, s in ipairs(SHAPES) do
