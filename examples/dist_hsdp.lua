@@ -5,7 +5,7 @@
 --   mpirun -np 2 build/muon run examples/dist_hsdp.lua            (mesh 1 x 2)
 --   build/muon run examples/dist_hsdp.lua [checkpoint path]       (one process)
 --
--- (On a small shared machine add the DESIGN.md MPI settings, e.g.
+-- (On a small shared machine add the Open MPI settings of the README, e.g.
 -- OMPI_MCA_mpi_yield_when_idle=1.) Every run prints the same losses: the
 -- distributed step is bitwise equal to the one-process step.
 --

@@ -30,20 +30,79 @@ struct mu_engine {
 
 /* ------------------------------------------------------------ messages */
 
+/* The failure code named by name ("EFORMAT" or "MU_EFORMAT"), 0 if none. */
+static int mu__code_of_name(const char *name)
+{
+    if (strncmp(name, "MU_", 3) == 0) name += 3;
+#define MU__NAME_CASE(n, value, desc) \
+    if ((value) < 0 && strcmp(name, #n) == 0) return (value);
+    MU_ERRORS(MU__NAME_CASE)
+#undef MU__NAME_CASE
+    return 0;
+}
+
+/* The status code carried by the error object at idx: its `code` field, a
+ * MU_E* number (lua/muon/errors.lua) or the code's name (as older Lua code
+ * raises { code = "EFORMAT", msg = ... }). 0 for a plain value, or a table
+ * without a failure code: the caller's fallback applies. Raw reads only:
+ * the value may come from a config, and its metamethods are not called. */
+static int mu__code_of(lua_State *L, int idx)
+{
+    int code = 0;
+    if (!lua_istable(L, idx)) return 0;
+    lua_pushliteral(L, "code");
+    lua_rawget(L, idx);
+    if (lua_type(L, -1) == LUA_TNUMBER) {
+        lua_Number n = lua_tonumber(L, -1);
+        if (n < 0 && n >= INT_MIN && n == (lua_Number)(int)n && strcmp(mu_errname((int)n), "UNKNOWN") != 0)
+            code = (int)n;
+    } else if (lua_type(L, -1) == LUA_TSTRING) {
+        code = mu__code_of_name(lua_tostring(L, -1));
+    }
+    lua_pop(L, 1);
+    return code;
+}
+
+/* For a string error: the traceback where it was first raised, if it was
+ * caught and raised again on its way here (by the sandbox membrane, which
+ * rethrows a config's errors) and muon.errors kept that traceback:
+ * require("muon.errors").traceback(err). NULL otherwise. Pushes one value. */
+static const char *mu__first_traceback(lua_State *L, int idx)
+{
+    lua_getfield(L, LUA_REGISTRYINDEX, "_LOADED");
+    lua_getfield(L, -1, "muon.errors");
+    lua_remove(L, -2);
+    if (!lua_istable(L, -1)) return NULL;
+    lua_pushliteral(L, "traceback");
+    lua_rawget(L, -2);
+    lua_remove(L, -2);
+    if (!lua_isfunction(L, -1)) return NULL;
+    lua_pushvalue(L, idx);
+    if (lua_pcall(L, 1, 1, 0) != 0) return NULL;
+    return lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+}
+
 /* Message handler for lua_pcall: turns any error value into a table
- * { msg = <string>, code = <int or nil>, tb = <traceback> }. host.lua raises
- * tables { code = "EFORMAT", msg = ... } to choose the status code. */
+ * { msg = <string>, code = <MU_E* number or nil>, tb = <traceback> }.
+ * Error objects (lua/muon/errors.lua: { code =, msg = [, tb =] }) choose the
+ * status code; a tb they carry (or that muon.errors kept for a string),
+ * captured where a config's hook raised, replaces the traceback of this
+ * point. */
 static int mu__msgh(lua_State *L)
 {
     const char *msg = NULL;
-    const char *code = NULL;
+    const char *tb = NULL;
+    int code = mu__code_of(L, 1);
     if (lua_istable(L, 1)) {
-        lua_getfield(L, 1, "code");
-        code = lua_tostring(L, -1);
-        lua_getfield(L, 1, "msg");
+        lua_pushliteral(L, "msg");
+        lua_rawget(L, 1);
         msg = lua_tostring(L, -1);
+        lua_pushliteral(L, "tb");
+        lua_rawget(L, 1);
+        if (lua_type(L, -1) == LUA_TSTRING) tb = lua_tostring(L, -1);
     } else {
         msg = lua_tostring(L, 1);
+        if (lua_type(L, 1) == LUA_TSTRING) tb = mu__first_traceback(L, 1);
     }
     if (!msg) {
         if (luaL_callmeta(L, 1, "__tostring") && lua_isstring(L, -1))
@@ -56,27 +115,16 @@ static int mu__msgh(lua_State *L)
     lua_pushstring(L, msg);
     lua_setfield(L, t, "msg");
     if (code) {
-        lua_pushstring(L, code);
+        lua_pushinteger(L, code);
         lua_setfield(L, t, "code");
     }
-    luaL_traceback(L, L, NULL, 1);
+    if (tb)
+        lua_pushstring(L, tb);
+    else
+        luaL_traceback(L, L, NULL, 1);
     lua_setfield(L, t, "tb");
     lua_pushvalue(L, t);
     return 1;
-}
-
-static int mu__code_from_name(const char *name, int fallback)
-{
-    static const struct { const char *name; int code; } names[] = {
-        {"EINVAL", MU_EINVAL}, {"ENOMEM", MU_ENOMEM}, {"EIO", MU_EIO},
-        {"EFORMAT", MU_EFORMAT}, {"EDTYPE", MU_EDTYPE}, {"ESHAPE", MU_ESHAPE},
-        {"ENONFINITE", MU_ENONFINITE}, {"ESTATE", MU_ESTATE}, {"ELUA", MU_ELUA},
-        {"ECOMM", MU_ECOMM},
-    };
-    if (!name) return fallback;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(names[i].name, name) == 0) return names[i].code;
-    return fallback;
 }
 
 static void mu__set_err(mu_engine *eng, const char *s)
@@ -94,22 +142,22 @@ static void mu__set_err(mu_engine *eng, const char *s)
 
 /* After a failed lua_pcall (status != 0, error value on top): record the
  * message in mu_last_error() ("what: msg") and, with the traceback, in the
- * engine's detail. Pops the error value and returns the status code. */
+ * engine's detail. Pops the error value and returns the status code: the
+ * error object's, or fallback for a plain error (a string). */
 static int mu__lua_fail(lua_State *L, mu_engine *eng, int status, int fallback, const char *what)
 {
-    const char *msg = NULL, *code = NULL, *tb = NULL;
-    int rc = fallback;
+    const char *msg = NULL, *tb = NULL;
+    int rc = fallback; /* for plain errors; an error object brings its code */
     if (status == LUA_ERRMEM) {
         rc = MU_ENOMEM;
         msg = "not enough memory in the Lua state";
-    } else if (lua_istable(L, -1)) {
+    } else if (lua_istable(L, -1)) { /* made by mu__msgh */
         lua_getfield(L, -1, "msg");
         lua_getfield(L, -2, "code");
         lua_getfield(L, -3, "tb");
         msg = lua_tostring(L, -3);
-        code = lua_tostring(L, -2);
+        if (lua_isnumber(L, -2)) rc = (int)lua_tointeger(L, -2);
         tb = lua_tostring(L, -1);
-        rc = mu__code_from_name(code, fallback);
     } else {
         msg = lua_tostring(L, -1);
     }

@@ -6,21 +6,26 @@
 
 static _Thread_local char mu__last_error[1024];
 
+/* Both from the one table in muon.h (MU_ERRORS). */
 const char *mu_strerror(int code)
 {
     switch (code) {
-    case MU_OK: return "ok";
-    case MU_EINVAL: return "invalid argument";
-    case MU_ENOMEM: return "out of memory";
-    case MU_EIO: return "i/o error";
-    case MU_EFORMAT: return "malformed or unsupported file";
-    case MU_EDTYPE: return "unsupported or mismatched dtype";
-    case MU_ESHAPE: return "shape mismatch";
-    case MU_ENONFINITE: return "non-finite value";
-    case MU_ESTATE: return "invalid state";
-    case MU_ELUA: return "lua error";
-    case MU_ECOMM: return "communication error";
+#define MU__STRERROR_CASE(name, value, desc) \
+    case MU_##name: return desc;
+        MU_ERRORS(MU__STRERROR_CASE)
+#undef MU__STRERROR_CASE
     default: return "unknown error";
+    }
+}
+
+const char *mu_errname(int code)
+{
+    switch (code) {
+#define MU__ERRNAME_CASE(name, value, desc) \
+    case MU_##name: return #name;
+        MU_ERRORS(MU__ERRNAME_CASE)
+#undef MU__ERRNAME_CASE
+    default: return "UNKNOWN";
     }
 }
 

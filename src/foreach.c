@@ -81,6 +81,9 @@ typedef struct job {
     mu_tensor *const *b; /* bufs / updates / grads */
     mu_tensor *const *c; /* new_bufs / exp_avgs */
     mu_tensor *const *d; /* updates / exp_avg_sqs */
+    mu_tensor *const *e; /* adamw_update: new_exp_avgs */
+    mu_tensor *const *f; /* adamw_update: new_exp_avg_sqs */
+    mu_tensor *const *u; /* adamw_update: updates (NULL: in place on params) */
     const mu_tensor *batch; /* pack dst / unpack src */
     const int64_t *offsets;
     const double *scales;
@@ -153,10 +156,14 @@ static inline void apply_f64(double *p, const double *u, int64_t k, double decay
 typedef struct adam_f32 { float decay, w, wm1, b2, c2, bc2s, eps, nss; int small; } adam_f32;
 typedef struct adam_f64 { double decay, w, wm1, b2, c2, bc2s, eps, nss; int small; } adam_f64;
 
-static inline void adamw_f32(float *p, const float *g, float *m, float *v, int64_t k,
-                             const adam_f32 *h)
+/* One element of AdamW: reads g, m, v at k, writes the new moments to
+ * mo, vo (which may be m, v) and either p = p*decay + upd (u == NULL, the
+ * in-place step) or u = upd (the update direction, applied later by
+ * mu_foreach_apply with decay and alpha 1: fma(1, u*1, p*decay) rounds
+ * like p*decay + upd, so both forms give the same bits). */
+static inline void adamw_f32(float *p, const float *g, const float *m, const float *v, float *mo,
+                             float *vo, float *u, int64_t k, const adam_f32 *h)
 {
-    float pv = p[k] * h->decay;
     float gv = g[k], mv = m[k];
     float diff = gv - mv;
     mv = h->small ? fmaf(h->w, diff, mv) : fmaf(h->wm1, diff, gv);
@@ -165,15 +172,16 @@ static inline void adamw_f32(float *p, const float *g, float *m, float *v, int64
     float vv = vb + gc * gv;
     float den = sqrtf(vv) / h->bc2s + h->eps;
     float num = h->nss * mv;
-    p[k] = pv + num / den;
-    m[k] = mv;
-    v[k] = vv;
+    float upd = num / den;
+    if (u) u[k] = upd;
+    else p[k] = p[k] * h->decay + upd;
+    mo[k] = mv;
+    vo[k] = vv;
 }
 
-static inline void adamw_f64(double *p, const double *g, double *m, double *v, int64_t k,
-                             const adam_f64 *h)
+static inline void adamw_f64(double *p, const double *g, const double *m, const double *v, double *mo,
+                             double *vo, double *u, int64_t k, const adam_f64 *h)
 {
-    double pv = p[k] * h->decay;
     double gv = g[k], mv = m[k];
     double diff = gv - mv;
     mv = h->small ? fma(h->w, diff, mv) : fma(h->wm1, diff, gv);
@@ -182,9 +190,11 @@ static inline void adamw_f64(double *p, const double *g, double *m, double *v, i
     double vv = vb + gc * gv;
     double den = sqrt(vv) / h->bc2s + h->eps;
     double num = h->nss * mv;
-    p[k] = pv + num / den;
-    m[k] = mv;
-    v[k] = vv;
+    double upd = num / den;
+    if (u) u[k] = upd;
+    else p[k] = p[k] * h->decay + upd;
+    mo[k] = mv;
+    vo[k] = vv;
 }
 
 /* ------------------------------------------------------ AVX2+FMA kernels */
@@ -248,8 +258,8 @@ MU__AVX2 static void apply_f64_avx2(double *p, const double *u, int64_t len, dou
     for (; k < len; k++) apply_f64(p, u, k, decay, s, alpha);
 }
 
-MU__AVX2 static void adamw_f32_avx2(float *p, const float *g, float *m, float *v, int64_t len,
-                                    const adam_f32 *h)
+MU__AVX2 static void adamw_f32_avx2(float *p, const float *g, const float *m, const float *v,
+                                    float *mo, float *vo, float *u, int64_t len, const adam_f32 *h)
 {
     const __m256 vdec = _mm256_set1_ps(h->decay), vw = _mm256_set1_ps(h->small ? h->w : h->wm1);
     const __m256 vb2 = _mm256_set1_ps(h->b2), vc2 = _mm256_set1_ps(h->c2);
@@ -257,7 +267,6 @@ MU__AVX2 static void adamw_f32_avx2(float *p, const float *g, float *m, float *v
     const __m256 vnss = _mm256_set1_ps(h->nss);
     int64_t k = 0;
     for (; k + 8 <= len; k += 8) {
-        __m256 pv = _mm256_mul_ps(_mm256_loadu_ps(p + k), vdec);
         __m256 gv = _mm256_loadu_ps(g + k), mv = _mm256_loadu_ps(m + k);
         __m256 diff = _mm256_sub_ps(gv, mv);
         mv = _mm256_fmadd_ps(vw, diff, h->small ? mv : gv);
@@ -265,15 +274,16 @@ MU__AVX2 static void adamw_f32_avx2(float *p, const float *g, float *m, float *v
         __m256 vv = _mm256_add_ps(vb, _mm256_mul_ps(_mm256_mul_ps(vc2, gv), gv));
         __m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), vbc), veps);
         __m256 upd = _mm256_div_ps(_mm256_mul_ps(vnss, mv), den);
-        _mm256_storeu_ps(p + k, _mm256_add_ps(pv, upd));
-        _mm256_storeu_ps(m + k, mv);
-        _mm256_storeu_ps(v + k, vv);
+        if (u) _mm256_storeu_ps(u + k, upd);
+        else _mm256_storeu_ps(p + k, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(p + k), vdec), upd));
+        _mm256_storeu_ps(mo + k, mv);
+        _mm256_storeu_ps(vo + k, vv);
     }
-    for (; k < len; k++) adamw_f32(p, g, m, v, k, h);
+    for (; k < len; k++) adamw_f32(p, g, m, v, mo, vo, u, k, h);
 }
 
-MU__AVX2 static void adamw_f64_avx2(double *p, const double *g, double *m, double *v,
-                                    int64_t len, const adam_f64 *h)
+MU__AVX2 static void adamw_f64_avx2(double *p, const double *g, const double *m, const double *v,
+                                    double *mo, double *vo, double *u, int64_t len, const adam_f64 *h)
 {
     const __m256d vdec = _mm256_set1_pd(h->decay), vw = _mm256_set1_pd(h->small ? h->w : h->wm1);
     const __m256d vb2 = _mm256_set1_pd(h->b2), vc2 = _mm256_set1_pd(h->c2);
@@ -281,7 +291,6 @@ MU__AVX2 static void adamw_f64_avx2(double *p, const double *g, double *m, doubl
     const __m256d vnss = _mm256_set1_pd(h->nss);
     int64_t k = 0;
     for (; k + 4 <= len; k += 4) {
-        __m256d pv = _mm256_mul_pd(_mm256_loadu_pd(p + k), vdec);
         __m256d gv = _mm256_loadu_pd(g + k), mv = _mm256_loadu_pd(m + k);
         __m256d diff = _mm256_sub_pd(gv, mv);
         mv = _mm256_fmadd_pd(vw, diff, h->small ? mv : gv);
@@ -289,11 +298,12 @@ MU__AVX2 static void adamw_f64_avx2(double *p, const double *g, double *m, doubl
         __m256d vv = _mm256_add_pd(vb, _mm256_mul_pd(_mm256_mul_pd(vc2, gv), gv));
         __m256d den = _mm256_add_pd(_mm256_div_pd(_mm256_sqrt_pd(vv), vbc), veps);
         __m256d upd = _mm256_div_pd(_mm256_mul_pd(vnss, mv), den);
-        _mm256_storeu_pd(p + k, _mm256_add_pd(pv, upd));
-        _mm256_storeu_pd(m + k, mv);
-        _mm256_storeu_pd(v + k, vv);
+        if (u) _mm256_storeu_pd(u + k, upd);
+        else _mm256_storeu_pd(p + k, _mm256_add_pd(_mm256_mul_pd(_mm256_loadu_pd(p + k), vdec), upd));
+        _mm256_storeu_pd(mo + k, mv);
+        _mm256_storeu_pd(vo + k, vv);
     }
-    for (; k < len; k++) adamw_f64(p, g, m, v, k, h);
+    for (; k < len; k++) adamw_f64(p, g, m, v, mo, vo, u, k, h);
 }
 
 MU__AVX2 static void scale_f32_avx2(float *x, int64_t len, float s)
@@ -442,8 +452,10 @@ static int segment(job *J, int i, int64_t k0, int64_t len)
         break;
     }
     case OP_ADAMW: {
-        void *p = tdata(J->a[i], k0), *g = tdata(J->b[i], k0);
+        void *p = J->u ? NULL : tdata(J->a[i], k0), *g = tdata(J->b[i], k0);
         void *m = tdata(J->c[i], k0), *v = tdata(J->d[i], k0);
+        void *mo = tdata(J->e[i], k0), *vo = tdata(J->f[i], k0);
+        void *u = J->u ? tdata(J->u[i], k0) : NULL;
         /* s0 decay, s1 w (= 1-b1), s2 b2, s3 sqrt(bc2), s4 eps, s5 -step_size */
         int small = J->s1 < 0.5;
         if (f32) {
@@ -452,16 +464,16 @@ static int segment(job *J, int i, int64_t k0, int64_t len)
             h.wm1 = h.w - 1.0f;
             h.c2 = (float)(1.0 - J->s2);
 #if MU__X86
-            if (simd) { adamw_f32_avx2(p, g, m, v, len, &h); break; }
+            if (simd) { adamw_f32_avx2(p, g, m, v, mo, vo, u, len, &h); break; }
 #endif
-            for (int64_t k = 0; k < len; k++) adamw_f32(p, g, m, v, k, &h);
+            for (int64_t k = 0; k < len; k++) adamw_f32(p, g, m, v, mo, vo, u, k, &h);
         } else {
             adam_f64 h = { J->s0, J->s1, J->s1 - 1.0, J->s2, 1.0 - J->s2, J->s3, J->s4, J->s5,
                            small };
 #if MU__X86
-            if (simd) { adamw_f64_avx2(p, g, m, v, len, &h); break; }
+            if (simd) { adamw_f64_avx2(p, g, m, v, mo, vo, u, len, &h); break; }
 #endif
-            for (int64_t k = 0; k < len; k++) adamw_f64(p, g, m, v, k, &h);
+            for (int64_t k = 0; k < len; k++) adamw_f64(p, g, m, v, mo, vo, u, k, &h);
         }
         break;
     }
@@ -740,6 +752,45 @@ int mu_foreach_scale(int n, mu_tensor *const *xs, const double *scales, double s
     return MU_OK;
 }
 
+/* AdamW's scalars, checked; J gets s0..s5 (see OP_ADAMW in segment()). */
+static int adamw_scalars(job *J, double lr, double beta1, double beta2, double eps,
+                         double weight_decay, int64_t step)
+{
+    int rc;
+    if ((rc = finite_scalar("lr", lr)) || (rc = finite_scalar("eps", eps)) ||
+        (rc = finite_scalar("weight_decay", weight_decay)))
+        return rc;
+    if (!(beta1 >= 0.0 && beta1 < 1.0)) return mu__fail(MU_EINVAL, "beta1 = %g is not in [0, 1)", beta1);
+    if (!(beta2 >= 0.0 && beta2 < 1.0)) return mu__fail(MU_EINVAL, "beta2 = %g is not in [0, 1)", beta2);
+    if (eps < 0.0) return mu__fail(MU_EINVAL, "eps = %g is negative", eps);
+    if (step < 1) return mu__fail(MU_EINVAL, "step = %lld must be >= 1", (long long)step);
+    double bc1 = 1.0 - pow(beta1, (double)step);
+    double bc2 = 1.0 - pow(beta2, (double)step);
+    if (!(bc1 > 0.0) || !(bc2 > 0.0))
+        return mu__fail(MU_EINVAL, "bias correction is zero (beta1 = %g, beta2 = %g, step = %lld)",
+                        beta1, beta2, (long long)step);
+    J->s0 = 1.0 - lr * weight_decay;
+    J->s1 = 1.0 - beta1;
+    J->s2 = beta2;
+    J->s3 = sqrt(bc2);
+    J->s4 = eps;
+    J->s5 = -(lr / bc1);
+    return MU_OK;
+}
+
+/* Arrays arrs[l] and arrs[k] (l < k < nsep) must not be the same memory at
+ * any index (outputs may alias only the inputs they replace). */
+static int adamw_distinct(int n, int narr, mu_tensor *const *const *arrs, const char *const *names)
+{
+    for (int i = 0; i < n; i++)
+        for (int k = 1; k < narr; k++)
+            for (int l = 0; l < k; l++)
+                if (arrs[k][i]->data == arrs[l][i]->data && mu_tensor_numel(arrs[k][i]) > 0)
+                    return mu__fail(MU_EINVAL, "index %d: %s[%d] and %s[%d] are the same memory",
+                                    i, names[l], i, names[k], i);
+    return MU_OK;
+}
+
 int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *grads,
                      mu_tensor *const *exp_avgs, mu_tensor *const *exp_avg_sqs, double lr,
                      double beta1, double beta2, double eps, double weight_decay, int64_t step)
@@ -748,33 +799,47 @@ int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *grads,
     const char *names[4] = { "params", "grads", "exp_avgs", "exp_avg_sqs" };
     int dtype, rc = check_arrays(n, 4, arrs, names, &dtype);
     if (rc) return rc;
-    if ((rc = finite_scalar("lr", lr)) || (rc = finite_scalar("eps", eps)) ||
-        (rc = finite_scalar("weight_decay", weight_decay)))
-        return rc;
-    if (!(beta1 >= 0.0 && beta1 < 1.0)) return mu__fail(MU_EINVAL, "beta1 = %g is not in [0, 1)", beta1);
-    if (!(beta2 >= 0.0 && beta2 < 1.0)) return mu__fail(MU_EINVAL, "beta2 = %g is not in [0, 1)", beta2);
-    if (eps < 0.0) return mu__fail(MU_EINVAL, "eps = %g is negative", eps);
-    if (step < 1) return mu__fail(MU_EINVAL, "step = %lld must be >= 1", (long long)step);
-    for (int i = 0; i < n; i++)
-        for (int k = 1; k < 4; k++)
-            for (int l = 0; l < k; l++)
-                if (arrs[k][i]->data == arrs[l][i]->data && mu_tensor_numel(arrs[k][i]) > 0)
-                    return mu__fail(MU_EINVAL, "index %d: %s[%d] and %s[%d] are the same memory",
-                                    i, names[l], i, names[k], i);
-    double bc1 = 1.0 - pow(beta1, (double)step);
-    double bc2 = 1.0 - pow(beta2, (double)step);
-    if (!(bc1 > 0.0) || !(bc2 > 0.0))
-        return mu__fail(MU_EINVAL, "bias correction is zero (beta1 = %g, beta2 = %g, step = %lld)",
-                        beta1, beta2, (long long)step);
     job J;
     job_init(&J, OP_ADAMW, n, dtype);
+    if ((rc = adamw_scalars(&J, lr, beta1, beta2, eps, weight_decay, step))) return rc;
+    if ((rc = adamw_distinct(n, 4, arrs, names))) return rc;
     J.a = params, J.b = grads, J.c = exp_avgs, J.d = exp_avg_sqs;
-    J.s0 = 1.0 - lr * weight_decay;
-    J.s1 = 1.0 - beta1;
-    J.s2 = beta2;
-    J.s3 = sqrt(bc2);
-    J.s4 = eps;
-    J.s5 = -(lr / bc1);
+    J.e = exp_avgs, J.f = exp_avg_sqs, J.u = NULL;
+    run_job(&J);
+    return MU_OK;
+}
+
+int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
+                            mu_tensor *const *exp_avg_sqs, mu_tensor *const *new_exp_avgs,
+                            mu_tensor *const *new_exp_avg_sqs, mu_tensor *const *updates,
+                            double lr, double beta1, double beta2, double eps, int64_t step)
+{
+    mu_tensor *const *arrs[6] = { grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs,
+                                  updates };
+    const char *names[6] = { "grads", "exp_avgs", "exp_avg_sqs", "new_exp_avgs",
+                             "new_exp_avg_sqs", "updates" };
+    int dtype, rc = check_arrays(n, 6, arrs, names, &dtype);
+    if (rc) return rc;
+    job J;
+    job_init(&J, OP_ADAMW, n, dtype);
+    if ((rc = adamw_scalars(&J, lr, beta1, beta2, eps, 0.0, step))) return rc;
+    /* The inputs, and the outputs, are distinct; new_exp_avgs may be
+     * exp_avgs and new_exp_avg_sqs exp_avg_sqs (in place), nothing else. */
+    mu_tensor *const *ins[3] = { grads, exp_avgs, exp_avg_sqs };
+    mu_tensor *const *outs[3] = { new_exp_avgs, new_exp_avg_sqs, updates };
+    if ((rc = adamw_distinct(n, 3, ins, names)) || (rc = adamw_distinct(n, 3, outs, names + 3)))
+        return rc;
+    for (int i = 0; i < n; i++) {
+        if (mu_tensor_numel(grads[i]) == 0) continue;
+        for (int k = 0; k < 3; k++)
+            for (int l = 0; l < 3; l++)
+                if (outs[k][i]->data == ins[l][i]->data && !(l == k + 1))
+                    return mu__fail(MU_EINVAL, "index %d: %s[%d] aliases %s[%d]", i, names[k + 3],
+                                    i, names[l], i);
+    }
+    J.b = grads, J.c = exp_avgs, J.d = exp_avg_sqs;
+    J.e = new_exp_avgs, J.f = new_exp_avg_sqs, J.u = updates;
+    J.a = grads; /* the range split walks J.a's element counts */
     run_job(&J);
     return MU_OK;
 }

@@ -33,22 +33,36 @@ extern "C" {
 
 /* ---------------------------------------------------------------- errors */
 
-enum {
-    MU_OK = 0,
-    MU_EINVAL = -1,    /* bad argument (shape, dim, option) */
-    MU_ENOMEM = -2,    /* allocation failed */
-    MU_EIO = -3,       /* file could not be read or written */
-    MU_EFORMAT = -4,   /* malformed or unsupported file contents */
-    MU_EDTYPE = -5,    /* unsupported or mismatched dtype */
-    MU_ESHAPE = -6,    /* shapes or sizes disagree */
-    MU_ENONFINITE = -7,/* NaN or Inf where finite values are required */
-    MU_ESTATE = -8,    /* object not in a state that allows the call */
-    MU_ELUA = -9,      /* error raised by Lua code (config, hook) */
-    MU_ECOMM = -10     /* communication failure */
-};
+/*
+ * The status codes, in one table: X(name, value, description). It generates
+ * the enum below (MU_OK, MU_EINVAL, ...), mu_strerror (the description) and
+ * mu_errname (the name: "EINVAL") in src/error.c; the Lua side
+ * (lua/muon/errors.lua) builds its table of codes from mu_errname. Values
+ * are 0 and then -1, -2, ... without gaps; new codes go at the end.
+ */
+#define MU_ERRORS(X)                                                                            \
+    X(OK, 0, "ok")                                                                              \
+    X(EINVAL, -1, "invalid argument")                /* bad argument, option or value */        \
+    X(ENOMEM, -2, "out of memory")                   /* allocation failed */                    \
+    X(EIO, -3, "i/o error")                          /* file missing, unreadable, unwritable */ \
+    X(EFORMAT, -4, "malformed or unsupported file")  /* bad file contents */                    \
+    X(EDTYPE, -5, "unsupported or mismatched dtype")                                            \
+    X(ESHAPE, -6, "shape mismatch")                  /* shapes or sizes disagree */             \
+    X(ENONFINITE, -7, "non-finite value")            /* NaN or Inf where finite is required */  \
+    X(ESTATE, -8, "invalid state")                   /* object not in a state for the call */   \
+    X(ELUA, -9, "lua error")                         /* raised by the user's Lua (hook) */      \
+    X(ECOMM, -10, "communication error")             /* MPI failure */
 
-/* Static description of a status code. */
+#define MU__ERROR_ENUM(name, value, desc) MU_##name = value,
+enum { MU_ERRORS(MU__ERROR_ENUM) };
+#undef MU__ERROR_ENUM
+
+/* Static description of a status code ("invalid argument"; "unknown error"
+ * for a value outside the table). */
 MU_API const char *mu_strerror(int code);
+/* Name of a status code without the MU_ prefix ("OK", "EINVAL", ...;
+ * "UNKNOWN" for a value outside the table). Never NULL. */
+MU_API const char *mu_errname(int code);
 /* Detail message of the last failed call on this thread ("" if none). */
 MU_API const char *mu_last_error(void);
 /* FFI declarations of this header, for LuaJIT's ffi.cdef. */
@@ -182,13 +196,17 @@ typedef struct mu_ns_workspace mu_ns_workspace;
 
 /* Workspace for matrices of up to rows x cols (either orientation), reused
  * across calls so the step loop never allocates. One call at a time per
- * workspace: a batch of small matrices adds one buffer set per BLAS thread
- * on first use (the batch runs one single-threaded BLAS worker per core). */
+ * workspace: it adds one buffer set per worker on first use (the workers:
+ * OpenBLAS's thread count when the call starts, or MU_NS_THREADS). */
 MU_API int mu_ns_workspace_new(int dtype, int64_t rows, int64_t cols, mu_ns_workspace **out);
 MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
 
 /* Orthogonalize in (n x m) or a batch (b x n x m), C-contiguous, into out
  * (same shape and dtype; out may be in). ws may be NULL (allocated inside).
+ * The bits of each output matrix depend on its input (and the build and
+ * OpenBLAS core) only: not on the thread or worker count, the batch it is
+ * in, or where it lives (every BLAS call is single-threaded on a fixed
+ * partition of the products into tiles, see src/ns.c).
  * A non-finite input fails with MU_ENONFINITE naming the batch index and
  * leaves out untouched; eps = 0 with an all-zero matrix is MU_EINVAL. */
 MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
@@ -236,6 +254,17 @@ MU_API int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *g
                             mu_tensor *const *exp_avgs, mu_tensor *const *exp_avg_sqs,
                             double lr, double beta1, double beta2, double eps,
                             double weight_decay, int64_t step);
+
+/* AdamW without touching the parameters: new moments (new_exp_avgs /
+ * new_exp_avg_sqs, which may be exp_avgs / exp_avg_sqs themselves) and the
+ * update direction (-lr/bc1 * m') / (sqrt(v')/sqrt(bc2) + eps); then
+ * mu_foreach_apply(params, updates, NULL, 1 - lr*weight_decay, 1.0) gives
+ * exactly the bits of mu_foreach_adamw. Used where the update is computed
+ * before the step commits (atomic steps, replicated state). */
+MU_API int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
+                                   mu_tensor *const *exp_avg_sqs, mu_tensor *const *new_exp_avgs,
+                                   mu_tensor *const *new_exp_avg_sqs, mu_tensor *const *updates,
+                                   double lr, double beta1, double beta2, double eps, int64_t step);
 
 /* 1 if every element of every tensor is finite; else 0 and *bad is the
  * index of the first tensor holding NaN/Inf (negative on a bad argument). */
@@ -356,11 +385,17 @@ MU_API int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_
  * engine updates data in place at each step and only reads grad. */
 MU_API int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
                                const int64_t *shape, void *data, void *grad);
-/* One optimizer step over every registered parameter (atomic in Lua: a
- * failure names the parameter and leaves the parameters unchanged). */
+/* One optimizer step over every registered parameter. Atomic: every value
+ * is checked before anything changes, and on failure the parameters, the
+ * optimizer state and the step counter are as they were (on every rank of a
+ * mesh). MU_ENONFINITE for a NaN/Inf gradient, MU_EINVAL for a bad value
+ * (a schedule's weight_decay = NaN names the group, key and value),
+ * MU_ELUA when a config function (hook, schedule) raised. A post_update_fn
+ * failure is reported after the step committed: the step counts. */
 MU_API int mu_engine_step(mu_engine *eng);
 /* Runtime values: set "lr_scale" (multiplies every group's lr); get "lr",
- * "step", "lr_scale", "lr:<group index or name>". */
+ * "step", "lr_scale", "lr:<group index or name>", and "state_bytes" /
+ * "scratch_bytes" (optimizer state and step scratch held by this rank). */
 MU_API int mu_engine_set(mu_engine *eng, const char *key, double value);
 MU_API int mu_engine_get(mu_engine *eng, const char *key, double *out);
 /* Optimizer state as safetensors (save is atomic; load checks names and

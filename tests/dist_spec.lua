@@ -100,57 +100,96 @@ describe("dist NS cost and owners", function()
     owners = D.build_owner_by_size({ 1 }, 4)
     assert.are.same({ 0 }, owners)
   end)
-  it("plans owners only for Muon params with a grad and batches per group", function()
+  it("plans state holders, owners and batches per group and shard count", function()
     local m = D.mesh({ { "s", 2 } }, 2)
+    local function rec(name, shape, pl, group, ns)
+      return { name = name, shape = shape, placement = D.placement(pl, m, #shape), group = group, ns = ns,
+        dtype = "float32", state_count = ns and 1 or 2 }
+    end
     local recs = {
-      { name = "a", shape = { 4, 4 }, placement = D.placement({ "S(1)" }, m, 2), group = 1, muon = true, has_grad = true },
-      { name = "b", shape = { 8, 8 }, placement = D.placement({ "S(1)" }, m, 2), group = 2, muon = true, has_grad = true },
-      { name = "c", shape = { 8, 8 }, placement = D.placement({ "S(1)" }, m, 2), group = 1, muon = true, has_grad = false },
-      { name = "d", shape = { 8 }, placement = D.placement({ "S(1)" }, m, 1), group = 3, muon = false, has_grad = true },
-      { name = "e", shape = { 2, 2 }, placement = D.placement({ "R" }, m, 2), group = 1, muon = true, has_grad = true },
+      rec("a", { 4, 4 }, { "S(1)" }, 1, true),
+      rec("b", { 8, 8 }, { "S(1)" }, 2, true),
+      rec("c", { 8, 8 }, { "S(1)" }, 1, true),
+      rec("d", { 8 }, { "S(1)" }, 3, false),
+      rec("e", { 2, 2 }, { "R" }, 1, true),
     }
     local plan = D.plan(recs, m, { max_batch_numel = 16 })
-    assert.are.equal(0, recs[2].owner) -- the largest first
-    assert.are.equal(1, recs[1].owner)
-    assert.are.equal(1, recs[5].owner) -- rank 1 (64 flops*...) is less loaded than rank 0
-    assert.is_nil(recs[3].owner)
-    assert.is_nil(recs[4].owner)
-    assert.are.equal("local", recs[4].kind)
-    -- group 1: a (16) | e (4) would exceed 16 -> two batches; group 2: b. Interleaved by index.
-    assert.are.same({ { 1 }, { 2 }, { 5 } }, plan.batches)
+    -- Sharded boxes have one holder each; the replicated e goes to the less
+    -- loaded rank (tie: 320 bytes each -> rank 0) and is orthogonalized there.
+    assert.are.same({ 0, 1 }, { recs[1].holder[recs[1].id_of[0]], recs[1].holder[recs[1].id_of[1]] })
+    assert.are.equal(0, recs[5].holder[recs[5].id_of[0]])
+    assert.are.equal(0, recs[5].items[1].owner)
+    -- Owners largest first by flops onto the least loaded rank (e's 48 preloaded on rank 0).
+    assert.are.equal(1, recs[2].items[1].owner)
+    assert.are.equal(0, recs[3].items[1].owner)
+    assert.are.equal(1, recs[1].items[1].owner)
+    -- AdamW: one item per box, computed by its holder.
+    assert.are.equal(2, #recs[4].items)
+    -- Batches: per (group, shard count), 16 / 2 elements but at least 2 items
+    -- per sharded batch, interleaved.
+    local got = {}
+    for i, b in ipairs(plan.batches) do
+      local names = {}
+      for j, it in ipairs(b) do names[j] = it.record.name end
+      got[i] = table.concat(names, ",")
+    end
+    assert.are.same({ "e", "a,c", "b", "d,d" }, got)
+  end)
+  it("keeps batch-sharded parameters where their shards live", function()
+    local m = D.mesh({ { "s", 4 } }, 4)
+    local r = { name = "experts", shape = { 4, 32, 48 }, placement = D.placement({ "S(1)" }, m, 3), group = 1, ns = true,
+      dtype = "float32", state_count = 1 }
+    local plan = D.plan({ r }, m)
+    assert.are.equal(4, #r.items)
+    for q = 0, 3 do
+      assert.are.equal(q, r.items[q + 1].owner)
+      assert.are.same({ 0, 0 }, { D.step_elements(plan, q) })
+    end
+    -- With a hook that sees the whole parameter it is gathered instead.
+    r.whole = true
+    plan = D.plan({ r }, m)
+    assert.are.equal(1, #r.items)
+    local s, v = D.step_elements(plan, r.items[1].owner)
+    assert.are.same({ 3 * 32 * 48, 3 * 32 * 48 }, { s, v })
   end)
 end)
 
 describe("dist byte formula", function()
-  local function rec(shape, pl, owner)
-    return { name = "x", shape = shape, placement = pl, kind = "owner", owner = owner, numel = D.numel(shape) }
+  local function plan_of(m, shape, spec)
+    local r = { name = "x", shape = shape, placement = D.placement(spec, m, #shape), group = 1, ns = true,
+      dtype = "float32", state_count = 1 }
+    return D.plan({ r }, m), r
   end
   it("moves only what the owner lacks and the slices others hold (2x2 mesh)", function()
     local m = D.mesh({ { "r", 2 }, { "s", 2 } }, 4)
-    local plan = { mesh = m, records = { rec({ 4, 6 }, D.placement({ "R", "S(1)" }, m, 2), 3) } }
-    -- owner 3 = (1,1) holds rows 3..4; rank 2 = (1,0) sends it rows 1..2 (12 elements);
-    -- the owner returns 12-element slices to ranks 0, 1, 2.
-    local want = { [0] = { 0, 12 }, [1] = { 0, 12 }, [2] = { 12, 12 }, [3] = { 36, 12 } }
-    for r = 0, 3 do
-      assert.are.same(want[r], { D.step_elements(plan, r) })
+    local plan, r = plan_of(m, { 4, 6 }, { "R", "S(1)" })
+    -- rows 1..2 are held by ranks 0 and 2 (state on rank 0), rows 3..4 by
+    -- ranks 1 and 3 (state on rank 1); the owner is rank 0: rank 1 sends it
+    -- rows 3..4 (12 elements), it returns 12-element slices to ranks 1, 2, 3.
+    assert.are.equal(0, r.items[1].owner)
+    local want = { [0] = { 36, 12 }, [1] = { 12, 12 }, [2] = { 0, 12 }, [3] = { 0, 12 } }
+    for q = 0, 3 do
+      assert.are.same(want[q], { D.step_elements(plan, q) })
     end
     -- The seed's all-gather + full broadcast + replica broadcast for the same owner.
-    local seed = { [0] = 12, [1] = 12, [2] = 12 + 24, [3] = 12 }
-    for r = 0, 3 do assert.are.equal(seed[r], D.seed_step_elements(plan, r)) end
+    local seed = { [0] = 12, [1] = 12 + 24, [2] = 12, [3] = 12 }
+    for q = 0, 3 do assert.are.equal(seed[q], D.seed_step_elements(plan, q)) end
   end)
-  it("replicated params move only the update, from the owner", function()
+  it("replicated params move only the update, from the state holder", function()
     local m = D.mesh({ { "r", 2 } }, 2)
-    local plan = { mesh = m, records = { rec({ 3, 3 }, D.placement({ "R" }, m, 2), 0) } }
+    local plan = plan_of(m, { 3, 3 }, { "R" })
     assert.are.same({ 9, 0 }, { D.step_elements(plan, 0) })
     assert.are.same({ 0, 9 }, { D.step_elements(plan, 1) })
   end)
   it("empty shards move nothing", function()
     local m = D.mesh({ { "s", 4 } }, 4)
-    local plan = { mesh = m, records = { rec({ 2, 9 }, D.placement({ "S(1)" }, m, 2), 3) } }
-    -- owner 3 holds nothing: gets rows from ranks 0 and 1 (9 each), returns 9 to each.
-    assert.are.same({ 18, 18 }, { D.step_elements(plan, 3) })
+    local plan, r = plan_of(m, { 2, 9 }, { "S(1)" })
+    -- rows on ranks 0 and 1; owner rank 0 gets row 2 from rank 1 and returns it.
+    assert.are.equal(0, r.items[1].owner)
     assert.are.same({ 9, 9 }, { D.step_elements(plan, 0) })
+    assert.are.same({ 9, 9 }, { D.step_elements(plan, 1) })
     assert.are.same({ 0, 0 }, { D.step_elements(plan, 2) })
+    assert.are.same({ 0, 0 }, { D.step_elements(plan, 3) })
   end)
 end)
 
@@ -192,20 +231,20 @@ describe("comm single-process backend", function()
   end)
 end)
 
-describe("dist_step (one process)", function()
-  local DS = require("muon.optim.dist_step")
-  it("checks local shards, placements and options", function()
-    local ds = DS.new({ comm = comm.self(), mesh = { { "s", 1 } }, groups = { { optimizer = "muon" }, { optimizer = "adamw" } } })
-    assert.has_error(function() ds:add_param("w", T.zeros({ 3, 4 }), nil, { shape = { 3, 5 } }) end,
+describe("engine with dist: registration checks (one process)", function()
+  local engine = require("muon.engine")
+  it("checks local shards and placements", function()
+    local e = engine.new({ groups = { { optimizer = "muon", match = "^w" }, { optimizer = "adamw" } },
+      dist = { mesh = { { "s", 1 } }, comm = comm.self() } })
+    assert.has_error(function() e:add_param("w", T.zeros({ 3, 4 }), nil, { shape = { 3, 5 } }) end,
       "add_param 'w': rank 0 holds a local shard of shape {3,4}, but global shape {3,5} with placement (R) on mesh (s=1) gives {3,5}")
-    assert.has_error(function() ds:add_param("b", T.zeros({ 3 }), nil, { group = 1 }) end,
-      "parameter 'b' is 1-D: 1D parameters are not supported in Muon (use AdamW)")
-    assert.has_error(function() ds:add_param("w", T.zeros({ 3, 4 }), nil, { placement = { "R", "R" } }) end,
+    assert.has_error(function() e:add_param("w", T.zeros({ 3 }), nil, { "R" }) end,
+      "parameter 'w' is 1-D but matched Muon group 1: 1D parameters are not supported in Muon (route them to an AdamW group)")
+    assert.has_error(function() e:add_param("w", T.zeros({ 3, 4 }), nil, { placement = { "R", "R" } }) end,
       "add_param 'w': placement has 2 entries but the mesh (s=1) has 1 axes")
-    assert.has_error(function() ds:add_param("w", T.zeros({ 3, 4 }), nil, { shard = 1 }) end,
-      "add_param 'w': unknown key 'shard' (shape, placement, group)")
-    assert.has_error(function() DS.new({ comm = comm.self(), groups = {}, bogus = 1 }) end,
-      "dist_step.new: unknown option 'bogus'")
+    local plain = engine.new({ groups = { { optimizer = "adamw" } } })
+    assert.has_error(function() plain:add_param("w", T.zeros({ 3, 4 }), nil, { "R" }) end,
+      "add_param 'w': a placement needs a config with a dist section")
   end)
 end)
 
@@ -251,20 +290,20 @@ describe("engine with dist (one process)", function()
     c:load(path)
     os.remove(path)
     assert.are.equal(3, c:get("step"))
-    local ma = a.optimizers.muon.state[a:param("w1")].momentum_buffer
-    local mc = c.optimizers.muon.state[c:param("w1")].momentum_buffer
+    local ma = a:state("w1").momentum_buffer
+    local mc = c:state("w1").momentum_buffer
     assert.are.same(ma:flat(), mc:flat())
-    local ea = a.optimizers.adamw.state[a:param("e")].exp_avg_sq
-    local ec = c.optimizers.adamw.state[c:param("e")].exp_avg_sq
+    local ea = a:state("e").exp_avg_sq
+    local ec = c:state("e").exp_avg_sq
     assert.are.same(ea:flat(), ec:flat())
   end)
   it("rejects unknown dist keys and bad meshes", function()
     local c = cfg(false)
     c.dist = { mesh = { { "s", 1 } }, meshes = 1 }
-    assert.has_error(function() engine.new(c) end, "config: dist: unknown key 'meshes' (mesh, balance, max_batch_numel)")
+    assert.has_error(function() engine.new(c) end, "config (table): dist: unknown key 'meshes' (mesh, balance, max_batch_numel)")
     c.dist = { mesh = { { "s", 0 } } }
     assert.has_error(function() engine.new(c) end,
-      "config: dist: dist.mesh[1] must be {name, size} with a string name and an integer size >= 1")
+      "config (table): dist: dist.mesh[1] must be {name, size} with a string name and an integer size >= 1")
     c.dist = { mesh = { { "s", 1 } }, comm = comm.self() }
     local e = engine.new(c)
     -- sharded on a size-1 axis: the local shard is the whole tensor, no shape needed

@@ -585,3 +585,43 @@ describe("foreach portable kernels", function()
     end
   end)
 end)
+
+describe("foreach.adamw_update", function()
+  local T = require("muon.tensor")
+  local F = require("muon.foreach")
+  -- The moments and the update, then apply with decay 1 - lr*wd and alpha 1,
+  -- give exactly the bits of the fused in-place foreach.adamw (which matches
+  -- torch, see above), for sizes below and above the threading threshold
+  -- and in both dtypes; new moments may be written in place or apart.
+  for _, dt in ipairs({ "float32", "float64" }) do
+    for _, n in ipairs({ 7, 1000, 2500000 }) do
+      it(("%s, %d elements, step 3"):format(dt, n), function()
+        local o = { lr = 1e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1, step = 3 }
+        local p1, g = T.randn({ n }, 1, dt), T.randn({ n }, 2, dt)
+        local m1, v1 = T.randn({ n }, 3, dt), T.zeros({ n }, dt)
+        -- a second moment >= 0: one AdamW step from zeros gives (1 - beta2) g^2
+        F.adamw({ T.zeros({ n }, dt) }, { T.randn({ n }, 4, dt) }, { T.zeros({ n }, dt) }, { v1 }, o)
+        local p2, m2, v2 = p1:clone(), m1:clone(), v1:clone()
+        F.adamw({ p1 }, { g }, { m1 }, { v1 }, o)
+        local nm, nv, u = T.zeros({ n }, dt), T.zeros({ n }, dt), T.zeros({ n }, dt)
+        F.adamw_update({ g }, { m2 }, { v2 }, { nm }, { nv }, { u }, o)
+        F.apply({ p2 }, { u }, nil, 1 - o.lr * o.weight_decay, 1)
+        H.assert_equal_bits(p1, p2, "params")
+        H.assert_equal_bits(m1, nm, "exp_avg")
+        H.assert_equal_bits(v1, nv, "exp_avg_sq")
+        -- in place (new moments over the old ones) gives the same
+        local u2 = T.zeros({ n }, dt)
+        F.adamw_update({ g }, { m2 }, { v2 }, { m2 }, { v2 }, { u2 }, o)
+        H.assert_equal_bits(u, u2, "update in place")
+        H.assert_equal_bits(m1, m2, "exp_avg in place")
+      end)
+    end
+  end
+  it("rejects an update that aliases an input", function()
+    local a, b, c, d = T.zeros({ 3 }), T.zeros({ 3 }), T.zeros({ 3 }), T.zeros({ 3 })
+    local ok, err = pcall(F.adamw_update, { a }, { b }, { c }, { b }, { c }, { a },
+      { lr = 1, step = 1 })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("updates[0] aliases grads[0]", 1, true), tostring(err))
+  end)
+end)

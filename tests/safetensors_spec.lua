@@ -5,6 +5,7 @@ local H = require("helpers")
 local T = H.T
 local st = require("muon.safetensors")
 local C = require("muon.core").C
+local E = require("muon.errors")
 
 
 -- ----------------------------------------------------------------- utils
@@ -387,10 +388,63 @@ describe("safetensors hostile input", function()
       if not ok then
         failures = failures + 1
         assert.truthy(tostring(err):find(path, 1, true), "error names the path: " .. tostring(err))
+        assert.equal(E.EFORMAT, E.code(err), tostring(err))
       end
     end
     os.remove(path)
     assert.is_true(failures > 250) -- almost every corruption is detected
+  end)
+end)
+
+describe("safetensors error codes", function()
+  local function code_of(f, ...)
+    local ok, err = pcall(f, ...)
+    assert.is_false(ok, "expected an error")
+    assert.is_true(E.is(err), "not an error object: " .. tostring(err))
+    return err.code, err
+  end
+
+  it("EIO when the file cannot be opened or read", function()
+    local missing = H.tmpname(".safetensors")
+    local code, err = code_of(st.load, missing)
+    assert.equal(E.EIO, code)
+    assert.truthy(err:find(missing, 1, true), err.msg)
+    assert.equal(E.EIO, (code_of(st.inspect, missing)))
+    local dir = tmpdir()
+    assert.equal(E.EIO, (code_of(st.load, dir)))
+    assert.equal(E.EIO, (code_of(st.save, dir .. "/missing/x.safetensors", { w = T.zeros({ 2 }) })))
+    rmrf(dir)
+  end)
+
+  it("EFORMAT for bad contents, whichever layer finds them", function()
+    local path = H.tmpname(".safetensors")
+    st.save(path, { w = T.randn({ 8, 8 }, 9) })
+    local full = H.read_file(path)
+    local cases = {
+      { "too short (C reader)", "\1\0\0" },
+      { "length past the end (C reader)", full:sub(1, 20) },
+      { "data truncated", full:sub(1, #full - 1) },
+      { "bad JSON", st_bytes('{"a": {"dtype": "F32",', "") },
+      { "checksum mismatch", full:sub(1, #full - 1) .. string.char(bit.bxor(full:byte(#full), 1)) },
+    }
+    for _, c in ipairs(cases) do
+      H.write_file(path, c[2])
+      assert.equal(E.EFORMAT, (code_of(st.load, path)), c[1])
+      if c[1] ~= "checksum mismatch" then assert.equal(E.EFORMAT, (code_of(st.inspect, path)), c[1]) end
+    end
+    os.remove(path)
+  end)
+
+  it("EINVAL for bad arguments, with the same messages", function()
+    local x = T.zeros({ 2 })
+    local p = H.tmpname(".safetensors")
+    local code, err = code_of(st.save, nil, { x = x })
+    assert.equal(E.EINVAL, code)
+    assert.equal("path must be a non-empty string, got nil", err.msg)
+    assert.equal(E.EINVAL, (code_of(st.save, p, { a = 1 })))
+    assert.equal(E.EINVAL, (code_of(st.save, p, { a = x }, { ["muon.format"] = "2" })))
+    assert.equal(E.EINVAL, (code_of(st.load, 42)))
+    assert.is_nil(io.open(p, "rb"))
   end)
 end)
 

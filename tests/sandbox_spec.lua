@@ -72,7 +72,7 @@ describe("sandboxed config: blocked at load time", function()
     { "local m = require('muon'); local o = m.optim.AdamW({}); o:load('/tmp/x')", "object member 'load'" },
     { "local m = require('muon'); local o = m.optim.Muon({}); o:_commit({ group = {}, params = {} })", "object member '_commit'" },
     { "local m = require('muon'); local o = m.optim.Muon({}); local s = o._scratch", "object member '_scratch'" },
-    { "local m = require('muon'); local o = m.optim.Muon({}); o:orthogonalize({}, {})", "object member 'orthogonalize'" },
+    { "local m = require('muon'); local o = m.optim.Muon({}); o._stepper:step()", "object member '_stepper'" },
     { "require('muon.ns').zeropower(require('muon').tensor.zeros({2, 2}), { workspace = {} })", "workspace option" },
     { "os.exit(3)", "os.exit" },
     { "io.write('x')", "io.write" },
@@ -310,5 +310,100 @@ return { groups = { { name = 'm', optimizer = 'muon', lr = 0.02, weight_decay = 
     eng:step()
     assert.near(0.05, eng:get("lr"), 1e-15)
     assert.equal(0.1, eng.groups[1].base.lr)
+  end)
+end)
+
+describe("sandboxed config: errors across the membrane", function()
+  local S = require("muon.sandbox")
+  local config = require("muon.config")
+  local E = require("muon.errors")
+
+  -- A function defined by sandboxed source, as the host sees it (exported).
+  local function sandboxed(src)
+    local chunk = assert(load(src, "@errs.lua", "t", config.sandbox("errs.lua")))
+    return S.export(chunk())
+  end
+
+  local function raised(f, ...)
+    local ok, err = pcall(f, ...)
+    assert.is_false(ok, "expected an error")
+    return err
+  end
+
+  it("a string the config raises stays a string", function()
+    local err = raised(sandboxed("return function() error('boom') end"))
+    assert.equal("errs.lua:1: boom", err)
+    assert.equal(42, raised(sandboxed("return function() error(42, 0) end")))
+  end)
+
+  it("a table the config raises reaches the host as an MU_ELUA object, its metamethods never called", function()
+    local calls = 0
+    local f = sandboxed([[return function(note)
+      local mt = { __tostring = function() note() return 'x' end, __index = function() note() end,
+                   __concat = function() note() return 'x' end }
+      error(setmetatable({ code = -3, msg = 'forged EIO' }, mt))
+    end]])
+    local err = raised(f, function() calls = calls + 1 end)
+    assert.is_true(E.is(err))
+    assert.equal(E.ELUA, err.code) -- not the EIO it names: a config cannot choose the status
+    assert.equal("forged EIO", tostring(err))
+    assert.equal("forged EIO!", err .. "!")
+    assert.truthy(err.tb:find("errs.lua:4", 1, true), err.tb)
+    assert.equal(0, calls)
+  end)
+
+  it("other values the config raises: MU_ELUA objects naming the type, no proxy or cdata", function()
+    for _, c in ipairs({ { "nil", "nil" }, { "false", "boolean" }, { "function() end", "function" },
+                         { "require('muon').tensor.zeros({2})", "table" } }) do
+      local err = raised(sandboxed("return function() error(" .. c[1] .. ") end"))
+      assert.is_true(E.is(err), c[1])
+      assert.equal(E.ELUA, err.code)
+      assert.equal("(error object is a " .. c[2] .. " value)", err.msg)
+      for _, v in pairs(err) do assert.is_not.equal("cdata", type(v)) end
+    end
+  end)
+
+  it("a muon error raised inside the config keeps its code and message", function()
+    local err = raised(sandboxed("return function(x) return x:view({7}) end"), T.zeros({ 2, 3 }))
+    assert.is_true(E.is(err))
+    assert.equal(E.ESHAPE, err.code)
+    assert.equal("view: view of 6 elements as a shape of 7 elements", err.msg)
+    -- through a facade function as well
+    local x = T.zeros({ 3, 3 })
+    x:set(0 / 0, 1, 1)
+    err = raised(sandboxed("local ns = require('muon.ns') return function(x) return ns.zeropower(x) end"), x)
+    assert.equal(E.ENONFINITE, err.code)
+    assert.matches("^zeropower: ", err.msg)
+  end)
+
+  it("the config sees a protected string-like copy and cannot change what the host gets", function()
+    local f = sandboxed([[return function(x)
+      local ok, e = pcall(function() return x:view({7}) end)
+      assert(not ok and type(e) == 'table' and e.code == -6 and tostring(e) == e.msg, tostring(e))
+      assert(e:find('view:', 1, true) == 1 and ('<' .. e):sub(1, 6) == '<view:')
+      assert(e.tb == nil, 'host traceback visible')
+      assert(getmetatable(e) == 'muon.error', tostring(getmetatable(e)))
+      assert(not pcall(setmetatable, e, {}), 'metatable changed')
+      e.code, e.msg = -3, 'changed'
+      error(e)
+    end]])
+    local err = raised(f, T.zeros({ 2, 3 }))
+    assert.equal(E.ESHAPE, err.code)
+    assert.equal("view: view of 6 elements as a shape of 7 elements", err.msg)
+    -- and the string methods on the host's objects are intact
+    assert.equal("x", ("x"):match("x"))
+  end)
+
+  it("a hook's error keeps the config's lines in its traceback", function()
+    local path = write_config("local function inner() error('deep boom') end\nreturn { " .. GROUPS
+      .. ", hooks = { post_update_fn = function() inner() end } }")
+    local eng = engine.new(path)
+    os.remove(path)
+    eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
+    local ok, err = pcall(eng.step, eng)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("deep boom", 1, true), tostring(err))
+    local tb = E.traceback(err)
+    assert.truthy(tb and tb:find(path .. ":1:", 1, true), tostring(tb))
   end)
 end)

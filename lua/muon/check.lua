@@ -55,20 +55,14 @@ end
 
 -- "lr=0.02 wd=0.1 ..." from a row's options (the usual keys first, hooks by name).
 function check.format_options(options)
-  local parts, seen = {}, {}
+  local parts = {}
   options = options or {}
   for _, k in ipairs(KEY_ORDER) do
-    if options[k] ~= nil then
-      parts[#parts + 1] = k .. "=" .. fmt_value(options[k])
-      seen[k] = true
-    end
+    if options[k] ~= nil then parts[#parts + 1] = k .. "=" .. fmt_value(options[k]) end
   end
   local hooks = {}
   for _, k in ipairs(HOOKS) do
-    if options[k] ~= nil then
-      hooks[#hooks + 1] = k
-      seen[k] = true
-    end
+    if options[k] ~= nil then hooks[#hooks + 1] = k end
   end
   if #hooks > 0 then parts[#parts + 1] = "hooks=" .. table.concat(hooks, ",") end
   return table.concat(parts, " ")

@@ -77,7 +77,7 @@ config.LOAD_BUDGET = 1e9
 -- hooks do not fire in JIT traces), in its own coroutine. LuaJIT has one
 -- hook per VM, so when the host already runs a hook (a profiler, a
 -- debugger, a coverage tool) it is left alone and the load is not bounded.
-function config.run_bounded(chunk, src)
+function config.run_bounded(chunk)
   local co = coroutine.create(chunk)
   if debug.gethook() ~= nil then
     local ok, result = coroutine.resume(co)
@@ -114,7 +114,7 @@ function config.load(src, trusted)
   if trusted then
     ok, result = pcall(chunk)
   else
-    ok, result = config.run_bounded(chunk, src)
+    ok, result = config.run_bounded(chunk)
   end
   if not ok then error(("config '%s': error while running: %s"):format(src, tostring(result)), 2) end
   if type(result) ~= "table" then

@@ -75,12 +75,45 @@ ffi.cdef(ffi.string(C.mu__boot_cdef()))
 core.C = C
 core.path = path
 
--- Raise a Lua error for a failed status code, naming what was being done.
-function core.check(rc, what, level)
+-- Error objects: { code = <MU_E* number>, msg = <string> }, raised instead
+-- of bare strings wherever muon knows what went wrong, so that the C
+-- embedding (src/engine.c) returns that code. For Lua callers an object
+-- behaves like its message: tostring(err), err .. "x", and the string
+-- methods (err:find, err:match, err:gsub, ...) work on it. Objects carry no
+-- "file:line: " position (the message names what failed). The type lives
+-- here because core.check raises it; lua/muon/errors.lua is the module to
+-- use (names, wrapping, hooks).
+local Error = {
+  __metatable = "muon.error", -- protected: a sandboxed config cannot reach or change it
+  __tostring = function(e) return e.msg end,
+  __concat = function(a, b) return tostring(a) .. tostring(b) end,
+  __index = function(_, k)
+    local f = string[k]
+    if f ~= nil then return function(self, ...) return f(self.msg, ...) end end
+    return nil
+  end,
+}
+
+-- A new error object (code: a MU_E* number; tb: optional traceback text).
+function core.error_object(code, msg, tb)
+  return setmetatable({ code = code, msg = tostring(msg), tb = tb }, Error)
+end
+
+-- (By the protected metatable's name, not its identity: a module loaded
+-- twice, as busted's insulation does, makes a second Error table.)
+function core.is_error(x)
+  return type(x) == "table" and getmetatable(x) == "muon.error"
+end
+
+-- Raise an error object for a failed status code, naming what was being
+-- done; the code is the C status. (Callers may still pass a third argument,
+-- the level of the old string errors: it is ignored, objects have no
+-- position.)
+function core.check(rc, what)
   if rc ~= 0 then
     local detail = ffi.string(C.mu_last_error())
     local msg = (what and (what .. ": ") or "") .. (detail ~= "" and detail or ffi.string(C.mu_strerror(rc)))
-    error(msg, (level or 2) + 1)
+    error(core.error_object(tonumber(rc), msg), 0)
   end
 end
 

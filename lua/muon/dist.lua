@@ -1,7 +1,7 @@
 -- Distributed planning (HSDP): device mesh, placements, local shards,
 -- Newton-Schulz owners, batch schedule, communication volumes, and the
 -- cross-rank agreement check. Pure Lua, computed once at setup; the step
--- itself lives in muon.optim.dist_step.
+-- itself lives in muon.step (the protocol) and muon.router (the exchanges).
 --
 --   local dist = require("muon.dist")
 --   local mesh = dist.mesh({ {"replicate", 2}, {"shard", 2} }, 4)
@@ -174,13 +174,6 @@ function D.numel(shape)
   return n
 end
 
--- Key of the box a rank holds: its coordinates on the axes that shard.
-local function box_key(pl, coords)
-  local k = {}
-  for a = 1, #pl do if pl[a].kind == "S" then k[#k + 1] = coords[a] end end
-  return table.concat(k, ",")
-end
-
 -- The rank that sends rank `owner` the NS input piece held by `rank`, or
 -- nil if the owner holds it itself: the holder of that box sharing the
 -- owner's coordinates on replicate axes. Returns whether `rank` is that
@@ -260,13 +253,83 @@ end
 
 D.DEFAULT_MAX_BATCH_NUMEL = 512 * 1024 * 1024
 
--- records: list (registration order) of {
---   name, shape (global), placement (normalized), group (index),
---   muon (bool: NS-based), has_grad (bool) }
--- opts: { balance = "flops" | "numel", max_batch_numel = n }
--- Returns a plan: per record .owner (0-based rank, muon params with grad)
--- and .kind ("local" for elementwise optimizers or world size 1, "owner"
--- otherwise), and plan.batches (list of lists of record indices).
+local ESIZE = { float32 = 4, float64 = 8 }
+
+-- Tensor dims Newton-Schulz treats as one matrix ("core"): the last two;
+-- 2-D both; (A, 1, B) dims 1 and 3; nd_mode "flatten": every dim (the
+-- parameter is one out x (in*kh*kw) matrix). The other dims are a batch.
+function D.core_dims(shape, nd_mode)
+  local nd = #shape
+  local core = {}
+  if nd_mode == "flatten" then
+    for d = 1, nd do core[d] = true end
+  elseif nd == 3 and shape[2] == 1 then
+    core[1], core[3] = true, true
+  else
+    core[nd - 1], core[nd] = true, true
+  end
+  return core
+end
+
+-- Global box -> view of t, where t holds the global region `region`.
+function D.box_view(t, box, region)
+  local v = t
+  for d = 1, #box.len do
+    local off = box.start[d] - (region and region.start[d] or 0)
+    local full = region and region.len[d] or v:size(d)
+    if off ~= 0 or box.len[d] ~= full then v = v:narrow(d, off + 1, box.len[d]) end
+  end
+  return v
+end
+
+local function box_id(box)
+  return table.concat(box.start, ",") .. "+" .. table.concat(box.len, ",")
+end
+
+local function box_within(b, region)
+  for d = 1, #b.len do
+    if b.start[d] < region.start[d] or b.start[d] + b.len[d] > region.start[d] + region.len[d] then return false end
+  end
+  return true
+end
+
+-- The greedy rule of the seed's build_owner_by_size over (cost, index)
+-- pairs with per-rank preloads: largest cost first (ties: lower index), to
+-- the least loaded candidate (ties: the smaller rank).
+local function greedy(jobs, candidates_of, load)
+  table.sort(jobs, function(x, y)
+    if x.cost ~= y.cost then return x.cost > y.cost end
+    return x.order < y.order
+  end)
+  for _, j in ipairs(jobs) do
+    local best
+    for _, q in ipairs(candidates_of(j)) do
+      if best == nil or load[q] < load[best] or (load[q] == load[best] and q < best) then best = q end
+    end
+    j.assign(best)
+    load[best] = load[best] + j.cost
+  end
+end
+
+-- The plan of a mesh step: where each optimizer-state buffer lives and
+-- where each matrix is orthogonalized. records (registration order, the
+-- same on every rank) are
+--   { name, shape (global), placement (normalized), group (index), dtype,
+--     ns (bool: Newton-Schulz), whole (bool: orthogonalize the parameter
+--     whole, for hooks that see it), nd_mode, state_count (state tensors
+--     per element: 1 Muon, 2 AdamW) }
+-- opts: { balance = "flops" | "numel", max_batch_numel = n }.
+-- Sets on each record:
+--   boxes[q]   the box rank q holds (0-based start, len per dim)
+--   holder     box id -> the one rank (of the replicas holding that box)
+--              that keeps the optimizer state for it (greedy by state bytes)
+--   items      work items: { record, region (global box), owner, ns,
+--              sources = { {rank, box} } (state holders sending their NS
+--              input piece to the owner), dests = { {rank, box} } (ranks
+--              receiving their slice of the update from the owner) }
+-- and plan.batches: lists of items of one group each, split like the
+-- seed's _split_into_memory_safe_batches (512M elements / the parameter's
+-- shard count, at least that many per batch), interleaved across groups.
 function D.plan(records, mesh, opts)
   opts = opts or {}
   local balance = opts.balance or "flops"
@@ -274,57 +337,140 @@ function D.plan(records, mesh, opts)
     error("dist: balance must be 'flops' or 'numel', got " .. tostring(balance), 2)
   end
   local maxb = opts.max_batch_numel or D.DEFAULT_MAX_BATCH_NUMEL
+  local W = mesh.size
   local plan = { mesh = mesh, records = records, batches = {}, balance = balance }
-  local ns_idx, costs = {}, {}
-  for i, r in ipairs(records) do
+  -- Boxes, replicas and state holders.
+  local holds, state_load = {}, {}
+  for q = 0, W - 1 do state_load[q] = 0 end
+  for ri, r in ipairs(records) do
+    r.index = ri
     r.numel = D.numel(r.shape)
-    if r.muon and r.has_grad and r.numel > 0 then
-      r.kind = mesh.size == 1 and "local" or "owner"
-      ns_idx[#ns_idx + 1] = i
-      costs[#costs + 1] = balance == "flops" and D.ns_flops(r.shape) or r.numel
-    else
-      r.kind = "local"
+    r.boxes, r.replicas, r.holder, r.box_of, r.id_of = {}, {}, {}, {}, {}
+    r.shard_count = 1
+    for a, p in ipairs(r.placement) do
+      if p.kind == "S" then r.shard_count = r.shard_count * mesh.sizes[a] end
     end
-  end
-  local owners = D.build_owner_by_size(costs, mesh.size)
-  for j, i in ipairs(ns_idx) do records[i].owner = owners[j] end
-  -- Batches: per group in registration order, split like the seed's
-  -- _split_into_memory_safe_batches; then interleaved by batch index
-  -- (batch 1 of every group, batch 2 of every group, ...).
-  local by_group, group_order = {}, {}
-  for _, i in ipairs(ns_idx) do
-    if records[i].kind ~= "owner" then goto continue end
-    local g = records[i].group or 1
-    if not by_group[g] then
-      by_group[g] = {}
-      group_order[#group_order + 1] = g
-    end
-    table.insert(by_group[g], i)
-    ::continue::
-  end
-  table.sort(group_order)
-  local per_group = {}
-  for gi, g in ipairs(group_order) do
-    local batches, cur, count = {}, {}, 0
-    for _, i in ipairs(by_group[g]) do
-      local n = records[i].numel
-      if #cur >= 1 and count + n > maxb then
-        batches[#batches + 1] = cur
-        cur, count = { i }, n
-      else
-        cur[#cur + 1] = i
-        count = count + n
+    local order = {}
+    for q = 0, W - 1 do
+      local b = D.local_box(r.shape, r.placement, mesh, q)
+      local id = box_id(b)
+      r.boxes[q] = b
+      if D.numel(b.len) > 0 then
+        if not r.replicas[id] then
+          r.replicas[id] = {}
+          r.box_of[id] = b
+          order[#order + 1] = id
+        end
+        table.insert(r.replicas[id], q)
+        r.id_of[q] = id
       end
     end
+    r.box_order = order
+    for oi, id in ipairs(order) do
+      holds[#holds + 1] = { cost = D.numel(r.box_of[id].len) * (ESIZE[r.dtype] or 4) * (r.state_count or 1),
+        order = ri * 1e6 + oi, record = r, id = id,
+        assign = function(q) r.holder[id] = q end }
+    end
+  end
+  greedy(holds, function(j) return j.record.replicas[j.id] end, state_load)
+  plan.state_load = state_load
+  -- Work items.
+  local ns_load, jobs = {}, {}
+  for q = 0, W - 1 do ns_load[q] = 0 end
+  local function cost(shape) return balance == "flops" and D.ns_flops(shape) or D.numel(shape) end
+  for ri, r in ipairs(records) do
+    r.items = {}
+    if r.ns then
+      local core = D.core_dims(r.shape, r.nd_mode)
+      local regions, rorder = {}, {}
+      for _, id in ipairs(r.box_order) do
+        local b = r.box_of[id]
+        local region = { start = {}, len = {} }
+        for d = 1, #r.shape do
+          if core[d] or r.whole then region.start[d], region.len[d] = 0, r.shape[d]
+          else region.start[d], region.len[d] = b.start[d], b.len[d] end
+        end
+        local rid = box_id(region)
+        if not regions[rid] then
+          regions[rid] = { record = r, region = region, ns = true, sources = {}, dests = {} }
+          rorder[#rorder + 1] = rid
+        end
+        local it = regions[rid]
+        it.sources[#it.sources + 1] = { rank = r.holder[id], box = b, id = id }
+      end
+      for ii, rid in ipairs(rorder) do
+        local it = regions[rid]
+        local s1 = it.sources[1]
+        if #it.sources == 1 and box_id(s1.box) == rid then
+          it.owner = s1.rank -- the holder has the whole region: nothing moves in
+          ns_load[it.owner] = ns_load[it.owner] + cost(it.region.len)
+        else
+          jobs[#jobs + 1] = { cost = cost(it.region.len), order = ri * 1e6 + ii,
+            assign = function(q) it.owner = q end }
+        end
+        r.items[#r.items + 1] = it
+      end
+    else
+      for _, id in ipairs(r.box_order) do
+        local b = r.box_of[id]
+        r.items[#r.items + 1] = { record = r, region = b, ns = false, owner = r.holder[id],
+          sources = { { rank = r.holder[id], box = b, id = id } }, dests = {} }
+      end
+    end
+  end
+  local all = {}
+  for q = 0, W - 1 do all[#all + 1] = q end
+  greedy(jobs, function() return all end, ns_load)
+  plan.ns_load = ns_load
+  -- Destinations: every rank holding a non-empty box inside the region.
+  for _, r in ipairs(records) do
+    for _, it in ipairs(r.items) do
+      for q = 0, W - 1 do
+        local b = r.boxes[q]
+        if D.numel(b.len) > 0 and box_within(b, it.region) then it.dests[#it.dests + 1] = { rank = q, box = b } end
+      end
+      -- Sources the owner holds itself need no transfer (marked local).
+      for _, s in ipairs(it.sources) do s.local_ = s.rank == it.owner end
+    end
+  end
+  -- Batches per (group, shard count), in registration order.
+  local by_key, korder = {}, {}
+  for _, r in ipairs(records) do
+    local key = (r.group or 1) .. ":" .. r.shard_count
+    if not by_key[key] then
+      by_key[key] = { group = r.group or 1, shard = r.shard_count, items = {} }
+      korder[#korder + 1] = key
+    end
+    for _, it in ipairs(r.items) do table.insert(by_key[key].items, it) end
+  end
+  table.sort(korder, function(x, y)
+    local a, b = by_key[x], by_key[y]
+    if a.group ~= b.group then return a.group < b.group end
+    return a.shard < b.shard
+  end)
+  local per = {}
+  for _, key in ipairs(korder) do
+    local k = by_key[key]
+    local limit = math.floor(maxb / k.shard)
+    local batches, cur, count = {}, {}, 0
+    for _, it in ipairs(k.items) do
+      local n = D.numel(it.region.len)
+      if #cur >= k.shard and count + n > limit then
+        batches[#batches + 1] = cur
+        cur, count = {}, 0
+      end
+      cur[#cur + 1] = it
+      count = count + n
+    end
     if #cur > 0 then batches[#batches + 1] = cur end
-    per_group[gi] = batches
+    per[#per + 1] = batches
   end
   local k = 1
   while true do
     local any = false
-    for gi = 1, #per_group do
-      if per_group[gi][k] then
-        plan.batches[#plan.batches + 1] = per_group[gi][k]
+    for gi = 1, #per do
+      if per[gi][k] then
+        plan.batches[#plan.batches + 1] = per[gi][k]
         any = true
       end
     end
@@ -334,51 +480,59 @@ function D.plan(records, mesh, opts)
   return plan
 end
 
--- Elements a rank sends and receives in one step for the NS routing of
--- plan (two all-to-all-v per batch): the NS input pieces it holds for
--- owners that do not hold them, and the update slices of the parameters it
--- owns for every other rank holding a non-empty piece; symmetric receives.
-function D.step_elements(plan, rank)
-  local mesh = plan.mesh
+-- Elements rank `rank` sends and receives for one step of `plan` (records
+-- for which stepping(record) is true; all when nil): NS input pieces from
+-- state holders to owners, then each update slice from the owner to every
+-- other rank that holds it.
+function D.step_elements(plan, rank, stepping)
   local sent, recv = 0, 0
   for _, r in ipairs(plan.records) do
-    if r.kind == "owner" then
-      local o = r.owner
-      if rank == o then
-        for q = 0, mesh.size - 1 do
-          if q ~= o then
-            local n = D.numel(D.local_shape(r.shape, r.placement, mesh, q))
-            sent = sent + n -- update slice out
-            if is_source(r.placement, mesh, q, o) then recv = recv + n end -- input piece in
+    if stepping == nil or stepping(r) then
+      for _, it in ipairs(r.items) do
+        local o = it.owner
+        for _, s in ipairs(it.sources) do
+          if s.rank ~= o then
+            local n = D.numel(s.box.len)
+            if s.rank == rank then sent = sent + n end
+            if o == rank then recv = recv + n end
           end
         end
-      else
-        local n = D.numel(D.local_shape(r.shape, r.placement, mesh, rank))
-        recv = recv + n
-        if is_source(r.placement, mesh, rank, o) then sent = sent + n end
+        for _, d in ipairs(it.dests) do
+          if d.rank ~= o then
+            local n = D.numel(d.box.len)
+            if o == rank then sent = sent + n end
+            if d.rank == rank then recv = recv + n end
+          end
+        end
       end
     end
   end
   return sent, recv
 end
 
--- What the seed's scheme (all-gather of the NS input over the owner's shard
--- group, full-update broadcast from the compute rank to the shard group,
--- then the updated shard broadcast to the replicas) receives per rank for
--- the same owners, in elements, without its padding.
+-- What the seed's scheme receives per rank for the same owners, in
+-- elements, without its padding: NS records only; all-gather of the NS
+-- input over the owner's replica group, full-update broadcast from the
+-- owner to that group, then the new shard broadcast to the other replicas
+-- (every replica of a box holds the state and computes its momentum).
 function D.seed_step_elements(plan, rank)
   local mesh = plan.mesh
   local recv = 0
   for _, r in ipairs(plan.records) do
-    if r.kind == "owner" then
-      local o = r.owner
-      local mine = D.numel(D.local_shape(r.shape, r.placement, mesh, rank))
-      if rank == o or is_source(r.placement, mesh, rank, o) then
-        -- in the owner's replica group
-        recv = recv + (r.numel - mine)      -- all-gather of the NS input
-        if rank ~= o then recv = recv + r.numel end -- full update broadcast
-      else
-        recv = recv + mine                   -- replica broadcast of the new shard
+    if r.ns then
+      for _, it in ipairs(r.items) do
+        local o = it.owner
+        local mine = D.numel(r.boxes[rank].len)
+        if box_within(r.boxes[rank], it.region) and mine > 0 or rank == o then
+          local in_group = rank == o or D.is_source(r.placement, mesh, rank, o)
+          local n = D.numel(it.region.len)
+          if in_group then
+            recv = recv + (n - mine)
+            if rank ~= o then recv = recv + n end
+          else
+            recv = recv + mine
+          end
+        end
       end
     end
   end
@@ -399,46 +553,73 @@ function D.hash(s)
 end
 
 function D.describe_record(r)
-  return ("'%s' shape {%s} placement %s group %s%s%s%s"):format(r.name, table.concat(r.shape, ","),
-    D.placement_string(r.placement), tostring(r.group or 1), r.muon and " muon" or " elementwise",
-    r.has_grad and "" or " no-grad", r.dtype and (" " .. r.dtype) or "")
+  return ("'%s' shape {%s} placement %s group %s%s%s"):format(r.name, table.concat(r.shape, ","),
+    D.placement_string(r.placement), tostring(r.group or 1), r.ns and " muon" or " elementwise",
+    r.dtype and (" " .. r.dtype) or "")
 end
 
--- Collective over comm: all ranks check they registered the same records
--- (names, global shapes, placements, groups, grads) in the same order.
--- Returns nil if they agree, else the same message on every rank naming the
--- first difference.
-function D.agree(comm, records, extra)
-  local desc = {}
-  for i, r in ipairs(records) do desc[i] = D.describe_record(r) end
-  if extra then desc[#desc + 1] = "settings: " .. extra end
-  local n = #desc
-  local cnt = comm:allreduce({ n, -n }, "max")
-  local maxn, minn = cnt[1], -cnt[2]
-  local len = maxn
-  local mins, maxs = {}, {}
-  for i = 1, len do
-    local h = desc[i] and D.hash(desc[i]) or -1
-    mins[i], maxs[i] = -h, h
+-- Collective over comm: do all ranks hold the same list of entries? Each
+-- entry is { key, value } (strings). Returns nil if they agree, else the
+-- same message on every rank naming the first key that differs, what rank 0
+-- and the first differing rank have there, and every rank that differs
+-- from rank 0. Two all-reduces when they agree (one with known_count, the
+-- number of entries every rank is known to have).
+function D.agree_entries(comm, entries, what, known_count)
+  local W, me = comm:size(), comm:rank()
+  if W == 1 then return nil end
+  local n = #entries
+  local maxn, minn = n, n
+  if not known_count then
+    local cnt = comm:allreduce({ n, -n }, "max")
+    maxn, minn = cnt[1], -cnt[2]
   end
-  local lo = comm:allreduce(mins, "max") -- -(min)
-  local hi = comm:allreduce(maxs, "max")
+  local vec = {}
+  for i = 1, maxn do
+    local e = entries[i]
+    local h = e and D.hash(e[1] .. "=" .. e[2]) or -1
+    vec[2 * i - 1], vec[2 * i] = h, -h
+  end
+  local r = comm:allreduce(vec, "max")
   local first
-  for i = 1, len do
-    if -lo[i] ~= hi[i] then first = i break end
+  for i = 1, maxn do
+    if r[2 * i - 1] ~= -r[2 * i] then first = i break end
   end
   if not first and maxn == minn then return nil end
   first = first or (minn + 1)
-  -- Name the difference: rank 0's entry vs the lowest rank that differs.
-  local mine = desc[first] or "(nothing)"
-  local r0 = comm:bcast_string(comm:rank() == 0 and mine or "", 0)
-  local differs = comm:allreduce({ mine ~= r0 and comm:rank() or comm:size() }, "min")[1]
-  if differs >= comm:size() then differs = 0 end
-  local other = comm:bcast_string(comm:rank() == differs and mine or "", differs)
-  local what = first <= minn and ("parameter #%d"):format(first) or ("entry #%d"):format(first)
-  if extra and first == n then what = "settings" end
-  return ("dist: ranks registered different parameters (%s): rank 0 has %s, rank %d has %s"):format(
-    what, r0, differs, other)
+  local mine = entries[first]
+  local key0 = comm:bcast_string(me == 0 and (mine and mine[1] or "") or "", 0)
+  local val0 = comm:bcast_string(me == 0 and (mine and mine[2] or "(nothing)") or "", 0)
+  local myval = mine and mine[2] or "(nothing)"
+  local mykey = mine and mine[1] or ""
+  local flags = {}
+  for q = 1, W do flags[q] = 0 end
+  if myval ~= val0 or mykey ~= key0 then flags[me + 1] = 1 end
+  flags = comm:allreduce(flags, "max")
+  local ranks = {}
+  for q = 1, W do if flags[q] == 1 then ranks[#ranks + 1] = q - 1 end end
+  local other = ranks[1] or 0
+  local otherval = comm:bcast_string(me == other and myval or "", other)
+  local otherkey = comm:bcast_string(me == other and mykey or "", other)
+  local key = key0 ~= "" and key0 or otherkey
+  if otherkey ~= key0 and otherkey ~= "" and key0 ~= "" then
+    otherval = otherkey .. " = " .. otherval
+    val0 = key0 .. " = " .. val0
+    key = ("entry #%d"):format(first)
+  end
+  return ("%s differ across ranks at %s: rank 0 has %s, rank %d has %s (ranks that differ from rank 0: %s)"):format(
+    what, key, val0, other, otherval, table.concat(ranks, ", "))
+end
+
+-- Collective over comm: all ranks check they registered the same records
+-- (names, global shapes, placements, groups, dtypes) in the same order, and
+-- the same settings. Returns nil if they agree, else the same message on
+-- every rank naming the first difference.
+function D.agree(comm, records, extra)
+  local entries = {}
+  for i, r in ipairs(records) do entries[i] = { ("parameter #%d"):format(i), D.describe_record(r) } end
+  if extra then entries[#entries + 1] = { "settings", extra } end
+  local msg = D.agree_entries(comm, entries, "dist: registered parameters")
+  return msg
 end
 
 return D

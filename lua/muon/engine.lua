@@ -1,6 +1,8 @@
 -- The config-driven engine: routes named parameters to the config's groups
--- (Muon or AdamW), applies the per-step schedule, steps both optimizers
--- atomically together, and saves/loads one checkpoint for both.
+-- (Muon or AdamW), computes each step's scheduled values, and runs the step
+-- protocol (muon.step) over all groups at once: atomic across Muon and
+-- AdamW, and across ranks when the config has a dist section. One
+-- checkpoint holds every group's state.
 --
 --   local eng = require("muon.engine").new("configs/muon.lua")
 --   eng:add_param("layers.0.w", value, grad)
@@ -9,25 +11,23 @@ local config = require("muon.config")
 local T = require("muon.tensor")
 local P = require("muon.param")
 local O = require("muon.optim.options")
+local E = require("muon.errors")
+local D = require("muon.dist")
 local Muon = require("muon.optim.muon")
 local AdamW = require("muon.optim.adamw")
 local S = require("muon.optim.state")
-local st = require("muon.safetensors")
+local commlib = require("muon.comm")
 
 local engine = {}
 local Engine = {}
 Engine.__index = Engine
 
-local OPTIMIZERS = { muon = Muon, adamw = AdamW }
+local KINDS = { muon = Muon.kind, adamw = AdamW.kind }
 local ROUTING_KEYS = { name = true, optimizer = true, match = true, exclude = true, min_dim = true, max_dim = true }
 local HOOK_NAMES = { reshape_fn = true, ns_transform_fn = true, post_update_fn = true, zeropower_fn = true,
   momentum_update_fn = true }
--- Values a schedule may set per step, by optimizer.
-local SCHEDULABLE = {
-  muon = { lr = true, weight_decay = true, momentum = true, matched_adamw_rms = true },
-  adamw = { lr = true, weight_decay = true, betas = true, eps = true },
-}
 local OPEN_KEYS = { trusted = true }
+local DIST_KEYS = { comm = true, mesh = true, balance = true, max_batch_numel = true }
 
 local function as_list(v, what, level)
   if v == nil then return {} end
@@ -47,7 +47,7 @@ end
 local function matches_any(list, name, shape)
   for _, m in ipairs(list) do
     if type(m) == "function" then
-      if m(name, shape) then return true end
+      if E.call_hook("match function", m, name, shape) then return true end
     elseif name:find(m) then
       return true
     end
@@ -55,62 +55,96 @@ local function matches_any(list, name, shape)
   return false
 end
 
--- Check the config table and build the group routing records.
+local function group_label(gi, name)
+  return ("group %d%s"):format(gi, name and (" ('" .. tostring(name) .. "')") or "")
+end
+
+-- The dist section: mesh, balance, max_batch_numel, comm (a muon.comm).
+local function resolve_dist(dcfg, where)
+  if type(dcfg) ~= "table" then E.raise(E.EINVAL, "config %s: 'dist' must be a table { mesh = {...} }", where) end
+  for k in pairs(dcfg) do
+    if not DIST_KEYS[k] then
+      E.raise(E.EINVAL, "config %s: dist: unknown key '%s' (mesh, balance, max_batch_numel)", where, tostring(k))
+    end
+  end
+  if dcfg.mesh ~= nil then
+    local ok, err = pcall(D.mesh, dcfg.mesh)
+    if not ok then E.raise(E.EINVAL, "config %s: dist: %s", where, tostring(err):gsub("^[^:]*:%d+: ", "")) end
+  end
+  if dcfg.balance ~= nil and dcfg.balance ~= "flops" and dcfg.balance ~= "numel" then
+    E.raise(E.EINVAL, "config %s: dist: balance must be 'flops' or 'numel', got %s", where, tostring(dcfg.balance))
+  end
+  if dcfg.max_batch_numel ~= nil and (type(dcfg.max_batch_numel) ~= "number" or dcfg.max_batch_numel < 1) then
+    E.raise(E.EINVAL, "config %s: dist: max_batch_numel must be a number >= 1", where)
+  end
+  if dcfg.comm ~= nil and not commlib.is_comm(dcfg.comm) then
+    E.raise(E.EINVAL, "config %s: dist: comm must be a muon.comm communicator", where)
+  end
+  local d = {}
+  for k, v in pairs(dcfg) do d[k] = v end
+  return d
+end
+
+-- Check the config table and build the groups (option tables of the kinds,
+-- torch-like: params, step, options) and their routing rules.
 local function resolve_config(cfg, where)
   local unknown = O.unknown_keys(cfg, config.TOP_KEYS)
   if #unknown > 0 then
-    error(("config %s: unknown top-level key(s): %s"):format(where, table.concat(unknown, ", ")), 0)
+    E.raise(E.EINVAL, "config %s: unknown top-level key(s): %s", where, table.concat(unknown, ", "))
   end
   if type(cfg.groups) ~= "table" or #cfg.groups == 0 then
-    error(("config %s: 'groups' must be a non-empty list of groups"):format(where), 0)
+    E.raise(E.EINVAL, "config %s: 'groups' must be a non-empty list of groups", where)
   end
   if cfg.schedule ~= nil and type(cfg.schedule) ~= "function" then
-    error(("config %s: 'schedule' must be a function(step, group)"):format(where), 0)
+    E.raise(E.EINVAL, "config %s: 'schedule' must be a function(step, group)", where)
   end
   local hooks = cfg.hooks or {}
-  if type(hooks) ~= "table" then error(("config %s: 'hooks' must be a table"):format(where), 0) end
+  if type(hooks) ~= "table" then E.raise(E.EINVAL, "config %s: 'hooks' must be a table", where) end
   for k, v in pairs(hooks) do
-    if not HOOK_NAMES[k] then error(("config %s: unknown hook '%s'"):format(where, tostring(k)), 0) end
-    if type(v) ~= "function" then error(("config %s: hook '%s' must be a function"):format(where, k), 0) end
+    if not HOOK_NAMES[k] then E.raise(E.EINVAL, "config %s: unknown hook '%s'", where, tostring(k)) end
+    if type(v) ~= "function" then E.raise(E.EINVAL, "config %s: hook '%s' must be a function", where, k) end
   end
   local groups = {}
   for gi, g in ipairs(cfg.groups) do
-    if type(g) ~= "table" then error(("config %s: group %d must be a table"):format(where, gi), 0) end
-    local label = ("group %d%s"):format(gi, g.name and (" ('" .. tostring(g.name) .. "')") or "")
-    local kind = g.optimizer or "muon"
-    local optim = OPTIMIZERS[kind]
-    if not optim then
-      error(("config %s: %s: optimizer must be 'muon' or 'adamw', got %s"):format(where, label, tostring(kind)), 0)
+    if type(g) ~= "table" then E.raise(E.EINVAL, "config %s: group %d must be a table", where, gi) end
+    local label = group_label(gi, g.name)
+    local kname = g.optimizer or "muon"
+    local kind = KINDS[kname]
+    if not kind then
+      E.raise(E.EINVAL, "config %s: %s: optimizer must be 'muon' or 'adamw', got %s", where, label, tostring(kname))
     end
     local opts, bad = {}, {}
     for k, v in pairs(g) do
       if not ROUTING_KEYS[k] then
-        if optim.OPTIONS[k] then opts[k] = v else bad[#bad + 1] = tostring(k) end
+        if kind.OPTIONS[k] then opts[k] = v else bad[#bad + 1] = tostring(k) end
       end
     end
     table.sort(bad)
     if #bad > 0 then
-      error(("config %s: %s (%s): unknown option(s): %s"):format(where, label, kind, table.concat(bad, ", ")), 0)
+      E.raise(E.EINVAL, "config %s: %s (%s): unknown option(s): %s", where, label, kname, table.concat(bad, ", "))
     end
-    if kind == "muon" then
+    if kname == "muon" then
       for k, v in pairs(hooks) do
         if opts[k] == nil then opts[k] = v end
       end
     end
     for _, k in ipairs({ "min_dim", "max_dim" }) do
       if g[k] ~= nil and (type(g[k]) ~= "number" or g[k] < 0) then
-        error(("config %s: %s: %s must be a non-negative number"):format(where, label, k), 0)
+        E.raise(E.EINVAL, "config %s: %s: %s must be a non-negative number", where, label, k)
       end
     end
-    -- Validate the options now by building a throwaway optimizer.
-    local ok, err = pcall(optim.new, {}, opts, 1)
-    if not ok then error(("config %s: %s (%s): %s"):format(where, label, kind, tostring(err)), 0) end
+    local options = O.merge(kind.DEFAULTS, opts)
+    local ok, err = pcall(kind.resolve, options, 1)
+    if not ok then
+      E.raise(E.EINVAL, "config %s: %s (%s): %s", where, label, kname, tostring(err):gsub("^[^:]*:%d+: ", ""))
+    end
+    options.params, options.name, options.step = {}, g.name, 0
     groups[gi] = {
-      index = gi, name = g.name, kind = kind, options = opts,
+      index = gi, name = g.name, kind = kind, label = label, options = options,
       match = as_list(g.match or ".*", ("config %s: %s.match"):format(where, label), 0),
       exclude = as_list(g.exclude, ("config %s: %s.exclude"):format(where, label), 0),
-      min_dim = g.min_dim, max_dim = g.max_dim, params = {},
-      base = O.merge(optim.DEFAULTS, opts),
+      min_dim = g.min_dim, max_dim = g.max_dim,
+      base = O.merge(kind.DEFAULTS, opts),
     }
   end
   return groups
@@ -122,35 +156,46 @@ function engine.new(cfg_src, opts)
   if #unknown > 0 then error("engine.new: unknown option(s): " .. table.concat(unknown, ", "), 2) end
   local ok, cfg, where = pcall(config.load, cfg_src, opts.trusted)
   if not ok then error(cfg, 2) end
-  local ok2, groups = pcall(resolve_config, cfg, where == "(table)" and "(table)" or ("'" .. where .. "'"))
+  local label = where == "(table)" and "(table)" or ("'" .. where .. "'")
+  local ok2, groups = pcall(resolve_config, cfg, label)
   if not ok2 then error(groups, 2) end
-  local self = setmetatable({
-    config = cfg, source = where, groups = groups, params = {}, by_name = {},
-    lr_scale = 1.0, step_count = 0, optimizers = {},
-  }, Engine)
-  -- One optimizer per kind, over the groups of that kind (in config order).
-  for kind, optim in pairs(OPTIMIZERS) do
-    local list = {}
-    for _, g in ipairs(groups) do
-      if g.kind == kind then
-        local spec = O.merge(g.options, { params = g.params, name = g.name })
-        list[#list + 1] = spec
-        g.slot = #list
-      end
-    end
-    if #list > 0 then
-      self.optimizers[kind] = optim.new(list, {}, 2)
-      for _, g in ipairs(groups) do
-        if g.kind == kind then g.group = self.optimizers[kind].param_groups[g.slot] end
-      end
-    end
-  end
+  local dist
   if cfg.dist ~= nil then
-    local okd, dist = pcall(require, "muon.optim.dist_step")
-    if not okd then error("config " .. where .. ": 'dist' needs muon.optim.dist_step: " .. tostring(dist), 2) end
-    self.dist = dist.attach(self, cfg.dist)
+    local ok3, d = pcall(resolve_dist, cfg.dist, label)
+    if not ok3 then error(d, 2) end
+    dist = d
   end
-  return self
+  return setmetatable({
+    config = cfg, source = where, groups = groups, params = {}, by_name = {},
+    lr_scale = 1.0, step_count = 0, dist = dist, signals = {},
+  }, Engine)
+end
+
+-- The step protocol over every group, made on first use (after set_comm).
+function Engine:_stepper()
+  if self.stepper then return self.stepper end
+  local comm, mesh = commlib.self(), nil
+  local d = self.dist
+  if d then
+    comm = d.comm or (commlib.world_size() > 1 and commlib.world() or commlib.self())
+    local ok, m = pcall(D.mesh, d.mesh or { { "world", comm:size() } }, comm:size())
+    if not ok then E.raise(E.EINVAL, "config: dist: %s", tostring(m):gsub("^[^:]*:%d+: ", "")) end
+    mesh = m
+  end
+  local specs = {}
+  for gi, g in ipairs(self.groups) do specs[gi] = { kind = g.kind, options = g.options, label = g.label } end
+  self.stepper = require("muon.step").new({ groups = specs, comm = comm, mesh = mesh,
+    balance = d and d.balance, max_batch_numel = d and d.max_batch_numel })
+  return self.stepper
+end
+
+-- Use this communicator (a muon.comm) instead of the world; only before the
+-- first parameter is registered (mu_engine_set_comm).
+function Engine:set_comm(c)
+  if not self.dist then E.raise(E.ESTATE, "set_comm: the config has no dist section") end
+  if not commlib.is_comm(c) then E.raise(E.EINVAL, "set_comm: expected a muon.comm communicator") end
+  if self.stepper then E.raise(E.ESTATE, "set_comm: the engine already uses its communicator (call it before add_param)") end
+  self.dist.comm = c
 end
 
 -- The first group whose patterns match (name, shape), or nil.
@@ -165,127 +210,179 @@ function Engine:route(name, shape)
   return nil
 end
 
+local function shape_str(s) return "{" .. table.concat(s, ",") .. "}" end
+
+-- Split an add_param placement argument into (global shape or nil, per-axis
+-- spec): nil (replicated), a list of per-axis entries with an optional
+-- .shape field, or { shape = {...}, placement = {...} }.
+local function split_spec(spec)
+  if spec == nil then return nil, nil end
+  if type(spec) ~= "table" then E.raise(E.EINVAL, "placement must be a table") end
+  if spec.placement ~= nil then return spec.shape, spec.placement end
+  local list = {}
+  for i, v in ipairs(spec) do list[i] = v end
+  if #list == 0 and spec.shape ~= nil then return spec.shape, nil end
+  if #list == 0 then
+    local map = {}
+    for k, v in pairs(spec) do if k ~= "shape" then map[k] = v end end
+    return spec.shape, next(map) and map or nil
+  end
+  return spec.shape, list
+end
+
+-- Global shape and normalized placement of a parameter whose local part is
+-- value (placement: as add_param takes it).
+function Engine:_placement(name, value, placement)
+  local st = self:_stepper()
+  local shape, plspec = split_spec(placement)
+  if shape ~= nil and (type(shape) ~= "table" or #shape ~= value:dim()) then
+    E.raise(E.EINVAL, "add_param '%s': shape must list the global size of each of the value's %d dims", name, value:dim())
+  end
+  local ok, pl = pcall(D.placement, plspec, st.mesh, shape and #shape or value:dim())
+  if not ok then E.raise(E.EINVAL, "add_param '%s': %s", name, tostring(pl):gsub("^[^:]*:%d+: ", "")) end
+  if shape == nil then
+    for a, p in ipairs(pl) do
+      if p.kind == "S" and st.mesh.sizes[a] > 1 then
+        E.raise(E.EINVAL, "add_param '%s': placement %s shards the parameter: give its global shape as placement.shape",
+          name, D.placement_string(pl))
+      end
+    end
+    shape = value:size()
+  end
+  local box = D.local_box(shape, pl, st.mesh, st.me)
+  local vs = value:size()
+  for d = 1, #shape do
+    if vs[d] ~= box.len[d] then
+      E.raise(E.EINVAL, "add_param '%s': rank %d holds a local shard of shape %s, but global shape %s with placement %s on mesh %s gives %s",
+        name, st.me, shape_str(vs), shape_str(shape), D.placement_string(pl), st.mesh:describe(), shape_str(box.len))
+    end
+  end
+  return shape, pl
+end
+
+-- The local shard shape of a parameter (global shape + placement spec as
+-- add_param takes them) on this rank.
+function Engine:local_shape_of(name, shape, placement)
+  local st = self:_stepper()
+  local _, plspec = split_spec(placement)
+  local ok, pl = pcall(D.placement, plspec, st.mesh, #shape)
+  if not ok then E.raise(E.EINVAL, "add_param '%s': %s", name, tostring(pl):gsub("^[^:]*:%d+: ", "")) end
+  return D.local_box(shape, pl, st.mesh, st.me).len
+end
+
 -- Register a parameter (value/grad tensors; grad may be nil). placement is
--- for distributed configs (see muon.dist).
+-- for distributed configs: one entry per mesh axis ("R", "S(d)", ...) and
+-- shape = the global shape.
 function Engine:add_param(name, value, grad, placement)
-  if type(name) ~= "string" or name == "" then error("add_param: name must be a non-empty string", 2) end
-  if self.by_name[name] then error(("add_param: parameter '%s' is already registered"):format(name), 2) end
-  if not T.is_tensor(value) then error(("add_param: parameter '%s': value must be a tensor"):format(name), 2) end
-  if grad ~= nil and (not T.is_tensor(grad) or not P.same_shape(grad, value)) then
-    error(("add_param: parameter '%s': grad must be a tensor of the value's shape %s"):format(name, P.shape_string(value)), 2)
-  end
-  local logical = value:size()
-  if self.dist then logical = self.dist:logical_shape(name, value, placement) end
-  local g = self:route(name, logical)
-  if not g then error(("parameter '%s' (shape %s) matches no group in config %s"):format(name, table.concat(logical, "x"), self.source), 2) end
-  if g.kind == "muon" and #logical < 2 then
-    error(("parameter '%s' is %d-D but matched Muon group %d%s: 1D parameters are not supported in Muon (route them to an AdamW group)")
-      :format(name, #logical, g.index, g.name and (" ('" .. g.name .. "')") or ""), 2)
-  end
-  local p = P(name, value, grad)
-  p.logical_shape = logical
-  if self.dist then self.dist:register(p, placement) end
-  g.params[#g.params + 1] = p
-  self.params[#self.params + 1] = { param = p, group = g }
-  self.by_name[name] = p
-  return p
+  local ok, err = pcall(function()
+    if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "add_param: name must be a non-empty string") end
+    if self.by_name[name] then E.raise(E.EINVAL, "add_param: parameter '%s' is already registered", name) end
+    if not T.is_tensor(value) then E.raise(E.EINVAL, "add_param: parameter '%s': value must be a tensor", name) end
+    if grad ~= nil and (not T.is_tensor(grad) or not P.same_shape(grad, value)) then
+      E.raise(E.EINVAL, "add_param: parameter '%s': grad must be a tensor of the value's shape %s", name, P.shape_string(value))
+    end
+    if placement ~= nil and not self.dist then
+      E.raise(E.EINVAL, "add_param '%s': a placement needs a config with a dist section", name)
+    end
+    local logical, pl = self:_placement(name, value, placement)
+    local g = self:route(name, logical)
+    if not g then
+      E.raise(E.EINVAL, "parameter '%s' (shape %s) matches no group in config %s", name, table.concat(logical, "x"), self.source)
+    end
+    if g.kind.ns and #logical < 2 then
+      E.raise(E.EINVAL, "parameter '%s' is %d-D but matched Muon group %d%s: 1D parameters are not supported in Muon (route them to an AdamW group)",
+        name, #logical, g.index, g.name and (" ('" .. g.name .. "')") or "")
+    end
+    local p = P(name, value, grad)
+    p.logical_shape = logical
+    self.stepper:add(g.index, p, pl)
+    g.options.params[#g.options.params + 1] = p
+    self.params[#self.params + 1] = { param = p, group = g }
+    self.by_name[name] = p
+    return p
+  end)
+  if not ok then error(err, 2) end
+  return err
 end
 
 function Engine:param(name) return self.by_name[name] end
 
--- Per-step values from the config's schedule, times lr_scale.
+-- The optimizer state of a parameter on this rank ({ momentum_buffer } or
+-- { step, exp_avg, exp_avg_sq }), nil before its first step or when
+-- another replica holds it.
+function Engine:state(name)
+  local p = self.by_name[name]
+  if not p then E.raise(E.EINVAL, "state: no parameter '%s'", tostring(name)) end
+  return self.stepper and self.stepper.state[p]
+end
+
+-- This step's values per group, from the config's schedule, times lr_scale.
 function Engine:_scheduled(step)
   local values = {}
+  local sched = self.config.schedule
   for _, g in ipairs(self.groups) do
     local v = { lr = g.base.lr }
-    local sched = self.config.schedule
     if sched then
-      local r = sched(step, { index = g.index, name = g.name, optimizer = g.kind, base_lr = g.base.lr, base = g.base })
+      local r = E.call_hook("schedule", sched, step,
+        { index = g.index, name = g.name, optimizer = g.kind.name, base_lr = g.base.lr, base = g.base })
       if type(r) == "number" then
         v.lr = r
       elseif type(r) == "table" then
         for k, x in pairs(r) do
-          if not SCHEDULABLE[g.kind][k] then
-            error(("schedule returned '%s' for group %d (%s), which cannot change per step"):format(tostring(k), g.index, g.kind), 0)
+          if not g.kind.SCHEDULABLE[k] then
+            E.raise(E.EINVAL, "schedule returned '%s' for %s (%s), which cannot change per step", tostring(k), g.label, g.kind.name)
           end
           v[k] = x
         end
       elseif r ~= nil then
-        error(("schedule must return a number (lr), a table or nil, got %s"):format(type(r)), 0)
+        E.raise(E.EINVAL, "schedule must return a number (lr), a table or nil, got %s", type(r))
       end
     end
-    if not O.is_finite(v.lr) or v.lr < 0 then
-      error(("schedule gave group %d an invalid lr %s"):format(g.index, tostring(v.lr)), 0)
-    end
-    v.lr = v.lr * self.lr_scale
+    if type(v.lr) == "number" then v.lr = v.lr * self.lr_scale end
     values[g.index] = v
   end
   return values
 end
 
-local function kinds(self)
-  local list = {}
-  for _, kind in ipairs({ "muon", "adamw" }) do
-    if self.optimizers[kind] then list[#list + 1] = self.optimizers[kind] end
-  end
-  return list
-end
-
--- One step of every optimizer; atomic across all of them.
+-- One step of every group; atomic across all of them (and across ranks).
+-- The step counts once its commit happened, even if post_update_fn then fails.
 function Engine:step()
+  local st = self:_stepper()
   local step = self.step_count + 1
-  local saved = {}
-  local ok, err = pcall(function()
-    local values = self:_scheduled(step)
-    for _, g in ipairs(self.groups) do
-      saved[g.index] = {}
-      for k, v in pairs(values[g.index]) do
-        saved[g.index][k] = g.group[k]
-        g.group[k] = v
-      end
-    end
-    if self.dist then return self.dist:step() end
-    local plans = {}
-    for i, opt in ipairs(kinds(self)) do plans[i] = opt:prepare() end
-    return plans
-  end)
-  if not ok then
-    for gi, vals in pairs(saved) do
-      for k, v in pairs(vals) do self.groups[gi].group[k] = v end
-    end
-    error(err, 2)
-  end
-  self.step_count = step
-  if self.dist then return end
-  local plans = err
-  local opts = kinds(self)
-  for i, opt in ipairs(opts) do opt:commit(plans[i]) end
-  for i, opt in ipairs(opts) do opt:finish(plans[i]) end
+  local okv, values = pcall(self._scheduled, self, step)
+  local before = st.stats.steps
+  local ok, err = pcall(st.step, st, okv and values or nil, not okv and values or nil)
+  if st.stats.steps > before then self.step_count = step end
+  if not ok then error(err, 2) end
 end
 
 local SETTABLE = { lr_scale = true }
 
 function Engine:set(key, value)
-  if not SETTABLE[key] then error(("set: unknown key '%s' (settable: lr_scale)"):format(tostring(key)), 2) end
-  if not O.is_finite(value) or value < 0 then error(("set: %s must be a finite number >= 0"):format(key), 2) end
+  if not SETTABLE[key] then E.raise(E.EINVAL, "set: unknown key '%s' (settable: lr_scale)", tostring(key)) end
+  if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, tostring(value)) end
   self[key] = value
 end
 
 function Engine:get(key)
   if key == "lr_scale" then return self.lr_scale end
   if key == "step" then return self.step_count end
-  if key == "lr" then return self.groups[1].group.lr end
+  if key == "lr" then return self.groups[1].options.lr end
+  if key == "state_bytes" or key == "scratch_bytes" then return self:memory()[key] end
   if type(key) == "string" then
     local which = key:match("^lr:(.+)$")
     if which then
       for _, g in ipairs(self.groups) do
-        if tostring(g.index) == which or g.name == which then return g.group.lr end
+        if tostring(g.index) == which or g.name == which then return g.options.lr end
       end
-      error(("get: no group '%s'"):format(which), 2)
+      E.raise(E.EINVAL, "get: no group '%s'", which)
     end
   end
-  error(("get: unknown key '%s' (known: lr, lr:<group>, step, lr_scale)"):format(tostring(key)), 2)
+  E.raise(E.EINVAL, "get: unknown key '%s' (known: lr, lr:<group>, step, lr_scale, state_bytes, scratch_bytes)", tostring(key))
 end
+
+-- { state_bytes, scratch_bytes } this rank holds.
+function Engine:memory() return self:_stepper():memory() end
 
 -- Rows for `muon check` and humans: which parameter went where.
 function Engine:describe()
@@ -297,70 +394,68 @@ function Engine:describe()
       if type(v) ~= "function" then options[k] = v end
     end
     rows[#rows + 1] = { name = e.param.name, shape = e.param.logical_shape, group = g.index, group_name = g.name,
-      optimizer = g.kind, options = options }
+      optimizer = g.kind.name, options = options }
   end
   return rows
 end
 
 function Engine:stats()
+  local st = self:_stepper()
   local s = { steps = self.step_count }
-  for kind, opt in pairs(self.optimizers) do
-    s[kind] = { steps = opt.stats.steps, skipped_nonfinite = opt.stats.skipped_nonfinite }
+  for kind, ks in pairs(st.stats.kinds) do
+    s[kind] = { steps = ks.steps, skipped_nonfinite = ks.skipped_nonfinite }
   end
-  if self.dist then s.comm = self.dist:comm_stats() end
+  if self.dist then s.comm = st:comm_stats() end
   return s
 end
 
 function Engine:comm_stats()
-  return self.dist and self.dist:comm_stats() or {}
+  return self.dist and self:_stepper():comm_stats() or {}
 end
 
-local function engine_meta(self)
-  return { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) }
+-- The kinds the config uses, as checkpoint parts (prefix per kind).
+local function parts(self)
+  local seen, list = {}, {}
+  for _, kind in ipairs({ "muon", "adamw" }) do
+    for _, g in ipairs(self.groups) do
+      if g.kind.name == kind and not seen[kind] then
+        seen[kind] = true
+        list[#list + 1] = { prefix = kind .. "/", kind = kind }
+      end
+    end
+  end
+  return list
 end
 
 function Engine:save(path)
   if type(path) ~= "string" then error("save: path must be a string", 2) end
-  if self.dist then return self.dist:save(path) end
-  local dicts = {}
-  for _, kind in ipairs({ "muon", "adamw" }) do
-    if self.optimizers[kind] then dicts[#dicts + 1] = { prefix = kind .. "/", dict = S.state_dict(self.optimizers[kind]) } end
-  end
-  local entries, meta = S.encode(dicts, engine_meta(self))
-  local ok, err = pcall(st.save, path, entries, meta)
+  local ok, err = pcall(S.save, self:_stepper(), path, parts(self),
+    { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) })
   if not ok then error(err, 2) end
+end
+
+-- The engine's values in a checkpoint's metadata, checked like config values.
+local function engine_meta(meta)
+  local step_s, scale_s = meta["muon.engine.step"], meta["muon.engine.lr_scale"]
+  local step, scale = tonumber(step_s), tonumber(scale_s)
+  if step_s == nil or step == nil or step ~= math.floor(step) or step < 0 or step >= 2 ^ 53 then
+    E.raise(E.EFORMAT, "checkpoint metadata muon.engine.step = %s is not an integer >= 0", tostring(step_s))
+  end
+  if scale_s == nil or not O.is_finite(scale) or scale < 0 then
+    E.raise(E.EFORMAT, "checkpoint metadata muon.engine.lr_scale = %s is not a finite number >= 0", tostring(scale_s))
+  end
+  return step, scale
 end
 
 -- Load a checkpoint saved by save(); checks everything before changing anything.
 function Engine:load(path)
   if type(path) ~= "string" then error("load: path must be a string", 2) end
-  if self.dist then return self.dist:load(path) end
-  local ok, err = pcall(function()
-    local file = st.load(path)
-    local dicts = S.decode(file, path)
-    local by_prefix = {}
-    for _, d in ipairs(dicts) do by_prefix[d.prefix] = d.dict end
-    local problems = {}
-    for _, kind in ipairs({ "muon", "adamw" }) do
-      local opt, d = self.optimizers[kind], by_prefix[kind .. "/"]
-      if opt and not d then
-        problems[#problems + 1] = ("the checkpoint has no %s state"):format(kind)
-      elseif d and not opt then
-        problems[#problems + 1] = ("the checkpoint has %s state but this config has no %s group"):format(kind, kind)
-      elseif opt then
-        for _, m in ipairs(S.mismatches(opt, d)) do problems[#problems + 1] = m end
-      end
-    end
-    if #problems > 0 then
-      error(("checkpoint '%s' does not match this engine:\n  %s"):format(path, table.concat(problems, "\n  ")), 0)
-    end
-    for _, kind in ipairs({ "muon", "adamw" }) do
-      if self.optimizers[kind] then S.load_state_dict(self.optimizers[kind], by_prefix[kind .. "/"]) end
-    end
-    self.step_count = tonumber(file.metadata["muon.engine.step"]) or self.step_count
-    self.lr_scale = tonumber(file.metadata["muon.engine.lr_scale"]) or self.lr_scale
+  local values
+  local ok, err = pcall(S.load, self:_stepper(), path, parts(self), function(meta)
+    values = { engine_meta(meta) }
   end)
   if not ok then error(err, 2) end
+  self.step_count, self.lr_scale = values[1], values[2]
 end
 
 -- Dry run for `muon check`: route every {name=, shape=} and collect problems

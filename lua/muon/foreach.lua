@@ -163,6 +163,37 @@ end
 local ADAMW_KEYS = { lr = true, beta1 = true, beta2 = true, betas = true, eps = true,
                      weight_decay = true, step = true }
 
+-- The scalar options of an AdamW call: lr, beta1, beta2, eps, weight_decay, step.
+local function adamw_opts(opts, level)
+  level = level + 1
+  if type(opts) ~= "table" then error("opts must be a table, got " .. type(opts), level) end
+  for k in pairs(opts) do
+    if not ADAMW_KEYS[k] then error("foreach.adamw: unknown option '" .. tostring(k) .. "'", level) end
+  end
+  local b1, b2 = opts.beta1, opts.beta2
+  if opts.betas ~= nil then
+    if b1 ~= nil or b2 ~= nil then error("give either betas or beta1/beta2, not both", level) end
+    if type(opts.betas) ~= "table" or #opts.betas ~= 2 then
+      error("betas must be a pair {beta1, beta2}", level)
+    end
+    b1, b2 = opts.betas[1], opts.betas[2]
+  end
+  if b1 == nil then b1 = 0.9 end
+  if b2 == nil then b2 = 0.999 end
+  local eps = opts.eps == nil and 1e-8 or opts.eps
+  local wd = opts.weight_decay == nil and 1e-2 or opts.weight_decay
+  number(opts.lr, "lr", level)
+  number(b1, "beta1", level)
+  number(b2, "beta2", level)
+  number(eps, "eps", level)
+  number(wd, "weight_decay", level)
+  local step = number(opts.step, "step", level)
+  if step ~= math.floor(step) or step < 1 then
+    error("step must be an integer >= 1, got " .. tostring(step), level)
+  end
+  return opts.lr, b1, b2, eps, wd, step
+end
+
 -- torch.optim.AdamW step over the arrays; opts = {lr=, beta1=0.9, beta2=0.999
 -- (or betas={b1, b2}), eps=1e-8, weight_decay=1e-2, step=} (step >= 1, the
 -- step number after incrementing, as torch's state["step"]).
@@ -177,32 +208,27 @@ function F.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)
   match(p, "params", g, "grads", n, 2)
   match(p, "params", m, "exp_avgs", n, 2)
   match(p, "params", v, "exp_avg_sqs", n, 2)
-  if type(opts) ~= "table" then error("opts must be a table, got " .. type(opts), 2) end
-  for k in pairs(opts) do
-    if not ADAMW_KEYS[k] then error("foreach.adamw: unknown option '" .. tostring(k) .. "'", 2) end
+  local lr, b1, b2, eps, wd, step = adamw_opts(opts, 2)
+  check(C.mu_foreach_adamw(n, p, g, m, v, lr, b1, b2, eps, wd, step), "foreach.adamw", 2)
+end
+
+-- AdamW without touching the parameters: new moments into new_exp_avgs /
+-- new_exp_avg_sqs (which may be the old ones) and the update direction into
+-- updates; F.apply(params, updates, nil, 1 - lr*weight_decay, 1) then gives
+-- F.adamw's bits. opts as F.adamw (weight_decay is not used here).
+function F.adamw_update(grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs, updates, opts)
+  local g, n = tensors("a", grads, "grads", 2)
+  local lists = { { "b", exp_avgs, "exp_avgs" }, { "c", exp_avg_sqs, "exp_avg_sqs" },
+    { "d", new_exp_avgs, "new_exp_avgs" }, { "e", new_exp_avg_sqs, "new_exp_avg_sqs" }, { "f", updates, "updates" } }
+  local arrs = {}
+  for i, l in ipairs(lists) do
+    same_count(l[3], n, l[2], 2)
+    arrs[i] = tensors(l[1], l[2], l[3], 2)
+    match(g, "grads", arrs[i], l[3], n, 2)
   end
-  local b1, b2 = opts.beta1, opts.beta2
-  if opts.betas ~= nil then
-    if b1 ~= nil or b2 ~= nil then error("give either betas or beta1/beta2, not both", 2) end
-    if type(opts.betas) ~= "table" or #opts.betas ~= 2 then
-      error("betas must be a pair {beta1, beta2}", 2)
-    end
-    b1, b2 = opts.betas[1], opts.betas[2]
-  end
-  if b1 == nil then b1 = 0.9 end
-  if b2 == nil then b2 = 0.999 end
-  local eps = opts.eps == nil and 1e-8 or opts.eps
-  local wd = opts.weight_decay == nil and 1e-2 or opts.weight_decay
-  number(opts.lr, "lr", 2)
-  number(b1, "beta1", 2)
-  number(b2, "beta2", 2)
-  number(eps, "eps", 2)
-  number(wd, "weight_decay", 2)
-  local step = number(opts.step, "step", 2)
-  if step ~= math.floor(step) or step < 1 then
-    error("step must be an integer >= 1, got " .. tostring(step), 2)
-  end
-  check(C.mu_foreach_adamw(n, p, g, m, v, opts.lr, b1, b2, eps, wd, step), "foreach.adamw", 2)
+  local lr, b1, b2, eps, _, step = adamw_opts(opts, 2)
+  check(C.mu_foreach_adamw_update(n, g, arrs[1], arrs[2], arrs[3], arrs[4], arrs[5], lr, b1, b2, eps, step),
+    "foreach.adamw_update", 2)
 end
 
 -- true, nil when every element is finite; else false and the 1-based index

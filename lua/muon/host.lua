@@ -1,25 +1,35 @@
 -- Glue between C hosts (src/engine.c: mu_engine_*, mu_script_run*) and the
 -- Lua engine. The Lua C API cannot push FFI cdata, so the C side passes raw
 -- buffers as light userdata plus a shape table; this module wraps them as
--- tensors. Errors raised here as tables { code = "EFORMAT", msg = ... }
--- choose the status code the C call returns.
+-- tensors. Errors are raised as error objects (lua/muon/errors.lua) whose
+-- code is the status the C call returns; a plain string error gets the
+-- call's fallback code (src/engine.c).
 local ffi = require("ffi")
+local E = require("muon.errors")
 
 local host = {}
 
 local DTYPE_BY_CODE = { [0] = "float32", [1] = "float64" }
 local PTR_TYPE = { float32 = ffi.typeof("float *"), float64 = ffi.typeof("double *") }
 
-local function raise(code, msg)
-  error({ code = code, msg = msg }, 0)
-end
+local raise = E.raise
 
--- Open an engine on a config file. A syntax error is reported as EFORMAT
--- (checked by compiling the chunk, without running it); anything the engine
--- rejects (unknown option, bad value) comes back as EINVAL from the caller.
+-- Open an engine on a config file. The file is read here first: a file
+-- that cannot be read is EIO, a syntax error (compiled, not run) or a
+-- precompiled chunk is EFORMAT; whatever the engine rejects (unknown
+-- option, bad value) comes back as EINVAL, or with the code of its error
+-- object.
 function host.open(path, opts)
-  local chunk, err = loadfile(path)
-  if not chunk then raise("EFORMAT", tostring(err)) end
+  local f, err = io.open(path, "rb")
+  if not f then raise(E.EIO, "cannot open config file %s", tostring(err)) end
+  local text, rerr = f:read("*a")
+  f:close()
+  if not text then raise(E.EIO, "cannot read config file '%s': %s", path, tostring(rerr)) end
+  if text:byte(1) == 27 then
+    raise(E.EFORMAT, "config '%s': precompiled bytecode configs are not accepted", path)
+  end
+  local chunk, serr = loadstring(text, "@" .. path)
+  if not chunk then raise(E.EFORMAT, tostring(serr)) end
   local engine = require("muon.engine")
   if next(opts) == nil then opts = nil end
   return engine.new(path, opts)
@@ -30,7 +40,7 @@ end
 function host.add_param(eng, name, dtype_code, shape, data, grad)
   local T = require("muon.tensor")
   local dtype = DTYPE_BY_CODE[dtype_code]
-  if not dtype then raise("EDTYPE", "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
+  if not dtype then raise(E.EDTYPE, "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
   local value = T.wrap(ffi.cast(PTR_TYPE[dtype], data), shape, dtype)
   local g = nil
   if grad ~= nil then g = T.wrap(ffi.cast(PTR_TYPE[dtype], grad), shape, dtype) end
@@ -39,8 +49,8 @@ end
 
 -- mu_engine_set_comm: a caller's MPI communicator for a distributed config.
 function host.set_comm(eng, ptr)
-  if not eng.dist then raise("ESTATE", "set_comm: the config has no dist section") end
-  eng.dist:set_comm(require("muon.comm").from_handle(ptr))
+  if not eng.dist then raise(E.ESTATE, "set_comm: the config has no dist section") end
+  eng:set_comm(require("muon.comm").from_handle(ptr))
 end
 
 -- mu_engine_add_param_sharded: placements = { {kind, dim0}, ... } per mesh
@@ -49,24 +59,24 @@ end
 function host.add_param_sharded(eng, name, dtype_code, shape, placements, data, grad)
   local T = require("muon.tensor")
   local dtype = DTYPE_BY_CODE[dtype_code]
-  if not dtype then raise("EDTYPE", "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
-  if not eng.dist then raise("ESTATE", "add_param_sharded: parameter '" .. name .. "': the config has no dist section") end
+  if not dtype then raise(E.EDTYPE, "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
+  if not eng.dist then raise(E.ESTATE, "add_param_sharded: parameter '" .. name .. "': the config has no dist section") end
   local pl = { shape = shape }
   for i, p in ipairs(placements) do
     if p[1] == 0 then pl[i] = "R"
     elseif p[1] == 1 then
       if p[2] < 0 or p[2] >= #shape then
-        raise("EINVAL", ("parameter '%s': placements[%d] shards dim %d (0-based) of a %d-D tensor"):format(name, i - 1, p[2], #shape))
+        raise(E.EINVAL, ("parameter '%s': placements[%d] shards dim %d (0-based) of a %d-D tensor"):format(name, i - 1, p[2], #shape))
       end
       pl[i] = { "shard", p[2] + 1 }
-    else raise("EINVAL", ("parameter '%s': placements[%d].kind %d is not MU_REPLICATE or MU_SHARD"):format(name, i - 1, p[1])) end
+    else raise(E.EINVAL, ("parameter '%s': placements[%d].kind %d is not MU_REPLICATE or MU_SHARD"):format(name, i - 1, p[1])) end
   end
-  local local_shape = eng.dist:local_shape_of(name, shape, pl)
+  local local_shape = eng:local_shape_of(name, shape, pl)
   local n = 1
   for _, x in ipairs(local_shape) do n = n * x end
   local function wrap(ptr, what)
     if ptr == nil then
-      if n > 0 then raise("EINVAL", ("parameter '%s': %s is NULL but the local shard has %d elements"):format(name, what, n)) end
+      if n > 0 then raise(E.EINVAL, ("parameter '%s': %s is NULL but the local shard has %d elements"):format(name, what, n)) end
       return T.zeros(local_shape, dtype)
     end
     return T.wrap(ffi.cast(PTR_TYPE[dtype], ptr), local_shape, dtype)
@@ -84,7 +94,7 @@ function host.set(eng, key, value) eng:set(key, value) end
 function host.get(eng, key)
   local v = eng:get(key)
   if type(v) ~= "number" then
-    raise("EINVAL", "key '" .. tostring(key) .. "' has no numeric value (got " .. type(v) .. ")")
+    raise(E.EINVAL, "key '" .. tostring(key) .. "' has no numeric value (got " .. type(v) .. ")")
   end
   return v
 end

@@ -20,10 +20,13 @@
 -- Files are untrusted input: every structure, dtype, shape and offset is
 -- validated before anything is allocated; offsets must tile the data section
 -- exactly (no overlap, no gap, no trailing bytes), as the reference reader
--- requires. Errors name the path and the tensor.
+-- requires. Errors name the path and the tensor, and are error objects
+-- (lua/muon/errors.lua): EIO when the file cannot be opened or read (or
+-- written), EFORMAT for bad contents, EINVAL for bad arguments.
 local ffi = require("ffi")
 local bit = require("bit")
 local core = require("muon.core")
+local E = require("muon.errors")
 local T = require("muon.tensor")
 
 local C, check = core.C, core.check
@@ -58,7 +61,8 @@ local function valid_utf8(s)
     i = find(s, "[\128-\255]", i)
     if not i then return true end
     local c = byte(s, i)
-    local len, lo, hi = 0, 0x80, 0xBF
+    local len, lo, hi
+    lo, hi = 0x80, 0xBF
     if c >= 0xC2 and c <= 0xDF then len = 1
     elseif c == 0xE0 then len, lo = 2, 0xA0
     elseif c == 0xED then len, hi = 2, 0x9F
@@ -156,7 +160,7 @@ end
 -- Returns entries sorted by offset and the metadata table.
 local function parse_header(path, text, data_size)
   local function bad(fmt, ...)
-    error(("safetensors '%s': " .. fmt):format(path, ...), 0)
+    E.raise(E.EFORMAT, "safetensors '%s': " .. fmt, path, ...)
   end
   local ok_utf8, at = valid_utf8(text)
   if not ok_utf8 then bad("header is not valid UTF-8 (byte %d)", at) end
@@ -278,10 +282,10 @@ local function parse_header(path, text, data_size)
   return entries, metadata
 end
 
-local function open_reader(path, level)
-  if type(path) ~= "string" then error("path must be a string, got " .. type(path), level + 1) end
+local function open_reader(path)
+  if type(path) ~= "string" then E.raise(E.EINVAL, "path must be a string, got " .. type(path)) end
   local box = reader_box()
-  check(C.mu_st_reader_open(path, box), nil, level + 1)
+  check(C.mu_st_reader_open(path, box)) -- EIO (cannot open or read) or EFORMAT (bad length)
   local r = ffi.gc(box[0], C.mu_st_reader_close)
   local len = size_box()
   local ptr = C.mu_st_reader_header(r, len)
@@ -297,13 +301,13 @@ end
 
 local function checksum_hex(n, arr)
   local out = u64_box()
-  check(C.mu_st_checksum(n, arr, out), "checksum", 3)
+  check(C.mu_st_checksum(n, arr, out), "checksum")
   return "xxh64:" .. bit.tohex(out[0], 16)
 end
 
 --- Header of a safetensors file, validated, without reading the data.
 function M.inspect(path)
-  local r, text, data_size = open_reader(path, 2)
+  local r, text, data_size = open_reader(path)
   local ok, entries, metadata = pcall(parse_header, path, text, data_size)
   close_reader(r)
   if not ok then error(entries, 0) end
@@ -314,7 +318,7 @@ end
 
 --- Load every tensor (new contiguous tensors) of a safetensors file.
 function M.load(path)
-  local r, text, data_size = open_reader(path, 2)
+  local r, text, data_size = open_reader(path)
   local ok, res = pcall(function()
     local entries, metadata = parse_header(path, text, data_size)
     local tensors, order = {}, {}
@@ -322,9 +326,7 @@ function M.load(path)
     for i, en in ipairs(entries) do
       local t = T.zeros(en.shape, en.dtype)
       local rc = C.mu_st_reader_read(r, en.offsets[1], en.offsets[2], t)
-      if rc ~= 0 then
-        error(("tensor '%s': %s"):format(en.name, ffi.string(C.mu_last_error())), 0)
-      end
+      if rc ~= 0 then E.raise(tonumber(rc), "tensor '%s': %s", en.name, ffi.string(C.mu_last_error())) end
       tensors[en.name] = t
       order[i] = en.name
       arr[i - 1] = t
@@ -333,13 +335,13 @@ function M.load(path)
     if want ~= nil then
       local algo = want:match("^(%w+):")
       if algo ~= "xxh64" or not want:match("^xxh64:%x+$") or #want ~= 22 then
-        error(("safetensors '%s': unsupported checksum '%s' in __metadata__ (expected xxh64:<16 hex>)")
-              :format(path, want), 0)
+        E.raise(E.EFORMAT, "safetensors '%s': unsupported checksum '%s' in __metadata__ (expected xxh64:<16 hex>)",
+                path, want)
       end
       local got = checksum_hex(#entries, arr)
       if got ~= want:lower() then
-        error(("safetensors '%s': checksum mismatch (header says %s, data gives %s): the file is corrupted")
-              :format(path, want, got), 0)
+        E.raise(E.EFORMAT, "safetensors '%s': checksum mismatch (header says %s, data gives %s): the file is corrupted",
+                path, want, got)
       end
     end
     return { tensors = tensors, order = order, metadata = metadata }
@@ -352,45 +354,43 @@ end
 -- ------------------------------------------------------------------ save
 
 -- Ordered list of {name, tensor} from a list of {name=, tensor=} or a map.
-local function normalize_entries(entries, level)
+local function normalize_entries(entries)
+  local function bad(fmt, ...) E.raise(E.EINVAL, fmt, ...) end
   if type(entries) ~= "table" then
-    error("entries must be a list of {name = ..., tensor = ...} or a name -> tensor table, got "
-          .. type(entries), level + 1)
+    bad("entries must be a list of {name = ..., tensor = ...} or a name -> tensor table, got %s", type(entries))
   end
   local list = {}
   if entries[1] ~= nil then
     local n = #entries
     for k in pairs(entries) do
       if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
-        error("entries mixes a list with key '" .. tostring(k) .. "'", level + 1)
+        bad("entries mixes a list with key '%s'", tostring(k))
       end
     end
     for i = 1, n do
       local e = entries[i]
       if type(e) ~= "table" or type(e.name) ~= "string" or not T.is_tensor(e.tensor) then
-        error(("entries[%d] must be {name = string, tensor = tensor}"):format(i), level + 1)
+        bad("entries[%d] must be {name = string, tensor = tensor}", i)
       end
       for k in pairs(e) do
-        if k ~= "name" and k ~= "tensor" then
-          error(("entries[%d]: unknown key '%s'"):format(i, tostring(k)), level + 1)
-        end
+        if k ~= "name" and k ~= "tensor" then bad("entries[%d]: unknown key '%s'", i, tostring(k)) end
       end
       list[i] = { name = e.name, tensor = e.tensor }
     end
   else
     for k, v in pairs(entries) do
-      if type(k) ~= "string" then error("entries: key " .. tostring(k) .. " is not a name", level + 1) end
-      if not T.is_tensor(v) then error("entries['" .. k .. "'] is not a tensor", level + 1) end
+      if type(k) ~= "string" then bad("entries: key %s is not a name", tostring(k)) end
+      if not T.is_tensor(v) then bad("entries['%s'] is not a tensor", k) end
       list[#list + 1] = { name = k, tensor = v }
     end
     table.sort(list, function(a, b) return a.name < b.name end)
   end
   local seen = {}
   for _, e in ipairs(list) do
-    if seen[e.name] then error("tensor name '" .. e.name .. "' is used twice", level + 1) end
+    if seen[e.name] then bad("tensor name '%s' is used twice", e.name) end
     seen[e.name] = true
-    if e.name == "__metadata__" then error("'__metadata__' cannot be a tensor name", level + 1) end
-    if not valid_utf8(e.name) then error("tensor name '" .. e.name .. "' is not valid UTF-8", level + 1) end
+    if e.name == "__metadata__" then bad("'__metadata__' cannot be a tensor name") end
+    if not valid_utf8(e.name) then bad("tensor name '%s' is not valid UTF-8", e.name) end
   end
   return list
 end
@@ -399,20 +399,20 @@ end
 --- name -> tensor table (stored sorted by name); metadata: string -> string.
 function M.save(path, entries, metadata)
   if type(path) ~= "string" or path == "" then
-    error("path must be a non-empty string, got " .. tostring(path), 2)
+    E.raise(E.EINVAL, "path must be a non-empty string, got %s", tostring(path))
   end
-  local list = normalize_entries(entries, 2)
+  local list = normalize_entries(entries)
   if metadata ~= nil and type(metadata) ~= "table" then
-    error("metadata must be a table of string -> string, got " .. type(metadata), 2)
+    E.raise(E.EINVAL, "metadata must be a table of string -> string, got %s", type(metadata))
   end
   local meta = {}
   for k, v in pairs(metadata or {}) do
     if type(k) ~= "string" or type(v) ~= "string" then
-      error(("metadata must map strings to strings (key %s holds a %s)"):format(tostring(k), type(v)), 2)
+      E.raise(E.EINVAL, "metadata must map strings to strings (key %s holds a %s)", tostring(k), type(v))
     end
-    if RESERVED_META[k] then error("metadata key '" .. k .. "' is reserved (written by save)", 2) end
+    if RESERVED_META[k] then E.raise(E.EINVAL, "metadata key '%s' is reserved (written by save)", k) end
     if not valid_utf8(k) or not valid_utf8(v) then
-      error("metadata key '" .. k .. "' or its value is not valid UTF-8", 2)
+      E.raise(E.EINVAL, "metadata key '%s' or its value is not valid UTF-8", k)
     end
     meta[k] = v
   end
@@ -441,7 +441,7 @@ function M.save(path, entries, metadata)
     pos = pos + nbytes
   end
   local header = table.concat(out, ",") .. "}"
-  check(C.mu_st_write(path, header, #header, n, arr), nil, 2)
+  check(C.mu_st_write(path, header, #header, n, arr)) -- EIO when the file cannot be written
   return pos
 end
 

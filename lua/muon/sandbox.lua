@@ -16,12 +16,20 @@
 --     (exports args, imports results)     (imports args, exports results)
 --   other cdata/userdata -> error       numbers, strings, booleans: as is
 --
+-- Errors cross too, both ways, wherever a call crosses (see "errors"
+-- below): strings stay strings; a muon error object (lua/muon/errors.lua)
+-- keeps its code and message; anything else a config raises (a table, a
+-- proxy, nil...) reaches the host as an MU_ELUA error object with its `msg`
+-- field or "(error object is a <type> value)", never as the config's own
+-- value with the config's metamethods.
+--
 -- A tensor proxy is a Lua table with a protected metatable whose methods are
 -- the safe subset of muon.tensor's (no :ptr, :save, raw fields); the real
 -- tensor lives in a private weak table the sandbox cannot reach. The config
 -- file's result is exported before the engine sees it, so every hook,
 -- schedule and match function runs behind the membrane.
 local T = require("muon.tensor")
+local E = require("muon.errors")
 
 local S = {}
 
@@ -50,6 +58,74 @@ local function map_all(f, n, ...)
 end
 local function import_all(...) return map_all(import, select("#", ...), ...) end
 local function export_all(...) return map_all(export, select("#", ...), ...) end
+
+-- ------------------------------------------------------------------ errors
+
+-- Calls across the membrane run under xpcall with E.capture, which keeps
+-- the traceback of the first raise (on error objects, and on the side for
+-- strings), so that what the C embedding shows still reaches down to the
+-- config's lines.
+local function with_tb(obj, tb)
+  if rawget(obj, "tb") == nil then obj.tb = tb end
+  return obj
+end
+
+-- Host error objects handed to the config (as copies: the config may
+-- change a copy's fields) -> the original, given back when the copy leaves.
+local ORIGINAL = setmetatable({}, { __mode = "k" })
+
+-- A host function raised err inside a call from the config: a string as it
+-- is; a muon error object as a copy (code and message; its metatable is
+-- protected, so the config cannot reach or change it); another host value,
+-- which might hold host objects, as its message (with its code if it names
+-- one).
+local function import_error(err, tb)
+  if type(err) == "string" then return err end
+  local obj = E.is(err) and err or E.wrap(err)
+  if not E.is(obj) then return obj end -- a message
+  with_tb(obj, tb)
+  local copy = E.new(obj.code, obj.msg)
+  ORIGINAL[copy] = obj
+  return copy
+end
+
+-- The config raised err, or let a host error through: strings and numbers
+-- as they are; a host error object as the original (code, message and
+-- traceback as the host raised them, whatever the config did to its copy);
+-- anything else becomes an MU_ELUA object with the value's `msg` field or
+-- "(error object is a <type> value)": the config cannot choose the status
+-- code, and the host never calls the config's metamethods.
+local function export_error(err, tb)
+  local t = type(err)
+  if t == "string" or t == "number" then return err end
+  local orig = t == "table" and ORIGINAL[err]
+  if orig then return orig end
+  return E.new(E.ELUA, E.message(err), tb)
+end
+
+local function imported_results(ok, ...)
+  if ok then return import_all(...) end
+  local caught = ...
+  error(import_error(caught[1], caught[2]), 0)
+end
+
+local function exported_results(ok, ...)
+  if ok then return export_all(...) end
+  local caught = ...
+  error(export_error(caught[1], caught[2]), 0)
+end
+
+-- The config calls host function f: arguments exported, results and
+-- errors imported.
+local function call_host(f, ...)
+  return imported_results(xpcall(f, E.capture, export_all(...)))
+end
+
+-- The host calls config function f: arguments imported, results and errors
+-- exported.
+local function call_config(f, ...)
+  return exported_results(xpcall(f, E.capture, import_all(...)))
+end
 
 -- ------------------------------------------------------------ tensor proxy
 
@@ -82,7 +158,7 @@ for _, name in ipairs(SAFE_METHODS) do
       local other = REAL[(...)]
       if other == nil or not T.is_tensor(other) then error(("tensor:%s: argument is not a tensor"):format(name), 2) end
     end
-    return import_all(m(real, export_all(...)))
+    return call_host(m, real, ...)
   end
 end
 
@@ -122,7 +198,7 @@ local object_mt = {
   __newindex = function(_, k)
     error(("cannot set field '%s' of a host object in a sandboxed config"):format(tostring(k)), 2)
   end,
-  __call = function(self, ...) return import_all(REAL[self](export_all(...))) end,
+  __call = function(self, ...) return call_host(REAL[self], ...) end,
   __tostring = function(self) return tostring(REAL[self]) end,
   __len = function(self) return #REAL[self] end,
 }
@@ -160,7 +236,7 @@ function import(v, seen)
     if orig then return orig end -- a sandbox function coming back
     local w = IMPORT_OF[v]
     if w == nil then
-      w = function(...) return import_all(v(export_all(...))) end
+      w = function(...) return call_host(v, ...) end
       IMPORTED[w] = v
       IMPORT_OF[v] = w
     end
@@ -187,7 +263,7 @@ function export(v, seen)
     if orig then return orig end -- a host function going back
     local w = EXPORT_OF[v]
     if w == nil then
-      w = function(...) return export_all(v(import_all(...))) end
+      w = function(...) return call_config(v, ...) end
       EXPORTED[w] = v
       EXPORT_OF[v] = w
     end
@@ -263,7 +339,7 @@ BUILDERS["muon.param"] = function()
 end
 
 local function optim_facade(name, mod)
-  local f = { new = function(params, opts) return import(mod.new(export(params), export(opts), 2)) end,
+  local f = { new = function(params, opts) return call_host(mod.new, params, opts, 2) end,
     DEFAULTS = import(mod.DEFAULTS), OPTIONS = import(mod.OPTIONS) }
   return setmetatable(f, { __metatable = "muon." .. name .. " (sandboxed)",
     __call = function(_, ...) return f.new(...) end })

@@ -57,7 +57,6 @@ local function list(seed)
 end
 local grads, bufs, ups, params = list(1), list(1000), list(nil), list(2000)
 local N = F.numel(grads)
-local n_threads = 2
 print(("parameter set: %d layers, %d tensors, %.1f M elements (float32, %.0f MB per array)")
   :format(LAYERS, #shapes, N / 1e6, N * 4 / 1e6))
 

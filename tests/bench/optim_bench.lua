@@ -1,82 +1,143 @@
--- Lua scheduling overhead of a Muon step: the share of a step not spent
--- inside C (Newton-Schulz, fused foreach ops, tensor copies), for a
--- GPT-2-small parameter set, and the time per parameter for 1,000 tiny ones.
--- Targets: <= 2% of a GPT-2-small step; <= 10 us per tiny parameter.
-local ffi = require("ffi")
-local muon = require("muon")
-local T = muon.tensor
-local ns = require("muon.ns")
-local foreach = require("muon.foreach")
+-- One-process optimizer step (`make bench`): a GPT-2-small parameter set
+-- (72 Muon matrices + the 50257x768 embedding on AdamW) and 1,000 tiny 4x4
+-- Muon parameters, timed here and, in the same run, with the previous
+-- implementation (BASELINE: the two-path step before lua/muon/step.lua),
+-- built from git into /tmp; prints medians and new/old ratios, and the Lua
+-- share of the step (the time not spent inside the C-backed calls).
+-- Targets: no slowdown against the baseline; Lua <= 2% of a GPT-2-small
+-- step; <= 10 us per tiny parameter.
+--   luajit tests/bench/optim_bench.lua            (compare; skips the baseline without git)
+--   luajit tests/bench/optim_bench.lua --measure  (one measurement, machine-readable)
+local BASELINE = "ceab6d5"
+local ROUNDS = 5
 
+local ffi = require("ffi")
 ffi.cdef [[
-typedef struct { long tv_sec; long tv_nsec; } mu_bench_timespec;
-int clock_gettime(int clk, mu_bench_timespec *ts);
+typedef struct { long tv_sec; long tv_nsec; } mu_obench_ts;
+int clock_gettime(int clk, mu_obench_ts *ts);
 ]]
-local ts = ffi.new("mu_bench_timespec")
+local ts = ffi.new("mu_obench_ts")
 local function now()
   ffi.C.clock_gettime(1, ts)
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
 end
-
--- Time spent inside the C-backed calls the step makes.
-local inside = 0
-local function timed(tbl, name)
-  local f = tbl[name]
-  tbl[name] = function(...)
-    local t0 = now()
-    local a, b = f(...)
-    inside = inside + (now() - t0)
-    return a, b
-  end
-end
-timed(ns, "zeropower_into")
-for _, n in ipairs({ "momentum", "apply", "scale", "all_finite", "adamw" }) do timed(foreach, n) end
-timed(T.methods, "copy")
-timed(T.methods, "all_finite")
-
 local function median(xs)
-  table.sort(xs)
-  return xs[math.floor((#xs + 1) / 2)]
+  local c = {}
+  for i, x in ipairs(xs) do c[i] = x end
+  table.sort(c)
+  return c[math.floor((#c + 1) / 2)]
 end
 
-local function run(opt, reps)
-  opt:step() -- warm-up: allocates buffers and state
-  local totals, overheads = {}, {}
-  for r = 1, reps do
-    inside = 0
-    local t0 = now()
-    opt:step()
-    local total = now() - t0
-    totals[r] = total
-    overheads[r] = total - inside
+local function measure()
+  local muon = require("muon")
+  local T = muon.tensor
+  local ns = require("muon.ns")
+  local foreach = require("muon.foreach")
+  -- Time spent inside the C-backed calls the step makes.
+  local inside = 0
+  local function timed(tbl, name)
+    local f = tbl[name]
+    if not f then return end
+    tbl[name] = function(...)
+      local t0 = now()
+      local a, b = f(...)
+      inside = inside + (now() - t0)
+      return a, b
+    end
   end
-  return median(totals), median(overheads)
-end
-
--- GPT-2 small: 12 layers of 4 x 768x768 attention, 768x3072 and 3072x768
--- MLP on Muon; the 50257x768 embedding on AdamW.
-local gpt = {}
-for l = 1, 12 do
-  for _, s in ipairs({ { 768, 768 }, { 768, 768 }, { 768, 768 }, { 768, 768 }, { 768, 3072 }, { 3072, 768 } }) do
-    local i = #gpt + 1
-    gpt[i] = muon.param(("h.%d.w%d"):format(l, i), T.randn(s, i), T.randn(s, 1000 + i))
+  timed(ns, "zeropower_into")
+  for _, n in ipairs({ "momentum", "apply", "scale", "all_finite", "adamw", "adamw_update", "pack", "unpack" }) do
+    timed(foreach, n)
   end
+  timed(T.methods, "copy")
+  timed(T.methods, "all_finite")
+  local function run(step, reps)
+    step() -- warm-up: allocates buffers and state
+    local totals, overheads = {}, {}
+    for r = 1, reps do
+      inside = 0
+      local t0 = now()
+      step()
+      local total = now() - t0
+      totals[r], overheads[r] = total, total - inside
+    end
+    return median(totals), median(overheads)
+  end
+  local total, over
+  do -- (its tensors are freed before the tiny run)
+    local gpt = {}
+    for l = 1, 12 do
+      for _, s in ipairs({ { 768, 768 }, { 768, 768 }, { 768, 768 }, { 768, 768 }, { 768, 3072 }, { 3072, 768 } }) do
+        local i = #gpt + 1
+        gpt[i] = muon.param(("h.%d.w%d"):format(l, i), T.randn(s, i), T.randn(s, 1000 + i))
+      end
+    end
+    local emb = muon.param("wte", T.randn({ 50257, 768 }, 7), T.randn({ 50257, 768 }, 8))
+    local mo = muon.optim.Muon(gpt)
+    local ao = muon.optim.AdamW({ emb })
+    total, over = run(function() mo:step() ao:step() end, 3)
+  end
+  collectgarbage()
+  local tiny = {}
+  for i = 1, 1000 do tiny[i] = muon.param("t" .. i, T.randn({ 4, 4 }, i), T.randn({ 4, 4 }, 5000 + i)) end
+  local to = muon.optim.Muon(tiny)
+  local ttotal, tover = run(function() to:step() end, 9)
+  return total, over, ttotal / 1000, tover / 1000
 end
-local emb = muon.param("wte", T.randn({ 50257, 768 }, 7), T.randn({ 50257, 768 }, 8))
-local mo = muon.optim.Muon(gpt)
-local ao = muon.optim.AdamW({ emb })
-local step = { step = function() mo:step() ao:step() end }
-local total, over = run(step, 2)
-print(("GPT-2 small (%d Muon matrices + 50257x768 AdamW): step %.0f ms, Lua overhead %.2f ms = %.3f%% of the step (target <= 2%%)")
-  :format(#gpt, total * 1e3, over * 1e3, 100 * over / total))
-gpt, mo, ao, emb = nil, nil, nil, nil
-collectgarbage()
 
-local tiny = {}
-for i = 1, 1000 do
-  tiny[i] = muon.param("t" .. i, T.randn({ 4, 4 }, i), T.randn({ 4, 4 }, 5000 + i))
+if arg[1] == "--measure" then
+  print(("RESULT %.9f %.9f %.9f %.9f"):format(measure()))
+  return
 end
-local to = muon.optim.Muon(tiny)
-local ttotal, tover = run(to, 5)
-print(("1,000 tiny 4x4 parameters: step %.2f ms = %.2f us per parameter (Lua overhead %.2f us/param; target <= 10 us)")
-  :format(ttotal * 1e3, ttotal * 1e6 / 1000, tover * 1e6 / 1000))
+
+local function sh(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local function capture(cmd)
+  local p = io.popen(cmd .. " 2>&1")
+  local out = p:read("*a")
+  p:close()
+  return out
+end
+
+-- The baseline tree, built once into /tmp (nothing of it in the repo).
+local base = "/tmp/muon-bench-baseline-" .. BASELINE
+local have_base = false
+if os.execute("git rev-parse --verify -q " .. BASELINE .. "^{commit} >/dev/null 2>&1") == 0 then
+  if os.execute("test -f " .. base .. "/build/libmuon.so") ~= 0 then
+    io.write("optim_bench: building the baseline " .. BASELINE .. " in " .. base .. " ...\n")
+    io.flush()
+    os.execute("rm -rf " .. base .. " && mkdir -p " .. base .. " && git archive " .. BASELINE .. " | tar -x -C " .. base)
+    os.execute("make -s -C " .. base .. " build/libmuon.so >/dev/null 2>&1")
+  end
+  have_base = os.execute("test -f " .. base .. "/build/libmuon.so") == 0
+end
+if not have_base then io.write("optim_bench: no git baseline here; timing the current tree only\n") end
+
+local function run_tree(dir, lib)
+  local env = ("LUA_PATH=%s MUON_LIB=%s"):format(sh(dir .. "/lua/?.lua;" .. dir .. "/lua/?/init.lua;;"), sh(lib))
+  local out = capture(("env -u OPENBLAS_CORETYPE %s luajit tests/bench/optim_bench.lua --measure"):format(env))
+  local a, b, c, d = out:match("RESULT (%S+) (%S+) (%S+) (%S+)")
+  if not a then error("optim_bench: a measurement failed:\n" .. out) end
+  return { tonumber(a), tonumber(b), tonumber(c), tonumber(d) }
+end
+
+local here = io.popen("pwd"):read("*l")
+local new, old = {}, {}
+for r = 1, ROUNDS do -- interleaved, so that load on the machine hits both
+  new[r] = run_tree(here, here .. "/build/libmuon.so")
+  if have_base then old[r] = run_tree(base, base .. "/build/libmuon.so") end
+end
+local function med(rows, i)
+  local xs = {}
+  for r, row in ipairs(rows) do xs[r] = row[i] end
+  return median(xs)
+end
+local g, go, t, tl = med(new, 1), med(new, 2), med(new, 3), med(new, 4)
+print(("GPT-2 small (72 Muon matrices + 50257x768 AdamW): step %.0f ms, Lua %.2f ms = %.3f%% of the step (target <= 2%%)")
+  :format(g * 1e3, go * 1e3, 100 * go / g))
+print(("1,000 tiny 4x4 parameters: %.2f us per parameter (Lua %.2f us; target <= 10 us)"):format(t * 1e6, tl * 1e6))
+if have_base then
+  local og, ot = med(old, 1), med(old, 3)
+  print(("vs the previous implementation (%s), same run, medians of %d interleaved rounds:"):format(BASELINE, ROUNDS))
+  print(("  GPT-2 small step: %.0f ms new, %.0f ms old: new/old = %.3f"):format(g * 1e3, og * 1e3, g / og))
+  print(("  tiny parameters:  %.2f us new, %.2f us old: new/old = %.3f"):format(t * 1e6, ot * 1e6, t / ot))
+end

@@ -28,6 +28,16 @@ static void ok(int cond, const char *fmt, ...)
 
 static int contains(const char *s, const char *needle) { return s && strstr(s, needle) != NULL; }
 
+/* The first line of s (for TAP lines; an engine error may carry a traceback). */
+static const char *line1(const char *s)
+{
+    static char bufs[4][240];
+    static int next;
+    char *b = bufs[next++ % 4];
+    snprintf(b, sizeof bufs[0], "%.*s", (int)strcspn(s, "\n"), s);
+    return b;
+}
+
 static char dir[256];
 
 static const char *write_file(const char *name, const char *text)
@@ -41,6 +51,56 @@ static const char *write_file(const char *name, const char *text)
     fputs(text, f);
     fclose(f);
     return p;
+}
+
+static const char *write_bytes(const char *name, const void *data, size_t len)
+{
+    static char paths[8][320];
+    static int next;
+    char *p = paths[next++ % 8];
+    snprintf(p, 320, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    if (!f || fwrite(data, 1, len, f) != len) { perror(p); exit(1); }
+    fclose(f);
+    return p;
+}
+
+/* The whole file in a malloc'd buffer (*len bytes), or exit. */
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) { perror(path); exit(1); }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) { perror(path); exit(1); }
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* Open cfg_text as a config with one 2x2 Muon parameter "w.0" and one
+ * 3-vector AdamW parameter "b.0" (if the config routes them), step once,
+ * and return the step's status; the engine's first error line goes to msg. */
+static int step_status(const char *name, const char *cfg_text, int trusted, char *msg, size_t cap)
+{
+    float w[4] = {1, 0, 0, 1}, gw[4] = {1, 2, 3, 4}, b[3] = {1, 2, 3}, gb[3] = {1, 1, 1};
+    int64_t s22[2] = {2, 2}, s3[1] = {3};
+    mu_engine *e = NULL;
+    mu_engine_opts o = {.trusted = trusted, .lua_path = NULL};
+    int rc = mu_engine_open_ex(&e, write_file(name, cfg_text), &o);
+    if (rc != MU_OK) {
+        snprintf(msg, cap, "open failed (%s): %s", mu_errname(rc), mu_last_error());
+        return 1; /* not a status code: the test fails */
+    }
+    mu_engine_add_param(e, "w.0", MU_F32, 2, s22, w, gw);
+    mu_engine_add_param(e, "b.0", MU_F32, 1, s3, b, gb);
+    rc = mu_engine_step(e);
+    const char *err = mu_engine_error(e);
+    snprintf(msg, cap, "%s", line1(err));
+    mu_engine_close(e);
+    return rc;
 }
 
 /* Muon lr 0.1, no decay, momentum 0.9 nesterov; AdamW lr 0.01 for b*. */
@@ -99,6 +159,21 @@ int main(void)
                                          "return { groups = { { optimizer = 'muon', match = '.*', lrr = 0.1 } } }\n"));
     ok(rc == MU_EINVAL && eng == NULL, "unknown group option: MU_EINVAL, out NULL (rc %d)", rc);
     ok(contains(mu_last_error(), "lrr"), "unknown group option: message names it: %s", mu_last_error());
+
+    eng = (mu_engine *)&n_test;
+    rc = mu_engine_open(&eng, dir);
+    ok(rc == MU_EIO && eng == NULL, "config path is a directory: MU_EIO (rc %d: %s)", rc, mu_last_error());
+
+    eng = (mu_engine *)&n_test;
+    rc = mu_engine_open(&eng, write_file("badvalue.lua",
+                                         "return { groups = { { optimizer = 'adamw', match = '.*', lr = -1 } } }\n"));
+    ok(rc == MU_EINVAL && eng == NULL && contains(mu_last_error(), "lr"),
+       "bad option value (lr = -1): MU_EINVAL naming it (rc %d: %s)", rc, mu_last_error());
+
+    eng = (mu_engine *)&n_test;
+    rc = mu_engine_open(&eng, write_file("bytecode.lua", "\033LJ\002junk"));
+    ok(rc == MU_EFORMAT && eng == NULL && contains(mu_last_error(), "bytecode"),
+       "precompiled config: MU_EFORMAT (rc %d: %s)", rc, mu_last_error());
 
     eng = (mu_engine *)&n_test;
     rc = mu_engine_open(&eng, write_file("notable.lua", "return 42\n"));
@@ -225,6 +300,12 @@ int main(void)
     ok(rc == MU_OK && fabs(v - 0.1) < 1e-12, "get lr = 0.1 (%g)", v);
     rc = mu_engine_get(eng, "lr:vecs", &v);
     ok(rc == MU_OK && fabs(v - 0.01) < 1e-12, "get lr:vecs = 0.01 (%g)", v);
+    /* state: the 2x2 Muon momentum of w.0 and the two AdamW moments of b.0
+     * (3 each); b.nograd never stepped, so it holds none */
+    rc = mu_engine_get(eng, "state_bytes", &v);
+    ok(rc == MU_OK && v == 4 * (4 + 2 * 3), "get state_bytes = %d (%g)", 4 * (4 + 2 * 3), v);
+    rc = mu_engine_get(eng, "scratch_bytes", &v);
+    ok(rc == MU_OK && v > 0, "get scratch_bytes > 0 (%g)", v);
     rc = mu_engine_set(eng, "lr_scale", 0.5);
     ok(rc == MU_OK, "set lr_scale 0.5");
     rc = mu_engine_get(eng, "lr_scale", &v);
@@ -276,10 +357,49 @@ int main(void)
     char bad[320];
     snprintf(bad, sizeof bad, "%s/missing.safetensors", dir);
     rc = mu_engine_load(eng, bad);
-    ok(rc != MU_OK && contains(mu_engine_error(eng), "missing.safetensors"), "load of a missing file fails naming it: %s",
-       mu_engine_error(eng));
+    ok(rc == MU_EIO && contains(mu_engine_error(eng), "missing.safetensors"),
+       "load of a missing file: MU_EIO naming it (rc %d: %s)", rc, line1(mu_engine_error(eng)));
+    rc = mu_engine_load(eng, dir);
+    ok(rc == MU_EIO, "load of a directory: MU_EIO (rc %d: %s)", rc, line1(mu_engine_error(eng)));
     rc = mu_engine_save(eng, "/nonexistent-dir/x.safetensors");
-    ok(rc != MU_OK, "save into a missing directory fails (rc %d)", rc);
+    ok(rc == MU_EIO, "save into a missing directory: MU_EIO (rc %d: %s)", rc, line1(mu_engine_error(eng)));
+
+    /* malformed checkpoints: MU_EFORMAT, and nothing changes */
+    {
+        size_t len;
+        char *bytes = read_all(ckpt, &len);
+        double step_before = -1, step_after = -2;
+        mu_engine_get(eng, "step", &step_before);
+        struct { const char *what; const char *path; } cases[6];
+        int nc = 0;
+        cases[nc].what = "truncated in the data";
+        cases[nc++].path = write_bytes("trunc_data.safetensors", bytes, len - 3);
+        cases[nc].what = "truncated in the header";
+        cases[nc++].path = write_bytes("trunc_header.safetensors", bytes, 40);
+        cases[nc].what = "shorter than its length field";
+        cases[nc++].path = write_bytes("tiny.safetensors", bytes, 5);
+        const char garbage[] = "this is not a safetensors file, just some text\n";
+        cases[nc].what = "garbage";
+        cases[nc++].path = write_bytes("garbage.safetensors", garbage, sizeof garbage - 1);
+        char *flipped = malloc(len);
+        memcpy(flipped, bytes, len);
+        flipped[len - 1] ^= 0x10; /* a bit of the last tensor: checksum mismatch */
+        cases[nc].what = "bit flip in the data (checksum)";
+        cases[nc++].path = write_bytes("flipped.safetensors", flipped, len);
+        memcpy(flipped, bytes, len);
+        flipped[8] = '['; /* the header's '{' */
+        cases[nc].what = "header not a JSON object";
+        cases[nc++].path = write_bytes("badjson.safetensors", flipped, len);
+        for (int i = 0; i < nc; i++) {
+            rc = mu_engine_load(eng, cases[i].path);
+            ok(rc == MU_EFORMAT, "load of a checkpoint %s: MU_EFORMAT (rc %d %s: %s)", cases[i].what, rc,
+               mu_errname(rc), line1(mu_engine_error(eng)));
+        }
+        mu_engine_get(eng, "step", &step_after);
+        ok(step_before == step_after, "failed loads change nothing (step %g)", step_after);
+        free(flipped);
+        free(bytes);
+    }
 
     /* a checkpoint of another parameter set is refused */
     mu_engine *other = NULL;
@@ -289,17 +409,23 @@ int main(void)
     rc |= mu_engine_add_param(other, "w.0", MU_F32, 2, s23, w2, gw2);
     ok(rc == MU_OK, "second engine on the same config");
     rc = mu_engine_load(other, ckpt);
-    ok(rc != MU_OK && contains(mu_engine_error(other), "w.0"), "load with a different shape fails naming the parameter: %s",
-       mu_engine_error(other));
+    ok(rc == MU_EINVAL && contains(mu_engine_error(other), "w.0"),
+       "load with a different shape: MU_EINVAL naming the parameter (rc %d %s: %s)", rc, mu_errname(rc),
+       line1(mu_engine_error(other)));
     mu_engine_close(other);
 
     /* non-finite gradient: the step fails atomically */
     memcpy(w_saved, w, sizeof w);
     gw[2] = NAN;
     rc = mu_engine_step(eng);
-    ok(rc != MU_OK && memcmp(w, w_saved, sizeof w) == 0, "NaN gradient: step fails, parameters unchanged: %s",
-       mu_engine_error(eng));
+    ok(rc == MU_ENONFINITE && memcmp(w, w_saved, sizeof w) == 0,
+       "NaN gradient: MU_ENONFINITE, parameters unchanged (rc %d %s: %s)", rc, mu_errname(rc), line1(mu_engine_error(eng)));
     gw[2] = 0.0f;
+    gb[1] = INFINITY;
+    rc = mu_engine_step(eng);
+    ok(rc == MU_ENONFINITE && memcmp(w, w_saved, sizeof w) == 0,
+       "Inf gradient of an AdamW parameter: MU_ENONFINITE (rc %d %s: %s)", rc, mu_errname(rc), line1(mu_engine_error(eng)));
+    gb[1] = 0.0f;
     mu_engine_close(eng);
 
     /* --- a hook that raises: traceback in the engine's error */
@@ -325,6 +451,63 @@ int main(void)
     mu_engine_close(NULL);
     ok(1, "mu_engine_close(NULL) is a no-op");
 
+    /* --- whatever a function of the config raises at step time: MU_ELUA */
+    {
+        static const struct {
+            const char *name, *what, *text, *needle;
+            int trusted;
+        } hooks[] = {
+            {"h_hooks.lua", "hooks.post_update_fn raising a string",
+             "return { groups = { { optimizer = 'muon', match = '^w', lr = 0.1 },\n"
+             "  { optimizer = 'adamw', match = '^b' } },\n"
+             "  hooks = { post_update_fn = function() error('boom') end } }\n",
+             "boom", 0},
+            {"h_trusted.lua", "a trusted config's hook raising a string",
+             "return { groups = { { optimizer = 'muon', match = '^w', lr = 0.1 },\n"
+             "  { optimizer = 'adamw', match = '^b' } },\n"
+             "  hooks = { post_update_fn = function() error('trusted boom') end } }\n",
+             "trusted boom", 1},
+            {"h_sched.lua", "a schedule raising",
+             "return { groups = { { optimizer = 'muon', match = '^w', lr = 0.1 },\n"
+             "  { optimizer = 'adamw', match = '^b' } },\n"
+             "  schedule = function(step) error('schedule boom') end }\n",
+             "schedule boom", 0},
+            {"h_table.lua", "a hook raising a table that names another code",
+             "return { groups = { { optimizer = 'muon', match = '^w', lr = 0.1 },\n"
+             "  { optimizer = 'adamw', match = '^b' } },\n"
+             "  hooks = { post_update_fn = function() error({ code = -3, msg = 'forged EIO' }) end } }\n",
+             "forged EIO", 0},
+            {"h_muoncall.lua", "a hook whose muon call fails (MU_ESHAPE inside)",
+             "return { groups = { { optimizer = 'muon', match = '^w', lr = 0.1 },\n"
+             "  { optimizer = 'adamw', match = '^b' } },\n"
+             "  hooks = { post_update_fn = function(p, w) w:view({7}) end } }\n",
+             "view", 0},
+            {"h_momentum.lua", "a momentum_update_fn raising",
+             "return { groups = { { optimizer = 'muon', match = '^w', lr = 0.1 },\n"
+             "  { optimizer = 'adamw', match = '^b' } },\n"
+             "  hooks = { momentum_update_fn = function() error('momentum boom') end } }\n",
+             "momentum boom", 0},
+        };
+        char msg[300];
+        for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++) {
+            rc = step_status(hooks[i].name, hooks[i].text, hooks[i].trusted, msg, sizeof msg);
+            ok(rc == MU_ELUA && contains(msg, hooks[i].needle), "%s: MU_ELUA (rc %d %s: %s)", hooks[i].what, rc,
+               mu_errname(rc), msg);
+        }
+        /* a match function raising, when the parameter is routed */
+        const char *match_cfg = write_file("h_match.lua",
+            "return { groups = { { optimizer = 'adamw', match = function(name) error('match boom') end } } }\n");
+        eng = NULL;
+        rc = mu_engine_open(&eng, match_cfg);
+        ok(rc == MU_OK, "open a config whose match function raises (rc %d: %s)", rc, mu_last_error());
+        if (eng) {
+            rc = mu_engine_add_param(eng, "b.0", MU_F32, 1, s3, b, gb);
+            ok(rc == MU_ELUA && contains(mu_engine_error(eng), "match boom"),
+               "a match function raising: MU_ELUA (rc %d %s: %s)", rc, mu_errname(rc), line1(mu_engine_error(eng)));
+            mu_engine_close(eng);
+        }
+    }
+
     /* --- scripts */
     int status = -1;
     const char *script = write_file("s.lua",
@@ -347,6 +530,22 @@ int main(void)
 
     ok(strcmp(mu_strerror(MU_ELUA), "lua error") == 0 && strcmp(mu_strerror(MU_EIO), "i/o error") == 0,
        "mu_strerror");
+    {
+        static const struct { int code; const char *name; } codes[] = {
+            {MU_OK, "OK"}, {MU_EINVAL, "EINVAL"}, {MU_ENOMEM, "ENOMEM"}, {MU_EIO, "EIO"},
+            {MU_EFORMAT, "EFORMAT"}, {MU_EDTYPE, "EDTYPE"}, {MU_ESHAPE, "ESHAPE"},
+            {MU_ENONFINITE, "ENONFINITE"}, {MU_ESTATE, "ESTATE"}, {MU_ELUA, "ELUA"}, {MU_ECOMM, "ECOMM"},
+        };
+        int n = (int)(sizeof codes / sizeof codes[0]);
+        for (int i = 0; i < n; i++) {
+            ok(codes[i].code == -i && strcmp(mu_errname(codes[i].code), codes[i].name) == 0 &&
+                   strcmp(mu_strerror(codes[i].code), "unknown error") != 0,
+               "mu_errname(%d) = %s (%s)", codes[i].code, mu_errname(codes[i].code), mu_strerror(codes[i].code));
+        }
+        ok(strcmp(mu_errname(-n), "UNKNOWN") == 0 && strcmp(mu_errname(1), "UNKNOWN") == 0 &&
+               strcmp(mu_strerror(-n), "unknown error") == 0,
+           "mu_errname / mu_strerror of a value outside the table: UNKNOWN / unknown error");
+    }
     ok(mu_blas_fix_core(NULL) == MU_OK, "mu_blas_fix_core with NULL argv does nothing");
 
     /* clean up */

@@ -6,6 +6,7 @@
 local T = require("muon.tensor")
 local st = require("muon.safetensors")
 local engine = require("muon.engine")
+local E = require("muon.errors")
 
 local D = {}
 
@@ -13,6 +14,11 @@ local MARK = "MUON-FUZZ-BUG: "
 local function bug(fmt, ...) error(MARK .. fmt:format(...), 0) end
 
 local function clean_error(err, path, what)
+  -- muon raises error objects carrying a status code (muon.errors)
+  if E.is(err) then
+    if E.name(err.code) == nil then bug("%s raised an error object with an unknown code %s", what, tostring(err.code)) end
+    err = tostring(err)
+  end
   if type(err) ~= "string" then bug("%s raised a %s, not a message", what, type(err)) end
   if not err:find(path, 1, true) then bug("%s error does not name the file: %s", what, err) end
   -- a Lua runtime error inside muon's own modules (not a validation message,
@@ -55,21 +61,18 @@ function D.snapshot(eng, state_only)
     return table.concat(f, ",")
   end
   for _, e in ipairs(state_only and {} or eng.params) do parts[#parts + 1] = e.param.name .. "=" .. flat(e.param.value) end
-  for _, kind in ipairs({ "muon", "adamw" }) do
-    local opt = eng.optimizers[kind]
-    for gi, g in ipairs(opt.param_groups) do
-      parts[#parts + 1] = kind .. gi .. ":" .. tostring(g.step)
-      for _, p in ipairs(g.params) do
-        local s = opt.state[p]
-        if s then
-          local keys = {}
-          for k in pairs(s) do keys[#keys + 1] = k end
-          table.sort(keys)
-          for _, k in ipairs(keys) do
-            local v = s[k]
-            if T.is_tensor(v) then v = flat(v) end
-            parts[#parts + 1] = p.name .. "/" .. k .. "=" .. tostring(v)
-          end
+  for gi, g in ipairs(eng.groups) do
+    parts[#parts + 1] = g.kind.name .. gi .. ":" .. tostring(g.options.step)
+    for _, p in ipairs(g.options.params) do
+      local s = eng:state(p.name)
+      if s then
+        local keys = {}
+        for k in pairs(s) do keys[#keys + 1] = k end
+        table.sort(keys)
+        for _, k in ipairs(keys) do
+          local v = s[k]
+          if T.is_tensor(v) then v = flat(v) end
+          parts[#parts + 1] = p.name .. "/" .. k .. "=" .. tostring(v)
         end
       end
     end
@@ -117,7 +120,7 @@ function D.config(path)
   end
   for _ = 1, 2 do
     local oks, err = pcall(e.step, e)
-    if not oks and type(err) == "string" and err:find(MARK, 1, true) then error(err, 0) end
+    if not oks and tostring(err):find(MARK, 1, true) then error(err, 0) end
   end
 end
 

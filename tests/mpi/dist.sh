@@ -1,26 +1,29 @@
 #!/usr/bin/env bash
-# The distributed step (HSDP) under mpirun: bitwise equality with one process
-# at 1..4 ranks on several meshes, byte counters vs the plan's formula,
-# failures that reach every rank, checkpoints resharded across world sizes.
+# The distributed step (HSDP) under mpirun: bitwise equality with one
+# process at 1..4 ranks on meshes {shard,N}, {replicate,N},
+# {replicate,2}x{shard,2} and a two-axis 2-D shard, with OpenBLAS at 1 and
+# 2 threads, including the steps after failed ones; failures that reach
+# every rank; configs that differ; batch-sharded experts that move nothing;
+# replicated state; checkpoints resharded across world sizes.
 . "$(dirname "$0")/lib.bash"
 S=tests/mpi/dist_check.lua
-for m in "1 1 1" "2 1 2" "2 2 1" "3 1 3" "3 3 1" "4 1 4" "4 4 1" "4 2 2"; do
-  set -- $m
-  mpi_case "dist np=$1 mesh ${2}x${3}" "$1" $RUN $S equal "$2" "$3"
+for c in "1 shard:1" "2 shard:2" "2 replicate:2" "3 shard:3" "3 replicate:3" "4 shard:4" "4 replicate:4" \
+         "4 replicate:2,shard:2" "4 shard:2,shard2:2"; do
+  set -- $c
+  for t in 1 2; do
+    OPENBLAS_NUM_THREADS=$t mpi_case "dist np=$1 mesh $2 blas threads $t" "$1" $RUN $S equal "$2"
+  done
 done
 ck=$(mktemp -d)
-mpi_case "dist np=4 mesh 2x2 save" 4 $RUN $S save 2 2 "$ck/opt.safetensors"
-mpi_case "dist np=2 mesh 1x2 resume from np=4" 2 $RUN $S resume 1 2 "$ck/opt.safetensors"
-mpi_case "dist np=1 resume from np=4" 1 $RUN $S resume 1 1 "$ck/opt.safetensors"
-mpi_case "dist np=3 mesh 3x1 resume from np=4" 3 $RUN $S resume 3 1 "$ck/opt.safetensors"
+mpi_case "dist np=4 mesh replicate:2,shard:2 save" 4 $RUN $S save "replicate:2,shard:2" "$ck/opt.safetensors"
+mpi_case "dist np=2 mesh shard:2 resume from np=4" 2 $RUN $S resume "shard:2" "$ck/opt.safetensors"
+mpi_case "dist np=1 resume from np=4" 1 $RUN $S resume "shard:1" "$ck/opt.safetensors"
+mpi_case "dist np=3 mesh replicate:3 resume from np=4" 3 $RUN $S resume "replicate:3" "$ck/opt.safetensors"
+mpi_case "dist np=4 mesh shard:2,shard2:2 resume from np=4" 4 $RUN $S resume "shard:2,shard2:2" "$ck/opt.safetensors"
 rm -rf "$ck"
-mpi_case "dist np=3 different shape" 3 $RUN $S shape 1 3
-mpi_case "dist np=4 hook raises on owner" 4 $RUN $S hook 2 2
-mpi_case "dist np=2 post_update raises on rank 1" 2 $RUN $S posthook 1 2
-for m in "1 1 1" "3 3 1" "4 2 2"; do
-  set -- $m
-  mpi_case "engine np=$1 mesh ${2}x${3}" "$1" $RUN $S engine "$2" "$3"
-done
+mpi_case "dist np=3 config differs on rank 2" 3 $RUN $S config "shard:3"
+mpi_case "dist np=4 experts sharded on dim 1" 4 $RUN $S experts "shard:4"
+mpi_case "dist np=2 replicated state" 2 $RUN $S memory "replicate:2,shard:1"
 if [ -x "$ROOT/build/muon" ]; then
   # The example prints the same losses at any world size.
   ex=$(mktemp -d)

@@ -1,294 +1,328 @@
--- The distributed step under mpirun against the same run in one process.
---   luajit tests/mpi/dist_check.lua equal A B      mesh {{"replicate",A},{"shard",B}}: 10 steps, bitwise
---   luajit tests/mpi/dist_check.lua save A B PATH   5 steps, save (full tensors) to PATH
---   luajit tests/mpi/dist_check.lua resume A B PATH load PATH at step 5, 5 more steps, bitwise vs 10
---   luajit tests/mpi/dist_check.lua shape A B       the last rank registers a different global shape
---   luajit tests/mpi/dist_check.lua hook A B        reshape_fn raises on the owner of one parameter
---   luajit tests/mpi/dist_check.lua posthook A B    post_update_fn raises on rank 1 only
--- Each rank computes the single-process reference itself on full tensors.
+-- The distributed step under mpirun against the same engine in one process.
+--   build/muon run tests/mpi/dist_check.lua MODE MESH [PATH]
+-- MESH: mesh axes as "name:size,...", with names replicate, shard (shards
+-- each parameter's first shard dim) and shard2 (its second), e.g. "shard:4",
+-- "replicate:2,shard:2", "shard:2,shard2:2".
+-- MODE:
+--   equal    12 steps with failures injected on one rank only (schedule
+--            values, a NaN gradient, a raising post_update_fn, a scheduled
+--            value that differs between ranks) and a grad that becomes nil:
+--            the same errors on every rank, nothing changed by a failed step,
+--            and values and state bitwise equal to the one-process engine
+--            (run here with 1 BLAS thread, the mesh with OPENBLAS_NUM_THREADS);
+--            data bytes = the plan's formula
+--   save PATH / resume PATH   5 steps then save; load, 5 more, == 10 steps
+--   config   one rank's config differs: every rank fails naming key and ranks
+--   experts  a (4, 32, 48) expert stack sharded on dim 1: 0 bytes moved
+--   memory   state bytes per rank against one process (replicated state)
 local H = require("mpi.harness")
 local T = require("muon.tensor")
 local D = require("muon.dist")
-local DS = require("muon.optim.dist_step")
-local Muon = require("muon.optim.muon")
-local AdamW = require("muon.optim.adamw")
-local P = require("muon.param")
+local E = require("muon.errors")
+local engine = require("muon.engine")
 local foreach = require("muon.foreach")
+local C = require("muon.core").C
 
-local mode, A, B, path = arg[1], tonumber(arg[2]), tonumber(arg[3]), arg[4]
+local mode, mesh_arg, path = arg[1], arg[2], arg[3]
 
--- Parameters: name, global shape, placement on (axis 1, axis 2), group.
+local AXES = {}
+for name, size in (mesh_arg or "shard:1"):gmatch("(%w+):(%d+)") do AXES[#AXES + 1] = { name, tonumber(size) } end
+
+-- name, global shape, shard dims (for the shard and shard2 axes), group
 local PARAMS = {
-  { "w_even", { 8, 6 }, { "R", "S(1)" }, 1 },
-  { "w_uneven", { 7, 5 }, { "R", "S(1)" }, 1 },
-  { "w_empty", { 2, 9 }, { "R", "S(1)" }, 1 },     -- empty shards at 3 and 4 ranks
-  { "w_col", { 5, 10 }, { "R", "S(2)" }, 2 },
-  { "experts", { 3, 6, 4 }, { "R", "S(1)" }, 1 },  -- 3-D expert stack, sharded over experts
-  { "experts_in", { 4, 5, 6 }, { "R", "S(2)" }, 2 },
-  { "conv", { 6, 1, 5 }, { "R", "S(1)" }, 1 },     -- conv-like A x 1 x B
-  { "rep", { 6, 6 }, { "R", "R" }, 1 },            -- replicated everywhere
-  { "w2d", { 9, 7 }, { "S(1)", "S(2)" }, 1 },      -- two axes shard dims 1 and 2
-  { "w2d_t", { 5, 11 }, { "S(2)", "S(1)" }, 2 },
-  { "nested", { 13, 3 }, { "S(1)", "S(1)" }, 1 },  -- two axes shard the same dim
-  { "nograd", { 4, 4 }, { "R", "S(1)" }, 1, nograd = true },
-  { "w_f64", { 6, 5 }, { "R", "S(2)" }, 4, dtype = "float64" },   -- a float64 group
-  { "embed", { 9, 4 }, { "R", "S(2)" }, 3 },       -- AdamW, sharded
-  { "bias", { 10 }, { "R", "S(1)" }, 3 },          -- AdamW, 1-D
+  { "same.0", { 64, 96 }, { 1, 2 }, 1 },   -- four of one shape: batched differently
+  { "same.1", { 64, 96 }, { 1, 2 }, 1 },   -- in one process and on a mesh
+  { "same.2", { 64, 96 }, { 2, 1 }, 1 },
+  { "same.3", { 64, 96 }, { 1, 2 }, 1 },
+  { "w_uneven", { 7, 5 }, { 1, 2 }, 1 },
+  { "w_empty", { 2, 9 }, { 1, 2 }, 1 },     -- empty shards at 3 and 4 ranks
+  { "w_col", { 5, 10 }, { 2, 1 }, 2 },
+  { "experts", { 3, 6, 4 }, { 1, 2 }, 1 },  -- batch-sharded: stays local
+  { "experts_in", { 4, 5, 6 }, { 2, 3 }, 2 },
+  { "conv", { 6, 1, 5 }, { 1, 3 }, 1 },     -- conv-like A x 1 x B
+  { "rep", { 6, 6 }, {}, 1 },               -- replicated everywhere
+  { "late", { 4, 4 }, { 1, 2 }, 1 },        -- its grad becomes nil at step 6
+  { "nograd", { 4, 4 }, { 1, 2 }, 1, nograd = true },
+  { "w_f64", { 6, 5 }, { 2, 1 }, 4, dtype = "float64" },
+  { "embed", { 9, 4 }, { 2, 1 }, 3 },       -- AdamW, sharded
+  { "bias", { 10 }, { 1 }, 3 },             -- AdamW, 1-D
 }
+if mode == "experts" then PARAMS = { { "experts", { 4, 32, 48 }, { 1 }, 1 } } end
 
-local seen_shapes = {}
-local function post_update(p, value, ctx)
-  seen_shapes[p.name] = table.concat(ctx.logical_shape, "x")
-  foreach.scale({ value }, 0.999)
+local GROUP_OF = {}
+for _, s in ipairs(PARAMS) do GROUP_OF[s[1]] = s[4] end
+
+local function seed_of(name) return D.hash(name) % 100000 end
+local function grad_for(spec, step) return T.randn(spec[2], seed_of(spec[1]) * 64 + step, spec.dtype or "float32") end
+
+-- The placement of a spec on this mesh: "R" on replicate axes, the spec's
+-- first / second shard dim on shard / shard2 axes (R when it has none).
+local function placement(spec)
+  local pl = {}
+  for i, ax in ipairs(AXES) do
+    local d = ax[1] == "shard" and spec[3][1] or ax[1] == "shard2" and spec[3][2] or nil
+    pl[i] = d and ("S(" .. d .. ")") or "R"
+  end
+  return pl
 end
 
-local function groups(hooks)
-  hooks = hooks or {}
-  return {
-    { optimizer = "muon", lr = 0.02, weight_decay = 0.1, reshape_fn = hooks.reshape_fn },
-    { optimizer = "muon", lr = 0.05, weight_decay = 0.01, nesterov = false, ns_variant = "legacy",
-      momentum = { 0.9, 0.8 }, post_update_fn = hooks.post_update_fn or post_update },
-    { optimizer = "adamw", lr = 3e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.01 },
-    { optimizer = "muon", lr = 0.03, weight_decay = 0.05 },
+-- Failures injected at given steps; `here` says whether this process takes
+-- the failing branch (the one-process engine always does).
+local INJECT = { wd_nan = 3, betas = 5, eps = 7, post = 8, nan_grad = 9, lr_differs = 10 }
+local CUR = 0 -- the test's step (a failed step does not advance the engine's)
+
+local function make_config(dist, here, variant)
+  local groups = {
+    { name = "hidden", optimizer = "muon", lr = 0.02, weight_decay = 0.1 },
+    { name = "legacy", optimizer = "muon", lr = 0.05, weight_decay = 0.01, nesterov = false, ns_variant = "legacy",
+      momentum = { 0.9, 0.8 },
+      post_update_fn = function(p, value, ctx)
+        if mode == "equal" and CUR == INJECT.post then
+          -- raises on one rank only (and changes nothing anywhere that step)
+          if here.post then error("boom in post_update_fn on " .. p.name, 0) end
+          return
+        end
+        if value:numel() > 0 then foreach.scale({ value }, 0.999) end
+      end },
+    { name = "adamw", optimizer = "adamw", lr = 3e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.01 },
+    { name = "f64", optimizer = "muon", lr = 0.03, weight_decay = 0.05 },
   }
-end
-
-local function seed_of(name)
-  return D.hash(name) % 100000
-end
-
-local function grad_for(spec, step)
-  return T.randn(spec[2], seed_of(spec[1]) * 64 + step, spec.dtype or "float32")
-end
-
--- Single-process reference on full tensors: returns params by name and a stepper.
-local function reference(hooks)
-  local gs = groups(hooks)
-  local byname, lists = {}, { {}, {}, {}, {} }
-  for _, spec in ipairs(PARAMS) do
-    local p = P.new(spec[1], T.randn(spec[2], seed_of(spec[1]), spec.dtype or "float32"),
-      (not spec.nograd) and T.zeros(spec[2], spec.dtype or "float32") or nil)
-    byname[spec[1]] = p
-    table.insert(lists[spec[4]], p)
-  end
-  local function group_table(i)
-    local g = { params = lists[i] }
-    for k, v in pairs(gs[i]) do if k ~= "optimizer" then g[k] = v end end
-    return g
-  end
-  local muon = Muon.new({ group_table(1), group_table(2), group_table(4) }, {})
-  local adamw = AdamW.new({ group_table(3) }, {})
-  local step = 0
-  local function advance(n)
-    for _ = 1, n do
-      step = step + 1
-      for _, spec in ipairs(PARAMS) do
-        if not spec.nograd then byname[spec[1]].grad:copy(grad_for(spec, step)) end
-      end
-      muon:step()
-      adamw:step()
+  if variant == "lr" then groups[1].lr = 0.021 end
+  for i, g in ipairs(groups) do g.match = function(name) return GROUP_OF[name] == i end end
+  local cfg = { groups = groups }
+  cfg.schedule = function(step, g)
+    local v = { lr = g.base_lr * (1 - 0.03 * step) }
+    if mode == "equal" then
+      if CUR == INJECT.wd_nan and g.index == 1 and here.wd_nan then v.weight_decay = 0 / 0 end
+      if CUR == INJECT.betas and g.index == 3 and here.betas then v.betas = { 0.9, 1.5 } end
+      if CUR == INJECT.eps and g.index == 3 and here.eps then v.eps = -1 end
+      if CUR == INJECT.lr_differs and g.index == 2 and here.lr_differs then v.lr = v.lr * 1.0000001 end
     end
+    return v
   end
-  return byname, advance, muon, adamw
-end
-
-local function box_of(t, box, shape)
-  local v = t
-  for d = 1, #shape do
-    if box.len[d] ~= shape[d] then v = v:narrow(d, box.start[d] + 1, box.len[d]) end
-  end
-  return v
+  if dist then cfg.dist = { mesh = AXES } end
+  return cfg
 end
 
 local function numel(s) local n = 1 for _, x in ipairs(s) do n = n * x end return n end
-
--- The distributed run: this rank's shards.
-local function distributed(w, hooks, opts)
-  opts = opts or {}
-  local ds = DS.new({ comm = w, mesh = { { "replicate", A }, { "shard", B } }, groups = groups(hooks) })
-  local locals = {}
-  for _, spec in ipairs(PARAMS) do
-    local shape = spec[2]
-    if opts.bad_shape and spec[1] == "w_even" and H.rank == H.size - 1 then shape = { 8, 7 } end
-    local pl = D.placement(spec[3], ds.mesh, #shape)
-    local box = D.local_box(shape, pl, ds.mesh, H.rank)
-    local dt = spec.dtype or "float32"
-    local full = T.randn(shape, seed_of(spec[1]), dt)
-    local value = numel(box.len) > 0 and box_of(full, box, shape):clone() or T.zeros(box.len, dt)
-    local grad = (not spec.nograd) and T.zeros(box.len, dt) or nil
-    ds:add_param(spec[1], value, grad, { shape = shape, placement = spec[3], group = spec[4] })
-    locals[spec[1]] = { value = value, grad = grad, box = box, shape = shape, spec = spec }
-  end
-  local step = 0
-  local function advance(n)
-    for _ = 1, n do
-      step = step + 1
-      for _, l in pairs(locals) do
-        if l.grad and numel(l.box.len) > 0 then l.grad:copy(box_of(grad_for(l.spec, step), l.box, l.shape)) end
-      end
-      ds:step()
-    end
-  end
-  local function set_step(s) step = s end
-  return ds, locals, advance, set_step
-end
 
 local function bits_equal(a, b)
   if a:numel() ~= b:numel() then return false, "numel differs" end
   if a:numel() == 0 then return true end
   local fa, fb = a:contiguous():flat(), b:contiguous():flat()
   for i = 1, #fa do
-    if fa[i] ~= fb[i] then return false, ("element %d: %.9g vs %.9g"):format(i, fa[i], fb[i]) end
+    if fa[i] ~= fb[i] and not (fa[i] ~= fa[i] and fb[i] ~= fb[i]) then
+      return false, ("element %d: %.9g vs %.9g"):format(i, fa[i], fb[i])
+    end
   end
   return true
 end
 
-local function compare(tag, ds, locals, ref, muon_ref, adamw_ref)
-  local all_ok, first = true, nil
+-- Both engines: the one-process reference on full tensors, and this rank's
+-- part of the mesh engine.
+local function setup(here, variant)
+  local ref = engine.new(make_config(false, { wd_nan = true, betas = true, eps = true, post = true, nan_grad = true }))
+  local eng = engine.new(make_config(true, here, variant))
+  local mesh = D.mesh(AXES, H.size)
+  local locals = {}
+  for _, spec in ipairs(PARAMS) do
+    local dt, shape = spec.dtype or "float32", spec[2]
+    local full = T.randn(shape, seed_of(spec[1]), dt)
+    local pl = placement(spec)
+    local box = D.local_box(shape, D.placement(pl, mesh, #shape), mesh, H.rank)
+    local value = numel(box.len) > 0 and D.box_view(full, box):clone() or T.zeros(box.len, dt)
+    local grad = (not spec.nograd) and T.zeros(box.len, dt) or nil
+    pl.shape = shape
+    eng:add_param(spec[1], value, grad, pl)
+    ref:add_param(spec[1], full, (not spec.nograd) and T.zeros(shape, dt) or nil)
+    locals[spec[1]] = { value = value, grad = grad, box = box, shape = shape, spec = spec, full = full }
+  end
+  return ref, eng, locals
+end
+
+local function set_grads(ref, locals, step)
   for name, l in pairs(locals) do
-    local rv = box_of(ref[name].value, l.box, l.shape)
-    local ok, why = bits_equal(l.value, rv)
-    if not ok then all_ok = false; first = first or (name .. " value " .. why) end
-    local dp = ds.by_name[name].param
-    local opt = l.spec[4] == 3 and ds.adamw or ds.muon
-    local ropt = l.spec[4] == 3 and adamw_ref or muon_ref
-    local s, rs = opt.state[dp], ropt.state[ref[name]]
-    if (s == nil) ~= (rs == nil) then all_ok = false; first = first or (name .. " state presence") end
-    if s and rs then
-      for _, k in ipairs({ "momentum_buffer", "exp_avg", "exp_avg_sq" }) do
-        if rs[k] then
-          local ok2, why2 = bits_equal(s[k], box_of(rs[k], l.box, l.shape))
-          if not ok2 then all_ok = false; first = first or (name .. " " .. k .. " " .. why2) end
-        end
-      end
+    if l.spec[1] == "late" and step >= 6 then
+      l.grad_saved = l.grad_saved or l.grad
+      ref:param(name).grad = nil
+      -- every rank drops it (the C API's "grad NULL on every rank")
+    elseif l.grad or l.grad_saved then
+      local g = grad_for(l.spec, step)
+      if mode == "equal" and step == INJECT.nan_grad and name == "w_uneven" then g:set(0 / 0, 1, 1) end
+      ref:param(name).grad:copy(g)
+      if numel(l.box.len) > 0 then l.grad:copy(D.box_view(g, l.box)) end
     end
   end
-  H.check(tag, all_ok, first)
+end
+
+local function drop_late(eng, locals, step)
+  if step >= 6 and locals.late then eng:param("late").grad = nil end
+end
+
+-- Compare this rank's values and held state with the reference.
+local function compare(tag, ref, eng, locals)
+  local ok, first = true, nil
+  for name, l in pairs(locals) do
+    local good, why = bits_equal(l.value, D.box_view(ref:param(name).value, l.box))
+    if not good then ok, first = false, first or (name .. " value " .. why) end
+    local s, rs = eng:state(name), ref:state(name)
+    if s then
+      for _, k in ipairs({ "momentum_buffer", "exp_avg", "exp_avg_sq" }) do
+        if s[k] then
+          local g2, why2 = bits_equal(s[k], D.box_view(rs[k], l.box))
+          if not g2 then ok, first = false, first or (name .. " " .. k .. " " .. why2) end
+        end
+      end
+      if s.step ~= rs.step then ok, first = false, first or (name .. " step count") end
+    end
+  end
+  H.check(tag, ok, first)
+end
+
+local function snapshot(locals)
+  local s = {}
+  for name, l in pairs(locals) do s[name] = l.value:clone() end
+  return s
+end
+
+local function unchanged(locals, snap)
+  for name, l in pairs(locals) do
+    if not bits_equal(l.value, snap[name]) then return false, name end
+  end
+  return true
 end
 
 H.main(function()
-  local w = H.init()
-  local label = ("mesh %dx%d"):format(A, B)
+  H.init()
+  local W, me = H.size, H.rank
+  local threads = tonumber(os.getenv("OPENBLAS_NUM_THREADS") or "") or 2
+  local function ref_step(ref)
+    C.mu_blas_set_threads(1)
+    local ok, err = pcall(ref.step, ref)
+    C.mu_blas_set_threads(threads)
+    return ok, err
+  end
   if mode == "equal" then
-    local ref, radv, rm, ra = reference()
-    radv(10)
-    local ds, locals, advance = distributed(w)
-    advance(10)
-    compare("bitwise-10-steps", ds, locals, ref, rm, ra)
-    local st = ds:comm_stats().data
-    local es, er = ds:expected_step_bytes()
-    H.check("bytes-vs-formula", st.bytes_sent == 10 * es and st.bytes_recv == 10 * er,
-      ("measured sent %d recv %d, formula 10 x (%d, %d)"):format(st.bytes_sent, st.bytes_recv, es, er))
-    local ls_ok = true
-    for name, s in pairs(seen_shapes) do
-      local spec
-      for _, x in ipairs(PARAMS) do if x[1] == name then spec = x end end
-      if s ~= table.concat(spec[2], "x") then ls_ok = false end
-    end
-    H.check("post_update-logical-shape", ls_ok and seen_shapes.w_col ~= nil)
-    H.check("nograd-untouched", bits_equal(locals.nograd.value,
-      box_of(T.randn({ 4, 4 }, seed_of("nograd"), "float32"), locals.nograd.box, { 4, 4 })))
-  elseif mode == "engine" then
-    -- The config engine with dist = { mesh = ... } vs the same config without it.
-    local engine = require("muon.engine")
-    local G = {}
-    for _, spec in ipairs(PARAMS) do G[spec[1]] = spec[4] end
-    local function config(with_dist)
-      local gs = groups()
-      local cfg = { groups = {}, schedule = function(step, g) return { lr = g.base_lr * (1 - 0.05 * step) } end }
-      for i, g in ipairs(gs) do
-        local c = {}
-        for k, v in pairs(g) do c[k] = v end
-        c.match = function(name) return G[name] == i end
-        cfg.groups[i] = c
-      end
-      if with_dist then cfg.dist = { mesh = { { "replicate", A }, { "shard", B } } } end
-      return cfg
-    end
-    local ref = engine.new(config(false))
-    local eng = engine.new(config(true))
-    local locals = {}
-    local mesh = D.mesh({ { "replicate", A }, { "shard", B } }, H.size)
-    for _, spec in ipairs(PARAMS) do
-      local dt = spec.dtype or "float32"
-      local full = T.randn(spec[2], seed_of(spec[1]), dt)
-      local pl = D.placement(spec[3], mesh, #spec[2])
-      local box = D.local_box(spec[2], pl, mesh, H.rank)
-      local value = numel(box.len) > 0 and box_of(full, box, spec[2]):clone() or T.zeros(box.len, dt)
-      local grad = (not spec.nograd) and T.zeros(box.len, dt) or nil
-      local placement = { spec[3][1], spec[3][2], shape = spec[2] }
-      eng:add_param(spec[1], value, grad, placement)
-      ref:add_param(spec[1], full, (not spec.nograd) and T.zeros(spec[2], dt) or nil)
-      locals[spec[1]] = { value = value, grad = grad, box = box, shape = spec[2], spec = spec, full = full }
-    end
-    for step = 1, 10 do
-      for _, l in pairs(locals) do
-        if l.grad then
-          local g = grad_for(l.spec, step)
-          ref:param(l.spec[1]).grad:copy(g)
-          if numel(l.box.len) > 0 then l.grad:copy(box_of(g, l.box, l.shape)) end
-        end
-      end
-      ref:step()
-      eng:step()
+    local last = W - 1
+    local here = { wd_nan = me == last, betas = me == 0, eps = me == last, post = me == math.min(1, last),
+      lr_differs = W > 1 and me == last }
+    local ref, eng, locals = setup(here)
+    local expect = {
+      [INJECT.wd_nan] = { E.EINVAL, "group 1 ('hidden'), step 3: ", "weight_decay must be a finite number, got nan" },
+      [INJECT.betas] = { E.EINVAL, "group 3 ('adamw'), step 4: ", "betas[2] must be in [0, 1), got 1.5" },
+      [INJECT.eps] = { E.EINVAL, "group 3 ('adamw'), step 5: ", "eps must be >= 0, got -1" },
+      [INJECT.post] = { E.ELUA, "post_update_fn: boom in post_update_fn on w_col", committed = true },
+      [INJECT.nan_grad] = { E.ENONFINITE, "parameter 'w_uneven': gradient holds NaN or Inf" },
+    }
+    if W > 1 then
+      expect[INJECT.lr_differs] = { E.EINVAL, "scheduled values differ across ranks at group 2 ('legacy').lr",
+        ("ranks that differ from rank 0: %d"):format(W - 1), ref_skips = true }
     end
     local all_ok, first = true, nil
-    for name, l in pairs(locals) do
-      local ok, why = bits_equal(l.value, box_of(l.full, l.box, l.shape))
-      if not ok then all_ok = false; first = first or (name .. " " .. why) end
+    local moved = 0
+    local function bytes_of_step(step)
+      local st = eng.stepper
+      local esize = { float32 = 4, float64 = 8 }
+      local n = 0
+      for _, r in ipairs(st.plan.records) do
+        if not (r.name == "nograd" or (r.name == "late" and step >= 6)) then
+          local s = D.step_elements({ records = { r } }, me)
+          n = n + s * esize[r.dtype]
+        end
+      end
+      return n
     end
-    H.check("engine-bitwise-10-steps", all_ok, first)
-    local cs = eng:comm_stats()
-    H.check("engine-comm-stats", eng:get("step") == 10 and cs.data and (H.size == 1 or cs.data.calls > 0)
-      and (H.size == 1 or cs.data.bytes_sent + cs.data.bytes_recv > 0))
-  elseif mode == "save" then
-    local ds, _, advance = distributed(w)
-    advance(5)
-    ds:save(path)
-    H.check("saved", true)
-  elseif mode == "resume" then
-    local ref, radv, rm, ra = reference()
-    radv(5)
-    local ds, locals, advance, set_step = distributed(w)
-    for name, l in pairs(locals) do
-      if numel(l.box.len) > 0 then l.value:copy(box_of(ref[name].value, l.box, l.shape)) end
+    for step = 1, 12 do
+      CUR = step
+      set_grads(ref, locals, step)
+      drop_late(eng, locals, step)
+      local want = expect[step]
+      local snap = snapshot(locals)
+      local ok, err = pcall(eng.step, eng)
+      local rok, rerr = true, nil
+      if not (want and want.ref_skips) then rok, rerr = ref_step(ref) end
+      if want then
+        local msg = tostring(err)
+        local good = not ok and E.code(err) == want[1] and msg:find(want[2], 1, true) ~= nil
+          and (want[3] == nil or msg:find(want[3], 1, true) ~= nil)
+        if not good then all_ok, first = false, first or ("step " .. step .. ": " .. msg) end
+        if not want.ref_skips and (rok or E.code(rerr) ~= want[1]) then
+          all_ok, first = false, first or ("step " .. step .. " one process: " .. tostring(rerr))
+        end
+        if not want.committed then
+          local same, which = unchanged(locals, snap)
+          if not same then all_ok, first = false, first or ("step " .. step .. " changed " .. which) end
+        else
+          moved = moved + bytes_of_step(step)
+        end
+      else
+        if not ok or not rok then all_ok, first = false, first or ("step " .. step .. ": " .. tostring(err or rerr)) end
+        moved = moved + bytes_of_step(step)
+      end
+      if eng:get("step") ~= ref:get("step") then
+        all_ok, first = false, first or ("step counter " .. eng:get("step") .. " vs " .. ref:get("step"))
+      end
     end
-    ds:load(path)
-    set_step(5)
-    radv(5)
-    advance(5)
-    compare("resume-bitwise-10-steps", ds, locals, ref, rm, ra)
-  elseif mode == "shape" then
-    local ds = distributed(w, nil, { bad_shape = true })
-    local ok, err = pcall(ds.step, ds)
-    H.check("different-shape-fails-everywhere", not ok and tostring(err):find("w_even", 1, true) ~= nil
-      and tostring(err):find("different parameters", 1, true) ~= nil, err)
-  elseif mode == "hook" then
-    local hooks = {
-      reshape_fn = function(name, x)
-        if name == "w_uneven" then error("boom from reshape_fn on " .. name, 0) end
-        return nil
-      end,
-    }
-    local ds, locals, advance = distributed(w, hooks)
-    local before = {}
-    for name, l in pairs(locals) do before[name] = l.value:clone() end
-    local ok, err = pcall(advance, 1)
-    H.check("hook-raise-fails-everywhere", not ok and tostring(err):find("boom from reshape_fn on w_uneven", 1, true) ~= nil, err)
-    local same = true
-    for name, l in pairs(locals) do same = same and bits_equal(l.value, before[name]) end
-    H.check("hook-raise-commits-nothing", same and ds.stats.steps == 0)
-  elseif mode == "posthook" then
-    local hooks = {
-      post_update_fn = function(p)
-        if H.rank == 1 then error("post hook failed on rank 1 for " .. p.name, 0) end
-      end,
-    }
-    local ds, _, advance = distributed(w, hooks)
-    local ok, err = pcall(advance, 1)
-    H.check("post-hook-raise-fails-everywhere", not ok and tostring(err):find("post hook failed on rank 1", 1, true) ~= nil, err)
-    w:barrier()
-    local _ = ds
+    H.check("failures-everywhere-atomic", all_ok, first)
+    compare("bitwise-after-failures", ref, eng, locals)
+    local cs = eng:comm_stats().data
+    H.check("bytes-vs-formula", cs.bytes_sent == moved,
+      ("measured sent %d, formula %d"):format(cs.bytes_sent, moved))
+  elseif mode == "save" or mode == "resume" then
+    local ref, eng, locals = setup({})
+    local first = mode == "save" and 1 or 6
+    if mode == "resume" then
+      for step = 1, 5 do
+        set_grads(ref, locals, step)
+        ref_step(ref)
+      end
+      for name, l in pairs(locals) do
+        if numel(l.box.len) > 0 then l.value:copy(D.box_view(ref:param(name).value, l.box)) end
+      end
+      eng:load(path)
+    end
+    for step = first, first + 4 do
+      set_grads(ref, locals, step)
+      drop_late(eng, locals, step)
+      local ok, err = pcall(eng.step, eng)
+      if not ok then error(err, 0) end
+      if mode == "resume" then ref_step(ref) end
+    end
+    if mode == "save" then
+      eng:save(path)
+      H.check("saved", true)
+    else
+      H.check("resumed-step", eng:get("step") == 10, eng:get("step"))
+      compare("resume-bitwise", ref, eng, locals)
+    end
+  elseif mode == "config" then
+    local _, eng, locals = setup({}, me == W - 1 and "lr" or nil)
+    for _, l in pairs(locals) do if l.grad then l.grad:fill(0.5) end end
+    local ok, err = pcall(eng.step, eng)
+    local msg = tostring(err)
+    local ranks = W > 1 and ("ranks that differ from rank 0: " .. (W - 1)) or ""
+    H.check("config-mismatch-fails-everywhere", W == 1 and ok or (not ok and E.code(err) == E.EINVAL
+      and msg:find("configs differ across ranks at group 1 ('hidden').lr", 1, true) ~= nil
+      and msg:find(ranks, 1, true) ~= nil), msg)
+  elseif mode == "experts" then
+    local ref, eng, locals = setup({})
+    for step = 1, 3 do
+      set_grads(ref, locals, step)
+      eng:step()
+      ref_step(ref)
+    end
+    local cs = eng:comm_stats().data
+    H.check("experts-zero-bytes", cs.bytes_sent == 0 and cs.bytes_recv == 0 and cs.calls == 0,
+      ("sent %d recv %d calls %d"):format(cs.bytes_sent, cs.bytes_recv, cs.calls))
+    compare("experts-bitwise", ref, eng, locals)
+  elseif mode == "memory" then
+    local ref, eng, locals = setup({})
+    set_grads(ref, locals, 1)
+    eng:step()
+    ref_step(ref)
+    local mine, one = eng:memory().state_bytes, ref:memory().state_bytes
+    local ratio = mine / one
+    H.check("state-bytes-per-rank", ratio <= 0.55, ("rank %d holds %d of %d bytes (%.3fx)"):format(me, mine, one, ratio))
+    compare("memory-bitwise", ref, eng, locals)
   end
-  local _ = label
 end)

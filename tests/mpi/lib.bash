@@ -1,4 +1,4 @@
-# Shared by tests/mpi/*.sh: run one MPI job (the recipe of DESIGN.md) and
+# Shared by tests/mpi/*.sh: run one MPI job (the Open MPI settings of the README) and
 # turn the ranks' "@@ rank ok|fail name" lines into TAP lines.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none

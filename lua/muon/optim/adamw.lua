@@ -1,101 +1,88 @@
 -- AdamW as torch.optim.AdamW (bias-corrected, decoupled weight decay), for
--- 1-D parameters, embeddings and heads. The math runs in C (foreach.adamw).
--- A step is atomic: gradients are checked before anything changes.
-local T = require("muon.tensor")
+-- 1-D parameters, embeddings and heads. The math runs in C
+-- (foreach.adamw_update, then the same fused apply as Muon).
+--
+-- This module is the AdamW *kind* for the step protocol (muon.step), and
+-- muon.optim.AdamW(params, opts), a one-process optimizer over it.
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
-local stepping_params = require("muon.optim.util").stepping_params
 
-local AdamW = {}
-AdamW.__index = AdamW
+local kind = { name = "adamw", ns = false, state_keys = { "exp_avg", "exp_avg_sq" }, counts_steps = true }
 
 -- torch.optim.AdamW's defaults.
 local DEFAULTS = { lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 1e-2, nonfinite = "error" }
 local ALLOWED = { lr = true, betas = true, eps = true, weight_decay = true, nonfinite = true }
-AdamW.DEFAULTS, AdamW.OPTIONS = DEFAULTS, ALLOWED
+kind.DEFAULTS, kind.OPTIONS, kind.HOOKS = DEFAULTS, ALLOWED, {}
 
-local function resolve_group(g, level)
+local function check_betas(b, level)
+  if type(b) ~= "table" or #b ~= 2 then
+    error("betas must be a pair {beta1, beta2}, got " .. tostring(b), level + 1)
+  end
+  for i = 1, 2 do
+    O.number("betas[" .. i .. "]", b[i], 0, level + 1)
+    if b[i] >= 1 then
+      error(("betas[%d] must be in [0, 1), got %s"):format(i, tostring(b[i])), level + 1)
+    end
+  end
+end
+
+kind.SCHEDULABLE = {
+  lr = function(v, level) O.number("lr", v, 0, level + 1) end,
+  weight_decay = function(v, level) O.number("weight_decay", v, 0, level + 1) end,
+  eps = function(v, level) O.number("eps", v, 0, level + 1) end,
+  betas = check_betas,
+}
+
+function kind.resolve(g, level)
   O.number("lr", g.lr, 0, level + 1)
   O.number("eps", g.eps, 0, level + 1)
   O.number("weight_decay", g.weight_decay, 0, level + 1)
-  if type(g.betas) ~= "table" or #g.betas ~= 2 then
-    error("betas must be a pair {beta1, beta2}, got " .. tostring(g.betas), level + 1)
-  end
-  for i = 1, 2 do
-    O.number("betas[" .. i .. "]", g.betas[i], 0, level + 1)
-    if g.betas[i] >= 1 then
-      error(("betas[%d] must be in [0, 1), got %s"):format(i, tostring(g.betas[i])), level + 1)
-    end
-  end
+  check_betas(g.betas, level + 1)
   O.oneof("nonfinite", g.nonfinite, { "error", "skip" }, level + 1)
 end
 
-local function new(params, opts, level)
-  level = level or 2
-  local defaults, groups = O.build_groups({ what = "AdamW", defaults = DEFAULTS, allowed = ALLOWED,
-    resolve = resolve_group }, params, opts, level)
-  return setmetatable({ defaults = defaults, param_groups = groups, state = {},
-    stats = { steps = 0, skipped_nonfinite = 0 } }, AdamW)
-end
+function kind.check_param() end
+function kind.whole() return false end
 
-function AdamW:_commit(group, params)
-  -- torch keeps a step count per parameter; params with equal counts share
-  -- one fused call.
-  local by_step, order = {}, {}
-  for _, p in ipairs(params) do
-    local st = self.state[p]
-    if st == nil then
-      st = { step = 0, exp_avg = T.zeros(p.value:size(), p.value:dtype()),
-        exp_avg_sq = T.zeros(p.value:size(), p.value:dtype()) }
-      self.state[p] = st
+-- Moments and update direction on the entries this rank keeps state for:
+-- entry = { p, grad, old = { exp_avg, exp_avg_sq }, new = {...}, u,
+-- count = the parameter's step number after this step (torch counts steps
+-- per parameter) }.
+function kind.direction(_, _, hp, entries)
+  -- One fused call per (step count, dtype); usually all share one.
+  local by, order = {}, {}
+  for _, e in ipairs(entries) do
+    local byc = by[e.count]
+    if not byc then
+      byc = {}
+      by[e.count] = byc
     end
-    st.step = st.step + 1
-    local key = st.step .. ":" .. p.value:dtype()
-    local b = by_step[key]
+    local b = byc[e.u.scalar]
     if not b then
-      b = { step = st.step, params = {}, grads = {}, m = {}, v = {} }
-      by_step[key] = b
-      order[#order + 1] = key
+      b = { count = e.count, g = {}, m = {}, v = {}, nm = {}, nv = {}, u = {} }
+      byc[e.u.scalar] = b
+      order[#order + 1] = b
     end
-    local n = #b.params + 1
-    b.params[n], b.grads[n], b.m[n], b.v[n] = p.value, p.grad, st.exp_avg, st.exp_avg_sq
+    local n = #b.g + 1
+    b.g[n], b.m[n], b.v[n] = e.grad:is_contiguous() and e.grad or e.grad:contiguous(), e.old.exp_avg, e.old.exp_avg_sq
+    b.nm[n], b.nv[n], b.u[n] = e.new.exp_avg, e.new.exp_avg_sq, e.u
   end
-  for _, key in ipairs(order) do
-    local b = by_step[key]
-    local step = b.step
-    foreach.adamw(b.params, b.grads, b.m, b.v, {
-      lr = group.lr, beta1 = group.betas[1], beta2 = group.betas[2], eps = group.eps,
-      weight_decay = group.weight_decay, step = step,
-    })
+  local b1, b2 = hp.betas[1], hp.betas[2]
+  for _, b in ipairs(order) do
+    foreach.adamw_update(b.g, b.m, b.v, b.nm, b.nv, b.u,
+      { lr = hp.lr, beta1 = b1, beta2 = b2, eps = hp.eps, step = b.count })
   end
 end
 
--- prepare (may raise) / commit (cannot fail) / finish, as Muon.
-function AdamW:prepare()
-  local plans = {}
-  for gi, group in ipairs(self.param_groups) do
-    local params, skipped = stepping_params(gi, group)
-    plans[gi] = not skipped and params
-  end
-  return plans
+-- p = p * (1 - lr wd) + update (torch: p.mul_(1 - lr*wd); p.addcdiv_(...)).
+function kind.apply_coeffs(_, hp)
+  return 1.0 - hp.lr * hp.weight_decay, 1.0
 end
 
-function AdamW:commit(plans)
-  for gi, group in ipairs(self.param_groups) do
-    group.step = group.step + 1
-    if plans[gi] then
-      self:_commit(group, plans[gi])
-    else
-      self.stats.skipped_nonfinite = self.stats.skipped_nonfinite + 1
-    end
-  end
-  self.stats.steps = self.stats.steps + 1
-end
+function kind.post_update() end
 
-function AdamW:finish() end
+local make = require("muon.optim.util").optimizer_class(kind, "AdamW")
 
-require("muon.optim.util").install_common(AdamW)
-
-return setmetatable({ new = new, AdamW = AdamW, DEFAULTS = DEFAULTS, OPTIONS = ALLOWED }, {
-  __call = function(_, params, opts) return new(params, opts, 3) end,
+return setmetatable({ new = make.new, AdamW = make.class, kind = kind, DEFAULTS = DEFAULTS, OPTIONS = ALLOWED }, {
+  __call = function(_, params, opts) return make.new(params, opts, 3) end,
 })

@@ -1,21 +1,22 @@
--- Muon for one process, as the seed's Muon.step(): momentum -> group by core
--- shape -> memory-safe batches -> batched Newton-Schulz -> per-slice scale
--- -> decay + apply -> post_update_fn. The decisions are made here; every
--- bulk operation runs in C (foreach, ns).
+-- Muon, as the seed's Muon.step(): momentum -> group by core shape ->
+-- memory-safe batches -> batched Newton-Schulz -> per-slice scale -> decay
+-- + apply -> post_update_fn.
 --
--- A step is atomic: every update (momentum buffers included) is computed
--- into scratch buffers first; parameters, buffers and step counters change
--- only after nothing can fail any more. Only post_update_fn runs after.
+-- This module is the Muon *kind*: its options, their checks, and the parts
+-- of a step that are Muon's own (momentum, orthogonalize + scale, the apply
+-- coefficients, post_update_fn). The step protocol that runs them (checks,
+-- routing, agreement across ranks, the atomic commit) is muon.step, the
+-- same for one process and for every mesh. muon.optim.Muon(params, opts) is
+-- a one-process optimizer over that protocol.
 local T = require("muon.tensor")
 local ns = require("muon.ns")
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
 local P = require("muon.param")
+local E = require("muon.errors")
 local per_dtype = require("muon.optim.util").per_dtype
-local stepping_params = require("muon.optim.util").stepping_params
 
-local Muon = {}
-Muon.__index = Muon
+local kind = { name = "muon", ns = true, state_keys = { "momentum_buffer" } }
 
 -- The seed's defaults (its Muon.__init__ and _MUON_ADVANCED_DEFAULTS), plus
 -- three extensions: ns_path, scale_mode, nonfinite.
@@ -48,11 +49,7 @@ local HOOKS = { "zeropower_fn", "momentum_update_fn", "reshape_fn", "ns_transfor
 local ALLOWED = {}
 for k in pairs(DEFAULTS) do ALLOWED[k] = true end
 for k in pairs(NIL_DEFAULTS) do ALLOWED[k] = true end
-Muon.OPTIONS = ALLOWED
-Muon.DEFAULTS = DEFAULTS
-
--- The seed splits NS batches at 512M elements (scaled down by the shard count).
-local MAX_NUMEL_PER_BATCH = 512 * 1024 * 1024
+kind.DEFAULTS, kind.OPTIONS, kind.HOOKS = DEFAULTS, ALLOWED, HOOKS
 
 local function momentum_pair(m, level)
   if type(m) == "number" then
@@ -67,9 +64,19 @@ local function momentum_pair(m, level)
   return m[1], m[#m]
 end
 
+-- The values a schedule may set per step, each with its check (raises a
+-- message naming the key and the value). Used when a group is built and
+-- again before every step, on the values that step will use.
+kind.SCHEDULABLE = {
+  lr = function(v, level) O.number("lr", v, 0, level + 1) end,
+  weight_decay = function(v, level) O.number("weight_decay", v, 0, level + 1) end,
+  matched_adamw_rms = function(v, level) O.number("matched_adamw_rms", v, 0, level + 1) end,
+  momentum = function(v, level) momentum_pair(v, level + 1) end,
+}
+
 -- Validate one group's options (already merged with the defaults) as the seed
 -- does, and attach the resolved Newton-Schulz schedule.
-local function resolve_group(g, level)
+function kind.resolve(g, level)
   -- The seed's order: variant, epsilon, zero-rms mode, then coefficients.
   local known = false
   for _, v in ipairs(ns.VARIANTS) do known = known or v == g.ns_variant end
@@ -106,28 +113,19 @@ local function resolve_group(g, level)
 end
 
 -- level nil: raise without position (inside a step).
-local function check_param(p, level)
-  if p.value:dim() < 2 then
-    error(("parameter '%s' is %d-D: 1D parameters are not supported in Muon (use AdamW)")
-      :format(p.name, p.value:dim()), level and level + 1 or 0)
+function kind.check_param(p, level)
+  local shape = p.logical_shape or p.value:size()
+  if #shape < 2 then
+    local msg = ("parameter '%s' is %d-D: 1D parameters are not supported in Muon (use AdamW)"):format(p.name, #shape)
+    if level then error(msg, level + 1) end
+    E.raise(E.EINVAL, msg)
   end
 end
 
--- Muon(params_or_groups, opts): params is a list of muon.param, or a list of
--- groups { params = {...}, <option overrides> }.
-local function new(params, opts, level)
-  level = level or 2
-  local defaults, groups = O.build_groups({ what = "Muon", defaults = DEFAULTS, allowed = ALLOWED,
-    resolve = resolve_group, check_param = check_param }, params, opts, level)
-  return setmetatable({
-    defaults = defaults,
-    param_groups = groups,
-    state = {},
-    stats = { steps = 0, skipped_nonfinite = 0 },
-    _scratch = {}, -- per param: { spare = tensor, update = tensor } (never visible state)
-    _merged = {}, -- NS batch buffers by shape key
-    _ws = nil,
-  }, Muon)
+-- Parameters whose hooks see the whole parameter are orthogonalized whole
+-- on one rank of a mesh (never split by batch slices).
+function kind.whole(group)
+  return group.reshape_fn ~= nil or group.ns_transform_fn ~= nil
 end
 
 -- Core shape (A, B) NS runs on: 2-D as is; (A, 1, B) conv-like; else last two.
@@ -136,9 +134,9 @@ local function core_shape(shape)
   if n == 2 then return shape[1], shape[2] end
   if n == 3 and shape[2] == 1 then return shape[1], shape[3] end
   if n >= 3 then return shape[n - 1], shape[n] end
-  error("1D parameters are not supported in Muon", 3)
+  E.raise(E.EINVAL, "1D parameters are not supported in Muon")
 end
-Muon.core_shape = core_shape
+kind.core_shape = core_shape
 
 -- The tensor as a (slices, A, B) view (or a contiguous copy if it can't be).
 local function as_batch3(t)
@@ -151,48 +149,58 @@ local function as_batch3(t)
 end
 
 -- Scale of an update slice with logical dims a x b (seed: compute_muon_slice_scale).
-local function slice_scale(group, a, b)
+local function slice_scale(hp, a, b)
   local s
-  if group.scale_mode == "keller" then
+  if hp.scale_mode == "keller" then
     s = math.sqrt(math.max(1, a / b))
-  elseif group.matched_adamw_rms == 0 then
-    s = group.zero_rms_scale_mode == "use_lr" and 1.0 or 0.0
+  elseif hp.matched_adamw_rms == 0 then
+    s = hp.zero_rms_scale_mode == "use_lr" and 1.0 or 0.0
   else
-    s = math.sqrt(math.max(a, b)) * group.matched_adamw_rms
+    s = math.sqrt(math.max(a, b)) * hp.matched_adamw_rms
   end
-  if group.apply_lr_in_update then s = s * -group.lr end
+  if hp.apply_lr_in_update then s = s * -hp.lr end
   return s
 end
-Muon.slice_scale = slice_scale
+kind.slice_scale = slice_scale
 
--- A reusable (n, a, b) buffer for NS batches: one per (dtype, core shape,
--- slot), grown when a batch needs more slices, so memory stays bounded.
-function Muon:_buffer(dtype, n, a, b, slot)
-  local key = ("%s:%dx%d#%d"):format(dtype, a, b, slot)
-  local buf = self._merged[key]
-  if buf == nil or buf:size(1) < n then
-    buf = T.zeros({ n, a, b }, dtype)
-    self._merged[key] = buf
-  end
-  if buf:size(1) == n then return buf end
-  return buf:narrow(1, 1, n)
-end
+------------------------------------------------------------- the step parts
 
-function Muon:_workspace(dtype, a, b)
-  local ws = self._ws
-  if ws == nil or ws.dtype ~= dtype or ws.rows < math.max(a, b) or ws.cols < math.min(a, b) then
-    local rows = math.max(a, b, ws and ws.dtype == dtype and ws.rows or 0)
-    local cols = math.max(math.min(a, b), ws and ws.dtype == dtype and ws.cols or 0)
-    ws = { dtype = dtype, rows = rows, cols = cols, handle = ns.workspace(dtype, rows, cols) }
-    self._ws = ws
+-- Momentum on the entries this rank keeps state for (seed:
+-- _update_muon_momentum): entry = { p, grad, old = { momentum_buffer },
+-- new = { momentum_buffer }, u }: writes new.momentum_buffer and the NS
+-- input u, reading old (never written).
+function kind.direction(_, group, hp, entries)
+  local grads, bufs, new_bufs, updates = {}, {}, {}, {}
+  for i, e in ipairs(entries) do
+    grads[i] = e.grad:is_contiguous() and e.grad or e.grad:contiguous()
+    bufs[i], new_bufs[i], updates[i] = e.old.momentum_buffer, e.new.momentum_buffer, e.u
   end
-  return ws.handle
+  local m1, m2 = momentum_pair(hp.momentum, 2)
+  if group.momentum_update_fn then
+    -- The hook may update buffers in place: give it the new ones (copies).
+    for i = 1, #entries do new_bufs[i]:copy(bufs[i]) end
+    local result = E.call_hook("momentum_update_fn", group.momentum_update_fn, grads, new_bufs, m1, m2, hp.nesterov)
+    if type(result) ~= "table" or #result ~= #entries then
+      E.raise(E.EINVAL, "momentum_update_fn must return one update tensor per input gradient, got %s updates for %d gradients",
+        type(result) == "table" and tostring(#result) or type(result), #entries)
+    end
+    for i, e in ipairs(entries) do
+      local u = result[i]
+      if not T.is_tensor(u) or u:numel() ~= e.u:numel() then
+        E.raise(E.EINVAL, "parameter '%s': momentum_update_fn returned an update of the wrong size", e.p.name)
+      end
+      if u ~= e.u then e.u:copy(u:is_contiguous() and u:view(e.u:size()) or u:reshape(e.u:size())) end
+    end
+  else
+    per_dtype(function(g, b, nb, u) foreach.momentum(g, b, nb, u, m1, m2, hp.nesterov) end,
+      { grads, bufs, new_bufs, updates })
+  end
 end
 
 -- Batched NS over tensors that share one core shape: returns their scaled
 -- updates as views into a merged (n, A, B) buffer. slot keeps buffers of
 -- groups that are alive at the same time apart.
-function Muon:_ns_merged(group, tensors, slot)
+local function ns_merged(ctx, group, hp, tensors, slot)
   local a, b = core_shape(tensors[1]:size())
   local dtype = tensors[1]:dtype()
   local counts, n = {}, 0
@@ -201,7 +209,7 @@ function Muon:_ns_merged(group, tensors, slot)
     counts[i] = k
     n = n + k
   end
-  local merged = self:_buffer(dtype, n, a, b, slot)
+  local merged = ctx:batch_buffer(dtype, n, a, b, slot)
   local off = 0
   for i, t in ipairs(tensors) do
     local k = counts[i]
@@ -211,15 +219,15 @@ function Muon:_ns_merged(group, tensors, slot)
   if n > 0 then
     if group.zeropower_fn then
       local x = n == 1 and merged:select(1, 1) or merged
-      local y = group.zeropower_fn(x, group.ns_steps)
+      local y = E.call_hook("zeropower_fn", group.zeropower_fn, x, group.ns_steps)
       if not T.is_tensor(y) or not P.same_shape(y, x) then
-        error(("zeropower_fn must return a tensor of shape %s"):format(P.shape_string(x)), 0)
+        E.raise(E.EINVAL, "zeropower_fn must return a tensor of shape %s", P.shape_string(x))
       end
       if y ~= x then x:copy(y) end
     else
-      ns.zeropower_into(merged, merged, group._ns, self:_workspace(dtype, a, b))
+      ns.zeropower_into(merged, merged, group._ns, ctx:ns_workspace(dtype, a, b))
     end
-    foreach.scale({ merged }, slice_scale(group, a, b))
+    foreach.scale({ merged }, slice_scale(hp, a, b))
   end
   local updates = {}
   off = 0
@@ -234,47 +242,46 @@ end
 
 local function validate_transform(name, tr, working)
   if type(tr) ~= "table" then
-    error(("parameter '%s': ns_transform_fn must return a table {tensors=..., restore=...} or nil, got %s")
-      :format(name, type(tr)), 0)
+    E.raise(E.EINVAL, "parameter '%s': ns_transform_fn must return a table {tensors=..., restore=...} or nil, got %s", name, type(tr))
   end
   if type(tr.tensors) ~= "table" or #tr.tensors == 0 then
-    error(("parameter '%s': NSInputTransform.tensors must not be empty"):format(name), 0)
+    E.raise(E.EINVAL, "parameter '%s': NSInputTransform.tensors must not be empty", name)
   end
   for i, t in ipairs(tr.tensors) do
     if not T.is_tensor(t) then
-      error(("parameter '%s': NSInputTransform.tensors[%d] must be a tensor"):format(name, i), 0)
+      E.raise(E.EINVAL, "parameter '%s': NSInputTransform.tensors[%d] must be a tensor", name, i)
     end
     if t:dtype() ~= working:dtype() then
-      error(("parameter '%s': NSInputTransform tensors must have the same dtype as the NS input"):format(name), 0)
+      E.raise(E.EINVAL, "parameter '%s': NSInputTransform tensors must have the same dtype as the NS input", name)
     end
     if t:dim() < 2 then
-      error(("parameter '%s': NSInputTransform tensors must have at least two dimensions"):format(name), 0)
+      E.raise(E.EINVAL, "parameter '%s': NSInputTransform tensors must have at least two dimensions", name)
     end
   end
-  O.fn("NSInputTransform.restore", tr.restore, 1)
-  if tr.restore == nil then
-    error(("parameter '%s': NSInputTransform.restore must be callable"):format(name), 0)
+  local r = tr.restore
+  if type(r) ~= "function" and not (type(r) == "table" and getmetatable(r) and getmetatable(r).__call) then
+    E.raise(E.EINVAL, "parameter '%s': NSInputTransform.restore must be a function, got %s", name, type(r))
   end
 end
 
 -- The tensors NS runs on for one working input, and how to write their
 -- updates back (seed: _prepare_ns_transform / _reshape_ns_input).
-function Muon:_prepare(group, name, working)
+local function prepare(group, name, working)
   if group.ns_transform_fn and name then
-    local tr = group.ns_transform_fn(name, working)
+    local tr = E.call_hook("ns_transform_fn", group.ns_transform_fn, name, working)
     if tr ~= nil then
       validate_transform(name, tr, working)
-      return tr.tensors, tr.restore
+      return tr.tensors, function(updates, output) E.call_hook("NSInputTransform.restore", tr.restore, updates, output) end
     end
   end
   local views = { working }
   if group.reshape_fn and name then
-    local r = group.reshape_fn(name, working)
+    local r = E.call_hook("reshape_fn", group.reshape_fn, name, working)
     if r ~= nil and #r > 0 then
       for i, v in ipairs(r) do
         if not T.is_tensor(v) or not v:shares_storage(working) then
-          error(("parameter '%s': reshape_fn must return views that share storage with the working NS input tensor (result %d does not)")
-            :format(name, i), 0)
+          E.raise(E.EINVAL, "parameter '%s': reshape_fn must return views that share storage with the working NS input tensor (result %d does not)",
+            name, i)
         end
       end
       views = r
@@ -288,45 +295,60 @@ function Muon:_prepare(group, name, working)
   end
 end
 
--- Orthogonalize and scale the NS inputs of one group, in place: items is a
--- list of { name = fqn, input = contiguous tensor of the parameter's
--- (logical) shape }. Used by the single-process step and, on full matrices,
--- by the distributed step. Results do not depend on how items are batched.
-function Muon:orthogonalize(group, items, shard_size)
-  local order, by_shape = {}, {}
+-- Orthogonalize and scale NS inputs of one group in place, on the rank
+-- that owns them: items = list of { name = fqn, input = contiguous tensor
+-- holding the parameter (or a batch slice of it) }. Results do not depend
+-- on how items are batched or on which rank runs this (see src/ns.c).
+-- Core shape (A, B) of a tensor, read from its fields (no tables).
+local function core_of(t)
+  local n, d = t.ndim, t.dims
+  if n == 3 and d[1] == 1 then return tonumber(d[0]), tonumber(d[2]) end
+  return tonumber(d[n - 2]), tonumber(d[n - 1])
+end
+
+-- The common case, no hook that reshapes: the inputs of one core shape are
+-- packed into one (n, A, B) buffer, orthogonalized and scaled there, and
+-- unpacked back (two C calls per shape, whatever the number of inputs).
+local function orthogonalize_packed(ctx, group, hp, items)
+  local by, order = {}, {}
   for _, it in ipairs(items) do
-    if it.input:numel() > 0 then
-      local a, b = core_shape(it.input:size())
-      local key = it.input:dtype() .. ":" .. a .. "x" .. b
-      if not by_shape[key] then
-        by_shape[key] = {}
-        order[#order + 1] = key
+    local t = it.input
+    if t:numel() > 0 then
+      local a, b = core_of(t)
+      local byd = by[t.scalar]
+      if not byd then byd = {}; by[t.scalar] = byd end
+      local bya = byd[a]
+      if not bya then bya = {}; byd[a] = bya end
+      local list = bya[b]
+      if not list then
+        list = { a = a, b = b, n = 0 }
+        bya[b] = list
+        order[#order + 1] = list
       end
-      local list = by_shape[key]
-      list[#list + 1] = it
+      list[#list + 1] = t
+      list.n = list.n + t:numel() / (a * b)
     end
   end
-  local limit = math.floor(MAX_NUMEL_PER_BATCH / (shard_size or 1))
-  for _, key in ipairs(order) do
-    local batch, count = {}, 0
-    local function flush()
-      if #batch > 0 then self:_ns_batch(group, batch) end
-      batch, count = {}, 0
-    end
-    for _, it in ipairs(by_shape[key]) do
-      local n = it.input:numel()
-      if #batch >= 1 and count + n > limit then flush() end
-      batch[#batch + 1] = it
-      count = count + n
-    end
-    flush()
+  for slot, list in ipairs(order) do
+    local a, b = list.a, list.b
+    local dtype = list[1]:dtype()
+    local merged = ctx:batch_buffer(dtype, list.n, a, b, slot)
+    foreach.pack(list, merged)
+    ns.zeropower_into(merged, merged, group._ns, ctx:ns_workspace(dtype, a, b))
+    foreach.scale({ merged }, slice_scale(hp, a, b))
+    foreach.unpack(merged, list)
   end
 end
 
-function Muon:_ns_batch(group, batch)
+function kind.orthogonalize(ctx, group, hp, items)
+  if not (group.ns_transform_fn or group.reshape_fn or group.zeropower_fn) then
+    local contiguous = true
+    for _, it in ipairs(items) do contiguous = contiguous and it.input:is_contiguous() end
+    if contiguous then return orthogonalize_packed(ctx, group, hp, items) end
+  end
   local prepared, order, records = {}, {}, {}
-  for i, it in ipairs(batch) do
-    local tensors, restore = self:_prepare(group, it.name, it.input)
+  for i, it in ipairs(items) do
+    local tensors, restore = prepare(group, it.name, it.input)
     prepared[i] = { tensors = tensors, restore = restore, updates = {} }
     for j, t in ipairs(tensors) do
       local a, b = core_shape(t:size())
@@ -343,145 +365,40 @@ function Muon:_ns_batch(group, batch)
     local recs = records[key]
     local tensors = {}
     for i, r in ipairs(recs) do tensors[i] = r.t end
-    local updates = self:_ns_merged(group, tensors, slot)
+    local updates = ns_merged(ctx, group, hp, tensors, slot)
     for i, r in ipairs(recs) do prepared[r.item].updates[r.index] = updates[i] end
   end
-  for i, it in ipairs(batch) do
+  for i, it in ipairs(items) do
     local pr = prepared[i]
     pr.restore(pr.updates, it.input)
   end
 end
 
-local function scratch_for(self, p)
-  local s = self._scratch[p]
-  if s == nil or not P.same_shape(s.update, p.value) or s.update:dtype() ~= p.value:dtype() then
-    s = { update = T.zeros(p.value:size(), p.value:dtype()) }
-    self._scratch[p] = s
-  end
-  if s.spare == nil or not P.same_shape(s.spare, p.value) then
-    s.spare = T.zeros(p.value:size(), p.value:dtype())
-  end
-  return s
+-- p = p * decay + alpha * update (the seed's foreach mul_ / add_).
+function kind.apply_coeffs(_, hp)
+  return 1.0 - hp.lr * hp.weight_decay, hp.apply_lr_in_update and 1.0 or -hp.lr
 end
 
--- Momentum for the given params into scratch: returns new buffers and NS
--- inputs without touching state (seed: _update_muon_momentum).
-function Muon:momentum(group, params)
-  local grads, bufs, new_bufs, updates = {}, {}, {}, {}
-  for i, p in ipairs(params) do
-    local st = self.state[p]
-    local s = scratch_for(self, p)
-    grads[i] = p.grad:is_contiguous() and p.grad or p.grad:contiguous()
-    bufs[i] = st and st.momentum_buffer or s.spare:zero()
-    new_bufs[i] = st and s.spare or T.zeros(p.value:size(), p.value:dtype())
-    updates[i] = s.update
-  end
-  local m1, m2 = momentum_pair(group.momentum, 2)
-  if group.momentum_update_fn then
-    -- The hook may update buffers in place: give it copies, commit them later.
-    for i = 1, #params do new_bufs[i]:copy(bufs[i]) end
-    local result = group.momentum_update_fn(grads, new_bufs, m1, m2, group.nesterov)
-    if type(result) ~= "table" or #result ~= #params then
-      error(("momentum_update_fn must return one update tensor per input gradient, got %s updates for %d gradients")
-        :format(type(result) == "table" and tostring(#result) or type(result), #params), 0)
-    end
-    for i, p in ipairs(params) do
-      local u = result[i]
-      if not T.is_tensor(u) or u:numel() ~= p.value:numel() then
-        error(("parameter '%s': momentum_update_fn returned an update of the wrong size"):format(p.name), 0)
-      end
-      if u ~= updates[i] then updates[i]:copy(u:is_contiguous() and u:view(p.value:size()) or u:reshape(p.value:size())) end
-    end
-  else
-    per_dtype(function(g, b, nb, u) foreach.momentum(g, b, nb, u, m1, m2, group.nesterov) end,
-      { grads, bufs, new_bufs, updates })
-  end
-  return new_bufs, updates
-end
-
--- Everything a group's step computes, before any visible change.
-function Muon:_plan_group(gi, group)
-  local params, skipped = stepping_params(gi, group, check_param)
-  local plan = { group = group, params = params, step = group.step + 1, skipped = skipped or nil }
-  if skipped or #params == 0 then return plan end
-  plan.new_bufs, plan.updates = self:momentum(group, params)
-  local items = {}
-  for i, p in ipairs(params) do items[i] = { name = p.name, input = plan.updates[i], param = p } end
-  self:orthogonalize(group, items, 1)
-  for i, p in ipairs(params) do
-    if not plan.updates[i]:all_finite() then
-      error(("parameter '%s': update holds NaN or Inf"):format(p.name), 0)
-    end
-  end
-  return plan
-end
-
--- Commit a planned group step: swap momentum buffers, decay + apply.
-function Muon:_commit(plan)
-  local group = plan.group
-  group.step = plan.step
-  if plan.skipped then
-    self.stats.skipped_nonfinite = self.stats.skipped_nonfinite + 1
-    return
-  end
-  if #plan.params == 0 then return end
-  local values = {}
-  for i, p in ipairs(plan.params) do
-    local st = self.state[p]
-    if st == nil then
-      st = {}
-      self.state[p] = st
-    else
-      self._scratch[p].spare = st.momentum_buffer
-    end
-    st.momentum_buffer = plan.new_bufs[i]
-    if self._scratch[p].spare == plan.new_bufs[i] then self._scratch[p].spare = nil end
-    values[i] = p.value
-  end
-  local alpha = group.apply_lr_in_update and 1.0 or -group.lr
-  local decay = 1.0 - group.lr * group.weight_decay
-  per_dtype(function(v, u) foreach.apply(v, u, nil, decay, alpha) end, { values, plan.updates })
-end
-
-function Muon:_post_update(plan)
-  local group = plan.group
-  if not group.post_update_fn or plan.skipped then return end
-  for _, p in ipairs(plan.params) do
-    group.post_update_fn(p, p.value, {
+-- post_update_fn on this rank's part of each stepped parameter.
+function kind.post_update(group, hp, params)
+  local fn = group.post_update_fn
+  if not fn then return end
+  for _, p in ipairs(params) do
+    E.call_hook("post_update_fn", fn, p, p.value, {
       param_fqn = p.name,
       logical_shape = p.logical_shape or p.value:size(),
-      lr = group.lr,
-      weight_decay = group.weight_decay,
+      lr = hp.lr,
+      weight_decay = hp.weight_decay,
       step = group.step,
     })
   end
 end
 
--- The three phases of a step, separate so that a host driving several
--- optimizers (the engine) can make their steps atomic together:
--- prepare() computes everything and may raise; commit() cannot fail;
--- finish() runs post_update_fn.
-function Muon:prepare()
-  local plans = {}
-  for gi, group in ipairs(self.param_groups) do
-    local ok, plan = pcall(self._plan_group, self, gi, group)
-    if not ok then error(plan, 0) end
-    plans[gi] = plan
-  end
-  return plans
-end
+--------------------------------------------------------- the optimizer
 
-function Muon:commit(plans)
-  for _, plan in ipairs(plans) do self:_commit(plan) end
-  self.stats.steps = self.stats.steps + 1
-end
+local make = require("muon.optim.util").optimizer_class(kind, "Muon")
 
-function Muon:finish(plans)
-  for _, plan in ipairs(plans) do self:_post_update(plan) end
-end
-
-require("muon.optim.util").install_common(Muon)
-
-return setmetatable({ new = new, Muon = Muon, DEFAULTS = DEFAULTS, OPTIONS = ALLOWED, core_shape = core_shape }, {
-  __call = function(_, params, opts) return new(params, opts, 3) end,
+return setmetatable({ new = make.new, Muon = make.class, kind = kind, DEFAULTS = DEFAULTS, OPTIONS = ALLOWED,
+  core_shape = core_shape }, {
+  __call = function(_, params, opts) return make.new(params, opts, 3) end,
 })

@@ -1,8 +1,20 @@
--- Optimizer state: state_dict / load_state_dict, and safetensors checkpoints.
--- Tensors are named "<prefix><param name>/<state key>"; the parameter list
--- (names, shapes, dtypes), group steps and per-parameter scalars go in the
--- metadata as JSON. Loading checks everything first and changes nothing on
--- a mismatch; the error lists every mismatch.
+-- Optimizer state of a step protocol (muon.step) as data and as
+-- safetensors checkpoints, for one process and for meshes alike.
+--
+-- A state dict (per optimizer kind) is plain data:
+--   { kind = "muon"|"adamw", params = { {name, shape, dtype, group}, ... },
+--     state = { [name] = { momentum_buffer = t } | { step = n, exp_avg = t, exp_avg_sq = t } },
+--     groups = { {step = n}, ... } }
+-- with full (global-shape) tensors. On a mesh each state buffer lives on
+-- one rank per box (muon.dist's holder): saving gathers the full tensors to
+-- rank 0, which writes one file; loading reads the file on every rank and
+-- each holder keeps its box. The file never depends on the mesh.
+--
+-- Checkpoint files: tensors "<prefix><param name>/<state key>"; the
+-- parameter lists, group steps and per-parameter scalars go in the metadata
+-- as canonical JSON, with an XXH64 checksum over the metadata. Everything a
+-- file says is validated like a config value before anything changes; a
+-- mismatch with the optimizer lists every difference.
 local ffi = require("ffi")
 local bit = require("bit")
 local core = require("muon.core")
@@ -11,7 +23,9 @@ local cjson = require("cjson").new()
 cjson.decode_invalid_numbers(false)
 cjson.decode_max_depth(16)
 local st = require("muon.safetensors")
-local P = require("muon.param")
+local T = require("muon.tensor")
+local E = require("muon.errors")
+local D = require("muon.dist")
 
 local S = {}
 
@@ -33,6 +47,8 @@ local function meta_checksum(meta)
   core.check(C.mu_st_checksum_bytes(text, #text, out), "checksum", 2)
   return "xxh64:" .. bit.tohex(out[0], 16)
 end
+
+S.meta_checksum = meta_checksum
 
 -- JSON with object keys sorted, so that the same state always gives the
 -- same bytes (cjson's key order follows its hash table, which differs
@@ -63,46 +79,104 @@ local function canonical_json(v)
   return cjson.encode(v)
 end
 
--- Tensor state keys of each optimizer kind (everything else is a scalar).
-local TENSOR_KEYS = { "momentum_buffer", "exp_avg", "exp_avg_sq" }
+local KINDS = {
+  muon = { tensors = { "momentum_buffer" }, scalars = {} },
+  adamw = { tensors = { "exp_avg", "exp_avg_sq" }, scalars = { step = true } },
+}
+local ALL_TENSOR_KEYS = { "momentum_buffer", "exp_avg", "exp_avg_sq" }
 
-local function kind_of(opt)
-  return opt.DEFAULTS.matched_adamw_rms ~= nil and "muon" or "adamw"
+local function fmt_shape(s) return "(" .. table.concat(s, ", ") .. ")" end
+
+-- The groups of one kind in a stepper, and their parameters: returns
+-- groups (list of { index = stepper group index, options }) and params
+-- (list of { p, group = index among the kind's groups }).
+local function of_kind(stepper, kind)
+  local groups, params = {}, {}
+  for gi, G in ipairs(stepper.groups) do
+    if G.kind.name == kind then
+      groups[#groups + 1] = { index = gi, options = G.options }
+      for _, p in ipairs(stepper:params(gi)) do params[#params + 1] = { p = p, group = #groups } end
+    end
+  end
+  return groups, params
 end
 
--- A plain description of opt's state: tensors (shared, not copied),
--- per-parameter scalars, group steps, and the parameter list.
-function S.state_dict(opt)
-  local d = { kind = kind_of(opt), params = {}, state = {}, groups = {} }
-  for gi, g in ipairs(opt.param_groups) do
-    d.groups[gi] = { step = g.step }
-    for _, p in ipairs(g.params) do
-      d.params[#d.params + 1] = { name = p.name, shape = p.value:size(), dtype = p.value:dtype(), group = gi }
-      local s = opt.state[p]
-      if s then
-        local entry = {}
-        for k, v in pairs(s) do entry[k] = v end
-        d.state[p.name] = entry
+------------------------------------------------------------- state dicts
+
+-- Where each box of a parameter's state lives: the plan's record.
+local function holders(stepper, p) return stepper:record(p) end
+
+-- The state dict of one kind: on one process it shares the live tensors;
+-- on a mesh the full tensors are gathered to rank 0 (collective; other
+-- ranks get the dict without tensors).
+function S.state_dict(stepper, kind)
+  stepper:build_once()
+  local groups, params = of_kind(stepper, kind)
+  local d = { kind = kind, params = {}, state = {}, groups = {} }
+  for li, g in ipairs(groups) do d.groups[li] = { step = g.options.step } end
+  local keys = KINDS[kind].tensors
+  local pieces = {} -- gathers on a mesh: { dtype, sends, recvs }
+  local W, me = stepper.W, stepper.me
+  for _, e in ipairs(params) do
+    local p = e.p
+    d.params[#d.params + 1] = { name = p.name, shape = p.logical_shape, dtype = p.value:dtype(), group = e.group }
+    local n = stepper.pstep[p] or 0
+    if n > 0 then
+      local entry = {}
+      if KINDS[kind].scalars.step then entry.step = n end
+      if W == 1 then
+        local s = stepper.state[p]
+        for _, k in ipairs(keys) do entry[k] = s[k] end
+      else
+        local r = holders(stepper, p)
+        for _, k in ipairs(keys) do
+          local full = me == 0 and T.zeros(p.logical_shape, r.dtype) or nil
+          entry[k] = full
+          for _, id in ipairs(r.box_order) do
+            local h, b = r.holder[id], r.box_of[id]
+            local piece = pieces[r.dtype]
+            if not piece then
+              piece = { sends = {}, recvs = {} }
+              for q = 1, W do piece.sends[q], piece.recvs[q] = {}, {} end
+              pieces[r.dtype] = piece
+            end
+            if me == 0 then
+              local dst = D.box_view(full, b)
+              if h == 0 then dst:copy(stepper.state[p][k])
+              else table.insert(piece.recvs[h + 1], { n = D.numel(b.len), dst = dst }) end
+            elseif h == me then
+              table.insert(piece.sends[1], { n = D.numel(b.len), src = stepper.state[p][k] })
+            end
+          end
+        end
       end
+      d.state[p.name] = entry
+    end
+  end
+  if W > 1 then
+    -- One exchange per dtype, in a fixed order (the same on every rank).
+    local R = require("muon.router")
+    local once = R.new(stepper.ctrl)
+    for _, dt in ipairs({ "float32", "float64" }) do
+      local piece = pieces[dt]
+      if piece then once:exchange(dt, piece.sends, piece.recvs) end
     end
   end
   return d
 end
 
-local function fmt_shape(s) return "(" .. table.concat(s, ", ") .. ")" end
-
--- Every difference between a state dict and opt's parameters.
-local function mismatches(opt, d)
+-- Every difference between a state dict and the stepper's parameters of
+-- that kind.
+function S.mismatches(stepper, kind, d)
   local problems = {}
   local function add(...) problems[#problems + 1] = string.format(...) end
-  if d.kind ~= kind_of(opt) then add("optimizer kind: checkpoint has %s, this optimizer is %s", tostring(d.kind), kind_of(opt)) end
-  if #d.groups ~= #opt.param_groups then
-    add("param groups: checkpoint has %d, this optimizer has %d", #d.groups, #opt.param_groups)
+  local groups, params = of_kind(stepper, kind)
+  if d.kind ~= kind then add("optimizer kind: checkpoint has %s, this optimizer is %s", tostring(d.kind), kind) end
+  if #d.groups ~= #groups then
+    add("param groups: checkpoint has %d, this optimizer has %d", #d.groups, #groups)
   end
   local current = {}
-  for gi, g in ipairs(opt.param_groups) do
-    for _, p in ipairs(g.params) do current[p.name] = { p = p, group = gi } end
-  end
+  for _, e in ipairs(params) do current[e.p.name] = e end
   local seen = {}
   for _, e in ipairs(d.params or {}) do
     seen[e.name] = true
@@ -110,7 +184,7 @@ local function mismatches(opt, d)
     if not c then
       add("parameter '%s' is in the checkpoint but not in this optimizer", e.name)
     else
-      local shape = c.p.value:size()
+      local shape = c.p.logical_shape
       if fmt_shape(shape) ~= fmt_shape(e.shape) then
         add("parameter '%s': shape %s in the checkpoint, %s here", e.name, fmt_shape(e.shape), fmt_shape(shape))
       end
@@ -128,11 +202,11 @@ local function mismatches(opt, d)
   for name, entry in pairs(d.state or {}) do
     local c = current[name]
     if c then
-      for _, k in ipairs(TENSOR_KEYS) do
+      for _, k in ipairs(ALL_TENSOR_KEYS) do
         local t = entry[k]
-        if t ~= nil and (not P.same_shape(t, c.p.value) or t:dtype() ~= c.p.value:dtype()) then
+        if t ~= nil and (fmt_shape(t:size()) ~= fmt_shape(c.p.logical_shape) or t:dtype() ~= c.p.value:dtype()) then
           add("state '%s/%s': %s %s in the checkpoint, parameter is %s %s", name, k, t:dtype(),
-            fmt_shape(t:size()), c.p.value:dtype(), fmt_shape(c.p.value:size()))
+            fmt_shape(t:size()), c.p.value:dtype(), fmt_shape(c.p.logical_shape))
         end
       end
     end
@@ -140,28 +214,59 @@ local function mismatches(opt, d)
   table.sort(problems)
   return problems
 end
-S.mismatches = mismatches
 
--- Replace opt's state by d (tensors are copied) after checking everything.
-function S.load_state_dict(opt, d, what)
-  local problems = mismatches(opt, d)
+-- Check d against the stepper and copy this rank's part of it (raises,
+-- changing nothing). Returns what commit() installs.
+local function stage(stepper, kind, d, what)
+  local problems = S.mismatches(stepper, kind, d)
   if #problems > 0 then
-    error(("%s does not match this optimizer:\n  %s"):format(what or "state dict", table.concat(problems, "\n  ")), 2)
+    E.raise(E.EINVAL, "%s does not match this optimizer:\n  %s", what or "state dict", table.concat(problems, "\n  "))
   end
-  local state = {}
-  for _, g in ipairs(opt.param_groups) do
-    for _, p in ipairs(g.params) do
-      local entry = d.state[p.name]
-      if entry then
-        local s = {}
-        for k, v in pairs(entry) do s[k] = type(v) == "cdata" and v:clone() or v end
-        state[p] = s
+  local groups, params = of_kind(stepper, kind)
+  local staged = { groups = {}, params = {} }
+  for li, g in ipairs(d.groups) do staged.groups[li] = { options = groups[li].options, step = g.step } end
+  local W = stepper.W
+  for _, e in ipairs(params) do
+    local p = e.p
+    local entry = d.state[p.name]
+    local one = { p = p, count = 0 }
+    if entry then
+      one.count = entry.step or 1
+      local r = W > 1 and holders(stepper, p) or nil
+      if W == 1 or r.holds then
+        one.state = {}
+        for k, v in pairs(entry) do
+          if T.is_tensor(v) then
+            one.state[k] = W == 1 and v:clone() or D.box_view(v, r.mine):clone()
+          elseif k == "step" then
+            one.state[k] = v
+          end
+        end
       end
     end
+    staged.params[#staged.params + 1] = one
   end
-  opt.state = state
-  for gi, g in ipairs(d.groups) do opt.param_groups[gi].step = g.step end
+  return staged
 end
+
+local function commit(stepper, staged)
+  for _, g in ipairs(staged.groups) do g.options.step = g.step end
+  for _, one in ipairs(staged.params) do
+    local p = one.p
+    stepper.state[p] = one.state
+    stepper.pstep[p] = one.count > 0 and one.count or nil
+  end
+end
+
+-- Replace the kind's state by d (tensors are copied) after checking everything.
+function S.load_state_dict(stepper, kind, d, what)
+  stepper:build_once()
+  local ok, staged = pcall(stage, stepper, kind, d, what)
+  stepper:agree_failure(not ok and staged or nil)
+  commit(stepper, staged)
+end
+
+----------------------------------------------------------------- files
 
 -- Flatten state dicts into safetensors entries + metadata. dicts is a list
 -- of { prefix = "muon/", dict = state_dict }.
@@ -174,7 +279,7 @@ function S.encode(dicts, extra_meta)
     for _, e in ipairs(d.params) do
       local entry = d.state[e.name]
       if entry then
-        for _, k in ipairs(TENSOR_KEYS) do
+        for _, k in ipairs(ALL_TENSOR_KEYS) do
           if entry[k] ~= nil then entries[#entries + 1] = { name = prefix .. e.name .. "/" .. k, tensor = entry[k] } end
         end
         for k, v in pairs(entry) do
@@ -193,14 +298,18 @@ function S.encode(dicts, extra_meta)
   return entries, meta
 end
 
--- Structure of a decoded muon.state header: raises a message naming the
--- first thing wrong (the file is untrusted).
+-- Structure and values of a decoded muon.state header: returns a message
+-- naming the first thing wrong (the file is untrusted), or nil.
 local function is_int(x) return type(x) == "number" and x == math.floor(x) and x >= 0 and x < 2 ^ 53 end
 local function is_list(x)
   if type(x) ~= "table" then return false end
   local n = 0
   for _ in pairs(x) do n = n + 1 end
   return n == #x
+end
+local function repr(v)
+  if type(v) == "string" then return ("%q"):format(v) end
+  return tostring(v)
 end
 local function validate_header(header)
   if not is_list(header) then return "it is not a list" end
@@ -209,59 +318,76 @@ local function validate_header(header)
     if type(h) ~= "table" then return w .. " is not an object" end
     if type(h.prefix) ~= "string" then return w .. ": prefix is not a string" end
     if h.kind ~= "muon" and h.kind ~= "adamw" then return w .. ": kind is not 'muon' or 'adamw'" end
+    local spec = KINDS[h.kind]
     if h.params ~= nil and not is_list(h.params) then return w .. ": params is not a list" end
     if h.groups ~= nil and not is_list(h.groups) then return w .. ": groups is not a list" end
+    local ngroups = #(h.groups or {})
     for j, e in ipairs(h.params or {}) do
       local we = ("%s: params[%d]"):format(w, j)
       if type(e) ~= "table" or type(e.name) ~= "string" then return we .. " has no name" end
-      if type(e.dtype) ~= "string" then return we .. " has no dtype" end
-      if not is_int(e.group) then return we .. " has no group index" end
+      if e.dtype ~= "float32" and e.dtype ~= "float64" then return we .. ".dtype = " .. repr(e.dtype) .. " is not float32 or float64" end
+      if not is_int(e.group) or e.group < 1 or e.group > ngroups then
+        return ("%s.group = %s is not a group index 1..%d"):format(we, repr(e.group), ngroups)
+      end
       if not is_list(e.shape) or #e.shape > 8 then return we .. " has no shape" end
       for _, d in ipairs(e.shape) do
         if not is_int(d) then return we .. " has a bad shape" end
       end
     end
     for j, g in ipairs(h.groups or {}) do
-      if type(g) ~= "table" or not is_int(g.step) then return ("%s: groups[%d] has no step"):format(w, j) end
+      if type(g) ~= "table" or not is_int(g.step) then
+        return ("%s: groups[%d].step = %s is not an integer >= 0"):format(w, j, repr(type(g) == "table" and g.step or g))
+      end
     end
     if h.scalars ~= nil then
       if type(h.scalars) ~= "table" then return w .. ": scalars is not an object" end
+      local group_of = {}
+      for _, e in ipairs(h.params or {}) do group_of[e.name] = e.group end
       for name, sc in pairs(h.scalars) do
         if type(name) ~= "string" or type(sc) ~= "table" then return w .. ": scalars is malformed" end
+        if group_of[name] == nil then return ("%s: scalars of '%s', which is not in params"):format(w, tostring(name)) end
         for k, v in pairs(sc) do
-          if type(k) ~= "string" or type(v) ~= "number" then return w .. ": scalars is malformed" end
+          local wk = ("%s: scalars['%s'].%s"):format(w, name, tostring(k))
+          if type(k) ~= "string" or not spec.scalars[k] then return wk .. " is not a " .. h.kind .. " state value" end
+          local gstep = h.groups[group_of[name]].step
+          if not is_int(v) or v < 1 or v > gstep then
+            return ("%s = %s is not an integer in 1..%d (its group's step)"):format(wk, repr(v), gstep)
+          end
         end
       end
     end
   end
 end
 
+local function format_error(msg) E.raise(E.EFORMAT, msg) end
+
 -- Inverse of encode: list of { prefix, dict } from a loaded file.
 function S.decode(file, path)
   local meta = file.metadata
   if meta["muon.state"] == nil then
-    error(("'%s' is not a muon optimizer checkpoint (no muon.state metadata)"):format(path), 3)
+    format_error(("'%s' is not a muon optimizer checkpoint (no muon.state metadata)"):format(path))
   end
   if meta["muon.checksum"] == nil or meta[META_SUM] == nil then
-    error(("'%s': checkpoint has no checksum (muon.checksum, %s): corrupted or not written by muon")
-      :format(path, META_SUM), 3)
+    format_error(("'%s': checkpoint has no checksum (muon.checksum, %s): corrupted or not written by muon")
+      :format(path, META_SUM))
   end
   local want, got = meta[META_SUM], meta_checksum(meta)
   if want:lower() ~= got then
-    error(("'%s': metadata checksum mismatch (header says %s, metadata gives %s): the file is corrupted")
-      :format(path, want, got), 3)
+    format_error(("'%s': metadata checksum mismatch (header says %s, metadata gives %s): the file is corrupted")
+      :format(path, want, got))
   end
   local ok, header = pcall(cjson.decode, meta["muon.state"])
   local problem = not ok and "it is not valid JSON" or validate_header(header)
   if problem then
-    error(("'%s': muon.state metadata is malformed (%s)"):format(path, problem), 3)
+    format_error(("'%s': muon.state metadata is malformed (%s)"):format(path, problem))
   end
   local out, used = {}, {}
   for _, h in ipairs(header) do
+    local spec = KINDS[h.kind]
     local d = { kind = h.kind, params = h.params or {}, groups = h.groups or {}, state = {} }
     for _, e in ipairs(d.params) do
       local entry
-      for _, k in ipairs(TENSOR_KEYS) do
+      for _, k in ipairs(ALL_TENSOR_KEYS) do
         local name = h.prefix .. e.name .. "/" .. k
         local t = file.tensors[name]
         if t ~= nil then
@@ -275,36 +401,90 @@ function S.decode(file, path)
         entry = entry or {}
         for k, v in pairs(sc) do entry[k] = v end
       end
-      if entry then d.state[e.name] = entry end
+      if entry then
+        -- A state entry is whole: every tensor of its kind (finite), and
+        -- the step count where the kind keeps one.
+        for _, k in ipairs(spec.tensors) do
+          if entry[k] == nil then
+            format_error(("'%s': state of '%s' has no '%s' tensor"):format(path, e.name, k))
+          end
+          if not entry[k]:all_finite() then
+            format_error(("'%s': state tensor '%s%s/%s' holds NaN or Inf"):format(path, h.prefix, e.name, k))
+          end
+        end
+        for k in pairs(spec.scalars) do
+          if entry[k] == nil then format_error(("'%s': state of '%s' has no '%s' value"):format(path, e.name, k)) end
+        end
+        d.state[e.name] = entry
+      end
     end
     out[#out + 1] = { prefix = h.prefix, dict = d }
   end
   for _, name in ipairs(file.order) do
     if not used[name] then
-      error(("'%s': tensor '%s' does not belong to any parameter in the checkpoint's metadata"):format(path, name), 3)
+      format_error(("'%s': tensor '%s' does not belong to any parameter in the checkpoint's metadata"):format(path, name))
     end
   end
   return out
 end
 
-function S.save(opt, path)
-  local entries, meta = S.encode({ { prefix = "", dict = S.state_dict(opt) } })
-  st.save(path, entries, meta)
+-- Save the state of the kinds in parts (list of { prefix, kind }) to path,
+-- with extra metadata. Collective on a mesh (rank 0 writes the file).
+function S.save(stepper, path, parts, extra_meta)
+  local dicts = {}
+  for _, part in ipairs(parts) do dicts[#dicts + 1] = { prefix = part.prefix, dict = S.state_dict(stepper, part.kind) } end
+  local err
+  if stepper.me == 0 then
+    local ok, e = pcall(function()
+      local entries, meta = S.encode(dicts, extra_meta)
+      st.save(path, entries, meta)
+    end)
+    if not ok then err = e end
+  end
+  stepper:agree_failure(err)
 end
 
-function S.load(opt, path)
-  local file = st.load(path)
-  local dicts = S.decode(file, path)
-  if #dicts ~= 1 then error(("'%s' holds %d optimizer states, expected 1"):format(path, #dicts), 2) end
-  S.load_state_dict(opt, dicts[1].dict, "checkpoint '" .. path .. "'")
-end
-
--- Attach state_dict/load_state_dict/save/load methods to an optimizer class.
-function S.install(class)
-  function class:state_dict() return S.state_dict(self) end
-  function class:load_state_dict(d) return S.load_state_dict(self, d) end
-  function class:save(path) return S.save(self, path) end
-  function class:load(path) return S.load(self, path) end
+-- Load a checkpoint saved by S.save for the kinds in parts: validates
+-- everything first (check(meta) may reject the extra metadata, raising),
+-- changes nothing on any error (on every rank of a mesh). Returns the
+-- file's metadata.
+function S.load(stepper, path, parts, check)
+  stepper:build_once() -- (collective on a mesh: before anything that can fail)
+  local staged, meta = {}, nil
+  local ok, err = pcall(function()
+    local file = st.load(path)
+    meta = file.metadata
+    local dicts = S.decode(file, path)
+    local by_prefix, problems = {}, {}
+    for _, it in ipairs(dicts) do by_prefix[it.prefix] = it end
+    local wanted = {}
+    for _, part in ipairs(parts) do
+      wanted[part.prefix] = true
+      local it = by_prefix[part.prefix]
+      if not it then
+        problems[#problems + 1] = part.prefix ~= "" and ("the checkpoint has no %s state"):format(part.kind)
+          or ("the checkpoint holds %d optimizer states, expected 1"):format(#dicts)
+      else
+        local ps = S.mismatches(stepper, part.kind, it.dict)
+        for _, m in ipairs(ps) do problems[#problems + 1] = m end
+      end
+    end
+    for _, it in ipairs(dicts) do
+      if not wanted[it.prefix] then
+        problems[#problems + 1] = ("the checkpoint has %s state but this config has no %s group"):format(it.dict.kind, it.dict.kind)
+      end
+    end
+    if #problems > 0 then
+      E.raise(E.EINVAL, "checkpoint '%s' does not match:\n  %s", path, table.concat(problems, "\n  "))
+    end
+    if check then check(meta) end
+    for _, part in ipairs(parts) do
+      staged[#staged + 1] = stage(stepper, part.kind, by_prefix[part.prefix].dict, "checkpoint '" .. path .. "'")
+    end
+  end)
+  stepper:agree_failure(not ok and err or nil)
+  for _, s in ipairs(staged) do commit(stepper, s) end
+  return meta
 end
 
 return S

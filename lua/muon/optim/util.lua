@@ -1,7 +1,8 @@
--- Small helpers the optimizers share around the fused C ops, which take
--- one dtype per call.
+-- What the optimizers share: per-dtype splitting for the fused C ops, the
+-- first non-finite tensor of a list, and the one-process optimizer class
+-- (muon.optim.Muon / AdamW) built on the step protocol (muon.step).
 local foreach = require("muon.foreach")
-local P = require("muon.param")
+local O = require("muon.optim.options")
 
 local U = {}
 
@@ -29,9 +30,34 @@ function U.per_dtype(fn, lists)
   for _, dt in ipairs(order) do fn(unpack(parts[dt])) end
 end
 
+-- The pairs (as[i], bs[i]) split by the dtype of as[i]: a list of
+-- { as_part, bs_part } (one entry when all share a dtype; none when empty).
+function U.split_dtype(as, bs)
+  local n = #as
+  if n == 0 then return {} end
+  local dt = as[1].scalar
+  local mixed = false
+  for i = 2, n do
+    if as[i].scalar ~= dt then mixed = true break end
+  end
+  if not mixed then return { { as, bs } } end
+  local parts, by = {}, {}
+  for i = 1, n do
+    local d = as[i].scalar
+    local part = by[d]
+    if not part then
+      part = { {}, {} }
+      by[d] = part
+      parts[#parts + 1] = part
+    end
+    part[1][#part[1] + 1], part[2][#part[2] + 1] = as[i], bs[i]
+  end
+  return parts
+end
 
 -- Index of the first tensor holding NaN/Inf, or nil.
 function U.first_nonfinite(xs)
+  if #xs == 0 then return nil end
   for i = 2, #xs do
     if xs[i]:dtype() ~= xs[1]:dtype() then
       for j, x in ipairs(xs) do
@@ -40,46 +66,50 @@ function U.first_nonfinite(xs)
       return nil
     end
   end
-  if #xs == 0 then return nil end
   local ok, bad = foreach.all_finite(xs)
   if ok then return nil end
   return bad
 end
 
--- The parameters of group gi that take a step (those with a grad), after
--- checking grad shapes (and check_param, if given) and finiteness. Returns
--- params, skipped: skipped is true when a NaN/Inf gradient meets the
--- group's nonfinite = "skip" policy; with "error" it raises naming the param.
-function U.stepping_params(gi, group, check_param)
-  local params, grads = {}, {}
-  for _, p in ipairs(group.params) do
-    if p.grad ~= nil then
-      if not P.same_shape(p.grad, p.value) then
-        error(("parameter '%s': grad shape %s does not match value shape %s")
-          :format(p.name, P.shape_string(p.grad), P.shape_string(p.value)), 0)
-      end
-      if check_param then check_param(p) end
-      params[#params + 1] = p
-      grads[#grads + 1] = p.grad
-    end
-  end
-  local bad = U.first_nonfinite(grads)
-  if bad then
-    if group.nonfinite == "skip" then return params, true end
-    error(("parameter '%s': gradient holds NaN or Inf (param group %d)"):format(params[bad].name, gi), 0)
-  end
-  return params, false
-end
+-- A one-process optimizer class over the step protocol for one kind:
+-- returns { class = the methods table, new = function(params, opts, level) }.
+-- The object: param_groups (torch-like: params, step, options), state
+-- (param -> its state table), stats, defaults; methods step(closure),
+-- params(), state_dict(), load_state_dict(d), save(path), load(path).
+function U.optimizer_class(kind, what)
+  local class = {}
+  class.__index = class
 
--- Methods both optimizers share, on top of their prepare/commit/finish:
--- step() (atomic: prepare may raise, commit cannot fail), params(), and the
--- state/checkpoint methods.
-function U.install_common(class)
-  function class:step()
-    local ok, plans = pcall(self.prepare, self)
-    if not ok then error(plans, 2) end
-    self:commit(plans)
-    self:finish(plans)
+  local function new(params, opts, level)
+    level = level or 2
+    local defaults, groups = O.build_groups({ what = what, defaults = kind.DEFAULTS, allowed = kind.OPTIONS,
+      resolve = kind.resolve, check_param = kind.check_param }, params, opts, level)
+    local specs = {}
+    for gi, g in ipairs(groups) do specs[gi] = { kind = kind, options = g, label = ("param group %d"):format(gi) } end
+    local stepper = require("muon.step").new({ groups = specs })
+    for gi, g in ipairs(groups) do
+      for _, p in ipairs(g.params) do stepper:add(gi, p) end
+    end
+    return setmetatable({
+      defaults = defaults,
+      param_groups = groups,
+      state = stepper.state,
+      stats = stepper.stats.kinds[kind.name],
+      _stepper = stepper,
+    }, class)
+  end
+
+  -- One step; with a closure, calls it first (torch: it recomputes the
+  -- loss and gradients) and returns its value.
+  function class:step(closure)
+    local loss
+    if closure ~= nil then
+      if type(closure) ~= "function" then error("step: closure must be a function or nil", 2) end
+      loss = closure()
+    end
+    local ok, err = pcall(self._stepper.step, self._stepper)
+    if not ok then error(err, 2) end
+    return loss
   end
 
   -- Every parameter of every group, in order.
@@ -91,7 +121,24 @@ function U.install_common(class)
     return list
   end
 
-  require("muon.optim.state").install(class)
+  function class:memory() return self._stepper:memory() end
+
+  local S = require("muon.optim.state")
+  function class:state_dict() return S.state_dict(self._stepper, kind.name) end
+  function class:load_state_dict(d)
+    local ok, err = pcall(S.load_state_dict, self._stepper, kind.name, d, "state dict")
+    if not ok then error(err, 2) end
+  end
+  function class:save(path)
+    local ok, err = pcall(S.save, self._stepper, path, { { prefix = "", kind = kind.name } })
+    if not ok then error(err, 2) end
+  end
+  function class:load(path)
+    local ok, err = pcall(S.load, self._stepper, path, { { prefix = "", kind = kind.name } })
+    if not ok then error(err, 2) end
+  end
+
+  return { class = class, new = new }
 end
 
 return U

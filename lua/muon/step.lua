@@ -1,0 +1,599 @@
+-- The optimizer step protocol, written once for one process and for every
+-- MPI mesh (one process is the mesh of a size-1 communicator):
+--
+--   1. values   the step's values (group options + the schedule's), each
+--               checked (finite, in range; the error names group, key, value)
+--   2. grads    which parameters step (those with a grad), shapes, the
+--               NaN/Inf policy per group; on a mesh, one all-reduce agrees
+--               on failures, skipped groups, the stepping set and the values
+--   3. momentum each optimizer-state buffer's holder computes the NS input
+--               (Muon) or the update (AdamW) into scratch (kind.direction)
+--   4. route    per batch, NS inputs go to the rank that orthogonalizes
+--               them (muon.router, as muon.dist planned); reshape_fn /
+--               ns_transform_fn / zeropower_fn, Newton-Schulz and the scale
+--               run there (kind.orthogonalize); every update slice comes back
+--   5. check    updates are finite; on a mesh every rank agrees (the lowest
+--               failing rank's error is raised everywhere, nothing changes)
+--   6. commit   state buffers swap in, p = p * decay + alpha * update; no
+--               error can happen from the first write to the end of this
+--   7. post     post_update_fn (after the commit; a failure is raised on
+--               every rank, the step still counts)
+--
+-- Kinds (muon.optim.muon.kind, muon.optim.adamw.kind) supply their parts;
+-- the engine and the one-process optimizers drive a Stepper.
+--
+--   local S = require("muon.step")
+--   local st = S.new({ groups = { { kind = K, options = g, label = "param group 1" }, ... },
+--                      comm = c, mesh = m, balance = "flops", max_batch_numel = n })
+--   st:add(gi, param, placement)     -- param.logical_shape: the global shape
+--   st:step(values)                  -- values[gi] = { lr = ..., ... } this step's schedule
+local T = require("muon.tensor")
+local P = require("muon.param")
+local E = require("muon.errors")
+local D = require("muon.dist")
+local R = require("muon.router")
+local commlib = require("muon.comm")
+local foreach = require("muon.foreach")
+local U = require("muon.optim.util")
+
+local M = {}
+local Stepper = {}
+Stepper.__index = Stepper
+M.Stepper = Stepper
+
+local ESIZE = { float32 = 4, float64 = 8 }
+
+local function strip(msg) return (tostring(msg):gsub("^[^:\n]*:%d+: ", "")) end
+
+-- Run f(...) for a step: on one process an error raises at once; on a
+-- mesh the first error is kept in run.failure and later calls are skipped,
+-- so that every rank still takes part in every collective.
+local make_io -- (below)
+
+local function attempt(run, f, ...)
+  if run.W == 1 then return f(...) end
+  if run.failure ~= nil then return end
+  local ok, e = pcall(f, ...)
+  if not ok then run.failure = e end
+end
+
+-- opts: groups (list of { kind, options = the group table (params, step,
+-- option values), label }), comm (muon.comm, default: this process alone),
+-- mesh (muon.dist mesh over comm), balance, max_batch_numel.
+function M.new(opts)
+  local comm = opts.comm or commlib.self()
+  local W = comm:size()
+  local mesh = opts.mesh or D.mesh({ { "world", W } }, W)
+  local self = setmetatable({
+    groups = opts.groups,
+    comm = comm, W = W, me = comm:rank(), mesh = mesh,
+    balance = opts.balance or "flops", max_batch_numel = opts.max_batch_numel,
+    order = {}, where = {},
+    state = {},     -- param -> { momentum_buffer } / { step, exp_avg, exp_avg_sq } (on its holder)
+    scratch = {},   -- param -> { u = update buffer, spare = { key -> tensor } }
+    pstep = {},     -- param -> how many steps it took (every rank knows)
+    full = setmetatable({}, { __mode = "k" }), -- plan item -> owner's region buffer
+    merged = {}, ws = nil,
+    stats = { steps = 0, skipped_nonfinite = 0, kinds = {} },
+    built = false,
+  }, Stepper)
+  -- Separate communicators: data carries only NS routing (its counters are
+  -- the bytes the plan moves), ctrl the agreements and failure messages.
+  if W > 1 then
+    self.data = comm:split(0, comm:rank())
+    self.ctrl = comm:split(0, comm:rank())
+  else
+    self.data, self.ctrl = comm, comm
+  end
+  self.router = R.new(self.data)
+  self.io = make_io(self)
+  self.kind_stats = {}
+  for _, g in ipairs(self.groups) do
+    if not self.stats.kinds[g.kind.name] then
+      self.stats.kinds[g.kind.name] = { steps = 0, skipped_nonfinite = 0 }
+      self.kind_stats[#self.kind_stats + 1] = self.stats.kinds[g.kind.name]
+    end
+  end
+  return self
+end
+
+-- Register a parameter of group gi: param.value / param.grad are this
+-- rank's part, param.logical_shape the global shape; placement: one entry
+-- per mesh axis (muon.dist normalized), nil for replicated.
+function Stepper:add(gi, p, placement)
+  if self.built and self.W > 1 then
+    E.raise(E.ESTATE, "add_param '%s': parameters are fixed after the first step of a distributed run", p.name)
+  end
+  p.logical_shape = p.logical_shape or p.value:size()
+  self.order[#self.order + 1] = p
+  self.where[p] = { gi = gi, placement = placement or D.placement(nil, self.mesh, #p.logical_shape) }
+  self.built = false
+end
+
+function Stepper:params(gi)
+  if not self.built then
+    local list = {}
+    for _, p in ipairs(self.order) do
+      if self.where[p].gi == gi then list[#list + 1] = p end
+    end
+    return list
+  end
+  return self.gparams[gi]
+end
+
+------------------------------------------------------------ agreement
+
+-- Raise on every rank if any rank has an error (a collective on meshes):
+-- the error of the lowest failing rank, with its code.
+function Stepper:agree_failure(err)
+  if self.W == 1 then
+    if err ~= nil then error(err, 0) end
+    return
+  end
+  local W, me = self.W, self.me
+  local r = self.ctrl:allreduce({ err ~= nil and (W - me) or 0, err ~= nil and -(E.code(err) or E.ELUA) or 0 }, "max")
+  if r[1] == 0 then return end
+  self:_raise_from(W - r[1], err)
+end
+
+function Stepper:_raise_from(src, err)
+  local code = self.ctrl:allreduce({ self.me == src and -(E.code(err) or E.ELUA) or 0 }, "max")[1]
+  local msg = self.ctrl:bcast_string(self.me == src and tostring(err) or "", src)
+  if not msg:find("^rank %d") then msg = ("rank %d: %s"):format(src, msg) end
+  error(E.new(-code, msg), 0)
+end
+
+local function value_string(v)
+  local t = type(v)
+  if t == "number" then return ("%.17g"):format(v) end
+  if t == "table" then
+    local parts = {}
+    for i = 1, #v do parts[i] = value_string(v[i]) end
+    return "{" .. table.concat(parts, ",") .. "}"
+  end
+  if t == "function" or t == "userdata" or t == "cdata" then return t end
+  return tostring(v)
+end
+
+-- The resolved configuration as (key, value) entries: group kinds, names
+-- and every option (hooks by presence).
+function Stepper:config_entries()
+  local entries = {}
+  local function add(k, v) entries[#entries + 1] = { k, v } end
+  add("mesh", self.mesh:describe())
+  add("balance", self.balance)
+  add("max_batch_numel", tostring(self.max_batch_numel or ""))
+  for gi, g in ipairs(self.groups) do
+    local keys = {}
+    for k in pairs(g.kind.OPTIONS) do keys[#keys + 1] = k end
+    table.sort(keys)
+    add(g.label .. ".optimizer", g.kind.name)
+    add(g.label .. ".name", tostring(g.options.name))
+    for _, k in ipairs(keys) do add(g.label .. "." .. k, value_string(g.options[k])) end
+    add(g.label .. ".index", tostring(gi))
+  end
+  return entries
+end
+
+local function schedulable_keys(kind)
+  if not kind._sched_keys then
+    local keys = {}
+    for k in pairs(kind.SCHEDULABLE) do keys[#keys + 1] = k end
+    table.sort(keys)
+    kind._sched_keys = keys
+  end
+  return kind._sched_keys
+end
+
+------------------------------------------------------------- the plan
+
+-- Agree on the registrations and config (collective on a mesh) and make
+-- the plan; done by the first step, or earlier by whoever needs the plan.
+function Stepper:build()
+  local records = {}
+  for i, p in ipairs(self.order) do
+    local w = self.where[p]
+    local g = self.groups[w.gi]
+    records[i] = { name = p.name, shape = p.logical_shape, placement = w.placement, group = w.gi,
+      dtype = p.value:dtype(), ns = g.kind.ns, whole = g.kind.whole(g.options), nd_mode = g.options.nd_mode,
+      state_count = #g.kind.state_keys, param = p }
+  end
+  if self.W > 1 then
+    local problem = D.agree(self.ctrl, records, nil)
+    if problem then E.raise(E.EINVAL, problem) end
+    problem = D.agree_entries(self.ctrl, self:config_entries(), "configs")
+    if problem then E.raise(E.EINVAL, problem) end
+  end
+  self.plan = D.plan(records, self.mesh, { balance = self.balance, max_batch_numel = self.max_batch_numel })
+  self.rec = {}
+  for _, r in ipairs(records) do
+    local id = r.id_of[self.me]
+    r.mine = r.boxes[self.me]
+    r.mine_n = D.numel(r.mine.len)
+    r.holds = id ~= nil and r.holder[id] == self.me
+    self.rec[r.param] = r
+  end
+  self.gparams = {}
+  for gi = 1, #self.groups do self.gparams[gi] = {} end
+  for _, p in ipairs(self.order) do table.insert(self.gparams[self.where[p].gi], p) end
+  for _, b in ipairs(self.plan.batches) do
+    b.group = b[1].record.group
+    b.dtypes, b.moves_in, b.moves_out = R.describe_batch(b)
+  end
+  self.built = true
+end
+
+---------------------------------------------------------------- buffers
+
+-- The update buffer (this rank's box) and spare state buffers of a param.
+function Stepper:_scratch(p, r)
+  local s = self.scratch[p]
+  if s == nil then
+    s = { spare = {} }
+    self.scratch[p] = s
+  end
+  if s.u == nil then s.u = T.zeros(r.mine.len, r.dtype) end
+  return s
+end
+
+-- The owner's buffer for an item's region (kept across steps).
+function Stepper:_full(it)
+  local b = self.full[it]
+  if b == nil then
+    b = T.zeros(it.region.len, it.record.dtype)
+    self.full[it] = b
+  end
+  return b
+end
+
+-- A reusable (n, a, b) buffer for NS batches: one per (dtype, core shape,
+-- slot), grown when a batch needs more slices (kinds call this).
+function Stepper:batch_buffer(dtype, n, a, b, slot)
+  local key = ("%s:%dx%d#%d"):format(dtype, a, b, slot)
+  local buf = self.merged[key]
+  if buf == nil or buf:size(1) < n then
+    buf = T.zeros({ n, a, b }, dtype)
+    self.merged[key] = buf
+  end
+  if buf:size(1) == n then return buf end
+  return buf:narrow(1, 1, n)
+end
+
+-- A Newton-Schulz workspace large enough for a x b (kinds call this).
+function Stepper:ns_workspace(dtype, a, b)
+  local ns = require("muon.ns")
+  local ws = self.ws
+  if ws == nil or ws.dtype ~= dtype or ws.rows < math.max(a, b) or ws.cols < math.min(a, b) then
+    local rows = math.max(a, b, ws and ws.dtype == dtype and ws.rows or 0)
+    local cols = math.max(math.min(a, b), ws and ws.dtype == dtype and ws.cols or 0)
+    ws = { dtype = dtype, rows = rows, cols = cols, handle = ns.workspace(dtype, rows, cols) }
+    self.ws = ws
+  end
+  return ws.handle
+end
+
+local function tensor_bytes(t) return t:numel() * (ESIZE[t:dtype()] or 4) end
+
+-- { state_bytes, scratch_bytes } held by this rank.
+function Stepper:memory()
+  local state, scratch = 0, 0
+  for _, st in pairs(self.state) do
+    for _, v in pairs(st) do if T.is_tensor(v) then state = state + tensor_bytes(v) end end
+  end
+  for _, s in pairs(self.scratch) do
+    if s.u then scratch = scratch + tensor_bytes(s.u) end
+    for _, v in pairs(s.spare) do scratch = scratch + tensor_bytes(v) end
+  end
+  for _, b in pairs(self.full) do scratch = scratch + tensor_bytes(b) end
+  for _, b in pairs(self.merged) do scratch = scratch + tensor_bytes(b) end
+  if self.ws then
+    local n = math.min(self.ws.rows, self.ws.cols)
+    scratch = scratch + (self.ws.rows * self.ws.cols + 2 * n * n) * (ESIZE[self.ws.dtype] or 4)
+  end
+  scratch = scratch + self.router:scratch_bytes()
+  return { state_bytes = state, scratch_bytes = scratch }
+end
+
+------------------------------------------------------------- the phases
+
+-- Phase 1-2 (local): this step's values and stepping parameters per group.
+-- pre_err: an error the caller met preparing the values (it fails the step
+-- like any other, on every rank).
+local function check_phase(self, values, pre_err)
+  if pre_err ~= nil then error(pre_err, 0) end
+  local run = { g = {}, stepping = {} }
+  for gi, G in ipairs(self.groups) do
+    local opts = G.options
+    local over = values and values[gi]
+    local hp = opts
+    if over then
+      hp = setmetatable({}, { __index = opts })
+      for k, v in pairs(over) do hp[k] = v end
+    end
+    for _, k in ipairs(schedulable_keys(G.kind)) do
+      local ok, err = pcall(G.kind.SCHEDULABLE[k], hp[k], 1)
+      if not ok then E.raise(E.EINVAL, "%s, step %d: %s", G.label, opts.step + 1, strip(err)) end
+    end
+    local params, grads, owners = {}, {}, {}
+    for _, p in ipairs(self.gparams[gi]) do
+      local g = p.grad
+      if g ~= nil then
+        if not P.same_shape(g, p.value) then
+          E.raise(E.ESHAPE, "parameter '%s': grad shape %s does not match value shape %s",
+            p.name, P.shape_string(g), P.shape_string(p.value))
+        end
+        G.kind.check_param(p)
+        params[#params + 1] = p
+        run.stepping[self.rec[p]] = true
+        if g:numel() > 0 then
+          grads[#grads + 1] = g
+          owners[#owners + 1] = p
+        end
+      end
+    end
+    local skip = false
+    local bad = U.first_nonfinite(grads)
+    if bad then
+      if opts.nonfinite == "skip" then skip = true
+      else E.raise(E.ENONFINITE, "parameter '%s': gradient holds NaN or Inf (%s)", owners[bad].name, G.label) end
+    end
+    run.g[gi] = { hp = hp, over = over, params = params, skip = skip }
+  end
+  return run
+end
+
+-- On a mesh: one all-reduce agrees on failures, skipped groups (a NaN/Inf
+-- gradient anywhere skips the group everywhere), the stepping set and the
+-- step's values; a difference fails on every rank naming it.
+function Stepper:_agree_check(run, err)
+  local W, me = self.W, self.me
+  local ng = #self.groups
+  local vec = { err ~= nil and (W - me) or 0 }
+  for gi = 1, ng do vec[1 + gi] = run and run.g[gi].skip and 1 or 0 end
+  local stepping, values = {}, {}
+  if run then
+    for i, p in ipairs(self.order) do
+      stepping[i] = { "parameter '" .. p.name .. "'", run.stepping[self.rec[p]] and "has a grad" or "has no grad" }
+    end
+    for gi, G in ipairs(self.groups) do
+      local hp = run.g[gi].hp
+      for _, k in ipairs(schedulable_keys(G.kind)) do
+        values[#values + 1] = { G.label .. "." .. k, value_string(hp[k]) }
+      end
+    end
+  end
+  local function hash_all(list)
+    local parts = {}
+    for i, e in ipairs(list) do parts[i] = e[1] .. "=" .. e[2] end
+    return D.hash(table.concat(parts, "\n"))
+  end
+  local hs, hv = run and hash_all(stepping) or 0, run and hash_all(values) or 0
+  vec[#vec + 1], vec[#vec + 2], vec[#vec + 3], vec[#vec + 4] = hs, -hs, hv, -hv
+  local r = self.ctrl:allreduce(vec, "max")
+  if r[1] > 0 then self:_raise_from(W - r[1], err) end
+  if r[ng + 2] ~= -r[ng + 3] then
+    local msg = D.agree_entries(self.ctrl, stepping, "gradients", #stepping)
+    E.raise(E.EINVAL, msg or "gradients differ across ranks")
+  end
+  if r[ng + 4] ~= -r[ng + 5] then
+    local msg = D.agree_entries(self.ctrl, values, "scheduled values", #values)
+    E.raise(E.EINVAL, msg or "scheduled values differ across ranks")
+  end
+  for gi = 1, ng do run.g[gi].skip = r[1 + gi] == 1 end
+end
+
+-- Phase 3: each state holder's direction into scratch. The entry table of
+-- a parameter is kept across steps (no per-step allocation).
+local function direction_phase(self, run)
+  for gi, G in ipairs(self.groups) do
+    local gr = run.g[gi]
+    local entries = {}
+    gr.entries = entries
+    if not gr.skip then
+      local keys = G.kind.state_keys
+      for _, p in ipairs(gr.params) do
+        local r = self.rec[p]
+        if r.mine_n > 0 then
+          local sc = self:_scratch(p, r)
+          if r.holds then
+            local st = self.state[p]
+            local e = sc.entry
+            if e == nil then
+              e = { p = p, old = {}, new = {} }
+              sc.entry = e
+            end
+            e.grad, e.u, e.count = p.grad, sc.u, (self.pstep[p] or 0) + 1
+            for _, k in ipairs(keys) do
+              local spare = sc.spare[k]
+              if spare == nil then
+                spare = T.zeros(r.mine.len, r.dtype)
+                sc.spare[k] = spare
+              end
+              if st then
+                e.old[k], e.new[k] = st[k], spare
+              else -- first step: zeros in, a fresh buffer out (becomes the state)
+                e.old[k], e.new[k] = spare:zero(), T.zeros(r.mine.len, r.dtype)
+              end
+            end
+            entries[#entries + 1] = e
+          end
+        end
+      end
+      if #entries > 0 then attempt(run, G.kind.direction, self, G.options, gr.hp, entries) end
+    end
+  end
+end
+
+-- Phase 4: per batch, route NS inputs to owners, orthogonalize, route back.
+-- (self.io: the router's view of this stepper's buffers, made once.)
+local function route_phase(self, run)
+  local io = self.io
+  io.run = run
+  for _, batch in ipairs(self.plan.batches) do
+    local gi = batch.group
+    local gr, G = run.g[gi], self.groups[gi]
+    -- Items that neither move nor run Newton-Schulz need no routing.
+    if not gr.skip and (G.kind.ns or batch.moves_in or batch.moves_out) then
+      local items = {}
+      for _, it in ipairs(batch) do
+        local r = it.record
+        if run.stepping[r] then
+          items[#items + 1] = it
+          if r.mine_n > 0 then self:_scratch(r.param, r) end
+        end
+      end
+      if #items > 0 then
+        io.group = gi
+        self.router:run(items, batch.dtypes, batch.moves_in, batch.moves_out, io)
+      end
+    end
+  end
+end
+
+-- The router's callbacks (see muon.router).
+function make_io(self)
+  local io = {}
+  function io.mine(r) return self.scratch[r.param].u end
+  function io.buffer(it) return self:_full(it) end
+  function io.compute(owned)
+    local G = self.groups[io.group]
+    if not G.kind.ns or #owned == 0 then return end
+    local list = {}
+    for i, o in ipairs(owned) do list[i] = { name = o.item.record.name, input = o.input } end
+    attempt(io.run, G.kind.orthogonalize, self, G.options, io.run.g[io.group].hp, list)
+  end
+  return io
+end
+
+local function finite(x) return type(x) == "number" and x == x and x ~= math.huge and x ~= -math.huge end
+
+-- Phase 5 (local): updates are finite; the apply lists for the commit.
+local function finish_phase(self, run)
+  for gi, G in ipairs(self.groups) do
+    local gr = run.g[gi]
+    gr.applies = {}
+    if not gr.skip then
+      local values, updates, names = {}, {}, {}
+      for _, p in ipairs(gr.params) do
+        local r = self.rec[p]
+        if r.mine_n > 0 then
+          local n = #values + 1
+          values[n], updates[n], names[n] = p.value, self.scratch[p].u, p.name
+        end
+      end
+      local bad = U.first_nonfinite(updates)
+      if bad then E.raise(E.ENONFINITE, "parameter '%s': update holds NaN or Inf", names[bad]) end
+      local decay, alpha = G.kind.apply_coeffs(G.options, gr.hp)
+      if not (finite(decay) and finite(alpha)) then
+        E.raise(E.EINVAL, "%s: the step's decay (%s) or alpha (%s) is not finite", G.label, tostring(decay), tostring(alpha))
+      end
+      for i, v in ipairs(values) do
+        if not v:is_contiguous() then
+          E.raise(E.EINVAL, "parameter '%s': value is not contiguous", names[i])
+        end
+      end
+      for _, part in ipairs(U.split_dtype(values, updates)) do
+        gr.applies[#gr.applies + 1] = { part[1], part[2], decay, alpha }
+      end
+    end
+  end
+end
+
+-- Phase 6: nothing below raises (everything was checked above).
+local function commit_phase(self, run)
+  for gi, G in ipairs(self.groups) do
+    local gr = run.g[gi]
+    local opts = G.options
+    opts.step = opts.step + 1
+    if gr.over then
+      for k, v in pairs(gr.over) do opts[k] = v end
+    end
+    local ks = self.stats.kinds[G.kind.name]
+    if gr.skip then
+      ks.skipped_nonfinite = ks.skipped_nonfinite + 1
+      self.stats.skipped_nonfinite = self.stats.skipped_nonfinite + 1
+    else
+      for _, p in ipairs(gr.params) do self.pstep[p] = (self.pstep[p] or 0) + 1 end
+      for _, e in ipairs(gr.entries) do
+        local p = e.p
+        local st = self.state[p]
+        if st == nil then
+          st = {}
+          self.state[p] = st
+          for k, t in pairs(e.new) do st[k] = t end
+        else
+          local spare = self.scratch[p].spare
+          for k, t in pairs(e.new) do
+            spare[k] = st[k]
+            st[k] = t
+          end
+        end
+        if G.kind.counts_steps then st.step = e.count end
+      end
+      for _, a in ipairs(gr.applies) do foreach.apply(a[1], a[2], nil, a[3], a[4]) end
+    end
+  end
+  for _, ks in ipairs(self.kind_stats) do ks.steps = ks.steps + 1 end
+  self.stats.steps = self.stats.steps + 1
+end
+
+-- One step (collective on a mesh). values[gi]: this step's scheduled
+-- values for group gi (they become the group's values when it commits);
+-- pre_err: see check_phase.
+function Stepper:step(values, pre_err)
+  self:build_once()
+  local W = self.W
+  local run
+  if W == 1 then
+    run = check_phase(self, values, pre_err)
+  else
+    local ok, r = pcall(check_phase, self, values, pre_err)
+    run = ok and r or nil
+    self:_agree_check(run, not ok and r or nil)
+  end
+  -- Phases 3-5: on one process the first error raises; on a mesh it is
+  -- kept and the collectives still run, so no rank waits for another.
+  run.W = W
+  attempt(run, direction_phase, self, run)
+  -- (the router's own code does not fail on one rank only: its inputs are
+  -- the plan, the same everywhere; the owners' work goes through attempt)
+  if W == 1 then route_phase(self, run)
+  else
+    local ok, e = pcall(route_phase, self, run)
+    if not ok and run.failure == nil then run.failure = e end
+  end
+  attempt(run, finish_phase, self, run)
+  self:agree_failure(run.failure)
+  commit_phase(self, run)
+  local post_failure
+  for gi, G in ipairs(self.groups) do
+    local gr = run.g[gi]
+    if not gr.skip and post_failure == nil and #gr.params > 0 then
+      local ok, e = pcall(G.kind.post_update, G.options, gr.hp, gr.params)
+      if not ok then post_failure = e end
+    end
+  end
+  self:agree_failure(post_failure)
+end
+
+function Stepper:build_once()
+  if not self.built then self:build() end
+end
+
+-- The plan's record of a parameter: its boxes, state holders and items.
+function Stepper:record(p)
+  self:build_once()
+  return self.rec[p]
+end
+
+function Stepper:comm_stats()
+  return { data = commlib.stats(self.data), control = commlib.stats(self.ctrl) }
+end
+
+-- Elements this rank's NS routing moves per step by the plan (all params stepping).
+function Stepper:expected_step_elements()
+  self:build_once()
+  return D.step_elements(self.plan, self.me)
+end
+
+return M

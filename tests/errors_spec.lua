@@ -1,0 +1,184 @@
+-- Error objects (lua/muon/errors.lua): they behave like their message for
+-- Lua callers, core.check gives them the C status as their code, and
+-- E.call_hook tags whatever a config function raises as MU_ELUA.
+local H = require("helpers")
+local T = H.muon.tensor
+local ns = H.muon.ns
+local core = require("muon.core")
+local E = require("muon.errors")
+local C = core.C
+
+local NAMES = { "EINVAL", "ENOMEM", "EIO", "EFORMAT", "EDTYPE", "ESHAPE", "ENONFINITE", "ESTATE", "ELUA", "ECOMM" }
+
+-- The error a function raises (it must raise).
+local function raised(f, ...)
+  local ok, err = pcall(f, ...)
+  assert(not ok, "expected an error")
+  return err
+end
+
+describe("error codes", function()
+  it("are the C header's, by name and back", function()
+    assert.equal(0, E.OK)
+    for _, n in ipairs(NAMES) do
+      assert.equal(tonumber(C["MU_" .. n]), E[n], n)
+      assert.equal(n, E.name(E[n]))
+      assert.equal(n, require("ffi").string(C.mu_errname(E[n])))
+    end
+    assert.is_nil(E.name(-99))
+  end)
+
+  it("a misspelt name is an error, not nil", function()
+    assert.has_error(function() return E.EINVALL end, "muon.errors: no code or function 'EINVALL'")
+    assert.has_error(function() E.new(-99, "x") end, "muon.errors: -99 is not a failure code")
+    assert.has_error(function() E.new(E.OK, "x") end, "muon.errors: 0 is not a failure code")
+  end)
+end)
+
+describe("error objects", function()
+  it("behave like their message", function()
+    local e = E.new(E.EIO, "cannot open 'x.npy': No such file")
+    assert.is_true(E.is(e))
+    assert.equal("cannot open 'x.npy': No such file", tostring(e))
+    assert.equal("load: cannot open 'x.npy': No such file!", "load: " .. e .. "!")
+    assert.equal(13, (e:find("'x.npy'", 1, true)))
+    assert.equal("x.npy", e:match("'([^']+)'"))
+    assert.equal("cannot open 'y.npy': No such file", (e:gsub("x%.npy", "y.npy")))
+    assert.equal(#e.msg, e:len())
+    assert.equal(E.EIO, e.code)
+    assert.equal("muon.error", getmetatable(e)) -- protected
+    assert.has_error(function() setmetatable(e, {}) end)
+  end)
+
+  it("work with busted's error assertions", function()
+    local function f() E.raise(E.EINVAL, "group %d: lr must be >= 0, got %s", 2, -1) end
+    assert.has_error(f, "group 2: lr must be >= 0, got -1")
+    assert.error_matches(f, "lr must be >= 0")
+    assert.matches("^group 2", raised(f))
+  end)
+
+  it("carry no position prefix", function()
+    local err = raised(E.raise, E.EFORMAT, "bad header")
+    assert.equal("bad header", err.msg)
+    assert.equal("100% sure", raised(E.raise, E.EINVAL, "100% sure").msg) -- no format without arguments
+  end)
+
+  it("E.code: objects, tables naming a code, and plain values", function()
+    assert.equal(E.ESHAPE, E.code(E.new(E.ESHAPE, "x")))
+    assert.equal(E.EFORMAT, E.code({ code = "EFORMAT", msg = "x" }))
+    assert.equal(E.EFORMAT, E.code({ code = "MU_EFORMAT", msg = "x" }))
+    assert.equal(E.EIO, E.code({ code = -3 }))
+    assert.is_nil(E.code({ code = "ENOPE" }))
+    assert.is_nil(E.code({ code = 0 }))
+    assert.is_nil(E.code("x"))
+    assert.is_nil(E.code(nil))
+    assert.equal("x", E.message({ msg = "x" }))
+    assert.equal("(error object is a boolean value)", E.message(false))
+    assert.equal("3", E.message(3))
+  end)
+
+  it("E.wrap prefixes the message and keeps code and traceback", function()
+    local w = E.wrap(E.new(E.EIO, "cannot open", "TB"), "load: ")
+    assert.is_true(E.is(w))
+    assert.equal("load: cannot open", w.msg)
+    assert.equal(E.EIO, w.code)
+    assert.equal("TB", w.tb)
+    assert.equal("x: plain", E.wrap("plain", "x: ")) -- no code, no fallback: still a string
+    local f = E.wrap("plain", "x: ", E.EFORMAT)
+    assert.equal(E.EFORMAT, f.code)
+    assert.equal("x: plain", f.msg)
+  end)
+end)
+
+describe("core.check", function()
+  it("raises objects whose code is the C status, with the messages as before", function()
+    local err = raised(function() return T.zeros({ 2, 3 }):view({ 7 }) end)
+    assert.is_true(E.is(err))
+    assert.equal(E.ESHAPE, err.code)
+    assert.equal("view: view of 6 elements as a shape of 7 elements", err.msg)
+
+    local missing = H.tmpname(".npy")
+    err = raised(T.load, missing)
+    assert.equal(E.EIO, err.code)
+    assert.truthy(err:find("load: ", 1, true) == 1, err.msg)
+    assert.truthy(err:find(missing, 1, true), err.msg)
+
+    H.write_file(missing, "not an npy file at all")
+    err = raised(T.load, missing)
+    os.remove(missing)
+    assert.equal(E.EFORMAT, err.code)
+
+    local x = T.zeros({ 3, 3 })
+    x:set(0 / 0, 2, 2)
+    err = raised(ns.zeropower, x)
+    assert.equal(E.ENONFINITE, err.code)
+    assert.matches("^zeropower: .*NaN or Inf", err.msg)
+  end)
+
+  it("is E.check", function()
+    assert.equal(core.check, E.check)
+    assert.has_no.errors(function() core.check(0, "fine") end)
+    local err = raised(core.check, C.MU_EDTYPE, nil)
+    assert.equal(E.EDTYPE, err.code)
+  end)
+end)
+
+describe("E.call_hook", function()
+  it("returns the hook's results, nils included", function()
+    local a, b, c, d = E.call_hook("hook", function(x, y) return x, nil, y end, 1, 2)
+    assert.equal(1, a)
+    assert.is_nil(b)
+    assert.equal(2, c)
+    assert.is_nil(d)
+    assert.equal(3, select("#", E.call_hook("hook", function() return nil, nil, nil end)))
+  end)
+
+  it("tags whatever the hook raises as MU_ELUA, naming the hook", function()
+    local function inner() error("boom") end
+    local err = raised(E.call_hook, "post_update_fn", function() inner() end)
+    assert.is_true(E.is(err))
+    assert.equal(E.ELUA, err.code)
+    assert.matches("^post_update_fn: .*errors_spec%.lua:%d+: boom$", err.msg)
+    -- the traceback reaches down to the line that raised
+    assert.truthy(err.tb:find("in function 'inner'", 1, true), err.tb)
+
+    err = raised(E.call_hook, "schedule", function() error({ code = "EIO", msg = "forged" }) end)
+    assert.equal(E.ELUA, err.code)
+    assert.equal("schedule: forged", err.msg)
+
+    err = raised(E.call_hook, "hook", function() error(setmetatable({}, { __tostring = function() return "custom" end })) end)
+    assert.equal("hook: custom", err.msg)
+
+    err = raised(E.call_hook, "hook", function() error() end)
+    assert.equal("hook: (error object is a nil value)", err.msg)
+
+    -- a muon error inside the hook: still the hook's failure
+    err = raised(E.call_hook, "zeropower_fn", function() return T.zeros({ 2, 3 }):view({ 7 }) end)
+    assert.equal(E.ELUA, err.code)
+    assert.equal("zeropower_fn: view: view of 6 elements as a shape of 7 elements", err.msg)
+  end)
+
+  it("does not wrap an MU_ELUA object twice", function()
+    local err = raised(E.call_hook, "outer", function()
+      E.call_hook("inner", function() error("deep", 0) end)
+    end)
+    assert.equal("inner: deep", err.msg)
+    assert.equal(E.ELUA, err.code)
+  end)
+end)
+
+describe("E.capture", function()
+  it("keeps the traceback of the first raise when an error is raised again", function()
+    local function deep() error("again-" .. tostring(os.time()), 0) end
+    local ok, caught = xpcall(deep, E.capture)
+    assert.is_false(ok)
+    local line = debug.getinfo(deep, "S").linedefined
+    assert.truthy(caught[2]:find("errors_spec.lua:" .. line .. ":", 1, true), caught[2])
+    -- raised again elsewhere: the first traceback comes back
+    local ok2, again = xpcall(function() error(caught[1], 0) end, E.capture)
+    assert.is_false(ok2)
+    assert.equal(caught[2], again[2])
+    assert.equal(caught[2], E.traceback(caught[1]))
+    assert.is_nil(E.traceback("never raised " .. tostring(os.clock())))
+  end)
+end)
