@@ -136,6 +136,17 @@ describe("tensor", function()
     assert.truthy(err:find("dtype must be 'float32' or 'float64'", 1, true))
   end)
 
+  it("a tensor is a reference: views and results are tensors, raw pointers are not", function()
+    local x = T.zeros({ 2 })
+    assert.is_true(T.is_tensor(x))
+    assert.is_true(T.is_tensor(x:view({ 1, 2 })))
+    assert.is_false(T.is_tensor(require("ffi").cast("mu_tensor *", x)))
+    assert.is_false(T.is_tensor({}))
+    -- no pointer arithmetic: + and - on a tensor are not addresses
+    assert.is_false(pcall(function() return x + 1 end))
+    assert.is_false(pcall(function() return x - x end))
+  end)
+
   it("wraps caller memory without owning it", function()
     local buf = ffi.new("float[6]", { 1, 2, 3, 4, 5, 6 })
     local w = T.wrap(buf, { 3, 2 })

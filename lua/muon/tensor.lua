@@ -1,5 +1,12 @@
--- Tensors: FFI objects (mu_tensor*) with methods, freed by the GC.
--- Dims and indices are 1-based, like Torch7.
+-- Tensors: FFI objects with methods, freed by the GC. Dims and indices are
+-- 1-based, like Torch7.
+--
+-- A tensor is a cdata *reference* to the C struct (ctype "mu_tensor &"),
+-- not a "mu_tensor *": LuaJIT gives pointers built-in arithmetic that wins
+-- over metamethods (t + 1 would be the address of the next struct, t - u a
+-- pointer difference), while arithmetic on a struct reference goes to the
+-- metatype's __add, __sub, ... A reference converts to "mu_tensor *" in
+-- every C call and pointer-array store, as a pointer would.
 local ffi = require("ffi")
 local core = require("muon.core")
 
@@ -15,7 +22,8 @@ local CTYPES = { [tonumber(C.MU_F32)] = ffi.typeof("float *"), [tonumber(C.MU_F6
 
 local out_box = ffi.typeof("mu_tensor *[1]")
 local i64_arr = ffi.typeof("int64_t[?]")
-local tensor_ptr = ffi.typeof("mu_tensor *")
+local tensor_struct = ffi.typeof("mu_tensor")
+local tensor_pointer = ffi.typeof("mu_tensor *")
 
 local function dtype_code(dtype, level)
   if dtype == nil then return C.MU_F32 end
@@ -27,9 +35,10 @@ local function dtype_code(dtype, level)
 end
 T.dtype_code = dtype_code
 
--- Wrap a freshly returned mu_tensor* so the GC frees it.
+-- Wrap a freshly returned mu_tensor* (box[0]) so the GC frees it; the
+-- tensor is the reference box[0][0] (see the top of this file).
 local function adopt(box)
-  return ffi.gc(box[0], C.mu_tensor_free)
+  return ffi.gc(box[0][0], C.mu_tensor_free)
 end
 T.adopt = adopt
 
@@ -50,8 +59,9 @@ local function shape_array(shape, level)
   return arr, n
 end
 
+-- A tensor reference (raw "mu_tensor *" pointers are not tensors here).
 function T.is_tensor(x)
-  return type(x) == "cdata" and ffi.istype(tensor_ptr, x)
+  return type(x) == "cdata" and ffi.istype(tensor_struct, x) and not ffi.istype(tensor_pointer, x)
 end
 
 function T.zeros(shape, dtype)
