@@ -54,9 +54,12 @@ local function export_all(...) return map_all(export, select("#", ...), ...) end
 -- ------------------------------------------------------------ tensor proxy
 
 -- Methods a sandboxed config may call on a tensor (all bounds-checked).
+-- The maths (add, mul_, where, sum, matmul, ...: T.math_names) check every
+-- argument's type in Lua before any FFI call.
 local SAFE_METHODS = { "size", "stride", "numel", "dim", "dtype", "is_contiguous", "shares_storage", "view",
   "reshape", "transpose", "narrow", "select", "squeeze", "unsqueeze", "contiguous", "clone", "to", "copy",
-  "fill", "zero", "norm", "all_finite", "get", "set", "totable", "flat" }
+  "fill", "zero", "all_finite", "get", "set", "totable", "flat" }
+for _, name in ipairs(T.math_names) do SAFE_METHODS[#SAFE_METHODS + 1] = name end
 -- Members that exist on real tensors but not behind the membrane.
 local BLOCKED_MEMBERS = {
   ptr = "tensor:ptr() (raw FFI pointer)", save = "tensor:save() (file write)",
@@ -100,6 +103,14 @@ local tensor_mt = {
   __tostring = function(self) return tostring(REAL[self]) end,
   __eq = function(a, b) return REAL[a] == REAL[b] end,
 }
+-- Operators: the real tensors' own (the FFI metatype's __add, ...), on the
+-- exported operands; a plain table or a config's own cdata is rejected there.
+for _, mm in ipairs({ "__add", "__sub", "__mul", "__div" }) do
+  local op = ({ __add = function(a, b) return a + b end, __sub = function(a, b) return a - b end,
+    __mul = function(a, b) return a * b end, __div = function(a, b) return a / b end })[mm]
+  tensor_mt[mm] = function(a, b) return import(op(export(a), export(b))) end
+end
+tensor_mt.__unm = function(a) return import(-export(a)) end
 
 -- ------------------------------------------------------------ object proxy
 
@@ -225,7 +236,9 @@ end
 local BUILDERS = {}
 
 BUILDERS["muon.tensor"] = function()
-  local Tf = pick(T, { "zeros", "from", "randn" })
+  local names = { "zeros", "from", "randn" }
+  for _, name in ipairs(T.math_names) do names[#names + 1] = name end
+  local Tf = pick(T, names)
   Tf.is_tensor = function(x) return REAL[x] ~= nil and T.is_tensor(REAL[x]) end
   return facade_of(Tf, "muon.tensor.", { wrap = "(wraps a raw pointer)", load = "(file read)",
     adopt = "(raw FFI handle)", methods = "(the shared FFI method table)" })
