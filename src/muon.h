@@ -134,10 +134,11 @@ MU_API int mu_tensor_all_finite(const mu_tensor *t, int64_t *where);
  * to out's shape by NumPy rules (dims aligned from the end, a size-1 or
  * missing dim repeats); out's shape must be the broadcast shape. A NULL
  * x[i] uses the scalar s[i] instead. Tensors share one dtype, the type of
- * the arithmetic: scalars are rounded to it first, float32 results come from
- * float32 operations, and there is no fused multiply-add except where
- * torch's CPU kernels use one (add/sub with alpha, addcmul, lerp). out may be an
- * operand (in place) but must not overlap one in another layout (MU_EINVAL).
+ * the arithmetic: scalars are rounded to it first, float32 results come
+ * from float32 operations, and there is no fused multiply-add except where
+ * torch's CPU kernels use one (add/sub with alpha, addcmul, lerp). out may
+ * be an operand (in place) but must not overlap one in another layout
+ * (MU_EINVAL).
  */
 typedef enum {
     MU_MAP_ADD = 0,   /* x0 + alpha*x1, as fma(alpha, x1, x0) */

@@ -105,11 +105,10 @@ local tensor_mt = {
 }
 -- Operators: the real tensors' own (the FFI metatype's __add, ...), on the
 -- exported operands; a plain table or a config's own cdata is rejected there.
-for _, mm in ipairs({ "__add", "__sub", "__mul", "__div" }) do
-  local op = ({ __add = function(a, b) return a + b end, __sub = function(a, b) return a - b end,
-    __mul = function(a, b) return a * b end, __div = function(a, b) return a / b end })[mm]
-  tensor_mt[mm] = function(a, b) return import(op(export(a), export(b))) end
-end
+tensor_mt.__add = function(a, b) return import(export(a) + export(b)) end
+tensor_mt.__sub = function(a, b) return import(export(a) - export(b)) end
+tensor_mt.__mul = function(a, b) return import(export(a) * export(b)) end
+tensor_mt.__div = function(a, b) return import(export(a) / export(b)) end
 tensor_mt.__unm = function(a) return import(-export(a)) end
 
 -- ------------------------------------------------------------ object proxy
