@@ -66,11 +66,18 @@ $(CDEF): src/muon.h
 	$(CC) -E -P -DMU_FFI_CDEF src/muon.h | grep -v '^[[:space:]]*$$' \
 	  | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' > $@.tmp && mv $@.tmp $@
 
-$(BUILD)/obj/%.o: src/%.c src/muon.h $(wildcard src/*_internal.h) | $(CDEF)
+$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) | $(CDEF)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPCFLAGS) -I$(BUILD)/gen -Isrc -c $< -o $@
 
 $(BUILD)/obj/cdef.o: $(CDEF)
+
+# The tensor-maths kernels are vector loops where the compiler may check at
+# run time that in-place operands alias exactly (GCC's -O2 "very cheap"
+# cost model refuses such checks); results are the same IEEE operations.
+# (Only for compilers that take the flag: clang does not.)
+VECTFLAG := $(shell $(CC) -fvect-cost-model=dynamic -E -x c /dev/null >/dev/null 2>&1 && echo -fvect-cost-model=dynamic)
+$(BUILD)/obj/tensor_math.o: CFLAGS += $(VECTFLAG)
 
 $(LIB_SO): $(OBJS)
 	$(CC) -shared -o $@ $(OBJS) $(LDSAN) $(DEPLIBS)

@@ -35,9 +35,10 @@
  * results are bitwise independent of the thread count.
  */
 #define _GNU_SOURCE
-#include "muon_internal.h"
+#include "tensor_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -620,6 +621,10 @@ static void run_job(job *J)
 static int check_tensor(const mu_tensor *t, const char *what, int i, int dtype)
 {
     if (!t) return mu__fail(MU_EINVAL, "%s[%d] is NULL", what, i);
+    char name[48];
+    snprintf(name, sizeof name, "%s[%d]", what, i);
+    int rc = mu__tensor_check(t, name); /* inside its storage */
+    if (rc) return rc;
     if (t->scalar != dtype)
         return mu__fail(MU_EDTYPE, "%s[%d] has dtype %s, expected %s", what, i,
                         t->scalar == MU_F64 ? "float64" : "float32",
@@ -870,6 +875,7 @@ static int check_batch(int n, mu_tensor *const *ts, const char *tname, const mu_
     int dtype, rc = check_arrays(n, 1, arrs, names, &dtype);
     if (rc) return rc;
     if (!batch) return mu__fail(MU_EINVAL, "%s is NULL", bname);
+    if ((rc = mu__tensor_check(batch, bname))) return rc;
     if (n > 0 && batch->scalar != dtype)
         return mu__fail(MU_EDTYPE, "%s has dtype %s but the %s are %s", bname,
                         batch->scalar == MU_F64 ? "float64" : "float32", tname,

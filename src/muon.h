@@ -106,6 +106,11 @@ MU_API size_t mu_dtype_size(int dtype);
 /* Whether two tensors share the same storage. */
 MU_API int mu_tensor_same_storage(const mu_tensor *a, const mu_tensor *b);
 
+/* MU_OK if t is a usable handle: a known dtype, 0..MU_MAX_DIMS dims, sizes and
+ * strides >= 0, and every element it addresses inside its storage (checked
+ * arithmetic). Every call taking tensors makes this check first. */
+MU_API int mu_tensor_check(const mu_tensor *t);
+
 /* Views sharing storage. view: contiguous input only; one dim may be -1. */
 MU_API int mu_tensor_view(const mu_tensor *t, int ndim, const int64_t *shape, mu_tensor **out);
 MU_API int mu_tensor_transpose(const mu_tensor *t, int d0, int d1, mu_tensor **out);
@@ -127,8 +132,89 @@ MU_API int mu_tensor_fill(mu_tensor *t, double value);
 MU_API int mu_tensor_norm(const mu_tensor *t, double *out);
 MU_API int mu_tensor_get(const mu_tensor *t, const int64_t *index, double *out);
 MU_API int mu_tensor_set(mu_tensor *t, const int64_t *index, double value);
-/* 1 if every element is finite, 0 otherwise (first bad flat index in *where). */
+/* 1 if every element is finite, 0 otherwise (first bad flat index in *where);
+ * negative (an MU_E* code) for a bad tensor. */
 MU_API int mu_tensor_all_finite(const mu_tensor *t, int64_t *where);
+
+/* ---------------------------------------------------------- tensor maths */
+
+/*
+ * Elementwise maths, reductions and matrix products (src/tensor_math.c).
+ * Every call validates its tensors (dtype, shape, and that each element
+ * they address lies inside their storage) before touching memory. Inputs
+ * may be strided views; results go into a caller-made `out`.
+ *
+ * mu_tensor_map: out = op(x0, x1, x2) per element, the operands broadcast
+ * to out's shape by NumPy rules (dims aligned from the end, a size-1 or
+ * missing dim repeats); out's shape must be the broadcast shape. A NULL
+ * x[i] uses the scalar s[i] instead. Tensors share one dtype, the type of
+ * the arithmetic: scalars are rounded to it first, float32 results come
+ * from float32 operations, and there is no fused multiply-add except where
+ * torch's CPU kernels use one (add/sub with alpha, addcmul, lerp). out may
+ * be an operand (in place) but must not overlap one in another layout
+ * (MU_EINVAL).
+ */
+typedef enum {
+    MU_MAP_ADD = 0,   /* x0 + alpha*x1, as fma(alpha, x1, x0) */
+    MU_MAP_SUB,       /* x0 - alpha*x1, as fma(-alpha, x1, x0) */
+    MU_MAP_MUL,       /* x0 * x1 */
+    MU_MAP_DIV,       /* x0 / x1 */
+    MU_MAP_ADDCMUL,   /* x0 + (value*x1)*x2, as fma(value*x1, x2, x0) */
+    MU_MAP_ADDCDIV,   /* x0 + (value*x1)/x2, each step rounded */
+    MU_MAP_LERP,      /* x0 + x2*(x1 - x0): |x2| < 0.5 ? fma(x2, x1 - x0, x0)
+                       * : fma(x2 - 1, x1 - x0, x1) */
+    MU_MAP_WHERE,     /* x0 != 0 ? x1 : x2 (NaN counts as true) */
+    MU_MAP_GT,        /* 1 or 0: x0 > x1 (false for NaN, like every comparison but NE) */
+    MU_MAP_LT,
+    MU_MAP_GE,
+    MU_MAP_LE,
+    MU_MAP_EQ,
+    MU_MAP_NE,
+    MU_MAP_NEG,       /* -x0 */
+    MU_MAP_ABS,
+    MU_MAP_SQRT,
+    MU_MAP_RSQRT,     /* 1 / sqrt(x0), two roundings */
+    MU_MAP_SIGN,      /* 1, -1, or 0 for zeros and NaN */
+    MU_MAP_CLAMP,     /* min(max(x0, lo), hi); NaN stays NaN, a NaN bound is ignored */
+    MU_MAP_COUNT
+} mu_map_op;
+
+typedef struct mu_map_args {
+    int op;                /* mu_map_op */
+    const mu_tensor *x[3]; /* operands (as many as the op takes); NULL: use s[i] */
+    double s[3];           /* scalar operands */
+    double alpha;          /* ADD, SUB */
+    double value;          /* ADDCMUL, ADDCDIV */
+    double lo, hi;         /* CLAMP (-inf / +inf for no bound) */
+} mu_map_args;
+
+MU_API int mu_tensor_map(const mu_map_args *args, mu_tensor *out);
+
+/* Reductions accumulate in double (float32 inputs are rounded once, when
+ * the result is stored), in row-major order of the reduced elements. SUM
+ * of nothing is 0, MEAN NaN, NORM 0; AMAX of nothing is MU_ESHAPE. AMAX
+ * propagates NaN; NORM is the 2-norm sqrt(sum x^2). */
+typedef enum {
+    MU_REDUCE_SUM = 0,
+    MU_REDUCE_MEAN,
+    MU_REDUCE_AMAX,
+    MU_REDUCE_NORM,
+    MU_REDUCE_COUNT
+} mu_reduce_op;
+
+/* Reduce t along dim (0-based) into out: t's shape with that dim of size 1
+ * (keepdim) or removed, t's dtype. */
+MU_API int mu_tensor_reduce(const mu_tensor *t, int op, int dim, mu_tensor *out);
+/* Reduce every element: the double accumulator (not rounded to float32). */
+MU_API int mu_tensor_reduce_all(const mu_tensor *t, int op, double *out);
+
+/* out = a @ b with OpenBLAS ?gemm: a (n x k), b (k x m), out (n x m); or
+ * batches a (B x n x k), b (B x k x m), out (B x n x m), where a or b may
+ * have batch size 1 (used for every batch). Operands whose matrices have
+ * neither unit row nor unit column stride are copied to contiguous first.
+ * out's rows must be unit-stride, out distinct from a and b (not the same
+ * storage); k = 0 gives zeros. */
+MU_API int mu_tensor_matmul(const mu_tensor *a, const mu_tensor *b, mu_tensor *out);
 
 /* ------------------------------------------------------------------ npy */
 

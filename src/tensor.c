@@ -1,7 +1,12 @@
-/* Strided float32/float64 tensors over refcounted storage. */
-#include "muon_internal.h"
+/*
+ * Strided float32/float64 tensors over refcounted storage: construction,
+ * views, layout checks (checked arithmetic, one place) and the strided
+ * iterator used by every elementwise and reduction loop (tensor_math.c).
+ */
+#include "tensor_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,19 +15,152 @@ size_t mu_dtype_size(int dtype)
     return dtype == MU_F32 ? 4 : dtype == MU_F64 ? 8 : 0;
 }
 
+/* Checked int64 arithmetic: 1 on overflow (then *r is unspecified). */
+static int ck_mul(int64_t a, int64_t b, int64_t *r) { return __builtin_mul_overflow(a, b, r); }
+static int ck_add(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }
+
 int64_t mu__shape_numel(int ndim, const int64_t *shape)
 {
     /* span: product of the extents counting 0 as 1, so that the strides of
-     * a contiguous layout fit too (a (0, 10^16, 10^4) shape is rejected). */
-    int64_t n = 1, span = 1;
+     * a contiguous layout fit too, in bytes of the widest dtype (a
+     * (0, 10^16, 10^4) shape is rejected). */
+    int64_t n = 1, span = 8;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return -1;
-        int64_t d = shape[i] ? shape[i] : 1;
-        if (span > INT64_MAX / 8 / d) return -1;
-        span *= d;
-        n = shape[i] ? n * shape[i] : 0;
+        if (ck_mul(span, shape[i] ? shape[i] : 1, &span)) return -1;
+        n = shape[i] ? n * shape[i] : 0; /* n <= span / 8 */
     }
     return n;
+}
+
+int mu__layout_extent(int ndim, const int64_t *dims, const int64_t *strides, int64_t offset,
+                      int64_t *lo, int64_t *hi)
+{
+    int64_t last = offset;
+    if (offset < 0 || ndim < 0 || ndim > MU_MAX_DIMS) return -1;
+    int empty = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] < 0) return -1;
+        if (dims[i] == 0) empty = 1;
+        if (dims[i] <= 1) continue; /* a size-1 dim's stride is never followed */
+        int64_t step;
+        if (strides[i] < 0 || ck_mul(dims[i] - 1, strides[i], &step) || ck_add(last, step, &last))
+            return -1;
+    }
+    if (mu__shape_numel(ndim, dims) < 0) return -1;
+    *lo = empty ? -1 : offset;
+    *hi = empty ? -1 : last;
+    return 0;
+}
+
+const char *mu__shape_str(int ndim, const int64_t *dims, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    len += (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%lld", i ? ", " : "", (long long)dims[i]);
+    if (len < n) snprintf(buf + len, n - len, "]");
+    return buf;
+}
+
+int mu__tensor_check(const mu_tensor *t, const char *what)
+{
+    if (!t) return mu__fail(MU_EINVAL, "%s is NULL", what);
+    size_t es = mu_dtype_size(t->scalar);
+    if (!es) return mu__fail(MU_EDTYPE, "%s has unsupported dtype %d", what, (int)t->scalar);
+    if (t->ndim < 0 || t->ndim > MU_MAX_DIMS)
+        return mu__fail(MU_EINVAL, "%s has %d dims (0..%d allowed)", what, (int)t->ndim,
+                        MU_MAX_DIMS);
+    const mu_storage *s = t->storage;
+    int64_t lo, hi, base_off, end;
+    if (!s) return mu__fail(MU_EINVAL, "%s has no storage", what);
+    if (mu__layout_extent(t->ndim, t->dims, t->strides, t->offset, &lo, &hi))
+        return mu__fail(MU_EINVAL, "%s has a bad layout (negative size or stride, or sizes "
+                        "and strides that overflow)", what);
+    if (ck_mul(t->offset, (int64_t)es, &base_off) ||
+        (char *)t->data - (char *)s->base != base_off)
+        return mu__fail(MU_EINVAL, "%s: data pointer and offset disagree", what);
+    if (lo >= 0 && (ck_add(hi, 1, &end) || ck_mul(end, (int64_t)es, &end) || end > s->nbytes))
+        return mu__fail(MU_EINVAL, "%s addresses elements %lld..%lld outside its storage of "
+                        "%lld bytes", what, (long long)lo, (long long)hi, (long long)s->nbytes);
+    return MU_OK;
+}
+
+int mu_tensor_check(const mu_tensor *t) { return mu__tensor_check(t, "tensor"); }
+
+/* Dims of size > 1 ordered by increasing stride (insertion sort, <= 8). */
+static int sorted_dims(const mu_tensor *t, int64_t *dims, int64_t *strides)
+{
+    int n = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->dims[i] <= 1) continue;
+        int j = n++;
+        while (j > 0 && strides[j - 1] > t->strides[i]) {
+            strides[j] = strides[j - 1];
+            dims[j] = dims[j - 1];
+            j--;
+        }
+        strides[j] = t->strides[i];
+        dims[j] = t->dims[i];
+    }
+    return n;
+}
+
+int mu__tensor_dense(const mu_tensor *t)
+{
+    int64_t d[MU_MAX_DIMS], s[MU_MAX_DIMS], expect = 1;
+    int n = sorted_dims(t, d, s);
+    for (int i = 0; i < n; i++) {
+        if (s[i] != expect) return 0;
+        expect *= d[i];
+    }
+    return 1;
+}
+
+int mu__tensor_self_overlap(const mu_tensor *t)
+{
+    /* Sufficient for distinct elements: each stride exceeds the span of
+     * the smaller ones (every view made here satisfies it). */
+    int64_t d[MU_MAX_DIMS], s[MU_MAX_DIMS], span = 0;
+    int n = sorted_dims(t, d, s);
+    if (mu_tensor_numel(t) <= 1) return 0;
+    for (int i = 0; i < n; i++) {
+        if (s[i] <= span) return 1;
+        span += (d[i] - 1) * s[i]; /* bounded by the checked extent */
+    }
+    return 0;
+}
+
+int mu__ranges_overlap(const mu_tensor *a, const mu_tensor *b)
+{
+    if (!a || !b || a->storage != b->storage) return 0;
+    int64_t alo, ahi, blo, bhi;
+    if (mu__layout_extent(a->ndim, a->dims, a->strides, a->offset, &alo, &ahi) ||
+        mu__layout_extent(b->ndim, b->dims, b->strides, b->offset, &blo, &bhi) || alo < 0 ||
+        blo < 0)
+        return 0; /* empty (invalid layouts were rejected before) */
+    /* in bytes; bounded by the checked storage size */
+    int64_t ae = (int64_t)mu_dtype_size(a->scalar), be = (int64_t)mu_dtype_size(b->scalar);
+    return alo * ae < (bhi + 1) * be && blo * be < (ahi + 1) * ae;
+}
+
+int mu__check_overlap(const mu_tensor *out, const mu_tensor *in, const char *what)
+{
+    if (!mu__ranges_overlap(out, in)) return MU_OK;
+    /* Same place for every element: in, broadcast to out's shape, has out's
+     * data pointer, dtype and strides along out's non-trivial dims. */
+    int same = out->data == in->data && out->scalar == in->scalar && in->ndim <= out->ndim;
+    for (int i = 0; same && i < out->ndim; i++) {
+        int j = i - (out->ndim - in->ndim);
+        int64_t st = j < 0 || in->dims[j] == 1 ? 0 : in->strides[j];
+        if (out->dims[i] > 1 && st != out->strides[i]) same = 0;
+    }
+    if (same) return MU_OK;
+    if (mu__tensor_dense(out) && mu__tensor_dense(in))
+        return mu__fail(MU_EINVAL, "%s shares memory with the output in a different layout "
+                        "(partial overlap); clone() it first", what);
+    return MU_OK;
 }
 
 static int check_dims(int dtype, int ndim, const int64_t *shape)
@@ -38,13 +176,15 @@ static int check_dims(int dtype, int ndim, const int64_t *shape)
     return MU_OK;
 }
 
-static void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride)
+/* C-order strides; -1 when they overflow. */
+static int contiguous_strides(int ndim, const int64_t *shape, int64_t *stride)
 {
     int64_t s = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         stride[i] = s;
-        s *= shape[i] > 0 ? shape[i] : 1;
+        if (i > 0 && ck_mul(s, shape[i] > 0 ? shape[i] : 1, &s)) return -1;
     }
+    return 0;
 }
 
 static void storage_release(mu_storage *s)
@@ -59,6 +199,15 @@ static void storage_release(mu_storage *s)
 int mu__tensor_over(mu_storage *s, int dtype, int64_t offset, int ndim, const int64_t *shape,
                     const int64_t *stride, mu_tensor **out)
 {
+    /* Every view is made here: check that it stays inside its storage. */
+    int64_t lo, hi, end, base_off, es = (int64_t)mu_dtype_size(dtype);
+    if (mu__layout_extent(ndim, shape, stride, offset, &lo, &hi))
+        return mu__fail(MU_EINVAL, "view with negative or overflowing sizes, strides or offset");
+    /* (an empty view addresses nothing: its offset only has to be valid) */
+    if (ck_mul(offset, es, &base_off) ||
+        (lo >= 0 && (ck_add(hi, 1, &end) || ck_mul(end, es, &end) || end > s->nbytes)))
+        return mu__fail(MU_EINVAL, "view of elements %lld..%lld is outside its storage of %lld "
+                        "elements", (long long)lo, (long long)hi, (long long)(s->nbytes / es));
     mu_tensor *t = calloc(1, sizeof *t);
     if (!t) return mu__fail(MU_ENOMEM, "out of memory for a tensor handle");
     atomic_fetch_add(&s->refcount, 1);
@@ -66,7 +215,7 @@ int mu__tensor_over(mu_storage *s, int dtype, int64_t offset, int ndim, const in
     t->scalar = dtype;
     t->ndim = ndim;
     t->offset = offset;
-    t->data = (char *)s->base + offset * (int64_t)mu_dtype_size(dtype);
+    t->data = (char *)s->base + base_off;
     for (int i = 0; i < ndim; i++) {
         t->dims[i] = shape[i];
         t->strides[i] = stride[i];
@@ -90,11 +239,15 @@ static int storage_new(void *base, int64_t nbytes, int owned, mu_storage **out)
 static int make_tensor(int dtype, int ndim, const int64_t *shape, const int64_t *strides,
                        void *data, int owned, mu_tensor **out)
 {
-    int64_t stride[MU_MAX_DIMS];
+    int64_t stride[MU_MAX_DIMS], lo, hi, nbytes = 0;
     mu_storage *s = NULL;
     if (strides) memcpy(stride, strides, sizeof(int64_t) * ndim);
-    else contiguous_strides(ndim, shape, stride);
-    int64_t nbytes = mu__shape_numel(ndim, shape) * (int64_t)mu_dtype_size(dtype);
+    else if (contiguous_strides(ndim, shape, stride)) return mu__fail(MU_EINVAL, "shape too large");
+    /* The storage spans the elements the layout addresses (for a caller's
+     * strided buffer: up to its last element). */
+    if (mu__layout_extent(ndim, shape, stride, 0, &lo, &hi) ||
+        (hi >= 0 && (ck_add(hi, 1, &nbytes) || ck_mul(nbytes, (int64_t)mu_dtype_size(dtype), &nbytes))))
+        return mu__fail(MU_EINVAL, "negative or overflowing strides");
     int rc = storage_new(data, nbytes, owned, &s);
     if (rc) return rc;
     rc = mu__tensor_over(s, dtype, 0, ndim, shape, stride, out);
@@ -136,10 +289,15 @@ void mu_tensor_free(mu_tensor *t)
     free(t);
 }
 
-int64_t mu_tensor_numel(const mu_tensor *t) { return mu__shape_numel(t->ndim, t->dims); }
+int64_t mu_tensor_numel(const mu_tensor *t)
+{
+    if (!t || t->ndim < 0 || t->ndim > MU_MAX_DIMS) return -1;
+    return mu__shape_numel(t->ndim, t->dims);
+}
 
 int mu_tensor_is_contiguous(const mu_tensor *t)
 {
+    if (!t || t->ndim < 0 || t->ndim > MU_MAX_DIMS) return 0;
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->dims[i] == 0) return 1;
@@ -158,6 +316,8 @@ int mu_tensor_view(const mu_tensor *t, int ndim, const int64_t *shape, mu_tensor
 {
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
+    int vrc = mu__tensor_check(t, "tensor");
+    if (vrc) return vrc;
     if (ndim < 0 || ndim > MU_MAX_DIMS)
         return mu__fail(MU_EINVAL, "ndim %d is outside 0..%d", ndim, MU_MAX_DIMS);
     if (!mu_tensor_is_contiguous(t))
@@ -171,8 +331,8 @@ int mu_tensor_view(const mu_tensor *t, int ndim, const int64_t *shape, mu_tensor
             infer = i;
         } else if (shape[i] < 0) {
             return mu__fail(MU_EINVAL, "negative size %lld in dim %d", (long long)shape[i], i);
-        } else {
-            known *= shape[i];
+        } else if (ck_mul(known, shape[i], &known)) {
+            return mu__fail(MU_EINVAL, "view shape too large (the sizes overflow)");
         }
     }
     if (infer >= 0) {
@@ -186,7 +346,8 @@ int mu_tensor_view(const mu_tensor *t, int ndim, const int64_t *shape, mu_tensor
         return mu__fail(MU_ESHAPE, "view of %lld elements as a shape of %lld elements",
                         (long long)numel, (long long)known);
     int64_t st[MU_MAX_DIMS];
-    contiguous_strides(ndim, sh, st);
+    if (contiguous_strides(ndim, sh, st))
+        return mu__fail(MU_EINVAL, "view with negative or overflowing sizes, strides or offset");
     return mu__tensor_over(t->storage, t->scalar, t->offset, ndim, sh, st, out);
 }
 
@@ -194,6 +355,8 @@ int mu_tensor_transpose(const mu_tensor *t, int d0, int d1, mu_tensor **out)
 {
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
+    int vrc = mu__tensor_check(t, "tensor");
+    if (vrc) return vrc;
     if (d0 < 0 || d0 >= t->ndim || d1 < 0 || d1 >= t->ndim)
         return mu__fail(MU_EINVAL, "transpose dims %d, %d out of range for %d dims", d0, d1,
                         t->ndim);
@@ -209,23 +372,28 @@ int mu_tensor_narrow(const mu_tensor *t, int dim, int64_t start, int64_t length,
 {
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
+    int vrc = mu__tensor_check(t, "tensor");
+    if (vrc) return vrc;
     if (dim < 0 || dim >= t->ndim)
         return mu__fail(MU_EINVAL, "narrow dim %d out of range for %d dims", dim, t->ndim);
     if (start < 0 || length < 0 || start > t->dims[dim] || length > t->dims[dim] - start)
         return mu__fail(MU_EINVAL, "narrow [%lld, %lld) out of range for size %lld in dim %d",
                         (long long)start, (long long)(start + length), (long long)t->dims[dim],
                         dim);
-    int64_t sh[MU_MAX_DIMS];
+    int64_t sh[MU_MAX_DIMS], off = t->offset;
     memcpy(sh, t->dims, sizeof sh);
     sh[dim] = length;
-    return mu__tensor_over(t->storage, t->scalar, t->offset + start * t->strides[dim], t->ndim, sh,
-                           t->strides, out);
+    if (start > 0 && (ck_mul(start, t->strides[dim], &off) || ck_add(off, t->offset, &off)))
+        return mu__fail(MU_EINVAL, "narrow: offset overflows");
+    return mu__tensor_over(t->storage, t->scalar, off, t->ndim, sh, t->strides, out);
 }
 
 int mu_tensor_squeeze(const mu_tensor *t, int dim, mu_tensor **out)
 {
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
+    int vrc = mu__tensor_check(t, "tensor");
+    if (vrc) return vrc;
     if (dim < 0 || dim >= t->ndim || t->dims[dim] != 1)
         return mu__fail(MU_EINVAL, "squeeze: dim %d is not a size-1 dim", dim);
     int64_t sh[MU_MAX_DIMS], st[MU_MAX_DIMS];
@@ -241,142 +409,22 @@ int mu_tensor_unsqueeze(const mu_tensor *t, int dim, mu_tensor **out)
 {
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
+    int vrc = mu__tensor_check(t, "tensor");
+    if (vrc) return vrc;
     if (dim < 0 || dim > t->ndim || t->ndim >= MU_MAX_DIMS)
         return mu__fail(MU_EINVAL, "unsqueeze: dim %d out of range", dim);
     int64_t sh[MU_MAX_DIMS], st[MU_MAX_DIMS];
     for (int i = 0, j = 0; i <= t->ndim; i++) {
         if (i == dim) {
             sh[i] = 1;
-            st[i] = (dim < t->ndim) ? t->strides[dim] * t->dims[dim] : 1;
+            /* any stride does for a size-1 dim; torch's choice when it fits */
+            if (dim >= t->ndim || ck_mul(t->strides[dim], t->dims[dim], &st[i])) st[i] = 1;
         } else {
             sh[i] = t->dims[j];
             st[i] = t->strides[j++];
         }
     }
     return mu__tensor_over(t->storage, t->scalar, t->offset, t->ndim + 1, sh, st, out);
-}
-
-/* Visit every element in row-major order; fn gets both element pointers. */
-typedef void (*pair_fn)(void *d, const void *s, int dd, int ds);
-
-static void each_pair(mu_tensor *dst, const mu_tensor *src, pair_fn fn)
-{
-    int nd = dst->ndim;
-    int64_t n = mu_tensor_numel(dst);
-    if (n == 0) return;
-    int64_t idx[MU_MAX_DIMS] = {0};
-    size_t ed = mu_dtype_size(dst->scalar), es = mu_dtype_size(src->scalar);
-    char *pd = dst->data;
-    const char *ps = src->data;
-    for (int64_t k = 0; k < n; k++) {
-        fn(pd, ps, dst->scalar, src->scalar);
-        for (int i = nd - 1; i >= 0; i--) {
-            pd += dst->strides[i] * (int64_t)ed;
-            ps += src->strides[i] * (int64_t)es;
-            if (++idx[i] < dst->dims[i]) break;
-            pd -= dst->strides[i] * dst->dims[i] * (int64_t)ed;
-            ps -= src->strides[i] * src->dims[i] * (int64_t)es;
-            idx[i] = 0;
-        }
-    }
-}
-
-static void copy_one(void *d, const void *s, int dd, int ds)
-{
-    double v = ds == MU_F32 ? *(const float *)s : *(const double *)s;
-    if (dd == MU_F32) *(float *)d = (float)v;
-    else *(double *)d = v;
-}
-
-static int same_shape(const mu_tensor *a, const mu_tensor *b)
-{
-    if (a->ndim != b->ndim) return 0;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->dims[i] != b->dims[i]) return 0;
-    return 1;
-}
-
-int mu_tensor_copy(mu_tensor *dst, const mu_tensor *src)
-{
-    if (!dst || !src) return mu__fail(MU_EINVAL, "tensor is NULL");
-    if (!same_shape(dst, src) && !(mu_tensor_numel(dst) == mu_tensor_numel(src) &&
-                                   mu_tensor_is_contiguous(dst) && mu_tensor_is_contiguous(src)))
-        return mu__fail(MU_ESHAPE, "copy between different shapes");
-    if (dst->data == src->data && dst->scalar == src->scalar && same_shape(dst, src) &&
-        memcmp(dst->strides, src->strides, sizeof(int64_t) * dst->ndim) == 0)
-        return MU_OK;
-    if (dst->scalar == src->scalar && mu_tensor_is_contiguous(dst) && mu_tensor_is_contiguous(src)) {
-        memmove(dst->data, src->data, (size_t)mu_tensor_numel(dst) * mu_dtype_size(dst->scalar));
-        return MU_OK;
-    }
-    if (!same_shape(dst, src)) { /* contiguous, same numel, other dtype: flat copy */
-        int64_t n = mu_tensor_numel(dst);
-        mu_tensor fd = *dst, fs = *src;
-        fd.ndim = fs.ndim = 1;
-        fd.dims[0] = fs.dims[0] = n;
-        fd.strides[0] = fs.strides[0] = 1;
-        each_pair(&fd, &fs, copy_one);
-        return MU_OK;
-    }
-    each_pair(dst, src, copy_one);
-    return MU_OK;
-}
-
-static void fill_one(void *d, const void *s, int dd, int ds)
-{
-    MU__UNUSED(ds);
-    double v = *(const double *)s;
-    if (dd == MU_F32) *(float *)d = (float)v;
-    else *(double *)d = v;
-}
-
-int mu_tensor_fill(mu_tensor *t, double value)
-{
-    if (!t) return mu__fail(MU_EINVAL, "tensor is NULL");
-    /* A zero-stride source tensor of doubles broadcasts the value. */
-    mu_tensor src = *t;
-    src.scalar = MU_F64;
-    src.data = &value;
-    for (int i = 0; i < src.ndim; i++) src.strides[i] = 0;
-    each_pair(t, &src, fill_one);
-    return MU_OK;
-}
-
-static double elem(const mu_tensor *t, const char *p)
-{
-    return t->scalar == MU_F32 ? *(const float *)p : *(const double *)p;
-}
-
-int mu_tensor_norm(const mu_tensor *t, double *out)
-{
-    if (!t || !out) return mu__fail(MU_EINVAL, "tensor or out is NULL");
-    double acc = 0;
-    int64_t n = mu_tensor_numel(t);
-    if (mu_tensor_is_contiguous(t)) {
-        if (t->scalar == MU_F32) {
-            const float *x = t->data;
-            for (int64_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
-        } else {
-            const double *x = t->data;
-            for (int64_t i = 0; i < n; i++) acc += x[i] * x[i];
-        }
-    } else if (n > 0) {
-        int64_t idx[MU_MAX_DIMS] = {0};
-        size_t es = mu_dtype_size(t->scalar);
-        const char *p = t->data;
-        for (int64_t k = 0; k < n; k++) {
-            double v = elem(t, p);
-            acc += v * v;
-            for (int i = t->ndim - 1; i >= 0; i--) {
-                p += t->strides[i] * (int64_t)es;
-                if (++idx[i] < t->dims[i]) break;
-                p -= t->strides[i] * t->dims[i] * (int64_t)es;
-                idx[i] = 0;
-            }
-        }
-    }
-    *out = sqrt(acc);
-    return MU_OK;
 }
 
 void *mu__tensor_ptr(const mu_tensor *t, const int64_t *index)
@@ -388,6 +436,9 @@ void *mu__tensor_ptr(const mu_tensor *t, const int64_t *index)
 
 static int check_index(const mu_tensor *t, const int64_t *index)
 {
+    int rc = mu__tensor_check(t, "tensor");
+    if (rc) return rc;
+    if (!index && t->ndim > 0) return mu__fail(MU_EINVAL, "index is NULL");
     for (int i = 0; i < t->ndim; i++)
         if (index[i] < 0 || index[i] >= t->dims[i])
             return mu__fail(MU_EINVAL, "index %lld out of range for size %lld in dim %d",
@@ -399,7 +450,8 @@ int mu_tensor_get(const mu_tensor *t, const int64_t *index, double *out)
 {
     int rc = check_index(t, index);
     if (rc) return rc;
-    *out = elem(t, mu__tensor_ptr(t, index));
+    const void *p = mu__tensor_ptr(t, index);
+    *out = t->scalar == MU_F32 ? *(const float *)p : *(const double *)p;
     return MU_OK;
 }
 
@@ -413,39 +465,12 @@ int mu_tensor_set(mu_tensor *t, const int64_t *index, double value)
     return MU_OK;
 }
 
-int mu_tensor_all_finite(const mu_tensor *t, int64_t *where)
-{
-    int64_t n = mu_tensor_numel(t);
-    int64_t idx[MU_MAX_DIMS] = {0};
-    size_t es = mu_dtype_size(t->scalar);
-    const char *p = t->data;
-    if (mu_tensor_is_contiguous(t)) {
-        for (int64_t k = 0; k < n; k++)
-            if (!isfinite(elem(t, p + k * (int64_t)es))) {
-                if (where) *where = k;
-                return 0;
-            }
-        return 1;
-    }
-    for (int64_t k = 0; k < n; k++) {
-        if (!isfinite(elem(t, p))) {
-            if (where) *where = k;
-            return 0;
-        }
-        for (int i = t->ndim - 1; i >= 0; i--) {
-            p += t->strides[i] * (int64_t)es;
-            if (++idx[i] < t->dims[i]) break;
-            p -= t->strides[i] * t->dims[i] * (int64_t)es;
-            idx[i] = 0;
-        }
-    }
-    return 1;
-}
-
 int mu_tensor_contiguous(const mu_tensor *t, mu_tensor **out)
 {
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
+    int vrc = mu__tensor_check(t, "tensor");
+    if (vrc) return vrc;
     if (mu_tensor_is_contiguous(t))
         return mu__tensor_over(t->storage, t->scalar, t->offset, t->ndim, t->dims, t->strides, out);
     return mu_tensor_clone(t, -1, out);
@@ -455,6 +480,8 @@ int mu_tensor_clone(const mu_tensor *t, int dtype, mu_tensor **out)
 {
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
+    int vrc = mu__tensor_check(t, "tensor");
+    if (vrc) return vrc;
     mu_tensor *c;
     int rc = mu_tensor_new(dtype < 0 ? t->scalar : dtype, t->ndim, t->dims, &c);
     if (rc) return rc;
@@ -465,4 +492,113 @@ int mu_tensor_clone(const mu_tensor *t, int dtype, mu_tensor **out)
     }
     *out = c;
     return MU_OK;
+}
+
+/* ------------------------------------------------------------ iterator */
+
+void mu__iter_init(mu__iter *it, int ndim, const int64_t *dims, int flags)
+{
+    memset(it, 0, sizeof *it);
+    it->ndim = ndim;
+    it->flags = flags;
+    for (int i = 0; i < ndim; i++) it->dims[i] = dims[i];
+}
+
+void mu__iter_add_strided(mu__iter *it, void *base, const int64_t *elem_strides, size_t esize)
+{
+    int k = it->nops++;
+    it->base[k] = base;
+    for (int i = 0; i < it->ndim; i++)
+        /* size-1 dims are never stepped along: stride 0 keeps the merge
+         * test simple and no pointer is formed from a foreign stride */
+        it->stride[k][i] = it->dims[i] > 1 ? elem_strides[i] * (int64_t)esize : 0;
+}
+
+void mu__iter_add(mu__iter *it, const mu_tensor *t)
+{
+    int64_t st[MU_MAX_DIMS];
+    int lead = it->ndim - t->ndim;
+    for (int i = 0; i < it->ndim; i++) {
+        int j = i - lead;
+        st[i] = j < 0 || t->dims[j] == 1 ? 0 : t->strides[j];
+    }
+    mu__iter_add_strided(it, t->data, st, mu_dtype_size(t->scalar));
+}
+
+void mu__iter_add_scalar(mu__iter *it, void *value)
+{
+    static const int64_t zero[MU_MAX_DIMS];
+    mu__iter_add_strided(it, value, zero, 1);
+}
+
+/* Drop size-1 dims and merge dim i into i+1 where every operand steps
+ * contiguously across them; the row-major visiting order is unchanged. */
+static void iter_coalesce(mu__iter *it)
+{
+    int keep = (it->flags & MU__ITER_KEEP_INNER) && it->ndim > 0;
+    int nd = 0, last = it->ndim - 1;
+    for (int i = 0; i < it->ndim; i++) {
+        if (it->dims[i] == 1 && !(keep && i == last)) continue;
+        int merge = nd > 0 && !(keep && i == last) && it->dims[i] != 0 && it->dims[nd - 1] != 0;
+        for (int k = 0; merge && k < it->nops; k++)
+            if (it->stride[k][nd - 1] != it->stride[k][i] * it->dims[i]) merge = 0;
+        if (merge) {
+            it->dims[nd - 1] *= it->dims[i]; /* <= numel of a checked shape */
+            for (int k = 0; k < it->nops; k++) it->stride[k][nd - 1] = it->stride[k][i];
+        } else {
+            it->dims[nd] = it->dims[i];
+            for (int k = 0; k < it->nops; k++) it->stride[k][nd] = it->stride[k][i];
+            nd++;
+        }
+    }
+    if (nd == 0) { /* a single element */
+        it->dims[0] = 1;
+        for (int k = 0; k < it->nops; k++) it->stride[k][0] = 0;
+        nd = 1;
+    }
+    it->ndim = nd;
+}
+
+int mu__iter_run(mu__iter *it, mu__loop_fn fn, void *ctx)
+{
+    iter_coalesce(it);
+    int nd = it->ndim, no = it->nops;
+    int64_t inner = it->dims[nd - 1];
+    for (int i = 0; i < nd - 1; i++)
+        if (it->dims[i] == 0) return 0;
+    if (inner == 0 && !(it->flags & MU__ITER_KEEP_INNER)) return 0;
+    /* Byte offsets from each base, so no pointer is formed outside the
+     * operands while carrying. */
+    int64_t off[MU__ITER_MAX_OPS] = {0}, idx[MU_MAX_DIMS] = {0}, s[MU__ITER_MAX_OPS];
+    char *p[MU__ITER_MAX_OPS];
+    for (int k = 0; k < no; k++) s[k] = it->stride[k][nd - 1];
+    for (;;) {
+        for (int k = 0; k < no; k++) p[k] = it->base[k] + off[k];
+        int rc = fn(ctx, inner, p, s);
+        if (rc) return rc;
+        int i = nd - 2;
+        for (; i >= 0; i--) {
+            if (++idx[i] < it->dims[i]) {
+                for (int k = 0; k < no; k++) off[k] += it->stride[k][i];
+                break;
+            }
+            for (int k = 0; k < no; k++) off[k] -= it->stride[k][i] * (it->dims[i] - 1);
+            idx[i] = 0;
+        }
+        if (i < 0) return 0;
+    }
+}
+
+int mu__check_broadcast(const mu_tensor *t, int ndim, const int64_t *dims, const char *what)
+{
+    int ok = t->ndim <= ndim;
+    for (int j = 0; ok && j < t->ndim; j++) {
+        int64_t d = t->dims[j];
+        if (d != 1 && d != dims[j + ndim - t->ndim]) ok = 0;
+    }
+    if (ok) return MU_OK;
+    char b1[160], b2[160];
+    return mu__fail(MU_ESHAPE, "%s of shape %s does not broadcast to the output shape %s", what,
+                    mu__shape_str(t->ndim, t->dims, b1, sizeof b1),
+                    mu__shape_str(ndim, dims, b2, sizeof b2));
 }

@@ -587,8 +587,6 @@ describe("foreach portable kernels", function()
 end)
 
 describe("foreach.adamw_update", function()
-  local T = require("muon.tensor")
-  local F = require("muon.foreach")
   -- The moments and the update, then apply with decay 1 - lr*wd and alpha 1,
   -- give exactly the bits of the fused in-place foreach.adamw (which matches
   -- torch, see above), for sizes below and above the threading threshold
@@ -618,7 +616,7 @@ describe("foreach.adamw_update", function()
     end
   end
   it("rejects an update that aliases an input", function()
-    local a, b, c, d = T.zeros({ 3 }), T.zeros({ 3 }), T.zeros({ 3 }), T.zeros({ 3 })
+    local a, b, c = T.zeros({ 3 }), T.zeros({ 3 }), T.zeros({ 3 })
     local ok, err = pcall(F.adamw_update, { a }, { b }, { c }, { b }, { c }, { a },
       { lr = 1, step = 1 })
     assert.is_false(ok)

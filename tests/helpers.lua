@@ -107,6 +107,80 @@ function H.listdir(p)
   return out
 end
 
+-- Float rounding references (tests/tensor_math_spec.lua). f32(x): x rounded
+-- to float32. +, -, *, / and sqrt of float32 values computed in double and
+-- rounded once to float32 are correctly rounded (53 >= 2*24 + 2), so
+-- f32(a op b) mirrors the float32 operation exactly.
+local ffi_ = require("ffi")
+local f32box = ffi_.new("float[1]")
+function H.f32(x)
+  f32box[0] = x
+  return f32box[0]
+end
+
+-- Correctly rounded float32 fma(a, b, c) for float32 a, b, c, in Lua: a*b
+-- is exact in double; s = p + c rounds once and TwoSum gives the exact
+-- error; the float32 rounding of s can only be wrong when s is exactly a
+-- float32 midpoint, then the error's sign decides.
+function H.fmaf(a, b, c)
+  local f32 = H.f32
+  local p = a * b
+  local s = p + c
+  local bb = s - p
+  local err = (p - (s - bb)) + (c - bb)
+  local r = f32(s)
+  if err ~= 0 and r ~= s then
+    local other = 2 * s - r
+    if f32(other) == other then -- s is the midpoint of r and other
+      if err > 0 then return math.max(r, other) else return math.min(r, other) end
+    end
+  end
+  return r
+end
+
+-- float64 fma: the C library's (correctly rounded by IEEE 754 and C99).
+pcall(ffi_.cdef, "double fma(double x, double y, double z);")
+function H.fma(a, b, c) return ffi_.C.fma(a, b, c) end
+
+-- Row-major element values of any tensor (strided or 0-d) read one by one
+-- with :get, which computes the address itself (no strided loop).
+function H.values(t)
+  local dims, out = t:size(), {}
+  local n = #dims
+  if n == 0 then return { t:get() } end
+  for _, d in ipairs(dims) do if d == 0 then return out end end
+  local idx = {}
+  for i = 1, n do idx[i] = 1 end
+  while true do
+    out[#out + 1] = t:get(unpack(idx))
+    local i = n
+    while i >= 1 do
+      idx[i] = idx[i] + 1
+      if idx[i] <= dims[i] then break end
+      idx[i] = 1
+      i = i - 1
+    end
+    if i == 0 then return out end
+  end
+end
+
+-- Bitwise equality of two doubles up to NaN payloads: NaN matches NaN, and
+-- 0 does not match -0.
+function H.same(a, b)
+  if a ~= a then return b ~= b end
+  return a == b and (a ~= 0 or 1 / a == 1 / b)
+end
+
+-- Assert a list of values equals the expected list with H.same.
+function H.assert_same(got, want, what)
+  assert(#got == #want, ("%s: %d values, expected %d"):format(what or "values", #got, #want))
+  for i = 1, #want do
+    if not H.same(got[i], want[i]) then
+      error(("%s: element %d is %.17g, expected %.17g"):format(what or "values", i, got[i], want[i]), 2)
+    end
+  end
+end
+
 H.T = T
 H.muon = muon
 return H

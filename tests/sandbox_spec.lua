@@ -407,3 +407,138 @@ describe("sandboxed config: errors across the membrane", function()
     assert.truthy(tb and tb:find(path .. ":1:", 1, true), tostring(tb))
   end)
 end)
+
+describe("sandboxed config: tensor maths", function()
+  -- One battery of ops, run in a sandboxed config, in a trusted one and
+  -- here: every result (tensors as hex floats) must be bitwise the same.
+  local BODY = [[
+    local T = require('muon').tensor
+    local x, y = T.randn({ 4, 6 }, 1), T.randn({ 6 }, 2)
+    local c = T.randn({ 4, 1 }, 3):abs()
+    local b3 = T.randn({ 2, 4, 6 }, 4, 'float64')
+    local results = {
+      x + y, 2 + x, x - 1, 1 - x, x * y, 3 * x, x / 3, 0.5 / c, -x, x - x,
+      x:add(y, 0.3), x:sub(y, -2), x:mul(c), x:div(c:sqrt():add(1e-10)),
+      x:addcmul(y, c, 0.7), x:addcdiv(y, c, -0.2), x:lerp(y, 0.3), x:lerp(x:abs(), c:clamp(0, 1)),
+      x:sqrt(), x:abs():rsqrt(), x:sign(), x:clamp(-0.5, nil), x:clamp(nil, 0.5),
+      x:gt(0), x:lt(y), x:ge(0.1), x:le(y), x:eq(x), x:ne(y),
+      T.where(x:gt(0), x, 0), x:where(x:lt(0), y), x:masked_fill(x:lt(0), -1),
+      x:sum(1), x:mean(-1, true), x:amax(2), x:norm(2, 1, true), T.sum(b3, 2),
+      x:matmul(x:transpose(1, 2)), T.mm(x, T.randn({ 6, 3 }, 5)), b3:bmm(b3:transpose(2, 3)),
+      b3:matmul(T.randn({ 6, 2 }, 6, 'float64')), T.matmul(y, x:transpose(1, 2)),
+      x:transpose(1, 2):contiguous():mul_(2):add_(1):sqrt_(), x:clone():clamp_(0, 1):neg_(),
+      x:clone():masked_fill_(x:gt(0.5), 0.5):addcmul_(x, x, -1):lerp_(y, 0.9),
+    }
+    local numbers = { x:sum(), x:mean(), x:amax(), x:norm(), b3:sum(), T.norm(y) }
+    local parts = {}
+    for _, t in ipairs(results) do
+      for _, v in ipairs(t:flat()) do parts[#parts + 1] = ('%a'):format(v) end
+    end
+    for _, v in ipairs(numbers) do parts[#parts + 1] = ('%a'):format(v) end
+    local r = x + 1
+  ]]
+
+  local function from_config(trusted)
+    -- (name is the one free-form string a config may return)
+    local path = write_config(BODY .. "\nreturn { groups = { { optimizer = 'adamw' } }, name = table.concat(parts, ',')"
+      .. " .. '|' .. type(r) .. '|' .. tostring(getmetatable(r)) }")
+    local eng = engine.new(path, trusted and { trusted = true } or nil)
+    os.remove(path)
+    local name, kind, mt = eng.config.name:match("^(.*)|([^|]*)|([^|]*)$")
+    return { name = name, kind = kind, mt = mt }
+  end
+
+  it("ops and operators work on proxies, bitwise as trusted and as outside any config", function()
+    local sandboxed, trusted = from_config(false), from_config(true)
+    local host = assert(loadstring(BODY .. " return table.concat(parts, ',')"))()
+    assert.equal(host, trusted.name)
+    assert.equal(host, sandboxed.name)
+    assert.is_true(#host > 1000)
+    assert.equal("table", sandboxed.kind) -- results come back as proxies
+    assert.equal("muon.tensor (sandboxed)", sandboxed.mt)
+    assert.equal("cdata", trusted.kind)
+  end)
+
+  it("out-of-bounds or overflowing views and ops, forged tensors and cdata are errors", function()
+    local ok, err = load_error([[
+      local T = require('muon').tensor
+      local x = T.zeros({ 4 })
+      local function fails(f, what, msg)
+        local ok, e = pcall(f)
+        assert(not ok, what .. ' did not fail')
+        assert(tostring(e):find(msg, 1, true), what .. ': ' .. tostring(e))
+      end
+      fails(function() return x:view({ 2147549185, 2147418113, 4 }) end, 'wrapping view', 'view shape too large')
+      fails(function() return x:narrow(1, 1, 2 ^ 60) end, 'narrow', 'out of range')
+      fails(function() return x:view({ 2, 2 }):mm(x:view({ 2, 2 }):narrow(2, 1, 2 ^ 40)) end, 'narrow in mm', 'out of range')
+      fails(function() return T.zeros({ 2 ^ 40, 2 ^ 40 }) end, 'zeros', 'shape too large')
+      fails(function() return T.zeros({ 2 ^ 31, 0 }):mm(T.zeros({ 0, 2 ^ 31 })) end, 'huge product', 'shape too large')
+      fails(function() return x:sum(2 ^ 40) end, 'dim', 'out of range')
+      fails(function() return x + {} end, 'table operand', 'must be a tensor or a number')
+      fails(function() return {} - x end, 'table operand left', 'cannot combine a table with a tensor')
+      fails(function() return x:add({ data = 0, ndim = 1, dims = { 1e9 }, strides = { 1 } }) end, 'forged tensor',
+        'other must be a tensor or a number, got table')
+      fails(function() return x:addcmul(x, { ndim = 1 }) end, 'forged tensor2', 'tensor2 must be a tensor')
+      fails(function() return x + 1LL end, 'int64 cdata', 'got cdata')
+      fails(function() return x:clamp(1LL) end, 'cdata bound', 'min must be a number')
+      fails(function() return T.matmul(x:view({ 2, 2 }), {}) end, 'matmul table', 'other must be a tensor')
+      fails(function() return T.where({}, x, x) end, 'where table', 'condition must be a tensor')
+      fails(function() return (x + 1).data end, 'result data', 'blocked')
+      fails(function() return x:mul(2):ptr() end, 'result ptr', 'blocked')
+      local r = x + 1
+      assert(type(r) == 'table' and getmetatable(r) == 'muon.tensor (sandboxed)')
+      assert(type(x:sum()) == 'number' and type(x:mean(1)) == 'table')
+    ]])
+    assert.is_true(ok, err)
+  end)
+
+  -- NorMuon-style row normalization after Newton-Schulz, a QK-clip-style
+  -- rescale and cautious weight decay, written with the tensor maths.
+  local VARIANTS = [[
+local ns = require('muon.ns')
+local state = {}
+return { groups = { { name = 'm', optimizer = 'muon', lr = 0.02, weight_decay = 0.01 } },
+  hooks = {
+    zeropower_fn = function(x, steps)
+      local O = ns.zeropower(x, { steps = steps, variant = 'asym5', eps = 1e-10 })
+      local key = table.concat(O:size(), 'x')
+      local m = O:mul(O):mean(-1, true)
+      local v = state[key]
+      v = v == nil and m or v:lerp(m, 0.05)
+      state[key] = v
+      return O:div(v:sqrt():add(1e-10))
+    end,
+    post_update_fn = function(p, w, ctx)
+      local m = w:abs():amax()
+      if m > 0.3 then w:mul_(0.3 / m) end
+      local agree = p.grad:sign():eq(w:sign())
+      w:sub_(w:mul(agree), ctx.lr * 0.1)
+    end,
+  } }
+]]
+
+  local function run(trusted)
+    local path = write_config(VARIANTS)
+    local eng = engine.new(path, trusted and { trusted = true } or nil)
+    os.remove(path)
+    local ps = {}
+    for i, shape in ipairs({ { 8, 6 }, { 3, 5 }, { 5, 3 } }) do
+      local w, g = T.randn(shape, 30 + i), T.randn(shape, 40 + i)
+      eng:add_param("p" .. i, w, g)
+      ps[i] = { w = w, g = g }
+    end
+    for s = 1, 3 do
+      for i, p in ipairs(ps) do p.g:copy(T.randn(p.w:size(), 100 * s + i)) end
+      eng:step()
+    end
+    return ps
+  end
+
+  it("hooks written with tensor maths: bitwise the same as trusted, and they act", function()
+    local a, b = run(false), run(true)
+    for i in ipairs(a) do
+      H.assert_equal_bits(a[i].w, b[i].w, "p" .. i)
+      assert.is_true(a[i].w:abs():amax() <= 0.3, "clipped")
+    end
+  end)
+end)

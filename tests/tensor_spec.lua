@@ -136,6 +136,42 @@ describe("tensor", function()
     assert.truthy(err:find("dtype must be 'float32' or 'float64'", 1, true))
   end)
 
+  it("views with huge or overflowing sizes are errors, never out-of-bounds views", function()
+    local x = T.zeros({ 4 })
+    local function err_of(f, ...)
+      local ok, err = pcall(f, ...)
+      assert.is_false(ok, "expected an error")
+      return tostring(err)
+    end
+    -- (2^31 + 2^16 + 1)(2^31 - 2^16 + 1) = 2^62 + 1: times 4 wraps to 4 in
+    -- int64, so an unchecked product would accept a view of 2^64 + 4 elements
+    assert.truthy(err_of(x.view, x, { 2147549185, 2147418113, 4 }):find("view shape too large", 1, true))
+    assert.truthy(err_of(x.view, x, { 2147549185, 4 * 2147418113 }):find("view shape too large", 1, true))
+    -- empty, but sizes whose strides overflow
+    assert.truthy(err_of(function() return T.zeros({ 0 }):view({ 2 ^ 40, 0, 2 ^ 40 }) end)
+      :find("view with negative or overflowing sizes, strides or offset", 1, true))
+    assert.truthy(err_of(T.zeros, { 2 ^ 40, 2 ^ 40 }):find("zeros: shape too large", 1, true))
+    assert.truthy(err_of(T.zeros, { 2 ^ 53 + 2 }):find("bad shape: size 9.007199254741e+15 in dim 1 is too large", 1, true))
+    assert.truthy(err_of(T.zeros, { 1 / 0 }):find("bad shape: size inf in dim 1 is too large", 1, true))
+    assert.truthy(err_of(x.narrow, x, 1, 2, 2 ^ 60):find("out of range 1..4 in dim 1", 1, true))
+    assert.truthy(err_of(x.narrow, x, 1, 2 ^ 60, 1):find("out of range 1..4 in dim 1", 1, true))
+    assert.truthy(err_of(x.get, x, 2 ^ 60):find("out of range 1..4 in dim 1", 1, true))
+    assert.truthy(err_of(x.view, x, { -1, 0 }):find("cannot infer dim 0", 1, true))
+    -- a legitimate empty view of an empty tensor is fine
+    assert.same({ 2 ^ 20, 0 }, T.zeros({ 0, 2 ^ 20 }):view({ 2 ^ 20, 0 }):size())
+  end)
+
+  it("a tensor is a reference: views and results are tensors, raw pointers are not", function()
+    local x = T.zeros({ 2 })
+    assert.is_true(T.is_tensor(x))
+    assert.is_true(T.is_tensor(x:view({ 1, 2 })))
+    assert.is_false(T.is_tensor(require("ffi").cast("mu_tensor *", x)))
+    assert.is_false(T.is_tensor({}))
+    -- no pointer arithmetic: + and - on tensors are tensor maths
+    assert.is_true(T.is_tensor(x + 1))
+    assert.is_true(T.is_tensor(x - x))
+  end)
+
   it("wraps caller memory without owning it", function()
     local buf = ffi.new("float[6]", { 1, 2, 3, 4, 5, 6 })
     local w = T.wrap(buf, { 3, 2 })

@@ -16,6 +16,7 @@
 -- size 1 and the collectives are local copies.
 local ffi = require("ffi")
 local core = require("muon.core")
+local T = require("muon.tensor")
 local C, check = core.C, core.check
 
 local M = {}
@@ -75,7 +76,7 @@ function Comm:reset_stats() C.mu_comm_reset_stats(self.ptr) end
 
 -- A buffer argument: a muon tensor (contiguous) or { ptr = cdata, dtype = "float32"|"float64" }.
 local function buf(x, what)
-  if type(x) == "cdata" and ffi.istype("mu_tensor *", x) then
+  if T.is_tensor(x) then
     if C.mu_tensor_is_contiguous(x) ~= 1 then error(what .. " must be contiguous", 3) end
     return x.data, x.scalar
   elseif type(x) == "table" and x.ptr then

@@ -130,9 +130,12 @@ end
 -- ------------------------------------------------------------ tensor proxy
 
 -- Methods a sandboxed config may call on a tensor (all bounds-checked).
+-- The maths (add, mul_, where, sum, matmul, ...: T.math_names) check every
+-- argument's type in Lua before any FFI call.
 local SAFE_METHODS = { "size", "stride", "numel", "dim", "dtype", "is_contiguous", "shares_storage", "view",
   "reshape", "transpose", "narrow", "select", "squeeze", "unsqueeze", "contiguous", "clone", "to", "copy",
-  "fill", "zero", "norm", "all_finite", "get", "set", "totable", "flat" }
+  "fill", "zero", "all_finite", "get", "set", "totable", "flat" }
+for _, name in ipairs(T.math_names) do SAFE_METHODS[#SAFE_METHODS + 1] = name end
 -- Members that exist on real tensors but not behind the membrane.
 local BLOCKED_MEMBERS = {
   ptr = "tensor:ptr() (raw FFI pointer)", save = "tensor:save() (file write)",
@@ -176,6 +179,13 @@ local tensor_mt = {
   __tostring = function(self) return tostring(REAL[self]) end,
   __eq = function(a, b) return REAL[a] == REAL[b] end,
 }
+-- Operators: the real tensors' own (the FFI metatype's __add, ...), on the
+-- exported operands; a plain table or a config's own cdata is rejected there.
+tensor_mt.__add = function(a, b) return import(export(a) + export(b)) end
+tensor_mt.__sub = function(a, b) return import(export(a) - export(b)) end
+tensor_mt.__mul = function(a, b) return import(export(a) * export(b)) end
+tensor_mt.__div = function(a, b) return import(export(a) / export(b)) end
+tensor_mt.__unm = function(a) return import(-export(a)) end
 
 -- ------------------------------------------------------------ object proxy
 
@@ -301,7 +311,9 @@ end
 local BUILDERS = {}
 
 BUILDERS["muon.tensor"] = function()
-  local Tf = pick(T, { "zeros", "from", "randn" })
+  local names = { "zeros", "from", "randn" }
+  for _, name in ipairs(T.math_names) do names[#names + 1] = name end
+  local Tf = pick(T, names)
   Tf.is_tensor = function(x) return REAL[x] ~= nil and T.is_tensor(REAL[x]) end
   return facade_of(Tf, "muon.tensor.", { wrap = "(wraps a raw pointer)", load = "(file read)",
     adopt = "(raw FFI handle)", methods = "(the shared FFI method table)" })

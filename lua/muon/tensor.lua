@@ -1,5 +1,12 @@
--- Tensors: FFI objects (mu_tensor*) with methods, freed by the GC.
--- Dims and indices are 1-based, like Torch7.
+-- Tensors: FFI objects with methods, freed by the GC. Dims and indices are
+-- 1-based, like Torch7.
+--
+-- A tensor is a cdata *reference* to the C struct (ctype "mu_tensor &"),
+-- not a "mu_tensor *": LuaJIT gives pointers built-in arithmetic that wins
+-- over metamethods (t + 1 would be the address of the next struct, t - u a
+-- pointer difference), while arithmetic on a struct reference goes to the
+-- metatype's __add, __sub, ... A reference converts to "mu_tensor *" in
+-- every C call and pointer-array store, as a pointer would.
 local ffi = require("ffi")
 local core = require("muon.core")
 
@@ -15,7 +22,8 @@ local CTYPES = { [tonumber(C.MU_F32)] = ffi.typeof("float *"), [tonumber(C.MU_F6
 
 local out_box = ffi.typeof("mu_tensor *[1]")
 local i64_arr = ffi.typeof("int64_t[?]")
-local tensor_ptr = ffi.typeof("mu_tensor *")
+local tensor_struct = ffi.typeof("mu_tensor")
+local tensor_pointer = ffi.typeof("mu_tensor *")
 
 local function dtype_code(dtype, level)
   if dtype == nil then return C.MU_F32 end
@@ -27,11 +35,14 @@ local function dtype_code(dtype, level)
 end
 T.dtype_code = dtype_code
 
--- Wrap a freshly returned mu_tensor* so the GC frees it.
+-- Wrap a freshly returned mu_tensor* (box[0]) so the GC frees it; the
+-- tensor is the reference box[0][0] (see the top of this file).
 local function adopt(box)
-  return ffi.gc(box[0], C.mu_tensor_free)
+  return ffi.gc(box[0][0], C.mu_tensor_free)
 end
 T.adopt = adopt
+
+local MAX_SIZE = 2 ^ 53
 
 local function shape_array(shape, level)
   if type(shape) ~= "table" then
@@ -45,13 +56,17 @@ local function shape_array(shape, level)
     if type(s) ~= "number" or s ~= math.floor(s) or (s < 0 and s ~= -1) then
       error("bad shape: size " .. tostring(s) .. " in dim " .. i, level + 1)
     end
+    if s > MAX_SIZE then -- beyond exact integers (and int64): never a real size
+      error(("bad shape: size %s in dim %d is too large"):format(tostring(s), i), level + 1)
+    end
     arr[i - 1] = s
   end
   return arr, n
 end
 
+-- A tensor reference (raw "mu_tensor *" pointers are not tensors here).
 function T.is_tensor(x)
-  return type(x) == "cdata" and ffi.istype(tensor_ptr, x)
+  return type(x) == "cdata" and ffi.istype(tensor_struct, x) and not ffi.istype(tensor_pointer, x)
 end
 
 function T.zeros(shape, dtype)
@@ -258,26 +273,22 @@ end
 
 function methods:copy(src)
   if not T.is_tensor(src) then error("copy: source is not a tensor", 2) end
-  check(C.mu_tensor_copy(self, src), "copy", 2)
+  check(C.mu_tensor_copy(self, src), nil, 2) -- C names copy in its messages
   return self
 end
 
 function methods:fill(v)
   if type(v) ~= "number" then error("fill: value must be a number", 2) end
-  check(C.mu_tensor_fill(self, v), "fill", 2)
+  check(C.mu_tensor_fill(self, v), nil, 2)
   return self
 end
 
 function methods:zero() return self:fill(0) end
 
-function methods:norm()
-  local out = ffi.new("double[1]")
-  check(C.mu_tensor_norm(self, out), "norm", 2)
-  return out[0]
-end
-
 function methods:all_finite()
-  return C.mu_tensor_all_finite(self, nil) ~= 0
+  local rc = C.mu_tensor_all_finite(self, nil)
+  if rc < 0 then check(rc, nil, 2) end
+  return rc ~= 0
 end
 
 local function index_array(self, idx, first, level)
@@ -348,11 +359,409 @@ function methods:save(path)
   return self
 end
 
+-- ------------------------------------------------------------------ maths
+--
+-- Each op is one C loop (mu_tensor_map / mu_tensor_reduce / mu_tensor_matmul
+-- in src/tensor_math.c). Here: argument checks with torch-like messages,
+-- broadcast shapes, and the result tensors (out-of-place forms allocate a
+-- new contiguous tensor; in-place forms, name_, write self).
+
+local is_tensor = T.is_tensor
+local map_args = ffi.new("mu_map_args") -- reused: one call at a time
+
+local function shape_str(t)
+  local s = {}
+  for i = 0, t.ndim - 1 do s[i + 1] = tostring(tonumber(t.dims[i])) end
+  return "[" .. table.concat(s, ", ") .. "]"
+end
+
+local function list_str(names, parts)
+  local s = {}
+  for i = 1, #parts do s[i] = names[i] .. " " .. parts[i] end
+  if #s <= 2 then return table.concat(s, " and ") end
+  return table.concat(s, ", ", 1, #s - 1) .. " and " .. s[#s]
+end
+
+-- New contiguous tensor of dtype code `code` and shape `dims` (a Lua array
+-- of at most MU_MAX_DIMS sizes taken from existing tensors).
+local new_shape, new_box = i64_arr(C.MU_MAX_DIMS), out_box()
+local function new_tensor(code, dims, what, level)
+  local n = #dims
+  for i = 1, n do new_shape[i - 1] = dims[i] end
+  local rc = C.mu_tensor_new(code, n, new_shape, new_box)
+  if rc ~= 0 then check(rc, what, level + 1) end
+  return adopt(new_box)
+end
+
+-- Elementwise op specs: the C op, the operand names (for messages), which
+-- operands may be numbers, and which one is "self" (written in place).
+local function spec(name, op, names, numbers, self_index)
+  return { name = name, op = op, names = names, numbers = numbers, arity = #names, self_index = self_index or 1 }
+end
+
+local function ref_name_of(sp, ops, ref)
+  for i = 1, sp.arity do
+    if ops[i] == ref then return sp.names[i] end
+  end
+end
+
+local function broadcast_error(sp, ops, level)
+  local shown, shapes = {}, {}
+  for i = 1, sp.arity do
+    if is_tensor(ops[i]) then
+      shown[#shown + 1], shapes[#shapes + 1] = sp.names[i], shape_str(ops[i])
+    end
+  end
+  error(("%s: shapes %s are not broadcastable"):format(sp.name, list_str(shown, shapes)), level + 1)
+end
+
+-- out = op(a, b, c) (out nil: a new tensor of the broadcast shape). p holds
+-- the op's scalar parameters (alpha, value, lo, hi). Messages are built only
+-- on failure: this runs per op of every hook call.
+local function run_map(sp, out, a, b, c, p, level)
+  local name, names, arity = sp.name, sp.names, sp.arity
+  local ops = { a, b, c }
+  local ref = ops[sp.self_index]
+  if not is_tensor(ref) then
+    ref = nil
+    for i = 1, arity do
+      if is_tensor(ops[i]) then ref = ops[i] break end
+    end
+  end
+  local nd = 0
+  for i = 1, arity do
+    local v = ops[i]
+    if is_tensor(v) then
+      -- a handle with bad fields fails here, before a result is allocated
+      local rc = C.mu_tensor_check(v)
+      if rc ~= 0 then check(rc, name .. ": " .. names[i], level + 1) end
+      if v.scalar ~= ref.scalar then
+        error(("%s: dtype mismatch: %s is %s but %s is %s"):format(name, names[i], DTYPE_NAMES[v.scalar],
+          ref_name_of(sp, ops, ref), DTYPE_NAMES[ref.scalar]), level + 1)
+      end
+      if v.ndim > nd then nd = v.ndim end
+    elseif type(v) ~= "number" or not sp.numbers[i] then
+      error(("%s: %s must be a tensor%s, got %s"):format(name, names[i], sp.numbers[i] and " or a number" or "",
+        type(v)), level + 1)
+    end
+  end
+  if ref == nil then error(name .. ": no tensor among the arguments", level + 1) end
+  -- broadcast shape (NumPy rules)
+  local dims = {}
+  for i = 1, nd do dims[i] = 1 end
+  for i = 1, arity do
+    local t = ops[i]
+    if is_tensor(t) then
+      local lead = nd - t.ndim
+      for j = 0, t.ndim - 1 do
+        local d, k = tonumber(t.dims[j]), lead + j + 1
+        if d ~= dims[k] and d ~= 1 then
+          if dims[k] ~= 1 then broadcast_error(sp, ops, level + 1) end
+          dims[k] = d
+        end
+      end
+    end
+  end
+  if out then
+    local same = out.ndim == nd
+    for i = 1, nd do same = same and tonumber(out.dims[i - 1]) == dims[i] end
+    if not same then
+      error(("%s: self's shape %s does not match the broadcast shape [%s] (in-place ops cannot grow self)")
+        :format(name, shape_str(out), table.concat(dims, ", ")), level + 1)
+    end
+  else
+    out = new_tensor(ref.scalar, dims, name, level + 1)
+  end
+  local m = map_args
+  m.op = sp.op
+  for i = 1, 3 do
+    local v = ops[i]
+    if i <= arity and is_tensor(v) then
+      m.x[i - 1], m.s[i - 1] = v, 0
+    else
+      m.x[i - 1], m.s[i - 1] = nil, i <= arity and v or 0
+    end
+  end
+  m.alpha, m.value = p and p.alpha or 1, p and p.value or 1
+  m.lo, m.hi = p and p.lo or -math.huge, p and p.hi or math.huge
+  -- C's messages name the C op and its operand roles (add: other ...);
+  -- ops built on another C op (masked_fill on where) add their own name.
+  local rc = C.mu_tensor_map(m, out)
+  if rc ~= 0 then check(rc, sp.prefix, level + 1) end
+  return out
+end
+
+local function number_arg(v, default, name, what, level)
+  if v == nil then return default end
+  if type(v) ~= "number" then error(("%s: %s must be a number, got %s"):format(name, what, type(v)), level + 1) end
+  return v
+end
+
+-- Out-of-place and in-place (name_) forms of each op, as methods (self
+-- first) and module functions (T.add(a, b)). They return (f(...)), not a
+-- tail call f(...), so that level 2 in f is their caller's line.
+-- T.math_names lists them (the sandbox offers exactly these).
+T.math_names = {}
+local function define(name, fn)
+  methods[name] = fn
+  T[name] = fn
+  T.math_names[#T.math_names + 1] = name
+end
+
+local SELF_OTHER, NUM2 = { "self", "other" }, { true, true }
+
+-- add/sub: self +- alpha * other (torch: one fused multiply-add).
+for _, name in ipairs({ "add", "sub" }) do
+  local op = name == "add" and C.MU_MAP_ADD or C.MU_MAP_SUB
+  local s, s_ = spec(name, op, SELF_OTHER, NUM2), spec(name .. "_", op, SELF_OTHER, NUM2)
+  define(name, function(self, other, alpha)
+    return (run_map(s, nil, self, other, nil, { alpha = number_arg(alpha, 1, name, "alpha", 2) }, 2))
+  end)
+  define(name .. "_", function(self, other, alpha)
+    if not is_tensor(self) then error(name .. "_: self must be a tensor, got " .. type(self), 2) end
+    return (run_map(s_, self, self, other, nil, { alpha = number_arg(alpha, 1, name .. "_", "alpha", 2) }, 2))
+  end)
+end
+
+-- mul, div and the comparisons (1 where true, 0 where false, in self's dtype).
+for _, d in ipairs({ { "mul", C.MU_MAP_MUL }, { "div", C.MU_MAP_DIV }, { "gt", C.MU_MAP_GT }, { "lt", C.MU_MAP_LT },
+  { "ge", C.MU_MAP_GE }, { "le", C.MU_MAP_LE }, { "eq", C.MU_MAP_EQ }, { "ne", C.MU_MAP_NE } }) do
+  local name, op = d[1], d[2]
+  local s, s_ = spec(name, op, SELF_OTHER, NUM2), spec(name .. "_", op, SELF_OTHER, NUM2)
+  define(name, function(self, other) return (run_map(s, nil, self, other, nil, nil, 2)) end)
+  define(name .. "_", function(self, other)
+    if not is_tensor(self) then error(name .. "_: self must be a tensor, got " .. type(self), 2) end
+    return (run_map(s_, self, self, other, nil, nil, 2))
+  end)
+end
+
+-- addcmul/addcdiv: self + value * tensor1 (* or /) tensor2.
+for _, d in ipairs({ { "addcmul", C.MU_MAP_ADDCMUL }, { "addcdiv", C.MU_MAP_ADDCDIV } }) do
+  local name, op = d[1], d[2]
+  local names, nums = { "self", "tensor1", "tensor2" }, { false, true, true }
+  local s, s_ = spec(name, op, names, nums), spec(name .. "_", op, names, nums)
+  define(name, function(self, t1, t2, value)
+    return (run_map(s, nil, self, t1, t2, { value = number_arg(value, 1, name, "value", 2) }, 2))
+  end)
+  define(name .. "_", function(self, t1, t2, value)
+    return (run_map(s_, is_tensor(self) and self or nil, self, t1, t2,
+      { value = number_arg(value, 1, name .. "_", "value", 2) }, 2))
+  end)
+end
+
+-- lerp: self + weight * (end - self), weight a number or a tensor.
+do
+  local names, nums = { "self", "end", "weight" }, { false, false, true }
+  local s, s_ = spec("lerp", C.MU_MAP_LERP, names, nums), spec("lerp_", C.MU_MAP_LERP, names, nums)
+  define("lerp", function(self, e, weight) return (run_map(s, nil, self, e, weight, nil, 2)) end)
+  define("lerp_", function(self, e, weight)
+    return (run_map(s_, is_tensor(self) and self or nil, self, e, weight, nil, 2))
+  end)
+end
+
+-- Unary ops.
+for _, d in ipairs({ { "neg", C.MU_MAP_NEG }, { "abs", C.MU_MAP_ABS }, { "sqrt", C.MU_MAP_SQRT },
+  { "rsqrt", C.MU_MAP_RSQRT }, { "sign", C.MU_MAP_SIGN } }) do
+  local name, op = d[1], d[2]
+  local s, s_ = spec(name, op, { "self" }, { false }), spec(name .. "_", op, { "self" }, { false })
+  define(name, function(self) return (run_map(s, nil, self, nil, nil, nil, 2)) end)
+  define(name .. "_", function(self) return (run_map(s_, is_tensor(self) and self or nil, self, nil, nil, nil, 2)) end)
+end
+
+-- clamp(min, max): either bound may be nil (not both).
+do
+  local s, s_ = spec("clamp", C.MU_MAP_CLAMP, { "self" }, { false }), spec("clamp_", C.MU_MAP_CLAMP, { "self" }, { false })
+  local function bounds(name, lo, hi, level)
+    if lo == nil and hi == nil then error(name .. ": at least one of min and max must be given", level + 1) end
+    lo, hi = number_arg(lo, -math.huge, name, "min", level + 1), number_arg(hi, math.huge, name, "max", level + 1)
+    if lo ~= lo or hi ~= hi then error(name .. ": min and max must not be NaN", level + 1) end
+    return { lo = lo, hi = hi }
+  end
+  define("clamp", function(self, lo, hi) return (run_map(s, nil, self, nil, nil, bounds("clamp", lo, hi, 2), 2)) end)
+  define("clamp_", function(self, lo, hi)
+    return (run_map(s_, is_tensor(self) and self or nil, self, nil, nil, bounds("clamp_", lo, hi, 2), 2))
+  end)
+end
+
+-- where(condition, input, other): input where condition != 0, else other
+-- (condition a 0/1 comparison result or any tensor; NaN counts as true).
+do
+  local s = spec("where", C.MU_MAP_WHERE, { "condition", "input", "other" }, { false, true, true }, 2)
+  function T.where(cond, a, b) return (run_map(s, nil, cond, a, b, nil, 2)) end
+  -- torch's Tensor.where(condition, other)
+  function methods:where(cond, other) return (run_map(s, nil, cond, self, other, nil, 2)) end
+  T.math_names[#T.math_names + 1] = "where"
+  local names, nums = { "mask", "value", "self" }, { false, true, false }
+  local m, m_ = spec("masked_fill", C.MU_MAP_WHERE, names, nums, 3), spec("masked_fill_", C.MU_MAP_WHERE, names, nums, 3)
+  m.prefix, m_.prefix = "masked_fill", "masked_fill_"
+  local function value_arg(name, v, level)
+    if type(v) ~= "number" then error(("%s: value must be a number, got %s"):format(name, type(v)), level + 1) end
+    return v
+  end
+  define("masked_fill", function(self, mask, value)
+    return (run_map(m, nil, mask, value_arg("masked_fill", value, 2), self, nil, 2))
+  end)
+  define("masked_fill_", function(self, mask, value)
+    return (run_map(m_, is_tensor(self) and self or nil, mask, value_arg("masked_fill_", value, 2), self, nil, 2))
+  end)
+end
+
+-- Reductions. dim: 1-based, negative counts from the end; nil reduces every
+-- element and returns a Lua number (the double accumulator, not rounded to
+-- float32), or with keepdim = true a tensor of size-1 dims (rounded).
+local function reduce_dim(t, d, name, level)
+  local nd = t.ndim
+  if nd == 0 then error(("%s: a 0-D tensor has no dim %s (reduce it with dim = nil)"):format(name, tostring(d)), level + 1) end
+  if type(d) ~= "number" or d ~= math.floor(d) or d == 0 or d > nd or d < -nd then
+    error(("%s: dim %s out of range for a %d-D tensor (1..%d or -%d..-1)"):format(name, tostring(d), nd, nd, nd),
+      level + 1)
+  end
+  return d < 0 and nd + d + 1 or d
+end
+
+local function reduce(name, op, t, dim, keepdim, level)
+  if not is_tensor(t) then error(name .. ": self must be a tensor, got " .. type(t), level + 1) end
+  if keepdim ~= nil and type(keepdim) ~= "boolean" then
+    error(name .. ": keepdim must be a boolean, got " .. type(keepdim), level + 1)
+  end
+  check(C.mu_tensor_check(t), name, level + 1)
+  if dim == nil then
+    local v = ffi.new("double[1]")
+    if op == C.MU_REDUCE_AMAX and t:numel() == 0 then error("amax: the tensor is empty (no identity)", level + 1) end
+    check(C.mu_tensor_reduce_all(t, op, v), nil, level + 1)
+    if not keepdim then return v[0] end
+    local dims = {}
+    for i = 1, t.ndim do dims[i] = 1 end
+    return new_tensor(t.scalar, dims, name, level + 1):fill(v[0])
+  end
+  local d = reduce_dim(t, dim, name, level + 1)
+  local dims = {}
+  for i = 1, t.ndim do
+    if i ~= d then dims[#dims + 1] = tonumber(t.dims[i - 1]) elseif keepdim then dims[#dims + 1] = 1 end
+  end
+  if op == C.MU_REDUCE_AMAX and t.dims[d - 1] == 0 then
+    local n = 1
+    for _, s in ipairs(dims) do n = n * s end
+    if n > 0 then error(("amax: dim %d has size 0 (no identity)"):format(d), level + 1) end
+  end
+  local out = new_tensor(t.scalar, dims, name, level + 1)
+  check(C.mu_tensor_reduce(t, op, d - 1, out), nil, level + 1)
+  return out
+end
+
+define("sum", function(self, dim, keepdim) return (reduce("sum", C.MU_REDUCE_SUM, self, dim, keepdim, 2)) end)
+define("mean", function(self, dim, keepdim) return (reduce("mean", C.MU_REDUCE_MEAN, self, dim, keepdim, 2)) end)
+define("amax", function(self, dim, keepdim) return (reduce("amax", C.MU_REDUCE_AMAX, self, dim, keepdim, 2)) end)
+-- norm(p, dim, keepdim): the 2-norm (p nil, 2 or "fro"), accumulated in double.
+define("norm", function(self, p, dim, keepdim)
+  if p ~= nil and p ~= 2 and p ~= "fro" then
+    error("norm: only p = 2 (\"fro\") is supported, got " .. tostring(p), 2)
+  end
+  return (reduce("norm", C.MU_REDUCE_NORM, self, dim, keepdim, 2))
+end)
+
+-- Matrix products through OpenBLAS (float32 sgemm / float64 dgemm).
+local function product(name, a, b, level)
+  if not is_tensor(a) then error(name .. ": self must be a tensor, got " .. type(a), level + 1) end
+  if not is_tensor(b) then error(name .. ": other must be a tensor, got " .. type(b), level + 1) end
+  check(C.mu_tensor_check(a), name .. ": self", level + 1)
+  check(C.mu_tensor_check(b), name .. ": other", level + 1)
+  if a.scalar ~= b.scalar then
+    error(("%s: dtype mismatch: self is %s but other is %s"):format(name, DTYPE_NAMES[a.scalar], DTYPE_NAMES[b.scalar]),
+      level + 1)
+  end
+  local nd = a.ndim
+  local k, kb = tonumber(a.dims[nd - 1]), tonumber(b.dims[b.ndim - 2])
+  if k ~= kb then
+    error(("%s: shapes %s and %s cannot be multiplied (%d != %d)"):format(name, shape_str(a), shape_str(b), k, kb),
+      level + 1)
+  end
+  local dims = {}
+  if nd == 3 or b.ndim == 3 then
+    local ba, bb = nd == 3 and tonumber(a.dims[0]) or 1, b.ndim == 3 and tonumber(b.dims[0]) or 1
+    if ba ~= bb and ba ~= 1 and bb ~= 1 then
+      error(("%s: batch sizes of %s and %s differ"):format(name, shape_str(a), shape_str(b)), level + 1)
+    end
+    dims[1] = math.max(ba, bb)
+  end
+  dims[#dims + 1] = tonumber(a.dims[nd - 2])
+  dims[#dims + 1] = tonumber(b.dims[b.ndim - 1])
+  local out = new_tensor(a.scalar, dims, name, level + 1)
+  check(C.mu_tensor_matmul(a, b, out), nil, level + 1)
+  return out
+end
+
+local function need_dims(name, a, b, nd, level)
+  for _, x in ipairs({ { "self", a }, { "other", b } }) do
+    if not is_tensor(x[2]) then error(("%s: %s must be a tensor, got %s"):format(name, x[1], type(x[2])), level + 1) end
+  end
+  if a.ndim ~= nd or b.ndim ~= nd then
+    error(("%s: expected %d-D tensors, got %s and %s"):format(name, nd, shape_str(a), shape_str(b)), level + 1)
+  end
+end
+
+-- mm: (n x k) @ (k x m).
+define("mm", function(self, other)
+  need_dims("mm", self, other, 2, 2)
+  return (product("mm", self, other, 2))
+end)
+
+-- bmm: (b x n x k) @ (b x k x m), the same b.
+define("bmm", function(self, other)
+  need_dims("bmm", self, other, 3, 2)
+  if self.dims[0] ~= other.dims[0] then
+    error(("bmm: batch sizes differ: %s and %s"):format(shape_str(self), shape_str(other)), 2)
+  end
+  return (product("bmm", self, other, 2))
+end)
+
+-- matmul as torch.matmul for up to 3 dims: 1-D operands are a row (left)
+-- or a column (right) vector, dropped from the result; a 2-D operand
+-- against a 3-D one is used for every batch.
+define("matmul", function(self, other)
+  for _, x in ipairs({ { "self", self }, { "other", other } }) do
+    if not is_tensor(x[2]) then error(("matmul: %s must be a tensor, got %s"):format(x[1], type(x[2])), 2) end
+    if x[2].ndim < 1 or x[2].ndim > 3 then
+      error(("matmul: %s has shape %s; 1-D, 2-D and 3-D tensors are supported"):format(x[1], shape_str(x[2])), 2)
+    end
+  end
+  local a, b = self, other
+  if a.ndim == 1 then a = a:unsqueeze(1) end
+  if b.ndim == 1 then b = b:unsqueeze(2) end
+  if a.ndim == 3 and b.ndim == 2 then b = b:unsqueeze(1) end
+  if a.ndim == 2 and b.ndim == 3 then a = a:unsqueeze(1) end
+  local out = product("matmul", a, b, 2)
+  if other.ndim == 1 then out = out:squeeze(out.ndim) end -- the column
+  if self.ndim == 1 then out = out:squeeze(other.ndim == 1 and out.ndim or out.ndim - 1) end -- the row
+  return out
+end)
+
+-- Operators: tensor or number on either side (number - tensor and
+-- number / tensor are one operation each, a true division: torch computes
+-- n / x as x:reciprocal() * n). Comparisons are the methods gt, lt, ...
+-- Errors blame the line with the operator (level 2 of the metamethod).
+local function arith(name, op)
+  local s = spec(name, op, SELF_OTHER, NUM2)
+  local commutative = name == "add" or name == "mul"
+  return function(a, b)
+    if not is_tensor(a) and type(a) ~= "number" then
+      error(("%s: cannot combine a %s with a tensor"):format(name, type(a)), 2)
+    end
+    if commutative and not is_tensor(a) then a, b = b, a end -- bitwise the same
+    return (run_map(s, nil, a, b, nil, nil, 2))
+  end
+end
+
 local mt = {
   __index = methods,
   __tostring = function(self)
     return ("tensor(%s, %s)"):format(table.concat(self:size(), "x"), self:dtype())
   end,
+  __add = arith("add", C.MU_MAP_ADD),
+  __sub = arith("sub", C.MU_MAP_SUB),
+  __mul = arith("mul", C.MU_MAP_MUL),
+  __div = arith("div", C.MU_MAP_DIV),
+  __unm = function(a) return a:neg() end,
 }
 ffi.metatype("mu_tensor", mt)
 

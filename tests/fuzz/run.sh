@@ -30,7 +30,10 @@ DEPL="$(pkg-config --libs luajit openblas) -lm -lpthread -ldl"
 objs=()
 for src in src/*.c; do
   o="$OUT/obj/$(basename "$src" .c).o"
-  if [ ! -f "$o" ] || [ "$src" -nt "$o" ] || [ src/muon.h -nt "$o" ] || [ src/muon_internal.h -nt "$o" ]; then
+  stale=0
+  [ -f "$o" ] && [ ! "$src" -nt "$o" ] || stale=1
+  for h in src/*.h; do [ "$h" -nt "$o" ] && stale=1; done
+  if [ "$stale" = 1 ]; then
     "$CLANG" $CFLAGS -fsanitize=fuzzer-no-link $DEPC -I"$OUT/gen" -Isrc -c "$src" -o "$o" || exit 1
   fi
   objs+=("$o")

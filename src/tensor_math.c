@@ -1,0 +1,479 @@
+/*
+ * Tensor maths: elementwise ops with broadcasting (mu_tensor_map), copy and
+ * fill, reductions, and matrix products through OpenBLAS. Every loop runs
+ * under the strided iterator of tensor.c; the kernels are written once in
+ * tensor_math_generic.h and compiled for float and double, then picked from
+ * a per-dtype table.
+ *
+ * Rounding. Float32 ops compute in float32, as torch does, and every step is
+ * rounded separately except where torch's CPU kernels fuse a multiply-add.
+ * Measured against Debian's torch 1.13 (float32, 100k elements, contiguous
+ * and transposed; every element equal):
+ *   add/sub(a, b, alpha)   fma(+-alpha, b, a)   (alpha = 1: exactly a +- b)
+ *   addcmul(s, t1, t2, v)  fma(v*t1, t2, s)     (unfused s + (v*t1)*t2: 79%)
+ *   addcdiv(s, t1, t2, v)  s + (v*t1)/t2
+ *   lerp(a, b, w)          |w| < 0.5 ? fma(w, b-a, a) : fma(w-1, b-a, b)
+ *   rsqrt(x)               1/sqrt(x);  x / scalar: a true division
+ * Scalars are rounded to the dtype first, as torch does for Python numbers.
+ * Every other step must NOT be contracted, so neither may this file be:
+ * GCC in ISO C mode (-std=c11) defaults to -ffp-contract=off; the pragmas
+ * enforce it for clang and GNU dialects. Never build it with -ffast-math.
+ * Reductions accumulate in double in row-major order of the reduced
+ * elements and round once when the result is stored.
+ */
+#include "tensor_internal.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__) && !defined(__STRICT_ANSI__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+/* Scalar parameters of an elementwise op (rounded to the dtype in the
+ * kernels). */
+typedef struct map_ctx {
+    double alpha, value, lo, hi;
+} map_ctx;
+
+typedef struct reduce_ctx {
+    int op;
+    double acc;
+    int64_t count;
+} reduce_ctx;
+
+/* One (batched) ?gemm call, row-major: c = op(a) op(b). */
+typedef struct gemm_plan {
+    int64_t batch, n, m, k;
+    enum CBLAS_TRANSPOSE ta, tb;
+    const void *a, *b;
+    void *c;
+    int64_t lda, ldb, ldc;
+    int64_t bsa, bsb, bsc; /* batch strides in elements (0: the same matrix) */
+} gemm_plan;
+
+static double reduce_init(int op) { return op == MU_REDUCE_AMAX ? -INFINITY : 0.0; }
+
+static double reduce_finish(int op, double acc, int64_t n)
+{
+    switch (op) {
+    case MU_REDUCE_MEAN: return n ? acc / (double)n : NAN;
+    case MU_REDUCE_NORM: return sqrt(acc);
+    default: return acc;
+    }
+}
+
+typedef struct kernels {
+    const mu__loop_fn *map;  /* by mu_map_op */
+    mu__loop_fn copy_from[2]; /* by source dtype */
+    mu__loop_fn reduce_dim, reduce_all, finite;
+    void (*gemm)(const gemm_plan *g);
+} kernels;
+
+/* The kernels, per dtype and per instruction set: the portable build, and
+ * on x86-64 an AVX2+FMA build (wider vector loops, fma inline instead of a
+ * libm call), picked per call (pick_kernels). Both compute every element
+ * with the same IEEE operations (fma is exact in both, reductions keep
+ * their order), so results do not depend on the choice; tests compare the
+ * two (MU_TENSOR_NOSIMD=1 selects the portable kernels). */
+#define KATTR
+#define real float
+#define R(name) name##_f32
+#define M(fn) fn##f
+#define GEMM cblas_sgemm
+#include "tensor_math_generic.h"
+#undef real
+#undef R
+#undef M
+#undef GEMM
+
+#define real double
+#define R(name) name##_f64
+#define M(fn) fn
+#define GEMM cblas_dgemm
+#include "tensor_math_generic.h"
+#undef real
+#undef R
+#undef M
+#undef GEMM
+#undef KATTR
+
+static const kernels *const KERNELS[2] = { [MU_F32] = &kernels_f32, [MU_F64] = &kernels_f64 };
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MU__MATH_SIMD 1
+#define KATTR __attribute__((target("avx2,fma")))
+#define real float
+#define R(name) name##_f32_avx2
+#define M(fn) fn##f
+#define GEMM cblas_sgemm
+#include "tensor_math_generic.h"
+#undef real
+#undef R
+#undef M
+#undef GEMM
+
+#define real double
+#define R(name) name##_f64_avx2
+#define M(fn) fn
+#define GEMM cblas_dgemm
+#include "tensor_math_generic.h"
+#undef real
+#undef R
+#undef M
+#undef GEMM
+#undef KATTR
+
+static const kernels *const KERNELS_AVX2[2] = { [MU_F32] = &kernels_f32_avx2,
+                                                [MU_F64] = &kernels_f64_avx2 };
+#else
+#define MU__MATH_SIMD 0
+#endif
+
+/* The kernel table for a dtype: AVX2+FMA when the CPU has it, unless the
+ * environment sets MU_TENSOR_NOSIMD (read per call, like foreach's
+ * MU_FOREACH_NOSIMD, so tests can switch). */
+static const kernels *pick_kernels(int dtype)
+{
+#if MU__MATH_SIMD
+    __builtin_cpu_init();
+    const char *off = getenv("MU_TENSOR_NOSIMD");
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        !(off && *off && *off != '0'))
+        return KERNELS_AVX2[dtype];
+#endif
+    return KERNELS[dtype];
+}
+
+static const char *dtype_name(int dtype) { return dtype == MU_F64 ? "float64" : "float32"; }
+
+/* ------------------------------------------------------------ elementwise */
+
+/* Name, arity and operand roles (torch's argument names) of each op. */
+#define SO { "self", "other" }
+static const struct map_op {
+    const char *name;
+    int arity;
+    const char *roles[3];
+} MAP_OPS[MU_MAP_COUNT] = {
+    [MU_MAP_ADD] = { "add", 2, SO },
+    [MU_MAP_SUB] = { "sub", 2, SO },
+    [MU_MAP_MUL] = { "mul", 2, SO },
+    [MU_MAP_DIV] = { "div", 2, SO },
+    [MU_MAP_ADDCMUL] = { "addcmul", 3, { "self", "tensor1", "tensor2" } },
+    [MU_MAP_ADDCDIV] = { "addcdiv", 3, { "self", "tensor1", "tensor2" } },
+    [MU_MAP_LERP] = { "lerp", 3, { "self", "end", "weight" } },
+    [MU_MAP_WHERE] = { "where", 3, { "condition", "input", "other" } },
+    [MU_MAP_GT] = { "gt", 2, SO },
+    [MU_MAP_LT] = { "lt", 2, SO },
+    [MU_MAP_GE] = { "ge", 2, SO },
+    [MU_MAP_LE] = { "le", 2, SO },
+    [MU_MAP_EQ] = { "eq", 2, SO },
+    [MU_MAP_NE] = { "ne", 2, SO },
+    [MU_MAP_NEG] = { "neg", 1, { "self" } },
+    [MU_MAP_ABS] = { "abs", 1, { "self" } },
+    [MU_MAP_SQRT] = { "sqrt", 1, { "self" } },
+    [MU_MAP_RSQRT] = { "rsqrt", 1, { "self" } },
+    [MU_MAP_SIGN] = { "sign", 1, { "self" } },
+    [MU_MAP_CLAMP] = { "clamp", 1, { "self" } },
+};
+#undef SO
+
+/* Validate out (written): layout, no two elements in one place. */
+static int check_out(const mu_tensor *out, const char *what)
+{
+    int rc = mu__tensor_check(out, what);
+    if (rc) return rc;
+    if (mu__tensor_self_overlap(out))
+        return mu__fail(MU_EINVAL, "%s has several elements in one memory location", what);
+    return MU_OK;
+}
+
+int mu_tensor_map(const mu_map_args *args, mu_tensor *out)
+{
+    if (!args) return mu__fail(MU_EINVAL, "args is NULL");
+    if (args->op < 0 || args->op >= MU_MAP_COUNT)
+        return mu__fail(MU_EINVAL, "unknown elementwise op %d", args->op);
+    const struct map_op *op = &MAP_OPS[args->op];
+    char what[64];
+    snprintf(what, sizeof what, "%s: output", op->name);
+    int rc = check_out(out, what);
+    if (rc) return rc;
+    for (int i = 0; i < op->arity; i++) {
+        const mu_tensor *x = args->x[i];
+        if (!x) continue;
+        snprintf(what, sizeof what, "%s: %s (x[%d])", op->name, op->roles[i], i);
+        if ((rc = mu__tensor_check(x, what)) || (rc = mu__check_broadcast(x, out->ndim, out->dims, what)) ||
+            (rc = mu__check_overlap(out, x, what)))
+            return rc;
+        if (x->scalar != out->scalar)
+            return mu__fail(MU_EDTYPE, "%s is %s but the output is %s", what, dtype_name(x->scalar),
+                            dtype_name(out->scalar));
+    }
+    map_ctx ctx = { args->alpha, args->value, args->lo, args->hi };
+    union {
+        float f;
+        double d;
+    } sv[3];
+    mu__iter it;
+    mu__iter_init(&it, out->ndim, out->dims, 0);
+    mu__iter_add(&it, out);
+    for (int i = 0; i < op->arity; i++) {
+        if (args->x[i]) {
+            mu__iter_add(&it, args->x[i]);
+            continue;
+        }
+        if (out->scalar == MU_F32) sv[i].f = (float)args->s[i];
+        else sv[i].d = args->s[i];
+        mu__iter_add_scalar(&it, &sv[i]);
+    }
+    mu__iter_run(&it, pick_kernels(out->scalar)->map[args->op], &ctx);
+    return MU_OK;
+}
+
+static int same_shape(const mu_tensor *a, const mu_tensor *b)
+{
+    if (a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->dims[i] != b->dims[i]) return 0;
+    return 1;
+}
+
+int mu_tensor_copy(mu_tensor *dst, const mu_tensor *src)
+{
+    int rc;
+    if ((rc = check_out(dst, "copy: destination")) || (rc = mu__tensor_check(src, "copy: source")))
+        return rc;
+    int flat = !same_shape(dst, src);
+    if (flat && !(mu_tensor_numel(dst) == mu_tensor_numel(src) && mu_tensor_is_contiguous(dst) &&
+                  mu_tensor_is_contiguous(src))) {
+        char b1[160], b2[160];
+        return mu__fail(MU_ESHAPE, "copy between different shapes (%s from %s)",
+                        mu__shape_str(dst->ndim, dst->dims, b1, sizeof b1),
+                        mu__shape_str(src->ndim, src->dims, b2, sizeof b2));
+    }
+    if ((rc = mu__check_overlap(dst, src, "copy: source"))) return rc;
+    mu_tensor d = *dst, s = *src;
+    if (flat) { /* contiguous, same numel: copy in flat order */
+        d.ndim = s.ndim = 1;
+        d.dims[0] = s.dims[0] = mu_tensor_numel(dst);
+        d.strides[0] = s.strides[0] = 1;
+    }
+    mu__iter it;
+    mu__iter_init(&it, d.ndim, d.dims, 0);
+    mu__iter_add(&it, &d);
+    mu__iter_add(&it, &s);
+    mu__iter_run(&it, pick_kernels(d.scalar)->copy_from[s.scalar], NULL);
+    return MU_OK;
+}
+
+int mu_tensor_fill(mu_tensor *t, double value)
+{
+    int rc = check_out(t, "fill: tensor");
+    if (rc) return rc;
+    mu__iter it;
+    mu__iter_init(&it, t->ndim, t->dims, 0);
+    mu__iter_add(&it, t);
+    mu__iter_add_scalar(&it, &value);
+    mu__iter_run(&it, pick_kernels(t->scalar)->copy_from[MU_F64], NULL);
+    return MU_OK;
+}
+
+int mu_tensor_all_finite(const mu_tensor *t, int64_t *where)
+{
+    int rc = mu__tensor_check(t, "all_finite: tensor");
+    if (rc) return rc;
+    reduce_ctx ctx = { 0, 0, 0 };
+    mu__iter it;
+    mu__iter_init(&it, t->ndim, t->dims, 0);
+    mu__iter_add(&it, t);
+    if (!mu__iter_run(&it, pick_kernels(t->scalar)->finite, &ctx)) return 1;
+    if (where) *where = ctx.count;
+    return 0;
+}
+
+/* ------------------------------------------------------------- reductions */
+
+static const char *const REDUCE_NAMES[MU_REDUCE_COUNT] = {
+    [MU_REDUCE_SUM] = "sum", [MU_REDUCE_MEAN] = "mean", [MU_REDUCE_AMAX] = "amax",
+    [MU_REDUCE_NORM] = "norm",
+};
+
+int mu_tensor_reduce_all(const mu_tensor *t, int op, double *out)
+{
+    if (op < 0 || op >= MU_REDUCE_COUNT) return mu__fail(MU_EINVAL, "unknown reduction %d", op);
+    if (!out) return mu__fail(MU_EINVAL, "out is NULL");
+    char what[64];
+    snprintf(what, sizeof what, "%s: tensor", REDUCE_NAMES[op]);
+    int rc = mu__tensor_check(t, what);
+    if (rc) return rc;
+    reduce_ctx ctx = { op, reduce_init(op), 0 };
+    mu__iter it;
+    mu__iter_init(&it, t->ndim, t->dims, 0);
+    mu__iter_add(&it, t);
+    mu__iter_run(&it, pick_kernels(t->scalar)->reduce_all, &ctx);
+    if (op == MU_REDUCE_AMAX && ctx.count == 0)
+        return mu__fail(MU_ESHAPE, "amax of an empty tensor (no identity)");
+    *out = reduce_finish(op, ctx.acc, ctx.count);
+    return MU_OK;
+}
+
+int mu_tensor_norm(const mu_tensor *t, double *out)
+{
+    return mu_tensor_reduce_all(t, MU_REDUCE_NORM, out);
+}
+
+int mu_tensor_reduce(const mu_tensor *t, int op, int dim, mu_tensor *out)
+{
+    if (op < 0 || op >= MU_REDUCE_COUNT) return mu__fail(MU_EINVAL, "unknown reduction %d", op);
+    const char *name = REDUCE_NAMES[op];
+    char what[64];
+    snprintf(what, sizeof what, "%s: tensor", name);
+    int rc = mu__tensor_check(t, what);
+    if (rc) return rc;
+    snprintf(what, sizeof what, "%s: output", name);
+    if ((rc = check_out(out, what))) return rc;
+    if (dim < 0 || dim >= t->ndim)
+        return mu__fail(MU_EINVAL, "%s: dim %d out of range for %d dims", name, dim, t->ndim);
+    if (out->scalar != t->scalar)
+        return mu__fail(MU_EDTYPE, "%s: output is %s but the tensor is %s", name,
+                        dtype_name(out->scalar), dtype_name(t->scalar));
+    /* out: t's shape with dim of size 1 (keepdim) or without dim */
+    int keep = out->ndim == t->ndim, ok = keep || out->ndim == t->ndim - 1;
+    for (int i = 0, j = 0; ok && i < t->ndim; i++) {
+        if (i == dim) {
+            if (keep && out->dims[j++] != 1) ok = 0;
+        } else if (out->dims[j++] != t->dims[i]) {
+            ok = 0;
+        }
+    }
+    if (!ok) {
+        char b1[160], b2[160];
+        return mu__fail(MU_ESHAPE, "%s: output shape %s is not %s reduced along dim %d", name,
+                        mu__shape_str(out->ndim, out->dims, b1, sizeof b1),
+                        mu__shape_str(t->ndim, t->dims, b2, sizeof b2), dim);
+    }
+    if (mu__ranges_overlap(out, t))
+        return mu__fail(MU_EINVAL, "%s: the output shares memory with the input", name);
+    if (op == MU_REDUCE_AMAX && t->dims[dim] == 0 && mu_tensor_numel(out) > 0)
+        return mu__fail(MU_ESHAPE, "amax: cannot reduce dim %d of size 0 (no identity)", dim);
+    /* Walk t's other dims in order, then dim as the inner loop; out steps
+     * along the other dims and stays put along dim. */
+    int64_t dims[MU_MAX_DIMS], ts[MU_MAX_DIMS], os[MU_MAX_DIMS];
+    int n = 0;
+    for (int i = 0, j = 0; i < t->ndim; i++) {
+        if (i == dim) {
+            if (keep) j++;
+            continue;
+        }
+        dims[n] = t->dims[i];
+        ts[n] = t->strides[i];
+        os[n++] = out->strides[j++];
+    }
+    dims[n] = t->dims[dim];
+    ts[n] = t->strides[dim];
+    os[n++] = 0;
+    reduce_ctx ctx = { op, 0, 0 };
+    mu__iter it;
+    mu__iter_init(&it, n, dims, MU__ITER_KEEP_INNER);
+    mu__iter_add_strided(&it, out->data, os, mu_dtype_size(out->scalar));
+    mu__iter_add_strided(&it, t->data, ts, mu_dtype_size(t->scalar));
+    mu__iter_run(&it, pick_kernels(t->scalar)->reduce_dim, &ctx);
+    return MU_OK;
+}
+
+/* --------------------------------------------------------------- products */
+
+/* How BLAS reads the (rows x cols) matrix at the last two dims of t:
+ * row-major with leading dim *ld, or column-major (transposed). 0 when
+ * neither fits (then it is copied to contiguous). */
+static int blas_layout(const mu_tensor *t, int64_t *ld, enum CBLAS_TRANSPOSE *tr)
+{
+    int nd = t->ndim;
+    int64_t r = t->dims[nd - 2], c = t->dims[nd - 1];
+    int64_t s0 = t->strides[nd - 2], s1 = t->strides[nd - 1];
+    int64_t rr = r > 1 ? r : 1, cc = c > 1 ? c : 1;
+    if ((c <= 1 || s1 == 1) && (r <= 1 || s0 >= cc)) {
+        *ld = r <= 1 ? cc : s0;
+        *tr = CblasNoTrans;
+    } else if ((r <= 1 || s0 == 1) && (c <= 1 || s1 >= rr)) {
+        *ld = c <= 1 ? rr : s1;
+        *tr = CblasTrans;
+    } else {
+        return 0;
+    }
+    return *ld <= INT_MAX;
+}
+
+static int64_t batch_stride(const mu_tensor *t)
+{
+    return t->ndim == 3 && t->dims[0] > 1 ? t->strides[0] : 0;
+}
+
+int mu_tensor_matmul(const mu_tensor *a, const mu_tensor *b, mu_tensor *out)
+{
+    int rc;
+    if ((rc = mu__tensor_check(a, "matmul: a")) || (rc = mu__tensor_check(b, "matmul: b")) ||
+        (rc = check_out(out, "matmul: output")))
+        return rc;
+    char b1[160], b2[160], b3[160];
+    const char *sa = mu__shape_str(a->ndim, a->dims, b1, sizeof b1);
+    const char *sb = mu__shape_str(b->ndim, b->dims, b2, sizeof b2);
+    const char *so = mu__shape_str(out->ndim, out->dims, b3, sizeof b3);
+    int nd = a->ndim;
+    if ((nd != 2 && nd != 3) || b->ndim != nd || out->ndim != nd)
+        return mu__fail(MU_ESHAPE, "matmul: a %s, b %s and output %s must be all 2-D or all 3-D",
+                        sa, sb, so);
+    if (a->scalar != b->scalar || out->scalar != a->scalar)
+        return mu__fail(MU_EDTYPE, "matmul: a is %s, b %s and the output %s", dtype_name(a->scalar),
+                        dtype_name(b->scalar), dtype_name(out->scalar));
+    int64_t n = a->dims[nd - 2], k = a->dims[nd - 1], m = b->dims[nd - 1];
+    int64_t ba = nd == 3 ? a->dims[0] : 1, bb = nd == 3 ? b->dims[0] : 1;
+    int64_t batch = ba > bb ? ba : bb;
+    if (b->dims[nd - 2] != k)
+        return mu__fail(MU_ESHAPE, "matmul: shapes %s and %s cannot be multiplied (%lld != %lld)",
+                        sa, sb, (long long)k, (long long)b->dims[nd - 2]);
+    if ((ba != batch && ba != 1) || (bb != batch && bb != 1))
+        return mu__fail(MU_ESHAPE, "matmul: batch sizes of %s and %s differ", sa, sb);
+    if (out->dims[nd - 2] != n || out->dims[nd - 1] != m || (nd == 3 && out->dims[0] != batch))
+        return mu__fail(MU_ESHAPE, "matmul: output shape %s does not match %s @ %s", so, sa, sb);
+    if (n > INT_MAX || m > INT_MAX || k > INT_MAX)
+        return mu__fail(MU_EINVAL, "matmul: sizes beyond BLAS's 32-bit range");
+    if (mu_tensor_same_storage(out, a) || mu_tensor_same_storage(out, b))
+        return mu__fail(MU_EINVAL, "matmul: the output shares storage with an input");
+    gemm_plan g = { .batch = batch, .n = n, .m = m, .k = k, .c = out->data,
+                    .bsc = nd == 3 ? out->strides[0] : 0 };
+    enum CBLAS_TRANSPOSE tc;
+    if (!blas_layout(out, &g.ldc, &tc) || tc != CblasNoTrans)
+        return mu__fail(MU_EINVAL, "matmul: the output's rows must be unit-stride (contiguous)");
+    if (batch == 0 || n == 0 || m == 0) return MU_OK;
+    if (k == 0) return mu_tensor_fill(out, 0);
+    mu_tensor *ca = NULL, *cb = NULL;
+    if (!blas_layout(a, &g.lda, &g.ta)) {
+        if ((rc = mu_tensor_clone(a, -1, &ca))) return rc;
+        a = ca;
+        blas_layout(a, &g.lda, &g.ta);
+    }
+    if (!blas_layout(b, &g.ldb, &g.tb)) {
+        if ((rc = mu_tensor_clone(b, -1, &cb))) {
+            mu_tensor_free(ca);
+            return rc;
+        }
+        b = cb;
+        blas_layout(b, &g.ldb, &g.tb);
+    }
+    g.a = a->data;
+    g.b = b->data;
+    g.bsa = batch_stride(a);
+    g.bsb = batch_stride(b);
+    pick_kernels(out->scalar)->gemm(&g);
+    mu_tensor_free(ca);
+    mu_tensor_free(cb);
+    return MU_OK;
+}
