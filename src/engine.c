@@ -517,6 +517,26 @@ int mu_engine_get(mu_engine *eng, const char *key, double *out)
     return MU_OK;
 }
 
+int mu_engine_set_signal(mu_engine *eng, const char *name, const double *values, int64_t n)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_set_signal: eng is NULL");
+    if (!name || !*name) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_signal: name is NULL or empty");
+    if (n < 0 || n > (1 << 24))
+        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_signal: signal '%s': n = %lld is outside 0..%d", name,
+                         (long long)n, 1 << 24);
+    if (n > 0 && !values)
+        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_signal: signal '%s': values is NULL", name);
+    lua_State *L = eng->L;
+    mu__push_call(eng, "set_signal");
+    lua_pushstring(L, name);
+    lua_createtable(L, (int)n, 0);
+    for (int64_t i = 0; i < n; i++) {
+        lua_pushnumber(L, (lua_Number)values[i]);
+        lua_rawseti(L, -2, (int)(i + 1));
+    }
+    return mu__call(eng, 2, 0, MU_EINVAL, "mu_engine_set_signal");
+}
+
 int mu_engine_save(mu_engine *eng, const char *path)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_save: eng is NULL");

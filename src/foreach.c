@@ -127,18 +127,34 @@ static inline void mom_f64(const double *g, const double *b, double *nb, double 
     u[k] = uv;
 }
 
-static inline void apply_f32(float *p, const float *u, int64_t k, float decay, float s, float alpha)
+/* cautious (weight_decay_mode = "cautious"): the decay applies only where
+ * the update moves the weight towards zero, i.e. where the update the seed
+ * subtracts, -alpha * us, has the sign of p: p = fma(alpha, us, q) with
+ * q = p * decay there and q = p elsewhere (so with the mask all ones it is
+ * the decoupled apply, bit for bit). */
+static inline void apply_f32(float *p, const float *u, int64_t k, float decay, float s, float alpha,
+                             int cautious)
 {
-    float t = p[k] * decay;
+    float pv = p[k];
+    float t = pv * decay;
     float us = u[k] * s;
+    if (cautious) {
+        float w = alpha * us;
+        if (!(w * pv < 0.0f)) t = pv;
+    }
     p[k] = fmaf(alpha, us, t);
 }
 
 static inline void apply_f64(double *p, const double *u, int64_t k, double decay, double s,
-                             double alpha)
+                             double alpha, int cautious)
 {
-    double t = p[k] * decay;
+    double pv = p[k];
+    double t = pv * decay;
     double us = u[k] * s;
+    if (cautious) {
+        double w = alpha * us;
+        if (!(w * pv < 0.0)) t = pv;
+    }
     p[k] = fma(alpha, us, t);
 }
 
@@ -234,29 +250,41 @@ MU__AVX2 static void mom_f64_avx2(const double *g, const double *b, double *nb, 
 }
 
 MU__AVX2 static void apply_f32_avx2(float *p, const float *u, int64_t len, float decay, float s,
-                                    float alpha)
+                                    float alpha, int cautious)
 {
     const __m256 vd = _mm256_set1_ps(decay), vs = _mm256_set1_ps(s), va = _mm256_set1_ps(alpha);
+    const __m256 zero = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= len; k += 8) {
-        __m256 t = _mm256_mul_ps(_mm256_loadu_ps(p + k), vd);
+        __m256 pv = _mm256_loadu_ps(p + k);
+        __m256 t = _mm256_mul_ps(pv, vd);
         __m256 us = _mm256_mul_ps(_mm256_loadu_ps(u + k), vs);
+        if (cautious) {
+            __m256 towards = _mm256_cmp_ps(_mm256_mul_ps(_mm256_mul_ps(va, us), pv), zero, _CMP_LT_OQ);
+            t = _mm256_blendv_ps(pv, t, towards);
+        }
         _mm256_storeu_ps(p + k, _mm256_fmadd_ps(va, us, t));
     }
-    for (; k < len; k++) apply_f32(p, u, k, decay, s, alpha);
+    for (; k < len; k++) apply_f32(p, u, k, decay, s, alpha, cautious);
 }
 
 MU__AVX2 static void apply_f64_avx2(double *p, const double *u, int64_t len, double decay,
-                                    double s, double alpha)
+                                    double s, double alpha, int cautious)
 {
     const __m256d vd = _mm256_set1_pd(decay), vs = _mm256_set1_pd(s), va = _mm256_set1_pd(alpha);
+    const __m256d zero = _mm256_setzero_pd();
     int64_t k = 0;
     for (; k + 4 <= len; k += 4) {
-        __m256d t = _mm256_mul_pd(_mm256_loadu_pd(p + k), vd);
+        __m256d pv = _mm256_loadu_pd(p + k);
+        __m256d t = _mm256_mul_pd(pv, vd);
         __m256d us = _mm256_mul_pd(_mm256_loadu_pd(u + k), vs);
+        if (cautious) {
+            __m256d towards = _mm256_cmp_pd(_mm256_mul_pd(_mm256_mul_pd(va, us), pv), zero, _CMP_LT_OQ);
+            t = _mm256_blendv_pd(pv, t, towards);
+        }
         _mm256_storeu_pd(p + k, _mm256_fmadd_pd(va, us, t));
     }
-    for (; k < len; k++) apply_f64(p, u, k, decay, s, alpha);
+    for (; k < len; k++) apply_f64(p, u, k, decay, s, alpha, cautious);
 }
 
 MU__AVX2 static void adamw_f32_avx2(float *p, const float *g, const float *m, const float *v,
@@ -441,14 +469,14 @@ static int segment(job *J, int i, int64_t k0, int64_t len)
         if (f32) {
             float dec = (float)J->s0, sf = (float)s, al = (float)J->s2;
 #if MU__X86
-            if (simd) { apply_f32_avx2(p, u, len, dec, sf, al); break; }
+            if (simd) { apply_f32_avx2(p, u, len, dec, sf, al, J->flag); break; }
 #endif
-            for (int64_t k = 0; k < len; k++) apply_f32(p, u, k, dec, sf, al);
+            for (int64_t k = 0; k < len; k++) apply_f32(p, u, k, dec, sf, al, J->flag);
         } else {
 #if MU__X86
-            if (simd) { apply_f64_avx2(p, u, len, J->s0, s, J->s2); break; }
+            if (simd) { apply_f64_avx2(p, u, len, J->s0, s, J->s2, J->flag); break; }
 #endif
-            for (int64_t k = 0; k < len; k++) apply_f64(p, u, k, J->s0, s, J->s2);
+            for (int64_t k = 0; k < len; k++) apply_f64(p, u, k, J->s0, s, J->s2, J->flag);
         }
         break;
     }
@@ -717,8 +745,8 @@ int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
     return MU_OK;
 }
 
-int mu_foreach_apply(int n, mu_tensor *const *params, mu_tensor *const *updates,
-                     const double *scales, double decay, double alpha)
+static int apply_job(int n, mu_tensor *const *params, mu_tensor *const *updates,
+                     const double *scales, double decay, double alpha, int cautious)
 {
     mu_tensor *const *arrs[2] = { params, updates };
     const char *names[2] = { "params", "updates" };
@@ -732,9 +760,21 @@ int mu_foreach_apply(int n, mu_tensor *const *params, mu_tensor *const *updates,
     job J;
     job_init(&J, OP_APPLY, n, dtype);
     J.a = params, J.b = updates, J.scales = scales;
-    J.s0 = decay, J.s1 = 1.0, J.s2 = alpha;
+    J.s0 = decay, J.s1 = 1.0, J.s2 = alpha, J.flag = cautious;
     run_job(&J);
     return MU_OK;
+}
+
+int mu_foreach_apply(int n, mu_tensor *const *params, mu_tensor *const *updates,
+                     const double *scales, double decay, double alpha)
+{
+    return apply_job(n, params, updates, scales, decay, alpha, 0);
+}
+
+int mu_foreach_apply_cautious(int n, mu_tensor *const *params, mu_tensor *const *updates,
+                              const double *scales, double decay, double alpha)
+{
+    return apply_job(n, params, updates, scales, decay, alpha, 1);
 }
 
 int mu_foreach_scale(int n, mu_tensor *const *xs, const double *scales, double scale)

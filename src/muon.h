@@ -331,6 +331,13 @@ MU_API int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const 
 MU_API int mu_foreach_apply(int n, mu_tensor *const *params, mu_tensor *const *updates,
                             const double *scales, double decay, double alpha);
 
+/* Cautious weight decay (weight_decay_mode = "cautious"): as
+ * mu_foreach_apply, but the decay multiplies p only where the update the
+ * seed subtracts (-alpha * update * scale) has the sign of p:
+ * p = fma(alpha, u s, (alpha u s) * p < 0 ? p * decay : p). */
+MU_API int mu_foreach_apply_cautious(int n, mu_tensor *const *params, mu_tensor *const *updates,
+                                     const double *scales, double decay, double alpha);
+
 /* x *= scales[i] (or scale when scales is NULL). */
 MU_API int mu_foreach_scale(int n, mu_tensor *const *xs, const double *scales, double scale);
 
@@ -484,6 +491,12 @@ MU_API int mu_engine_step(mu_engine *eng);
  * "scratch_bytes" (optimizer state and step scratch held by this rank). */
 MU_API int mu_engine_set(mu_engine *eng, const char *key, double value);
 MU_API int mu_engine_get(mu_engine *eng, const char *key, double *out);
+/* Per-step values from the trainer for the config's hooks (ctx.signals[name],
+ * a list of n numbers, e.g. the max attention logit of each head for
+ * QK-clip); kept until set again. values may be NULL when n is 0; every
+ * value must be finite (else MU_EINVAL). On a mesh every rank must pass the
+ * same values: they are agreed at each step like the schedule's. */
+MU_API int mu_engine_set_signal(mu_engine *eng, const char *name, const double *values, int64_t n);
 /* Optimizer state as safetensors (save is atomic; load checks names and
  * shapes against the registered parameters and changes nothing on error). */
 MU_API int mu_engine_save(mu_engine *eng, const char *path);

@@ -94,9 +94,25 @@ local function numel(shape)
 end
 R.numel = numel
 
+-- The core matrices of a shape: (count, rows, cols); nd_mode "flatten"
+-- makes an N-D parameter one rows x (the rest) matrix (KellerJordan / dion).
+function R.cores(shape, nd_mode)
+  local n = numel(shape)
+  if nd_mode == "flatten" and #shape >= 3 then return 1, shape[1], n / shape[1] end
+  local a, b = core(shape)
+  return n / (a * b), a, b
+end
+
 -- One Muon step in double precision on flat arrays.
--- p = { value = flat, grad = flat, shape = {...}, buf = flat or nil }
--- o = group options (seed names); returns nothing, updates p.value, p.buf.
+-- params: { value = flat, grad = flat, shape = {...}, buf = flat or nil, v = NorMuon state or nil }
+-- o: the seed's options, plus the variants:
+--   scale_mode = "matched_adamw_rms" | "keller" | "spectral" (sqrt(rows / cols))
+--   weight_decay_mode = "decoupled" | "cautious" (decay where step * p > 0)
+--   nd_mode = "batch" | "flatten"
+--   normuon = { beta2, eps } (after Newton-Schulz, per core matrix O:
+--     v = b2 v + (1 - b2) mean(O^2 along cols); O' = O / (sqrt(v) + eps);
+--     O' = O' ||O||_F / (||O'||_F + eps))
+-- Updates p.value, p.buf (and p.v).
 function R.muon_step(params, o)
   local m = o.momentum or 0.95
   local m1, m2
@@ -104,44 +120,62 @@ function R.muon_step(params, o)
   local nesterov = o.nesterov ~= false
   local lr, wd = o.lr or 2e-2, o.weight_decay or 0.1
   local rms = o.matched_adamw_rms == nil and 0.2 or o.matched_adamw_rms
-  local steps = o.ns_steps or 5
-  local coeffs = R.schedule(o.ns_variant or "asym5", steps, o.ns_coefficients)
+  local coeffs = R.schedule(o.ns_variant or "asym5", o.ns_steps or 5, o.ns_coefficients)
   local eps = o.ns_epsilon or 1e-10
   for _, p in ipairs(params) do
     local n = #p.value
     p.buf = p.buf or {}
     local u = {}
     for i = 1, n do
-      local b = p.buf[i] or 0
-      local g = p.grad[i]
+      local b, g = p.buf[i] or 0, p.grad[i]
       u[i] = g + m1 * b
       p.buf[i] = m2 * b + g
       if nesterov then u[i] = m1 * u[i] + g end
     end
-    local A, B = core(p.shape)
-    local slices = n / (A * B)
+    local count, A, B = R.cores(p.shape, o.nd_mode)
     local scale
-    if o.scale_mode == "keller" then
-      scale = math.sqrt(math.max(1, A / B))
-    elseif rms == 0 then
-      scale = o.zero_rms_scale_mode == "use_lr" and 1 or 0
-    else
-      scale = math.sqrt(math.max(A, B)) * rms
-    end
-    if o.apply_lr_in_update then scale = scale * -lr end
-    local alpha = o.apply_lr_in_update and 1 or -lr
-    for s = 0, slices - 1 do
+    if o.scale_mode == "keller" then scale = math.sqrt(math.max(1, A / B))
+    elseif o.scale_mode == "spectral" then scale = math.sqrt(A / B)
+    elseif rms == 0 then scale = o.zero_rms_scale_mode == "use_lr" and 1 or 0
+    else scale = math.sqrt(math.max(A, B)) * rms end
+    local step = {} -- the scaled update the seed subtracts: p = p (1 - lr wd) - lr step
+    for s = 0, count - 1 do
       local X = {}
       for i = 1, A do
         X[i] = {}
         for j = 1, B do X[i][j] = u[s * A * B + (i - 1) * B + j] end
       end
-      local Y = R.ns(X, coeffs, eps)
-      for i = 1, A do
-        for j = 1, B do
-          local k = s * A * B + (i - 1) * B + j
-          p.value[k] = p.value[k] * (1 - lr * wd) + alpha * scale * Y[i][j]
+      local O = R.ns(X, coeffs, eps)
+      if o.normuon then
+        local b2, e = o.normuon.beta2, o.normuon.eps
+        p.v = p.v or {}
+        local norm_o = R.frob(O)
+        local Op = {}
+        for i = 1, A do
+          local ms = 0
+          for j = 1, B do ms = ms + O[i][j] ^ 2 end
+          local key = s * A + i
+          p.v[key] = b2 * (p.v[key] or 0) + (1 - b2) * (ms / B)
+          Op[i] = {}
+          for j = 1, B do Op[i][j] = O[i][j] / (math.sqrt(p.v[key]) + e) end
         end
+        local f = norm_o / (R.frob(Op) + e)
+        for i = 1, A do
+          for j = 1, B do Op[i][j] = Op[i][j] * f end
+        end
+        O = Op
+      end
+      for i = 1, A do
+        for j = 1, B do step[s * A * B + (i - 1) * B + j] = scale * O[i][j] end
+      end
+    end
+    for k = 1, n do
+      local x = p.value[k]
+      if o.weight_decay_mode == "cautious" then
+        local mask = (step[k] * x > 0) and 1 or 0
+        p.value[k] = x - lr * wd * (x * mask) - lr * step[k]
+      else -- (apply_lr_in_update moves -lr into the scale: the same in exact arithmetic)
+        p.value[k] = x * (1 - lr * wd) - lr * step[k]
       end
     end
   end

@@ -36,16 +36,21 @@ function check.read_shapes(path)
   return shapes, problems
 end
 
+-- The usual keys first; then every other option that differs from its
+-- kind's default (the kinds' option tables say which exist).
 local KEY_ORDER = {
   "lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_variant", "matched_adamw_rms",
-  "betas", "eps", "adjust_lr",
+  "betas", "eps",
 }
-local HOOKS = { "reshape_fn", "ns_transform_fn", "post_update_fn", "zeropower_fn", "momentum_update_fn" }
 
 local function fmt_value(v)
   if type(v) == "table" then
     local parts = {}
     for i = 1, #v do parts[i] = fmt_value(v[i]) end
+    local keys = {}
+    for k in pairs(v) do if type(k) ~= "number" then keys[#keys + 1] = tostring(k) end end
+    table.sort(keys)
+    for _, k in ipairs(keys) do parts[#parts + 1] = k .. "=" .. fmt_value(v[k]) end
     return "(" .. table.concat(parts, ",") .. ")"
   elseif type(v) == "number" then
     return ("%.6g"):format(v)
@@ -53,18 +58,25 @@ local function fmt_value(v)
   return tostring(v)
 end
 
--- "lr=0.02 wd=0.1 ..." from a row's options (the usual keys first, hooks by name).
-function check.format_options(options)
-  local parts = {}
+-- "lr=0.02 wd=0.1 ..." from a row's options: the usual keys, then the other
+-- options that differ from defaults (sorted), then hooks by name.
+function check.format_options(options, defaults, hooks)
+  local parts, shown = {}, {}
   options = options or {}
   for _, k in ipairs(KEY_ORDER) do
     if options[k] ~= nil then parts[#parts + 1] = k .. "=" .. fmt_value(options[k]) end
+    shown[k] = true
   end
-  local hooks = {}
-  for _, k in ipairs(HOOKS) do
-    if options[k] ~= nil then hooks[#hooks + 1] = k end
+  local others = {}
+  for k, v in pairs(options) do
+    if not shown[k] and type(k) == "string" and k:sub(1, 1) ~= "_" and type(v) ~= "function"
+      and fmt_value(v) ~= fmt_value(defaults and defaults[k]) then
+      others[#others + 1] = k
+    end
   end
-  if #hooks > 0 then parts[#parts + 1] = "hooks=" .. table.concat(hooks, ",") end
+  table.sort(others)
+  for _, k in ipairs(others) do parts[#parts + 1] = k .. "=" .. fmt_value(options[k]) end
+  if hooks and #hooks > 0 then parts[#parts + 1] = "hooks=" .. table.concat(hooks, ",") end
   return table.concat(parts, " ")
 end
 
@@ -118,7 +130,7 @@ function check.run(config_path, shapes_path, opts)
       local group = r.group and tostring(r.group) or "-"
       if r.group_name then group = group .. " (" .. r.group_name .. ")" end
       cells[#cells + 1] = {
-        r.name, table.concat(dims, "x"), group, r.optimizer or "-", check.format_options(r.options),
+        r.name, table.concat(dims, "x"), group, r.optimizer or "-", check.format_options(r.options, r.defaults, r.hooks),
       }
     else
       cells[#cells + 1] = { s.name, table.concat(dims, "x"), "-", "-", "(not registered: see problems)" }

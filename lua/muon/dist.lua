@@ -326,7 +326,16 @@ end
 --   items      work items: { record, region (global box), owner, ns,
 --              sources = { {rank, box} } (state holders sending their NS
 --              input piece to the owner), dests = { {rank, box} } (ranks
---              receiving their slice of the update from the owner) }
+--              receiving their slice of the update from the owner),
+--              attached = hook state items moved with it (see below) }
+-- A record may list hook state tensors (hooks = { {name, key, shape} }:
+-- per-parameter state of a post-Newton-Schulz hook, shaped like the
+-- parameter with core dims collapsed to 1). Each is placed like the
+-- parameter (same placement over its own shape); every box of it is held
+-- by one rank, the state holder of the parameter's box there, and it
+-- travels with the parameter's item: its pieces go from their holders to
+-- the owner and come back to the holders (r.hook_records[key]: its boxes,
+-- holders; item.attached: { record, region, owner, sources, dests }).
 -- and plan.batches: lists of items of one group each, split like the
 -- seed's _split_into_memory_safe_batches (512M elements / the parameter's
 -- shard count, at least that many per batch), interleaved across groups.
@@ -374,6 +383,29 @@ function D.plan(records, mesh, opts)
   end
   greedy(holds, function(j) return j.record.replicas[j.id] end, state_load)
   plan.state_load = state_load
+  -- Hook state records: boxes over their own shape; the holder of a box is
+  -- the parameter's state holder at the lowest rank that holds the box.
+  for _, r in ipairs(records) do
+    r.hook_records = {}
+    for _, h in ipairs(r.hooks or {}) do
+      local hr = { name = r.name .. "/" .. h.key, key = h.key, shape = h.shape, placement = r.placement,
+        dtype = r.dtype, parent = r, boxes = {}, box_of = {}, holder = {}, id_of = {}, box_order = {} }
+      for q = 0, W - 1 do
+        local b = D.local_box(h.shape, r.placement, mesh, q)
+        hr.boxes[q] = b
+        if D.numel(b.len) > 0 then
+          local id = box_id(b)
+          hr.id_of[q] = id
+          if not hr.box_of[id] then
+            hr.box_of[id] = b
+            hr.box_order[#hr.box_order + 1] = id
+            hr.holder[id] = r.holder[r.id_of[q]]
+          end
+        end
+      end
+      r.hook_records[h.key] = hr
+    end
+  end
   -- Work items.
   local ns_load, jobs = {}, {}
   for q = 0, W - 1 do ns_load[q] = 0 end
@@ -431,6 +463,26 @@ function D.plan(records, mesh, opts)
       end
       -- Sources the owner holds itself need no transfer (marked local).
       for _, s in ipairs(it.sources) do s.local_ = s.rank == it.owner end
+      -- Hook state travels with the item: from and back to its holders.
+      it.attached = {}
+      for _, h in ipairs(r.hooks or {}) do
+        local hr = r.hook_records[h.key]
+        local region = { start = {}, len = {} }
+        for d = 1, #h.shape do
+          if h.shape[d] == r.shape[d] then region.start[d], region.len[d] = it.region.start[d], it.region.len[d]
+          else region.start[d], region.len[d] = 0, h.shape[d] end
+        end
+        local a = { record = hr, region = region, owner = it.owner, sources = {}, dests = {} }
+        for _, id in ipairs(hr.box_order) do
+          local b = hr.box_of[id]
+          if box_within(b, region) then
+            local piece = { rank = hr.holder[id], box = b }
+            a.sources[#a.sources + 1] = piece
+            a.dests[#a.dests + 1] = piece
+          end
+        end
+        it.attached[#it.attached + 1] = a
+      end
     end
   end
   -- Batches per (group, shard count), in registration order.
@@ -486,24 +538,28 @@ end
 -- other rank that holds it.
 function D.step_elements(plan, rank, stepping)
   local sent, recv = 0, 0
+  local function count(it)
+    local o = it.owner
+    for _, s in ipairs(it.sources) do
+      if s.rank ~= o then
+        local n = D.numel(s.box.len)
+        if s.rank == rank then sent = sent + n end
+        if o == rank then recv = recv + n end
+      end
+    end
+    for _, d in ipairs(it.dests) do
+      if d.rank ~= o then
+        local n = D.numel(d.box.len)
+        if o == rank then sent = sent + n end
+        if d.rank == rank then recv = recv + n end
+      end
+    end
+  end
   for _, r in ipairs(plan.records) do
     if stepping == nil or stepping(r) then
       for _, it in ipairs(r.items) do
-        local o = it.owner
-        for _, s in ipairs(it.sources) do
-          if s.rank ~= o then
-            local n = D.numel(s.box.len)
-            if s.rank == rank then sent = sent + n end
-            if o == rank then recv = recv + n end
-          end
-        end
-        for _, d in ipairs(it.dests) do
-          if d.rank ~= o then
-            local n = D.numel(d.box.len)
-            if o == rank then sent = sent + n end
-            if d.rank == rank then recv = recv + n end
-          end
-        end
+        count(it)
+        for _, a in ipairs(it.attached or {}) do count(a) end
       end
     end
   end

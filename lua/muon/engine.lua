@@ -25,7 +25,7 @@ Engine.__index = Engine
 local KINDS = { muon = Muon.kind, adamw = AdamW.kind }
 local ROUTING_KEYS = { name = true, optimizer = true, match = true, exclude = true, min_dim = true, max_dim = true }
 local HOOK_NAMES = { reshape_fn = true, ns_transform_fn = true, post_update_fn = true, zeropower_fn = true,
-  momentum_update_fn = true }
+  momentum_update_fn = true, post_ortho_fn = true }
 local OPEN_KEYS = { trusted = true }
 local DIST_KEYS = { comm = true, mesh = true, balance = true, max_batch_numel = true }
 
@@ -356,6 +356,26 @@ function Engine:step()
   if not ok then error(err, 2) end
 end
 
+-- Per-step values from the trainer for the config's hooks, which read them
+-- as ctx.signals[name] (a list of numbers); kept until set again. On a mesh
+-- every rank must set the same values (they are agreed like the schedule).
+function Engine:set_signal(name, values)
+  if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "set_signal: name must be a non-empty string") end
+  if type(values) ~= "table" then E.raise(E.EINVAL, "set_signal '%s': values must be a list of numbers", name) end
+  local n = #values
+  for k in pairs(values) do
+    if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
+      E.raise(E.EINVAL, "set_signal '%s': values must be a list of numbers (key %s)", name, tostring(k))
+    end
+  end
+  for i = 1, n do
+    if not O.is_finite(values[i]) then
+      E.raise(E.EINVAL, "set_signal '%s': values[%d] = %s is not a finite number", name, i, tostring(values[i]))
+    end
+  end
+  self:_stepper():set_signal(name, values)
+end
+
 local SETTABLE = { lr_scale = true }
 
 function Engine:set(key, value)
@@ -389,12 +409,15 @@ function Engine:describe()
   local rows = {}
   for _, e in ipairs(self.params) do
     local g = e.group
-    local options = {}
+    local options, hooks = {}, {}
     for k, v in pairs(g.base) do
       if type(v) ~= "function" then options[k] = v end
     end
+    for _, h in ipairs(g.kind.HOOKS) do
+      if g.options[h] ~= nil then hooks[#hooks + 1] = h end
+    end
     rows[#rows + 1] = { name = e.param.name, shape = e.param.logical_shape, group = g.index, group_name = g.name,
-      optimizer = g.kind.name, options = options }
+      optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks }
   end
   return rows
 end

@@ -137,19 +137,34 @@ function F.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
 end
 
 -- p = p*decay + alpha*(update*scale_i); scales nil, a number or an array.
-function F.apply(params, updates, scales, decay, alpha)
-  local p, n = tensors("a", params, "params", 2)
-  same_count("updates", n, updates, 2)
-  local u = tensors("b", updates, "updates", 2)
-  match(p, "params", u, "updates", n, 2)
-  local sarr, s1 = scales_arg("s", scales, n, "scales", 2)
-  number(decay, "decay", 2)
-  number(alpha, "alpha", 2)
+-- cautious: the decay only where the subtracted update has p's sign.
+local function apply(params, updates, scales, decay, alpha, cautious)
+  local p, n = tensors("a", params, "params", 3)
+  same_count("updates", n, updates, 3)
+  local u = tensors("b", updates, "updates", 3)
+  match(p, "params", u, "updates", n, 3)
+  local sarr, s1 = scales_arg("s", scales, n, "scales", 3)
+  number(decay, "decay", 3)
+  number(alpha, "alpha", 3)
   if sarr == nil and s1 ~= 1.0 then
     sarr = slot_array("s", dbl_arr, n)
     for i = 0, n - 1 do sarr[i] = s1 end
   end
-  check(C.mu_foreach_apply(n, p, u, sarr, decay, alpha), "foreach.apply", 2)
+  if cautious then
+    check(C.mu_foreach_apply_cautious(n, p, u, sarr, decay, alpha), "foreach.apply_cautious", 3)
+  else
+    check(C.mu_foreach_apply(n, p, u, sarr, decay, alpha), "foreach.apply", 3)
+  end
+end
+
+function F.apply(params, updates, scales, decay, alpha)
+  return apply(params, updates, scales, decay, alpha, false)
+end
+
+-- Cautious weight decay: p = p*decay + alpha*u*s where (alpha*u*s)*p < 0
+-- (the update moves p towards zero), p + alpha*u*s elsewhere.
+function F.apply_cautious(params, updates, scales, decay, alpha)
+  return apply(params, updates, scales, decay, alpha, true)
 end
 
 -- x = x * s (s a number or an array of per-tensor numbers).

@@ -89,6 +89,9 @@ end
 
 function host.step(eng) eng:step() end
 
+-- mu_engine_set_signal: values is a Lua list of the n doubles.
+function host.set_signal(eng, name, values) eng:set_signal(name, values) end
+
 function host.set(eng, key, value) eng:set(key, value) end
 
 function host.get(eng, key)

@@ -1,14 +1,18 @@
 -- The router: moves NS inputs to the rank that orthogonalizes them and
 -- updates back to every rank that holds a piece, batch by batch, as the
--- plan of muon.dist says (D.plan: items with an owner, sources and dests).
--- On one process (or for items whose owner holds everything) nothing
--- moves and the owner works in place on its own buffers.
+-- plan of muon.dist says (D.plan: items with an owner, sources and dests,
+-- and hook state items attached to them). On one process (or for items
+-- whose owner holds everything) nothing moves and the owner works in place
+-- on its own buffers.
 --
 --   local router = require("muon.router").new(data_comm)
 --   router:run(batch_items, dtypes, moves_in, moves_out, io)
---     io.mine(record)      -> this rank's update buffer (its box) of the record
---     io.buffer(item)      -> the owner's buffer for the item's region (full)
---     io.compute(owned)    -> orthogonalize the owned items (list of { item, input })
+--     io.source(record)    -> what this rank sends for the record (its box):
+--                             the NS input, or a hook state's current value
+--     io.dest(record)      -> where this rank receives it back (the update,
+--                             or the hook state's next value)
+--     io.buffer(item)      -> the owner's buffer for an item's region
+--     io.compute(owned)    -> the owners' work on { item, input, state = { key -> buffer } }
 --   router:exchange(dtype, sends, recvs)   -- one all-to-all-v of pieces
 local T = require("muon.tensor")
 local D = require("muon.dist")
@@ -74,8 +78,8 @@ local function lists(W)
   return s, r
 end
 
--- Whether an item's owner computes in place in its own update buffer: it
--- is the only source and its box is the whole region.
+-- Whether an item's owner computes in place in its own buffer: it is the
+-- only source and its box is the whole region.
 function R.in_place(it)
   if it.inplace == nil then
     local s = it.sources[1]
@@ -90,64 +94,82 @@ function R.in_place(it)
   return it.inplace
 end
 
--- Route one batch: NS input pieces to owners (one all-to-all-v per dtype
--- when the batch moves anything in), the owners' work (io.compute), then
--- every update slice to the ranks holding it (one all-to-all-v per dtype).
--- items: the batch's items to run this step (the same on every rank);
--- dtypes, moves_in, moves_out: static properties of the batch.
+-- The buffer the owner computes an item in: its own destination buffer when
+-- in place (filled from its source when they differ), else its region buffer.
+local function work_buffer(it, io)
+  if R.in_place(it) then
+    local dst, src = io.dest(it.record), io.source(it.record)
+    if dst ~= src then dst:copy(src) end
+    return dst
+  end
+  return io.buffer(it)
+end
+
+-- One item's pieces on their way in (to the owner) or out (back).
+local function route(it, me, io, sends, recvs, out)
+  local o = it.owner
+  local pieces = out and it.dests or it.sources
+  if o == me then
+    local inplace = R.in_place(it)
+    local buf = inplace and io.dest(it.record) or io.buffer(it)
+    for _, p in ipairs(pieces) do
+      if p.rank ~= me or not inplace then
+        local v = D.box_view(buf, p.box, it.region)
+        if p.rank == me then
+          if out then io.dest(it.record):copy(v) else v:copy(io.source(it.record)) end
+        elseif out then
+          table.insert(sends[p.rank + 1], { n = D.numel(p.box.len), src = v })
+        else
+          table.insert(recvs[p.rank + 1], { n = D.numel(p.box.len), dst = v })
+        end
+      end
+    end
+  else
+    for _, p in ipairs(pieces) do
+      if p.rank == me then
+        if out then table.insert(recvs[o + 1], { n = D.numel(p.box.len), dst = io.dest(it.record) })
+        else table.insert(sends[o + 1], { n = D.numel(p.box.len), src = io.source(it.record) }) end
+      end
+    end
+  end
+end
+
+-- Route one batch: NS inputs (and hook state) to owners, one all-to-all-v
+-- per dtype when the batch moves anything in; the owners' work
+-- (io.compute); every update slice (and hook state piece) back, one
+-- all-to-all-v per dtype. items: the batch's items to run this step (the
+-- same on every rank); dtypes, moves_in, moves_out: static properties of
+-- the batch.
 function Router:run(items, dtypes, moves_in, moves_out, io)
   local me, W = self.me, self.W
-  -- Inputs to owners.
   for _, dt in ipairs(dtypes) do
     local sends, recvs = lists(W)
     for _, it in ipairs(items) do
       if it.record.dtype == dt then
-        local o = it.owner
-        if o == me and not R.in_place(it) then
-          local buf = io.buffer(it)
-          for _, s in ipairs(it.sources) do
-            local dst = D.box_view(buf, s.box, it.region)
-            if s.rank == me then dst:copy(io.mine(it.record))
-            else table.insert(recvs[s.rank + 1], { n = D.numel(s.box.len), dst = dst }) end
-          end
-        elseif o ~= me then
-          for _, s in ipairs(it.sources) do
-            if s.rank == me then table.insert(sends[o + 1], { n = D.numel(s.box.len), src = io.mine(it.record) }) end
-          end
-        end
+        route(it, me, io, sends, recvs, false)
+        for _, a in ipairs(it.attached or {}) do route(a, me, io, sends, recvs, false) end
       end
     end
     if moves_in then self:exchange(dt, sends, recvs) end
   end
-  -- The owners' work.
   local owned = {}
   for _, it in ipairs(items) do
     if it.owner == me then
-      owned[#owned + 1] = { item = it, input = R.in_place(it) and io.mine(it.record) or io.buffer(it) }
+      local state
+      for _, a in ipairs(it.attached or {}) do
+        state = state or {}
+        state[a.record.key] = work_buffer(a, io)
+      end
+      owned[#owned + 1] = { item = it, input = work_buffer(it, io), state = state }
     end
   end
   io.compute(owned)
-  -- Update slices to every rank holding one.
   for _, dt in ipairs(dtypes) do
     local sends, recvs = lists(W)
     for _, it in ipairs(items) do
       if it.record.dtype == dt then
-        local o = it.owner
-        if o == me then
-          local inplace = R.in_place(it)
-          local buf = inplace and io.mine(it.record) or io.buffer(it)
-          for _, d in ipairs(it.dests) do
-            if d.rank == me then
-              if not inplace then io.mine(it.record):copy(D.box_view(buf, d.box, it.region)) end
-            else
-              table.insert(sends[d.rank + 1], { n = D.numel(d.box.len), src = D.box_view(buf, d.box, it.region) })
-            end
-          end
-        else
-          for _, d in ipairs(it.dests) do
-            if d.rank == me then table.insert(recvs[o + 1], { n = D.numel(d.box.len), dst = io.mine(it.record) }) end
-          end
-        end
+        route(it, me, io, sends, recvs, true)
+        for _, a in ipairs(it.attached or {}) do route(a, me, io, sends, recvs, true) end
       end
     end
     if moves_out then self:exchange(dt, sends, recvs) end
@@ -164,8 +186,10 @@ function R.describe_batch(batch)
       seen[dt] = true
       dtypes[#dtypes + 1] = dt
     end
-    for _, s in ipairs(it.sources) do if s.rank ~= it.owner then moves_in = true end end
-    for _, d in ipairs(it.dests) do if d.rank ~= it.owner then moves_out = true end end
+    for _, x in ipairs({ it, unpack(it.attached or {}) }) do
+      for _, s in ipairs(x.sources) do if s.rank ~= x.owner then moves_in = true end end
+      for _, d in ipairs(x.dests) do if d.rank ~= x.owner then moves_out = true end end
+    end
   end
   table.sort(dtypes)
   return dtypes, moves_in, moves_out

@@ -75,6 +75,7 @@ function M.new(opts)
     full = setmetatable({}, { __mode = "k" }), -- plan item -> owner's region buffer
     merged = {}, ws = nil,
     stats = { steps = 0, skipped_nonfinite = 0, kinds = {} },
+    signals = {},   -- name -> list of numbers, for hooks (ctx.signals)
     built = false,
   }, Stepper)
   -- Separate communicators: data carries only NS routing (its counters are
@@ -196,7 +197,8 @@ function Stepper:build()
     local g = self.groups[w.gi]
     records[i] = { name = p.name, shape = p.logical_shape, placement = w.placement, group = w.gi,
       dtype = p.value:dtype(), ns = g.kind.ns, whole = g.kind.whole(g.options), nd_mode = g.options.nd_mode,
-      state_count = #g.kind.state_keys, param = p }
+      state_count = #g.kind.state_keys, param = p,
+      hooks = g.kind.hook_shapes and g.kind.hook_shapes(g.options, p.logical_shape) or nil }
   end
   if self.W > 1 then
     local problem = D.agree(self.ctrl, records, nil)
@@ -211,6 +213,8 @@ function Stepper:build()
     r.mine = r.boxes[self.me]
     r.mine_n = D.numel(r.mine.len)
     r.holds = id ~= nil and r.holder[id] == self.me
+    r.hooks_list = r.hooks or {}
+    for _, hr in pairs(r.hook_records) do hr.mine = hr.boxes[self.me] end
     self.rec[r.param] = r
   end
   self.gparams = {}
@@ -296,12 +300,30 @@ end
 
 ------------------------------------------------------------- the phases
 
+-- Values the trainer passes to hooks (ctx.signals[name]), kept until set
+-- again; on a mesh they are part of the step's agreed values.
+function Stepper:set_signal(name, values)
+  local copy = {}
+  for i, v in ipairs(values) do copy[i] = v end
+  self.signals[name] = copy
+end
+
+local function signals_copy(signals)
+  local out = {}
+  for k, list in pairs(signals) do
+    local c = {}
+    for i, v in ipairs(list) do c[i] = v end
+    out[k] = c
+  end
+  return out
+end
+
 -- Phase 1-2 (local): this step's values and stepping parameters per group.
 -- pre_err: an error the caller met preparing the values (it fails the step
 -- like any other, on every rank).
 local function check_phase(self, values, pre_err)
   if pre_err ~= nil then error(pre_err, 0) end
-  local run = { g = {}, stepping = {} }
+  local run = { g = {}, stepping = {}, signals = signals_copy(self.signals) }
   for gi, G in ipairs(self.groups) do
     local opts = G.options
     local over = values and values[gi]
@@ -361,6 +383,10 @@ function Stepper:_agree_check(run, err)
         values[#values + 1] = { G.label .. "." .. k, value_string(hp[k]) }
       end
     end
+    local names = {}
+    for k in pairs(run.signals) do names[#names + 1] = k end
+    table.sort(names)
+    for _, k in ipairs(names) do values[#values + 1] = { "signal " .. k, value_string(run.signals[k]) } end
   end
   local function hash_all(list)
     local parts = {}
@@ -376,7 +402,7 @@ function Stepper:_agree_check(run, err)
     E.raise(E.EINVAL, msg or "gradients differ across ranks")
   end
   if r[ng + 4] ~= -r[ng + 5] then
-    local msg = D.agree_entries(self.ctrl, values, "scheduled values", #values)
+    local msg = D.agree_entries(self.ctrl, values, "scheduled values")
     E.raise(E.EINVAL, msg or "scheduled values differ across ranks")
   end
   for gi = 1, ng do run.g[gi].skip = r[1 + gi] == 1 end
@@ -403,16 +429,20 @@ local function direction_phase(self, run)
               sc.entry = e
             end
             e.grad, e.u, e.count = p.grad, sc.u, (self.pstep[p] or 0) + 1
-            for _, k in ipairs(keys) do
+            -- the kind's state, then hook state (over its own boxes)
+            local nk = #keys
+            for i = 1, nk + #r.hooks_list do
+              local k = i <= nk and keys[i] or r.hooks_list[i - nk].key
+              local shape = i <= nk and r.mine.len or r.hook_records[k].mine.len
               local spare = sc.spare[k]
               if spare == nil then
-                spare = T.zeros(r.mine.len, r.dtype)
+                spare = T.zeros(shape, r.dtype)
                 sc.spare[k] = spare
               end
               if st then
                 e.old[k], e.new[k] = st[k], spare
               else -- first step: zeros in, a fresh buffer out (becomes the state)
-                e.old[k], e.new[k] = spare:zero(), T.zeros(r.mine.len, r.dtype)
+                e.old[k], e.new[k] = spare:zero(), T.zeros(shape, r.dtype)
               end
             end
             entries[#entries + 1] = e
@@ -453,13 +483,31 @@ end
 -- The router's callbacks (see muon.router).
 function make_io(self)
   local io = {}
-  function io.mine(r) return self.scratch[r.param].u end
+  -- A parameter's NS input goes out and its update comes back in one
+  -- buffer; a hook state's current value goes out, its next comes back.
+  function io.source(r)
+    if r.parent then return self.scratch[r.parent.param].entry.old[r.key] end
+    return self.scratch[r.param].u
+  end
+  function io.dest(r)
+    if r.parent then return self.scratch[r.parent.param].entry.new[r.key] end
+    return self.scratch[r.param].u
+  end
   function io.buffer(it) return self:_full(it) end
   function io.compute(owned)
     local G = self.groups[io.group]
     if not G.kind.ns or #owned == 0 then return end
     local list = {}
-    for i, o in ipairs(owned) do list[i] = { name = o.item.record.name, input = o.input } end
+    for i, o in ipairs(owned) do
+      local r = o.item.record
+      local state
+      if o.state then
+        state = {}
+        for _, h in ipairs(r.hooks_list) do state[h.name] = o.state[h.key] end
+      end
+      list[i] = { name = r.name, input = o.input, state = state, shape = r.shape, signals = io.run.signals,
+        region = o.item.region }
+    end
     attempt(io.run, G.kind.orthogonalize, self, G.options, io.run.g[io.group].hp, list)
   end
   return io
@@ -483,7 +531,7 @@ local function finish_phase(self, run)
       end
       local bad = U.first_nonfinite(updates)
       if bad then E.raise(E.ENONFINITE, "parameter '%s': update holds NaN or Inf", names[bad]) end
-      local decay, alpha = G.kind.apply_coeffs(G.options, gr.hp)
+      local decay, alpha, cautious = G.kind.apply_coeffs(G.options, gr.hp)
       if not (finite(decay) and finite(alpha)) then
         E.raise(E.EINVAL, "%s: the step's decay (%s) or alpha (%s) is not finite", G.label, tostring(decay), tostring(alpha))
       end
@@ -493,7 +541,7 @@ local function finish_phase(self, run)
         end
       end
       for _, part in ipairs(U.split_dtype(values, updates)) do
-        gr.applies[#gr.applies + 1] = { part[1], part[2], decay, alpha }
+        gr.applies[#gr.applies + 1] = { part[1], part[2], decay, alpha, cautious }
       end
     end
   end
@@ -530,7 +578,10 @@ local function commit_phase(self, run)
         end
         if G.kind.counts_steps then st.step = e.count end
       end
-      for _, a in ipairs(gr.applies) do foreach.apply(a[1], a[2], nil, a[3], a[4]) end
+      for _, a in ipairs(gr.applies) do
+        if a[5] then foreach.apply_cautious(a[1], a[2], nil, a[3], a[4])
+        else foreach.apply(a[1], a[2], nil, a[3], a[4]) end
+      end
     end
   end
   for _, ks in ipairs(self.kind_stats) do ks.steps = ks.steps + 1 end
@@ -569,7 +620,14 @@ function Stepper:step(values, pre_err)
   for gi, G in ipairs(self.groups) do
     local gr = run.g[gi]
     if not gr.skip and post_failure == nil and #gr.params > 0 then
-      local ok, e = pcall(G.kind.post_update, G.options, gr.hp, gr.params)
+      local boxes = {}
+      for i, p in ipairs(gr.params) do
+        local b = self.rec[p].mine
+        local start = {}
+        for d = 1, #b.start do start[d] = b.start[d] + 1 end
+        boxes[i] = { start = start, len = b.len }
+      end
+      local ok, e = pcall(G.kind.post_update, G.options, gr.hp, gr.params, boxes, run.signals)
       if not ok then post_failure = e end
     end
   end

@@ -306,6 +306,16 @@ int main(void)
     ok(rc == MU_OK && v == 4 * (4 + 2 * 3), "get state_bytes = %d (%g)", 4 * (4 + 2 * 3), v);
     rc = mu_engine_get(eng, "scratch_bytes", &v);
     ok(rc == MU_OK && v > 0, "get scratch_bytes > 0 (%g)", v);
+    /* signals for the config's hooks */
+    double sig[3] = {1.5, 2.0, 250.0}, nan_sig[2] = {1.0, NAN};
+    ok(mu_engine_set_signal(eng, "max_logit.0", sig, 3) == MU_OK, "set_signal: three values");
+    ok(mu_engine_set_signal(eng, "empty", NULL, 0) == MU_OK, "set_signal: no values");
+    rc = mu_engine_set_signal(eng, "max_logit.0", nan_sig, 2);
+    ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "values[2] = nan"), "set_signal NaN: MU_EINVAL naming it: %s",
+       mu_engine_error(eng));
+    ok(mu_engine_set_signal(eng, NULL, sig, 3) == MU_EINVAL && mu_engine_set_signal(eng, "x", NULL, 2) == MU_EINVAL &&
+           mu_engine_set_signal(eng, "x", sig, -1) == MU_EINVAL && mu_engine_set_signal(NULL, "x", sig, 1) == MU_EINVAL,
+       "set_signal: NULL name, NULL values, negative n, NULL engine: MU_EINVAL");
     rc = mu_engine_set(eng, "lr_scale", 0.5);
     ok(rc == MU_OK, "set lr_scale 0.5");
     rc = mu_engine_get(eng, "lr_scale", &v);

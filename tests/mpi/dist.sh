@@ -20,10 +20,14 @@ mpi_case "dist np=2 mesh shard:2 resume from np=4" 2 $RUN $S resume "shard:2" "$
 mpi_case "dist np=1 resume from np=4" 1 $RUN $S resume "shard:1" "$ck/opt.safetensors"
 mpi_case "dist np=3 mesh replicate:3 resume from np=4" 3 $RUN $S resume "replicate:3" "$ck/opt.safetensors"
 mpi_case "dist np=4 mesh shard:2,shard2:2 resume from np=4" 4 $RUN $S resume "shard:2,shard2:2" "$ck/opt.safetensors"
-rm -rf "$ck"
+for c in "1 shard:1" "2 shard:2" "2 replicate:2" "3 shard:3" "4 replicate:2,shard:2" "4 shard:2,shard2:2"; do
+  set -- $c
+  mpi_case "variants np=$1 mesh $2" "$1" $RUN $S variants "$2" "$ck/variants.safetensors"
+done
 mpi_case "dist np=3 config differs on rank 2" 3 $RUN $S config "shard:3"
 mpi_case "dist np=4 experts sharded on dim 1" 4 $RUN $S experts "shard:4"
 mpi_case "dist np=2 replicated state" 2 $RUN $S memory "replicate:2,shard:1"
+rm -rf "$ck"
 if [ -x "$ROOT/build/muon" ]; then
   # The example prints the same losses at any world size.
   ex=$(mktemp -d)

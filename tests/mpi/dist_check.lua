@@ -15,6 +15,8 @@
 --   config   one rank's config differs: every rank fails naming key and ranks
 --   experts  a (4, 32, 48) expert stack sharded on dim 1: 0 bytes moved
 --   memory   state bytes per rank against one process (replicated state)
+--   variants NorMuon (hook state), cautious decay, spectral scale, conv
+--            flattening, QK-clip (signals): 10 steps bitwise vs one process
 local H = require("mpi.harness")
 local T = require("muon.tensor")
 local D = require("muon.dist")
@@ -48,6 +50,15 @@ local PARAMS = {
   { "bias", { 10 }, { 1 }, 3 },             -- AdamW, 1-D
 }
 if mode == "experts" then PARAMS = { { "experts", { 4, 32, 48 }, { 1 }, 1 } } end
+if mode == "variants" then
+  PARAMS = {
+    { "n.a", { 8, 6 }, { 1, 2 }, 1 }, { "n.b", { 9, 5 }, { 2, 1 }, 1 }, { "n.experts", { 3, 6, 4 }, { 1, 2 }, 1 },
+    { "c.a", { 7, 5 }, { 1, 2 }, 2 }, { "c.rep", { 6, 6 }, {}, 2 },
+    { "s.a", { 4, 9 }, { 2, 1 }, 3 }, { "f.conv", { 4, 3, 2, 2 }, { 1, 2 }, 4 },
+    { "layers.0.attn.wq", { 8, 6 }, { 1, 2 }, 5 }, { "layers.0.attn.wk", { 8, 6 }, { 2, 1 }, 5 },
+    { "bias", { 10 }, { 1 }, 6 },
+  }
+end
 
 local GROUP_OF = {}
 for _, s in ipairs(PARAMS) do GROUP_OF[s[1]] = s[4] end
@@ -71,7 +82,27 @@ end
 local INJECT = { wd_nan = 3, betas = 5, eps = 7, post = 8, nan_grad = 9, lr_differs = 10 }
 local CUR = 0 -- the test's step (a failed step does not advance the engine's)
 
+-- The variants' groups: the hooks of the shipped configs.
+local function variant_config(dist)
+  local normuon = dofile("configs/normuon.lua").groups[1]
+  local clip = dofile("configs/muonclip.lua").groups[1].post_update_fn
+  local groups = {
+    { name = "normuon", optimizer = "muon", lr = 0.02, weight_decay = 0.1, hook_state = normuon.hook_state,
+      post_ortho_fn = normuon.post_ortho_fn },
+    { name = "cautious", optimizer = "muon", lr = 0.05, weight_decay = 0.5, weight_decay_mode = "cautious" },
+    { name = "spectral", optimizer = "muon", lr = 0.05, scale_mode = "spectral" },
+    { name = "flatten", optimizer = "muon", lr = 0.05, nd_mode = "flatten" },
+    { name = "clip", optimizer = "muon", lr = 0.05, post_update_fn = clip },
+    { name = "adamw", optimizer = "adamw", lr = 1e-2 },
+  }
+  for i, g in ipairs(groups) do g.match = function(name) return GROUP_OF[name] == i end end
+  local cfg = { groups = groups }
+  if dist then cfg.dist = { mesh = AXES } end
+  return cfg
+end
+
 local function make_config(dist, here, variant)
+  if mode == "variants" then return variant_config(dist) end
   local groups = {
     { name = "hidden", optimizer = "muon", lr = 0.02, weight_decay = 0.1 },
     { name = "legacy", optimizer = "muon", lr = 0.05, weight_decay = 0.01, nesterov = false, ns_variant = "legacy",
@@ -315,6 +346,44 @@ H.main(function()
     H.check("experts-zero-bytes", cs.bytes_sent == 0 and cs.bytes_recv == 0 and cs.calls == 0,
       ("sent %d recv %d calls %d"):format(cs.bytes_sent, cs.bytes_recv, cs.calls))
     compare("experts-bitwise", ref, eng, locals)
+  elseif mode == "variants" then
+    local ref, eng, locals = setup({})
+    for step = 1, 10 do
+      set_grads(ref, locals, step)
+      for _, e in ipairs({ ref, eng }) do e:set_signal("max_logit.0", { 60 + 9 * step, 150, 99, 300 / step }) end
+      eng:step()
+      ref_step(ref)
+      if step == 5 and path then
+        -- the mesh's checkpoint (gathered from the holders) loads into one
+        -- process with every state tensor, hook state included, bitwise
+        eng:save(path)
+        local one = engine.new(make_config(false, {}))
+        for _, spec in ipairs(PARAMS) do
+          one:add_param(spec[1], T.zeros(spec[2], spec.dtype or "float32"), T.zeros(spec[2], spec.dtype or "float32"))
+        end
+        one:load(path)
+        local same, first = true, nil
+        for _, spec in ipairs(PARAMS) do
+          local a, b = one:state(spec[1]), ref:state(spec[1])
+          for k, t in pairs(b or {}) do
+            if T.is_tensor(t) and not bits_equal(a[k], t) then same, first = false, first or (spec[1] .. " " .. k) end
+          end
+        end
+        H.check("variants-checkpoint-gathered", same, first)
+      end
+    end
+    compare("variants-bitwise-10-steps", ref, eng, locals)
+    local same = true
+    for name, l in pairs(locals) do
+      local s, rs = eng:state(name), ref:state(name)
+      if s and s["hook.v"] then
+        local hr = eng.stepper:record(eng:param(name)).hook_records["hook.v"]
+        local ok = bits_equal(s["hook.v"], D.box_view(rs["hook.v"], hr.mine))
+        same = same and ok
+      end
+      local _ = l
+    end
+    H.check("variants-hook-state-bitwise", same)
   elseif mode == "memory" then
     local ref, eng, locals = setup({})
     set_grads(ref, locals, 1)

@@ -34,6 +34,8 @@ local DEFAULTS = {
   ns_path = "symmetric", -- "symmetric" (syrk/symm) or "plain" (gemm)
   scale_mode = "matched_adamw_rms", -- or "keller": sqrt(max(1, A/B))
   nonfinite = "error", -- NaN/Inf gradient: "error" (atomic failure) or "skip" (skip the group's step)
+  weight_decay_mode = "decoupled", -- or "cautious": decay only where the update moves p towards 0
+  nd_mode = "batch", -- N-D: a batch of last-two-dim matrices, or "flatten": out x (the rest)
 }
 -- Options whose default is nil.
 local NIL_DEFAULTS = {
@@ -43,8 +45,14 @@ local NIL_DEFAULTS = {
   reshape_fn = true,
   ns_transform_fn = true,
   post_update_fn = true,
+  post_ortho_fn = true, -- post_ortho_fn(O, state, ctx): after Newton-Schulz, before the scale
+  hook_state = true, -- { name = "rows" | "cols" | "matrix" | "scalar", ... }: per-parameter state of post_ortho_fn
 }
-local HOOKS = { "zeropower_fn", "momentum_update_fn", "reshape_fn", "ns_transform_fn", "post_update_fn" }
+local HOOKS = { "zeropower_fn", "momentum_update_fn", "reshape_fn", "ns_transform_fn", "post_update_fn",
+  "post_ortho_fn" }
+-- Shapes of hook state, per 2-D core matrix: one value per row, per column,
+-- per element, or one.
+local HOOK_STATE_RULES = { rows = true, cols = true, matrix = true, scalar = true }
 
 local ALLOWED = {}
 for k in pairs(DEFAULTS) do ALLOWED[k] = true end
@@ -91,7 +99,9 @@ function kind.resolve(g, level)
   end
   O.oneof("zero_rms_scale_mode", g.zero_rms_scale_mode, { "zero", "use_lr" }, level + 1)
   O.oneof("ns_path", g.ns_path, { "symmetric", "plain" }, level + 1)
-  O.oneof("scale_mode", g.scale_mode, { "matched_adamw_rms", "keller" }, level + 1)
+  O.oneof("scale_mode", g.scale_mode, { "matched_adamw_rms", "keller", "spectral" }, level + 1)
+  O.oneof("weight_decay_mode", g.weight_decay_mode, { "decoupled", "cautious" }, level + 1)
+  O.oneof("nd_mode", g.nd_mode, { "batch", "flatten" }, level + 1)
   O.oneof("nonfinite", g.nonfinite, { "error", "skip" }, level + 1)
   O.number("lr", g.lr, 0, level + 1)
   O.number("weight_decay", g.weight_decay, 0, level + 1)
@@ -104,6 +114,33 @@ function kind.resolve(g, level)
   end
   momentum_pair(g.momentum, level + 1)
   for _, h in ipairs(HOOKS) do O.fn(h, g[h], level + 1) end
+  if g.hook_state ~= nil then
+    if type(g.hook_state) ~= "table" then
+      error("hook_state must be a table { name = 'rows' | 'cols' | 'matrix' | 'scalar', ... }, got "
+        .. type(g.hook_state), level + 1)
+    end
+    local names = {}
+    for k, v in pairs(g.hook_state) do
+      if type(k) ~= "string" or not k:match("^[%a_][%w_]*$") then
+        error("hook_state names must be identifiers, got " .. tostring(k), level + 1)
+      end
+      if not HOOK_STATE_RULES[v] then
+        error(("hook_state.%s must be 'rows', 'cols', 'matrix' or 'scalar', got %s"):format(k, tostring(v)), level + 1)
+      end
+      names[#names + 1] = k
+    end
+    table.sort(names)
+    if #names > 0 and g.post_ortho_fn == nil then
+      error("hook_state needs a post_ortho_fn (the hook that keeps it)", level + 1)
+    end
+    g._hook_keys = names
+  else
+    g._hook_keys = {}
+  end
+  if g.post_ortho_fn ~= nil and (g.reshape_fn ~= nil or g.ns_transform_fn ~= nil) then
+    error("post_ortho_fn cannot be combined with reshape_fn or ns_transform_fn (it sees a parameter's own core matrices)",
+      level + 1)
+  end
   local ok2, resolved = pcall(ns.resolve, {
     steps = g.ns_steps, variant = g.ns_variant, eps = g.ns_epsilon,
     coefficients = g.ns_coefficients, path = g.ns_path,
@@ -125,23 +162,63 @@ end
 -- Parameters whose hooks see the whole parameter are orthogonalized whole
 -- on one rank of a mesh (never split by batch slices).
 function kind.whole(group)
-  return group.reshape_fn ~= nil or group.ns_transform_fn ~= nil
+  return group.reshape_fn ~= nil or group.ns_transform_fn ~= nil or group.post_ortho_fn ~= nil
 end
 
--- Core shape (A, B) NS runs on: 2-D as is; (A, 1, B) conv-like; else last two.
-local function core_shape(shape)
+-- Core shape (A, B) NS runs on: 2-D as is; (A, 1, B) conv-like; else the
+-- last two (nd_mode "batch"), or dim 1 x the rest (nd_mode "flatten").
+local function core_shape(shape, nd_mode)
   local n = #shape
   if n == 2 then return shape[1], shape[2] end
+  if n >= 3 and nd_mode == "flatten" then
+    local rest = 1
+    for d = 2, n do rest = rest * shape[d] end
+    return shape[1], rest
+  end
   if n == 3 and shape[2] == 1 then return shape[1], shape[3] end
   if n >= 3 then return shape[n - 1], shape[n] end
   E.raise(E.EINVAL, "1D parameters are not supported in Muon")
 end
 kind.core_shape = core_shape
 
+-- The global shape of a parameter's hook state under a rule: the
+-- parameter's shape with the core columns (rows, both) set to 1; the
+-- post_ortho_fn sees it as (core matrices, rows or 1, cols or 1).
+function kind.hook_shape(rule, shape, nd_mode)
+  local core = {}
+  local n = #shape
+  if n >= 3 and nd_mode == "flatten" then
+    core.rows = { [1] = true }
+    core.cols = {}
+    for d = 2, n do core.cols[d] = true end
+  elseif n == 3 and shape[2] == 1 then
+    core.rows, core.cols = { [1] = true }, { [3] = true }
+  else
+    core.rows, core.cols = { [n - 1] = true }, { [n] = true }
+  end
+  local out = {}
+  for d = 1, n do
+    local one = (rule == "rows" and core.cols[d]) or (rule == "cols" and core.rows[d])
+      or (rule == "scalar" and (core.rows[d] or core.cols[d]))
+    out[d] = one and 1 or shape[d]
+  end
+  return out
+end
+
+-- The hook state tensors of a parameter of this group: a list of
+-- { name, key = "hook.<name>", shape = global shape } (see kind.hook_shape).
+function kind.hook_shapes(group, shape)
+  local list = {}
+  for _, name in ipairs(group._hook_keys or {}) do
+    list[#list + 1] = { name = name, key = "hook." .. name, shape = kind.hook_shape(group.hook_state[name], shape, group.nd_mode) }
+  end
+  return list
+end
+
 -- The tensor as a (slices, A, B) view (or a contiguous copy if it can't be).
-local function as_batch3(t)
+local function as_batch3(t, nd_mode)
   local shape = t:size()
-  local a, b = core_shape(shape)
+  local a, b = core_shape(shape, nd_mode)
   local k = math.floor(t:numel() / math.max(a * b, 1))
   if a * b == 0 then k = 0 end
   if t:is_contiguous() then return t:view({ k, a, b }), k, a, b end
@@ -153,6 +230,8 @@ local function slice_scale(hp, a, b)
   local s
   if hp.scale_mode == "keller" then
     s = math.sqrt(math.max(1, a / b))
+  elseif hp.scale_mode == "spectral" then
+    s = math.sqrt(a / b)
   elseif hp.matched_adamw_rms == 0 then
     s = hp.zero_rms_scale_mode == "use_lr" and 1.0 or 0.0
   else
@@ -197,15 +276,29 @@ function kind.direction(_, group, hp, entries)
   end
 end
 
+-- Newton-Schulz (or the group's zeropower_fn) on a merged (n, A, B) buffer.
+local function zeropower(ctx, group, merged, dtype, a, b)
+  if group.zeropower_fn then
+    local x = merged:size(1) == 1 and merged:select(1, 1) or merged
+    local y = E.call_hook("zeropower_fn", group.zeropower_fn, x, group.ns_steps)
+    if not T.is_tensor(y) or not P.same_shape(y, x) then
+      E.raise(E.EINVAL, "zeropower_fn must return a tensor of shape %s", P.shape_string(x))
+    end
+    if y ~= x then x:copy(y) end
+  else
+    ns.zeropower_into(merged, merged, group._ns, ctx:ns_workspace(dtype, a, b))
+  end
+end
+
 -- Batched NS over tensors that share one core shape: returns their scaled
 -- updates as views into a merged (n, A, B) buffer. slot keeps buffers of
 -- groups that are alive at the same time apart.
 local function ns_merged(ctx, group, hp, tensors, slot)
-  local a, b = core_shape(tensors[1]:size())
+  local a, b = core_shape(tensors[1]:size(), group.nd_mode)
   local dtype = tensors[1]:dtype()
   local counts, n = {}, 0
   for i, t in ipairs(tensors) do
-    local _, k = as_batch3(t)
+    local _, k = as_batch3(t, group.nd_mode)
     counts[i] = k
     n = n + k
   end
@@ -213,20 +306,11 @@ local function ns_merged(ctx, group, hp, tensors, slot)
   local off = 0
   for i, t in ipairs(tensors) do
     local k = counts[i]
-    if k > 0 then merged:narrow(1, off + 1, k):copy((as_batch3(t))) end
+    if k > 0 then merged:narrow(1, off + 1, k):copy((as_batch3(t, group.nd_mode))) end
     off = off + k
   end
   if n > 0 then
-    if group.zeropower_fn then
-      local x = n == 1 and merged:select(1, 1) or merged
-      local y = E.call_hook("zeropower_fn", group.zeropower_fn, x, group.ns_steps)
-      if not T.is_tensor(y) or not P.same_shape(y, x) then
-        E.raise(E.EINVAL, "zeropower_fn must return a tensor of shape %s", P.shape_string(x))
-      end
-      if y ~= x then x:copy(y) end
-    else
-      ns.zeropower_into(merged, merged, group._ns, ctx:ns_workspace(dtype, a, b))
-    end
+    zeropower(ctx, group, merged, dtype, a, b)
     foreach.scale({ merged }, slice_scale(hp, a, b))
   end
   local updates = {}
@@ -300,10 +384,39 @@ end
 -- holding the parameter (or a batch slice of it) }. Results do not depend
 -- on how items are batched or on which rank runs this (see src/ns.c).
 -- Core shape (A, B) of a tensor, read from its fields (no tables).
-local function core_of(t)
+local function core_of(t, nd_mode)
   local n, d = t.ndim, t.dims
+  if n >= 3 and nd_mode == "flatten" then
+    local rest = 1
+    for i = 1, n - 1 do rest = rest * tonumber(d[i]) end
+    return tonumber(d[0]), rest
+  end
   if n == 3 and d[1] == 1 then return tonumber(d[0]), tonumber(d[2]) end
   return tonumber(d[n - 2]), tonumber(d[n - 1])
+end
+
+-- post_ortho_fn(O, state, ctx) on each item of a merged buffer: O is the
+-- item's (k, A, B) slice of it (its core matrices, after Newton-Schulz,
+-- before the scale), state its hook state as (k, rows or 1, cols or 1)
+-- views; the hook changes O (and state) in place.
+local function post_ortho(group, hp, list, merged, a, b)
+  local off = 0
+  for _, it in ipairs(list) do
+    local k = it.k
+    local out = merged:narrow(1, off + 1, k)
+    local state = {}
+    for name, rule in pairs(group.hook_state or {}) do
+      local t = it.state[name]
+      local rows = (rule == "rows" or rule == "matrix") and a or 1
+      local cols = (rule == "cols" or rule == "matrix") and b or 1
+      state[name] = t:view({ k, rows, cols })
+    end
+    E.call_hook("post_ortho_fn", group.post_ortho_fn, out, state, {
+      param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
+      lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
+    })
+    off = off + k
+  end
 end
 
 -- The common case, no hook that reshapes: the inputs of one core shape are
@@ -314,34 +427,37 @@ local function orthogonalize_packed(ctx, group, hp, items)
   for _, it in ipairs(items) do
     local t = it.input
     if t:numel() > 0 then
-      local a, b = core_of(t)
+      local a, b = core_of(t, group.nd_mode)
       local byd = by[t.scalar]
       if not byd then byd = {}; by[t.scalar] = byd end
       local bya = byd[a]
       if not bya then bya = {}; byd[a] = bya end
       local list = bya[b]
       if not list then
-        list = { a = a, b = b, n = 0 }
+        list = { a = a, b = b, n = 0, tensors = {} }
         bya[b] = list
         order[#order + 1] = list
       end
-      list[#list + 1] = t
-      list.n = list.n + t:numel() / (a * b)
+      it.k = t:numel() / (a * b)
+      list[#list + 1] = it
+      list.tensors[#list.tensors + 1] = t
+      list.n = list.n + it.k
     end
   end
   for slot, list in ipairs(order) do
     local a, b = list.a, list.b
-    local dtype = list[1]:dtype()
+    local dtype = list.tensors[1]:dtype()
     local merged = ctx:batch_buffer(dtype, list.n, a, b, slot)
-    foreach.pack(list, merged)
-    ns.zeropower_into(merged, merged, group._ns, ctx:ns_workspace(dtype, a, b))
+    foreach.pack(list.tensors, merged)
+    zeropower(ctx, group, merged, dtype, a, b)
+    if group.post_ortho_fn then post_ortho(group, hp, list, merged, a, b) end
     foreach.scale({ merged }, slice_scale(hp, a, b))
-    foreach.unpack(merged, list)
+    foreach.unpack(merged, list.tensors)
   end
 end
 
 function kind.orthogonalize(ctx, group, hp, items)
-  if not (group.ns_transform_fn or group.reshape_fn or group.zeropower_fn) then
+  if not (group.ns_transform_fn or group.reshape_fn) then
     local contiguous = true
     for _, it in ipairs(items) do contiguous = contiguous and it.input:is_contiguous() end
     if contiguous then return orthogonalize_packed(ctx, group, hp, items) end
@@ -351,7 +467,7 @@ function kind.orthogonalize(ctx, group, hp, items)
     local tensors, restore = prepare(group, it.name, it.input)
     prepared[i] = { tensors = tensors, restore = restore, updates = {} }
     for j, t in ipairs(tensors) do
-      local a, b = core_shape(t:size())
+      local a, b = core_shape(t:size(), group.nd_mode)
       local key = t:dtype() .. ":" .. a .. "x" .. b
       if not records[key] then
         records[key] = {}
@@ -374,22 +490,30 @@ function kind.orthogonalize(ctx, group, hp, items)
   end
 end
 
--- p = p * decay + alpha * update (the seed's foreach mul_ / add_).
-function kind.apply_coeffs(_, hp)
-  return 1.0 - hp.lr * hp.weight_decay, hp.apply_lr_in_update and 1.0 or -hp.lr
+-- p = p * decay + alpha * update (the seed's foreach mul_ / add_); with
+-- weight_decay_mode "cautious" the decay only where the update moves p
+-- towards zero.
+function kind.apply_coeffs(group, hp)
+  return 1.0 - hp.lr * hp.weight_decay, hp.apply_lr_in_update and 1.0 or -hp.lr,
+    group.weight_decay_mode == "cautious"
 end
 
 -- post_update_fn on this rank's part of each stepped parameter.
-function kind.post_update(group, hp, params)
+-- ctx.box: where this rank's tensor lies in the parameter (1-based start
+-- and length per dim; all of it on one process); ctx.signals: the values
+-- the trainer set for this step (eng:set_signal).
+function kind.post_update(group, hp, params, boxes, signals)
   local fn = group.post_update_fn
   if not fn then return end
-  for _, p in ipairs(params) do
+  for i, p in ipairs(params) do
     E.call_hook("post_update_fn", fn, p, p.value, {
       param_fqn = p.name,
       logical_shape = p.logical_shape or p.value:size(),
       lr = hp.lr,
       weight_decay = hp.weight_decay,
       step = group.step,
+      box = boxes and boxes[i],
+      signals = signals or {},
     })
   end
 end

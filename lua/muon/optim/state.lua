@@ -95,10 +95,26 @@ local function of_kind(stepper, kind)
   for gi, G in ipairs(stepper.groups) do
     if G.kind.name == kind then
       groups[#groups + 1] = { index = gi, options = G.options }
-      for _, p in ipairs(stepper:params(gi)) do params[#params + 1] = { p = p, group = #groups } end
+      for _, p in ipairs(stepper:params(gi)) do
+        params[#params + 1] = { p = p, group = #groups,
+          hooks = G.kind.hook_shapes and G.kind.hook_shapes(G.options, p.logical_shape) or {} }
+      end
     end
   end
   return groups, params
+end
+
+-- The state tensors of a parameter: its kind's, then its hook state's
+-- ("hook.<name>"), each { key, shape (global), record (of the plan, on a
+-- mesh: boxes and holders) }.
+local function tensor_specs(stepper, kind, e)
+  local list = {}
+  local r = stepper.W > 1 and stepper:record(e.p) or nil
+  for _, k in ipairs(KINDS[kind].tensors) do list[#list + 1] = { key = k, shape = e.p.logical_shape, record = r } end
+  for _, h in ipairs(e.hooks) do
+    list[#list + 1] = { key = h.key, shape = h.shape, record = r and r.hook_records[h.key] }
+  end
+  return list
 end
 
 ------------------------------------------------------------- state dicts
@@ -114,7 +130,6 @@ function S.state_dict(stepper, kind)
   local groups, params = of_kind(stepper, kind)
   local d = { kind = kind, params = {}, state = {}, groups = {} }
   for li, g in ipairs(groups) do d.groups[li] = { step = g.options.step } end
-  local keys = KINDS[kind].tensors
   local pieces = {} -- gathers on a mesh: { dtype, sends, recvs }
   local W, me = stepper.W, stepper.me
   for _, e in ipairs(params) do
@@ -126,11 +141,11 @@ function S.state_dict(stepper, kind)
       if KINDS[kind].scalars.step then entry.step = n end
       if W == 1 then
         local s = stepper.state[p]
-        for _, k in ipairs(keys) do entry[k] = s[k] end
+        for _, t in ipairs(tensor_specs(stepper, kind, e)) do entry[t.key] = s[t.key] end
       else
-        local r = holders(stepper, p)
-        for _, k in ipairs(keys) do
-          local full = me == 0 and T.zeros(p.logical_shape, r.dtype) or nil
+        for _, t in ipairs(tensor_specs(stepper, kind, e)) do
+          local k, r = t.key, t.record
+          local full = me == 0 and T.zeros(t.shape, r.dtype) or nil
           entry[k] = full
           for _, id in ipairs(r.box_order) do
             local h, b = r.holder[id], r.box_of[id]
@@ -202,11 +217,20 @@ function S.mismatches(stepper, kind, d)
   for name, entry in pairs(d.state or {}) do
     local c = current[name]
     if c then
-      for _, k in ipairs(ALL_TENSOR_KEYS) do
-        local t = entry[k]
-        if t ~= nil and (fmt_shape(t:size()) ~= fmt_shape(c.p.logical_shape) or t:dtype() ~= c.p.value:dtype()) then
-          add("state '%s/%s': %s %s in the checkpoint, parameter is %s %s", name, k, t:dtype(),
-            fmt_shape(t:size()), c.p.value:dtype(), fmt_shape(c.p.logical_shape))
+      local want = {}
+      for _, t in ipairs(tensor_specs(stepper, kind, c)) do
+        want[t.key] = true
+        local x = entry[t.key]
+        if x == nil then
+          add("state of '%s' has no '%s' tensor in the checkpoint", name, t.key)
+        elseif fmt_shape(x:size()) ~= fmt_shape(t.shape) or x:dtype() ~= c.p.value:dtype() then
+          add("state '%s/%s': %s %s in the checkpoint, this optimizer keeps %s %s", name, t.key, x:dtype(),
+            fmt_shape(x:size()), c.p.value:dtype(), fmt_shape(t.shape))
+        end
+      end
+      for k, x in pairs(entry) do
+        if T.is_tensor(x) and not want[k] then
+          add("state '%s/%s' is in the checkpoint but this optimizer keeps no such state", name, k)
         end
       end
     end
@@ -235,13 +259,11 @@ local function stage(stepper, kind, d, what)
       local r = W > 1 and holders(stepper, p) or nil
       if W == 1 or r.holds then
         one.state = {}
-        for k, v in pairs(entry) do
-          if T.is_tensor(v) then
-            one.state[k] = W == 1 and v:clone() or D.box_view(v, r.mine):clone()
-          elseif k == "step" then
-            one.state[k] = v
-          end
+        for _, t in ipairs(tensor_specs(stepper, kind, e)) do
+          local v = entry[t.key]
+          one.state[t.key] = W == 1 and v:clone() or D.box_view(v, t.record.mine):clone()
         end
+        if entry.step ~= nil and KINDS[kind].scalars.step then one.state.step = entry.step end
       end
     end
     staged.params[#staged.params + 1] = one
@@ -282,6 +304,10 @@ function S.encode(dicts, extra_meta)
         for _, k in ipairs(ALL_TENSOR_KEYS) do
           if entry[k] ~= nil then entries[#entries + 1] = { name = prefix .. e.name .. "/" .. k, tensor = entry[k] } end
         end
+        local hooks = {}
+        for k in pairs(entry) do if type(k) == "string" and k:match("^hook%.") then hooks[#hooks + 1] = k end end
+        table.sort(hooks)
+        for _, k in ipairs(hooks) do entries[#entries + 1] = { name = prefix .. e.name .. "/" .. k, tensor = entry[k] } end
         for k, v in pairs(entry) do
           if type(v) == "number" then
             scalars[e.name] = scalars[e.name] or {}
@@ -382,6 +408,15 @@ function S.decode(file, path)
     format_error(("'%s': muon.state metadata is malformed (%s)"):format(path, problem))
   end
   local out, used = {}, {}
+  -- Hook state tensors: "<prefix><param>/hook.<name>", per tensor name.
+  local hook_tensors = {}
+  for _, name in ipairs(file.order) do
+    local owner, key = name:match("^(.*)/(hook%.[%a_][%w_]*)$")
+    if owner then
+      hook_tensors[owner] = hook_tensors[owner] or {}
+      table.insert(hook_tensors[owner], key)
+    end
+  end
   for _, h in ipairs(header) do
     local spec = KINDS[h.kind]
     local d = { kind = h.kind, params = h.params or {}, groups = h.groups or {}, state = {} }
@@ -394,6 +429,15 @@ function S.decode(file, path)
           entry = entry or {}
           entry[k] = t
           used[name] = true
+        end
+      end
+      for _, k in ipairs(hook_tensors[h.prefix .. e.name] or {}) do
+        local name = h.prefix .. e.name .. "/" .. k
+        entry = entry or {}
+        entry[k] = file.tensors[name]
+        used[name] = true
+        if not entry[k]:all_finite() then
+          format_error(("'%s': state tensor '%s' holds NaN or Inf"):format(path, name))
         end
       end
       local sc = h.scalars and h.scalars[e.name]
