@@ -623,3 +623,45 @@ describe("foreach.adamw_update", function()
     assert.truthy(tostring(err):find("updates[0] aliases grads[0]", 1, true), tostring(err))
   end)
 end)
+
+describe("foreach.apply_cautious", function()
+  -- p = fma(alpha, u s, q), q = p * decay where (alpha u s) * p < 0 (the
+  -- subtracted update has p's sign), q = p elsewhere: a float32 mirror per
+  -- element, the portable and the AVX2 kernels alike, and the decoupled
+  -- apply's bits where the mask is all ones.
+  local n = 3001
+  local function run(nosimd, dt)
+    if nosimd then ffi.C.setenv("MU_FOREACH_NOSIMD", "1", 1) else ffi.C.unsetenv("MU_FOREACH_NOSIMD") end
+    local p, u = T.randn({ n }, 1, dt), T.randn({ n }, 2, dt)
+    F.apply_cautious({ p }, { u }, { 0.7 }, 1 - 0.05 * 0.3, -0.05)
+    ffi.C.unsetenv("MU_FOREACH_NOSIMD")
+    return p
+  end
+  pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+  it("matches a float32 mirror, in both kernels", function()
+    local p0, u = T.randn({ n }, 1):flat(), T.randn({ n }, 2):flat()
+    local decay, alpha, s = H.f32(1 - 0.05 * 0.3), H.f32(-0.05), H.f32(0.7)
+    local want = {}
+    for i = 1, n do
+      local pv = p0[i]
+      local us = H.f32(u[i] * s)
+      local t = H.f32(pv * decay)
+      if not (H.f32(H.f32(alpha * us) * pv) < 0) then t = pv end
+      want[i] = H.fmaf(alpha, us, t)
+    end
+    assert.are.same(want, run(true, "float32"):flat())
+    assert.are.same(want, run(false, "float32"):flat())
+    H.assert_equal_bits(run(true, "float64"), run(false, "float64"), "float64 kernels")
+  end)
+  it("is the decoupled apply where every update shrinks |p|, and leaves p undecayed where none does", function()
+    local p = T.from({ 1, -2, 3, -4 })
+    local u = T.from({ 1, -1, 2, -3 }) -- same signs as p: alpha < 0 moves p towards 0
+    local a, b = p:clone(), p:clone()
+    F.apply_cautious({ a }, { u }, nil, 0.9, -0.1)
+    F.apply({ b }, { u }, nil, 0.9, -0.1)
+    H.assert_equal_bits(a, b, "all decayed")
+    local c = p:clone()
+    F.apply_cautious({ c }, { u:mul(-1) }, nil, 0.9, -0.1) -- every update grows |p|: no decay
+    assert.are.same({ H.f32(1 + 0.1), H.f32(-2 - 0.1), H.f32(3 + H.f32(0.1 * 2)), H.f32(-4 - H.f32(0.1 * 3)) }, c:flat())
+  end)
+end)
