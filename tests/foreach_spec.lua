@@ -646,7 +646,7 @@ describe("foreach.apply_cautious", function()
       local pv = p0[i]
       local us = H.f32(u[i] * s)
       local t = H.f32(pv * decay)
-      if not (H.f32(H.f32(alpha * us) * pv) < 0) then t = pv end
+      if H.f32(H.f32(alpha * us) * pv) >= 0 then t = pv end -- (no NaN here)
       want[i] = H.fmaf(alpha, us, t)
     end
     assert.are.same(want, run(true, "float32"):flat())
