@@ -45,11 +45,11 @@ local ESIZE = { float32 = 4, float64 = 8 }
 
 local function strip(msg) return (tostring(msg):gsub("^[^:\n]*:%d+: ", "")) end
 
+local make_io -- (below)
+
 -- Run f(...) for a step: on one process an error raises at once; on a
 -- mesh the first error is kept in run.failure and later calls are skipped,
 -- so that every rank still takes part in every collective.
-local make_io -- (below)
-
 local function attempt(run, f, ...)
   if run.W == 1 then return f(...) end
   if run.failure ~= nil then return end
@@ -132,11 +132,12 @@ function Stepper:agree_failure(err)
     return
   end
   local W, me = self.W, self.me
-  local r = self.ctrl:allreduce({ err ~= nil and (W - me) or 0, err ~= nil and -(E.code(err) or E.ELUA) or 0 }, "max")
+  local r = self.ctrl:allreduce({ err ~= nil and (W - me) or 0 }, "max")
   if r[1] == 0 then return end
   self:_raise_from(W - r[1], err)
 end
 
+-- Raise on every rank the error of rank src (its code and message).
 function Stepper:_raise_from(src, err)
   local code = self.ctrl:allreduce({ self.me == src and -(E.code(err) or E.ELUA) or 0 }, "max")[1]
   local msg = self.ctrl:bcast_string(self.me == src and tostring(err) or "", src)
@@ -176,14 +177,17 @@ function Stepper:config_entries()
   return entries
 end
 
+-- A kind's schedulable keys, sorted (the checks run in a fixed order).
+local sched_keys = setmetatable({}, { __mode = "k" })
 local function schedulable_keys(kind)
-  if not kind._sched_keys then
-    local keys = {}
+  local keys = sched_keys[kind]
+  if not keys then
+    keys = {}
     for k in pairs(kind.SCHEDULABLE) do keys[#keys + 1] = k end
     table.sort(keys)
-    kind._sched_keys = keys
+    sched_keys[kind] = keys
   end
-  return kind._sched_keys
+  return keys
 end
 
 ------------------------------------------------------------- the plan
