@@ -6,33 +6,8 @@ local H = require("helpers")
 local T = H.T
 local F = require("muon.foreach")
 
--- float32 rounding of a double. +, -, *, / and sqrt of float32 values done
--- in double and rounded once to float32 are correctly rounded (53 >= 2*24+2),
--- so f32(a op b) mirrors the float32 operation exactly.
-local fbox = ffi.new("float[1]")
-local function f32(x)
-  fbox[0] = x
-  return fbox[0]
-end
-
--- Correctly rounded float32 fma(a, b, c) for float32 a, b, c: a*b is exact in
--- double; s = p + c rounds once and TwoSum gives the exact error; the float32
--- rounding of s can only be wrong when s is exactly a float32 midpoint, then
--- the error's sign decides.
-local function fmaf(a, b, c)
-  local p = a * b
-  local s = p + c
-  local bb = s - p
-  local err = (p - (s - bb)) + (c - bb)
-  local r = f32(s)
-  if err ~= 0 and r ~= s then
-    local other = 2 * s - r
-    if f32(other) == other then -- s is the midpoint of r and other
-      if err > 0 then return math.max(r, other) else return math.min(r, other) end
-    end
-  end
-  return r
-end
+-- float32 rounding and fma mirrors (shared with the tensor maths spec).
+local f32, fmaf = H.f32, H.fmaf
 
 local function vals(t)
   return t:flat()

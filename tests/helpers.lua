@@ -107,7 +107,7 @@ function H.listdir(p)
   return out
 end
 
--- Float rounding references (tests/tensor_math_spec.lua). f32(x): x rounded
+-- Float rounding references (the foreach and tensor maths specs). f32(x): x rounded
 -- to float32. +, -, *, / and sqrt of float32 values computed in double and
 -- rounded once to float32 are correctly rounded (53 >= 2*24 + 2), so
 -- f32(a op b) mirrors the float32 operation exactly.
