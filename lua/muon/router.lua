@@ -141,17 +141,8 @@ end
 -- same on every rank); dtypes, moves_in, moves_out: static properties of
 -- the batch.
 function Router:run(items, dtypes, moves_in, moves_out, io)
-  local me, W = self.me, self.W
-  for _, dt in ipairs(dtypes) do
-    local sends, recvs = lists(W)
-    for _, it in ipairs(items) do
-      if it.record.dtype == dt then
-        route(it, me, io, sends, recvs, false)
-        for _, a in ipairs(it.attached or {}) do route(a, me, io, sends, recvs, false) end
-      end
-    end
-    if moves_in then self:exchange(dt, sends, recvs) end
-  end
+  local me = self.me
+  self:_move(items, dtypes, moves_in, io, false)
   local owned = {}
   for _, it in ipairs(items) do
     if it.owner == me then
@@ -164,15 +155,21 @@ function Router:run(items, dtypes, moves_in, moves_out, io)
     end
   end
   io.compute(owned)
+  self:_move(items, dtypes, moves_out, io, true)
+end
+
+-- The pieces of every item (and its attached hook state) in (out = false)
+-- or out, one all-to-all-v per dtype when the batch moves anything.
+function Router:_move(items, dtypes, moves, io, out)
   for _, dt in ipairs(dtypes) do
-    local sends, recvs = lists(W)
+    local sends, recvs = lists(self.W)
     for _, it in ipairs(items) do
       if it.record.dtype == dt then
-        route(it, me, io, sends, recvs, true)
-        for _, a in ipairs(it.attached or {}) do route(a, me, io, sends, recvs, true) end
+        route(it, self.me, io, sends, recvs, out)
+        for _, a in ipairs(it.attached or {}) do route(a, self.me, io, sends, recvs, out) end
       end
     end
-    if moves_out then self:exchange(dt, sends, recvs) end
+    if moves then self:exchange(dt, sends, recvs) end
   end
 end
 
