@@ -1,11 +1,12 @@
 # muon -- build, test, demo. See README.md.
-#   make            build build/libmuon.so, build/libmuon.a
+#   make            build build/libmuon.so (SONAME libmuon.so.0), build/libmuon.a
 #   make deps       install missing Debian packages (as root) or print the command
 #   make test       deps + build + every test; last line "N passed, N failed"
 #   make demo       deps + build + the main job
 #   make bench      benchmarks (tests/bench)
+#   make install / make uninstall   [PREFIX=/usr/local] [DESTDIR=]
 
-PKGS     := libluajit-5.1-dev luajit libopenblas-dev libopenmpi-dev openmpi-bin lua-busted lua-cjson wamerican valgrind
+PKGS     := pkg-config libluajit-5.1-dev luajit libopenblas-dev libopenmpi-dev openmpi-bin lua-busted lua-cjson wamerican valgrind
 PKGCONF  := luajit openblas
 # Open MPI when present (Debian: libopenmpi-dev); else the single-process
 # communicator backend is built.
@@ -29,6 +30,13 @@ endif
 
 SRCS     := $(wildcard src/*.c)
 OBJS     := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRCS))
+# The shared library is versioned: the file libmuon.so.<version>, its SONAME
+# libmuon.so.<major> (what programs record and load), and libmuon.so, the
+# link-time name; the last two are symlinks (built and installed alike).
+VERSION  := $(shell sed -n 's/.*mu_version(void) { return "\([^"]*\)".*/\1/p' src/cdef.c)
+SOMAJOR  := $(firstword $(subst ., ,$(VERSION)))
+SONAME   := libmuon.so.$(SOMAJOR)
+LIB_REAL := $(BUILD)/libmuon.so.$(VERSION)
 LIB_SO   := $(BUILD)/libmuon.so
 LIB_A    := $(BUILD)/libmuon.a
 CDEF     := $(BUILD)/gen/cdef.inc
@@ -43,7 +51,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)
 # running inside them finds the API through ffi.C.
 HOSTLINK  = -Wl,--whole-archive $(LIB_A) -Wl,--no-whole-archive -Wl,--export-dynamic $(LDSAN) $(DEPLIBS)
 
-.PHONY: all deps test demo bench clean install fuzz
+.PHONY: all deps test demo bench clean install uninstall fuzz
 all: $(LIB_SO) $(LIB_A) $(if $(CLI_SRCS),$(CLI)) $(CTESTS) $(EXAMPLES)
 
 deps:
@@ -79,8 +87,12 @@ $(BUILD)/obj/cdef.o: $(CDEF)
 VECTFLAG := $(shell $(CC) -fvect-cost-model=dynamic -E -x c /dev/null >/dev/null 2>&1 && echo -fvect-cost-model=dynamic)
 $(BUILD)/obj/tensor_math.o: CFLAGS += $(VECTFLAG)
 
-$(LIB_SO): $(OBJS)
-	$(CC) -shared -o $@ $(OBJS) $(LDSAN) $(DEPLIBS)
+$(LIB_REAL): $(OBJS)
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $(OBJS) $(LDSAN) $(DEPLIBS)
+
+$(LIB_SO): $(LIB_REAL)
+	ln -sf $(notdir $(LIB_REAL)) $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $@
 
 $(LIB_A): $(OBJS)
 	rm -f $@ && ar rcs $@ $(OBJS)
@@ -120,16 +132,24 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	$(BUILD)/examples/demo_trainer --out $(BUILD)/demo
 
-# make install [PREFIX=/usr/local] [DESTDIR=]: library, header, Lua modules,
-# CLI and a pkg-config file, so that an out-of-tree trainer builds with
+# make install [PREFIX=/usr/local] [DESTDIR=]: library (the versioned file
+# and its two symlinks), header, Lua modules, CLI, shipped configs and a
+# pkg-config file, so that an out-of-tree trainer builds with
 #   cc trainer.c $$(pkg-config --cflags --libs muon)
+# DESTDIR stages the files under $(DESTDIR)$(PREFIX) (packaging); the paths
+# written into muon.pc are $(PREFIX)'s. make uninstall removes exactly these
+# files, then the directories that are left empty: muon's own always, the
+# standard ones (lib, bin, include, share, ...) only under a DESTDIR.
 PREFIX   ?= /usr/local
-VERSION  := $(shell sed -n 's/.*mu_version(void) { return "\([^"]*\)".*/\1/p' src/cdef.c)
+INSTALL_FILES := lib/libmuon.a lib/libmuon.so.$(VERSION) lib/$(SONAME) lib/libmuon.so \
+                 include/muon.h bin/muon lib/pkgconfig/muon.pc
 install: all
 	@set -e; d="$(DESTDIR)$(PREFIX)"; \
 	install -d "$$d/lib/pkgconfig" "$$d/include" "$$d/bin" "$$d/share/lua/5.1"; \
 	install -m 644 $(LIB_A) "$$d/lib/libmuon.a"; \
-	install -m 755 $(LIB_SO) "$$d/lib/libmuon.so"; \
+	install -m 755 $(LIB_REAL) "$$d/lib/libmuon.so.$(VERSION)"; \
+	ln -sf libmuon.so.$(VERSION) "$$d/lib/$(SONAME)"; \
+	ln -sf $(SONAME) "$$d/lib/libmuon.so"; \
 	install -m 644 src/muon.h "$$d/include/muon.h"; \
 	install -m 755 $(CLI) "$$d/bin/muon"; \
 	for f in $$(cd lua && find muon -name '*.lua' | sort); do \
@@ -143,6 +163,19 @@ install: all
 	  'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -lmuon' 'Libs.private: -lm -lpthread' \
 	  > "$$d/lib/pkgconfig/muon.pc"; \
 	echo "installed muon $(VERSION) into $$d (pkg-config: $$d/lib/pkgconfig/muon.pc)"
+
+uninstall:
+	@set -e; d="$(DESTDIR)$(PREFIX)"; \
+	for f in $(INSTALL_FILES); do rm -f "$$d/$$f"; done; \
+	rm -rf "$$d/share/lua/5.1/muon" "$$d/share/muon"; \
+	for x in lib/pkgconfig share/lua/5.1 share/lua; do rmdir "$$d/$$x" 2>/dev/null || true; done; \
+	if [ -n "$(DESTDIR)" ]; then \
+	  for x in lib include bin share; do rmdir "$$d/$$x" 2>/dev/null || true; done; \
+	  p="$(PREFIX)"; while [ -n "$$p" ] && [ "$$p" != / ]; do \
+	    rmdir "$(DESTDIR)$$p" 2>/dev/null || true; p=$$(dirname "$$p"); \
+	  done; \
+	fi; \
+	echo "uninstalled muon from $$d"
 
 # The benchmarks compare against the seed's PyTorch code: Debian's torch
 # (and numpy) are installed for them, never needed by the build or tests.

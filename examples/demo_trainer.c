@@ -15,8 +15,12 @@
  *
  * The backward pass is checked against finite differences: --gradcheck.
  *
- * Writes <out>/loss.csv and <out>/loss.svg (default out: build/demo) and
- * prints a final table and a few sampled words.
+ * Writes <out>/loss.csv and <out>/loss.svg (default out: muon-demo in the
+ * current directory; `make demo` passes build/demo) and prints a final table
+ * and a few sampled words. The default configs are the source tree's
+ * (found from this program's location), so it runs from any directory.
+ * Every muon call is checked: a failure prints the engine's message and
+ * the program exits with status 1.
  *
  *   build/examples/demo_trainer [--steps N] [--batch B] [--hidden H]
  *       [--layers L] [--seed S] [--out DIR] [--words FILE]
@@ -34,6 +38,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 enum { V = 27, MAX_LAYERS = 8, MAX_WORD = 32 };
 
@@ -382,16 +387,18 @@ typedef struct {
     int steps, batch, hidden, layers, emb, ctx, eval_every, print_every, eval_limit;
     uint64_t seed;
     double lr_scale[2];
-    const char *out, *words, *cfg[2];
+    const char *out, *words, *cfg[2], *cfg_shown[2]; /* config paths; as printed */
 } options;
 
 typedef struct {
-    const char *label, *config;
+    const char *label, *config, *shown;
     double *train, *lr, *heldout; /* per step (heldout NaN when not evaluated) */
     double final_train, final_heldout, seconds, ms_step, ms_opt;
     char samples[8][MAX_WORD + 1];
 } run_result;
 
+/* 0 for MU_OK; else prints the failure (eng NULL: mu_last_error()) and
+ * returns 1. */
 static int check(int rc, mu_engine *eng, const char *what)
 {
     if (rc != MU_OK) {
@@ -399,6 +406,23 @@ static int check(int rc, mu_engine *eng, const char *what)
         return 1;
     }
     return 0;
+}
+
+/* A shipped config of the source tree this program was built in
+ * (build/examples/demo_trainer -> configs/NAME); configs/NAME relative to
+ * the current directory if there is none. */
+static void shipped_config(const char *name, char *buf, size_t cap)
+{
+    char exe[1024];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = '\0';
+        snprintf(buf, cap, "%s/../../configs/%s", exe, name);
+        if (access(buf, R_OK) == 0) return;
+    }
+    snprintf(buf, cap, "configs/%s", name);
 }
 
 static int train_run(const options *o, const dataset *train, const dataset *held, run_result *res, int k)
@@ -425,7 +449,7 @@ static int train_run(const options *o, const dataset *train, const dataset *held
     if (rc == MU_OK && o->lr_scale[k] != 1.0) rc = mu_engine_set(eng, "lr_scale", o->lr_scale[k]);
     if (check(rc, eng, "mu_engine_add_param")) { mu_engine_close(eng); model_free(&m); return 1; }
 
-    printf("\n== %s (%s", res->label, res->config);
+    printf("\n== %s (%s", res->label, res->shown);
     if (o->lr_scale[k] != 1.0) printf(", lr_scale %g", o->lr_scale[k]);
     printf("): %d steps, batch %d\n", o->steps, o->batch);
     rng_t r = {o->seed ^ 0x5eedULL};
@@ -441,7 +465,7 @@ static int train_run(const options *o, const dataset *train, const dataset *held
         double te = now_ms();
         opt_ms += te - to;
         double lr = NAN;
-        mu_engine_get(eng, "lr", &lr);
+        if (check(mu_engine_get(eng, "lr", &lr), eng, "mu_engine_get")) { free(idx); mu_engine_close(eng); model_free(&m); return 1; }
         res->train[step - 1] = loss;
         res->lr[step - 1] = lr;
         res->heldout[step - 1] = NAN;
@@ -595,20 +619,24 @@ static void usage(FILE *f)
                "                    [--muon-config F] [--adamw-config F] [--muon-lr-scale X]\n"
                "                    [--adamw-lr-scale X] [--eval-every N] [--print-every N] [--gradcheck]\n"
                "defaults: 1000 steps, batch 512, hidden 384, 3 layers, emb 16, ctx 8, seed 42,\n"
-               "          lr scales 0.5 (muon) and 2.0 (adamw), out build/demo\n");
+               "          lr scales 0.5 (muon) and 2.0 (adamw), out muon-demo,\n"
+               "          configs muon.lua and adamw.lua of the source tree\n");
 }
 
 int main(int argc, char **argv)
 {
-    mu_blas_fix_core(argv); /* OpenBLAS's fast core for this CPU (re-exec once) */
+    if (check(mu_blas_fix_core(argv), NULL, "mu_blas_fix_core")) return 1; /* OpenBLAS's fast core (re-exec once) */
+    static char muon_cfg[2048], adamw_cfg[2048];
+    shipped_config("muon.lua", muon_cfg, sizeof muon_cfg);
+    shipped_config("adamw.lua", adamw_cfg, sizeof adamw_cfg);
 
     /* lr_scale: the best of a sweep over {0.25, 0.35, 0.5, 1, 2} (Muon) and
      * {1, 1.5, 2, 2.5, 3} (AdamW), held-out loss after 1000 steps; the
      * configs' schedules are written for 1000 steps. */
     options o = {.steps = 1000, .batch = 512, .hidden = 384, .layers = 3, .emb = 16, .ctx = 8,
                  .eval_every = 100, .print_every = 100, .eval_limit = 60000, .seed = 42,
-                 .lr_scale = {0.5, 2.0}, .out = "build/demo", .words = "/usr/share/dict/words",
-                 .cfg = {"configs/muon.lua", "configs/adamw.lua"}};
+                 .lr_scale = {0.5, 2.0}, .out = "muon-demo", .words = "/usr/share/dict/words",
+                 .cfg = {muon_cfg, adamw_cfg}, .cfg_shown = {"configs/muon.lua", "configs/adamw.lua"}};
     int do_gradcheck = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -627,8 +655,8 @@ int main(int argc, char **argv)
         if (strcmp(a, "--seed") == 0 && v) { o.seed = strtoull(v, NULL, 10); i++; continue; }
         if (strcmp(a, "--out") == 0 && v) { o.out = v; i++; continue; }
         if (strcmp(a, "--words") == 0 && v) { o.words = v; i++; continue; }
-        if (strcmp(a, "--muon-config") == 0 && v) { o.cfg[0] = v; i++; continue; }
-        if (strcmp(a, "--adamw-config") == 0 && v) { o.cfg[1] = v; i++; continue; }
+        if (strcmp(a, "--muon-config") == 0 && v) { o.cfg[0] = o.cfg_shown[0] = v; i++; continue; }
+        if (strcmp(a, "--adamw-config") == 0 && v) { o.cfg[1] = o.cfg_shown[1] = v; i++; continue; }
         if (strcmp(a, "--muon-lr-scale") == 0 && v) { o.lr_scale[0] = atof(v); i++; continue; }
         if (strcmp(a, "--adamw-lr-scale") == 0 && v) { o.lr_scale[1] = atof(v); i++; continue; }
         if (strcmp(a, "--gradcheck") == 0) { do_gradcheck = 1; continue; }
@@ -656,13 +684,14 @@ int main(int argc, char **argv)
         status = gradcheck(&train);
     } else {
         mu_blas_info bi;
-        mu_blas_get_info(&bi);
+        if (check(mu_blas_get_info(&bi), NULL, "mu_blas_get_info")) return 1;
         printf("muon %s demo: %d words (%d train, %d held-out), %lld / %lld characters; OpenBLAS %s, %d threads\n",
                mu_version(), wl.n, wl.n - nheld, nheld, (long long)train.n, (long long)held.n, bi.core, bi.threads);
         printf("model: context %d, embedding %d, %d hidden layers of %d (tanh), head %d; %d params\n",
                o.ctx, o.emb, o.layers, o.hidden, V,
                V * o.emb + o.hidden * (o.ctx * o.emb + 1) + (o.layers - 1) * o.hidden * (o.hidden + 1) + V * (o.hidden + 1));
-        run_result rs[2] = {{.label = "muon", .config = o.cfg[0]}, {.label = "adamw", .config = o.cfg[1]}};
+        run_result rs[2] = {{.label = "muon", .config = o.cfg[0], .shown = o.cfg_shown[0]},
+                            {.label = "adamw", .config = o.cfg[1], .shown = o.cfg_shown[1]}};
         for (int k = 0; k < 2 && status == 0; k++) {
             rs[k].train = xcalloc((size_t)o.steps, sizeof(double));
             rs[k].lr = xcalloc((size_t)o.steps, sizeof(double));
@@ -672,7 +701,7 @@ int main(int argc, char **argv)
         if (status == 0) {
             printf("\n%-7s %-20s %10s %10s %9s %9s %8s\n", "run", "config", "train", "held-out", "ms/step", "opt ms", "time s");
             for (int k = 0; k < 2; k++)
-                printf("%-7s %-20s %10.4f %10.4f %9.2f %9.2f %8.1f\n", rs[k].label, rs[k].config,
+                printf("%-7s %-20s %10.4f %10.4f %9.2f %9.2f %8.1f\n", rs[k].label, rs[k].shown,
                        rs[k].final_train, rs[k].final_heldout, rs[k].ms_step, rs[k].ms_opt, rs[k].seconds);
             printf("(loss: mean cross-entropy in nats per character over %d train / %lld held-out characters)\n",
                    (int)(train.n < o.eval_limit ? train.n : o.eval_limit), (long long)(held.n < o.eval_limit ? held.n : o.eval_limit));

@@ -5,6 +5,9 @@
 --   mpirun -np 2 build/muon run examples/dist_hsdp.lua            (mesh 1 x 2)
 --   build/muon run examples/dist_hsdp.lua [checkpoint path]       (one process)
 --
+-- The checkpoint goes to dist_hsdp.safetensors in the current directory
+-- unless a path is given; the example runs from any directory.
+--
 -- (On a small shared machine add the Open MPI settings of the README, e.g.
 -- OMPI_MCA_mpi_yield_when_idle=1.) Every run prints the same losses: the
 -- distributed step is bitwise equal to the one-process step.
@@ -12,6 +15,7 @@
 -- The toy problem: pull each weight matrix W towards a fixed target M with
 -- loss 0.5 * ||W - M||^2, whose gradient W - M each rank computes on its own
 -- shard. A real trainer fills the local grad buffers from its backward pass.
+local muon = require("muon")
 local T = require("muon.tensor")
 local comm = require("muon.comm")
 local dist = require("muon.dist")
@@ -24,7 +28,7 @@ local replicas = size % 2 == 0 and size > 2 and 2 or 1
 local mesh_spec = { { "replicate", replicas }, { "shard", math.floor(size / replicas) } }
 
 -- The shipped Muon config plus a mesh.
-local cfg = dofile("configs/muon.lua")
+local cfg = dofile(muon.config_path("muon"))
 cfg.dist = { mesh = mesh_spec }
 local eng = engine.new(cfg)
 
@@ -89,6 +93,6 @@ if rank == 0 then
   print(("%d ranks, mesh %s: NS routing moved %d bytes in total over 30 steps (%.1f KB per step per rank)")
     :format(size, mesh:describe(), bytes, bytes / 30 / size / 1024))
 end
-local path = arg and arg[1] or "/tmp/dist_hsdp.safetensors"
+local path = arg and arg[1] or "dist_hsdp.safetensors"
 eng:save(path) -- one file of full tensors, loadable at any world size
 if rank == 0 then print("saved " .. path) end

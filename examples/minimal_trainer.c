@@ -2,31 +2,45 @@
  * The smallest C trainer: fit a 4x3 matrix W to a target T with the loss
  * ||W - T||^2 (gradient 2 (W - T)), the optimizer driven by a config file.
  *
- *   build/examples/minimal_trainer configs/muon.lua
- *   cc minimal_trainer.c $(pkg-config --cflags --libs muon)   (after make install)
+ *   minimal_trainer CONFIG.lua [CHECKPOINT]
+ *
+ * It saves the optimizer state to CHECKPOINT (default: minimal_opt.safetensors
+ * in the current directory). Every muon call is checked: on a failure the
+ * program prints the engine's message and exits with status 1.
+ *
+ *   build/examples/minimal_trainer configs/muon.lua           (in the source tree)
+ *   cc minimal_trainer.c $(pkg-config --cflags --libs muon)    (after make install)
  */
 #include <muon.h>
 #include <stdio.h>
 
+/* Report the failed call (eng NULL: mu_engine_open failed), close, status 1. */
+static int fail(mu_engine *eng, const char *call)
+{
+    fprintf(stderr, "minimal_trainer: %s: %s\n", call, eng ? mu_engine_error(eng) : mu_last_error());
+    mu_engine_close(eng);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
-    mu_blas_fix_core(argv); /* OpenBLAS's fast kernels for this CPU (may re-exec once) */
-    const char *config = argc > 1 ? argv[1] : "configs/muon.lua";
+    if (mu_blas_fix_core(argv) != MU_OK) /* OpenBLAS's fast kernels (may re-exec once) */
+        return fail(NULL, "mu_blas_fix_core");
+    if (argc < 2 || argc > 3) {
+        fprintf(stderr, "usage: minimal_trainer CONFIG.lua [CHECKPOINT]\n");
+        return 2;
+    }
+    const char *config = argv[1];
+    const char *checkpoint = argc > 2 ? argv[2] : "minimal_opt.safetensors";
 
     float w[12] = {0}, grad[12], target[12];
     for (int i = 0; i < 12; i++) target[i] = (float)(i % 5) - 2.0f;
 
-    mu_engine *eng;
-    if (mu_engine_open(&eng, config) != MU_OK) {
-        fprintf(stderr, "%s\n", mu_last_error());
-        return 1;
-    }
+    mu_engine *eng = NULL;
+    if (mu_engine_open(&eng, config) != MU_OK) return fail(NULL, "mu_engine_open");
     int64_t shape[2] = {4, 3};
-    if (mu_engine_add_param(eng, "layers.0.w", MU_F32, 2, shape, w, grad) != MU_OK) {
-        fprintf(stderr, "%s\n", mu_engine_error(eng));
-        mu_engine_close(eng);
-        return 1;
-    }
+    if (mu_engine_add_param(eng, "layers.0.w", MU_F32, 2, shape, w, grad) != MU_OK)
+        return fail(eng, "mu_engine_add_param");
     for (int step = 1; step <= 1000; step++) {
         double loss = 0;
         for (int i = 0; i < 12; i++) {
@@ -34,14 +48,11 @@ int main(int argc, char **argv)
             loss += d * d;
             grad[i] = 2 * d;
         }
-        if (step == 1 || step % 250 == 0) printf("step %3d  loss %.6f\n", step, loss);
-        if (mu_engine_step(eng) != MU_OK) {
-            fprintf(stderr, "%s\n", mu_engine_error(eng));
-            break;
-        }
+        if (step == 1 || step % 250 == 0) printf("step %4d  loss %.6f\n", step, loss);
+        if (mu_engine_step(eng) != MU_OK) return fail(eng, "mu_engine_step");
     }
-    if (mu_engine_save(eng, "build/minimal_opt.safetensors") != MU_OK)
-        fprintf(stderr, "%s\n", mu_engine_error(eng));
+    if (mu_engine_save(eng, checkpoint) != MU_OK) return fail(eng, "mu_engine_save");
+    printf("saved %s\n", checkpoint);
     mu_engine_close(eng);
     return 0;
 }

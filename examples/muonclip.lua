@@ -49,8 +49,8 @@ local function train(config)
   return peak
 end
 
-local plain = train("configs/muon.lua")
-local clipped = train("configs/muonclip.lua")
+local plain = train(muon.config_path("muon"))
+local clipped = train(muon.config_path("muonclip"))
 print("step   max logit (Muon)   max logit (MuonClip, tau = 100)")
 for step = 10, steps, 10 do print(("%4d %18.1f %18.1f"):format(step, plain[step], clipped[step])) end
 local worst = math.max(unpack(clipped, steps - 9, steps))

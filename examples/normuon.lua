@@ -44,8 +44,8 @@ local function train(config)
   return loss, spread
 end
 
-local l_muon, s_muon = train("configs/muon.lua")
-local l_nor, s_nor = train("configs/normuon.lua")
+local l_muon, s_muon = train(muon.config_path("muon"))
+local l_nor, s_nor = train(muon.config_path("normuon"))
 print(("loss at the start %.4f; after %d steps:  loss   spread of the update's row RMS"):format(0.5 * Y:norm() ^ 2 / 256, steps))
 print(("  Muon      %33.4f  %6.2f"):format(l_muon, s_muon))
 print(("  NorMuon   %33.4f  %6.2f"):format(l_nor, s_nor))

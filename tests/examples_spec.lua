@@ -1,27 +1,47 @@
 -- The examples and the CLI, run as a user would (build/muon, the demo
 -- trainer), asserting on the numbers they print. Needs `make` first.
-local ROOT = (debug.getinfo(1, "S").source:match("^@(.*)/tests/[^/]*$")) or "."
+-- Every command runs in a fresh temporary directory outside the source tree,
+-- with absolute paths to the programs and examples: they must not depend on
+-- the working directory, and what they write lands in that directory.
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function capture(cmd)
+  local p = assert(io.popen(cmd))
+  local out = p:read("*a")
+  p:close()
+  return out
+end
+
+local ROOT = capture("cd " .. sh_quote((debug.getinfo(1, "S").source:match("^@(.*)/tests/[^/]*$")) or ".")
+  .. " && pwd"):match("[^\n]+")
 local BUILD = os.getenv("MUON_BUILD") or "build" -- build-san under make test SAN=1
 local MUON = ROOT .. "/" .. BUILD .. "/muon"
 local DEMO = ROOT .. "/" .. BUILD .. "/examples/demo_trainer"
+local MINIMAL = ROOT .. "/" .. BUILD .. "/examples/minimal_trainer"
+local EX = ROOT .. "/examples/"
+local CONFIGS = ROOT .. "/configs/"
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function tmpdir()
+  return capture("mktemp -d"):match("[^\n]+")
+end
 
--- Runs a command line; returns stdout+stderr text and the exit status.
+local CWD -- the current test's working directory (see before_each)
+
+-- Runs a command line in CWD; returns stdout+stderr text and the exit status.
 local function run(cmd)
-  local p = assert(io.popen("cd " .. sh_quote(ROOT) .. " && " .. cmd .. " 2>&1; echo \"__status=$?\""))
-  local out = p:read("*a")
-  p:close()
+  local out = capture("cd " .. sh_quote(CWD) .. " && " .. cmd .. " 2>&1; echo \"__status=$?\"")
   local status = tonumber(out:match("__status=(%d+)%s*$"))
   return out:gsub("__status=%d+%s*$", ""), status
 end
 
-local function tmpdir()
-  local p = io.popen("mktemp -d")
-  local d = p:read("*l")
-  p:close()
-  return d
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
 end
+
+before_each(function() CWD = tmpdir() end)
+after_each(function() os.execute("rm -rf " .. sh_quote(CWD)) end)
 
 local function write(path, text)
   local f = assert(io.open(path, "w"))
@@ -35,7 +55,7 @@ end
 
 describe("examples (build/muon run examples/*.lua)", function()
   it("qkv_split: ns_transform_fn on a fused QKV equals three separate parameters", function()
-    local out, status = run(MUON .. " run examples/qkv_split.lua 4 12")
+    local out, status = run(MUON .. " run " .. EX .. "qkv_split.lua 4 12")
     assert.are.equal(0, status, out)
     local split, plain = num(out, "split_vs_separate"), num(out, "unsplit_vs_separate")
     assert.is_true(split <= 1e-6, out)     -- same numbers as three parameters
@@ -44,7 +64,7 @@ describe("examples (build/muon run examples/*.lua)", function()
   end)
 
   it("per_head_ns: reshape_fn runs Newton-Schulz per head", function()
-    local out, status = run(MUON .. " run examples/per_head_ns.lua 3")
+    local out, status = run(MUON .. " run " .. EX .. "per_head_ns.lua 3")
     assert.are.equal(0, status, out)
     assert.is_true(num(out, "hook_vs_heads") <= 1e-6, out)
     assert.is_true(num(out, "whole_vs_heads") > 1e-4, out)
@@ -53,7 +73,7 @@ describe("examples (build/muon run examples/*.lua)", function()
   end)
 
   it("post_update_clip: logs update RMS = lr * matched_adamw_rms and clips norms", function()
-    local out, status = run(MUON .. " run examples/post_update_clip.lua 6 33")
+    local out, status = run(MUON .. " run " .. EX .. "post_update_clip.lua 6 33")
     assert.are.equal(0, status, out)
     assert.are.equal(18, num(out, "calls"))
     -- Muon's scale makes the update RMS about 0.2 * lr for every shape
@@ -69,37 +89,47 @@ describe("examples (build/muon run examples/*.lua)", function()
     return out:match("check: ([^\n]*)")
   end
   it("normuon: NorMuon's update rows move alike (row RMS spread below Muon's)", function()
-    local out, status = run(MUON .. " run examples/normuon.lua 60")
+    local out, status = run(MUON .. " run " .. EX .. "normuon.lua 60")
     assert.are.equal(0, status, out)
     local nor, mu = check_line(out):match("NorMuon ([%d%.]+), Muon ([%d%.]+)")
     assert.is_true(tonumber(nor) < 0.7 * tonumber(mu), out)
   end)
   it("cautious_decay: cautious decay fits the teacher better than decoupled decay", function()
-    local out, status = run(MUON .. " run examples/cautious_decay.lua 100")
+    local out, status = run(MUON .. " run " .. EX .. "cautious_decay.lua 100")
     assert.are.equal(0, status, out)
     local c, d = check_line(out):match("cautious loss ([%d%.]+) < decoupled ([%d%.]+)")
     assert.is_true(tonumber(c) < 0.6 * tonumber(d), out)
   end)
   it("spectral_scale: the spectral norm of the update is sqrt(rows/cols) x lr", function()
-    local out, status = run(MUON .. " run examples/spectral_scale.lua")
+    local out, status = run(MUON .. " run " .. EX .. "spectral_scale.lua")
     assert.are.equal(0, status, out)
     assert.is_true(tonumber(check_line(out):match("within ([%d%.]+)%%")) < 5, out)
   end)
   it("muonclip: QK-clip holds the max attention logit near tau while Muon's grows", function()
-    local out, status = run(MUON .. " run examples/muonclip.lua")
+    local out, status = run(MUON .. " run " .. EX .. "muonclip.lua")
     assert.are.equal(0, status, out)
     local clip, plain = check_line(out):match("steps ([%d%.]+) stays near tau %(Muon reached ([%d%.]+)%)")
     assert.is_true(tonumber(clip) < 103 and tonumber(plain) > 115, out)
   end)
   it("conv_flatten: flattening a conv weight fits better than 128 separate 3x3 kernels", function()
-    local out, status = run(MUON .. " run examples/conv_flatten.lua 60")
+    local out, status = run(MUON .. " run " .. EX .. "conv_flatten.lua 60")
     assert.are.equal(0, status, out)
     local f, b = check_line(out):match("flatten loss ([%d%.]+) < batch loss ([%d%.]+)")
     assert.is_true(tonumber(f) < 0.7 * tonumber(b), out)
   end)
 
+  it("dist_hsdp: one process trains, and saves its checkpoint in the working directory", function()
+    local out, status = run(MUON .. " run " .. EX .. "dist_hsdp.lua")
+    assert.are.equal(0, status, out)
+    local l1, l30 = tonumber(out:match("step  1  loss ([%d%.]+)")), tonumber(out:match("step 30  loss ([%d%.]+)"))
+    assert.is_true(l30 < 0.9 * l1, out) -- 15778 -> 13742 (the warmup holds lr low)
+    assert.truthy(out:find("saved dist_hsdp.safetensors", 1, true), out)
+    assert.is_true(exists(CWD .. "/dist_hsdp.safetensors"))
+  end)
+
   it("the examples also run under plain luajit", function()
-    local out, status = run("LUA_PATH='lua/?.lua;lua/?/init.lua;;' luajit examples/qkv_split.lua 2 8")
+    local lp = ROOT .. "/lua/?.lua;" .. ROOT .. "/lua/?/init.lua;;"
+    local out, status = run("LUA_PATH=" .. sh_quote(lp) .. " luajit " .. EX .. "qkv_split.lua 2 8")
     assert.are.equal(0, status, out)
     assert.truthy(out:find("OK:", 1, true), out)
   end)
@@ -131,9 +161,56 @@ describe("muon CLI", function()
     assert.are.equal(2, status)
     out, status = run(MUON .. " run --nope x.lua")
     assert.are.equal(2, status)
-    out, status = run(MUON .. " check configs/muon.lua --bogus")
+    out, status = run(MUON .. " check " .. CONFIGS .. "muon.lua --bogus")
     assert.are.equal(2, status)
     assert.truthy(out:find("--bogus", 1, true), out)
+  end)
+
+  it("every subcommand takes --help (usage on stdout, exit 0); --version prints the library's version", function()
+    for _, c in ipairs({ "run", "check", "info" }) do
+      for _, flag in ipairs({ "--help", "-h" }) do
+        local out, status = run(MUON .. " " .. c .. " " .. flag)
+        assert.are.equal(0, status, c .. " " .. flag .. ": " .. out)
+        assert.truthy(out:find("^usage: muon " .. c), out)
+      end
+    end
+    local out, status = run(MUON .. " --version")
+    assert.are.equal(0, status, out)
+    local lua_version = capture("cd " .. sh_quote(CWD) .. " && " .. MUON .. " run /dev/stdin <<'EOF'\n"
+      .. "print(require('muon')._VERSION)\nEOF\n")
+    assert.are.equal("muon " .. lua_version, out)
+    -- a script's own options go after the script, untouched
+    write(CWD .. "/args.lua", "print(table.concat(arg, ','))\n")
+    out, status = run(MUON .. " run args.lua --help -x")
+    assert.are.equal(0, status, out)
+    assert.are.equal("--help,-x\n", out)
+  end)
+
+  it("check reads shapes only: a model of terabytes is checked without allocating it", function()
+    write(CWD .. "/shapes.txt", "embed.weight 50257 768\nhidden.0.weight 1000000 1000000\n"
+      .. "hidden.1.weight 16384 16384\nhead.bias 300000000\n")
+    local script = [[
+      local function vm_peak_kb()
+        for line in io.lines("/proc/self/status") do
+          local kb = line:match("^VmPeak:%s+(%d+)")
+          if kb then return tonumber(kb) end
+        end
+      end
+      local check = require("muon.check")
+      local before = vm_peak_kb()
+      local text, problems = check.run(arg[1], "shapes.txt")
+      io.write(text)
+      print(("problems %d  vm_peak_growth_mb %.1f"):format(#problems, (vm_peak_kb() - before) / 1024))
+    ]]
+    write(CWD .. "/peak.lua", script)
+    local out, status = run(MUON .. " run peak.lua " .. CONFIGS .. "muon.lua")
+    assert.are.equal(0, status, out)
+    assert.truthy(out:match("\nhidden%.0%.weight%s+1000000x1000000%s+1 %(hidden%)%s+muon"), out)
+    assert.truthy(out:match("\nhead%.bias%s+300000000%s+2 %(rest%)%s+adamw"), out)
+    assert.are.equal(0, num(out, "problems"), out)
+    -- the declared parameters hold 4 TB (float32); zeros of them would add
+    -- at least 1 GiB (hidden.1) of address space, if they could be made at all
+    assert.is_true(num(out, "vm_peak_growth_mb") < 64, out)
   end)
 
   it("run: arguments, exit status from the script, errors with traceback exit 1", function()
@@ -156,7 +233,7 @@ describe("muon CLI", function()
   end)
 
   it("check: table of parameter -> group, optimizer, options; problems exit 1", function()
-    local out, status = run(MUON .. " check configs/muon.lua --params examples/demo_shapes.txt")
+    local out, status = run(MUON .. " check " .. CONFIGS .. "muon.lua --params " .. EX .. "demo_shapes.txt")
     assert.are.equal(0, status, out)
     local function row(name) return out:match("\n" .. name:gsub("%.", "%%.") .. "%s+([^\n]*)") end
     assert.truthy(row("hidden.1.weight"):match("^256x256%s+1 %(hidden%)%s+muon%s+lr=0%.02 "), out)
@@ -184,18 +261,38 @@ describe("muon CLI", function()
 end)
 
 describe("minimal C trainer (examples/minimal_trainer.c)", function()
-  it("fits its target with configs/muon.lua and with configs/adamw.lua", function()
-    for _, cfg in ipairs({ "configs/muon.lua", "configs/adamw.lua" }) do
-      local out, status = run(ROOT .. "/" .. BUILD .. "/examples/minimal_trainer " .. cfg)
+  it("fits its target with configs/muon.lua and with configs/adamw.lua, saving in the working directory", function()
+    for _, cfg in ipairs({ "muon.lua", "adamw.lua" }) do
+      local out, status = run(MINIMAL .. " " .. CONFIGS .. cfg)
       assert.are.equal(0, status, out)
       local first = tonumber(out:match("step%s+1%s+loss ([%d%.]+)"))
       local last = tonumber(out:match("step 1000%s+loss ([%d%.]+)"))
       assert.are.equal(25, first) -- sum over i = 0..11 of (i % 5 - 2)^2
       assert.is_true(last < 0.1 * first, out)
+      assert.truthy(out:find("saved minimal_opt.safetensors", 1, true), out)
+      assert.is_true(exists(CWD .. "/minimal_opt.safetensors"))
     end
-    local out, status = run(ROOT .. "/" .. BUILD .. "/examples/minimal_trainer configs/missing.lua")
-    assert.are.equal(1, status)
-    assert.truthy(out:find("cannot open config file 'configs/missing.lua'", 1, true), out)
+  end)
+
+  it("exits 1 with the engine's message when a call fails, 2 on usage errors", function()
+    local out, status = run(MINIMAL .. " missing.lua")
+    assert.are.equal(1, status, out)
+    assert.truthy(out:find("mu_engine_open: .*cannot open config file 'missing.lua'"), out)
+    -- a checkpoint that cannot be written is a failure too, after training
+    out, status = run(MINIMAL .. " " .. CONFIGS .. "muon.lua no/such/dir/opt.safetensors")
+    assert.are.equal(1, status, out)
+    assert.truthy(out:find("step 1000", 1, true), out)
+    assert.truthy(out:find("mu_engine_save: .*no/such/dir/opt.safetensors"), out)
+    -- a failing step: a config whose lr is NaN from the schedule
+    write(CWD .. "/nan.lua", "return { groups = { { optimizer = 'muon', match = '.*' } },\n"
+      .. "  schedule = function() return 0 / 0 end }\n")
+    out, status = run(MINIMAL .. " nan.lua")
+    assert.are.equal(1, status, out)
+    assert.truthy(out:find("mu_engine_step: ", 1, true), out)
+    assert.is_falsy(out:find("step  250", 1, true), out)
+    out, status = run(MINIMAL)
+    assert.are.equal(2, status, out)
+    assert.truthy(out:find("usage: minimal_trainer", 1, true), out)
   end)
 end)
 
@@ -209,9 +306,11 @@ describe("demo trainer (examples/demo_trainer.c)", function()
   end)
 
   it("a short run trains both configs and writes the CSV and SVG", function()
-    local d = tmpdir()
-    local out, status = run(DEMO .. " --steps 40 --hidden 32 --batch 64 --eval-every 20 --print-every 20 --out " .. d)
+    -- from a directory outside the tree: the shipped configs are found from
+    -- the program's location, the output goes to ./muon-demo
+    local out, status = run(DEMO .. " --steps 40 --hidden 32 --batch 64 --eval-every 20 --print-every 20")
     assert.are.equal(0, status, out)
+    local d = CWD .. "/muon-demo"
     -- loss starts near ln(27) = 3.30 and goes down for both runs
     local rows = {}
     local f = assert(io.open(d .. "/loss.csv"))

@@ -1,81 +1,77 @@
--- `make install PREFIX=<tmp>` then an out-of-tree C trainer built with only
--- `pkg-config --cflags --libs muon` trains with the engine, and the
--- installed CLI finds the installed Lua modules.
-local ROOT = (debug.getinfo(1, "S").source:match("^@(.*)/tests/[^/]*$")) or "."
+-- `make install DESTDIR=<stage>` (PREFIX /usr/local) as a packager runs it:
+-- the versioned library with its SONAME and symlinks, header, Lua modules,
+-- CLI, configs and muon.pc; the README's C trainer (tests/readme.lua) built
+-- out of tree against the staged files, from another directory, trains and
+-- reports failures through its exit status; `make uninstall DESTDIR=<stage>`
+-- leaves nothing behind.
+local R = require("readme")
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = R.sh_quote
 
-local function run(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1; echo \"__status=$?\""))
-  local out = p:read("*a")
-  p:close()
+local function run(cmd, dir)
+  local out = R.capture("cd " .. q(dir or "/") .. " && " .. cmd .. " 2>&1; echo \"__status=$?\"")
   local status = tonumber(out:match("__status=(%d+)%s*$"))
   return out:gsub("__status=%d+%s*$", ""), status
 end
 
-local TRAINER = [[
-#include <muon.h>
-#include <stdio.h>
+local VERSION = R.read(R.root .. "/src/cdef.c"):match('mu_version%(void%) { return "([^"]+)"')
+local MAJOR = VERSION:match("^(%d+)")
 
-/* Fit W (4x3) to a target with loss ||W - T||^2 (gradient 2 (W - T)). */
-int main(int argc, char **argv)
-{
-    mu_blas_fix_core(argv);
-    float w[12] = {0}, g[12], target[12];
-    for (int i = 0; i < 12; i++) target[i] = (float)(i % 5) - 2.0f;
-    int64_t shape[2] = {4, 3};
-    mu_engine *eng;
-    if (mu_engine_open(&eng, argv[1]) != MU_OK) { fprintf(stderr, "open: %s\n", mu_last_error()); return 1; }
-    if (mu_engine_add_param(eng, "layers.0.w", MU_F32, 2, shape, w, g) != MU_OK) {
-        fprintf(stderr, "add: %s\n", mu_engine_error(eng));
-        mu_engine_close(eng);
-        return 1;
-    }
-    for (int step = 1; step <= 60; step++) {
-        double loss = 0;
-        for (int i = 0; i < 12; i++) { float d = w[i] - target[i]; loss += d * d; g[i] = 2 * d; }
-        if (step == 1 || step == 60) printf("step %d loss %.6f\n", step, loss);
-        if (mu_engine_step(eng) != MU_OK) { fprintf(stderr, "step: %s\n", mu_engine_error(eng)); return 1; }
-    }
-    mu_engine_close(eng);
-    return 0;
-}
-]]
-
-describe("make install", function()
-  it("installs a library, header, Lua modules, CLI and muon.pc that an out-of-tree trainer builds with", function()
-    local prefix = io.popen("mktemp -d"):read("*l")
-    local out, status = run("make -s -C " .. sh_quote(ROOT) .. " install PREFIX=" .. sh_quote(prefix))
+describe("make install DESTDIR=... / make uninstall DESTDIR=...", function()
+  it("stages a versioned library, and the README's C trainer builds and runs against it out of tree", function()
+    local stage, work = R.tmpdir(), R.tmpdir()
+    local out, status = run("make -s install DESTDIR=" .. q(stage), R.root)
     assert.are.equal(0, status, out)
-    for _, f in ipairs({ "lib/libmuon.so", "lib/libmuon.a", "include/muon.h", "bin/muon",
+    local d = stage .. "/usr/local"
+    for _, f in ipairs({ "lib/libmuon.so." .. VERSION, "lib/libmuon.a", "include/muon.h", "bin/muon",
                          "lib/pkgconfig/muon.pc", "share/lua/5.1/muon/init.lua",
                          "share/lua/5.1/muon/engine.lua", "share/lua/5.1/muon/optim/muon.lua",
                          "share/muon/configs/muon.lua" }) do
-      assert.is_true(io.open(prefix .. "/" .. f) ~= nil, "missing " .. f)
+      assert.is_true(R.exists(d .. "/" .. f), "missing " .. f)
     end
+    -- libmuon.so -> libmuon.so.0 -> libmuon.so.<version>, whose SONAME is libmuon.so.0
+    assert.are.equal("libmuon.so." .. MAJOR .. "\n", R.capture("readlink " .. q(d .. "/lib/libmuon.so")))
+    assert.are.equal("libmuon.so." .. VERSION .. "\n", R.capture("readlink " .. q(d .. "/lib/libmuon.so." .. MAJOR)))
+    local dyn = R.capture("readelf -d " .. q(d .. "/lib/libmuon.so." .. VERSION))
+    assert.truthy(dyn:find("(SONAME)", 1, true) and dyn:find("[libmuon.so." .. MAJOR .. "]", 1, true), dyn)
+    -- muon.pc names the final prefix, not the staging directory
+    assert.truthy(R.read(d .. "/lib/pkgconfig/muon.pc"):find("^prefix=/usr/local\n"))
 
-    local src = prefix .. "/trainer.c"
-    local f = assert(io.open(src, "w"))
-    f:write(TRAINER)
-    f:close()
-    f = assert(io.open(prefix .. "/cfg.lua", "w"))
-    f:write("return { groups = { { optimizer = 'muon', match = '.*', lr = 0.3, weight_decay = 0 } } }\n")
-    f:close()
-    -- a clean environment: nothing points at the source tree
-    local env = "env -u MUON_LUA_PATH -u MUON_LIB -u LUA_PATH PKG_CONFIG_PATH=" .. sh_quote(prefix .. "/lib/pkgconfig")
-    out, status = run("cd " .. sh_quote(prefix) .. " && " .. env
-      .. " sh -c 'cc trainer.c $(pkg-config --cflags --libs muon) -o trainer'")
+    -- The README's trainer, built from another directory with only pkg-config
+    -- pointed at the stage; nothing points at the source tree.
+    R.write(work .. "/trainer.c", R.blocks()["c-trainer"])
+    local env = "env -u MUON_LUA_PATH -u MUON_LIB -u LUA_PATH PKG_CONFIG_PATH=" .. q(d .. "/lib/pkgconfig")
+      .. " PKG_CONFIG_SYSROOT_DIR=" .. q(stage) .. " LD_LIBRARY_PATH=" .. q(d .. "/lib")
+    out, status = run(env .. " sh -c 'cc trainer.c $(pkg-config --cflags --libs muon) -o trainer'", work)
     assert.are.equal(0, status, out)
-    out, status = run("cd /tmp && " .. env .. " " .. sh_quote(prefix .. "/trainer") .. " " .. sh_quote(prefix .. "/cfg.lua"))
+    assert.truthy(R.capture("readelf -d " .. q(work .. "/trainer")):find("[libmuon.so." .. MAJOR .. "]", 1, true))
+    local ldd = R.capture(env .. " ldd " .. q(work .. "/trainer"))
+    assert.truthy(ldd:find("libmuon.so." .. MAJOR .. " => " .. d .. "/lib/", 1, true),
+      "the staged library must be the one loaded (is another muon installed in /usr/local?):\n" .. ldd)
+
+    local run_dir = R.tmpdir()
+    out, status = run(env .. " " .. q(work .. "/trainer") .. " " .. q(d .. "/share/muon/configs/muon.lua"), run_dir)
     assert.are.equal(0, status, out)
-    local l1 = tonumber(out:match("step 1 loss ([%d%.]+)"))
-    local l60 = tonumber(out:match("step 60 loss ([%d%.]+)"))
+    local l1 = tonumber(out:match("step%s+1%s+loss ([%d%.]+)"))
+    local l1000 = tonumber(out:match("step 1000%s+loss ([%d%.]+)"))
     assert.are.equal(25.0, l1) -- sum over (i % 5 - 2)^2 for i = 0..11
-    assert.is_true(l60 < 0.05 * l1, out); print("# install: loss " .. l1 .. " -> " .. l60)
+    assert.is_true(l1000 < 0.1 * l1, out)
+    assert.is_true(R.exists(run_dir .. "/minimal_opt.safetensors"), "checkpoint in the working directory")
+    -- failures exit 1: a missing config, an unwritable checkpoint
+    out, status = run(env .. " " .. q(work .. "/trainer") .. " missing.lua", run_dir)
+    assert.are.equal(1, status, out)
+    out, status = run(env .. " " .. q(work .. "/trainer") .. " " .. q(d .. "/share/muon/configs/muon.lua")
+      .. " no/such/dir/x.safetensors", run_dir)
+    assert.are.equal(1, status, out)
 
-    out, status = run("cd /tmp && " .. env .. " " .. sh_quote(prefix .. "/bin/muon") .. " info")
+    -- the staged CLI finds the staged modules (from the library's own prefix)
+    out, status = run(env .. " " .. q(d .. "/bin/muon") .. " info", run_dir)
     assert.are.equal(0, status, out)
-    assert.truthy(out:find("lua modules%s+" .. prefix:gsub("%p", "%%%0") .. "/share/lua/5%.1"), out)
-    os.execute("rm -rf " .. sh_quote(prefix))
+    assert.truthy(out:find("lua modules%s+" .. (d .. "/share/lua/5.1"):gsub("%p", "%%%0")), out)
+
+    out, status = run("make -s uninstall DESTDIR=" .. q(stage), R.root)
+    assert.are.equal(0, status, out)
+    assert.are.equal("", R.capture("find " .. q(stage) .. " -mindepth 1"))
+    os.execute("rm -rf " .. q(stage) .. " " .. q(work) .. " " .. q(run_dir))
   end)
 end)

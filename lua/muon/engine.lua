@@ -483,17 +483,24 @@ end
 
 -- Dry run for `muon check`: route every {name=, shape=} and collect problems
 -- instead of raising. Returns rows (as describe()) and a list of problems.
+-- Nothing of a parameter's size is allocated: each one is registered as a
+-- view of the declared shape whose strides are all 0 over one shared
+-- element (routing and the checks read shapes only; nothing steps).
 function engine.check(cfg_src, shapes, opts)
   local ok, eng = pcall(engine.new, cfg_src, opts)
   if not ok then return {}, { tostring(eng) } end
   local problems = {}
+  local cell = T.zeros({ 1 })
+  eng.check_cell = cell -- the views point into it: it lives as long as eng
   for i, s in ipairs(shapes or {}) do
     local okp, err = pcall(function()
       if type(s.name) ~= "string" or type(s.shape) ~= "table" then
         error(("shapes[%d] must be {name = string, shape = {...}}"):format(i), 0)
       end
-      local v = T.zeros(s.shape)
-      eng:add_param(s.name, v, T.zeros(s.shape))
+      local zero = {}
+      for d = 1, #s.shape do zero[d] = 0 end
+      local v = T.wrap(cell.data, s.shape, "float32", zero)
+      eng:add_param(s.name, v, v)
     end)
     if not okp then problems[#problems + 1] = tostring(err):gsub("^[^:]*:%d+: ", "") end
   end

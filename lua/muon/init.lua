@@ -35,6 +35,28 @@ function muon.blas_info()
   return r
 end
 
+-- The path of a config shipped with muon ("muon" or "muon.lua", "normuon",
+-- ...): configs/ of the source tree these modules are in, or
+-- <prefix>/share/muon/configs/ of an installed muon. Found from where this
+-- file lives, so scripts that use it run from any directory.
+function muon.config_path(name)
+  if type(name) ~= "string" or not name:match("^[%w_%-]+$") and not name:match("^[%w_%-]+%.lua$") then
+    error("config_path: expected a shipped config's name such as 'muon' or 'adamw.lua', got " .. tostring(name), 2)
+  end
+  local file = name:match("%.lua$") and name or (name .. ".lua")
+  local lua_dir = debug.getinfo(1, "S").source:match("^@(.*)/muon/init%.lua$") or "."
+  local tried = {}
+  for _, dir in ipairs({ lua_dir .. "/../configs/", lua_dir .. "/../../muon/configs/" }) do
+    local f = io.open(dir .. file, "r")
+    if f then
+      f:close()
+      return dir .. file
+    end
+    tried[#tried + 1] = dir .. file
+  end
+  error("config_path: no shipped config '" .. file .. "' (looked for " .. table.concat(tried, ", ") .. ")", 2)
+end
+
 -- Modules that land with later layers load lazily, so a missing one fails
 -- only when used.
 setmetatable(muon, {

@@ -124,11 +124,18 @@ function T.from(values, shape, dtype)
   return t
 end
 
--- Wrap memory the caller keeps alive (a cdata pointer) as a tensor.
-function T.wrap(ptr, shape, dtype)
+-- Wrap memory the caller keeps alive (a cdata pointer) as a tensor;
+-- strides (in elements, optional) default to C-contiguous.
+function T.wrap(ptr, shape, dtype, strides)
   local arr, n = shape_array(shape, 2)
+  local sarr = nil
+  if strides ~= nil then
+    if type(strides) ~= "table" or #strides ~= n then error("strides must list one stride per dim", 2) end
+    sarr = i64_arr(math.max(n, 1))
+    for i = 1, n do sarr[i - 1] = strides[i] end
+  end
   local box = out_box()
-  check(C.mu_tensor_wrap(dtype_code(dtype, 2), n, arr, nil, ptr, box), "wrap", 2)
+  check(C.mu_tensor_wrap(dtype_code(dtype, 2), n, arr, sarr, ptr, box), "wrap", 2)
   return adopt(box)
 end
 

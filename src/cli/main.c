@@ -4,6 +4,7 @@
  *   muon run script.lua [args...]           run a Lua script with muon loaded
  *   muon check config.lua --params shapes   show which parameter lands where
  *   muon info                                version, BLAS core, MPI
+ *   muon --version, muon --help, muon COMMAND --help
  *
  * The host embeds LuaJIT through the library (mu_script_run*), so this file
  * never touches the Lua API itself.
@@ -27,11 +28,30 @@ static const char usage_text[] =
     "  info                                 version, BLAS core and threads, MPI availability\n"
     "\n"
     "options:\n"
-    "  -h, --help                           this text\n"
+    "  -h, --help                           this text (muon COMMAND --help: the command's)\n"
     "  --version                            print the version\n"
     "\n"
     "environment: MUON_LUA_PATH (Lua module directory), MUON_LIB, OPENBLAS_CORETYPE,\n"
     "OPENBLAS_NUM_THREADS\n";
+
+static const char run_usage[] =
+    "usage: muon run [--trust] SCRIPT.lua [ARGS...]\n"
+    "  Run a Lua script with the muon modules on package.path; arg[0] is the script,\n"
+    "  arg[1..] (and ...) are ARGS. Exit status: a number the script returns, 1 if it\n"
+    "  raises an error (message and traceback on stderr), else 0. Under mpirun an error\n"
+    "  on one rank aborts the job.\n"
+    "  --trust   engines the script opens run their configs with full Lua (default: sandboxed)\n";
+
+static const char info_usage[] =
+    "usage: muon info\n"
+    "  Print the version, the library and Lua module paths, the OpenBLAS core and threads,\n"
+    "  and whether MPI is built in.\n";
+
+/* "-h" or "--help" as a subcommand's first argument. */
+static int wants_help(int argc, char **argv)
+{
+    return argc > 2 && (strcmp(argv[2], "-h") == 0 || strcmp(argv[2], "--help") == 0);
+}
 
 static int usage_error(const char *fmt, const char *what)
 {
@@ -68,6 +88,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "run") == 0) {
+        if (wants_help(argc, argv)) {
+            fputs(run_usage, stdout);
+            return 0;
+        }
         int first = 2, flags = MU_SCRIPT_MPI;
         if (argc > first && strcmp(argv[first], "--trust") == 0) {
             flags |= MU_SCRIPT_TRUSTED;
@@ -85,6 +109,10 @@ int main(int argc, char **argv)
         return report(rc, status, 0);
     }
     if (strcmp(cmd, "info") == 0) {
+        if (wants_help(argc, argv)) {
+            fputs(info_usage, stdout);
+            return 0;
+        }
         int rc = mu_script_run_module("muon.host:info", argc - 2, argv + 2, 0, &status);
         return report(rc, status, 0);
     }

@@ -1,0 +1,116 @@
+-- The README as a newcomer uses it: its marked blocks (tests/readme.lua)
+-- run exactly as printed, from directories outside the source tree, and its
+-- reference names every public C and Lua function.
+local R = require("readme")
+
+local README = R.read(R.root .. "/README.md")
+local blocks = R.blocks(README)
+
+-- Every number printed matches the README's sample output to rel_tol (the
+-- last digits may differ on another OpenBLAS core).
+local function assert_output_like(expected, out, rel_tol)
+  local want, got = R.numbers(expected), R.numbers(out)
+  assert.are.equal(#want, #got, "README output:\n" .. expected .. "\nactual:\n" .. out)
+  for i = 1, #want do
+    local tol = rel_tol * math.max(math.abs(want[i]), 1e-3)
+    assert.is_true(math.abs(want[i] - got[i]) <= tol,
+      ("number %d: README %s, got %s\n%s"):format(i, want[i], got[i], out))
+  end
+end
+
+describe("README", function()
+  it("has every runnable block this spec needs", function()
+    for _, name in ipairs({ "first-loop", "first-loop-run", "first-loop-output", "c-trainer",
+                            "c-install", "c-build", "c-output" }) do
+      assert.is_string(blocks[name], "missing block " .. name)
+    end
+  end)
+
+  it("'Your first training loop in Lua' runs as printed from a directory outside the tree", function()
+    local dir = R.tmpdir()
+    R.write(dir .. "/first_loop.lua", blocks["first-loop"])
+    local out, status = R.run_sh(blocks["first-loop-run"], dir, { "PATH=" .. R.sh_quote(R.build .. ":" .. os.getenv("PATH")) })
+    assert.are.equal(0, status, out)
+    assert_output_like(blocks["first-loop-output"], out, 0.05)
+    assert.is_true(R.exists(dir .. "/first_loop.safetensors"), "the checkpoint goes to the working directory")
+    os.execute("rm -rf " .. R.sh_quote(dir))
+  end)
+
+  it("the C trainer it prints is examples/minimal_trainer.c", function()
+    assert.are.equal(R.read(R.root .. "/examples/minimal_trainer.c"), blocks["c-trainer"])
+  end)
+
+  it("'Embedding in C (out of tree)' installs, builds and trains as printed", function()
+    local home, dir = R.tmpdir(), R.tmpdir()
+    local env = { "-u MUON_LUA_PATH", "-u MUON_LIB", "-u LUA_PATH", "-u PKG_CONFIG_PATH", "HOME=" .. R.sh_quote(home) }
+    local out, status = R.run_sh(blocks["c-install"], R.root, env)
+    assert.are.equal(0, status, out)
+    R.write(dir .. "/trainer.c", blocks["c-trainer"])
+    out, status = R.run_sh(blocks["c-build"], dir, env)
+    assert.are.equal(0, status, out)
+    assert_output_like(blocks["c-output"], out, 0.01)
+    assert.is_true(R.exists(dir .. "/minimal_opt.safetensors"), "the checkpoint goes to the working directory")
+    -- a failing call makes the program exit 1 with the engine's message
+    out, status = R.run_sh("./trainer nope.lua", dir, env)
+    assert.are.equal(1, status, out)
+    assert.truthy(out:find("mu_engine_open: .*nope%.lua"), out)
+    out, status = R.run_sh("make -s uninstall PREFIX=$HOME/.local", R.root, env)
+    assert.are.equal(0, status, out)
+    assert.are.equal("", R.capture("find " .. R.sh_quote(home .. "/.local") .. " -type f -o -type l"))
+    os.execute("rm -rf " .. R.sh_quote(home) .. " " .. R.sh_quote(dir))
+  end)
+
+  it("names every MU_API function of src/muon.h", function()
+    local header = R.read(R.root .. "/src/muon.h")
+    local missing, n = {}, 0
+    for name in header:gmatch("\nMU_API[^;(]-([%w_]+)%(") do
+      n = n + 1
+      if not README:find("`" .. name .. "`", 1, true) and not README:find("`" .. name .. "(", 1, true) then
+        missing[#missing + 1] = name
+      end
+    end
+    assert.is_true(n > 90, "found only " .. n .. " MU_API functions")
+    assert.are.same({}, missing)
+  end)
+
+  it("names every public Lua function in its reference", function()
+    local reference = README:match("\n## Reference\n(.-)\n## ")
+    assert.is_string(reference)
+    local function names(t, skip)
+      local list = {}
+      for k, v in pairs(t) do
+        if type(v) == "function" and type(k) == "string" and k:sub(1, 1) ~= "_" and not (skip and skip[k]) then
+          list[#list + 1] = k
+        end
+      end
+      table.sort(list)
+      return list
+    end
+    local missing = {}
+    local function need(mod, list, sep)
+      for _, k in ipairs(list) do
+        if not reference:find(sep .. k .. "(", 1, true) then missing[#missing + 1] = mod .. sep .. k end
+      end
+    end
+    local muon = require("muon")
+    need("muon", names(muon), ".")
+    local T = require("muon.tensor")
+    need("T", names(T.methods), ":")
+    need("T", { "zeros", "from", "randn", "wrap", "load", "is_tensor", "adopt", "dtype_code", "where", "matmul" }, ".")
+    for _, m in ipairs({ "ns", "schedules", "foreach", "safetensors", "comm" }) do
+      need(m, names(require("muon." .. m)), ".")
+    end
+    need("engine", names(require("muon.engine")), ".")
+    need("eng", names(require("muon.engine").Engine), ":")
+    local opt = muon.optim.Muon({ muon.param("w", T.zeros({ 2, 2 }), T.zeros({ 2, 2 })) })
+    need("opt", names(getmetatable(opt).__index), ":")
+    need("muon.param", { "is_param", "same_shape", "shape_string" }, ".")
+    assert.are.same({}, missing)
+  end)
+
+  it("never points at files that are not in the repository", function()
+    local out = R.capture("cd " .. R.sh_quote(R.root) .. " && git grep -n -I -e " .. R.sh_quote("DESIGN" .. "%.md")
+      .. " -e " .. R.sh_quote("STYLE" .. ".md") .. " -e " .. R.sh_quote("%.%./" .. "shared") .. " -- . 2>&1 || true")
+    assert.are.equal("", out)
+  end)
+end)
