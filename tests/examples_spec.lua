@@ -208,9 +208,11 @@ describe("muon CLI", function()
     assert.truthy(out:match("\nhidden%.0%.weight%s+1000000x1000000%s+1 %(hidden%)%s+muon"), out)
     assert.truthy(out:match("\nhead%.bias%s+300000000%s+2 %(rest%)%s+adamw"), out)
     assert.are.equal(0, num(out, "problems"), out)
-    -- the declared parameters hold 4 TB (float32); zeros of them would add
-    -- at least 1 GiB (hidden.1) of address space, if they could be made at all
-    assert.is_true(num(out, "vm_peak_growth_mb") < 64, out)
+    -- the declared parameters hold 4 TB (float32); a value and a gradient
+    -- for hidden.1 and head.bias alone would add 4.2 GiB of address space
+    -- (hidden.0 could not be allocated at all). Threads started on first use
+    -- (BLAS, malloc arenas) may reserve some: about 130 MB seen.
+    assert.is_true(num(out, "vm_peak_growth_mb") < 1024, out)
   end)
 
   it("run: arguments, exit status from the script, errors with traceback exit 1", function()

@@ -20,7 +20,7 @@ local MAJOR = VERSION:match("^(%d+)")
 describe("make install DESTDIR=... / make uninstall DESTDIR=...", function()
   it("stages a versioned library, and the README's C trainer builds and runs against it out of tree", function()
     local stage, work = R.tmpdir(), R.tmpdir()
-    local out, status = run("make -s install DESTDIR=" .. q(stage), R.root)
+    local out, status = run("env " .. R.clean_env .. " make -s install DESTDIR=" .. q(stage), R.root)
     assert.are.equal(0, status, out)
     local d = stage .. "/usr/local"
     for _, f in ipairs({ "lib/libmuon.so." .. VERSION, "lib/libmuon.a", "include/muon.h", "bin/muon",
@@ -40,7 +40,7 @@ describe("make install DESTDIR=... / make uninstall DESTDIR=...", function()
     -- The README's trainer, built from another directory with only pkg-config
     -- pointed at the stage; nothing points at the source tree.
     R.write(work .. "/trainer.c", R.blocks()["c-trainer"])
-    local env = "env -u MUON_LUA_PATH -u MUON_LIB -u LUA_PATH PKG_CONFIG_PATH=" .. q(d .. "/lib/pkgconfig")
+    local env = "env " .. R.clean_env .. " PKG_CONFIG_PATH=" .. q(d .. "/lib/pkgconfig")
       .. " PKG_CONFIG_SYSROOT_DIR=" .. q(stage) .. " LD_LIBRARY_PATH=" .. q(d .. "/lib")
     out, status = run(env .. " sh -c 'cc trainer.c $(pkg-config --cflags --libs muon) -o trainer'", work)
     assert.are.equal(0, status, out)
@@ -69,7 +69,7 @@ describe("make install DESTDIR=... / make uninstall DESTDIR=...", function()
     assert.are.equal(0, status, out)
     assert.truthy(out:find("lua modules%s+" .. (d .. "/share/lua/5.1"):gsub("%p", "%%%0")), out)
 
-    out, status = run("make -s uninstall DESTDIR=" .. q(stage), R.root)
+    out, status = run("env " .. R.clean_env .. " make -s uninstall DESTDIR=" .. q(stage), R.root)
     assert.are.equal(0, status, out)
     assert.are.equal("", R.capture("find " .. q(stage) .. " -mindepth 1"))
     os.execute("rm -rf " .. q(stage) .. " " .. q(work) .. " " .. q(run_dir))

@@ -42,6 +42,11 @@ function R.tmpdir()
   return capture("mktemp -d"):match("[^\n]+")
 end
 
+-- env(1) options that drop what a test run sets but a user's shell does
+-- not have: make's variables (make test SAN=1 must not turn the recipe's
+-- `make install` into a sanitizer build) and muon's search paths.
+R.clean_env = "-u SAN -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MUON_BUILD -u MUON_LUA_PATH -u MUON_LIB -u LUA_PATH"
+
 -- name -> text of every marked block (with its final newline).
 function R.blocks(text)
   text = text or R.read(R.root .. "/README.md")

@@ -42,7 +42,9 @@ describe("README", function()
 
   it("'Embedding in C (out of tree)' installs, builds and trains as printed", function()
     local home, dir = R.tmpdir(), R.tmpdir()
-    local env = { "-u MUON_LUA_PATH", "-u MUON_LIB", "-u LUA_PATH", "-u PKG_CONFIG_PATH", "HOME=" .. R.sh_quote(home) }
+    -- a user's clean shell: nothing from this test run (make's variables
+    -- such as SAN=1, the library and module paths) leaks into the recipe
+    local env = { R.clean_env, "-u PKG_CONFIG_PATH", "HOME=" .. R.sh_quote(home) }
     local out, status = R.run_sh(blocks["c-install"], R.root, env)
     assert.are.equal(0, status, out)
     R.write(dir .. "/trainer.c", blocks["c-trainer"])
