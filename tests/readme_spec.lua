@@ -36,6 +36,16 @@ describe("README", function()
     os.execute("rm -rf " .. R.sh_quote(dir))
   end)
 
+  it("the muon.safetensors example under 'Checkpoints' runs as printed", function()
+    local dir = R.tmpdir()
+    R.write(dir .. "/st.lua", blocks["safetensors"])
+    local out, status = R.run_sh(R.sh_quote(R.build .. "/muon") .. " run st.lua", dir)
+    assert.are.equal(0, status, out)
+    assert.are.equal("w\tfloat32\t4x3\t64\n", out) -- 12 floats of w, 4 of b
+    assert.is_true(R.exists(dir .. "/weights.safetensors"))
+    os.execute("rm -rf " .. R.sh_quote(dir))
+  end)
+
   it("the C trainer it prints is examples/minimal_trainer.c", function()
     assert.are.equal(R.read(R.root .. "/examples/minimal_trainer.c"), blocks["c-trainer"])
   end)
