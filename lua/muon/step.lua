@@ -26,7 +26,8 @@
 --   local st = S.new({ groups = { { kind = K, options = g, label = "param group 1" }, ... },
 --                      comm = c, mesh = m, balance = "flops", max_batch_numel = n })
 --   st:add(gi, param, placement)     -- param.logical_shape: the global shape
---   st:step(values)                  -- values[gi] = { lr = ..., ... } this step's schedule
+--   st:step(values)                  -- values[gi] = { lr = ..., ... } this step's schedule;
+--                                    -- false when no parameter has a grad (nothing changed)
 local T = require("muon.tensor")
 local P = require("muon.param")
 local E = require("muon.errors")
@@ -594,7 +595,8 @@ end
 
 -- One step (collective on a mesh). values[gi]: this step's scheduled
 -- values for group gi (they become the group's values when it commits);
--- pre_err: see check_phase.
+-- pre_err: see check_phase. Returns true, or false when no parameter has a
+-- grad (then nothing changed: parameters, state, step counts).
 function Stepper:step(values, pre_err)
   self:build_once()
   local W = self.W
@@ -606,6 +608,10 @@ function Stepper:step(values, pre_err)
     run = ok and r or nil
     self:_agree_check(run, not ok and r or nil)
   end
+  -- Nothing to step (no parameter has a grad): no change at all, not even
+  -- the step counts (torch skips such parameters). On a mesh the stepping
+  -- set was agreed above, so every rank returns here together.
+  if next(run.stepping) == nil then return false end
   -- Phases 3-5: on one process the first error raises; on a mesh it is
   -- kept and the collectives still run, so no rank waits for another.
   run.W = W
@@ -636,6 +642,7 @@ function Stepper:step(values, pre_err)
     end
   end
   self:agree_failure(post_failure)
+  return true
 end
 
 function Stepper:build_once()
