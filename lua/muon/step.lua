@@ -328,7 +328,7 @@ end
 -- like any other, on every rank).
 local function check_phase(self, values, pre_err)
   if pre_err ~= nil then error(pre_err, 0) end
-  local run = { g = {}, stepping = {}, signals = signals_copy(self.signals) }
+  local run = { g = {}, stepping = {}, empty_nograd = {}, signals = signals_copy(self.signals) }
   for gi, G in ipairs(self.groups) do
     local opts = G.options
     local over = values and values[gi]
@@ -356,6 +356,10 @@ local function check_phase(self, values, pre_err)
           grads[#grads + 1] = g
           owners[#owners + 1] = p
         end
+      elseif self.W > 1 and self.rec[p].mine_n == 0 then
+        -- an empty local shard needs no gradient buffer: it steps when the
+        -- ranks holding the parameter's elements have grads (_agree_check)
+        run.empty_nograd[self.rec[p]] = true
       end
     end
     local skip = false
@@ -377,11 +381,19 @@ function Stepper:_agree_check(run, err)
   local ng = #self.groups
   local vec = { err ~= nil and (W - me) or 0 }
   for gi = 1, ng do vec[1 + gi] = run and run.g[gi].skip and 1 or 0 end
-  local stepping, values = {}, {}
+  -- Per parameter: does any rank have a grad (max), and do all ranks that
+  -- hold some of its elements have one (min; an empty shard without a grad
+  -- agrees with either).
+  local values = {}
+  local nparams = #self.order
+  local base = #vec
+  for i, p in ipairs(self.order) do
+    local r = self.rec[p]
+    local has = run and run.stepping[r] and 1 or 0
+    local agrees = run and (run.stepping[r] or run.empty_nograd[r]) and 1 or 0
+    vec[base + i], vec[base + nparams + i] = has, -agrees
+  end
   if run then
-    for i, p in ipairs(self.order) do
-      stepping[i] = { "parameter '" .. p.name .. "'", run.stepping[self.rec[p]] and "has a grad" or "has no grad" }
-    end
     for gi, G in ipairs(self.groups) do
       local hp = run.g[gi].hp
       for _, k in ipairs(schedulable_keys(G.kind)) do
@@ -398,19 +410,38 @@ function Stepper:_agree_check(run, err)
     for i, e in ipairs(list) do parts[i] = e[1] .. "=" .. e[2] end
     return D.hash(table.concat(parts, "\n"))
   end
-  local hs, hv = run and hash_all(stepping) or 0, run and hash_all(values) or 0
-  vec[#vec + 1], vec[#vec + 2], vec[#vec + 3], vec[#vec + 4] = hs, -hs, hv, -hv
+  local hv = run and hash_all(values) or 0
+  local at = #vec
+  vec[at + 1], vec[at + 2] = hv, -hv
   local r = self.ctrl:allreduce(vec, "max")
   if r[1] > 0 then self:_raise_from(W - r[1], err) end
-  if r[ng + 2] ~= -r[ng + 3] then
-    local msg = D.agree_entries(self.ctrl, stepping, "gradients", #stepping)
-    E.raise(E.EINVAL, msg or "gradients differ across ranks")
+  local differ = {}
+  for i, p in ipairs(self.order) do
+    if r[base + i] == 1 and r[base + nparams + i] == 0 then differ[#differ + 1] = "'" .. p.name .. "'" end
   end
-  if r[ng + 4] ~= -r[ng + 5] then
+  if #differ > 0 then
+    E.raise(E.EINVAL, "gradients differ across ranks: parameter(s) %s have a grad on some ranks and none on others "
+      .. "(only a rank whose shard is empty may pass none)", table.concat(differ, ", "))
+  end
+  if r[at + 1] ~= -r[at + 2] then
     local msg = D.agree_entries(self.ctrl, values, "scheduled values")
     E.raise(E.EINVAL, msg or "scheduled values differ across ranks")
   end
   for gi = 1, ng do run.g[gi].skip = r[1 + gi] == 1 end
+  -- Empty shards without a grad step with their parameter.
+  if next(run.empty_nograd) ~= nil then
+    for i, p in ipairs(self.order) do
+      local rec = self.rec[p]
+      if run.empty_nograd[rec] and r[base + i] == 1 then run.stepping[rec] = true end
+    end
+    for gi = 1, ng do
+      local params = {}
+      for _, p in ipairs(self.gparams[gi]) do
+        if run.stepping[self.rec[p]] then params[#params + 1] = p end
+      end
+      run.g[gi].params = params
+    end
+  end
 end
 
 -- Phase 3: each state holder's direction into scratch. The entry table of
