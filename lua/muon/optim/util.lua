@@ -93,7 +93,7 @@ end
 -- returns { class = the methods table, new = function(params, opts, level) }.
 -- The object: param_groups (torch-like: params, step, options), state
 -- (param -> its state table), stats, defaults; methods step(closure),
--- params(), state_dict(), load_state_dict(d), save(path), load(path).
+-- params(), add_param_group(g), state_dict(), load_state_dict(d), save(path), load(path, opts).
 function U.optimizer_class(kind, what)
   local class = {}
   class.__index = class
