@@ -381,19 +381,11 @@ function Stepper:_agree_check(run, err)
   local ng = #self.groups
   local vec = { err ~= nil and (W - me) or 0 }
   for gi = 1, ng do vec[1 + gi] = run and run.g[gi].skip and 1 or 0 end
-  -- Per parameter: does any rank have a grad (max), and do all ranks that
-  -- hold some of its elements have one (min; an empty shard without a grad
-  -- agrees with either).
-  local values = {}
-  local nparams = #self.order
-  local base = #vec
-  for i, p in ipairs(self.order) do
-    local r = self.rec[p]
-    local has = run and run.stepping[r] and 1 or 0
-    local agrees = run and (run.stepping[r] or run.empty_nograd[r]) and 1 or 0
-    vec[base + i], vec[base + nparams + i] = has, -agrees
-  end
+  local stepping, values = {}, {}
   if run then
+    for i, p in ipairs(self.order) do
+      stepping[i] = { "parameter '" .. p.name .. "'", run.stepping[self.rec[p]] and "has a grad" or "has no grad" }
+    end
     for gi, G in ipairs(self.groups) do
       local hp = run.g[gi].hp
       for _, k in ipairs(schedulable_keys(G.kind)) do
@@ -410,37 +402,54 @@ function Stepper:_agree_check(run, err)
     for i, e in ipairs(list) do parts[i] = e[1] .. "=" .. e[2] end
     return D.hash(table.concat(parts, "\n"))
   end
-  local hv = run and hash_all(values) or 0
-  local at = #vec
-  vec[at + 1], vec[at + 2] = hv, -hv
+  local hs, hv = run and hash_all(stepping) or 0, run and hash_all(values) or 0
+  local empty = run and next(run.empty_nograd) ~= nil and 1 or 0
+  vec[#vec + 1], vec[#vec + 2], vec[#vec + 3], vec[#vec + 4], vec[#vec + 5] = hs, -hs, hv, -hv, empty
   local r = self.ctrl:allreduce(vec, "max")
   if r[1] > 0 then self:_raise_from(W - r[1], err) end
+  if r[ng + 6] == 1 then
+    self:_agree_empty_shards(run)
+  elseif r[ng + 2] ~= -r[ng + 3] then
+    local msg = D.agree_entries(self.ctrl, stepping, "gradients", #stepping)
+    E.raise(E.EINVAL, msg or "gradients differ across ranks")
+  end
+  if r[ng + 4] ~= -r[ng + 5] then
+    local msg = D.agree_entries(self.ctrl, values, "scheduled values")
+    E.raise(E.EINVAL, msg or "scheduled values differ across ranks")
+  end
+  for gi = 1, ng do run.g[gi].skip = r[1 + gi] == 1 end
+end
+
+-- Some rank holds an empty shard of a parameter and passed no grad for it
+-- (the C API's NULL): one more all-reduce, per parameter, of whether any
+-- rank has a grad and whether every rank holding elements has one. The
+-- empty shards step with their parameter; a grad on only some of the
+-- holding ranks fails on every rank, naming the parameters.
+function Stepper:_agree_empty_shards(run)
+  local n = #self.order
+  local vec = {}
+  for i, p in ipairs(self.order) do
+    local rec = self.rec[p]
+    vec[i] = run.stepping[rec] and 1 or 0
+    vec[n + i] = -((run.stepping[rec] or run.empty_nograd[rec]) and 1 or 0)
+  end
+  local r = self.ctrl:allreduce(vec, "max")
   local differ = {}
   for i, p in ipairs(self.order) do
-    if r[base + i] == 1 and r[base + nparams + i] == 0 then differ[#differ + 1] = "'" .. p.name .. "'" end
+    local rec = self.rec[p]
+    if r[i] == 1 and r[n + i] == 0 then differ[#differ + 1] = "'" .. p.name .. "'" end
+    if r[i] == 1 and run.empty_nograd[rec] then run.stepping[rec] = true end
   end
   if #differ > 0 then
     E.raise(E.EINVAL, "gradients differ across ranks: parameter(s) %s have a grad on some ranks and none on others "
       .. "(only a rank whose shard is empty may pass none)", table.concat(differ, ", "))
   end
-  if r[at + 1] ~= -r[at + 2] then
-    local msg = D.agree_entries(self.ctrl, values, "scheduled values")
-    E.raise(E.EINVAL, msg or "scheduled values differ across ranks")
-  end
-  for gi = 1, ng do run.g[gi].skip = r[1 + gi] == 1 end
-  -- Empty shards without a grad step with their parameter.
-  if next(run.empty_nograd) ~= nil then
-    for i, p in ipairs(self.order) do
-      local rec = self.rec[p]
-      if run.empty_nograd[rec] and r[base + i] == 1 then run.stepping[rec] = true end
+  for gi = 1, #self.groups do
+    local params = {}
+    for _, p in ipairs(self.gparams[gi]) do
+      if run.stepping[self.rec[p]] then params[#params + 1] = p end
     end
-    for gi = 1, ng do
-      local params = {}
-      for _, p in ipairs(self.gparams[gi]) do
-        if run.stepping[self.rec[p]] then params[#params + 1] = p end
-      end
-      run.g[gi].params = params
-    end
+    run.g[gi].params = params
   end
 end
 

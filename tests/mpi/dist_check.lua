@@ -445,6 +445,16 @@ H.main(function()
       H.check("grad-on-some-ranks-fails-everywhere", ok4, tostring(err4))
       ref_step(ref)
     end
+    -- the same with empty shards passing no grad (the per-parameter agreement)
+    all_grads(5)
+    for name, l in pairs(locals) do
+      if numel(l.box.len) == 0 then eng:param(name).grad = nil end
+    end
+    if W > 1 and me == W - 1 then eng:param("rep").grad = nil end
+    local before = eng:get("step")
+    local ok5, err5 = pcall(eng.step, eng)
+    H.check("grad-on-some-ranks-with-empty-shards-fails-everywhere", W == 1 and ok5 or (not ok5
+      and tostring(err5):find("'rep'", 1, true) ~= nil and eng:get("step") == before), tostring(err5))
   elseif mode == "memory" then
     local ref, eng, locals = setup({})
     set_grads(ref, locals, 1)
