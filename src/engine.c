@@ -548,11 +548,19 @@ int mu_engine_save(mu_engine *eng, const char *path)
 
 int mu_engine_load(mu_engine *eng, const char *path)
 {
+    return mu_engine_load_ex(eng, path, 0);
+}
+
+int mu_engine_load_ex(mu_engine *eng, const char *path, int flags)
+{
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_load: eng is NULL");
     if (!path || !*path) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_load: path is NULL or empty");
+    if (flags & ~MU_LOAD_NO_CHECKSUM)
+        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_load_ex: unknown flags 0x%x", (unsigned)flags);
     mu__push_call(eng, "load");
     lua_pushstring(eng->L, path);
-    return mu__call(eng, 1, 0, MU_EFORMAT, "mu_engine_load");
+    lua_pushboolean(eng->L, (flags & MU_LOAD_NO_CHECKSUM) != 0);
+    return mu__call(eng, 2, 0, MU_EFORMAT, "mu_engine_load");
 }
 
 /* ------------------------------------------------------------- scripts */

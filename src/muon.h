@@ -301,7 +301,9 @@ MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts
 /* Named coefficient schedules ("legacy", "asym5", "polar_express",
  * "deepseekv4"): writes `steps` triples into coeffs (cap triples room) and
  * the preset's norm_scale. steps <= 0 means the preset's natural length;
- * the number written goes to *nsteps. */
+ * a preset with per-step triples (all but "legacy") stops at its length
+ * when asked for more (as the seed's asym5 does); the number written goes
+ * to *nsteps. */
 MU_API int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *norm_scale,
                         int *nsteps);
 
@@ -484,10 +486,14 @@ MU_API int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int 
  * mesh). MU_ENONFINITE for a NaN/Inf gradient, MU_EINVAL for a bad value
  * (a schedule's weight_decay = NaN names the group, key and value),
  * MU_ELUA when a config function (hook, schedule) raised. A post_update_fn
- * failure is reported after the step committed: the step counts. */
+ * failure is reported after the step committed: the step counts.
+ * Parameters without a grad are skipped; when no parameter has one there is
+ * nothing to step: MU_OK, and nothing changes (the "step" count, hence the
+ * schedule, stays; get "stepped" gives 0). */
 MU_API int mu_engine_step(mu_engine *eng);
 /* Runtime values: set "lr_scale" (multiplies every group's lr); get "lr",
- * "step", "lr_scale", "lr:<group index or name>", and "state_bytes" /
+ * "step", "stepped" (1 if the last mu_engine_step stepped, 0 if it had
+ * nothing to step or none ran yet), "lr_scale", "lr:<group index or name>", and "state_bytes" /
  * "scratch_bytes" (optimizer state and step scratch held by this rank). */
 MU_API int mu_engine_set(mu_engine *eng, const char *key, double value);
 MU_API int mu_engine_get(mu_engine *eng, const char *key, double *out);
@@ -501,6 +507,12 @@ MU_API int mu_engine_set_signal(mu_engine *eng, const char *name, const double *
  * shapes against the registered parameters and changes nothing on error). */
 MU_API int mu_engine_save(mu_engine *eng, const char *path);
 MU_API int mu_engine_load(mu_engine *eng, const char *path);
+/* mu_engine_load with flags: MU_LOAD_NO_CHECKSUM accepts a checkpoint
+ * without checksums or with stale ones (written or edited by another
+ * program, e.g. Python); names, dtypes, shapes, values and the metadata are
+ * still validated. */
+enum { MU_LOAD_NO_CHECKSUM = 1 };
+MU_API int mu_engine_load_ex(mu_engine *eng, const char *path, int flags);
 /* Detail of the last failed call on eng ("" if none); NULL eng gives
  * mu_last_error(). Valid until the next call on eng. */
 MU_API const char *mu_engine_error(const mu_engine *eng);

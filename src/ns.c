@@ -67,7 +67,7 @@ struct mu_ns_workspace {
 /* Seed (_NS_LEGACY_COEFFS): Keller Jordan's quintic, the same triple each step. */
 static const double ns_legacy[3] = {3.4445, -4.7750, 2.0315};
 
-/* Seed (_NS_ASYM5_COEFFS): five per-step triples; more steps is an error. */
+/* Seed (_NS_ASYM5_COEFFS): five per-step triples; asking for more runs these five. */
 static const double ns_asym5[5][3] = {
     {4.0848, -6.8946, 2.9270},
     {3.9505, -6.3029, 2.6377},
@@ -117,9 +117,9 @@ int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *n
                         "got '%s'", name);
     }
     if (steps <= 0) steps = natural;
-    if (fixed && steps > natural)
-        return mu__fail(MU_EINVAL, "ns_steps=%d exceeds the %d steps of the '%s' schedule", steps,
-                        natural, name);
+    /* A fixed schedule stops at its length, as the seed's slice
+     * _NS_ASYM5_COEFFS[:steps] does: *nsteps tells the caller. */
+    if (fixed && steps > natural) steps = natural;
     if (steps > cap)
         return mu__fail(MU_EINVAL, "ns preset '%s': %d steps do not fit in cap=%d triples", name,
                         steps, cap);

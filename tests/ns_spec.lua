@@ -367,13 +367,25 @@ describe("ns coefficients and validation", function()
     assert.are.equal(10, ns.resolve({ variant = "deepseekv4" }).steps)
   end)
 
-  it("too many steps for a fixed schedule is an error", function()
-    local ok, err = pcall(ns.zeropower, T.randn({ 4, 4 }, 1), { variant = "asym5", steps = 6 })
-    assert.is_false(ok)
-    assert.matches("ns_steps=6 exceeds the 5 steps of the 'asym5' schedule", err)
-    assert.has_error(function() ns.coefficients("polar_express", 6) end)
-    assert.has_error(function() ns.coefficients("deepseekv4", 11) end)
-    assert.are.equal(12, #ns.coefficients("legacy", 12))
+  it("more steps than a fixed schedule defines runs its steps, as the seed's slice (warned once)", function()
+    local lines = {}
+    local stderr = io.stderr
+    io.stderr = { write = function(_, s) lines[#lines + 1] = s end } -- luacheck: ignore 122
+    local ok, err = pcall(function()
+      local x = T.randn({ 4, 6 }, 1)
+      H.assert_equal_bits(ns.zeropower(x, { variant = "asym5", steps = 6 }), ns.zeropower(x, { variant = "asym5", steps = 5 }),
+        "asym5 x6 = asym5 x5")
+      ns.zeropower(x, { variant = "asym5", steps = 6 })
+      assert.are.same(ns.coefficients("polar_express", 5), ns.coefficients("polar_express", 7))
+      assert.are.equal(10, #ns.coefficients("deepseekv4", 11))
+      assert.are.equal(12, #ns.coefficients("legacy", 12))
+    end)
+    io.stderr = stderr -- luacheck: ignore 122
+    assert(ok, tostring(err))
+    local text = table.concat(lines)
+    local _, n = text:gsub("ns_steps=6 with ns_variant='asym5', which defines 5 steps", "")
+    assert.are.equal(1, n, text)
+    assert.truthy(text:find("ns_steps=7 with ns_variant='polar_express'", 1, true), text)
   end)
 
   it("custom validation messages follow the seed", function()
@@ -429,7 +441,10 @@ describe("ns coefficients and validation", function()
     local coeffs = ffi.new("double[30]")
     local C = require("muon.core").C
     assert.are_not.equal(0, C.mu_ns_preset("nope", 5, coeffs, 10, nil, nil))
-    assert.are_not.equal(0, C.mu_ns_preset("asym5", 6, coeffs, 10, nil, nil))
+    local nsteps = ffi.new("int[1]")
+    assert.are.equal(0, C.mu_ns_preset("asym5", 6, coeffs, 10, nil, nsteps))
+    assert.are.equal(5, nsteps[0]) -- the five defined steps (the seed's slice)
+    assert.are.equal(2.8366, coeffs[12])
   end)
 end)
 

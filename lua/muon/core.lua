@@ -117,4 +117,28 @@ function core.check(rc, what)
   end
 end
 
+-- Make reading an unknown name of a module table an error listing the
+-- valid ones, so that a typo (muon.optm) fails where it is made. extra:
+-- optional list of names the module loads on first use.
+function core.strict(t, what, extra)
+  local mt = getmetatable(t) or {}
+  local lazy = mt.__index
+  mt.__index = function(tbl, k)
+    if lazy then
+      local v = lazy(tbl, k)
+      if v ~= nil then return v end
+    end
+    local names = {}
+    for name in pairs(tbl) do
+      if type(name) == "string" and name:sub(1, 1) ~= "_" then names[#names + 1] = name end
+    end
+    for _, name in ipairs(extra or {}) do
+      if rawget(tbl, name) == nil then names[#names + 1] = name end
+    end
+    table.sort(names)
+    error(("%s has no field '%s' (valid: %s)"):format(what, tostring(k), table.concat(names, ", ")), 2)
+  end
+  return setmetatable(t, mt)
+end
+
 return core

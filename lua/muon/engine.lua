@@ -17,6 +17,7 @@ local Muon = require("muon.optim.muon")
 local AdamW = require("muon.optim.adamw")
 local S = require("muon.optim.state")
 local commlib = require("muon.comm")
+local U = require("muon.optim.util")
 
 local engine = {}
 local Engine = {}
@@ -27,6 +28,10 @@ local ROUTING_KEYS = { name = true, optimizer = true, match = true, exclude = tr
 local HOOK_NAMES = { reshape_fn = true, ns_transform_fn = true, post_update_fn = true, zeropower_fn = true,
   momentum_update_fn = true, post_ortho_fn = true }
 local OPEN_KEYS = { trusted = true }
+-- Options only Muon groups read (hooks and hook state): on another group
+-- they would silently do nothing, so they are refused by name.
+local MUON_ONLY = { hook_state = true }
+for _, h in ipairs(Muon.kind.HOOKS) do MUON_ONLY[h] = true end
 local DIST_KEYS = { comm = true, mesh = true, balance = true, max_batch_numel = true }
 
 local function as_list(v, what, level)
@@ -105,6 +110,17 @@ local function resolve_config(cfg, where)
     if type(v) ~= "function" then E.raise(E.EINVAL, "config %s: hook '%s' must be a function", where, k) end
   end
   local groups = {}
+  local has_muon = false
+  for _, g in ipairs(cfg.groups) do
+    if type(g) == "table" and (g.optimizer or "muon") == "muon" then has_muon = true end
+  end
+  if not has_muon and next(hooks) ~= nil then
+    local names = {}
+    for k in pairs(hooks) do names[#names + 1] = k end
+    table.sort(names)
+    E.raise(E.EINVAL, "config %s: hook(s) %s would never be called: hooks run in Muon groups only and the config has none",
+      where, table.concat(names, ", "))
+  end
   for gi, g in ipairs(cfg.groups) do
     if type(g) ~= "table" then E.raise(E.EINVAL, "config %s: group %d must be a table", where, gi) end
     local label = group_label(gi, g.name)
@@ -120,6 +136,12 @@ local function resolve_config(cfg, where)
       end
     end
     table.sort(bad)
+    for _, k in ipairs(bad) do
+      if MUON_ONLY[k] then
+        E.raise(E.EINVAL, "config %s: %s (%s): hook '%s' would never be called: hooks run in Muon groups only "
+          .. "(move it to a Muon group or remove it)", where, label, kname, k)
+      end
+    end
     if #bad > 0 then
       E.raise(E.EINVAL, "config %s: %s (%s): unknown option(s): %s", where, label, kname, table.concat(bad, ", "))
     end
@@ -150,6 +172,32 @@ local function resolve_config(cfg, where)
   return groups
 end
 
+-- The seed's hsdp_replica_count (a Muon option) is the size of the mesh's
+-- replicate axes here (axes named "replicate..."; their product): a group
+-- that sets it must agree with dist.mesh, else the message shows the mesh
+-- that says the same.
+local function check_replicas(groups, dist, where)
+  local mesh = dist and dist.mesh
+  local have, names = 1, {}
+  for _, ax in ipairs(mesh or {}) do
+    if type(ax[1]) == "string" and ax[1]:lower():find("^replicate") then
+      have = have * ax[2]
+      names[#names + 1] = ax[1]
+    end
+  end
+  for _, g in ipairs(groups) do
+    local n = g.kind.replica_count and g.kind.replica_count(g.options.hsdp_replica_count, 1) or 1
+    if g.options.hsdp_replica_count ~= nil and n ~= have then
+      E.raise(E.EINVAL, "config %s: %s: hsdp_replica_count = %d, but %s: replication comes from the mesh here; "
+        .. "the equivalent config has dist = { mesh = { { \"replicate\", %d }, { \"shard\", <ranks / %d> } } } "
+        .. "and places parameters { \"R\", \"S(1)\" }", where, g.label, n,
+        mesh == nil and "the config has no dist section (one process, no replicas)"
+          or ("the mesh's replicate axes (%s) have %d ranks"):format(#names > 0 and table.concat(names, ", ") or "none", have),
+        n, n)
+    end
+  end
+end
+
 function engine.new(cfg_src, opts)
   opts = opts or {}
   local unknown = O.unknown_keys(opts, OPEN_KEYS)
@@ -165,6 +213,8 @@ function engine.new(cfg_src, opts)
     if not ok3 then error(d, 2) end
     dist = d
   end
+  local ok4, err4 = pcall(check_replicas, groups, dist, label)
+  if not ok4 then error(err4, 2) end
   return setmetatable({
     config = cfg, source = where, groups = groups, params = {}, by_name = {},
     lr_scale = 1.0, step_count = 0, dist = dist, signals = {},
@@ -346,14 +396,25 @@ end
 
 -- One step of every group; atomic across all of them (and across ranks).
 -- The step counts once its commit happened, even if post_update_fn then fails.
-function Engine:step()
+-- closure (optional, as torch's): called first (it may compute the
+-- gradients); its value is returned. Returns (closure value, stepped):
+-- stepped is false when no parameter has a grad, and then nothing changed
+-- (parameters, state, the step count and so the schedule).
+function Engine:step(closure)
+  local loss
+  if closure ~= nil then
+    if not U.callable(closure) then error("step: closure must be a function or nil, got " .. type(closure), 2) end
+    loss = closure()
+  end
   local st = self:_stepper()
   local step = self.step_count + 1
   local okv, values = pcall(self._scheduled, self, step)
   local before = st.stats.steps
-  local ok, err = pcall(st.step, st, okv and values or nil, not okv and values or nil)
+  local ok, stepped = pcall(st.step, st, okv and values or nil, not okv and values or nil)
   if st.stats.steps > before then self.step_count = step end
-  if not ok then error(err, 2) end
+  if not ok then error(stepped, 2) end
+  self.last_stepped = stepped
+  return loss, stepped
 end
 
 -- Per-step values from the trainer for the config's hooks, which read them
@@ -387,6 +448,7 @@ end
 function Engine:get(key)
   if key == "lr_scale" then return self.lr_scale end
   if key == "step" then return self.step_count end
+  if key == "stepped" then return self.last_stepped and 1 or 0 end -- did the last step() step?
   if key == "lr" then return self.groups[1].options.lr end
   if key == "state_bytes" or key == "scratch_bytes" then return self:memory()[key] end
   if type(key) == "string" then
@@ -398,7 +460,7 @@ function Engine:get(key)
       E.raise(E.EINVAL, "get: no group '%s'", which)
     end
   end
-  E.raise(E.EINVAL, "get: unknown key '%s' (known: lr, lr:<group>, step, lr_scale, state_bytes, scratch_bytes)", tostring(key))
+  E.raise(E.EINVAL, "get: unknown key '%s' (known: lr, lr:<group>, step, stepped, lr_scale, state_bytes, scratch_bytes)", tostring(key))
 end
 
 -- { state_bytes, scratch_bytes } this rank holds.
@@ -443,7 +505,7 @@ local function parts(self)
     for _, g in ipairs(self.groups) do
       if g.kind.name == kind and not seen[kind] then
         seen[kind] = true
-        list[#list + 1] = { prefix = kind .. "/", kind = kind }
+        list[#list + 1] = { prefix = kind .. "/", kind = kind, hyper = "config" }
       end
     end
   end
@@ -471,12 +533,14 @@ local function engine_meta(meta)
 end
 
 -- Load a checkpoint saved by save(); checks everything before changing anything.
-function Engine:load(path)
+-- opts: { checksum = false } accepts a file without checksums (or with stale
+-- ones), e.g. written or edited in Python; everything else is still checked.
+function Engine:load(path, opts)
   if type(path) ~= "string" then error("load: path must be a string", 2) end
   local values
   local ok, err = pcall(S.load, self:_stepper(), path, parts(self), function(meta)
     values = { engine_meta(meta) }
-  end)
+  end, opts)
   if not ok then error(err, 2) end
   self.step_count, self.lr_scale = values[1], values[2]
 end

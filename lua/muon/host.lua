@@ -104,7 +104,9 @@ end
 
 function host.save(eng, path) eng:save(path) end
 
-function host.load(eng, path) eng:load(path) end
+function host.load(eng, path, no_checksum)
+  eng:load(path, no_checksum and { checksum = false } or nil)
+end
 
 -- `muon run script.lua args...`: arg = { [0] = script, args... } as in the
 -- standalone interpreter; the chunk also gets the args as `...`. A numeric

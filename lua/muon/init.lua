@@ -57,20 +57,22 @@ function muon.config_path(name)
   error("config_path: no shipped config '" .. file .. "' (looked for " .. table.concat(tried, ", ") .. ")", 2)
 end
 
--- Modules that land with later layers load lazily, so a missing one fails
--- only when used.
+-- The other modules load on first use (muon.engine, muon.ns, ...); any
+-- other name is an error listing the valid ones (muon.optm is a typo, not
+-- nil).
+local MODULES = { "check", "comm", "config", "core", "dist", "engine", "errors", "foreach", "host", "ns", "optim",
+  "router", "safetensors", "sandbox", "schedules", "step" }
+local is_module = {}
+for _, k in ipairs(MODULES) do is_module[k] = true end
 setmetatable(muon, {
   __index = function(t, k)
+    if not is_module[k] then return nil end
     local ok, mod = pcall(require, "muon." .. k)
-    if ok then
-      rawset(t, k, mod)
-      return mod
-    end
-    if tostring(mod):find("module 'muon." .. k .. "' not found", 1, true) then
-      return nil
-    end
-    error(mod, 2)
+    if not ok then error(mod, 3) end
+    rawset(t, k, mod)
+    return mod
   end,
 })
+core.strict(muon, "muon", MODULES)
 
 return muon

@@ -97,6 +97,7 @@ function ns.validate(variant, steps, custom)
 end
 
 -- Fill a double[3*steps] with the schedule; returns arr, steps, norm_scale.
+local warned = {}
 local function schedule(variant, steps, custom, level)
   level = level + 1
   local normalized = validate(variant, steps, custom, level)
@@ -111,6 +112,17 @@ local function schedule(variant, steps, custom, level)
     local rc = C.mu_ns_preset(variant, steps, arr, steps, sc, ns_out)
     if rc ~= 0 then error(ffi.string(C.mu_last_error()), level) end
     scale = sc[0]
+    if ns_out[0] < steps then
+      -- the seed slices its per-step triples (_NS_ASYM5_COEFFS[:steps]):
+      -- run the schedule's steps, and say so once per (variant, steps)
+      local key = variant .. ":" .. steps
+      if not warned[key] then
+        warned[key] = true
+        io.stderr:write(("muon: ns_steps=%d with ns_variant='%s', which defines %d steps: running those %d "
+          .. "(as the seed does)\n"):format(steps, variant, ns_out[0], ns_out[0]))
+      end
+      steps = ns_out[0]
+    end
   else
     local sc, ns_out = ffi.new("double[1]"), ffi.new("int[1]")
     local tmp = ffi.new("double[30]")
@@ -232,4 +244,4 @@ function ns.zeropower(x, opts)
   return out
 end
 
-return ns
+return core.strict(ns, "muon.ns")

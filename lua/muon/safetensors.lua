@@ -317,7 +317,20 @@ function M.inspect(path)
 end
 
 --- Load every tensor (new contiguous tensors) of a safetensors file.
-function M.load(path)
+--- opts.checksum = false: do not verify "muon.checksum" (a file written or
+--- edited by another program); everything else is validated as always.
+function M.load(path, opts)
+  local verify = true
+  if opts ~= nil then
+    if type(opts) ~= "table" then E.raise(E.EINVAL, "load: opts must be a table, got %s", type(opts)) end
+    for k in pairs(opts) do
+      if k ~= "checksum" then E.raise(E.EINVAL, "load: unknown option '%s' (known: checksum)", tostring(k)) end
+    end
+    if opts.checksum ~= nil and type(opts.checksum) ~= "boolean" then
+      E.raise(E.EINVAL, "load: checksum must be a boolean, got %s", type(opts.checksum))
+    end
+    verify = opts.checksum ~= false
+  end
   local r, text, data_size = open_reader(path)
   local ok, res = pcall(function()
     local entries, metadata = parse_header(path, text, data_size)
@@ -332,7 +345,7 @@ function M.load(path)
       arr[i - 1] = t
     end
     local want = metadata["muon.checksum"]
-    if want ~= nil then
+    if want ~= nil and verify then
       local algo = want:match("^(%w+):")
       if algo ~= "xxh64" or not want:match("^xxh64:%x+$") or #want ~= 22 then
         E.raise(E.EFORMAT, "safetensors '%s': unsupported checksum '%s' in __metadata__ (expected xxh64:<16 hex>)",
@@ -340,7 +353,8 @@ function M.load(path)
       end
       local got = checksum_hex(#entries, arr)
       if got ~= want:lower() then
-        E.raise(E.EFORMAT, "safetensors '%s': checksum mismatch (header says %s, data gives %s): the file is corrupted",
+        E.raise(E.EFORMAT, "safetensors '%s': checksum mismatch (header says %s, data gives %s): the file is corrupted "
+                .. "(or edited by another program: load(path, { checksum = false }) skips the checksums)",
                 path, want, got)
       end
     end

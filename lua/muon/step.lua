@@ -26,7 +26,8 @@
 --   local st = S.new({ groups = { { kind = K, options = g, label = "param group 1" }, ... },
 --                      comm = c, mesh = m, balance = "flops", max_batch_numel = n })
 --   st:add(gi, param, placement)     -- param.logical_shape: the global shape
---   st:step(values)                  -- values[gi] = { lr = ..., ... } this step's schedule
+--   st:step(values)                  -- values[gi] = { lr = ..., ... } this step's schedule;
+--                                    -- false when no parameter has a grad (nothing changed)
 local T = require("muon.tensor")
 local P = require("muon.param")
 local E = require("muon.errors")
@@ -327,7 +328,7 @@ end
 -- like any other, on every rank).
 local function check_phase(self, values, pre_err)
   if pre_err ~= nil then error(pre_err, 0) end
-  local run = { g = {}, stepping = {}, signals = signals_copy(self.signals) }
+  local run = { g = {}, stepping = {}, empty_nograd = {}, signals = signals_copy(self.signals) }
   for gi, G in ipairs(self.groups) do
     local opts = G.options
     local over = values and values[gi]
@@ -355,6 +356,10 @@ local function check_phase(self, values, pre_err)
           grads[#grads + 1] = g
           owners[#owners + 1] = p
         end
+      elseif self.W > 1 and self.rec[p].mine_n == 0 then
+        -- an empty local shard needs no gradient buffer: it steps when the
+        -- ranks holding the parameter's elements have grads (_agree_check)
+        run.empty_nograd[self.rec[p]] = true
       end
     end
     local skip = false
@@ -398,10 +403,13 @@ function Stepper:_agree_check(run, err)
     return D.hash(table.concat(parts, "\n"))
   end
   local hs, hv = run and hash_all(stepping) or 0, run and hash_all(values) or 0
-  vec[#vec + 1], vec[#vec + 2], vec[#vec + 3], vec[#vec + 4] = hs, -hs, hv, -hv
+  local empty = run and next(run.empty_nograd) ~= nil and 1 or 0
+  vec[#vec + 1], vec[#vec + 2], vec[#vec + 3], vec[#vec + 4], vec[#vec + 5] = hs, -hs, hv, -hv, empty
   local r = self.ctrl:allreduce(vec, "max")
   if r[1] > 0 then self:_raise_from(W - r[1], err) end
-  if r[ng + 2] ~= -r[ng + 3] then
+  if r[ng + 6] == 1 then
+    self:_agree_empty_shards(run)
+  elseif r[ng + 2] ~= -r[ng + 3] then
     local msg = D.agree_entries(self.ctrl, stepping, "gradients", #stepping)
     E.raise(E.EINVAL, msg or "gradients differ across ranks")
   end
@@ -410,6 +418,39 @@ function Stepper:_agree_check(run, err)
     E.raise(E.EINVAL, msg or "scheduled values differ across ranks")
   end
   for gi = 1, ng do run.g[gi].skip = r[1 + gi] == 1 end
+end
+
+-- Some rank holds an empty shard of a parameter and passed no grad for it
+-- (the C API's NULL): one more all-reduce, per parameter, of whether any
+-- rank has a grad and whether every rank holding elements has one. The
+-- empty shards step with their parameter; a grad on only some of the
+-- holding ranks fails on every rank, naming the parameters.
+function Stepper:_agree_empty_shards(run)
+  local n = #self.order
+  local vec = {}
+  for i, p in ipairs(self.order) do
+    local rec = self.rec[p]
+    vec[i] = run.stepping[rec] and 1 or 0
+    vec[n + i] = -((run.stepping[rec] or run.empty_nograd[rec]) and 1 or 0)
+  end
+  local r = self.ctrl:allreduce(vec, "max")
+  local differ = {}
+  for i, p in ipairs(self.order) do
+    local rec = self.rec[p]
+    if r[i] == 1 and r[n + i] == 0 then differ[#differ + 1] = "'" .. p.name .. "'" end
+    if r[i] == 1 and run.empty_nograd[rec] then run.stepping[rec] = true end
+  end
+  if #differ > 0 then
+    E.raise(E.EINVAL, "gradients differ across ranks: parameter(s) %s have a grad on some ranks and none on others "
+      .. "(only a rank whose shard is empty may pass none)", table.concat(differ, ", "))
+  end
+  for gi = 1, #self.groups do
+    local params = {}
+    for _, p in ipairs(self.gparams[gi]) do
+      if run.stepping[self.rec[p]] then params[#params + 1] = p end
+    end
+    run.g[gi].params = params
+  end
 end
 
 -- Phase 3: each state holder's direction into scratch. The entry table of
@@ -594,7 +635,8 @@ end
 
 -- One step (collective on a mesh). values[gi]: this step's scheduled
 -- values for group gi (they become the group's values when it commits);
--- pre_err: see check_phase.
+-- pre_err: see check_phase. Returns true, or false when no parameter has a
+-- grad (then nothing changed: parameters, state, step counts).
 function Stepper:step(values, pre_err)
   self:build_once()
   local W = self.W
@@ -606,6 +648,10 @@ function Stepper:step(values, pre_err)
     run = ok and r or nil
     self:_agree_check(run, not ok and r or nil)
   end
+  -- Nothing to step (no parameter has a grad): no change at all, not even
+  -- the step counts (torch skips such parameters). On a mesh the stepping
+  -- set was agreed above, so every rank returns here together.
+  if next(run.stepping) == nil then return false end
   -- Phases 3-5: on one process the first error raises; on a mesh it is
   -- kept and the collectives still run, so no rank waits for another.
   run.W = W
@@ -636,6 +682,7 @@ function Stepper:step(values, pre_err)
     end
   end
   self:agree_failure(post_failure)
+  return true
 end
 
 function Stepper:build_once()

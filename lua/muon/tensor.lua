@@ -146,13 +146,24 @@ function T.load(path)
   return adopt(box)
 end
 
--- Deterministic standard-normal tensor (splitmix64 + Box-Muller), for
--- tests, benchmarks and examples.
-function T.randn(shape, seed, dtype)
-  local t = T.zeros(shape, dtype)
+-- Standard-normal tensors (splitmix64 + Box-Muller), for tests,
+-- benchmarks and examples:
+--   T.randn(shape, seed, dtype)  -- a number seed: the same tensor every time
+--   T.randn(shape)               -- no seed: drawn from the default generator
+--                                -- (successive calls differ; reproducible per run)
+--   T.manual_seed(s)             -- restart the default generator (as torch.manual_seed)
+--   local g = T.generator(s)     -- a generator of its own: g:randn(shape, dtype),
+--   T.randn(shape, g, dtype)     -- or passed in place of the seed
+local function seed_state(seed, level)
+  if type(seed) ~= "number" or seed ~= math.floor(seed) or math.abs(seed) >= 2 ^ 53 then
+    error("randn: seed must be an integer (|seed| < 2^53) or a generator, got " .. tostring(seed), level + 1)
+  end
+  return ffi.new("uint64_t[1]", seed * 2654435761ULL + 0x9E3779B97F4A7C15ULL)
+end
+
+local function fill_normal(t, state)
   local n = t:numel()
   local p = ffi.cast(CTYPES[t.scalar], t.data)
-  local state = ffi.new("uint64_t[1]", (seed or 1) * 2654435761ULL + 0x9E3779B97F4A7C15ULL)
   local function next_u()
     state[0] = state[0] + 0x9E3779B97F4A7C15ULL
     local z = state[0]
@@ -170,6 +181,40 @@ function T.randn(shape, seed, dtype)
     i = i + 2
   end
   return t
+end
+
+local Generator = {}
+Generator.__index = Generator
+
+function T.generator(seed)
+  return setmetatable({ state = seed_state(seed == nil and 0 or seed, 2) }, Generator)
+end
+
+function T.is_generator(g) return getmetatable(g) == Generator end
+
+-- Restart at seed (an integer, |seed| < 2^53).
+function Generator:manual_seed(seed)
+  self.state = seed_state(seed, 2)
+  return self
+end
+
+function Generator:randn(shape, dtype)
+  return fill_normal(T.zeros(shape, dtype), self.state)
+end
+
+T.default_generator = T.generator(0)
+
+function T.manual_seed(seed)
+  T.default_generator:manual_seed(seed)
+  return T.default_generator
+end
+
+function T.randn(shape, seed, dtype)
+  local state
+  if seed == nil then state = T.default_generator.state
+  elseif T.is_generator(seed) then state = seed.state
+  else state = seed_state(seed, 2) end
+  return fill_normal(T.zeros(shape, dtype), state)
 end
 
 local function check_dim(t, d, what, level)

@@ -296,6 +296,8 @@ int main(void)
     double v = -1;
     rc = mu_engine_get(eng, "step", &v);
     ok(rc == MU_OK && v == 1, "get step = 1 (%g)", v);
+    rc = mu_engine_get(eng, "stepped", &v);
+    ok(rc == MU_OK && v == 1, "get stepped = 1 after a step that stepped (%g)", v);
     rc = mu_engine_get(eng, "lr", &v);
     ok(rc == MU_OK && fabs(v - 0.1) < 1e-12, "get lr = 0.1 (%g)", v);
     rc = mu_engine_get(eng, "lr:vecs", &v);
@@ -363,6 +365,40 @@ int main(void)
     rc = mu_engine_step(eng);
     ok(rc == MU_OK && memcmp(w, w_after, sizeof w) == 0 && memcmp(b, b_after, sizeof b) == 0,
        "step after load reproduces the step after save bit for bit");
+
+    /* a checkpoint edited by another program (stale checksums): refused by
+     * mu_engine_load, accepted by mu_engine_load_ex(MU_LOAD_NO_CHECKSUM) */
+    {
+        size_t len;
+        char *bytes = read_all(ckpt, &len);
+        const char *key = "\"muon.state_checksum\":\"xxh64:";
+        char *at = NULL;
+        for (size_t i = 0; bytes && !at && i + strlen(key) <= len; i++)
+            if (memcmp(bytes + i, key, strlen(key)) == 0) at = bytes + i;
+        ok(at != NULL, "checkpoint holds muon.state_checksum");
+        if (at) {
+            char *digit = at + strlen(key);
+            *digit = *digit == '0' ? '1' : '0';
+            char edited[340];
+            snprintf(edited, sizeof edited, "%s/edited.safetensors", dir);
+            FILE *f = fopen(edited, "wb");
+            fwrite(bytes, 1, len, f);
+            fclose(f);
+            rc = mu_engine_load(eng, edited);
+            ok(rc == MU_EFORMAT && contains(mu_engine_error(eng), "checksum = false"),
+               "stale checksum: MU_EFORMAT, the message names the way out (%s)", line1(mu_engine_error(eng)));
+            rc = mu_engine_load_ex(eng, edited, 2);
+            ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "flags"), "load_ex unknown flags: MU_EINVAL");
+            memcpy(w, w_saved, sizeof w);
+            memcpy(b, b_saved, sizeof b);
+            rc = mu_engine_load_ex(eng, edited, MU_LOAD_NO_CHECKSUM);
+            ok(rc == MU_OK, "load_ex(MU_LOAD_NO_CHECKSUM) takes it (rc %d: %s)", rc, line1(mu_engine_error(eng)));
+            rc = mu_engine_step(eng);
+            ok(rc == MU_OK && memcmp(w, w_after, sizeof w) == 0 && memcmp(b, b_after, sizeof b) == 0,
+               "and the step after it is the step after save, bit for bit");
+        }
+        free(bytes);
+    }
 
     char bad[320];
     snprintf(bad, sizeof bad, "%s/missing.safetensors", dir);
@@ -557,6 +593,26 @@ int main(void)
            "mu_errname / mu_strerror of a value outside the table: UNKNOWN / unknown error");
     }
     ok(mu_blas_fix_core(NULL) == MU_OK, "mu_blas_fix_core with NULL argv does nothing");
+
+    /* --- nothing to step: no parameter has a gradient. MU_OK, and nothing
+     * changes: the values, the step count (so the schedule) */
+    {
+        float w2[4] = {1, 2, 3, 4}, b2[3] = {1, 2, 3};
+        int64_t s22[2] = {2, 2}, s3[1] = {3};
+        mu_engine *e2 = NULL;
+        rc = mu_engine_open(&e2, write_file("nograd.lua", CONFIG));
+        rc |= mu_engine_add_param(e2, "w.0", MU_F32, 2, s22, w2, NULL);
+        rc |= mu_engine_add_param(e2, "b.0", MU_F32, 1, s3, b2, NULL);
+        ok(rc == MU_OK, "open + two parameters without gradients (%s)", mu_last_error());
+        double st = -1, stepped = -1;
+        rc = mu_engine_step(e2);
+        mu_engine_get(e2, "step", &st);
+        mu_engine_get(e2, "stepped", &stepped);
+        ok(rc == MU_OK && st == 0 && stepped == 0 && w2[0] == 1 && w2[3] == 4 && b2[2] == 3,
+           "step with no gradient: MU_OK, step stays 0, stepped 0, values unchanged (rc %d, step %g, stepped %g)", rc,
+           st, stepped);
+        mu_engine_close(e2);
+    }
 
     /* clean up */
     char cmd[300];

@@ -27,6 +27,10 @@ done
 mpi_case "dist np=3 config differs on rank 2" 3 $RUN $S config "shard:3"
 mpi_case "dist np=4 experts sharded on dim 1" 4 $RUN $S experts "shard:4"
 mpi_case "dist np=2 replicated state" 2 $RUN $S memory "replicate:2,shard:1"
+for c in "1 shard:1" "3 shard:3" "4 replicate:2,shard:2"; do
+  set -- $c
+  mpi_case "dist np=$1 mesh $2 nothing to step" "$1" $RUN $S nothing "$2"
+done
 rm -rf "$ck"
 if [ -x "$ROOT/build/muon" ]; then
   # The example prints the same losses at any world size.

@@ -17,6 +17,9 @@
 --   memory   state bytes per rank against one process (replicated state)
 --   variants NorMuon (hook state), cautious decay, spectral scale, conv
 --            flattening, QK-clip (signals): 10 steps bitwise vs one process
+--   nothing  a step where no rank has a grad steps nothing (on every rank);
+--            empty shards without a grad step with their parameter; a grad
+--            on some holding ranks only fails everywhere
 local H = require("mpi.harness")
 local T = require("muon.tensor")
 local D = require("muon.dist")
@@ -384,6 +387,74 @@ H.main(function()
       local _ = l
     end
     H.check("variants-hook-state-bitwise", same)
+  elseif mode == "nothing" then
+    -- No grad anywhere: every rank returns false, nothing changes, nothing
+    -- moves. An empty shard may pass no grad (the C API's NULL) and still
+    -- steps with its parameter; a rank holding elements without a grad
+    -- while others have one fails on every rank, changing nothing.
+    local ref, eng, locals = setup({})
+    local function all_grads(step)
+      for name, l in pairs(locals) do
+        if l.grad_saved then eng:param(name).grad = l.grad_saved end
+        if l.ref_grad_saved then ref:param(name).grad = l.ref_grad_saved end
+      end
+      set_grads(ref, locals, step)
+    end
+    all_grads(1)
+    local _, s1 = eng:step()
+    ref_step(ref)
+    local l2, s2 = eng:step(function() return 7 end)
+    ref_step(ref)
+    H.check("steps-with-grads", s1 == true and s2 == true and l2 == 7 and eng:get("step") == 2)
+    local snap = snapshot(locals)
+    local sent = eng:comm_stats().data.bytes_sent
+    for name, l in pairs(locals) do
+      l.grad_saved = l.grad_saved or eng:param(name).grad
+      l.ref_grad_saved = l.ref_grad_saved or ref:param(name).grad
+      eng:param(name).grad, ref:param(name).grad = nil, nil
+    end
+    local ok, loss, stepped = pcall(eng.step, eng, function() return "loss" end)
+    local same = unchanged(locals, snap)
+    H.check("no-grad-anywhere-steps-nothing", ok and loss == "loss" and stepped == false and eng:get("step") == 2
+      and same and eng:comm_stats().data.bytes_sent == sent,
+      ("ok %s loss %s stepped %s step %s same %s"):format(tostring(ok), tostring(loss), tostring(stepped),
+        tostring(eng:get("step")), tostring(same)))
+    -- empty local shards without a grad buffer
+    all_grads(3)
+    local dropped = 0
+    for name, l in pairs(locals) do
+      if numel(l.box.len) == 0 and eng:param(name).grad ~= nil then
+        eng:param(name).grad = nil
+        dropped = dropped + 1
+      end
+    end
+    local ok3, _, st3 = pcall(eng.step, eng)
+    ref_step(ref)
+    H.check("empty-shard-without-grad-steps", ok3 and st3 == true and eng:get("step") == 3, ("dropped %d"):format(dropped))
+    compare("empty-shard-bitwise", ref, eng, locals)
+    -- a rank that holds elements of 'rep' passes no grad while the others do
+    all_grads(4)
+    if W > 1 and me == W - 1 then eng:param("rep").grad = nil end
+    snap = snapshot(locals)
+    local ok4, err4 = pcall(eng.step, eng)
+    if W > 1 then
+      H.check("grad-on-some-ranks-fails-everywhere", not ok4 and E.code(err4) == E.EINVAL
+        and tostring(err4):find("'rep'", 1, true) ~= nil and eng:get("step") == 3 and unchanged(locals, snap),
+        tostring(err4))
+    else
+      H.check("grad-on-some-ranks-fails-everywhere", ok4, tostring(err4))
+      ref_step(ref)
+    end
+    -- the same with empty shards passing no grad (the per-parameter agreement)
+    all_grads(5)
+    for name, l in pairs(locals) do
+      if numel(l.box.len) == 0 then eng:param(name).grad = nil end
+    end
+    if W > 1 and me == W - 1 then eng:param("rep").grad = nil end
+    local before = eng:get("step")
+    local ok5, err5 = pcall(eng.step, eng)
+    H.check("grad-on-some-ranks-with-empty-shards-fails-everywhere", W == 1 and ok5 or (not ok5
+      and tostring(err5):find("'rep'", 1, true) ~= nil and eng:get("step") == before), tostring(err5))
   elseif mode == "memory" then
     local ref, eng, locals = setup({})
     set_grads(ref, locals, 1)

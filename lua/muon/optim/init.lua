@@ -1,5 +1,5 @@
--- muon.optim: the optimizers.
-return {
+-- muon.optim: the optimizers (reading another name is an error).
+return require("muon.core").strict({
   Muon = require("muon.optim.muon"),
   AdamW = require("muon.optim.adamw"),
-}
+}, "muon.optim")

@@ -47,6 +47,10 @@ local NIL_DEFAULTS = {
   post_update_fn = true,
   post_ortho_fn = true, -- post_ortho_fn(O, state, ctx): after Newton-Schulz, before the scale
   hook_state = true, -- { name = "rows" | "cols" | "matrix" | "scalar", ... }: per-parameter state of post_ortho_fn
+  -- The seed's optimizer-state replica group size (an integer, or a list
+  -- whose product is it): here the replicate axes of the mesh (dist.mesh),
+  -- checked against them (kind.replica_count).
+  hsdp_replica_count = true,
 }
 local HOOKS = { "zeropower_fn", "momentum_update_fn", "reshape_fn", "ns_transform_fn", "post_update_fn",
   "post_ortho_fn" }
@@ -82,6 +86,27 @@ kind.SCHEDULABLE = {
   momentum = function(v, level) momentum_pair(v, level + 1) end,
 }
 
+-- hsdp_replica_count (nil, an integer >= 1 or a list of them) as one
+-- number: the product (1 for nil).
+function kind.replica_count(v, level)
+  if v == nil then return 1 end
+  local list = type(v) == "table" and v or { v }
+  local n = 0
+  for _ in pairs(list) do n = n + 1 end
+  if n == 0 or n ~= #list then
+    error("hsdp_replica_count must be an integer >= 1 or a list of them, got " .. tostring(v), level + 1)
+  end
+  local prod = 1
+  for i = 1, #list do
+    local x = list[i]
+    if type(x) ~= "number" or x ~= math.floor(x) or x < 1 or x > 2 ^ 31 then
+      error("hsdp_replica_count must be an integer >= 1 or a list of them, got " .. tostring(x), level + 1)
+    end
+    prod = prod * x
+  end
+  return prod
+end
+
 -- Validate one group's options (already merged with the defaults) as the seed
 -- does, and attach the resolved Newton-Schulz schedule.
 function kind.resolve(g, level)
@@ -108,11 +133,12 @@ function kind.resolve(g, level)
   O.number("matched_adamw_rms", g.matched_adamw_rms, 0, level + 1)
   O.boolean("nesterov", g.nesterov, level + 1)
   O.boolean("apply_lr_in_update", g.apply_lr_in_update, level + 1)
-  O.integer("ns_steps", g.ns_steps, 1, level + 1)
+  O.integer("ns_steps", g.ns_steps, 0, level + 1) -- 0: normalize only (X / (||X|| + eps)), as the seed
   if g.ns_variant ~= "custom" and g.ns_coefficients ~= nil then
     error("ns_coefficients can only be provided when ns_variant='custom'", level + 1)
   end
   momentum_pair(g.momentum, level + 1)
+  kind.replica_count(g.hsdp_replica_count, level + 1)
   for _, h in ipairs(HOOKS) do O.fn(h, g[h], level + 1) end
   if g.hook_state ~= nil then
     if type(g.hook_state) ~= "table" then

@@ -69,7 +69,8 @@ local GROUP_KEYS = { params = true, name = true, step = true }
 -- Validate the constructor arguments of an optimizer and build its groups,
 -- following torch: params is a list of muon.param, or a list of groups
 -- { params = {...}, <option overrides> }. spec = { what = "Muon", defaults,
--- allowed, resolve = function(group, level), check_param = function(p, where, level) }.
+-- allowed, resolve = function(group, level), check_param = function(p, where, level),
+-- first = the number of the first group in messages (1) }.
 -- Returns the resolved defaults and the list of groups.
 function O.build_groups(spec, params, opts, level)
   opts = opts or {}
@@ -85,7 +86,7 @@ function O.build_groups(spec, params, opts, level)
   if #params == 0 or P.is_param(params[1]) then list = { { params = params } } end
   local groups = {}
   for gi, g in ipairs(list) do
-    local where = ("%s param group %d"):format(spec.what, gi)
+    local where = ("%s param group %d"):format(spec.what, gi + (spec.first or 1) - 1)
     if type(g) ~= "table" or type(g.params) ~= "table" then
       error(where .. " must be a table with a params list", level + 1)
     end

@@ -4,8 +4,9 @@
 -- A state dict (per optimizer kind) is plain data:
 --   { kind = "muon"|"adamw", params = { {name, shape, dtype, group}, ... },
 --     state = { [name] = { momentum_buffer = t } | { step = n, exp_avg = t, exp_avg_sq = t } },
---     groups = { {step = n}, ... } }
--- with full (global-shape) tensors. On a mesh each state buffer lives on
+--     groups = { {step = n, options = { lr = ..., momentum = ..., ... }}, ... } }
+-- (options: the group's hyperparameters, as torch's param_groups; a load
+-- restores them; files without them load as before) with full (global-shape) tensors. On a mesh each state buffer lives on
 -- one rank per box (muon.dist's holder): saving gathers the full tensors to
 -- rank 0, which writes one file; loading reads the file on every rank and
 -- each holder keeps its box. The file never depends on the mesh.
@@ -87,14 +88,48 @@ local ALL_TENSOR_KEYS = { "momentum_buffer", "exp_avg", "exp_avg_sq" }
 
 local function fmt_shape(s) return "(" .. table.concat(s, ", ") .. ")" end
 
+-- A group's hyperparameters as plain data (torch's param_groups without
+-- params): every option of its kind that is a number, a string, a boolean
+-- or a list of them (hooks and hook_state are code and layout, not values).
+local function is_plain(v, depth)
+  local t = type(v)
+  if t == "number" then return v == v and v ~= math.huge and v ~= -math.huge end
+  if t == "string" or t == "boolean" then return true end
+  if t ~= "table" or depth > 2 or getmetatable(v) ~= nil then return false end
+  local n = 0
+  for _ in pairs(v) do n = n + 1 end
+  if n ~= #v then return false end
+  for i = 1, n do
+    if not is_plain(v[i], depth + 1) then return false end
+  end
+  return true
+end
+
+local function copy_plain(v)
+  if type(v) ~= "table" then return v end
+  local c = {}
+  for i = 1, #v do c[i] = copy_plain(v[i]) end
+  return c
+end
+
+local NOT_SAVED = { hook_state = true }
+local function group_options(kind, options)
+  local out = {}
+  for k in pairs(kind.OPTIONS) do
+    local v = options[k]
+    if not NOT_SAVED[k] and v ~= nil and is_plain(v, 0) then out[k] = copy_plain(v) end
+  end
+  return out
+end
+
 -- The groups of one kind in a stepper, and their parameters: returns
--- groups (list of { index = stepper group index, options }) and params
+-- groups (list of { index = stepper group index, options, kind }) and params
 -- (list of { p, group = index among the kind's groups }).
 local function of_kind(stepper, kind)
   local groups, params = {}, {}
   for gi, G in ipairs(stepper.groups) do
     if G.kind.name == kind then
-      groups[#groups + 1] = { index = gi, options = G.options }
+      groups[#groups + 1] = { index = gi, options = G.options, kind = G.kind }
       for _, p in ipairs(stepper:params(gi)) do
         params[#params + 1] = { p = p, group = #groups,
           hooks = G.kind.hook_shapes and G.kind.hook_shapes(G.options, p.logical_shape) or {} }
@@ -129,7 +164,7 @@ function S.state_dict(stepper, kind)
   stepper:build_once()
   local groups, params = of_kind(stepper, kind)
   local d = { kind = kind, params = {}, state = {}, groups = {} }
-  for li, g in ipairs(groups) do d.groups[li] = { step = g.options.step } end
+  for li, g in ipairs(groups) do d.groups[li] = { step = g.options.step, options = group_options(g.kind, g.options) } end
   local pieces = {} -- gathers on a mesh: { dtype, sends, recvs }
   local W, me = stepper.W, stepper.me
   for _, e in ipairs(params) do
@@ -239,16 +274,57 @@ function S.mismatches(stepper, kind, d)
   return problems
 end
 
+-- The hyperparameters a state dict holds for group li, applied: returns the
+-- group's new options (validated by its kind, as the constructor does) and
+-- notes on saved values this load does not take (hyper = "config": only the
+-- schedulable ones are taken, the config keeps the others).
+local function staged_options(g, saved, li, what, hyper)
+  if saved == nil then return nil, {} end
+  local kind, current = g.kind, g.options
+  local new, notes = {}, {}
+  for k, v in pairs(current) do new[k] = v end
+  local keys = {}
+  for k in pairs(saved) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    if not kind.OPTIONS[k] or NOT_SAVED[k] then
+      E.raise(E.EFORMAT, "%s: param group %d: '%s' is not a %s option", what, li, k, kind.name)
+    end
+    local v = saved[k]
+    if hyper == "config" and not kind.SCHEDULABLE[k] then
+      if current[k] == nil or canonical_json(v) ~= canonical_json(current[k]) then
+        notes[#notes + 1] = ("%s = %s in the checkpoint, %s in the config"):format(k, canonical_json(v),
+          current[k] == nil and "nil" or canonical_json(current[k]))
+      end
+    else
+      new[k] = copy_plain(v)
+    end
+  end
+  local ok, err = pcall(kind.resolve, new, 1)
+  if not ok then
+    E.raise(E.EFORMAT, "%s: param group %d: %s", what, li, tostring(err):gsub("^[^:\n]*:%d+: ", ""))
+  end
+  return new, notes
+end
+
 -- Check d against the stepper and copy this rank's part of it (raises,
--- changing nothing). Returns what commit() installs.
-local function stage(stepper, kind, d, what)
+-- changing nothing). Returns what commit() installs. hyper: "restore" (the
+-- group hyperparameters d holds replace the current ones, as torch's
+-- load_state_dict) or "config" (see staged_options).
+local function stage(stepper, kind, d, what, hyper)
   local problems = S.mismatches(stepper, kind, d)
   if #problems > 0 then
     E.raise(E.EINVAL, "%s does not match this optimizer:\n  %s", what or "state dict", table.concat(problems, "\n  "))
   end
   local groups, params = of_kind(stepper, kind)
-  local staged = { groups = {}, params = {} }
-  for li, g in ipairs(d.groups) do staged.groups[li] = { options = groups[li].options, step = g.step } end
+  local staged = { groups = {}, params = {}, notes = {} }
+  for li, g in ipairs(d.groups) do
+    local options, notes = staged_options(groups[li], g.options, li, what or "state dict", hyper or "restore")
+    staged.groups[li] = { options = groups[li].options, step = g.step, restore = options }
+    for _, n in ipairs(notes) do
+      staged.notes[#staged.notes + 1] = ("%s group %d: %s"):format(kind, li, n)
+    end
+  end
   local W = stepper.W
   for _, e in ipairs(params) do
     local p = e.p
@@ -272,7 +348,12 @@ local function stage(stepper, kind, d, what)
 end
 
 local function commit(stepper, staged)
-  for _, g in ipairs(staged.groups) do g.options.step = g.step end
+  for _, g in ipairs(staged.groups) do
+    if g.restore then
+      for k, v in pairs(g.restore) do g.options[k] = v end
+    end
+    g.options.step = g.step
+  end
   for _, one in ipairs(staged.params) do
     local p = one.p
     stepper.state[p] = one.state
@@ -283,7 +364,7 @@ end
 -- Replace the kind's state by d (tensors are copied) after checking everything.
 function S.load_state_dict(stepper, kind, d, what)
   stepper:build_once()
-  local ok, staged = pcall(stage, stepper, kind, d, what)
+  local ok, staged = pcall(stage, stepper, kind, d, what, "restore")
   stepper:agree_failure(not ok and staged or nil)
   commit(stepper, staged)
 end
@@ -364,6 +445,18 @@ local function validate_header(header)
       if type(g) ~= "table" or not is_int(g.step) then
         return ("%s: groups[%d].step = %s is not an integer >= 0"):format(w, j, repr(type(g) == "table" and g.step or g))
       end
+      -- options: the group's hyperparameters (files since the format kept
+      -- them; older files have none and load as before)
+      if g.options ~= nil then
+        if type(g.options) ~= "table" or (next(g.options) ~= nil and is_list(g.options)) then
+          return ("%s: groups[%d].options is not an object"):format(w, j)
+        end
+        for k, v in pairs(g.options) do
+          if type(k) ~= "string" or not is_plain(v, 0) then
+            return ("%s: groups[%d].options.%s is not a number, string, boolean or list of them"):format(w, j, tostring(k))
+          end
+        end
+      end
     end
     if h.scalars ~= nil then
       if type(h.scalars) ~= "table" then return w .. ": scalars is not an object" end
@@ -388,19 +481,26 @@ end
 local function format_error(msg) E.raise(E.EFORMAT, msg) end
 
 -- Inverse of encode: list of { prefix, dict } from a loaded file.
-function S.decode(file, path)
+-- verify = false: the checksums are neither required nor checked (a file
+-- written in Python); the structure and every value still are.
+function S.decode(file, path, verify)
   local meta = file.metadata
   if meta["muon.state"] == nil then
     format_error(("'%s' is not a muon optimizer checkpoint (no muon.state metadata)"):format(path))
   end
-  if meta["muon.checksum"] == nil or meta[META_SUM] == nil then
-    format_error(("'%s': checkpoint has no checksum (muon.checksum, %s): corrupted or not written by muon")
-      :format(path, META_SUM))
-  end
-  local want, got = meta[META_SUM], meta_checksum(meta)
-  if want:lower() ~= got then
-    format_error(("'%s': metadata checksum mismatch (header says %s, metadata gives %s): the file is corrupted")
-      :format(path, want, got))
+  if verify ~= false then
+    if meta["muon.checksum"] == nil or meta[META_SUM] == nil then
+      format_error(("'%s': checkpoint has no checksum (muon.checksum, %s): corrupted or not written by muon "
+        .. "(a file written by another program loads with load(path, { checksum = false }) or "
+        .. "mu_engine_load_ex(eng, path, MU_LOAD_NO_CHECKSUM))"):format(path, META_SUM))
+    end
+    local want, got = meta[META_SUM], meta_checksum(meta)
+    if want:lower() ~= got then
+      format_error(("'%s': metadata checksum mismatch (header says %s, metadata gives %s): the file is corrupted "
+        .. "(or edited by another program: load(path, { checksum = false }) or "
+        .. "mu_engine_load_ex(eng, path, MU_LOAD_NO_CHECKSUM) skips the checksums)")
+        :format(path, want, got))
+    end
   end
   local ok, header = pcall(cjson.decode, meta["muon.state"])
   local problem = not ok and "it is not valid JSON" or validate_header(header)
@@ -488,17 +588,34 @@ function S.save(stepper, path, parts, extra_meta)
   stepper:agree_failure(err)
 end
 
--- Load a checkpoint saved by S.save for the kinds in parts: validates
+-- The options of a checkpoint load: { checksum = false } accepts a file
+-- without checksums or with stale ones (written or edited in Python).
+-- Returns whether to verify them.
+function S.load_options(opts)
+  if opts == nil then return true end
+  if type(opts) ~= "table" then E.raise(E.EINVAL, "load: options must be a table { checksum = false }, got %s", type(opts)) end
+  for k in pairs(opts) do
+    if k ~= "checksum" then E.raise(E.EINVAL, "load: unknown option '%s' (known: checksum)", tostring(k)) end
+  end
+  if opts.checksum ~= nil and type(opts.checksum) ~= "boolean" then
+    E.raise(E.EINVAL, "load: checksum must be a boolean, got %s", type(opts.checksum))
+  end
+  return opts.checksum ~= false
+end
+
+-- Load a checkpoint saved by S.save for the kinds in parts (each
+-- { prefix, kind, hyper = "restore" | "config", see stage }): validates
 -- everything first (check(meta) may reject the extra metadata, raising),
--- changes nothing on any error (on every rank of a mesh). Returns the
--- file's metadata.
-function S.load(stepper, path, parts, check)
+-- changes nothing on any error (on every rank of a mesh). opts: see
+-- S.load_options. Returns the file's metadata.
+function S.load(stepper, path, parts, check, opts)
   stepper:build_once() -- (collective on a mesh: before anything that can fail)
   local staged, meta = {}, nil
   local ok, err = pcall(function()
-    local file = st.load(path)
+    local verify = S.load_options(opts)
+    local file = st.load(path, { checksum = verify })
     meta = file.metadata
-    local dicts = S.decode(file, path)
+    local dicts = S.decode(file, path, verify)
     local by_prefix, problems = {}, {}
     for _, it in ipairs(dicts) do by_prefix[it.prefix] = it end
     local wanted = {}
@@ -523,11 +640,17 @@ function S.load(stepper, path, parts, check)
     end
     if check then check(meta) end
     for _, part in ipairs(parts) do
-      staged[#staged + 1] = stage(stepper, part.kind, by_prefix[part.prefix].dict, "checkpoint '" .. path .. "'")
+      staged[#staged + 1] = stage(stepper, part.kind, by_prefix[part.prefix].dict, "checkpoint '" .. path .. "'", part.hyper)
     end
   end)
   stepper:agree_failure(not ok and err or nil)
-  for _, s in ipairs(staged) do commit(stepper, s) end
+  for _, s in ipairs(staged) do
+    commit(stepper, s)
+    if #s.notes > 0 and stepper.me == 0 then
+      io.stderr:write(("muon: checkpoint '%s': the config's values are kept:\n  %s\n")
+        :format(path, table.concat(s.notes, "\n  ")))
+    end
+  end
   return meta
 end
 

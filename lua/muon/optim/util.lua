@@ -55,6 +55,13 @@ function U.split_dtype(as, bs)
   return parts
 end
 
+-- A function, or a table or userdata with a __call metamethod.
+function U.callable(f)
+  if type(f) == "function" then return true end
+  local mt = (type(f) == "table" or type(f) == "userdata") and getmetatable(f)
+  return type(mt) == "table" and mt.__call ~= nil
+end
+
 -- Index of the first tensor holding NaN/Inf, or nil.
 function U.first_nonfinite(xs)
   if #xs == 0 then return nil end
@@ -71,11 +78,22 @@ function U.first_nonfinite(xs)
   return bad
 end
 
+-- The standalone classes run on one process: the seed's hsdp_replica_count
+-- is accepted when it says so (nil or 1); more replicas need a mesh.
+function U.check_one_process(kind, g, where, level)
+  local n = kind.replica_count and kind.replica_count(g.hsdp_replica_count, level + 1) or 1
+  if n > 1 then
+    error(("%s: hsdp_replica_count = %d needs %d replicas, and this optimizer runs on one process: use "
+      .. "muon.engine with a config holding dist = { mesh = { { \"replicate\", %d }, { \"shard\", <ranks / %d> } } } "
+      .. "(parameters placed { \"R\", \"S(1)\" }) under mpirun"):format(where, n, n, n, n), level + 1)
+  end
+end
+
 -- A one-process optimizer class over the step protocol for one kind:
 -- returns { class = the methods table, new = function(params, opts, level) }.
 -- The object: param_groups (torch-like: params, step, options), state
 -- (param -> its state table), stats, defaults; methods step(closure),
--- params(), state_dict(), load_state_dict(d), save(path), load(path).
+-- params(), add_param_group(g), state_dict(), load_state_dict(d), save(path), load(path, opts).
 function U.optimizer_class(kind, what)
   local class = {}
   class.__index = class
@@ -84,6 +102,7 @@ function U.optimizer_class(kind, what)
     level = level or 2
     local defaults, groups = O.build_groups({ what = what, defaults = kind.DEFAULTS, allowed = kind.OPTIONS,
       resolve = kind.resolve, check_param = kind.check_param }, params, opts, level)
+    for gi, g in ipairs(groups) do U.check_one_process(kind, g, ("%s param group %d"):format(what, gi), level + 1) end
     local specs = {}
     for gi, g in ipairs(groups) do specs[gi] = { kind = kind, options = g, label = ("param group %d"):format(gi) } end
     local stepper = require("muon.step").new({ groups = specs })
@@ -100,16 +119,53 @@ function U.optimizer_class(kind, what)
   end
 
   -- One step; with a closure, calls it first (torch: it recomputes the
-  -- loss and gradients) and returns its value.
+  -- loss and gradients). Returns the closure's value (nil without one) and
+  -- whether it stepped: false when no parameter has a grad, and then
+  -- nothing changed (parameters, state, group steps).
   function class:step(closure)
     local loss
     if closure ~= nil then
-      if type(closure) ~= "function" then error("step: closure must be a function or nil", 2) end
+      if not U.callable(closure) then error("step: closure must be a function or nil, got " .. type(closure), 2) end
       loss = closure()
     end
-    local ok, err = pcall(self._stepper.step, self._stepper)
-    if not ok then error(err, 2) end
-    return loss
+    local ok, stepped = pcall(self._stepper.step, self._stepper)
+    if not ok then error(stepped, 2) end
+    return loss, stepped
+  end
+
+  -- Add a group { params = {...}, <option overrides> } as torch does: the
+  -- options are checked as the constructor checks them, the others are the
+  -- optimizer's defaults; a parameter already in a group is an error.
+  function class:add_param_group(group)
+    local ok, err = pcall(function()
+      if type(group) ~= "table" or type(group.params) ~= "table" then
+        error(what .. ".add_param_group: expected a table { params = {...}, <options> }", 0)
+      end
+      local gi = #self.param_groups + 1
+      local where = ("%s param group %d"):format(what, gi)
+      local seen = {}
+      for _, g in ipairs(self.param_groups) do
+        for _, p in ipairs(g.params) do seen[p] = true; seen[p.name] = true end
+      end
+      for _, p in ipairs(group.params) do
+        if seen[p] or (type(p) == "table" and seen[p.name]) then
+          error(("%s: some parameters appear in more than one parameter group ('%s')"):format(where, tostring(p.name)), 0)
+        end
+      end
+      local defaults = {}
+      for k, v in pairs(self.defaults) do
+        if kind.OPTIONS[k] then defaults[k] = v end
+      end
+      local _, groups = O.build_groups({ what = what, defaults = defaults, allowed = kind.OPTIONS,
+        resolve = kind.resolve, check_param = kind.check_param, first = gi }, { group }, {}, 1)
+      local g = groups[1]
+      U.check_one_process(kind, g, where, 1)
+      local st = self._stepper
+      st.groups[gi] = { kind = kind, options = g, label = ("param group %d"):format(gi) }
+      for _, p in ipairs(g.params) do st:add(gi, p) end
+      self.param_groups[gi] = g
+    end)
+    if not ok then error((tostring(err):gsub("^[^:\n]*:%d+: ", "")), 2) end
   end
 
   -- Every parameter of every group, in order.
@@ -133,8 +189,9 @@ function U.optimizer_class(kind, what)
     local ok, err = pcall(S.save, self._stepper, path, { { prefix = "", kind = kind.name } })
     if not ok then error(err, 2) end
   end
-  function class:load(path)
-    local ok, err = pcall(S.load, self._stepper, path, { { prefix = "", kind = kind.name } })
+  -- opts: { checksum = false } for a file written in Python (see muon.optim.state)
+  function class:load(path, opts)
+    local ok, err = pcall(S.load, self._stepper, path, { { prefix = "", kind = kind.name, hyper = "restore" } }, nil, opts)
     if not ok then error(err, 2) end
   end
 
