@@ -83,12 +83,53 @@ static const char *mu__first_traceback(lua_State *L, int idx)
 }
 
 /* Message handler for lua_pcall: turns any error value into a table
- * { msg = <string>, code = <MU_E* number or nil>, tb = <traceback> }.
+ * { msg = <string>, code = <MU_E* number or nil>, tb = <traceback or nil> }.
  * Error objects (lua/muon/errors.lua: { code =, msg = [, tb =] }) choose the
- * status code; a tb they carry (or that muon.errors kept for a string),
- * captured where a config's hook raised, replaces the traceback of this
- * point. */
+ * status code. The traceback is the one an error carries (or that
+ * muon.errors kept for a string): captured where the user's hook raised and
+ * cut to the user's frames. Any other error (a user mistake the message
+ * names, or a fault of muon itself) has none: muon's own frames say nothing
+ * the user controls. MUON_TRACEBACK=1 adds the traceback of this point to
+ * those (for reporting a fault of muon). */
+static int mu__msgh_ex(lua_State *L, int always_tb);
+
 static int mu__msgh(lua_State *L)
+{
+    return mu__msgh_ex(L, 0);
+}
+
+/* For scripts (mu_script_run*): the script is the user's own code, so a
+ * traceback always comes, cut to the user's frames like a hook's. */
+static int mu__msgh_script(lua_State *L)
+{
+    return mu__msgh_ex(L, 1);
+}
+
+/* The traceback of this point cut to the user's frames
+ * (require("muon.errors").trim_traceback), or whole when muon.errors is not
+ * loaded. Pushes one string. */
+static void mu__user_traceback(lua_State *L)
+{
+    luaL_traceback(L, L, NULL, 2);
+    lua_getfield(L, LUA_REGISTRYINDEX, "_LOADED");
+    lua_getfield(L, -1, "muon.errors");
+    lua_remove(L, -2);
+    if (lua_istable(L, -1)) {
+        lua_pushliteral(L, "trim_traceback");
+        lua_rawget(L, -2);
+        lua_remove(L, -2);
+        if (lua_isfunction(L, -1)) {
+            lua_pushvalue(L, -2);
+            if (lua_pcall(L, 1, 1, 0) == 0 && lua_type(L, -1) == LUA_TSTRING) {
+                lua_remove(L, -2);
+                return;
+            }
+        }
+    }
+    lua_pop(L, 1);
+}
+
+static int mu__msgh_ex(lua_State *L, int always_tb)
 {
     const char *msg = NULL;
     const char *tb = NULL;
@@ -118,10 +159,15 @@ static int mu__msgh(lua_State *L)
         lua_pushinteger(L, code);
         lua_setfield(L, t, "code");
     }
+    const char *want = getenv("MUON_TRACEBACK");
     if (tb)
         lua_pushstring(L, tb);
-    else
+    else if (always_tb)
+        mu__user_traceback(L);
+    else if (want && *want && strcmp(want, "0") != 0)
         luaL_traceback(L, L, NULL, 1);
+    else
+        lua_pushnil(L);
     lua_setfield(L, t, "tb");
     lua_pushvalue(L, t);
     return 1;
@@ -416,6 +462,14 @@ int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
     if (grad == data)
         return MU__EFAIL(eng, MU_EINVAL,
                          "mu_engine_add_param: parameter '%s': grad is the same buffer as data", name);
+    if (grad) { /* both hold numel elements of dtype: their memory must not overlap */
+        uintptr_t d = (uintptr_t)data, g = (uintptr_t)grad;
+        uintptr_t bytes = (uintptr_t)mu__shape_numel(ndim, shape) * (dtype == MU_F64 ? 8u : 4u);
+        if (bytes > 0 && d < g + bytes && g < d + bytes)
+            return MU__EFAIL(eng, MU_EINVAL,
+                             "mu_engine_add_param: parameter '%s': grad overlaps data (%llu bytes each)", name,
+                             (unsigned long long)bytes);
+    }
 
     lua_State *L = eng->L;
     mu__push_call(eng, "add_param");
@@ -568,6 +622,8 @@ static int mu__script(const char *fn, const char *target, int argc, char **argv,
     lua_State *L = mu__new_state(NULL);
     if (!L) return MU_ENOMEM;
     int rc = MU_OK;
+    lua_pushcfunction(L, mu__msgh_script);
+    lua_replace(L, 1);
     int st = mu__require(L, "muon.host");
     if (st == 0) {
         const char *entry = strcmp(fn, "mu_script_run") == 0 ? "run_script" : "run_module";

@@ -3,6 +3,7 @@
 -- (muon.optim.Muon / AdamW) built on the step protocol (muon.step).
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
+local E = require("muon.errors")
 
 local U = {}
 
@@ -104,11 +105,11 @@ function U.optimizer_class(kind, what)
   function class:step(closure)
     local loss
     if closure ~= nil then
-      if type(closure) ~= "function" then error("step: closure must be a function or nil", 2) end
+      if type(closure) ~= "function" then E.raise(E.EINVAL, "step: closure must be a function or nil, got %s", type(closure)) end
       loss = closure()
     end
     local ok, err = pcall(self._stepper.step, self._stepper)
-    if not ok then error(err, 2) end
+    if not ok then E.reraise(err, E.ELUA) end
     return loss
   end
 
@@ -127,15 +128,15 @@ function U.optimizer_class(kind, what)
   function class:state_dict() return S.state_dict(self._stepper, kind.name) end
   function class:load_state_dict(d)
     local ok, err = pcall(S.load_state_dict, self._stepper, kind.name, d, "state dict")
-    if not ok then error(err, 2) end
+    if not ok then E.reraise(err, E.EFORMAT) end
   end
   function class:save(path)
     local ok, err = pcall(S.save, self._stepper, path, { { prefix = "", kind = kind.name } })
-    if not ok then error(err, 2) end
+    if not ok then E.reraise(err, E.EIO) end
   end
   function class:load(path)
     local ok, err = pcall(S.load, self._stepper, path, { { prefix = "", kind = kind.name } })
-    if not ok then error(err, 2) end
+    if not ok then E.reraise(err, E.EFORMAT) end
   end
 
   return { class = class, new = new }
