@@ -106,10 +106,11 @@ static int mu__msgh_script(lua_State *L)
 }
 
 /* The traceback of this point cut to the user's frames
- * (require("muon.errors").trim_traceback), or whole when muon.errors is not
- * loaded. Pushes one string. */
+ * (require("muon.errors").trim_traceback); nil when muon.errors is not
+ * loaded (muon failed to load: no user code ran). Pushes one value. */
 static void mu__user_traceback(lua_State *L)
 {
+    int top = lua_gettop(L);
     luaL_traceback(L, L, NULL, 2);
     lua_getfield(L, LUA_REGISTRYINDEX, "_LOADED");
     lua_getfield(L, -1, "muon.errors");
@@ -126,7 +127,8 @@ static void mu__user_traceback(lua_State *L)
             }
         }
     }
-    lua_pop(L, 1);
+    lua_settop(L, top);
+    lua_pushnil(L);
 }
 
 static int mu__msgh_ex(lua_State *L, int always_tb)
@@ -379,9 +381,16 @@ int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_
     if (!config_path || !*config_path)
         return mu__fail(MU_EINVAL, "mu_engine_open: config_path is NULL or empty");
     FILE *f = fopen(config_path, "r");
-    if (!f)
-        return mu__fail(MU_EIO, "mu_engine_open: cannot open config file '%s': %s", config_path,
-                        strerror(errno));
+    if (!f) {
+        int e = errno;
+        char cwd[PATH_MAX];
+        if (config_path[0] != '/' && getcwd(cwd, sizeof cwd))
+            return mu__fail(MU_EIO,
+                            "mu_engine_open: cannot open config file '%s': %s (relative paths start in the "
+                            "working directory %s)",
+                            config_path, strerror(e), cwd);
+        return mu__fail(MU_EIO, "mu_engine_open: cannot open config file '%s': %s", config_path, strerror(e));
+    }
     fclose(f);
 
     mu_engine *eng = calloc(1, sizeof *eng);
@@ -395,7 +404,9 @@ int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_
     lua_State *L = eng->L;
     int status = mu__require(L, "muon.host");
     if (status != 0) {
-        int rc = mu__lua_fail(L, NULL, status, MU_ELUA, "mu_engine_open: loading muon.host");
+        int rc = mu__lua_fail(L, NULL, status, MU_ELUA,
+                              "mu_engine_open: loading muon.host (set MUON_LUA_PATH to the directory that holds "
+                              "muon/init.lua, or pass mu_engine_opts.lua_path)");
         mu_engine_close(eng);
         return rc;
     }
@@ -625,6 +636,7 @@ static int mu__script(const char *fn, const char *target, int argc, char **argv,
     lua_pushcfunction(L, mu__msgh_script);
     lua_replace(L, 1);
     int st = mu__require(L, "muon.host");
+    const char *hint = st != 0 ? "set MUON_LUA_PATH to the directory that holds muon/init.lua: " : "";
     if (st == 0) {
         const char *entry = strcmp(fn, "mu_script_run") == 0 ? "run_script" : "run_module";
         lua_getfield(L, -1, entry);
@@ -649,7 +661,7 @@ static int mu__script(const char *fn, const char *target, int argc, char **argv,
         } else {
             msg = lua_tostring(L, -1);
         }
-        rc = mu__fail(st == LUA_ERRMEM ? MU_ENOMEM : MU_ELUA, "%s%s%s", msg ? msg : "unknown Lua error",
+        rc = mu__fail(st == LUA_ERRMEM ? MU_ENOMEM : MU_ELUA, "%s%s%s%s", hint, msg ? msg : "unknown Lua error",
                       tb ? "\n" : "", tb ? tb : "");
         if (flags & MU_SCRIPT_MPI) {
             fprintf(stderr, "muon: %s\n", mu_last_error());

@@ -284,11 +284,13 @@ local function hook_result(what, ok, ...)
   local caught = ...
   local err, tb = caught[1], caught[2]
   last_string.msg, last_string.tb = nil, nil -- used: now on the object
-  if E.is(err) and err.code == E.ELUA then
+  if E.is(err) and err.code == E.ELUA and rawget(err, "hook") then -- named by an inner call_hook
     err.tb = tb
     error(err, 0)
   end
-  error(E.new(E.ELUA, what .. ": " .. hook_message(err), tb), 0)
+  local e = E.new(E.ELUA, what .. ": " .. hook_message(err), tb)
+  e.hook = what
+  error(e, 0)
 end
 
 -- Call a user hook (a function of the config: hook, schedule, match

@@ -242,6 +242,10 @@ end
 -- Check d against the stepper and copy this rank's part of it (raises,
 -- changing nothing). Returns what commit() installs.
 local function stage(stepper, kind, d, what)
+  if type(d) ~= "table" or type(d.groups) ~= "table" or type(d.params) ~= "table" or type(d.state) ~= "table" then
+    E.raise(E.EINVAL, "%s must be a table { groups = {...}, params = {...}, state = {...} } as state_dict() returns, got %s",
+      what or "state dict", type(d) == "table" and "a table without them" or type(d))
+  end
   local problems = S.mismatches(stepper, kind, d)
   if #problems > 0 then
     E.raise(E.EINVAL, "%s does not match this optimizer:\n  %s", what or "state dict", table.concat(problems, "\n  "))
