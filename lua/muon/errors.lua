@@ -10,8 +10,16 @@
 -- MU_ELUA where the hook is called (E.call_hook), so C sees which side
 -- failed.
 --
+-- Messages for user mistakes name what the user controls (option,
+-- parameter, file, their config's line), never muon's own files: raise
+-- objects (no position), and at a public edge E.reraise what was caught.
+-- Unknown names go through E.unknown / E.check_keys (valid names listed,
+-- the closest one suggested).
+--
 --   local E = require("muon.errors")
 --   E.raise(E.EINVAL, "group %d: lr must be >= 0, got %s", gi, v)
+--   E.check_keys(opts, { lr = true, momentum = true }, "option", "Muon")
+--   --> "Muon: unknown option 'momentm' (did you mean 'momentum'?); valid options: lr, momentum"
 --   local ok, err = pcall(f); E.code(err)   --> MU_E* number (nil for a plain string)
 --   E.name(E.ENONFINITE)                    --> "ENONFINITE"
 --
