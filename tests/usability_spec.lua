@@ -259,6 +259,26 @@ describe("numbers: a finite gradient whose momentum overflows", function()
     assert.equal(0, e:get("step"))
   end)
 
+  it("AdamW: an overflowing second moment (its update stays finite) fails or is skipped the same way", function()
+    for _, mode in ipairs({ "error", "skip" }) do
+      local e = engine.new(cfg({ { optimizer = "adamw", nonfinite = mode } }))
+      local w, g = T.zeros({ 3 }), T.zeros({ 3 })
+      w:fill(1)
+      g:fill(3e38) -- (1 - beta2) * g^2 overflows float32
+      e:add_param("bias", w, g)
+      if mode == "error" then
+        local err = raised(e.step, e)
+        assert.equal(E.ENONFINITE, E.code(err))
+        has(err, "parameter 'bias': its gradient is finite but the exp_avg_sq overflowed to NaN or Inf")
+      else
+        e:step()
+        assert.equal(1, e:stats().adamw.skipped_nonfinite)
+      end
+      assert.equal(1, w:flat()[1])
+      assert.is_nil(e:state("bias"))
+    end
+  end)
+
   it("is skipped like a NaN gradient (nonfinite = 'skip')", function()
     local e, w = setup("skip")
     e:step()

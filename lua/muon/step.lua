@@ -415,23 +415,25 @@ function Stepper:_agree_check(run, err)
   for gi = 1, ng do run.g[gi].skip = r[1 + gi] == 1 end
 end
 
--- A finite gradient can still overflow what is derived from it (momentum,
--- AdamW's moments, the NS input or update): checked like the gradient,
--- naming the parameter. Under nonfinite = "skip" the group skips the step
--- as for a NaN/Inf gradient (on a mesh agreed with the failure flag) and
--- its NS inputs are zeroed so that routing and Newton-Schulz stay finite.
+-- A finite gradient can still overflow what is derived from it: checked
+-- like the gradient, naming the parameter (the NS input here, the state the
+-- update does not show, kind.hidden_state_keys; the update in phase 5).
+-- Under nonfinite = "skip" the group skips the step as for a NaN/Inf
+-- gradient (on a mesh agreed with the failure flag) and its NS inputs are
+-- zeroed so that routing and Newton-Schulz stay finite.
 local function check_derived(run, G, gr, entries)
   local list, owner = {}, {}
   for _, e in ipairs(entries) do
-    list[#list + 1] = e.u
-    for _, k in ipairs(G.kind.state_keys) do list[#list + 1] = e.new[k] end
+    if G.kind.ns then list[#list + 1] = e.u end
+    for _, k in ipairs(G.kind.hidden_state_keys) do list[#list + 1] = e.new[k] end
     for _ = #owner + 1, #list do owner[#owner + 1] = e.p end
   end
   local bad = U.first_nonfinite(list)
   if not bad then return end
   if G.options.nonfinite ~= "skip" then
     E.raise(E.ENONFINITE, "parameter '%s': its gradient is finite but the %s overflowed to NaN or Inf (%s)",
-      owner[bad].name, G.kind.ns and "momentum (the Newton-Schulz input)" or "optimizer state or update", G.label)
+      owner[bad].name, G.kind.ns and "momentum (the Newton-Schulz input)" or table.concat(G.kind.hidden_state_keys, ", "),
+      G.label)
   end
   gr.skip_derived = true
   if run.W == 1 then gr.skip = true end
