@@ -83,12 +83,55 @@ static const char *mu__first_traceback(lua_State *L, int idx)
 }
 
 /* Message handler for lua_pcall: turns any error value into a table
- * { msg = <string>, code = <MU_E* number or nil>, tb = <traceback> }.
+ * { msg = <string>, code = <MU_E* number or nil>, tb = <traceback or nil> }.
  * Error objects (lua/muon/errors.lua: { code =, msg = [, tb =] }) choose the
- * status code; a tb they carry (or that muon.errors kept for a string),
- * captured where a config's hook raised, replaces the traceback of this
- * point. */
+ * status code. The traceback is the one an error carries (or that
+ * muon.errors kept for a string): captured where the user's hook raised and
+ * cut to the user's frames. Any other error (a user mistake the message
+ * names, or a fault of muon itself) has none: muon's own frames say nothing
+ * the user controls. MUON_TRACEBACK=1 adds the traceback of this point to
+ * those (for reporting a fault of muon). */
+static int mu__msgh_ex(lua_State *L, int always_tb);
+
 static int mu__msgh(lua_State *L)
+{
+    return mu__msgh_ex(L, 0);
+}
+
+/* For scripts (mu_script_run*): the script is the user's own code, so a
+ * traceback always comes, cut to the user's frames like a hook's. */
+static int mu__msgh_script(lua_State *L)
+{
+    return mu__msgh_ex(L, 1);
+}
+
+/* The traceback of this point cut to the user's frames
+ * (require("muon.errors").trim_traceback); nil when muon.errors is not
+ * loaded (muon failed to load: no user code ran). Pushes one value. */
+static void mu__user_traceback(lua_State *L)
+{
+    int top = lua_gettop(L);
+    luaL_traceback(L, L, NULL, 2);
+    lua_getfield(L, LUA_REGISTRYINDEX, "_LOADED");
+    lua_getfield(L, -1, "muon.errors");
+    lua_remove(L, -2);
+    if (lua_istable(L, -1)) {
+        lua_pushliteral(L, "trim_traceback");
+        lua_rawget(L, -2);
+        lua_remove(L, -2);
+        if (lua_isfunction(L, -1)) {
+            lua_pushvalue(L, -2);
+            if (lua_pcall(L, 1, 1, 0) == 0 && lua_type(L, -1) == LUA_TSTRING) {
+                lua_remove(L, -2);
+                return;
+            }
+        }
+    }
+    lua_settop(L, top);
+    lua_pushnil(L);
+}
+
+static int mu__msgh_ex(lua_State *L, int always_tb)
 {
     const char *msg = NULL;
     const char *tb = NULL;
@@ -118,10 +161,15 @@ static int mu__msgh(lua_State *L)
         lua_pushinteger(L, code);
         lua_setfield(L, t, "code");
     }
+    const char *want = getenv("MUON_TRACEBACK");
     if (tb)
         lua_pushstring(L, tb);
-    else
+    else if (always_tb)
+        mu__user_traceback(L);
+    else if (want && *want && strcmp(want, "0") != 0)
         luaL_traceback(L, L, NULL, 1);
+    else
+        lua_pushnil(L);
     lua_setfield(L, t, "tb");
     lua_pushvalue(L, t);
     return 1;
@@ -333,9 +381,16 @@ int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_
     if (!config_path || !*config_path)
         return mu__fail(MU_EINVAL, "mu_engine_open: config_path is NULL or empty");
     FILE *f = fopen(config_path, "r");
-    if (!f)
-        return mu__fail(MU_EIO, "mu_engine_open: cannot open config file '%s': %s", config_path,
-                        strerror(errno));
+    if (!f) {
+        int e = errno;
+        char cwd[PATH_MAX];
+        if (config_path[0] != '/' && getcwd(cwd, sizeof cwd))
+            return mu__fail(MU_EIO,
+                            "mu_engine_open: cannot open config file '%s': %s (relative paths start in the "
+                            "working directory %s)",
+                            config_path, strerror(e), cwd);
+        return mu__fail(MU_EIO, "mu_engine_open: cannot open config file '%s': %s", config_path, strerror(e));
+    }
     fclose(f);
 
     mu_engine *eng = calloc(1, sizeof *eng);
@@ -349,7 +404,9 @@ int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_
     lua_State *L = eng->L;
     int status = mu__require(L, "muon.host");
     if (status != 0) {
-        int rc = mu__lua_fail(L, NULL, status, MU_ELUA, "mu_engine_open: loading muon.host");
+        int rc = mu__lua_fail(L, NULL, status, MU_ELUA,
+                              "mu_engine_open: loading muon.host (set MUON_LUA_PATH to the directory that holds "
+                              "muon/init.lua, or pass mu_engine_opts.lua_path)");
         mu_engine_close(eng);
         return rc;
     }
@@ -416,6 +473,14 @@ int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
     if (grad == data)
         return MU__EFAIL(eng, MU_EINVAL,
                          "mu_engine_add_param: parameter '%s': grad is the same buffer as data", name);
+    if (grad) { /* both hold numel elements of dtype: their memory must not overlap */
+        uintptr_t d = (uintptr_t)data, g = (uintptr_t)grad;
+        uintptr_t bytes = (uintptr_t)mu__shape_numel(ndim, shape) * (dtype == MU_F64 ? 8u : 4u);
+        if (bytes > 0 && d < g + bytes && g < d + bytes)
+            return MU__EFAIL(eng, MU_EINVAL,
+                             "mu_engine_add_param: parameter '%s': grad overlaps data (%llu bytes each)", name,
+                             (unsigned long long)bytes);
+    }
 
     lua_State *L = eng->L;
     mu__push_call(eng, "add_param");
@@ -576,7 +641,10 @@ static int mu__script(const char *fn, const char *target, int argc, char **argv,
     lua_State *L = mu__new_state(NULL);
     if (!L) return MU_ENOMEM;
     int rc = MU_OK;
+    lua_pushcfunction(L, mu__msgh_script);
+    lua_replace(L, 1);
     int st = mu__require(L, "muon.host");
+    const char *hint = st != 0 ? "set MUON_LUA_PATH to the directory that holds muon/init.lua: " : "";
     if (st == 0) {
         const char *entry = strcmp(fn, "mu_script_run") == 0 ? "run_script" : "run_module";
         lua_getfield(L, -1, entry);
@@ -601,7 +669,7 @@ static int mu__script(const char *fn, const char *target, int argc, char **argv,
         } else {
             msg = lua_tostring(L, -1);
         }
-        rc = mu__fail(st == LUA_ERRMEM ? MU_ENOMEM : MU_ELUA, "%s%s%s", msg ? msg : "unknown Lua error",
+        rc = mu__fail(st == LUA_ERRMEM ? MU_ENOMEM : MU_ELUA, "%s%s%s%s", hint, msg ? msg : "unknown Lua error",
                       tb ? "\n" : "", tb ? tb : "");
         if (flags & MU_SCRIPT_MPI) {
             fprintf(stderr, "muon: %s\n", mu_last_error());

@@ -448,8 +448,9 @@ MU_API int mu_comm_world_size(void);
  * its parameter and gradient buffers (wrapped, never copied) and calls
  * mu_engine_step after each backward pass. Every call is protected: Lua
  * errors come back as status codes, never as exits or longjmps. The detail
- * of the last failure is in mu_engine_error(eng) (with the Lua traceback
- * when a config hook raised) and in mu_last_error().
+ * of the last failure is in mu_engine_error(eng) and in mu_last_error(). Only
+ * when a config hook raised does it carry a traceback (the config's frames
+ * only); MUON_TRACEBACK=1 adds one to every failure, for reporting a bug.
  * An engine is not thread-safe: use it from one thread at a time.
  *
  * The Lua modules are found through, in order: opts->lua_path, the

@@ -50,7 +50,7 @@ describe("AdamW", function()
       { { lr = -1 }, "lr must be >= 0" },
       { { betas = { 0.9 } }, "betas must be a pair" },
       { { betas = { 0.9, 1.5 } }, "betas[2] must be in [0, 1)" },
-      { { momentum = 0.9 }, "AdamW got unexpected keyword arguments: momentum" },
+      { { momentum = 0.9 }, "AdamW: unknown option 'momentum'; valid options: betas, eps, lr, nonfinite, weight_decay" },
       { { eps = 0 / 0 }, "eps must be a finite number" },
     }
     for _, c in ipairs(cases) do
@@ -182,12 +182,12 @@ describe("engine", function()
     ok, err = pcall(eng.add_param, eng, "w2", T.zeros({ 2, 2 }))
     assert.truthy(err:find("'w2' is already registered", 1, true), err)
     local cases = {
-      { { groups = { { optimizer = "muon", lrr = 1 } } }, "group 1 (muon): unknown option(s): lrr" },
-      { { groups = { { optimizer = "sgd" } } }, "optimizer must be 'muon' or 'adamw'" },
+      { { groups = { { optimizer = "muon", lrr = 1 } } }, "group 1: unknown muon option 'lrr' (did you mean 'lr'?)" },
+      { { groups = { { optimizer = "sgd" } } }, "group 1: unknown optimizer 'sgd'; valid optimizers: adamw, muon" },
       { { groups = {} }, "'groups' must be a non-empty list" },
       { { groups = { { optimizer = "adamw", lr = -3 } } }, "lr must be >= 0" },
-      { { groups = { {} }, extra = 1 }, "unknown top-level key(s): extra" },
-      { { groups = { {} }, hooks = { reshape = function() end } }, "unknown hook 'reshape'" },
+      { { groups = { {} }, extra = 1 }, "unknown top-level key 'extra'; valid top-level keys: dist, groups, hooks, " },
+      { { groups = { {} }, hooks = { reshape = function() end } }, "unknown hook 'reshape' (did you mean 'reshape_fn'?)" },
     }
     for _, c in ipairs(cases) do
       ok, err = pcall(engine.new, c[1])

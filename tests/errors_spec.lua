@@ -65,9 +65,9 @@ describe("error objects", function()
 
   it("E.code: objects, tables naming a code, and plain values", function()
     assert.equal(E.ESHAPE, E.code(E.new(E.ESHAPE, "x")))
-    assert.equal(E.EFORMAT, E.code({ code = "EFORMAT", msg = "x" }))
-    assert.equal(E.EFORMAT, E.code({ code = "MU_EFORMAT", msg = "x" }))
-    assert.equal(E.EIO, E.code({ code = -3 }))
+    -- a table that is not muon's error object cannot choose a code
+    assert.is_nil(E.code({ code = "EFORMAT", msg = "x" }))
+    assert.is_nil(E.code({ code = -3 }))
     assert.is_nil(E.code({ code = "ENOPE" }))
     assert.is_nil(E.code({ code = 0 }))
     assert.is_nil(E.code("x"))

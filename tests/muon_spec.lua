@@ -5,6 +5,7 @@ local R = require("ref_muon")
 local muon = H.muon
 local T = H.T
 local Muon = muon.optim.Muon
+local E = require("muon.errors")
 
 local GOLDEN = "tests/fixtures/golden/"
 
@@ -172,7 +173,8 @@ end)
 describe("Muon validation", function()
   local p = muon.param("w", T.zeros({ 3, 4 }), T.zeros({ 3, 4 }))
   local cases = {
-    { { foo = 1, bar = 2 }, "Muon got unexpected keyword arguments: bar, foo" },
+    { { foo = 1, bar = 2 }, "Muon: unknown options 'bar', 'foo'; valid options: apply_lr_in_update, " },
+    { { momentm = 0.9 }, "Muon: unknown option 'momentm' (did you mean 'momentum'?)" },
     { { ns_variant = "quintic" }, "ns_variant must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', or 'custom', got 'quintic'" },
     { { ns_epsilon = -1 }, "ns_epsilon must be a finite non-negative value, got -1" },
     { { ns_epsilon = math.huge }, "ns_epsilon must be a finite non-negative value, got inf" },
@@ -204,7 +206,7 @@ describe("Muon validation", function()
 
   it("rejects unknown group keys and non-params", function()
     local ok, err = pcall(Muon, { { params = { p }, lrr = 1 } })
-    assert.truthy(err:find("param group 1 got unexpected keys: lrr", 1, true), err)
+    assert.truthy(err:find("param group 1: unknown key 'lrr' (did you mean 'lr'?); valid keys: ", 1, true), err)
     ok, err = pcall(Muon, { { params = { 3 } } })
     assert.truthy(err:find("params[1] is not a muon.param", 1, true), err)
   end)
@@ -420,15 +422,26 @@ describe("Muon atomic step", function()
     assert.equal(1, opt.stats.skipped_nonfinite)
   end)
 
-  it("a mismatched grad shape fails naming the parameter, even on a first step", function()
+  it("a mismatched grad shape or dtype fails naming the parameter: in the param list, and in a step", function()
     local params = make(SHAPES, 12)
+    local good = params[2].grad
     params[2].grad = T.zeros({ 4, 9 })
+    local ok, err = pcall(Muon, params)
+    assert.is_false(ok)
+    assert.equal(E.ESHAPE, E.code(err))
+    assert.truthy(err:find("parameter 'tall': grad has shape 4x9 but the value has shape 9x4", 1, true), err)
+    params[2].grad = good
     local opt = Muon(params)
     local snap = snapshot(opt, params)
-    local ok, err = pcall(opt.step, opt)
-    assert.is_false(ok)
-    assert.truthy(err:find("parameter 'tall': grad shape 4x9 does not match value shape 9x4", 1, true), err)
-    assert_unchanged(opt, params, snap)
+    for _, c in ipairs({ { T.zeros({ 4, 9 }), E.ESHAPE, "grad has shape 4x9 but the value has shape 9x4" },
+                         { T.zeros({ 9, 4 }, "float64"), E.EDTYPE, "grad is float64 but the value is float32" } }) do
+      params[2].grad = c[1] -- a grad set after the optimizer was made
+      ok, err = pcall(opt.step, opt)
+      assert.is_false(ok)
+      assert.equal(c[2], E.code(err))
+      assert.truthy(err:find("parameter 'tall': " .. c[3], 1, true), err)
+      assert_unchanged(opt, params, snap)
+    end
   end)
 end)
 

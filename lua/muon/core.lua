@@ -46,7 +46,10 @@ local function load_library()
   local env = os.getenv("MUON_LIB")
   if env and env ~= "" then
     local lib, err = try_load(env)
-    if not lib then error("MUON_LIB=" .. env .. " could not be loaded: " .. tostring(err), 0) end
+    if not lib then
+      error("MUON_LIB=" .. env .. " could not be loaded (" .. tostring(err) .. "); set MUON_LIB to the path of "
+        .. "libmuon.so (build/libmuon.so after `make`, or <prefix>/lib/libmuon.so when installed), or unset it", 0)
+    end
     return lib, env
   end
   if host_has_library() then return ffi.C, "(host)" end
@@ -62,7 +65,8 @@ local function load_library()
     if lib then return lib, path end
     errs[#errs + 1] = path .. ": " .. tostring(err)
   end
-  error("cannot find libmuon.so (run `make`, or set MUON_LIB):\n  " .. table.concat(errs, "\n  "), 0)
+  error("cannot find libmuon.so: run `make` in the muon source tree, or set MUON_LIB to the path of libmuon.so; "
+    .. "tried:\n  " .. table.concat(errs, "\n  "), 0)
 end
 
 if (os.getenv("OPENBLAS_CORETYPE") or "") == "" then

@@ -67,11 +67,7 @@ end
 -- The dist section: mesh, balance, max_batch_numel, comm (a muon.comm).
 local function resolve_dist(dcfg, where)
   if type(dcfg) ~= "table" then E.raise(E.EINVAL, "config %s: 'dist' must be a table { mesh = {...} }", where) end
-  for k in pairs(dcfg) do
-    if not DIST_KEYS[k] then
-      E.raise(E.EINVAL, "config %s: dist: unknown key '%s' (mesh, balance, max_batch_numel)", where, tostring(k))
-    end
-  end
+  E.check_keys(dcfg, DIST_KEYS, "dist key", ("config %s: dist"):format(where))
   if dcfg.mesh ~= nil then
     local ok, err = pcall(D.mesh, dcfg.mesh)
     if not ok then E.raise(E.EINVAL, "config %s: dist: %s", where, tostring(err):gsub("^[^:]*:%d+: ", "")) end
@@ -93,10 +89,7 @@ end
 -- Check the config table and build the groups (option tables of the kinds,
 -- torch-like: params, step, options) and their routing rules.
 local function resolve_config(cfg, where)
-  local unknown = O.unknown_keys(cfg, config.TOP_KEYS)
-  if #unknown > 0 then
-    E.raise(E.EINVAL, "config %s: unknown top-level key(s): %s", where, table.concat(unknown, ", "))
-  end
+  E.check_keys(cfg, config.TOP_KEYS, "top-level key", "config " .. where)
   if type(cfg.groups) ~= "table" or #cfg.groups == 0 then
     E.raise(E.EINVAL, "config %s: 'groups' must be a non-empty list of groups", where)
   end
@@ -105,8 +98,8 @@ local function resolve_config(cfg, where)
   end
   local hooks = cfg.hooks or {}
   if type(hooks) ~= "table" then E.raise(E.EINVAL, "config %s: 'hooks' must be a table", where) end
+  E.check_keys(hooks, HOOK_NAMES, "hook", ("config %s: hooks"):format(where))
   for k, v in pairs(hooks) do
-    if not HOOK_NAMES[k] then E.raise(E.EINVAL, "config %s: unknown hook '%s'", where, tostring(k)) end
     if type(v) ~= "function" then E.raise(E.EINVAL, "config %s: hook '%s' must be a function", where, k) end
   end
   local groups = {}
@@ -127,23 +120,23 @@ local function resolve_config(cfg, where)
     local kname = g.optimizer or "muon"
     local kind = KINDS[kname]
     if not kind then
-      E.raise(E.EINVAL, "config %s: %s: optimizer must be 'muon' or 'adamw', got %s", where, label, tostring(kname))
+      E.raise(E.EINVAL, "config %s: %s: %s", where, label, E.unknown("optimizer", kname, KINDS))
     end
-    local opts, bad = {}, {}
+    local opts, valid = {}, {}
+    for k in pairs(ROUTING_KEYS) do valid[k] = true end
+    for k in pairs(kind.OPTIONS) do valid[k] = true end
+    local never = {}
+    for k in pairs(g) do
+      if not valid[k] and MUON_ONLY[k] then never[#never + 1] = tostring(k) end
+    end
+    table.sort(never)
+    if #never > 0 then
+      E.raise(E.EINVAL, "config %s: %s (%s): hook '%s' would never be called: hooks run in Muon groups only "
+        .. "(move it to a Muon group or remove it)", where, label, kname, never[1])
+    end
+    E.check_keys(g, valid, kname .. " option", ("config %s: %s"):format(where, label))
     for k, v in pairs(g) do
-      if not ROUTING_KEYS[k] then
-        if kind.OPTIONS[k] then opts[k] = v else bad[#bad + 1] = tostring(k) end
-      end
-    end
-    table.sort(bad)
-    for _, k in ipairs(bad) do
-      if MUON_ONLY[k] then
-        E.raise(E.EINVAL, "config %s: %s (%s): hook '%s' would never be called: hooks run in Muon groups only "
-          .. "(move it to a Muon group or remove it)", where, label, kname, k)
-      end
-    end
-    if #bad > 0 then
-      E.raise(E.EINVAL, "config %s: %s (%s): unknown option(s): %s", where, label, kname, table.concat(bad, ", "))
+      if not ROUTING_KEYS[k] then opts[k] = v end
     end
     if kname == "muon" then
       for k, v in pairs(hooks) do
@@ -198,23 +191,49 @@ local function check_replicas(groups, dist, where)
   end
 end
 
+-- The working directory (for messages about relative paths), or nil.
+local function cwd()
+  local ffi = require("ffi")
+  pcall(ffi.cdef, "char *getcwd(char *buf, size_t size);")
+  local buf = ffi.new("char[4096]")
+  local ok, p = pcall(ffi.C.getcwd, buf, 4096)
+  if ok and p ~= nil then return ffi.string(buf) end
+  return nil
+end
+engine._cwd = cwd
+
+-- A config file that cannot be opened: EIO naming it, and for a relative
+-- path the directory it was looked for in.
+local function check_readable(path)
+  local f, err = io.open(path, "rb")
+  if f then
+    f:close()
+    return
+  end
+  local reason = tostring(err):match(": ([^:]+)$") or tostring(err)
+  local dir = path:sub(1, 1) ~= "/" and cwd()
+  E.raise(E.EIO, "config '%s': cannot open the file: %s%s", path, reason,
+    dir and (" (relative paths start in the working directory %s)"):format(dir) or "")
+end
+
 function engine.new(cfg_src, opts)
   opts = opts or {}
-  local unknown = O.unknown_keys(opts, OPEN_KEYS)
-  if #unknown > 0 then error("engine.new: unknown option(s): " .. table.concat(unknown, ", "), 2) end
+  if type(opts) ~= "table" then E.raise(E.EINVAL, "engine.new: options must be a table, got %s", type(opts)) end
+  E.check_keys(opts, OPEN_KEYS, "option", "engine.new")
+  if type(cfg_src) == "string" then check_readable(cfg_src) end
   local ok, cfg, where = pcall(config.load, cfg_src, opts.trusted)
-  if not ok then error(cfg, 2) end
+  if not ok then E.reraise(cfg, E.EINVAL) end
   local label = where == "(table)" and "(table)" or ("'" .. where .. "'")
   local ok2, groups = pcall(resolve_config, cfg, label)
-  if not ok2 then error(groups, 2) end
+  if not ok2 then E.reraise(groups, E.EINVAL) end
   local dist
   if cfg.dist ~= nil then
     local ok3, d = pcall(resolve_dist, cfg.dist, label)
-    if not ok3 then error(d, 2) end
+    if not ok3 then E.reraise(d, E.EINVAL) end
     dist = d
   end
   local ok4, err4 = pcall(check_replicas, groups, dist, label)
-  if not ok4 then error(err4, 2) end
+  if not ok4 then E.reraise(err4, E.EINVAL) end
   return setmetatable({
     config = cfg, source = where, groups = groups, params = {}, by_name = {},
     lr_scale = 1.0, step_count = 0, dist = dist, signals = {},
@@ -327,10 +346,8 @@ function Engine:add_param(name, value, grad, placement)
   local ok, err = pcall(function()
     if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "add_param: name must be a non-empty string") end
     if self.by_name[name] then E.raise(E.EINVAL, "add_param: parameter '%s' is already registered", name) end
-    if not T.is_tensor(value) then E.raise(E.EINVAL, "add_param: parameter '%s': value must be a tensor", name) end
-    if grad ~= nil and (not T.is_tensor(grad) or not P.same_shape(grad, value)) then
-      E.raise(E.EINVAL, "add_param: parameter '%s': grad must be a tensor of the value's shape %s", name, P.shape_string(value))
-    end
+    -- (check() registers zero-stride stand-ins: only their shapes matter)
+    if not self._shape_only then P.check(name, value, grad) end
     if placement ~= nil and not self.dist then
       E.raise(E.EINVAL, "add_param '%s': a placement needs a config with a dist section", name)
     end
@@ -343,7 +360,7 @@ function Engine:add_param(name, value, grad, placement)
       E.raise(E.EINVAL, "parameter '%s' is %d-D but matched Muon group %d%s: 1D parameters are not supported in Muon (route them to an AdamW group)",
         name, #logical, g.index, g.name and (" ('" .. g.name .. "')") or "")
     end
-    local p = P(name, value, grad)
+    local p = self._shape_only and P.shape_only(name, value) or P(name, value, grad)
     p.logical_shape = logical
     self.stepper:add(g.index, p, pl)
     g.options.params[#g.options.params + 1] = p
@@ -351,7 +368,7 @@ function Engine:add_param(name, value, grad, placement)
     self.by_name[name] = p
     return p
   end)
-  if not ok then error(err, 2) end
+  if not ok then E.reraise(err, E.EINVAL) end
   return err
 end
 
@@ -403,7 +420,7 @@ end
 function Engine:step(closure)
   local loss
   if closure ~= nil then
-    if not U.callable(closure) then error("step: closure must be a function or nil, got " .. type(closure), 2) end
+    if not U.callable(closure) then E.raise(E.EINVAL, "step: closure must be a function or nil, got %s", type(closure)) end
     loss = closure()
   end
   local st = self:_stepper()
@@ -412,7 +429,7 @@ function Engine:step(closure)
   local before = st.stats.steps
   local ok, stepped = pcall(st.step, st, okv and values or nil, not okv and values or nil)
   if st.stats.steps > before then self.step_count = step end
-  if not ok then error(stepped, 2) end
+  if not ok then E.reraise(stepped, E.ELUA) end
   self.last_stepped = stepped
   return loss, stepped
 end
@@ -438,9 +455,14 @@ function Engine:set_signal(name, values)
 end
 
 local SETTABLE = { lr_scale = true }
+local GETTABLE = { "lr", "lr:<group>", "step", "stepped", "lr_scale", "state_bytes", "scratch_bytes" }
 
 function Engine:set(key, value)
-  if not SETTABLE[key] then E.raise(E.EINVAL, "set: unknown key '%s' (settable: lr_scale)", tostring(key)) end
+  if not SETTABLE[key] then
+    local msg = E.unknown("key", tostring(key), SETTABLE)
+    if key == "lr" or key == "step" then msg = msg .. " ('" .. key .. "' can be read with get; scale lrs with lr_scale)" end
+    E.raise(E.EINVAL, "set: %s", msg)
+  end
   if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, tostring(value)) end
   self[key] = value
 end
@@ -457,10 +479,12 @@ function Engine:get(key)
       for _, g in ipairs(self.groups) do
         if tostring(g.index) == which or g.name == which then return g.options.lr end
       end
-      E.raise(E.EINVAL, "get: no group '%s'", which)
+      local names = {}
+      for _, g in ipairs(self.groups) do names[#names + 1] = g.name or tostring(g.index) end
+      E.raise(E.EINVAL, "get: %s", E.unknown("group", which, names))
     end
   end
-  E.raise(E.EINVAL, "get: unknown key '%s' (known: lr, lr:<group>, step, stepped, lr_scale, state_bytes, scratch_bytes)", tostring(key))
+  E.raise(E.EINVAL, "get: %s", E.unknown("key", tostring(key), GETTABLE))
 end
 
 -- { state_bytes, scratch_bytes } this rank holds.
@@ -513,10 +537,10 @@ local function parts(self)
 end
 
 function Engine:save(path)
-  if type(path) ~= "string" then error("save: path must be a string", 2) end
+  if type(path) ~= "string" then E.raise(E.EINVAL, "save: path must be a string, got %s", type(path)) end
   local ok, err = pcall(S.save, self:_stepper(), path, parts(self),
     { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) })
-  if not ok then error(err, 2) end
+  if not ok then E.reraise(err, E.EIO) end
 end
 
 -- The engine's values in a checkpoint's metadata, checked like config values.
@@ -536,12 +560,12 @@ end
 -- opts: { checksum = false } accepts a file without checksums (or with stale
 -- ones), e.g. written or edited in Python; everything else is still checked.
 function Engine:load(path, opts)
-  if type(path) ~= "string" then error("load: path must be a string", 2) end
+  if type(path) ~= "string" then E.raise(E.EINVAL, "load: path must be a string, got %s", type(path)) end
   local values
   local ok, err = pcall(S.load, self:_stepper(), path, parts(self), function(meta)
     values = { engine_meta(meta) }
   end, opts)
-  if not ok then error(err, 2) end
+  if not ok then E.reraise(err, E.EFORMAT) end
   self.step_count, self.lr_scale = values[1], values[2]
 end
 
@@ -556,6 +580,7 @@ function engine.check(cfg_src, shapes, opts)
   local problems = {}
   local cell = T.zeros({ 1 })
   eng.check_cell = cell -- the views point into it: it lives as long as eng
+  eng._shape_only = true
   for i, s in ipairs(shapes or {}) do
     local okp, err = pcall(function()
       if type(s.name) ~= "string" or type(s.shape) ~= "table" then

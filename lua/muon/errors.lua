@@ -10,8 +10,16 @@
 -- MU_ELUA where the hook is called (E.call_hook), so C sees which side
 -- failed.
 --
+-- Messages for user mistakes name what the user controls (option,
+-- parameter, file, their config's line), never muon's own files: raise
+-- objects (no position), and at a public edge E.reraise what was caught.
+-- Unknown names go through E.unknown / E.check_keys (valid names listed,
+-- the closest one suggested).
+--
 --   local E = require("muon.errors")
 --   E.raise(E.EINVAL, "group %d: lr must be >= 0, got %s", gi, v)
+--   E.check_keys(opts, { lr = true, momentum = true }, "option", "Muon")
+--   --> "Muon: unknown option 'momentm' (did you mean 'momentum'?); valid options: lr, momentum"
 --   local ok, err = pcall(f); E.code(err)   --> MU_E* number (nil for a plain string)
 --   E.name(E.ENONFINITE)                    --> "ENONFINITE"
 --
@@ -60,24 +68,48 @@ function E.raise(code, fmt, ...)
 end
 
 -- The code an error value carries, or nil (a plain string, another value).
--- Tables { code = <number or name>, msg = ... } raised by older code count.
+-- Only muon's own error objects carry one: a table a config or a hook
+-- raises cannot choose the status code, whatever fields it has.
 function E.code(err)
-  if type(err) ~= "table" then return nil end
   if E.is(err) then return err.code end
-  return resolve(rawget(err, "code"))
+  return nil
 end
 
 function E.name(code) return BY_CODE[code] end
 
+-- A short description of a value, read raw (no metamethod is called).
+local function describe_value(v)
+  local t = type(v)
+  if t == "string" then return ("%q"):format(#v > 40 and (v:sub(1, 40) .. "...") or v) end
+  if t == "number" or t == "boolean" then return tostring(v) end
+  return t
+end
+
 -- The message of any error value, without calling anything it may hold
 -- (a table raised by a config may have metamethods of the config's): a
--- string as is, a number as text, a table's string `msg` field, else
--- "(error object is a <type> value)".
+-- string as is, a number as text, a table's string `msg` field, else a
+-- description: '(error object is a table value: { n = 3, reason = "x" })'
+-- or "(error object is a <type> value)".
 function E.message(err)
   local t = type(err)
   if t == "string" then return err end
   if t == "number" then return tostring(err) end
   if t == "table" and type(rawget(err, "msg")) == "string" then return rawget(err, "msg") end
+  if t == "table" then
+    local keys = {}
+    for k in next, err do
+      if type(k) == "string" or type(k) == "number" then keys[#keys + 1] = k end
+      if #keys > 8 then break end
+    end
+    table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+    local fields = {}
+    for i = 1, math.min(#keys, 6) do
+      local k = keys[i]
+      fields[i] = (type(k) == "string" and k or ("[" .. k .. "]")) .. " = " .. describe_value(rawget(err, k))
+    end
+    if #keys > 6 then fields[#fields + 1] = "..." end
+    if #fields > 0 then return "(error object is a table value: { " .. table.concat(fields, ", ") .. " })" end
+  end
   return ("(error object is a %s value)"):format(t)
 end
 
@@ -90,6 +122,100 @@ function E.wrap(err, prefix, fallback)
   if prefix and prefix ~= "" then msg = prefix .. msg end
   if code == nil then return msg end
   return E.new(code, msg, type(err) == "table" and rawget(err, "tb") or nil)
+end
+
+-- Raise a caught error again at the public edge: an error object as it is;
+-- anything else as an object with the fallback code and without the
+-- "file:line: " position that a string raised inside muon carries.
+function E.reraise(err, fallback)
+  if E.is(err) then error(err, 0) end
+  error(E.new(fallback, (E.message(err):gsub("^[^:\n]*:%d+: ", ""))), 0)
+end
+
+-- Unknown names (options, keys, hooks): one message for every place that
+-- checks names, listing the valid ones and the closest match.
+--
+--   E.unknown("option", { "momentm" }, { "lr", "momentum" })
+--   --> "unknown option 'momentm' (did you mean 'momentum'?); valid options: lr, momentum"
+
+-- Edit distance (insertions, deletions, substitutions; a swap of two
+-- neighbours counts once).
+local function distance(a, b)
+  local la, lb = #a, #b
+  if la == 0 then return lb end
+  if lb == 0 then return la end
+  local d = {}
+  for i = 0, la do d[i] = { [0] = i } end
+  for j = 0, lb do d[0][j] = j end
+  for i = 1, la do
+    local ca = a:byte(i)
+    for j = 1, lb do
+      local cb = b:byte(j)
+      local cost = ca == cb and 0 or 1
+      local v = math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+      if i > 1 and j > 1 and ca == b:byte(j - 1) and a:byte(i - 1) == cb then
+        v = math.min(v, d[i - 2][j - 2] + 1)
+      end
+      d[i][j] = v
+    end
+  end
+  return d[la][lb]
+end
+E.distance = distance
+
+-- The valid name closest to name, or nil when none is close (a few edits
+-- for its length, the same name in other case, or one a prefix of the other).
+function E.closest(name, valid)
+  if type(name) ~= "string" then return nil end
+  local lname = name:lower()
+  local best, best_d
+  for _, v in ipairs(valid) do
+    local lv = tostring(v):lower()
+    local d = distance(lname, lv)
+    local limit = math.max(1, math.min(3, math.floor(#name / 3)))
+    local prefix = #name >= 4 and (lv:sub(1, #lname) == lname or lname:sub(1, #lv) == lv)
+    if (d <= limit or prefix) and (best_d == nil or d < best_d) then best, best_d = v, d end
+  end
+  return best
+end
+
+local function sorted_names(valid)
+  local list = {}
+  if #valid > 0 then
+    for i, v in ipairs(valid) do list[i] = tostring(v) end
+  else
+    for k in pairs(valid) do list[#list + 1] = tostring(k) end
+  end
+  table.sort(list)
+  return list
+end
+
+-- The message for unknown names bad (a name or a list) of a kind what
+-- ("option", "key", "hook"), given the valid ones (a list or a set).
+function E.unknown(what, bad, valid)
+  if type(bad) ~= "table" then bad = { bad } end
+  local names = sorted_names(valid)
+  local parts = {}
+  for i, b in ipairs(bad) do
+    local s = type(b) == "string" and ("'" .. b .. "'") or tostring(b)
+    local near = E.closest(b, names)
+    if near then s = s .. (" (did you mean '%s'?)"):format(near) end
+    parts[i] = s
+  end
+  return ("unknown %s%s %s; valid %ss: %s"):format(what, #bad > 1 and "s" or "", table.concat(parts, ", "),
+    what, table.concat(names, ", "))
+end
+
+-- Raise EINVAL "<where>: unknown ..." when t has keys outside valid (a set);
+-- where may be nil.
+function E.check_keys(t, valid, what, where)
+  local bad = {}
+  for k in pairs(t) do
+    if valid[k] == nil then bad[#bad + 1] = k end
+  end
+  if #bad == 0 then return end
+  table.sort(bad, function(a, b) return tostring(a) < tostring(b) end)
+  E.raise(E.EINVAL, "%s%s", where and (where .. ": ") or "", E.unknown(what, bad, valid))
 end
 
 -- Where an error was first raised. An error caught and raised again (by
@@ -107,11 +233,40 @@ function E.traceback(err)
   return nil
 end
 
--- xpcall handler: { err, traceback where err was first raised }.
+-- A frame of muon's own Lua files (source tree lua/muon/..., installed
+-- share/lua/5.1/muon/...), or of the C functions that call into them.
+local function own_frame(line)
+  return line:find("lua/muon/", 1, true) or line:find("5.1/muon/", 1, true)
+    or line:find("^%s*%[C%]: in function '[xp]*pcall'") or line:find("^%s*%[C%]: in function 'error'")
+    or line:find("^%s*%[C%]: in function 'assert'")
+end
+
+-- A traceback cut to the user's frames: from the deepest frame of the
+-- user's code (frames of muon's files above it, where a library call the
+-- hook made raised, are dropped) to the last consecutive frame of theirs
+-- (where muon called the hook). Unchanged when it has no user frame.
+function E.trim_traceback(tb)
+  local head, body = tb:match("^(stack traceback:)\n(.*)$")
+  if not head then return tb end
+  local kept, started = {}, false
+  for line in body:gmatch("[^\n]+") do
+    if own_frame(line) then
+      if started then break end
+    elseif not line:find("^%s*%(tail call%)") then
+      started = true
+      kept[#kept + 1] = line
+    end
+  end
+  if #kept == 0 then return tb end
+  return head .. "\n" .. table.concat(kept, "\n")
+end
+
+-- xpcall handler: { err, traceback where err was first raised, cut to the
+-- user's frames (E.trim_traceback) }.
 function E.capture(err)
   local tb = E.traceback(err)
   if tb == nil then
-    tb = debug.traceback("", 2):gsub("^\n", "")
+    tb = E.trim_traceback((debug.traceback("", 2):gsub("^\n", "")))
     if type(err) == "string" then last_string.msg, last_string.tb = err, tb end
   end
   return { err, tb }
@@ -122,8 +277,12 @@ end
 -- such tables have already become error objects, lua/muon/sandbox.lua).
 local function hook_message(err)
   if type(err) == "table" and type(rawget(err, "msg")) ~= "string" then
-    local ok, s = pcall(tostring, err)
-    if ok and type(s) == "string" then return s end
+    local mt = debug.getmetatable(err)
+    local f = type(mt) == "table" and rawget(mt, "__tostring")
+    if type(f) == "function" then
+      local ok, s = pcall(f, err)
+      if ok and type(s) == "string" then return s end
+    end
   end
   return E.message(err)
 end
@@ -133,11 +292,13 @@ local function hook_result(what, ok, ...)
   local caught = ...
   local err, tb = caught[1], caught[2]
   last_string.msg, last_string.tb = nil, nil -- used: now on the object
-  if E.is(err) and err.code == E.ELUA then
+  if E.is(err) and err.code == E.ELUA and rawget(err, "hook") then -- named by an inner call_hook
     err.tb = tb
     error(err, 0)
   end
-  error(E.new(E.ELUA, what .. ": " .. hook_message(err), tb), 0)
+  local e = E.new(E.ELUA, what .. ": " .. hook_message(err), tb)
+  e.hook = what
+  error(e, 0)
 end
 
 -- Call a user hook (a function of the config: hook, schedule, match

@@ -183,7 +183,7 @@ local function adamw_opts(opts, level)
   level = level + 1
   if type(opts) ~= "table" then error("opts must be a table, got " .. type(opts), level) end
   for k in pairs(opts) do
-    if not ADAMW_KEYS[k] then error("foreach.adamw: unknown option '" .. tostring(k) .. "'", level) end
+    if not ADAMW_KEYS[k] then error("foreach.adamw: " .. require("muon.errors").unknown("option", tostring(k), ADAMW_KEYS), level) end
   end
   local b1, b2 = opts.beta1, opts.beta2
   if opts.betas ~= nil then

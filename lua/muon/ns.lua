@@ -162,7 +162,7 @@ local function check_keys(opts, allowed, level)
   end
   if #unknown > 0 then
     table.sort(unknown)
-    error("zeropower got unknown options: " .. table.concat(unknown, ", "), level + 1)
+    error("zeropower: " .. require("muon.errors").unknown("option", unknown, allowed), level + 1)
   end
 end
 

@@ -1,5 +1,7 @@
 -- muon.param(name, value, grad): a named parameter and its gradient.
+local ffi = require("ffi")
 local T = require("muon.tensor")
+local E = require("muon.errors")
 
 local Param = {}
 Param.__index = Param
@@ -15,23 +17,60 @@ local function same_shape(a, b)
   return true
 end
 
-local function new(name, value, grad)
-  if type(name) ~= "string" or name == "" then error("param: name must be a non-empty string", 2) end
-  if not T.is_tensor(value) then error(("param '%s': value must be a tensor"):format(name), 2) end
-  if grad ~= nil and not T.is_tensor(grad) then
-    error(("param '%s': grad must be a tensor or nil"):format(name), 2)
+local function shape_string(t)
+  return table.concat(t:size(), "x")
+end
+
+-- Whether the memory of grad (contiguous) and value overlaps.
+local function overlap(grad, value)
+  local n = value:numel()
+  if n == 0 or not grad:is_contiguous() then return false end
+  local es = value:dtype() == "float64" and 8 or 4
+  local a = tonumber(ffi.cast("uintptr_t", value:ptr()))
+  local b = tonumber(ffi.cast("uintptr_t", grad:ptr()))
+  return a < b + n * es and b < a + n * es
+end
+
+-- Check a parameter's tensors where it is registered, so that a mismatch
+-- is reported naming the parameter instead of failing in a later step:
+-- value a contiguous tensor (the optimizer updates it in place), grad nil
+-- or a tensor of the value's dtype and shape that does not share its memory.
+local function check(name, value, grad)
+  if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "parameter name must be a non-empty string, got %s", tostring(name)) end
+  if not T.is_tensor(value) then E.raise(E.EINVAL, "parameter '%s': value must be a tensor, got %s", name, type(value)) end
+  if not value:is_contiguous() then
+    E.raise(E.EINVAL, "parameter '%s': value (shape %s, strides %s) is not contiguous; the optimizer updates it in place, so pass a contiguous tensor",
+      name, shape_string(value), table.concat(value:stride(), "x"))
   end
+  if grad == nil then return end
+  if not T.is_tensor(grad) then E.raise(E.EINVAL, "parameter '%s': grad must be a tensor or nil, got %s", name, type(grad)) end
+  if grad:dtype() ~= value:dtype() then
+    E.raise(E.EDTYPE, "parameter '%s': grad is %s but the value is %s (they must have the same dtype)", name,
+      grad:dtype(), value:dtype())
+  end
+  if not same_shape(grad, value) then
+    E.raise(E.ESHAPE, "parameter '%s': grad has shape %s but the value has shape %s", name, shape_string(grad), shape_string(value))
+  end
+  if overlap(grad, value) then
+    E.raise(E.EINVAL, "parameter '%s': grad shares memory with the value (give it its own buffer)", name)
+  end
+end
+
+local function new(name, value, grad)
+  check(name, value, grad)
   return setmetatable({ name = name, value = value, grad = grad }, Param)
 end
 
-local M = setmetatable({ new = new, Param = Param, same_shape = same_shape }, {
+-- A parameter whose tensors only stand for a shape (`muon check`'s
+-- zero-stride views over one element): never stepped, so not checked.
+local function shape_only(name, value)
+  return setmetatable({ name = name, value = value }, Param)
+end
+
+local M = setmetatable({ new = new, shape_only = shape_only, Param = Param, same_shape = same_shape, check = check, shape_string = shape_string }, {
   __call = function(_, ...) return new(...) end,
 })
 
 function M.is_param(x) return getmetatable(x) == Param end
-
-function M.shape_string(t)
-  return table.concat(t:size(), "x")
-end
 
 return M

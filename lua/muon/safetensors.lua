@@ -154,6 +154,20 @@ local function is_array(t)
   return n == #t
 end
 
+-- What a file that is not safetensors looks like, from its first bytes
+-- ("" when it is not recognized).
+local function looks_like(path)
+  local f = io.open(path, "rb")
+  if not f then return "" end
+  local head = f:read(8) or ""
+  f:close()
+  if head:sub(1, 6) == "\147NUMPY" then return " (it is a NumPy .npy file)" end
+  if head:sub(1, 4) == "PK\3\4" then return " (it is a zip archive, as torch.save writes)" end
+  if head:sub(1, 2) == "\128\2" or head:sub(1, 2) == "\128\4" then return " (it is a Python pickle)" end
+  if head == "" then return " (it is empty)" end
+  return ""
+end
+
 -- ---------------------------------------------------------- header parse
 
 -- Validate the header text of `path` whose data section has data_size bytes.
@@ -164,7 +178,9 @@ local function parse_header(path, text, data_size)
   end
   local ok_utf8, at = valid_utf8(text)
   if not ok_utf8 then bad("header is not valid UTF-8 (byte %d)", at) end
-  if text:sub(1, 1) ~= "{" then bad("header does not start with '{' (not a safetensors file?)") end
+  if text:sub(1, 1) ~= "{" then
+    E.raise(E.EFORMAT, "'%s' is not a safetensors file%s: its header does not start with '{'", path, looks_like(path))
+  end
   local ok, hdr = pcall(cjson.decode, text)
   if not ok then bad("header is not valid JSON: %s", tostring(hdr)) end
   if type(hdr) ~= "table" then bad("header is not a JSON object") end
@@ -285,7 +301,12 @@ end
 local function open_reader(path)
   if type(path) ~= "string" then E.raise(E.EINVAL, "path must be a string, got " .. type(path)) end
   local box = reader_box()
-  check(C.mu_st_reader_open(path, box)) -- EIO (cannot open or read) or EFORMAT (bad length)
+  local rc = C.mu_st_reader_open(path, box) -- EIO (cannot open or read) or EFORMAT (bad length)
+  if rc == C.MU_EFORMAT then
+    E.raise(E.EFORMAT, "'%s' is not a safetensors file%s: %s", path, looks_like(path),
+      (ffi.string(C.mu_last_error()):gsub("^safetensors '.-': ", "")))
+  end
+  check(rc)
   local r = ffi.gc(box[0], C.mu_st_reader_close)
   local len = size_box()
   local ptr = C.mu_st_reader_header(r, len)

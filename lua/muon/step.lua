@@ -127,15 +127,21 @@ end
 
 -- Raise on every rank if any rank has an error (a collective on meshes):
 -- the error of the lowest failing rank, with its code.
-function Stepper:agree_failure(err)
+-- With run: the same all-reduce agrees on the groups a non-finite derived
+-- value skips (check_derived).
+function Stepper:agree_failure(err, run)
+  local ng = run and #run.g or 0
   if self.W == 1 then
     if err ~= nil then error(err, 0) end
+    for gi = 1, ng do run.g[gi].skip = run.g[gi].skip or run.g[gi].skip_derived == true end
     return
   end
   local W, me = self.W, self.me
-  local r = self.ctrl:allreduce({ err ~= nil and (W - me) or 0 }, "max")
-  if r[1] == 0 then return end
-  self:_raise_from(W - r[1], err)
+  local vec = { err ~= nil and (W - me) or 0 }
+  for gi = 1, ng do vec[1 + gi] = run.g[gi].skip_derived and 1 or 0 end
+  local r = self.ctrl:allreduce(vec, "max")
+  if r[1] ~= 0 then self:_raise_from(W - r[1], err) end
+  for gi = 1, ng do run.g[gi].skip = run.g[gi].skip or r[1 + gi] == 1 end
 end
 
 -- Raise on every rank the error of rank src (its code and message).
@@ -345,10 +351,7 @@ local function check_phase(self, values, pre_err)
     for _, p in ipairs(self.gparams[gi]) do
       local g = p.grad
       if g ~= nil then
-        if not P.same_shape(g, p.value) then
-          E.raise(E.ESHAPE, "parameter '%s': grad shape %s does not match value shape %s",
-            p.name, P.shape_string(g), P.shape_string(p.value))
-        end
+        P.check(p.name, p.value, g) -- a grad set after add_param: dtype, shape
         G.kind.check_param(p)
         params[#params + 1] = p
         run.stepping[self.rec[p]] = true
@@ -452,6 +455,31 @@ function Stepper:_agree_empty_shards(run)
     run.g[gi].params = params
   end
 end
+-- A finite gradient can still overflow what is derived from it: checked
+-- like the gradient, naming the parameter (the NS input here, the state the
+-- update does not show, kind.hidden_state_keys; the update in phase 5).
+-- Under nonfinite = "skip" the group skips the step as for a NaN/Inf
+-- gradient (on a mesh agreed with the failure flag) and its NS inputs are
+-- zeroed so that routing and Newton-Schulz stay finite.
+local function check_derived(run, G, gr, entries)
+  local list, owner = {}, {}
+  for _, e in ipairs(entries) do
+    if G.kind.ns then list[#list + 1] = e.u end
+    for _, k in ipairs(G.kind.hidden_state_keys) do list[#list + 1] = e.new[k] end
+    for _ = #owner + 1, #list do owner[#owner + 1] = e.p end
+  end
+  local bad = U.first_nonfinite(list)
+  if not bad then return end
+  if G.options.nonfinite ~= "skip" then
+    E.raise(E.ENONFINITE, "parameter '%s': its gradient is finite but the %s overflowed to NaN or Inf (%s)",
+      owner[bad].name, G.kind.ns and "momentum (the Newton-Schulz input)" or table.concat(G.kind.hidden_state_keys, ", "),
+      G.label)
+  end
+  gr.skip_derived = true
+  if run.W == 1 then gr.skip = true end
+  for _, e in ipairs(entries) do e.u:zero() end
+end
+M.check_derived = check_derived
 
 -- Phase 3: each state holder's direction into scratch. The entry table of
 -- a parameter is kept across steps (no per-step allocation).
@@ -494,7 +522,10 @@ local function direction_phase(self, run)
           end
         end
       end
-      if #entries > 0 then attempt(run, G.kind.direction, self, G.options, gr.hp, entries) end
+      if #entries > 0 then
+        attempt(run, G.kind.direction, self, G.options, gr.hp, entries)
+        attempt(run, check_derived, run, G, gr, entries)
+      end
     end
   end
 end
@@ -575,7 +606,8 @@ local function finish_phase(self, run)
         end
       end
       local bad = U.first_nonfinite(updates)
-      if bad then E.raise(E.ENONFINITE, "parameter '%s': update holds NaN or Inf", names[bad]) end
+      if bad and G.options.nonfinite == "skip" then gr.skip_derived = true
+      elseif bad then E.raise(E.ENONFINITE, "parameter '%s': update holds NaN or Inf (%s)", names[bad], G.label) end
       local decay, alpha, cautious = G.kind.apply_coeffs(G.options, gr.hp)
       if not (finite(decay) and finite(alpha)) then
         E.raise(E.EINVAL, "%s: the step's decay (%s) or alpha (%s) is not finite", G.label, tostring(decay), tostring(alpha))
@@ -664,7 +696,7 @@ function Stepper:step(values, pre_err)
     if not ok and run.failure == nil then run.failure = e end
   end
   attempt(run, finish_phase, self, run)
-  self:agree_failure(run.failure)
+  self:agree_failure(run.failure, run)
   commit_phase(self, run)
   local post_failure
   for gi, G in ipairs(self.groups) do

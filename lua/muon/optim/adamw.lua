@@ -7,7 +7,10 @@
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
 
-local kind = { name = "adamw", ns = false, state_keys = { "exp_avg", "exp_avg_sq" }, counts_steps = true }
+local kind = { name = "adamw", ns = false, state_keys = { "exp_avg", "exp_avg_sq" }, counts_steps = true,
+  -- state whose overflow the update does not show (exp_avg_sq = Inf makes
+  -- the update 0); checked for NaN/Inf each step (muon.step)
+  hidden_state_keys = { "exp_avg_sq" } }
 
 -- torch.optim.AdamW's defaults.
 local DEFAULTS = { lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 1e-2, nonfinite = "error" }

@@ -16,7 +16,9 @@ local P = require("muon.param")
 local E = require("muon.errors")
 local per_dtype = require("muon.optim.util").per_dtype
 
-local kind = { name = "muon", ns = true, state_keys = { "momentum_buffer" } }
+local kind = { name = "muon", ns = true, state_keys = { "momentum_buffer" },
+  -- an overflowing momentum shows in the NS input (muon.step checks it)
+  hidden_state_keys = {} }
 
 -- The seed's defaults (its Muon.__init__ and _MUON_ADVANCED_DEFAULTS), plus
 -- three extensions: ns_path, scale_mode, nonfinite.

@@ -1,5 +1,6 @@
 -- Option checking shared by the optimizers: defaults, unknown keys, types.
 local P = require("muon.param")
+local E = require("muon.errors")
 
 local O = {}
 
@@ -77,29 +78,40 @@ function O.build_groups(spec, params, opts, level)
   if type(opts) ~= "table" then error(spec.what .. ": options must be a table", level + 1) end
   local unknown = O.unknown_keys(opts, spec.allowed)
   if #unknown > 0 then
-    error(spec.what .. " got unexpected keyword arguments: " .. table.concat(unknown, ", "), level + 1)
+    error(spec.what .. ": " .. E.unknown("option", unknown, spec.allowed), level + 1)
   end
   if type(params) ~= "table" then error(spec.what .. ": params must be a table", level + 1) end
   local defaults = O.merge(spec.defaults, opts)
   spec.resolve(defaults, level + 1)
   local list = params
   if #params == 0 or P.is_param(params[1]) then list = { { params = params } } end
-  local groups = {}
+  local groups, seen = {}, {}
   for gi, g in ipairs(list) do
     local where = ("%s param group %d"):format(spec.what, gi + (spec.first or 1) - 1)
     if type(g) ~= "table" or type(g.params) ~= "table" then
       error(where .. " must be a table with a params list", level + 1)
     end
-    local bad = {}
+    local bad, valid = {}, {}
     for k in pairs(g) do
       if not GROUP_KEYS[k] and not spec.allowed[k] then bad[#bad + 1] = tostring(k) end
     end
     table.sort(bad)
-    if #bad > 0 then error(where .. " got unexpected keys: " .. table.concat(bad, ", "), level + 1) end
+    if #bad > 0 then
+      for k in pairs(GROUP_KEYS) do valid[k] = true end
+      for k in pairs(spec.allowed) do valid[k] = true end
+      error(where .. ": " .. E.unknown("key", bad, valid), level + 1)
+    end
     for i, p in ipairs(g.params) do
       if not P.is_param(p) then
         error(("%s: params[%d] is not a muon.param (use muon.param(name, value, grad))"):format(where, i), level + 1)
       end
+      local ok, err = pcall(P.check, p.name, p.value, p.grad)
+      if not ok then error(E.wrap(err, where .. ": ", E.EINVAL), 0) end
+      if seen[p.name] then
+        E.raise(E.EINVAL, "%s: parameter '%s' appears twice (%s)", where, p.name,
+          seen[p.name] == p and "the same muon.param" or "two parameters with one name")
+      end
+      seen[p.name] = p
       if spec.check_param then spec.check_param(p, level + 1) end
     end
     local group = O.merge(defaults, g)

@@ -312,6 +312,10 @@ end
 -- group hyperparameters d holds replace the current ones, as torch's
 -- load_state_dict) or "config" (see staged_options).
 local function stage(stepper, kind, d, what, hyper)
+  if type(d) ~= "table" or type(d.groups) ~= "table" or type(d.params) ~= "table" or type(d.state) ~= "table" then
+    E.raise(E.EINVAL, "%s must be a table { groups = {...}, params = {...}, state = {...} } as state_dict() returns, got %s",
+      what or "state dict", type(d) == "table" and "a table without them" or type(d))
+  end
   local problems = S.mismatches(stepper, kind, d)
   if #problems > 0 then
     E.raise(E.EINVAL, "%s does not match this optimizer:\n  %s", what or "state dict", table.concat(problems, "\n  "))

@@ -3,6 +3,7 @@
 -- (muon.optim.Muon / AdamW) built on the step protocol (muon.step).
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
+local E = require("muon.errors")
 
 local U = {}
 
@@ -125,11 +126,11 @@ function U.optimizer_class(kind, what)
   function class:step(closure)
     local loss
     if closure ~= nil then
-      if not U.callable(closure) then error("step: closure must be a function or nil, got " .. type(closure), 2) end
+      if not U.callable(closure) then E.raise(E.EINVAL, "step: closure must be a function or nil, got %s", type(closure)) end
       loss = closure()
     end
     local ok, stepped = pcall(self._stepper.step, self._stepper)
-    if not ok then error(stepped, 2) end
+    if not ok then E.reraise(stepped, E.ELUA) end
     return loss, stepped
   end
 
@@ -165,7 +166,7 @@ function U.optimizer_class(kind, what)
       for _, p in ipairs(g.params) do st:add(gi, p) end
       self.param_groups[gi] = g
     end)
-    if not ok then error((tostring(err):gsub("^[^:\n]*:%d+: ", "")), 2) end
+    if not ok then E.reraise(err, E.EINVAL) end
   end
 
   -- Every parameter of every group, in order.
@@ -183,16 +184,16 @@ function U.optimizer_class(kind, what)
   function class:state_dict() return S.state_dict(self._stepper, kind.name) end
   function class:load_state_dict(d)
     local ok, err = pcall(S.load_state_dict, self._stepper, kind.name, d, "state dict")
-    if not ok then error(err, 2) end
+    if not ok then E.reraise(err, E.EFORMAT) end
   end
   function class:save(path)
     local ok, err = pcall(S.save, self._stepper, path, { { prefix = "", kind = kind.name } })
-    if not ok then error(err, 2) end
+    if not ok then E.reraise(err, E.EIO) end
   end
   -- opts: { checksum = false } for a file written in Python (see muon.optim.state)
   function class:load(path, opts)
     local ok, err = pcall(S.load, self._stepper, path, { { prefix = "", kind = kind.name, hyper = "restore" } }, nil, opts)
-    if not ok then error(err, 2) end
+    if not ok then E.reraise(err, E.EFORMAT) end
   end
 
   return { class = class, new = new }
