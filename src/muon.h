@@ -242,7 +242,8 @@ MU_API int64_t mu_st_reader_data_size(const mu_st_reader *r);
 MU_API int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *dst);
 MU_API void mu_st_reader_close(mu_st_reader *r);
 
-/* Atomic write: "path.tmp.<pid>" gets the length, the header padded with
+/* Atomic write: a new temporary file in path's directory (a unique
+ * "<name>.tmp.XXXXXX", within NAME_MAX) gets the length, the header padded with
  * spaces to a multiple of 8, each tensor's bytes in order (contiguous
  * copies where needed); fsync, rename over path, fsync the directory. On any
  * error the temporary file is removed, path is left as it was, MU_EIO. */

@@ -32,4 +32,20 @@ int mu__tensor_over(mu_storage *s, int dtype, int64_t offset, int ndim, const in
 /* Element pointer for a flat row-major position of a strided tensor. */
 void *mu__tensor_ptr(const mu_tensor *t, const int64_t *index);
 
+/* Files (src/fileio.c). Open path for reading only if it is a regular file
+ * (never blocking on a FIFO or device): fd and size, or MU_EIO naming the
+ * path. */
+int mu__open_regular(const char *path, int *fd, int64_t *size);
+/* pread / write the whole buffer (EINTR retried); -1 with errno on error;
+ * read_full stops early at end of file (*got tells). */
+int mu__read_full(int fd, void *buf, size_t len, int64_t off, size_t *got);
+int mu__write_full(int fd, const void *buf, size_t len);
+/* Atomic save: a new temporary file next to path, unique per call
+ * (mkstemp), its name within NAME_MAX; then commit (fsync, close, rename
+ * over path, fsync the directory; frees tmp; MU_EIO naming the path on
+ * failure, the temporary removed) or abort (close, remove, free). */
+int mu__tmp_create(const char *path, char **tmp, int *fd);
+int mu__tmp_commit(const char *path, char *tmp, int fd);
+void mu__tmp_abort(char *tmp, int fd);
+
 #endif
