@@ -302,7 +302,7 @@ MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts
 /* Named coefficient schedules ("legacy", "asym5", "polar_express",
  * "deepseekv4"): writes `steps` triples into coeffs (cap triples room) and
  * the preset's norm_scale. steps <= 0 means the preset's natural length;
- * the number written goes to *nsteps. */
+ * the number written goes to *nsteps (norm_scale and nsteps may be NULL). */
 MU_API int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *norm_scale,
                         int *nsteps);
 
@@ -506,7 +506,10 @@ MU_API int mu_engine_load(mu_engine *eng, const char *path);
  * mu_last_error(). Valid until the next call on eng. */
 MU_API const char *mu_engine_error(const mu_engine *eng);
 /* Free the engine and its Lua state (the trainer's buffers are untouched).
- * NULL is a no-op; a closed pointer must not be used again. */
+ * NULL is a no-op. A handle is a token checked on every call: after close,
+ * every call on it (close included) returns MU_ESTATE, as does a value
+ * that is not a handle from mu_engine_open, or a call made while another
+ * call on the same engine runs (another thread, or its own hook). */
 MU_API void mu_engine_close(mu_engine *eng);
 
 /* Run a Lua script file (or, with mu_script_run_module, a module function:
@@ -524,7 +527,7 @@ enum { MU_SCRIPT_MPI = 1, MU_SCRIPT_TRUSTED = 2 };
 MU_API int mu_script_run(const char *path, int argc, char **argv, int flags, int *status);
 MU_API int mu_script_run_module(const char *module, int argc, char **argv, int flags, int *status);
 
-/* When OPENBLAS_CORETYPE is unset or empty and the CPU supports a faster
+/* (argv NULL: MU_EINVAL.) When OPENBLAS_CORETYPE is unset or empty and the CPU supports a faster
  * OpenBLAS core than the one running (SkylakeX: avx512f+bw+vl; Haswell:
  * avx2), set the variable and re-execute /proc/self/exe with argv (once,
  * guarded by MUON_BLAS_REEXEC). Returns MU_OK when nothing needed doing (or

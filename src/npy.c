@@ -152,7 +152,8 @@ int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out)
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
     const unsigned char *b = buf;
-    if (!b || len < 10 || memcmp(b, "\x93NUMPY", 6) != 0)
+    if (!b) return mu__fail(MU_EINVAL, "buffer is NULL");
+    if (len < 10 || memcmp(b, "\x93NUMPY", 6) != 0)
         return mu__fail(MU_EFORMAT, "not an npy file (bad magic)");
     unsigned major = b[6];
     size_t hlen, start;

@@ -320,6 +320,7 @@ int mu_tensor_view(const mu_tensor *t, int ndim, const int64_t *shape, mu_tensor
     if (vrc) return vrc;
     if (ndim < 0 || ndim > MU_MAX_DIMS)
         return mu__fail(MU_EINVAL, "ndim %d is outside 0..%d", ndim, MU_MAX_DIMS);
+    if (ndim > 0 && !shape) return mu__fail(MU_EINVAL, "view: shape is NULL");
     if (!mu_tensor_is_contiguous(t))
         return mu__fail(MU_ESTATE, "view needs a contiguous tensor (call contiguous() first)");
     int64_t sh[MU_MAX_DIMS], known = 1, numel = mu_tensor_numel(t);
@@ -448,6 +449,7 @@ static int check_index(const mu_tensor *t, const int64_t *index)
 
 int mu_tensor_get(const mu_tensor *t, const int64_t *index, double *out)
 {
+    if (!out) return mu__fail(MU_EINVAL, "get: out is NULL");
     int rc = check_index(t, index);
     if (rc) return rc;
     const void *p = mu__tensor_ptr(t, index);
