@@ -9,6 +9,7 @@
 -- every C call and pointer-array store, as a pointer would.
 local ffi = require("ffi")
 local core = require("muon.core")
+local E = require("muon.errors")
 
 local C, check = core.C, core.check
 
@@ -44,20 +45,20 @@ T.adopt = adopt
 
 local MAX_SIZE = 2 ^ 53
 
-local function shape_array(shape, level)
+local function shape_array(shape)
   if type(shape) ~= "table" then
-    error("shape must be a table of sizes, got " .. type(shape), level + 1)
+    E.raise(E.EINVAL, "shape must be a table of sizes, got %s", type(shape))
   end
   local n = #shape
-  if n > 8 then error("shape has " .. n .. " dims; at most 8 are supported", level + 1) end
+  if n > 8 then E.raise(E.EINVAL, "shape has %d dims; at most 8 are supported", n) end
   local arr = i64_arr(math.max(n, 1))
   for i = 1, n do
     local s = shape[i]
     if type(s) ~= "number" or s ~= math.floor(s) or (s < 0 and s ~= -1) then
-      error("bad shape: size " .. tostring(s) .. " in dim " .. i, level + 1)
+      E.raise(E.EINVAL, "bad shape: size %s in dim %d", tostring(s), i)
     end
     if s > MAX_SIZE then -- beyond exact integers (and int64): never a real size
-      error(("bad shape: size %s in dim %d is too large"):format(tostring(s), i), level + 1)
+      E.raise(E.EINVAL, "bad shape: size %s in dim %d is too large", tostring(s), i)
     end
     arr[i - 1] = s
   end
@@ -70,9 +71,9 @@ function T.is_tensor(x)
 end
 
 function T.zeros(shape, dtype)
-  local arr, n = shape_array(shape, 2)
+  local arr, n = shape_array(shape)
   for i = 1, n do
-    if shape[i] < 0 then error("bad shape: negative size in dim " .. i, 2) end
+    if shape[i] < 0 then E.raise(E.EINVAL, "bad shape: negative size in dim %d", i) end
   end
   local box = out_box()
   check(C.mu_tensor_new(dtype_code(dtype, 2), n, arr, box), "zeros", 2)
@@ -126,7 +127,7 @@ end
 
 -- Wrap memory the caller keeps alive (a cdata pointer) as a tensor.
 function T.wrap(ptr, shape, dtype)
-  local arr, n = shape_array(shape, 2)
+  local arr, n = shape_array(shape)
   local box = out_box()
   check(C.mu_tensor_wrap(dtype_code(dtype, 2), n, arr, nil, ptr, box), "wrap", 2)
   return adopt(box)
@@ -165,9 +166,14 @@ function T.randn(shape, seed, dtype)
   return t
 end
 
-local function check_dim(t, d, what, level)
-  if type(d) ~= "number" or d ~= math.floor(d) or d < 1 or d > t.ndim then
-    error(("%s: dim %s out of range 1..%d"):format(what, tostring(d), t.ndim), level + 1)
+-- Argument checks raise EINVAL error objects naming the argument. An
+-- index or size must be an integer: NaN, +-inf and fractions are refused
+-- here, before LuaJIT's number -> int64 conversion could truncate them.
+local function is_integer(v) return type(v) == "number" and v == math.floor(v) and v - v == 0 end
+
+local function check_dim(t, d, what)
+  if not is_integer(d) or d < 1 or d > t.ndim then
+    E.raise(E.EINVAL, "%s: dim %s out of range 1..%d", what, tostring(d), t.ndim)
   end
   return d - 1
 end
@@ -195,9 +201,9 @@ function methods:ptr() return ffi.cast(CTYPES[self.scalar], self.data) end
 
 function methods:view(shape)
   if not self:is_contiguous() then
-    error("view: tensor is not contiguous (call :contiguous() first)", 2)
+    E.raise(E.ESTATE, "view: tensor is not contiguous (call :contiguous() first)")
   end
-  local arr, n = shape_array(shape, 2)
+  local arr, n = shape_array(shape)
   local box = out_box()
   check(C.mu_tensor_view(self, n, arr, box), "view", 2)
   return adopt(box)
@@ -219,12 +225,11 @@ end
 -- narrow(dim, start, length): start is 1-based.
 function methods:narrow(d, start, length)
   local dim = check_dim(self, d, "narrow", 2)
-  if type(start) ~= "number" or type(length) ~= "number" then
-    error("narrow: start and length must be numbers", 2)
-  end
+  if not is_integer(start) then E.raise(E.EINVAL, "narrow: start must be an integer, got %s", tostring(start)) end
+  if not is_integer(length) then E.raise(E.EINVAL, "narrow: length must be an integer, got %s", tostring(length)) end
   local size = tonumber(self.dims[dim])
   if start < 1 or length < 0 or start - 1 + length > size then
-    error(("narrow: [%d, %d] out of range 1..%d in dim %d"):format(start, start + length - 1, size, d), 2)
+    E.raise(E.EINVAL, "narrow: [%.0f, %.0f] out of range 1..%d in dim %d", start, start + length - 1, size, d)
   end
   local box = out_box()
   check(C.mu_tensor_narrow(self, dim, start - 1, length, box), "narrow", 2)
@@ -246,8 +251,8 @@ function methods:squeeze(d)
 end
 
 function methods:unsqueeze(d)
-  if type(d) ~= "number" or d < 1 or d > self.ndim + 1 then
-    error(("unsqueeze: dim %s out of range 1..%d"):format(tostring(d), self.ndim + 1), 2)
+  if not is_integer(d) or d < 1 or d > self.ndim + 1 then
+    E.raise(E.EINVAL, "unsqueeze: dim %s out of range 1..%d", tostring(d), self.ndim + 1)
   end
   local box = out_box()
   check(C.mu_tensor_unsqueeze(self, d - 1, box), "unsqueeze", 2)
@@ -278,7 +283,7 @@ function methods:copy(src)
 end
 
 function methods:fill(v)
-  if type(v) ~= "number" then error("fill: value must be a number", 2) end
+  if type(v) ~= "number" then E.raise(E.EINVAL, "fill: value must be a number, got %s", type(v)) end
   check(C.mu_tensor_fill(self, v), nil, 2)
   return self
 end
@@ -291,17 +296,17 @@ function methods:all_finite()
   return rc ~= 0
 end
 
-local function index_array(self, idx, first, level)
+local function index_array(self, idx, first, nidx)
   local n = self.ndim
-  if #idx ~= n then
-    error(("expected %d indices, got %d"):format(n, #idx), level + 1)
+  if nidx ~= n then
+    E.raise(E.EINVAL, "expected %d indices, got %d", n, nidx)
   end
   local arr = i64_arr(math.max(n, 1))
   for i = 1, n do
     local v = idx[first + i - 1]
     local size = tonumber(self.dims[i - 1])
-    if type(v) ~= "number" or v < 1 or v > size or v ~= math.floor(v) then
-      error(("index %s out of range 1..%d in dim %d"):format(tostring(v), size, i), level + 1)
+    if not is_integer(v) or v < 1 or v > size then
+      E.raise(E.EINVAL, "index %s out of range 1..%d in dim %d", tostring(v), size, i)
     end
     arr[i - 1] = v - 1
   end
@@ -311,14 +316,14 @@ end
 function methods:get(...)
   local idx = { ... }
   local out = ffi.new("double[1]")
-  check(C.mu_tensor_get(self, index_array(self, idx, 1, 2), out), "get", 2)
+  check(C.mu_tensor_get(self, index_array(self, idx, 1, select("#", ...)), out), "get", 2)
   return out[0]
 end
 
 function methods:set(v, ...)
-  if type(v) ~= "number" then error("set: value must be a number", 2) end
+  if type(v) ~= "number" then E.raise(E.EINVAL, "set: value must be a number, got %s", type(v)) end
   local idx = { ... }
-  check(C.mu_tensor_set(self, index_array(self, idx, 1, 2), v), "set", 2)
+  check(C.mu_tensor_set(self, index_array(self, idx, 1, select("#", ...)), v), "set", 2)
   return self
 end
 
