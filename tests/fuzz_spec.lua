@@ -198,3 +198,58 @@ describe("config findings", function()
     assert.has_no.errors(function() engine.new({ groups = { { optimizer = "muon", ns_steps = 3 } } }) end)
   end)
 end)
+
+-- The tensor view fuzzer (tests/fuzz/tensor_fuzz.lua), short and seeded;
+-- make fuzz runs it for FUZZ_SECONDS with fresh seeds.
+describe("tensor view fuzzer (seeded)", function()
+  local F = require("tensor_fuzz")
+  for seed = 1, 3 do
+    it("seed " .. seed .. ": every accepted view stays inside its storage, every rejection is an MU_E* object", function()
+      local stats = F.run({ seed = seed, iterations = 1500 })
+      assert.equal(1500, stats.ops)
+      assert.truthy(stats.accepted > 100 and stats.rejected > 100, ("accepted %d, rejected %d"):format(stats.accepted,
+        stats.rejected))
+    end)
+  end
+
+  it("the invariant check catches a view that leaves its storage (the fuzzer can fail)", function()
+    local ffi = require("ffi")
+    local x = T.zeros({ 4 })
+    local v = x:narrow(1, 2, 2)
+    local ok = pcall(F.check_view, { { t = x, base = ffi.cast("char *", x.data), nbytes = 16 } }, v, "narrow")
+    assert.is_true(ok)
+    local bad = ffi.new("mu_tensor", v) -- a copy whose size runs past the end (C never makes one)
+    bad.dims[0] = 5
+    ok = pcall(F.check_view, { { t = x, base = ffi.cast("char *", x.data), nbytes = 16 } }, bad, "forged")
+    assert.is_false(ok)
+  end)
+end)
+
+describe("tensor arguments that are not integers", function()
+  local E = require("muon.errors")
+  local x = T.zeros({ 4, 3 })
+  local cases = {
+    { "narrow start NaN", function() return x:narrow(1, 0 / 0, 1) end, "start must be an integer" },
+    { "narrow start 1.5", function() return x:narrow(1, 1.5, 1) end, "start must be an integer" },
+    { "narrow length inf", function() return x:narrow(1, 1, 1 / 0) end, "length must be an integer" },
+    { "unsqueeze 1.5", function() return x:unsqueeze(1.5) end, "unsqueeze: dim 1.5" },
+    { "unsqueeze NaN", function() return x:unsqueeze(0 / 0) end, "unsqueeze: dim nan" },
+    { "select index 2^63", function() return x:select(1, 2 ^ 63) end, "out of range" },
+    { "transpose dim -inf", function() return x:transpose(-1 / 0, 1) end, "transpose: dim -inf" },
+    { "get index 1.5", function() return x:get(1.5, 1) end, "index 1.5 out of range" },
+    { "get index 2^53", function() return x:get(2 ^ 53, 1) end, "out of range" },
+    { "set index NaN", function() return x:set(1, 0 / 0, 1) end, "index nan out of range" },
+    { "view size 2^32 x 2^32 of an empty tensor", function() return T.zeros({ 0 }):view({ 2 ^ 32, 2 ^ 32 }) end,
+      "too large" },
+    { "view size 0.5", function() return x:view({ 0.5 }) end, "bad shape: size 0.5 in dim 1" },
+  }
+  for _, c in ipairs(cases) do
+    it("refuses " .. c[1] .. " with an EINVAL object naming it", function()
+      local ok, err = pcall(c[2])
+      assert.is_false(ok)
+      assert.is_true(E.is(err), tostring(err))
+      assert.equal(E.EINVAL, err.code)
+      assert.truthy(tostring(err):find(c[3], 1, true), tostring(err))
+    end)
+  end
+end)
