@@ -11,8 +11,18 @@ local ffi = require("ffi")
 local core = require("muon.core")
 local E = require("muon.errors")
 
--- Raise a muon error object with that code and an already formatted message.
-local function raise(code, msg) error(E.new(code, msg), 0) end
+-- Raise a muon error object with that code and an already formatted
+-- message; with a level, the message starts with that caller's position
+-- ("file:line: "), as error(msg, level) would put it.
+local function raise(code, msg, level)
+  if level then
+    local info = debug.getinfo(level + 1, "Sl")
+    if info and info.currentline and info.currentline > 0 then
+      msg = info.short_src .. ":" .. info.currentline .. ": " .. msg
+    end
+  end
+  error(E.new(code, msg), 0)
+end
 
 local C, check = core.C, core.check
 
@@ -106,7 +116,7 @@ end
 
 -- T.from({1,2,3,4,5,6}, {2,3}) or T.from({{1,2,3},{4,5,6}}); dtype optional.
 function T.from(values, shape, dtype)
-  if type(values) ~= "table" then raise(E.EINVAL, "values must be a table") end
+  if type(values) ~= "table" then raise(E.EINVAL, "values must be a table", 2) end
   if type(shape) == "string" then shape, dtype = nil, shape end
   local flat = values
   if shape == nil then
@@ -117,12 +127,12 @@ function T.from(values, shape, dtype)
   local t = T.zeros(shape, dtype)
   local n = t:numel()
   if #flat ~= n then
-    raise(E.ESHAPE, ("values has %d elements but shape %s needs %d"):format(#flat, table.concat(shape, "x"), n))
+    raise(E.ESHAPE, ("values has %d elements but shape %s needs %d"):format(#flat, table.concat(shape, "x"), n), 2)
   end
   local p = ffi.cast(CTYPES[t.scalar], t.data)
   for i = 1, n do
     local v = flat[i]
-    if type(v) ~= "number" then raise(E.EINVAL, "values[" .. i .. "] is not a number") end
+    if type(v) ~= "number" then raise(E.EINVAL, "values[" .. i .. "] is not a number", 2) end
     p[i - 1] = v
   end
   return t
@@ -137,7 +147,7 @@ function T.wrap(ptr, shape, dtype)
 end
 
 function T.load(path)
-  if type(path) ~= "string" then raise(E.EINVAL, "path must be a string") end
+  if type(path) ~= "string" then raise(E.EINVAL, "path must be a string", 2) end
   local box = out_box()
   check(C.mu_npy_load(path, box), "load", 2)
   return adopt(box)
@@ -280,7 +290,7 @@ function methods:to(dtype)
 end
 
 function methods:copy(src)
-  if not T.is_tensor(src) then raise(E.EINVAL, "copy: source is not a tensor") end
+  if not T.is_tensor(src) then raise(E.EINVAL, "copy: source is not a tensor", 2) end
   check(C.mu_tensor_copy(self, src), nil, 2) -- C names copy in its messages
   return self
 end
@@ -362,7 +372,7 @@ function methods:flat()
 end
 
 function methods:save(path)
-  if type(path) ~= "string" then raise(E.EINVAL, "save: path must be a string") end
+  if type(path) ~= "string" then raise(E.EINVAL, "save: path must be a string", 2) end
   check(C.mu_npy_save(self, path), "save", 2)
   return self
 end
@@ -413,14 +423,14 @@ local function ref_name_of(sp, ops, ref)
   end
 end
 
-local function broadcast_error(sp, ops)
+local function broadcast_error(sp, ops, level)
   local shown, shapes = {}, {}
   for i = 1, sp.arity do
     if is_tensor(ops[i]) then
       shown[#shown + 1], shapes[#shapes + 1] = sp.names[i], shape_str(ops[i])
     end
   end
-  raise(E.ESHAPE, ("%s: shapes %s are not broadcastable"):format(sp.name, list_str(shown, shapes)))
+  raise(E.ESHAPE, ("%s: shapes %s are not broadcastable"):format(sp.name, list_str(shown, shapes)), level + 1)
 end
 
 -- out = op(a, b, c) (out nil: a new tensor of the broadcast shape). p holds
@@ -445,15 +455,15 @@ local function run_map(sp, out, a, b, c, p, level)
       if rc ~= 0 then check(rc, name .. ": " .. names[i], level + 1) end
       if v.scalar ~= ref.scalar then
         raise(E.EDTYPE, ("%s: dtype mismatch: %s is %s but %s is %s"):format(name, names[i], DTYPE_NAMES[v.scalar],
-          ref_name_of(sp, ops, ref), DTYPE_NAMES[ref.scalar]))
+          ref_name_of(sp, ops, ref), DTYPE_NAMES[ref.scalar]), level + 1)
       end
       if v.ndim > nd then nd = v.ndim end
     elseif type(v) ~= "number" or not sp.numbers[i] then
       raise(E.EINVAL, ("%s: %s must be a tensor%s, got %s"):format(name, names[i], sp.numbers[i] and " or a number" or "",
-        type(v)))
+        type(v)), level + 1)
     end
   end
-  if ref == nil then raise(E.EINVAL, name .. ": no tensor among the arguments") end
+  if ref == nil then raise(E.EINVAL, name .. ": no tensor among the arguments", level + 1) end
   -- broadcast shape (NumPy rules)
   local dims = {}
   for i = 1, nd do dims[i] = 1 end
@@ -475,7 +485,7 @@ local function run_map(sp, out, a, b, c, p, level)
     for i = 1, nd do same = same and tonumber(out.dims[i - 1]) == dims[i] end
     if not same then
       raise(E.ESHAPE, ("%s: self's shape %s does not match the broadcast shape [%s] (in-place ops cannot grow self)")
-        :format(name, shape_str(out), table.concat(dims, ", ")))
+        :format(name, shape_str(out), table.concat(dims, ", ")), level + 1)
     end
   else
     out = new_tensor(ref.scalar, dims, name, level + 1)
@@ -499,9 +509,9 @@ local function run_map(sp, out, a, b, c, p, level)
   return out
 end
 
-local function number_arg(v, default, name, what)
+local function number_arg(v, default, name, what, level)
   if v == nil then return default end
-  if type(v) ~= "number" then raise(E.EINVAL, ("%s: %s must be a number, got %s"):format(name, what, type(v))) end
+  if type(v) ~= "number" then raise(E.EINVAL, ("%s: %s must be a number, got %s"):format(name, what, type(v)), level + 1) end
   return v
 end
 
@@ -526,7 +536,7 @@ for _, name in ipairs({ "add", "sub" }) do
     return (run_map(s, nil, self, other, nil, { alpha = number_arg(alpha, 1, name, "alpha", 2) }, 2))
   end)
   define(name .. "_", function(self, other, alpha)
-    if not is_tensor(self) then raise(E.EINVAL, name .. "_: self must be a tensor, got " .. type(self)) end
+    if not is_tensor(self) then raise(E.EINVAL, name .. "_: self must be a tensor, got " .. type(self), 2) end
     return (run_map(s_, self, self, other, nil, { alpha = number_arg(alpha, 1, name .. "_", "alpha", 2) }, 2))
   end)
 end
@@ -538,7 +548,7 @@ for _, d in ipairs({ { "mul", C.MU_MAP_MUL }, { "div", C.MU_MAP_DIV }, { "gt", C
   local s, s_ = spec(name, op, SELF_OTHER, NUM2), spec(name .. "_", op, SELF_OTHER, NUM2)
   define(name, function(self, other) return (run_map(s, nil, self, other, nil, nil, 2)) end)
   define(name .. "_", function(self, other)
-    if not is_tensor(self) then raise(E.EINVAL, name .. "_: self must be a tensor, got " .. type(self)) end
+    if not is_tensor(self) then raise(E.EINVAL, name .. "_: self must be a tensor, got " .. type(self), 2) end
     return (run_map(s_, self, self, other, nil, nil, 2))
   end)
 end
@@ -580,9 +590,9 @@ end
 do
   local s, s_ = spec("clamp", C.MU_MAP_CLAMP, { "self" }, { false }), spec("clamp_", C.MU_MAP_CLAMP, { "self" }, { false })
   local function bounds(name, lo, hi, level)
-    if lo == nil and hi == nil then raise(E.EINVAL, name .. ": at least one of min and max must be given") end
+    if lo == nil and hi == nil then raise(E.EINVAL, name .. ": at least one of min and max must be given", level + 1) end
     lo, hi = number_arg(lo, -math.huge, name, "min", level + 1), number_arg(hi, math.huge, name, "max", level + 1)
-    if lo ~= lo or hi ~= hi then raise(E.EINVAL, name .. ": min and max must not be NaN") end
+    if lo ~= lo or hi ~= hi then raise(E.EINVAL, name .. ": min and max must not be NaN", level + 1) end
     return { lo = lo, hi = hi }
   end
   define("clamp", function(self, lo, hi) return (run_map(s, nil, self, nil, nil, bounds("clamp", lo, hi, 2), 2)) end)
@@ -602,8 +612,8 @@ do
   local names, nums = { "mask", "value", "self" }, { false, true, false }
   local m, m_ = spec("masked_fill", C.MU_MAP_WHERE, names, nums, 3), spec("masked_fill_", C.MU_MAP_WHERE, names, nums, 3)
   m.prefix, m_.prefix = "masked_fill", "masked_fill_"
-  local function value_arg(name, v)
-    if type(v) ~= "number" then raise(E.EINVAL, ("%s: value must be a number, got %s"):format(name, type(v))) end
+  local function value_arg(name, v, level)
+    if type(v) ~= "number" then raise(E.EINVAL, ("%s: value must be a number, got %s"):format(name, type(v)), level + 1) end
     return v
   end
   define("masked_fill", function(self, mask, value)
@@ -617,24 +627,24 @@ end
 -- Reductions. dim: 1-based, negative counts from the end; nil reduces every
 -- element and returns a Lua number (the double accumulator, not rounded to
 -- float32), or with keepdim = true a tensor of size-1 dims (rounded).
-local function reduce_dim(t, d, name)
+local function reduce_dim(t, d, name, level)
   local nd = t.ndim
-  if nd == 0 then raise(E.EINVAL, ("%s: a 0-D tensor has no dim %s (reduce it with dim = nil)"):format(name, tostring(d))) end
+  if nd == 0 then raise(E.EINVAL, ("%s: a 0-D tensor has no dim %s (reduce it with dim = nil)"):format(name, tostring(d)), level + 1) end
   if type(d) ~= "number" or d ~= math.floor(d) or d == 0 or d > nd or d < -nd then
-    raise(E.EINVAL, ("%s: dim %s out of range for a %d-D tensor (1..%d or -%d..-1)"):format(name, tostring(d), nd, nd, nd))
+    raise(E.EINVAL, ("%s: dim %s out of range for a %d-D tensor (1..%d or -%d..-1)"):format(name, tostring(d), nd, nd, nd), level + 1)
   end
   return d < 0 and nd + d + 1 or d
 end
 
 local function reduce(name, op, t, dim, keepdim, level)
-  if not is_tensor(t) then raise(E.EINVAL, name .. ": self must be a tensor, got " .. type(t)) end
+  if not is_tensor(t) then raise(E.EINVAL, name .. ": self must be a tensor, got " .. type(t), level + 1) end
   if keepdim ~= nil and type(keepdim) ~= "boolean" then
-    raise(E.EINVAL, name .. ": keepdim must be a boolean, got " .. type(keepdim))
+    raise(E.EINVAL, name .. ": keepdim must be a boolean, got " .. type(keepdim), level + 1)
   end
   check(C.mu_tensor_check(t), name, level + 1)
   if dim == nil then
     local v = ffi.new("double[1]")
-    if op == C.MU_REDUCE_AMAX and t:numel() == 0 then raise(E.ESHAPE, "amax: the tensor is empty (no identity)") end
+    if op == C.MU_REDUCE_AMAX and t:numel() == 0 then raise(E.ESHAPE, "amax: the tensor is empty (no identity)", level + 1) end
     check(C.mu_tensor_reduce_all(t, op, v), nil, level + 1)
     if not keepdim then return v[0] end
     local dims = {}
@@ -649,7 +659,7 @@ local function reduce(name, op, t, dim, keepdim, level)
   if op == C.MU_REDUCE_AMAX and t.dims[d - 1] == 0 then
     local n = 1
     for _, s in ipairs(dims) do n = n * s end
-    if n > 0 then raise(E.ESHAPE, ("amax: dim %d has size 0 (no identity)"):format(d)) end
+    if n > 0 then raise(E.ESHAPE, ("amax: dim %d has size 0 (no identity)"):format(d), level + 1) end
   end
   local out = new_tensor(t.scalar, dims, name, level + 1)
   check(C.mu_tensor_reduce(t, op, d - 1, out), nil, level + 1)
@@ -662,30 +672,30 @@ define("amax", function(self, dim, keepdim) return (reduce("amax", C.MU_REDUCE_A
 -- norm(p, dim, keepdim): the 2-norm (p nil, 2 or "fro"), accumulated in double.
 define("norm", function(self, p, dim, keepdim)
   if p ~= nil and p ~= 2 and p ~= "fro" then
-    raise(E.EINVAL, "norm: only p = 2 (\"fro\") is supported, got " .. tostring(p))
+    raise(E.EINVAL, "norm: only p = 2 (\"fro\") is supported, got " .. tostring(p), 2)
   end
   return (reduce("norm", C.MU_REDUCE_NORM, self, dim, keepdim, 2))
 end)
 
 -- Matrix products through OpenBLAS (float32 sgemm / float64 dgemm).
 local function product(name, a, b, level)
-  if not is_tensor(a) then raise(E.EINVAL, name .. ": self must be a tensor, got " .. type(a)) end
-  if not is_tensor(b) then raise(E.EINVAL, name .. ": other must be a tensor, got " .. type(b)) end
+  if not is_tensor(a) then raise(E.EINVAL, name .. ": self must be a tensor, got " .. type(a), level + 1) end
+  if not is_tensor(b) then raise(E.EINVAL, name .. ": other must be a tensor, got " .. type(b), level + 1) end
   check(C.mu_tensor_check(a), name .. ": self", level + 1)
   check(C.mu_tensor_check(b), name .. ": other", level + 1)
   if a.scalar ~= b.scalar then
-    raise(E.EDTYPE, ("%s: dtype mismatch: self is %s but other is %s"):format(name, DTYPE_NAMES[a.scalar], DTYPE_NAMES[b.scalar]))
+    raise(E.EDTYPE, ("%s: dtype mismatch: self is %s but other is %s"):format(name, DTYPE_NAMES[a.scalar], DTYPE_NAMES[b.scalar]), level + 1)
   end
   local nd = a.ndim
   local k, kb = tonumber(a.dims[nd - 1]), tonumber(b.dims[b.ndim - 2])
   if k ~= kb then
-    raise(E.ESHAPE, ("%s: shapes %s and %s cannot be multiplied (%d != %d)"):format(name, shape_str(a), shape_str(b), k, kb))
+    raise(E.ESHAPE, ("%s: shapes %s and %s cannot be multiplied (%d != %d)"):format(name, shape_str(a), shape_str(b), k, kb), level + 1)
   end
   local dims = {}
   if nd == 3 or b.ndim == 3 then
     local ba, bb = nd == 3 and tonumber(a.dims[0]) or 1, b.ndim == 3 and tonumber(b.dims[0]) or 1
     if ba ~= bb and ba ~= 1 and bb ~= 1 then
-      raise(E.ESHAPE, ("%s: batch sizes of %s and %s differ"):format(name, shape_str(a), shape_str(b)))
+      raise(E.ESHAPE, ("%s: batch sizes of %s and %s differ"):format(name, shape_str(a), shape_str(b)), level + 1)
     end
     dims[1] = math.max(ba, bb)
   end
@@ -696,12 +706,12 @@ local function product(name, a, b, level)
   return out
 end
 
-local function need_dims(name, a, b, nd)
+local function need_dims(name, a, b, nd, level)
   for _, x in ipairs({ { "self", a }, { "other", b } }) do
-    if not is_tensor(x[2]) then raise(E.EINVAL, ("%s: %s must be a tensor, got %s"):format(name, x[1], type(x[2]))) end
+    if not is_tensor(x[2]) then raise(E.EINVAL, ("%s: %s must be a tensor, got %s"):format(name, x[1], type(x[2])), level + 1) end
   end
   if a.ndim ~= nd or b.ndim ~= nd then
-    raise(E.ESHAPE, ("%s: expected %d-D tensors, got %s and %s"):format(name, nd, shape_str(a), shape_str(b)))
+    raise(E.ESHAPE, ("%s: expected %d-D tensors, got %s and %s"):format(name, nd, shape_str(a), shape_str(b)), level + 1)
   end
 end
 
@@ -715,7 +725,7 @@ end)
 define("bmm", function(self, other)
   need_dims("bmm", self, other, 3, 2)
   if self.dims[0] ~= other.dims[0] then
-    raise(E.ESHAPE, ("bmm: batch sizes differ: %s and %s"):format(shape_str(self), shape_str(other)))
+    raise(E.ESHAPE, ("bmm: batch sizes differ: %s and %s"):format(shape_str(self), shape_str(other)), 2)
   end
   return (product("bmm", self, other, 2))
 end)
@@ -725,9 +735,9 @@ end)
 -- against a 3-D one is used for every batch.
 define("matmul", function(self, other)
   for _, x in ipairs({ { "self", self }, { "other", other } }) do
-    if not is_tensor(x[2]) then raise(E.EINVAL, ("matmul: %s must be a tensor, got %s"):format(x[1], type(x[2]))) end
+    if not is_tensor(x[2]) then raise(E.EINVAL, ("matmul: %s must be a tensor, got %s"):format(x[1], type(x[2])), 2) end
     if x[2].ndim < 1 or x[2].ndim > 3 then
-      raise(E.ESHAPE, ("matmul: %s has shape %s; 1-D, 2-D and 3-D tensors are supported"):format(x[1], shape_str(x[2])))
+      raise(E.ESHAPE, ("matmul: %s has shape %s; 1-D, 2-D and 3-D tensors are supported"):format(x[1], shape_str(x[2])), 2)
     end
   end
   local a, b = self, other
@@ -750,7 +760,7 @@ local function arith(name, op)
   local commutative = name == "add" or name == "mul"
   return function(a, b)
     if not is_tensor(a) and type(a) ~= "number" then
-      raise(E.EINVAL, ("%s: cannot combine a %s with a tensor"):format(name, type(a)))
+      raise(E.EINVAL, ("%s: cannot combine a %s with a tensor"):format(name, type(a)), 2)
     end
     if commutative and not is_tensor(a) then a, b = b, a end -- bitwise the same
     return (run_map(s, nil, a, b, nil, nil, 2))
