@@ -257,12 +257,12 @@ static int check_alltoallv(const mu_comm *c, int dtype, const void *sendbuf,
         if (sendcounts[i] < 0 || recvcounts[i] < 0 || sdispls[i] < 0 || rdispls[i] < 0)
             return mu__fail(MU_EINVAL, "%s: negative count or displacement for peer %d", who, i);
         /* byte ends of every block must be representable (checked arithmetic) */
-        if (__builtin_add_overflow(sdispls[i], sendcounts[i], &end) ||
-            __builtin_mul_overflow(end, (int64_t)*es, &end) ||
-            __builtin_add_overflow(rdispls[i], recvcounts[i], &end) ||
-            __builtin_mul_overflow(end, (int64_t)*es, &end) ||
-            __builtin_add_overflow(all_sent, sendcounts[i], &all_sent) ||
-            __builtin_add_overflow(all_recv, recvcounts[i], &all_recv))
+        if (mu__add_i64(sdispls[i], sendcounts[i], &end) ||
+            mu__mul_i64(end, (int64_t)*es, &end) ||
+            mu__add_i64(rdispls[i], recvcounts[i], &end) ||
+            mu__mul_i64(end, (int64_t)*es, &end) ||
+            mu__add_i64(all_sent, sendcounts[i], &all_sent) ||
+            mu__add_i64(all_recv, recvcounts[i], &all_recv))
             return mu__fail(MU_EINVAL, "%s: counts or displacements overflow for peer %d", who, i);
         if (i != c->rank) {
             *sent += sendcounts[i];
@@ -328,8 +328,8 @@ MU_API int mu_comm_allgatherv(mu_comm *c, int dtype, const void *sendbuf, int64_
     for (int i = 0; i < c->size; i++) {
         if (recvcounts[i] < 0 || displs[i] < 0)
             return mu__fail(MU_EINVAL, "mu_comm_allgatherv: negative count or displacement for peer %d", i);
-        if (__builtin_add_overflow(displs[i], recvcounts[i], &end) ||
-            __builtin_mul_overflow(end, (int64_t)es, &end) || __builtin_add_overflow(all, recvcounts[i], &all))
+        if (mu__add_i64(displs[i], recvcounts[i], &end) ||
+            mu__mul_i64(end, (int64_t)es, &end) || mu__add_i64(all, recvcounts[i], &all))
             return mu__fail(MU_EINVAL, "mu_comm_allgatherv: counts or displacements overflow for peer %d", i);
         if (i != c->rank) recv += recvcounts[i];
     }

@@ -15,6 +15,12 @@ struct mu_storage {
     int owned; /* free(base) when the last reference goes */
 };
 
+/* Checked int64 arithmetic, the one place for it: 1 on overflow (then *r
+ * is unspecified), 0 otherwise. Every size, stride, offset and byte count
+ * computed from caller or file input goes through these. */
+static inline int mu__mul_i64(int64_t a, int64_t b, int64_t *r) { return __builtin_mul_overflow(a, b, r); }
+static inline int mu__add_i64(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }
+
 /* Record a detail message for mu_last_error() and return code. */
 int mu__fail(int code, const char *fmt, ...)
 #if defined(__GNUC__)
