@@ -56,6 +56,16 @@ int mu__open_regular(const char *path, int *fd_out, int64_t *size_out)
     return MU_OK;
 }
 
+int mu_file_check_regular(const char *path)
+{
+    if (!path) return mu__fail(MU_EINVAL, "path is NULL");
+    int fd;
+    int64_t size;
+    int rc = mu__open_regular(path, &fd, &size);
+    if (rc == MU_OK) close(fd);
+    return rc;
+}
+
 int mu__read_full(int fd, void *buf, size_t len, int64_t off, size_t *got)
 {
     size_t done = 0;

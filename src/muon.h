@@ -223,6 +223,13 @@ MU_API int mu_npy_load(const char *path, mu_tensor **out);
 MU_API int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out);
 MU_API int mu_npy_save(const mu_tensor *t, const char *path);
 
+/* MU_OK if path names a regular file that can be opened for reading, else
+ * MU_EIO naming the path ("not a regular file" for a FIFO, socket, device
+ * or directory: those are never opened for reading, as they may block
+ * forever or never end). Every loader of the library checks this itself;
+ * this is for Lua code about to read a user-given path with io.open. */
+MU_API int mu_file_check_regular(const char *path);
+
 /* ---------------------------------------------------------- safetensors */
 
 /* Raw I/O of safetensors files (u64 LE header length N, N bytes of JSON,

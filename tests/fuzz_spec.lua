@@ -110,6 +110,10 @@ describe("npy files that are not regular files", function()
     ok, err = pcall(T.load, dir)
     assert.is_false(ok)
     assert.truthy(tostring(err):find("is not a regular file", 1, true), tostring(err))
+    -- muon check's params file
+    local shapes, msg = require("muon.check").read_shapes(fifo)
+    assert.is_nil(shapes)
+    assert.truthy(msg:find("'" .. fifo .. "' is not a regular file", 1, true), msg)
     H.rmrf(dir)
   end)
 
