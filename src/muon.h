@@ -456,7 +456,8 @@ MU_API int mu_comm_world_size(void);
  * errors come back as status codes, never as exits or longjmps. The detail
  * of the last failure is in mu_engine_error(eng) (with the Lua traceback
  * when a config hook raised) and in mu_last_error().
- * An engine is not thread-safe: use it from one thread at a time.
+ * Use an engine from one thread at a time: a call made while another call
+ * on the same engine runs returns MU_ESTATE.
  *
  * The Lua modules are found through, in order: opts->lua_path, the
  * environment variable MUON_LUA_PATH (a directory holding muon/init.lua, or
