@@ -99,6 +99,7 @@ static void null_calls(void)
     mu_ns_opts opts = {.steps = 1, .coeffs = NULL, .eps = 1e-7, .norm_scale = 1, .path = 0};
     mu_comm_stats stats;
     mu_comm_request *req;
+    mu_comm *comm2;
     mu_engine *e;
     mu_st_reader *r;
     mu_ns_workspace *ws;
@@ -216,8 +217,8 @@ static void null_calls(void)
     /* communicator (the single-process one: never starts MPI) */
     NULL_CALL(MU_EINVAL, mu_comm_world(NULL));
     NULL_CALL(MU_EINVAL, mu_comm_self(NULL));
-    NULL_CALL(MU_EINVAL, mu_comm_from_handle(NULL, &COMM));
-    NULL_CALL(MU_EINVAL, mu_comm_split(NULL, 0, 0, &COMM));
+    NULL_CALL(MU_EINVAL, mu_comm_from_handle(NULL, &comm2)); /* (not &COMM: a failed call NULLs *out) */
+    NULL_CALL(MU_EINVAL, mu_comm_split(NULL, 0, 0, &comm2));
     NULL_CALL(MU_EINVAL, mu_comm_split(COMM, 0, 0, NULL));
     VOID_CALL(mu_comm_free(NULL));
     NULL_CALL(MU_EINVAL, mu_comm_rank(NULL));
