@@ -242,24 +242,35 @@ MU_API void mu_comm_reset_stats(mu_comm *c) {
 
 /* Argument checks shared by the blocking and non-blocking all-to-all-v:
  * element size, and the elements this rank sends to / receives from others. */
-static int check_alltoallv(const mu_comm *c, int dtype, const int64_t *sendcounts,
-                           const int64_t *sdispls, const int64_t *recvcounts,
-                           const int64_t *rdispls, const char *who, size_t *es, int64_t *sent,
-                           int64_t *recv) {
+static int check_alltoallv(const mu_comm *c, int dtype, const void *sendbuf,
+                           const int64_t *sendcounts, const int64_t *sdispls, const void *recvbuf,
+                           const int64_t *recvcounts, const int64_t *rdispls, const char *who,
+                           size_t *es, int64_t *sent, int64_t *recv) {
     if (!c) return mu__fail(MU_EINVAL, "%s: comm is NULL", who);
     int rc = mu__esize(dtype, es);
     if (rc) return rc;
     if (!sendcounts || !sdispls || !recvcounts || !rdispls)
         return mu__fail(MU_EINVAL, "%s: counts/displacements are NULL", who);
+    int64_t all_sent = 0, all_recv = 0, end;
     *sent = *recv = 0;
     for (int i = 0; i < c->size; i++) {
         if (sendcounts[i] < 0 || recvcounts[i] < 0 || sdispls[i] < 0 || rdispls[i] < 0)
             return mu__fail(MU_EINVAL, "%s: negative count or displacement for peer %d", who, i);
+        /* byte ends of every block must be representable (checked arithmetic) */
+        if (mu__add_i64(sdispls[i], sendcounts[i], &end) ||
+            mu__mul_i64(end, (int64_t)*es, &end) ||
+            mu__add_i64(rdispls[i], recvcounts[i], &end) ||
+            mu__mul_i64(end, (int64_t)*es, &end) ||
+            mu__add_i64(all_sent, sendcounts[i], &all_sent) ||
+            mu__add_i64(all_recv, recvcounts[i], &all_recv))
+            return mu__fail(MU_EINVAL, "%s: counts or displacements overflow for peer %d", who, i);
         if (i != c->rank) {
             *sent += sendcounts[i];
             *recv += recvcounts[i];
         }
     }
+    if ((all_sent > 0 && !sendbuf) || (all_recv > 0 && !recvbuf))
+        return mu__fail(MU_EINVAL, "%s: sendbuf or recvbuf is NULL", who);
     return MU_OK;
 }
 
@@ -268,7 +279,7 @@ MU_API int mu_comm_alltoallv(mu_comm *c, int dtype, const void *sendbuf, const i
                              const int64_t *rdispls) {
     size_t es = 0;
     int64_t sent, recv;
-    int rc = check_alltoallv(c, dtype, sendcounts, sdispls, recvcounts, rdispls,
+    int rc = check_alltoallv(c, dtype, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls,
                              "mu_comm_alltoallv", &es, &sent, &recv);
     if (rc) return rc;
     double t0 = mu__now();
@@ -313,12 +324,17 @@ MU_API int mu_comm_allgatherv(mu_comm *c, int dtype, const void *sendbuf, int64_
         return mu__fail(MU_ESHAPE, "mu_comm_allgatherv: sendcount %lld != recvcounts[%d] = %lld",
                         (long long)sendcount, c->rank, (long long)recvcounts[c->rank]);
     double t0 = mu__now();
-    int64_t recv = 0;
+    int64_t recv = 0, all = 0, end;
     for (int i = 0; i < c->size; i++) {
         if (recvcounts[i] < 0 || displs[i] < 0)
             return mu__fail(MU_EINVAL, "mu_comm_allgatherv: negative count or displacement for peer %d", i);
+        if (mu__add_i64(displs[i], recvcounts[i], &end) ||
+            mu__mul_i64(end, (int64_t)es, &end) || mu__add_i64(all, recvcounts[i], &all))
+            return mu__fail(MU_EINVAL, "mu_comm_allgatherv: counts or displacements overflow for peer %d", i);
         if (i != c->rank) recv += recvcounts[i];
     }
+    if ((sendcount > 0 && !sendbuf) || (all > 0 && !recvbuf))
+        return mu__fail(MU_EINVAL, "mu_comm_allgatherv: sendbuf or recvbuf is NULL");
 #ifdef MU_HAVE_MPI
     if (c->size > 1) {
         int n = c->size, sc = 0;
@@ -343,8 +359,9 @@ MU_API int mu_comm_allgatherv(mu_comm *c, int dtype, const void *sendbuf, int64_
     return MU_OK;
 }
 
-static int mu__bcast_check(mu_comm *c, int64_t n, int root, const char *what) {
+static int mu__bcast_check(mu_comm *c, const void *buf, int64_t n, int root, const char *what) {
     if (!c) return mu__fail(MU_EINVAL, "%s: comm is NULL", what);
+    if (!buf && n != 0) return mu__fail(MU_EINVAL, "%s: buf is NULL", what);
     if (root < 0 || root >= c->size)
         return mu__fail(MU_EINVAL, "%s: root %d outside [0, %d)", what, root, c->size);
     if (n < 0 || n > INT_MAX) return mu__fail(MU_EINVAL, "%s: count %lld out of range", what, (long long)n);
@@ -357,7 +374,7 @@ static void mu__bcast_volume(const mu_comm *c, int64_t nbytes, int root, int64_t
 }
 
 MU_API int mu_comm_bcast_bytes(mu_comm *c, void *buf, int64_t nbytes, int root) {
-    int rc = mu__bcast_check(c, nbytes, root, "mu_comm_bcast_bytes");
+    int rc = mu__bcast_check(c, buf, nbytes, root, "mu_comm_bcast_bytes");
     if (rc) return rc;
     double t0 = mu__now();
     int64_t s, r;
@@ -378,7 +395,7 @@ MU_API int mu_comm_bcast(mu_comm *c, int dtype, void *buf, int64_t n, int root) 
     size_t es = 0;
     int rc = mu__esize(dtype, &es);
     if (rc) return rc;
-    if ((rc = mu__bcast_check(c, n, root, "mu_comm_bcast"))) return rc;
+    if ((rc = mu__bcast_check(c, buf, n, root, "mu_comm_bcast"))) return rc;
     double t0 = mu__now();
     int64_t s, r;
     mu__bcast_volume(c, n * (int64_t)es, root, &s, &r);
@@ -400,7 +417,7 @@ MU_API int mu_comm_ibcast(mu_comm *c, int dtype, void *buf, int64_t n, int root,
     *out = NULL;
     int rc = mu__esize(dtype, &es);
     if (rc) return rc;
-    if ((rc = mu__bcast_check(c, n, root, "mu_comm_ibcast"))) return rc;
+    if ((rc = mu__bcast_check(c, buf, n, root, "mu_comm_ibcast"))) return rc;
     mu_comm_request *q = calloc(1, sizeof *q);
     if (!q) return mu__fail(MU_ENOMEM, "mu_comm_ibcast: out of memory");
     q->c = c;
@@ -429,7 +446,7 @@ MU_API int mu_comm_ialltoallv(mu_comm *c, int dtype, const void *sendbuf, const 
     if (!out) return mu__fail(MU_EINVAL, "mu_comm_ialltoallv: out is NULL");
     *out = NULL;
     int64_t sent, recv;
-    int rc = check_alltoallv(c, dtype, sendcounts, sdispls, recvcounts, rdispls,
+    int rc = check_alltoallv(c, dtype, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls,
                              "mu_comm_ialltoallv", &es, &sent, &recv);
     if (rc) return rc;
     mu_comm_request *q = calloc(1, sizeof *q);

@@ -21,43 +21,51 @@
 #include <lua.h>
 #include <lualib.h>
 
-struct mu_engine {
+/* The engine behind a handle (the handle itself is a token, see
+ * "handles" below). */
+typedef struct mu__eng {
     lua_State *L;
     int host_ref;   /* registry: the muon.host module table */
     int engine_ref; /* registry: the Lua engine object */
     char *err;      /* detail of the last failure, "" if none */
-};
+    int busy;       /* a call is running (registry lock) */
+    int close_pending; /* closed during that call: freed when it returns */
+} mu__eng;
+
+/* Registry key (its address) of the metatable of muon's own error objects
+ * (lua/muon/core.lua), captured when the engine's modules load: only those
+ * objects choose the status code of a call. */
+static const char mu__errmt_key = 0;
 
 /* ------------------------------------------------------------ messages */
 
-/* The failure code named by name ("EFORMAT" or "MU_EFORMAT"), 0 if none. */
-static int mu__code_of_name(const char *name)
-{
-    if (strncmp(name, "MU_", 3) == 0) name += 3;
-#define MU__NAME_CASE(n, value, desc) \
-    if ((value) < 0 && strcmp(name, #n) == 0) return (value);
-    MU_ERRORS(MU__NAME_CASE)
-#undef MU__NAME_CASE
-    return 0;
-}
-
-/* The status code carried by the error object at idx: its `code` field, a
- * MU_E* number (lua/muon/errors.lua) or the code's name (as older Lua code
- * raises { code = "EFORMAT", msg = ... }). 0 for a plain value, or a table
- * without a failure code: the caller's fallback applies. Raw reads only:
- * the value may come from a config, and its metamethods are not called. */
+/* The status code an error value chooses: a plain value (a string) none
+ * (0: the caller's fallback applies); one of muon's own error objects
+ * (lua/muon/errors.lua, recognised by its metatable's identity, which a
+ * config cannot forge) its `code` when that is a failure code of the
+ * table in muon.h; any other table -- a config's, whatever its fields or
+ * metatable name -- MU_ELUA. So a config cannot choose the status an
+ * mu_engine_* call returns (MU_OK, MU_EIO, or an arbitrary number).
+ * Raw reads only: the value may come from a config, and its metamethods
+ * are not called. */
 static int mu__code_of(lua_State *L, int idx)
 {
-    int code = 0;
     if (!lua_istable(L, idx)) return 0;
+    int ours = 0;
+    if (lua_getmetatable(L, idx)) { /* the real one, whatever __metatable says */
+        lua_pushlightuserdata(L, (void *)&mu__errmt_key);
+        lua_rawget(L, LUA_REGISTRYINDEX);
+        ours = lua_istable(L, -1) && lua_rawequal(L, -1, -2);
+        lua_pop(L, 2);
+    }
+    if (!ours) return MU_ELUA;
+    int code = MU_ELUA;
     lua_pushliteral(L, "code");
     lua_rawget(L, idx);
     if (lua_type(L, -1) == LUA_TNUMBER) {
         lua_Number n = lua_tonumber(L, -1);
         if (n < 0 && n >= INT_MIN && n == (lua_Number)(int)n && strcmp(mu_errname((int)n), "UNKNOWN") != 0)
             code = (int)n;
-    } else if (lua_type(L, -1) == LUA_TSTRING) {
-        code = mu__code_of_name(lua_tostring(L, -1));
     }
     lua_pop(L, 1);
     return code;
@@ -175,7 +183,7 @@ static int mu__msgh_ex(lua_State *L, int always_tb)
     return 1;
 }
 
-static void mu__set_err(mu_engine *eng, const char *s)
+static void mu__set_err(mu__eng *eng, const char *s)
 {
     if (!eng) return;
     size_t n = strlen(s);
@@ -192,7 +200,7 @@ static void mu__set_err(mu_engine *eng, const char *s)
  * message in mu_last_error() ("what: msg") and, with the traceback, in the
  * engine's detail. Pops the error value and returns the status code: the
  * error object's, or fallback for a plain error (a string). */
-static int mu__lua_fail(lua_State *L, mu_engine *eng, int status, int fallback, const char *what)
+static int mu__lua_fail(lua_State *L, mu__eng *eng, int status, int fallback, const char *what)
 {
     const char *msg = NULL, *tb = NULL;
     int rc = fallback; /* for plain errors; an error object brings its code */
@@ -352,7 +360,7 @@ static int mu__require(lua_State *L, const char *module)
 /* ------------------------------------------------------------- engines */
 
 /* Pushes host[fn] and the engine object; returns the stack base. */
-static void mu__push_call(mu_engine *eng, const char *fn)
+static void mu__push_call(mu__eng *eng, const char *fn)
 {
     lua_State *L = eng->L;
     lua_settop(L, 1); /* keep the message handler */
@@ -362,16 +370,164 @@ static void mu__push_call(mu_engine *eng, const char *fn)
     lua_rawgeti(L, LUA_REGISTRYINDEX, eng->engine_ref);
 }
 
-static int mu__call(mu_engine *eng, int nargs, int nres, int fallback, const char *what)
+static int mu__call(mu__eng *eng, int nargs, int nres, int fallback, const char *what)
 {
     int status = lua_pcall(eng->L, nargs + 1, nres, 1);
     if (status != 0) return mu__lua_fail(eng->L, eng, status, fallback, what);
     return MU_OK;
 }
 
+/* -------------------------------------------------------------- handles */
+
+/*
+ * A mu_engine * is not the engine's address but a token: a slot of a
+ * process-wide registry and the generation the slot had when the engine
+ * opened, tagged in the top bits (no user-space pointer has them set).
+ * Every call looks its handle up, so a closed handle (double close, use
+ * after close) or a foreign value never reaches freed or unrelated memory:
+ * the call returns MU_ESTATE. The library never dereferences a handle.
+ *
+ * Why a registry (the one piece of process-wide mutable state here): a
+ * flag inside the engine would need the engine's memory to outlive close
+ * (a leak per engine) and could not tell a foreign pointer from a real one;
+ * a token checked against a table can. The table is small (one pointer
+ * and one generation per open engine), guarded by one mutex, and freed
+ * when the last engine closes.
+ *
+ * The registry also marks an engine busy for the duration of each call: a
+ * second call on the same engine while one runs (from another thread, or
+ * re-entered from a hook) returns MU_ESTATE instead of corrupting its Lua
+ * state, and a close during a call takes effect when that call returns.
+ *
+ * What remains undefined: a token forged to match a live engine's slot and
+ * generation exactly (it is that engine); generations repeat after 2^32
+ * opens, so a handle kept across four billion later opens may name a new
+ * engine; the string returned by mu_engine_error is valid until the next
+ * call on the engine from any thread.
+ */
+#include <pthread.h>
+
+enum { MU__SLOT_BITS = 20, MU__GEN_BITS = 32 };
+#define MU__HANDLE_TAG ((uint64_t)0xA5B << (MU__SLOT_BITS + MU__GEN_BITS))
+#define MU__HANDLE_TAG_MASK (~(uint64_t)0 << (MU__SLOT_BITS + MU__GEN_BITS))
+_Static_assert(sizeof(uintptr_t) == 8, "engine handles are 64-bit tokens");
+
+typedef struct {
+    mu__eng *eng; /* NULL: free slot */
+    uint32_t gen;
+} mu__slot;
+
+static pthread_mutex_t mu__reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    mu__slot *slots;
+    uint32_t cap, live, next_gen;
+} mu__reg;
+
+/* Registers eng; its handle in *out. */
+static int mu__reg_add(mu__eng *eng, mu_engine **out)
+{
+    pthread_mutex_lock(&mu__reg_lock);
+    uint32_t i = 0;
+    while (i < mu__reg.cap && mu__reg.slots[i].eng) i++;
+    if (i == mu__reg.cap) {
+        uint32_t cap = mu__reg.cap ? 2 * mu__reg.cap : 8;
+        mu__slot *ns = cap <= (1u << MU__SLOT_BITS) ? realloc(mu__reg.slots, cap * sizeof *ns) : NULL;
+        if (!ns) {
+            pthread_mutex_unlock(&mu__reg_lock);
+            return mu__fail(MU_ENOMEM, "mu_engine_open: too many open engines");
+        }
+        memset(ns + mu__reg.cap, 0, (cap - mu__reg.cap) * sizeof *ns);
+        mu__reg.slots = ns;
+        mu__reg.cap = cap;
+    }
+    uint32_t gen = ++mu__reg.next_gen; /* process-wide: a reused slot gets a new one */
+    mu__reg.slots[i].eng = eng;
+    mu__reg.slots[i].gen = gen;
+    mu__reg.live++;
+    *out = (mu_engine *)(uintptr_t)(MU__HANDLE_TAG | (uint64_t)gen << MU__SLOT_BITS | i);
+    pthread_mutex_unlock(&mu__reg_lock);
+    return MU_OK;
+}
+
+/* The slot of handle h, or NULL (lock held). */
+static mu__slot *mu__reg_find(const mu_engine *h)
+{
+    uint64_t v = (uint64_t)(uintptr_t)h;
+    if ((v & MU__HANDLE_TAG_MASK) != MU__HANDLE_TAG) return NULL;
+    uint32_t i = (uint32_t)(v & ((1u << MU__SLOT_BITS) - 1));
+    uint32_t gen = (uint32_t)(v >> MU__SLOT_BITS);
+    if (i >= mu__reg.cap || !mu__reg.slots[i].eng || mu__reg.slots[i].gen != gen) return NULL;
+    return &mu__reg.slots[i];
+}
+
+static void mu__reg_remove(mu__slot *slot)
+{
+    slot->eng = NULL;
+    if (--mu__reg.live == 0) { /* nothing open: give the table back */
+        free(mu__reg.slots);
+        mu__reg.slots = NULL;
+        mu__reg.cap = 0;
+    }
+}
+
+static void mu__eng_free(mu__eng *eng)
+{
+    if (eng->L) lua_close(eng->L);
+    free(eng->err);
+    free(eng);
+}
+
+/* The engine of handle h, marked busy until mu__release; MU_EINVAL for
+ * NULL, MU_ESTATE for a closed or foreign handle or a busy engine. */
+static int mu__acquire(const mu_engine *h, const char *fn, mu__eng **out)
+{
+    *out = NULL;
+    if (!h) return mu__fail(MU_EINVAL, "%s: eng is NULL", fn);
+    pthread_mutex_lock(&mu__reg_lock);
+    mu__slot *slot = mu__reg_find(h);
+    mu__eng *eng = slot ? slot->eng : NULL;
+    int busy = eng && eng->busy;
+    if (eng && !busy) eng->busy = 1;
+    pthread_mutex_unlock(&mu__reg_lock);
+    if (!eng)
+        return mu__fail(MU_ESTATE, "%s: eng is not an open engine (closed, or not a handle from "
+                        "mu_engine_open)", fn);
+    if (busy)
+        return mu__fail(MU_ESTATE, "%s: the engine is already in a call (used from two threads "
+                        "at once, or from inside its own hook)", fn);
+    *out = eng;
+    return MU_OK;
+}
+
+static void mu__release(mu__eng *eng)
+{
+    pthread_mutex_lock(&mu__reg_lock);
+    eng->busy = 0;
+    int gone = eng->close_pending;
+    pthread_mutex_unlock(&mu__reg_lock);
+    if (gone) mu__eng_free(eng);
+}
+
 int mu_engine_open(mu_engine **out, const char *config_path)
 {
     return mu_engine_open_ex(out, config_path, NULL);
+}
+
+/* Pushes the metatable of muon's error objects (as muon.core makes them)
+ * into the registry under mu__errmt_key. Protected (called by lua_pcall). */
+static int mu__capture_errmt(lua_State *L)
+{
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "muon.core");
+    lua_call(L, 1, 1);
+    lua_getfield(L, -1, "error_object");
+    lua_pushinteger(L, MU_ELUA);
+    lua_pushliteral(L, "");
+    lua_call(L, 2, 1);
+    lua_pushlightuserdata(L, (void *)&mu__errmt_key);
+    if (!lua_getmetatable(L, -2)) return luaL_error(L, "muon.core made an error object without a metatable");
+    lua_rawset(L, LUA_REGISTRYINDEX);
+    return 0;
 }
 
 int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_opts *opts)
@@ -393,7 +549,7 @@ int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_
     }
     fclose(f);
 
-    mu_engine *eng = calloc(1, sizeof *eng);
+    mu__eng *eng = calloc(1, sizeof *eng);
     if (!eng) return mu__fail(MU_ENOMEM, "mu_engine_open: out of memory");
     eng->host_ref = eng->engine_ref = LUA_NOREF;
     eng->L = mu__new_state(opts ? opts->lua_path : NULL);
@@ -403,11 +559,15 @@ int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_
     }
     lua_State *L = eng->L;
     int status = mu__require(L, "muon.host");
+    if (status == 0) {
+        lua_pushcfunction(L, mu__capture_errmt);
+        status = lua_pcall(L, 0, 0, 1);
+    }
     if (status != 0) {
         int rc = mu__lua_fail(L, NULL, status, MU_ELUA,
                               "mu_engine_open: loading muon.host (set MUON_LUA_PATH to the directory that holds "
                               "muon/init.lua, or pass mu_engine_opts.lua_path)");
-        mu_engine_close(eng);
+        mu__eng_free(eng);
         return rc;
     }
     eng->host_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -424,30 +584,50 @@ int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_
     status = lua_pcall(L, 2, 1, 1);
     if (status != 0) {
         int rc = mu__lua_fail(L, NULL, status, MU_EINVAL, "mu_engine_open");
-        mu_engine_close(eng);
+        mu__eng_free(eng);
         return rc;
     }
     eng->engine_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_settop(L, 1);
-    *out = eng;
-    return MU_OK;
+    int rc = mu__reg_add(eng, out);
+    if (rc) mu__eng_free(eng);
+    return rc;
 }
 
-void mu_engine_close(mu_engine *eng)
+void mu_engine_close(mu_engine *h)
 {
-    if (!eng) return;
-    if (eng->L) lua_close(eng->L);
-    free(eng->err);
-    free(eng);
+    if (!h) return;
+    pthread_mutex_lock(&mu__reg_lock);
+    mu__slot *slot = mu__reg_find(h);
+    mu__eng *eng = slot ? slot->eng : NULL;
+    int now = 0;
+    if (eng) {
+        mu__reg_remove(slot); /* from here on the handle is closed */
+        if (eng->busy) eng->close_pending = 1; /* freed when that call returns */
+        else now = 1;
+    }
+    pthread_mutex_unlock(&mu__reg_lock);
+    if (!eng)
+        mu__fail(MU_ESTATE, "mu_engine_close: eng is not an open engine (closed twice?)");
+    if (now) mu__eng_free(eng);
 }
 
-const char *mu_engine_error(const mu_engine *eng)
+const char *mu_engine_error(const mu_engine *h)
 {
-    if (!eng) return mu_last_error();
-    return eng->err ? eng->err : "";
+    if (!h) return mu_last_error();
+    pthread_mutex_lock(&mu__reg_lock);
+    mu__slot *slot = mu__reg_find(h);
+    const char *err = slot ? (slot->eng->err ? slot->eng->err : "") : NULL;
+    pthread_mutex_unlock(&mu__reg_lock);
+    if (!err) {
+        mu__fail(MU_ESTATE, "mu_engine_error: eng is not an open engine (closed, or not a handle "
+                 "from mu_engine_open)");
+        return mu_last_error();
+    }
+    return err;
 }
 
-int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
+static int eng_add_param(mu__eng *eng, const char *name, int dtype, int ndim,
                         const int64_t *shape, void *data, void *grad)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_add_param: eng is NULL");
@@ -496,7 +676,7 @@ int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
     return mu__call(eng, 5, 0, MU_EINVAL, "mu_engine_add_param");
 }
 
-int mu_engine_set_comm(mu_engine *eng, void *mpi_comm_ptr)
+static int eng_set_comm(mu__eng *eng, void *mpi_comm_ptr)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_set_comm: eng is NULL");
     if (!mpi_comm_ptr) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_comm: mpi_comm_ptr is NULL");
@@ -505,7 +685,7 @@ int mu_engine_set_comm(mu_engine *eng, void *mpi_comm_ptr)
     return mu__call(eng, 1, 0, MU_ESTATE, "mu_engine_set_comm");
 }
 
-int mu_engine_add_param_sharded(mu_engine *eng, const char *name, int dtype, int ndim,
+static int eng_add_param_sharded(mu__eng *eng, const char *name, int dtype, int ndim,
                                 const int64_t *global_shape, int naxes,
                                 const mu_placement *placements, void *local_data, void *local_grad)
 {
@@ -547,14 +727,14 @@ int mu_engine_add_param_sharded(mu_engine *eng, const char *name, int dtype, int
     return mu__call(eng, 6, 0, MU_EINVAL, "mu_engine_add_param_sharded");
 }
 
-int mu_engine_step(mu_engine *eng)
+static int eng_step(mu__eng *eng)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_step: eng is NULL");
     mu__push_call(eng, "step");
     return mu__call(eng, 0, 0, MU_ELUA, "mu_engine_step");
 }
 
-int mu_engine_set(mu_engine *eng, const char *key, double value)
+static int eng_set(mu__eng *eng, const char *key, double value)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_set: eng is NULL");
     if (!key) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set: key is NULL");
@@ -564,7 +744,7 @@ int mu_engine_set(mu_engine *eng, const char *key, double value)
     return mu__call(eng, 2, 0, MU_EINVAL, "mu_engine_set");
 }
 
-int mu_engine_get(mu_engine *eng, const char *key, double *out)
+static int eng_get(mu__eng *eng, const char *key, double *out)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_get: eng is NULL");
     if (!key) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_get: key is NULL");
@@ -582,7 +762,7 @@ int mu_engine_get(mu_engine *eng, const char *key, double *out)
     return MU_OK;
 }
 
-int mu_engine_set_signal(mu_engine *eng, const char *name, const double *values, int64_t n)
+static int eng_set_signal(mu__eng *eng, const char *name, const double *values, int64_t n)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_set_signal: eng is NULL");
     if (!name || !*name) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_signal: name is NULL or empty");
@@ -602,7 +782,7 @@ int mu_engine_set_signal(mu_engine *eng, const char *name, const double *values,
     return mu__call(eng, 2, 0, MU_EINVAL, "mu_engine_set_signal");
 }
 
-int mu_engine_save(mu_engine *eng, const char *path)
+static int eng_save(mu__eng *eng, const char *path)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_save: eng is NULL");
     if (!path || !*path) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_save: path is NULL or empty");
@@ -611,12 +791,7 @@ int mu_engine_save(mu_engine *eng, const char *path)
     return mu__call(eng, 1, 0, MU_EIO, "mu_engine_save");
 }
 
-int mu_engine_load(mu_engine *eng, const char *path)
-{
-    return mu_engine_load_ex(eng, path, 0);
-}
-
-int mu_engine_load_ex(mu_engine *eng, const char *path, int flags)
+static int eng_load(mu__eng *eng, const char *path, int flags)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_load: eng is NULL");
     if (!path || !*path) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_load: path is NULL or empty");
@@ -627,6 +802,55 @@ int mu_engine_load_ex(mu_engine *eng, const char *path, int flags)
     lua_pushboolean(eng->L, (flags & MU_LOAD_NO_CHECKSUM) != 0);
     return mu__call(eng, 2, 0, MU_EFORMAT, "mu_engine_load");
 }
+
+/* The public calls: look the handle up, run, release. */
+#define MU__ENGINE_CALL(fn, ...)                                  \
+    do {                                                          \
+        mu__eng *eng;                                             \
+        int rc_ = mu__acquire(h, "mu_engine_" #fn, &eng);         \
+        if (rc_) return rc_;                                      \
+        rc_ = eng_##fn(eng, __VA_ARGS__);                         \
+        mu__release(eng);                                         \
+        return rc_;                                               \
+    } while (0)
+
+int mu_engine_add_param(mu_engine *h, const char *name, int dtype, int ndim, const int64_t *shape,
+                        void *data, void *grad)
+{
+    MU__ENGINE_CALL(add_param, name, dtype, ndim, shape, data, grad);
+}
+
+int mu_engine_set_comm(mu_engine *h, void *mpi_comm_ptr) { MU__ENGINE_CALL(set_comm, mpi_comm_ptr); }
+
+int mu_engine_add_param_sharded(mu_engine *h, const char *name, int dtype, int ndim,
+                                const int64_t *global_shape, int naxes,
+                                const mu_placement *placements, void *local_data, void *local_grad)
+{
+    MU__ENGINE_CALL(add_param_sharded, name, dtype, ndim, global_shape, naxes, placements,
+                    local_data, local_grad);
+}
+
+int mu_engine_step(mu_engine *h)
+{
+    mu__eng *eng;
+    int rc = mu__acquire(h, "mu_engine_step", &eng);
+    if (rc) return rc;
+    rc = eng_step(eng);
+    mu__release(eng);
+    return rc;
+}
+
+int mu_engine_set(mu_engine *h, const char *key, double value) { MU__ENGINE_CALL(set, key, value); }
+int mu_engine_get(mu_engine *h, const char *key, double *out) { MU__ENGINE_CALL(get, key, out); }
+
+int mu_engine_set_signal(mu_engine *h, const char *name, const double *values, int64_t n)
+{
+    MU__ENGINE_CALL(set_signal, name, values, n);
+}
+
+int mu_engine_save(mu_engine *h, const char *path) { MU__ENGINE_CALL(save, path); }
+int mu_engine_load(mu_engine *h, const char *path) { MU__ENGINE_CALL(load, path, 0); }
+int mu_engine_load_ex(mu_engine *h, const char *path, int flags) { MU__ENGINE_CALL(load, path, flags); }
 
 /* ------------------------------------------------------------- scripts */
 
@@ -722,13 +946,13 @@ static const char *mu__cpu_core_type(void)
 
 int mu_blas_fix_core(char **argv)
 {
+    if (!argv || !argv[0]) return mu__fail(MU_EINVAL, "mu_blas_fix_core: argv is NULL or empty");
     const char *cur = getenv("OPENBLAS_CORETYPE");
     if ((cur && *cur) || getenv("MUON_BLAS_REEXEC")) return MU_OK;
     const char *want = mu__cpu_core_type();
     if (!want) return MU_OK;
     mu_blas_info info;
     if (mu_blas_get_info(&info) == MU_OK && strcasecmp(info.core, want) == 0) return MU_OK;
-    if (!argv || !argv[0]) return MU_OK;
     setenv("OPENBLAS_CORETYPE", want, 1);
     setenv("MUON_BLAS_REEXEC", "1", 1);
     execv("/proc/self/exe", argv);

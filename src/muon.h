@@ -223,6 +223,13 @@ MU_API int mu_npy_load(const char *path, mu_tensor **out);
 MU_API int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out);
 MU_API int mu_npy_save(const mu_tensor *t, const char *path);
 
+/* MU_OK if path names a regular file that can be opened for reading, else
+ * MU_EIO naming the path ("not a regular file" for a FIFO, socket, device
+ * or directory: those are never opened for reading, as they may block
+ * forever or never end). Every loader of the library checks this itself;
+ * this is for Lua code about to read a user-given path with io.open. */
+MU_API int mu_file_check_regular(const char *path);
+
 /* ---------------------------------------------------------- safetensors */
 
 /* Raw I/O of safetensors files (u64 LE header length N, N bytes of JSON,
@@ -242,7 +249,8 @@ MU_API int64_t mu_st_reader_data_size(const mu_st_reader *r);
 MU_API int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *dst);
 MU_API void mu_st_reader_close(mu_st_reader *r);
 
-/* Atomic write: "path.tmp.<pid>" gets the length, the header padded with
+/* Atomic write: a new temporary file in path's directory (a unique
+ * "<name>.tmp.XXXXXX", within NAME_MAX) gets the length, the header padded with
  * spaces to a multiple of 8, each tensor's bytes in order (contiguous
  * copies where needed); fsync, rename over path, fsync the directory. On any
  * error the temporary file is removed, path is left as it was, MU_EIO. */
@@ -303,7 +311,7 @@ MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts
  * the preset's norm_scale. steps <= 0 means the preset's natural length;
  * a preset with per-step triples (all but "legacy") stops at its length
  * when asked for more (as the seed's asym5 does); the number written goes
- * to *nsteps. */
+ * to *nsteps (norm_scale and nsteps may be NULL). */
 MU_API int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *norm_scale,
                         int *nsteps);
 
@@ -451,7 +459,8 @@ MU_API int mu_comm_world_size(void);
  * of the last failure is in mu_engine_error(eng) and in mu_last_error(). Only
  * when a config hook raised does it carry a traceback (the config's frames
  * only); MUON_TRACEBACK=1 adds one to every failure, for reporting a bug.
- * An engine is not thread-safe: use it from one thread at a time.
+ * Use an engine from one thread at a time: a call made while another call
+ * on the same engine runs returns MU_ESTATE.
  *
  * The Lua modules are found through, in order: opts->lua_path, the
  * environment variable MUON_LUA_PATH (a directory holding muon/init.lua, or
@@ -518,7 +527,10 @@ MU_API int mu_engine_load_ex(mu_engine *eng, const char *path, int flags);
  * mu_last_error(). Valid until the next call on eng. */
 MU_API const char *mu_engine_error(const mu_engine *eng);
 /* Free the engine and its Lua state (the trainer's buffers are untouched).
- * NULL is a no-op; a closed pointer must not be used again. */
+ * NULL is a no-op. A handle is a token checked on every call: after close,
+ * every call on it (close included) returns MU_ESTATE, as does a value
+ * that is not a handle from mu_engine_open, or a call made while another
+ * call on the same engine runs (another thread, or its own hook). */
 MU_API void mu_engine_close(mu_engine *eng);
 
 /* Run a Lua script file (or, with mu_script_run_module, a module function:
@@ -536,7 +548,7 @@ enum { MU_SCRIPT_MPI = 1, MU_SCRIPT_TRUSTED = 2 };
 MU_API int mu_script_run(const char *path, int argc, char **argv, int flags, int *status);
 MU_API int mu_script_run_module(const char *module, int argc, char **argv, int flags, int *status);
 
-/* When OPENBLAS_CORETYPE is unset or empty and the CPU supports a faster
+/* (argv NULL: MU_EINVAL.) When OPENBLAS_CORETYPE is unset or empty and the CPU supports a faster
  * OpenBLAS core than the one running (SkylakeX: avx512f+bw+vl; Haswell:
  * avx2), set the variable and re-execute /proc/self/exe with argv (once,
  * guarded by MUON_BLAS_REEXEC). Returns MU_OK when nothing needed doing (or

@@ -1,13 +1,14 @@
 /* NumPy .npy reader and writer: '<f4'/'<f8', C order, header v1.0-3.0.
  * The reader treats its input as hostile: every length is checked against
  * the bytes actually present before anything is allocated or read. */
-#include "muon_internal.h"
+#include "tensor_internal.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { NPY_MAX_HEADER = 1 << 20, NPY_MAX_FILE_HEADER_SCAN = 16 };
 
@@ -30,7 +31,8 @@ static int eat(cursor *c, char ch)
     return 0;
 }
 
-/* A Python string literal in quotes; copies at most cap-1 chars. */
+/* A Python string literal in quotes; copies at most cap-1 chars. Only
+ * printable ASCII without escapes (the keys and dtypes accepted here). */
 static int parse_str(cursor *c, char *buf, size_t cap)
 {
     skip_ws(c);
@@ -38,7 +40,7 @@ static int parse_str(cursor *c, char *buf, size_t cap)
     char q = *c->p++;
     size_t n = 0;
     while (c->p < c->end && *c->p != q) {
-        if (n + 1 >= cap) return 0;
+        if (n + 1 >= cap || *c->p < 0x20 || *c->p > 0x7e || *c->p == '\\') return 0;
         buf[n++] = *c->p++;
     }
     if (c->p >= c->end) return 0;
@@ -91,6 +93,12 @@ static int parse_header(const char *text, size_t len, npy_header *h)
     cursor c = {text, text + len};
     char key[32], val[32];
     memset(h, 0, sizeof *h);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)text[i];
+        if (ch > 0x7e || (ch < 0x20 && ch != '\n' && ch != '\t' && ch != '\r'))
+            return mu__fail(MU_EFORMAT, "npy header: byte 0x%02x at %zu is not printable ASCII",
+                            ch, i);
+    }
     if (!eat(&c, '{')) return mu__fail(MU_EFORMAT, "npy header is not a dict");
     for (;;) {
         if (eat(&c, '}')) break;
@@ -129,6 +137,11 @@ static int parse_header(const char *text, size_t len, npy_header *h)
             break;
         }
     }
+    /* As NumPy writes it: the dict, padding spaces, one final newline. */
+    while (c.p < c.end && *c.p == ' ') c.p++;
+    if (c.end - c.p != 1 || *c.p != '\n')
+        return mu__fail(MU_EFORMAT, "npy header: bytes after the dict other than space padding "
+                        "and one final newline");
     if (!h->have_descr || !h->have_order || !h->have_shape)
         return mu__fail(MU_EFORMAT, "npy header lacks descr, fortran_order or shape");
     return MU_OK;
@@ -139,7 +152,8 @@ int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out)
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
     const unsigned char *b = buf;
-    if (!b || len < 10 || memcmp(b, "\x93NUMPY", 6) != 0)
+    if (!b) return mu__fail(MU_EINVAL, "buffer is NULL");
+    if (len < 10 || memcmp(b, "\x93NUMPY", 6) != 0)
         return mu__fail(MU_EFORMAT, "not an npy file (bad magic)");
     unsigned major = b[6];
     size_t hlen, start;
@@ -179,23 +193,26 @@ int mu_npy_load(const char *path, mu_tensor **out)
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
     if (!path) return mu__fail(MU_EINVAL, "path is NULL");
-    FILE *f = fopen(path, "rb");
-    if (!f) return mu__fail(MU_EIO, "cannot open '%s': %s", path, strerror(errno));
-    long size = -1;
-    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return mu__fail(MU_EIO, "cannot size '%s'", path);
+    int fd;
+    int64_t size;
+    int rc = mu__open_regular(path, &fd, &size); /* EIO naming the path */
+    if (rc) return rc;
+    if ((uint64_t)size > SIZE_MAX - 1) {
+        close(fd);
+        return mu__fail(MU_ENOMEM, "cannot read '%s' (%lld bytes)", path, (long long)size);
     }
     char *buf = malloc(size > 0 ? (size_t)size : 1);
     if (!buf) {
-        fclose(f);
-        return mu__fail(MU_ENOMEM, "cannot read '%s' (%ld bytes)", path, size);
+        close(fd);
+        return mu__fail(MU_ENOMEM, "cannot read '%s' (%lld bytes)", path, (long long)size);
     }
-    size_t got = fread(buf, 1, (size_t)size, f);
-    fclose(f);
-    int rc = got == (size_t)size ? mu_npy_load_mem(buf, got, out)
-                                 : mu__fail(MU_EIO, "short read on '%s'", path);
+    size_t got;
+    int bad = mu__read_full(fd, buf, (size_t)size, 0, &got);
+    int err = errno;
+    close(fd);
+    rc = bad ? mu__fail(MU_EIO, "cannot read '%s': %s", path, strerror(err))
+             : got != (size_t)size ? mu__fail(MU_EIO, "short read on '%s'", path)
+                                   : mu_npy_load_mem(buf, got, out);
     free(buf);
     if (rc && rc != MU_EIO) {
         char msg[900];
@@ -207,7 +224,9 @@ int mu_npy_load(const char *path, mu_tensor **out)
 
 int mu_npy_save(const mu_tensor *t, const char *path)
 {
-    if (!t || !path) return mu__fail(MU_EINVAL, "tensor or path is NULL");
+    if (!t || !path || !*path) return mu__fail(MU_EINVAL, "tensor or path is NULL");
+    int rc = mu__tensor_check(t, "tensor");
+    if (rc) return rc;
     char dict[512];
     int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
                      t->scalar == MU_F32 ? "<f4" : "<f8");
@@ -221,20 +240,28 @@ int mu_npy_save(const mu_tensor *t, const char *path)
     size_t hlen = (size_t)n + pad + 1;
     unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
                              (unsigned char)(hlen & 0xff), (unsigned char)(hlen >> 8)};
+    memset(dict + n, ' ', pad);
+    dict[n + pad] = '\n';
     mu_tensor *c;
-    int rc = mu_tensor_contiguous(t, &c);
+    rc = mu_tensor_contiguous(t, &c);
     if (rc) return rc;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
+    char *tmp;
+    int fd;
+    rc = mu__tmp_create(path, &tmp, &fd); /* atomic: never a torn file at path */
+    if (rc) {
         mu_tensor_free(c);
-        return mu__fail(MU_EIO, "cannot open '%s' for writing: %s", path, strerror(errno));
+        return rc;
     }
     size_t nbytes = (size_t)mu_tensor_numel(c) * mu_dtype_size(c->scalar);
-    int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)n, f) == (size_t)n;
-    for (size_t i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
-    ok = ok && fputc('\n', f) != EOF && fwrite(c->data, 1, nbytes, f) == nbytes;
-    ok = (fclose(f) == 0) && ok;
+    int bad = mu__write_full(fd, pre, 10) || mu__write_full(fd, dict, hlen) ||
+              mu__write_full(fd, c->data, nbytes);
+    int err = errno;
     mu_tensor_free(c);
-    if (!ok) return mu__fail(MU_EIO, "write to '%s' failed: %s", path, strerror(errno));
-    return MU_OK;
+    if (bad) {
+        rc = mu__fail(MU_EIO, "cannot save '%s': writing temporary file '%s' failed: %s", path,
+                      tmp, strerror(err));
+        mu__tmp_abort(tmp, fd);
+        return rc;
+    }
+    return mu__tmp_commit(path, tmp, fd);
 }

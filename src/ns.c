@@ -28,7 +28,7 @@
  *   left over at the end of a batch run on all workers, stage by stage
  *   (see "workers").
  */
-#include "muon_internal.h"
+#include "tensor_internal.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -924,7 +924,10 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
                     mu_ns_workspace *ws)
 {
     if (!in || !out) return mu__fail(MU_EINVAL, "ns: in and out must not be NULL");
-    int rc = ns_check_opts(opts);
+    int rc = mu__tensor_check(in, "ns: in");
+    if (rc == MU_OK) rc = mu__tensor_check(out, "ns: out");
+    if (rc != MU_OK) return rc;
+    rc = ns_check_opts(opts);
     if (rc != MU_OK) return rc;
     if (in->ndim != 2 && in->ndim != 3)
         return mu__fail(MU_ESHAPE, "ns: input must be 2-D or 3-D, got %d dims", in->ndim);

@@ -6,7 +6,7 @@
  * File layout: u64 little-endian header length N, N bytes of JSON header
  * (padded with spaces to a multiple of 8 by the writer), then the data
  * section; tensor offsets in the header are relative to its first byte. */
-#include "muon_internal.h"
+#include "tensor_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -186,7 +186,10 @@ int mu_st_checksum(int n, mu_tensor *const *ts, uint64_t *out)
     xxh64_state s;
     xxh64_init(&s);
     for (int i = 0; i < n; i++) {
-        if (!ts[i]) return mu__fail(MU_EINVAL, "tensor %d is NULL", i);
+        char what[32];
+        snprintf(what, sizeof what, "tensor %d", i);
+        int vrc = mu__tensor_check(ts[i], what);
+        if (vrc) return vrc;
         if (mu_tensor_is_contiguous(ts[i])) {
             xxh64_update(&s, ts[i]->data, tensor_nbytes(ts[i]));
         } else {
@@ -202,23 +205,6 @@ int mu_st_checksum(int n, mu_tensor *const *ts, uint64_t *out)
 }
 
 /* -------------------------------------------------------------- reader */
-
-static int pread_full(int fd, void *buf, size_t len, uint64_t off, size_t *got)
-{
-    size_t done = 0;
-    while (done < len) {
-        ssize_t r = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            *got = done;
-            return -1;
-        }
-        if (r == 0) break;
-        done += (size_t)r;
-    }
-    *got = done;
-    return 0;
-}
 
 void mu_st_reader_close(mu_st_reader *r)
 {
@@ -243,21 +229,10 @@ int mu_st_reader_open(const char *path, mu_st_reader **out)
         return mu__fail(MU_ENOMEM, "safetensors '%s': out of memory", path);
     }
     int rc = MU_OK;
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (r->fd < 0) {
-        rc = mu__fail(MU_EIO, "cannot open '%s': %s", path, strerror(errno));
-        goto fail;
-    }
-    struct stat st;
-    if (fstat(r->fd, &st) != 0) {
-        rc = mu__fail(MU_EIO, "cannot stat '%s': %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = mu__fail(MU_EIO, "safetensors '%s' is not a regular file", path);
-        goto fail;
-    }
-    r->file_size = (uint64_t)st.st_size;
+    int64_t fsize;
+    rc = mu__open_regular(path, &r->fd, &fsize); /* EIO naming the path */
+    if (rc) goto fail;
+    r->file_size = (uint64_t)fsize;
     if (r->file_size < 8) {
         rc = mu__fail(MU_EFORMAT,
                       "safetensors '%s': file is %llu bytes, too short for the 8-byte header length",
@@ -266,7 +241,7 @@ int mu_st_reader_open(const char *path, mu_st_reader **out)
     }
     unsigned char lenbuf[8];
     size_t got;
-    if (pread_full(r->fd, lenbuf, 8, 0, &got) != 0 || got != 8) {
+    if (mu__read_full(r->fd, lenbuf, 8, 0, &got) != 0 || got != 8) {
         rc = mu__fail(MU_EIO, "cannot read '%s': %s", path, got == 8 ? strerror(errno) : "short read");
         goto fail;
     }
@@ -292,7 +267,7 @@ int mu_st_reader_open(const char *path, mu_st_reader **out)
                       (unsigned long long)n);
         goto fail;
     }
-    if (pread_full(r->fd, r->header, (size_t)n, 8, &got) != 0) {
+    if (mu__read_full(r->fd, r->header, (size_t)n, 8, &got) != 0) {
         rc = mu__fail(MU_EIO, "cannot read '%s': %s", path, strerror(errno));
         goto fail;
     }
@@ -322,6 +297,8 @@ int64_t mu_st_reader_data_size(const mu_st_reader *r)
 int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *dst)
 {
     if (!r || !dst) return mu__fail(MU_EINVAL, "reader or dst is NULL");
+    int vrc = mu__tensor_check(dst, "dst");
+    if (vrc) return vrc;
     const char *path = r->path;
     uint64_t dsize = r->file_size - r->data_start;
     if (begin < 0 || end < begin)
@@ -345,7 +322,7 @@ int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *ds
                         (long long)numel, es);
     if (span == 0) return MU_OK;
     size_t got;
-    if (pread_full(r->fd, dst->data, (size_t)span, r->data_start + (uint64_t)begin, &got) != 0)
+    if (mu__read_full(r->fd, dst->data, (size_t)span, (int64_t)(r->data_start + (uint64_t)begin), &got) != 0)
         return mu__fail(MU_EIO, "cannot read '%s': %s", path, strerror(errno));
     if (got != span)
         return mu__fail(MU_EFORMAT, "safetensors '%s': file truncated while reading data", path);
@@ -353,43 +330,6 @@ int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *ds
 }
 
 /* -------------------------------------------------------------- writer */
-
-static int write_full(int fd, const void *buf, size_t len)
-{
-    const char *p = buf;
-    while (len) {
-        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        if (w == 0) {
-            errno = EIO;
-            return -1;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-/* fsync the directory holding path so the rename is durable. Filesystems
- * that cannot sync directories (EINVAL) are tolerated. */
-static void sync_parent_dir(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir;
-    if (!slash) dir = strdup(".");
-    else if (slash == path) dir = strdup("/");
-    else dir = strndup(path, (size_t)(slash - path));
-    if (!dir) return;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(dir);
-    if (fd < 0) return;
-    (void)fsync(fd);
-    close(fd);
-}
 
 int mu_st_write(const char *path, const char *header, size_t header_len, int n,
                 mu_tensor *const *ts)
@@ -401,28 +341,23 @@ int mu_st_write(const char *path, const char *header, size_t header_len, int n,
     if (header_len + pad > ST_MAX_HEADER)
         return mu__fail(MU_EINVAL, "safetensors '%s': header of %zu bytes exceeds the limit of %d",
                         path, header_len, (int)ST_MAX_HEADER);
-    for (int i = 0; i < n; i++)
-        if (!ts[i]) return mu__fail(MU_EINVAL, "tensor %d is NULL", i);
-
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
-    if (!tmp) return mu__fail(MU_ENOMEM, "out of memory");
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-
-    int rc = MU_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        rc = mu__fail(MU_EIO, "cannot save '%s': cannot create temporary file '%s': %s", path, tmp,
-                      strerror(errno));
-        free(tmp);
-        return rc;
+    for (int i = 0; i < n; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "tensor %d", i);
+        int vrc = mu__tensor_check(ts[i], what);
+        if (vrc) return vrc;
     }
+
+    char *tmp;
+    int fd;
+    int rc = mu__tmp_create(path, &tmp, &fd);
+    if (rc) return rc;
     unsigned char pre[8];
     uint64_t total = (uint64_t)(header_len + pad);
     for (int i = 0; i < 8; i++) pre[i] = (unsigned char)(total >> (8 * i));
     static const char spaces[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-    const char *step = "writing";
-    if (write_full(fd, pre, 8) || write_full(fd, header, header_len) || write_full(fd, spaces, pad))
+    if (mu__write_full(fd, pre, 8) || mu__write_full(fd, header, header_len) ||
+        mu__write_full(fd, spaces, pad))
         goto io_fail;
     for (int i = 0; i < n; i++) {
         const mu_tensor *t = ts[i];
@@ -432,31 +367,17 @@ int mu_st_write(const char *path, const char *header, size_t header_len, int n,
             if (rc) goto fail;
             t = c;
         }
-        int bad = write_full(fd, t->data, tensor_nbytes(t));
+        int bad = mu__write_full(fd, t->data, tensor_nbytes(t));
         int saved = errno;
         mu_tensor_free(c);
         errno = saved;
         if (bad) goto io_fail;
     }
-    step = "syncing";
-    if (fsync(fd) != 0) goto io_fail;
-    step = "closing";
-    {
-        int c = close(fd);
-        fd = -1;
-        if (c != 0) goto io_fail;
-    }
-    step = "renaming";
-    if (rename(tmp, path) != 0) goto io_fail;
-    sync_parent_dir(path);
-    free(tmp);
-    return MU_OK;
+    return mu__tmp_commit(path, tmp, fd);
 io_fail:
-    rc = mu__fail(MU_EIO, "cannot save '%s': %s temporary file '%s' failed: %s", path, step, tmp,
+    rc = mu__fail(MU_EIO, "cannot save '%s': writing temporary file '%s' failed: %s", path, tmp,
                   strerror(errno));
 fail:
-    if (fd >= 0) close(fd);
-    unlink(tmp);
-    free(tmp);
+    mu__tmp_abort(tmp, fd);
     return rc;
 }

@@ -15,9 +15,9 @@ size_t mu_dtype_size(int dtype)
     return dtype == MU_F32 ? 4 : dtype == MU_F64 ? 8 : 0;
 }
 
-/* Checked int64 arithmetic: 1 on overflow (then *r is unspecified). */
-static int ck_mul(int64_t a, int64_t b, int64_t *r) { return __builtin_mul_overflow(a, b, r); }
-static int ck_add(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }
+/* Checked int64 arithmetic (src/muon_internal.h). */
+#define ck_mul mu__mul_i64
+#define ck_add mu__add_i64
 
 int64_t mu__shape_numel(int ndim, const int64_t *shape)
 {
@@ -302,7 +302,7 @@ int mu_tensor_is_contiguous(const mu_tensor *t)
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->dims[i] == 0) return 1;
         if (t->dims[i] != 1 && t->strides[i] != s) return 0;
-        s *= t->dims[i];
+        if (ck_mul(s, t->dims[i], &s)) return 0; /* (a handle changed through the FFI) */
     }
     return 1;
 }
@@ -320,6 +320,7 @@ int mu_tensor_view(const mu_tensor *t, int ndim, const int64_t *shape, mu_tensor
     if (vrc) return vrc;
     if (ndim < 0 || ndim > MU_MAX_DIMS)
         return mu__fail(MU_EINVAL, "ndim %d is outside 0..%d", ndim, MU_MAX_DIMS);
+    if (ndim > 0 && !shape) return mu__fail(MU_EINVAL, "view: shape is NULL");
     if (!mu_tensor_is_contiguous(t))
         return mu__fail(MU_ESTATE, "view needs a contiguous tensor (call contiguous() first)");
     int64_t sh[MU_MAX_DIMS], known = 1, numel = mu_tensor_numel(t);
@@ -448,6 +449,7 @@ static int check_index(const mu_tensor *t, const int64_t *index)
 
 int mu_tensor_get(const mu_tensor *t, const int64_t *index, double *out)
 {
+    if (!out) return mu__fail(MU_EINVAL, "get: out is NULL");
     int rc = check_index(t, index);
     if (rc) return rc;
     const void *p = mu__tensor_ptr(t, index);

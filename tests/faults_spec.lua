@@ -93,7 +93,7 @@ describe("engine checkpoint save under faults", function()
         end)
         ffi.C._exit(0)
       end
-      H.kill_when_exists(pid, path .. ".tmp." .. pid)
+      H.kill_when_exists(pid, function() return H.dir_has(dir, ".tmp.") end)
       local fresh = stepped_engine(0, true)
       fresh:load(path) -- checksums verified: a torn file would fail here
       assert.truthy(snaps[D.snapshot(fresh, true)], "loaded state is neither checkpoint")

@@ -45,13 +45,14 @@ describe("fuzz regressions and corpus", function()
   it("the fuzzer's npy finding stays an error: a (0, 10^16, 10^4) shape", function()
     local ok, err = pcall(T.load, "tests/fuzz/regressions/npy/shape_strides_overflow.npy")
     assert.is_false(ok)
-    assert.truthy(tostring(err):find("duplicate key 'descr'", 1, true), tostring(err))
+    assert.truthy(tostring(err):find("is not printable ASCII", 1, true), tostring(err)) -- a NUL in its padding
     assert.has_error(function() T.zeros({ 0, 1e16, 1e4 }) end)
   end)
 end)
 
 -- .npy bytes: magic, version, little-endian header length, dict, payload.
-local function npy(version, dict, payload, hlen)
+local function npy(version, dict, payload, hlen, raw)
+  if not raw and dict:sub(-1) == "}" then dict = dict .. "\n" end -- NumPy's terminator
   local n = hlen or #dict
   local len = version == 1 and string.char(n % 256, math.floor(n / 256) % 256)
     or string.char(n % 256, math.floor(n / 256) % 256, math.floor(n / 65536) % 256, math.floor(n / 16777216) % 256)
@@ -75,6 +76,14 @@ describe("npy reader on hostile headers", function()
     { "truncated magic", "\147NUM", "bad magic" },
     { "unterminated string", npy(1, "{'descr': '<f4", ""), "npy header" },
     { "trailing bytes", npy(1, D4:format("(1,)"), ("\0"):rep(5)), "trailing" },
+    -- NumPy (ast.literal_eval) refuses NUL bytes; its writer ends the
+    -- header with space padding and one newline
+    { "a NUL in the padding", npy(1, D4:format("(1,)") .. "  \0\n", ("\0"):rep(4), nil, true), "0x00" },
+    { "a NUL inside a key", npy(1, "{'descr\0': '<f4', 'fortran_order': False, 'shape': (1,), }", ("\0"):rep(4)),
+      "0x00" },
+    { "a non-ASCII byte", npy(1, D4:format("(1,)") .. " \128\n", ("\0"):rep(4), nil, true), "0x80" },
+    { "no final newline", npy(1, D4:format("(1,)") .. "   ", ("\0"):rep(4), nil, true), "final newline" },
+    { "text after the dict", npy(1, D4:format("(1,)") .. " x\n", ("\0"):rep(4), nil, true), "final newline" },
   }
   for _, c in ipairs(cases) do
     it("rejects " .. c[1], function()
@@ -87,6 +96,39 @@ describe("npy reader on hostile headers", function()
       assert.truthy(tostring(err):find(p, 1, true), tostring(err))
     end)
   end
+end)
+
+describe("npy files that are not regular files", function()
+  it("a FIFO fails at once with EIO naming the path (no blocking open or read)", function()
+    local dir = H.tmpdir()
+    local fifo = dir .. "/pipe.npy"
+    assert(os.execute("mkfifo '" .. fifo .. "'") == 0)
+    local ok, err = pcall(T.load, fifo)
+    assert.is_false(ok)
+    assert.equal(require("muon.errors").EIO, err.code)
+    assert.truthy(tostring(err):find("'" .. fifo .. "' is not a regular file", 1, true), tostring(err))
+    ok, err = pcall(T.load, dir)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("is not a regular file", 1, true), tostring(err))
+    -- muon check's params file
+    local shapes, msg = require("muon.check").read_shapes(fifo)
+    assert.is_nil(shapes)
+    assert.truthy(msg:find("'" .. fifo .. "' is not a regular file", 1, true), msg)
+    H.rmrf(dir)
+  end)
+
+  it("a NumPy-written header (space padding, final newline) loads; saves are atomic and round-trip", function()
+    local dir = H.tmpdir()
+    local p = dir .. "/x.npy"
+    local x = T.from({ { 1, 2, 3 }, { 4, 5, 6 } }, "float64")
+    x:save(p)
+    local bytes = H.read_file(p)
+    assert.equal(0, (#bytes - 48) % 64) -- header padded to 64 bytes
+    assert.equal("\n", bytes:sub(10 + bytes:byte(9), 10 + bytes:byte(9)))
+    assert.same(x:totable(), T.load(p):totable())
+    assert.same({ "x.npy" }, H.listdir(dir)) -- no temporary file left
+    H.rmrf(dir)
+  end)
 end)
 
 describe("checkpoint header mutations (seeded)", function()
@@ -159,4 +201,59 @@ describe("config findings", function()
     end
     assert.has_no.errors(function() engine.new({ groups = { { optimizer = "muon", ns_steps = 3 } } }) end)
   end)
+end)
+
+-- The tensor view fuzzer (tests/fuzz/tensor_fuzz.lua), short and seeded;
+-- make fuzz runs it for FUZZ_SECONDS with fresh seeds.
+describe("tensor view fuzzer (seeded)", function()
+  local F = require("tensor_fuzz")
+  for seed = 1, 3 do
+    it("seed " .. seed .. ": every accepted view stays inside its storage, every rejection is an MU_E* object", function()
+      local stats = F.run({ seed = seed, iterations = 1500 })
+      assert.equal(1500, stats.ops)
+      assert.truthy(stats.accepted > 100 and stats.rejected > 100, ("accepted %d, rejected %d"):format(stats.accepted,
+        stats.rejected))
+    end)
+  end
+
+  it("the invariant check catches a view that leaves its storage (the fuzzer can fail)", function()
+    local ffi = require("ffi")
+    local x = T.zeros({ 4 })
+    local v = x:narrow(1, 2, 2)
+    local ok = pcall(F.check_view, { { t = x, base = ffi.cast("char *", x.data), nbytes = 16 } }, v, "narrow")
+    assert.is_true(ok)
+    local bad = ffi.new("mu_tensor", v) -- a copy whose size runs past the end (C never makes one)
+    bad.dims[0] = 5
+    ok = pcall(F.check_view, { { t = x, base = ffi.cast("char *", x.data), nbytes = 16 } }, bad, "forged")
+    assert.is_false(ok)
+  end)
+end)
+
+describe("tensor arguments that are not integers", function()
+  local E = require("muon.errors")
+  local x = T.zeros({ 4, 3 })
+  local cases = {
+    { "narrow start NaN", function() return x:narrow(1, 0 / 0, 1) end, "start must be an integer" },
+    { "narrow start 1.5", function() return x:narrow(1, 1.5, 1) end, "start must be an integer" },
+    { "narrow length inf", function() return x:narrow(1, 1, 1 / 0) end, "length must be an integer" },
+    { "unsqueeze 1.5", function() return x:unsqueeze(1.5) end, "unsqueeze: dim 1.5" },
+    { "unsqueeze NaN", function() return x:unsqueeze(0 / 0) end, "unsqueeze: dim nan" },
+    { "select index 2^63", function() return x:select(1, 2 ^ 63) end, "out of range" },
+    { "transpose dim -inf", function() return x:transpose(-1 / 0, 1) end, "transpose: dim -inf" },
+    { "get index 1.5", function() return x:get(1.5, 1) end, "index 1.5 out of range" },
+    { "get index 2^53", function() return x:get(2 ^ 53, 1) end, "out of range" },
+    { "set index NaN", function() return x:set(1, 0 / 0, 1) end, "index nan out of range" },
+    { "view size 2^32 x 2^32 of an empty tensor", function() return T.zeros({ 0 }):view({ 2 ^ 32, 2 ^ 32 }) end,
+      "too large" },
+    { "view size 0.5", function() return x:view({ 0.5 }) end, "bad shape: size 0.5 in dim 1" },
+  }
+  for _, c in ipairs(cases) do
+    it("refuses " .. c[1] .. " with an EINVAL object naming it", function()
+      local ok, err = pcall(c[2])
+      assert.is_false(ok)
+      assert.is_true(E.is(err), tostring(err))
+      assert.equal(E.EINVAL, err.code)
+      assert.truthy(tostring(err):find(c[3], 1, true), tostring(err))
+    end)
+  end
 end)

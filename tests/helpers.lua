@@ -67,17 +67,61 @@ int usleep(unsigned int usec);
 int getpid(void);
 int access(const char *path, int mode);
 ]])
+pcall(require("ffi").cdef, [[
+typedef struct mu_test_dir mu_test_dir;
+mu_test_dir *opendir(const char *name);
+int closedir(mu_test_dir *d);
+struct mu_test_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen; unsigned char d_type; char d_name[256]; };
+struct mu_test_dirent *readdir(mu_test_dir *d);
+struct mu_test_rlimit { unsigned long cur, max; };
+int getrlimit(int resource, struct mu_test_rlimit *rl);
+int setrlimit(int resource, const struct mu_test_rlimit *rl);
+]])
+
+-- Whether directory dir has an entry whose name contains substr (plain
+-- match), without starting a process (fast enough to poll).
+function H.dir_has(dir, substr)
+  local ffi = require("ffi")
+  local d = ffi.C.opendir(dir)
+  if d == nil then return false end
+  local found = false
+  while true do
+    local e = ffi.C.readdir(d)
+    if e == nil then break end
+    if ffi.string(e.d_name):find(substr, 1, true) then found = true break end
+  end
+  ffi.C.closedir(d)
+  return found
+end
+
+-- Run fn with no file descriptor available (RLIMIT_NOFILE = 0: every
+-- open fails with EMFILE, even for root); returns pcall's results.
+function H.without_fds(fn, ...)
+  local ffi = require("ffi")
+  local RLIMIT_NOFILE = 7 -- Linux
+  local old = ffi.new("struct mu_test_rlimit")
+  assert(ffi.C.getrlimit(RLIMIT_NOFILE, old) == 0)
+  local none = ffi.new("struct mu_test_rlimit", { 0, old.max })
+  assert(ffi.C.setrlimit(RLIMIT_NOFILE, none) == 0)
+  local function restore(...)
+    assert(ffi.C.setrlimit(RLIMIT_NOFILE, old) == 0)
+    return ...
+  end
+  return restore(pcall(fn, ...))
+end
 
 -- Kill process pid (SIGKILL) as soon as `file` exists, i.e. while it is in
 -- the middle of a save that writes that temporary file; returns true if it
 -- was caught there, false if the file never appeared within `seconds`.
 -- Polling for the file makes the "killed mid-save" tests independent of
 -- timing (a fixed sleep can always miss the save).
+-- `file` may also be a function: kill when it returns true.
 function H.kill_when_exists(pid, file, seconds)
   local C = require("ffi").C
   local caught = false
+  local exists = type(file) == "function" and file or function() return C.access(file, 0) == 0 end
   for _ = 1, math.floor((seconds or 10) * 20000) do
-    if C.access(file, 0) == 0 then
+    if exists() then
       caught = true
       break
     end

@@ -241,6 +241,55 @@ describe("safetensors hostile input", function()
     assert.equal(2, f.tensors.a:get(2))
   end)
 
+  -- The reference reader (serde_json) refuses these; cjson alone lets them through.
+  it("rejects NUL (or any non-space) padding after the JSON object, naming the file", function()
+    local hdr = good_header .. " " -- 56 bytes: 8-aligned with one space
+    for _, pad in ipairs({ "\0\0\0\0\0\0\0\0", "       \0", "\t\t\t\t\t\t\t\t", "\n       ", "  x     " }) do
+      local err, path = load_err(u64le(#good_header + #pad) .. good_header .. pad .. good_data)
+      assert.truthy(err:find(path, 1, true), err)
+      assert.truthy(err:find("control character", 1, true) or err:find("other than space padding", 1, true)
+        or err:find("not valid JSON", 1, true), err)
+    end
+    local path = H.tmpname(".safetensors")
+    H.write_file(path, u64le(#hdr + 8) .. hdr .. "        " .. good_data) -- spaces are fine
+    assert.equal(2, st.load(path).tensors.a:get(2))
+    os.remove(path)
+  end)
+
+  it("rejects a NUL or control character inside a JSON string", function()
+    local err = load_err(st_bytes('{"a\0":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', good_data))
+    assert.truthy(err:find("control character (byte 0x00)", 1, true), err)
+    err = load_err(st_bytes('{"__metadata__":{"k":"v\1"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+      good_data))
+    assert.truthy(err:find("control character (byte 0x01)", 1, true), err)
+  end)
+
+  it("rejects a duplicate field inside an entry or a duplicate metadata key", function()
+    local err = load_err(st_bytes('{"a":{"dtype":"F64","dtype":"F32","shape":[2],"data_offsets":[0,8]}}', good_data))
+    assert.truthy(err:find("tensor 'a': duplicate field 'dtype'", 1, true), err)
+    err = load_err(st_bytes('{"a":{"dtype":"F32","shape":[2],"shape":[2],"data_offsets":[0,8]}}', good_data))
+    assert.truthy(err:find("duplicate field 'shape'", 1, true), err)
+    err = load_err(st_bytes('{"__metadata__":{"k":"1","\\u006b":"2"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+      good_data))
+    assert.truthy(err:find("__metadata__: duplicate key 'k'", 1, true), err)
+    err = load_err(st_bytes('{"__metadata__":{},"__metadata__":{},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+      good_data))
+    assert.truthy(err:find("'__metadata__' appears more than once", 1, true), err)
+  end)
+
+  it("refuses a FIFO, a directory or a device at once (EIO naming the path, no blocking)", function()
+    local dir = tmpdir()
+    local fifo = dir .. "/pipe.safetensors"
+    assert(os.execute("mkfifo '" .. fifo .. "'") == 0)
+    for _, p in ipairs({ fifo, dir, "/dev/zero" }) do
+      local ok, err = pcall(st.load, p)
+      assert.is_false(ok)
+      assert.equal(E.EIO, err.code)
+      assert.truthy(tostring(err):find("'" .. p .. "' is not a regular file", 1, true), tostring(err))
+    end
+    rmrf(dir)
+  end)
+
   it("rejects files too short for the length field", function()
     assert.matches("too short", load_err("\1\0\0"))
     assert.matches("too short", load_err(""))
@@ -505,15 +554,13 @@ describe("safetensors save", function()
     local old = T.randn({ 4, 4 }, 21)
     st.save(path, { w = old })
     local before = H.read_file(path)
-    -- a directory squats on the temporary name
-    local pid = ffi.C.getpid()
-    os.execute("mkdir '" .. path .. ".tmp." .. pid .. "'")
-    local ok, err = pcall(st.save, path, { w = T.randn({ 4, 4 }, 22) })
+    -- no file descriptor left: the temporary file cannot be created
+    local new = T.randn({ 4, 4 }, 22)
+    local ok, err = H.without_fds(st.save, path, { w = new })
     assert.is_false(ok)
-    assert.matches("cannot save '.*ckpt.safetensors': cannot create temporary file", err)
+    assert.matches("cannot save '.*ckpt.safetensors': cannot create a temporary file in its directory", err)
     assert.equal(before, H.read_file(path))
     assert.equal(bytes_of(old), bytes_of(st.load(path).tensors.w))
-    os.execute("rmdir '" .. path .. ".tmp." .. pid .. "'")
     -- missing directory
     ok, err = pcall(st.save, dir .. "/missing/x.safetensors", { w = old })
     assert.is_false(ok)
@@ -546,6 +593,18 @@ describe("safetensors save", function()
     assert(ok, err)
   end)
 
+  it("saves to a 250-byte file name (the temporary name is cut to fit NAME_MAX) and leaves no temporary", function()
+    local dir = tmpdir()
+    local name = string.rep("n", 238) .. ".safetensors" -- 250 bytes
+    assert.equal(250, #name)
+    local x = T.randn({ 3, 5 }, 41)
+    st.save(dir .. "/" .. name, { x = x })
+    assert.equal(bytes_of(x), bytes_of(st.load(dir .. "/" .. name).tensors.x))
+    x:save(dir .. "/" .. string.rep("m", 246) .. ".npy")
+    assert.same({ string.rep("m", 246) .. ".npy", name }, listdir(dir))
+    rmrf(dir)
+  end)
+
   it("keeps the previous file loadable when the saving process is killed mid-save", function()
     local dir = tmpdir()
     local path = dir .. "/ckpt.safetensors"
@@ -564,7 +623,7 @@ describe("safetensors save", function()
         end)
         ffi.C._exit(0)
       end
-      H.kill_when_exists(pid, path .. ".tmp." .. pid)
+      H.kill_when_exists(pid, function() return H.dir_has(dir, ".tmp.") end)
       local f = st.load(path) -- checksum verified: a torn file would fail here
       local v = f.tensors.w:get(1)
       assert.is_true(v == 1 or v == 2)

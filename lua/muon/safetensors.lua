@@ -98,42 +98,58 @@ local function json_int(x)
   return ("%.0f"):format(x)
 end
 
--- Raw (still escaped) keys of the top-level JSON object, in order. Used to
--- detect duplicate names, which cjson silently merges (last one wins).
--- Only called on text cjson has accepted, so the structure is well formed.
-local function top_level_keys(s)
-  local keys, depth, i = {}, 0, 1
-  local expect_key = false
-  local find, byte = string.find, string.byte
+-- Scan JSON text that cjson has accepted (so well formed) for what cjson
+-- lets through but the reference reader (serde_json) refuses: a key twice
+-- in one object (cjson keeps the last; serde refuses duplicate fields), and
+-- anything after the top-level object but space padding. Returns nil, or
+-- a message: where = nil (top level), "__metadata__" or a tensor's name.
+local function json_strictness(s, decode)
+  local find, byte, sub = string.find, string.byte, string.sub
+  local stack, i, close_at = {}, 1, nil
+  local top_key -- the last key read at depth 1 (names the inner object)
   while true do
     local j = find(s, '[{}%[%]",]', i)
     if not j then break end
     local c = byte(s, j)
-    if c == 34 then -- '"': skip the string
+    local top = stack[#stack]
+    if c == 34 then -- '"': skip the string, escapes included
       local k = j + 1
       while true do
         local q = find(s, '["\\]', k)
-        if not q then return keys end
+        if not q then return "unterminated string" end
         if byte(s, q) == 92 then k = q + 2 else k = q break end
       end
-      if depth == 1 and expect_key then
-        keys[#keys + 1] = s:sub(j, k)
-        expect_key = false
+      if top and top.obj and top.expect_key then
+        local raw = sub(s, j, k)
+        local ok, key = pcall(decode, raw)
+        key = ok and key or raw
+        if top.keys[key] then
+          if #stack == 1 then return ("tensor '%s' appears more than once in the header"):format(key) end
+          if top_key == "__metadata__" then return ("__metadata__: duplicate key '%s'"):format(key) end
+          return ("tensor '%s': duplicate field '%s'"):format(tostring(top_key), key)
+        end
+        top.keys[key] = true
+        top.expect_key = false
+        if #stack == 1 then top_key = key end
       end
       i = k + 1
     else
       if c == 123 or c == 91 then -- { [
-        depth = depth + 1
-        if depth == 1 then expect_key = (c == 123) end
+        stack[#stack + 1] = { obj = (c == 123), expect_key = (c == 123), keys = {} }
       elseif c == 125 or c == 93 then -- } ]
-        depth = depth - 1
-      elseif c == 44 and depth == 1 then -- ,
-        expect_key = true
+        stack[#stack] = nil
+        if #stack == 0 then close_at = j break end
+      elseif c == 44 and top and top.obj then -- ,
+        top.expect_key = true
       end
       i = j + 1
     end
   end
-  return keys
+  if close_at and find(s, "[^ ]", close_at + 1) then
+    return ("bytes after the JSON object other than space padding (0x20) at byte %d"):format(
+      find(s, "[^ ]", close_at + 1))
+  end
+  return nil
 end
 
 local function is_int(x)
@@ -181,24 +197,16 @@ local function parse_header(path, text, data_size)
   if text:sub(1, 1) ~= "{" then
     E.raise(E.EFORMAT, "'%s' is not a safetensors file%s: its header does not start with '{'", path, looks_like(path))
   end
+  -- JSON allows control characters only as whitespace between tokens (a raw
+  -- NUL, in a string or as padding, is refused by the reference reader)
+  local ctl = text:find("[%z\1-\8\11\12\14-\31]")
+  if ctl then bad("header has a control character (byte 0x%02x) at byte %d", text:byte(ctl), ctl) end
   local ok, hdr = pcall(cjson.decode, text)
   if not ok then bad("header is not valid JSON: %s", tostring(hdr)) end
   if type(hdr) ~= "table" then bad("header is not a JSON object") end
-
-  -- duplicates (cjson keeps only the last of equal keys)
-  local raw_keys = top_level_keys(text)
-  local nkeys = 0
-  for _ in pairs(hdr) do nkeys = nkeys + 1 end
-  if #raw_keys ~= nkeys then
-    local seen = {}
-    for _, raw in ipairs(raw_keys) do
-      local okk, name = pcall(cjson.decode, raw)
-      name = okk and name or raw
-      if seen[name] then bad("tensor '%s' appears more than once in the header", tostring(name)) end
-      seen[name] = true
-    end
-    bad("header has duplicate keys")
-  end
+  -- duplicate keys at any depth (cjson keeps only the last), trailing bytes
+  local strict = json_strictness(text, cjson.decode)
+  if strict then bad("%s", strict) end
 
   local metadata = {}
   local meta = hdr.__metadata__

@@ -9,6 +9,20 @@
 -- every C call and pointer-array store, as a pointer would.
 local ffi = require("ffi")
 local core = require("muon.core")
+local E = require("muon.errors")
+
+-- Raise a muon error object with that code and an already formatted
+-- message; with a level, the message starts with that caller's position
+-- ("file:line: "), as error(msg, level) would put it.
+local function raise(code, msg, level)
+  if level then
+    local info = debug.getinfo(level + 1, "Sl")
+    if info and info.currentline and info.currentline > 0 then
+      msg = info.short_src .. ":" .. info.currentline .. ": " .. msg
+    end
+  end
+  error(E.new(code, msg), 0)
+end
 
 local C, check = core.C, core.check
 
@@ -44,20 +58,20 @@ T.adopt = adopt
 
 local MAX_SIZE = 2 ^ 53
 
-local function shape_array(shape, level)
+local function shape_array(shape)
   if type(shape) ~= "table" then
-    error("shape must be a table of sizes, got " .. type(shape), level + 1)
+    E.raise(E.EINVAL, "shape must be a table of sizes, got %s", type(shape))
   end
   local n = #shape
-  if n > 8 then error("shape has " .. n .. " dims; at most 8 are supported", level + 1) end
+  if n > 8 then E.raise(E.EINVAL, "shape has %d dims; at most 8 are supported", n) end
   local arr = i64_arr(math.max(n, 1))
   for i = 1, n do
     local s = shape[i]
     if type(s) ~= "number" or s ~= math.floor(s) or (s < 0 and s ~= -1) then
-      error("bad shape: size " .. tostring(s) .. " in dim " .. i, level + 1)
+      E.raise(E.EINVAL, "bad shape: size %s in dim %d", tostring(s), i)
     end
     if s > MAX_SIZE then -- beyond exact integers (and int64): never a real size
-      error(("bad shape: size %s in dim %d is too large"):format(tostring(s), i), level + 1)
+      E.raise(E.EINVAL, "bad shape: size %s in dim %d is too large", tostring(s), i)
     end
     arr[i - 1] = s
   end
@@ -70,9 +84,9 @@ function T.is_tensor(x)
 end
 
 function T.zeros(shape, dtype)
-  local arr, n = shape_array(shape, 2)
+  local arr, n = shape_array(shape)
   for i = 1, n do
-    if shape[i] < 0 then error("bad shape: negative size in dim " .. i, 2) end
+    if shape[i] < 0 then E.raise(E.EINVAL, "bad shape: negative size in dim %d", i) end
   end
   local box = out_box()
   check(C.mu_tensor_new(dtype_code(dtype, 2), n, arr, box), "zeros", 2)
@@ -102,7 +116,7 @@ end
 
 -- T.from({1,2,3,4,5,6}, {2,3}) or T.from({{1,2,3},{4,5,6}}); dtype optional.
 function T.from(values, shape, dtype)
-  if type(values) ~= "table" then error("values must be a table", 2) end
+  if type(values) ~= "table" then raise(E.EINVAL, "values must be a table", 2) end
   if type(shape) == "string" then shape, dtype = nil, shape end
   local flat = values
   if shape == nil then
@@ -113,12 +127,12 @@ function T.from(values, shape, dtype)
   local t = T.zeros(shape, dtype)
   local n = t:numel()
   if #flat ~= n then
-    error(("values has %d elements but shape %s needs %d"):format(#flat, table.concat(shape, "x"), n), 2)
+    raise(E.ESHAPE, ("values has %d elements but shape %s needs %d"):format(#flat, table.concat(shape, "x"), n), 2)
   end
   local p = ffi.cast(CTYPES[t.scalar], t.data)
   for i = 1, n do
     local v = flat[i]
-    if type(v) ~= "number" then error("values[" .. i .. "] is not a number", 2) end
+    if type(v) ~= "number" then raise(E.EINVAL, "values[" .. i .. "] is not a number", 2) end
     p[i - 1] = v
   end
   return t
@@ -127,12 +141,18 @@ end
 -- Wrap memory the caller keeps alive (a cdata pointer) as a tensor;
 -- strides (in elements, optional) default to C-contiguous.
 function T.wrap(ptr, shape, dtype, strides)
-  local arr, n = shape_array(shape, 2)
+  local arr, n = shape_array(shape)
   local sarr = nil
   if strides ~= nil then
-    if type(strides) ~= "table" or #strides ~= n then error("strides must list one stride per dim", 2) end
+    if type(strides) ~= "table" or #strides ~= n then E.raise(E.EINVAL, "wrap: strides must list one stride per dim") end
     sarr = i64_arr(math.max(n, 1))
-    for i = 1, n do sarr[i - 1] = strides[i] end
+    for i = 1, n do
+      local v = strides[i]
+      if type(v) ~= "number" or v ~= math.floor(v) or v < 0 or v > MAX_SIZE then
+        E.raise(E.EINVAL, "wrap: stride %s of dim %d must be an integer >= 0", tostring(v), i)
+      end
+      sarr[i - 1] = v
+    end
   end
   local box = out_box()
   check(C.mu_tensor_wrap(dtype_code(dtype, 2), n, arr, sarr, ptr, box), "wrap", 2)
@@ -140,7 +160,7 @@ function T.wrap(ptr, shape, dtype, strides)
 end
 
 function T.load(path)
-  if type(path) ~= "string" then error("path must be a string", 2) end
+  if type(path) ~= "string" then raise(E.EINVAL, "path must be a string", 2) end
   local box = out_box()
   check(C.mu_npy_load(path, box), "load", 2)
   return adopt(box)
@@ -217,9 +237,14 @@ function T.randn(shape, seed, dtype)
   return fill_normal(T.zeros(shape, dtype), state)
 end
 
-local function check_dim(t, d, what, level)
-  if type(d) ~= "number" or d ~= math.floor(d) or d < 1 or d > t.ndim then
-    error(("%s: dim %s out of range 1..%d"):format(what, tostring(d), t.ndim), level + 1)
+-- Argument checks raise EINVAL error objects naming the argument. An
+-- index or size must be an integer: NaN, +-inf and fractions are refused
+-- here, before LuaJIT's number -> int64 conversion could truncate them.
+local function is_integer(v) return type(v) == "number" and v == math.floor(v) and v - v == 0 end
+
+local function check_dim(t, d, what)
+  if not is_integer(d) or d < 1 or d > t.ndim then
+    E.raise(E.EINVAL, "%s: dim %s out of range 1..%d", what, tostring(d), t.ndim)
   end
   return d - 1
 end
@@ -247,9 +272,9 @@ function methods:ptr() return ffi.cast(CTYPES[self.scalar], self.data) end
 
 function methods:view(shape)
   if not self:is_contiguous() then
-    error("view: tensor is not contiguous (call :contiguous() first)", 2)
+    E.raise(E.ESTATE, "view: tensor is not contiguous (call :contiguous() first)")
   end
-  local arr, n = shape_array(shape, 2)
+  local arr, n = shape_array(shape)
   local box = out_box()
   check(C.mu_tensor_view(self, n, arr, box), "view", 2)
   return adopt(box)
@@ -271,12 +296,11 @@ end
 -- narrow(dim, start, length): start is 1-based.
 function methods:narrow(d, start, length)
   local dim = check_dim(self, d, "narrow", 2)
-  if type(start) ~= "number" or type(length) ~= "number" then
-    error("narrow: start and length must be numbers", 2)
-  end
+  if not is_integer(start) then E.raise(E.EINVAL, "narrow: start must be an integer, got %s", tostring(start)) end
+  if not is_integer(length) then E.raise(E.EINVAL, "narrow: length must be an integer, got %s", tostring(length)) end
   local size = tonumber(self.dims[dim])
   if start < 1 or length < 0 or start - 1 + length > size then
-    error(("narrow: [%d, %d] out of range 1..%d in dim %d"):format(start, start + length - 1, size, d), 2)
+    E.raise(E.EINVAL, "narrow: [%.0f, %.0f] out of range 1..%d in dim %d", start, start + length - 1, size, d)
   end
   local box = out_box()
   check(C.mu_tensor_narrow(self, dim, start - 1, length, box), "narrow", 2)
@@ -298,8 +322,8 @@ function methods:squeeze(d)
 end
 
 function methods:unsqueeze(d)
-  if type(d) ~= "number" or d < 1 or d > self.ndim + 1 then
-    error(("unsqueeze: dim %s out of range 1..%d"):format(tostring(d), self.ndim + 1), 2)
+  if not is_integer(d) or d < 1 or d > self.ndim + 1 then
+    E.raise(E.EINVAL, "unsqueeze: dim %s out of range 1..%d", tostring(d), self.ndim + 1)
   end
   local box = out_box()
   check(C.mu_tensor_unsqueeze(self, d - 1, box), "unsqueeze", 2)
@@ -324,13 +348,13 @@ function methods:to(dtype)
 end
 
 function methods:copy(src)
-  if not T.is_tensor(src) then error("copy: source is not a tensor", 2) end
+  if not T.is_tensor(src) then raise(E.EINVAL, "copy: source is not a tensor", 2) end
   check(C.mu_tensor_copy(self, src), nil, 2) -- C names copy in its messages
   return self
 end
 
 function methods:fill(v)
-  if type(v) ~= "number" then error("fill: value must be a number", 2) end
+  if type(v) ~= "number" then E.raise(E.EINVAL, "fill: value must be a number, got %s", type(v)) end
   check(C.mu_tensor_fill(self, v), nil, 2)
   return self
 end
@@ -343,17 +367,17 @@ function methods:all_finite()
   return rc ~= 0
 end
 
-local function index_array(self, idx, first, level)
+local function index_array(self, idx, first, nidx)
   local n = self.ndim
-  if #idx ~= n then
-    error(("expected %d indices, got %d"):format(n, #idx), level + 1)
+  if nidx ~= n then
+    E.raise(E.EINVAL, "expected %d indices, got %d", n, nidx)
   end
   local arr = i64_arr(math.max(n, 1))
   for i = 1, n do
     local v = idx[first + i - 1]
     local size = tonumber(self.dims[i - 1])
-    if type(v) ~= "number" or v < 1 or v > size or v ~= math.floor(v) then
-      error(("index %s out of range 1..%d in dim %d"):format(tostring(v), size, i), level + 1)
+    if not is_integer(v) or v < 1 or v > size then
+      E.raise(E.EINVAL, "index %s out of range 1..%d in dim %d", tostring(v), size, i)
     end
     arr[i - 1] = v - 1
   end
@@ -363,14 +387,14 @@ end
 function methods:get(...)
   local idx = { ... }
   local out = ffi.new("double[1]")
-  check(C.mu_tensor_get(self, index_array(self, idx, 1, 2), out), "get", 2)
+  check(C.mu_tensor_get(self, index_array(self, idx, 1, select("#", ...)), out), "get", 2)
   return out[0]
 end
 
 function methods:set(v, ...)
-  if type(v) ~= "number" then error("set: value must be a number", 2) end
+  if type(v) ~= "number" then E.raise(E.EINVAL, "set: value must be a number, got %s", type(v)) end
   local idx = { ... }
-  check(C.mu_tensor_set(self, index_array(self, idx, 1, 2), v), "set", 2)
+  check(C.mu_tensor_set(self, index_array(self, idx, 1, select("#", ...)), v), "set", 2)
   return self
 end
 
@@ -406,7 +430,7 @@ function methods:flat()
 end
 
 function methods:save(path)
-  if type(path) ~= "string" then error("save: path must be a string", 2) end
+  if type(path) ~= "string" then raise(E.EINVAL, "save: path must be a string", 2) end
   check(C.mu_npy_save(self, path), "save", 2)
   return self
 end
@@ -464,7 +488,7 @@ local function broadcast_error(sp, ops, level)
       shown[#shown + 1], shapes[#shapes + 1] = sp.names[i], shape_str(ops[i])
     end
   end
-  error(("%s: shapes %s are not broadcastable"):format(sp.name, list_str(shown, shapes)), level + 1)
+  raise(E.ESHAPE, ("%s: shapes %s are not broadcastable"):format(sp.name, list_str(shown, shapes)), level + 1)
 end
 
 -- out = op(a, b, c) (out nil: a new tensor of the broadcast shape). p holds
@@ -488,16 +512,16 @@ local function run_map(sp, out, a, b, c, p, level)
       local rc = C.mu_tensor_check(v)
       if rc ~= 0 then check(rc, name .. ": " .. names[i], level + 1) end
       if v.scalar ~= ref.scalar then
-        error(("%s: dtype mismatch: %s is %s but %s is %s"):format(name, names[i], DTYPE_NAMES[v.scalar],
+        raise(E.EDTYPE, ("%s: dtype mismatch: %s is %s but %s is %s"):format(name, names[i], DTYPE_NAMES[v.scalar],
           ref_name_of(sp, ops, ref), DTYPE_NAMES[ref.scalar]), level + 1)
       end
       if v.ndim > nd then nd = v.ndim end
     elseif type(v) ~= "number" or not sp.numbers[i] then
-      error(("%s: %s must be a tensor%s, got %s"):format(name, names[i], sp.numbers[i] and " or a number" or "",
+      raise(E.EINVAL, ("%s: %s must be a tensor%s, got %s"):format(name, names[i], sp.numbers[i] and " or a number" or "",
         type(v)), level + 1)
     end
   end
-  if ref == nil then error(name .. ": no tensor among the arguments", level + 1) end
+  if ref == nil then raise(E.EINVAL, name .. ": no tensor among the arguments", level + 1) end
   -- broadcast shape (NumPy rules)
   local dims = {}
   for i = 1, nd do dims[i] = 1 end
@@ -518,7 +542,7 @@ local function run_map(sp, out, a, b, c, p, level)
     local same = out.ndim == nd
     for i = 1, nd do same = same and tonumber(out.dims[i - 1]) == dims[i] end
     if not same then
-      error(("%s: self's shape %s does not match the broadcast shape [%s] (in-place ops cannot grow self)")
+      raise(E.ESHAPE, ("%s: self's shape %s does not match the broadcast shape [%s] (in-place ops cannot grow self)")
         :format(name, shape_str(out), table.concat(dims, ", ")), level + 1)
     end
   else
@@ -545,7 +569,7 @@ end
 
 local function number_arg(v, default, name, what, level)
   if v == nil then return default end
-  if type(v) ~= "number" then error(("%s: %s must be a number, got %s"):format(name, what, type(v)), level + 1) end
+  if type(v) ~= "number" then raise(E.EINVAL, ("%s: %s must be a number, got %s"):format(name, what, type(v)), level + 1) end
   return v
 end
 
@@ -570,7 +594,7 @@ for _, name in ipairs({ "add", "sub" }) do
     return (run_map(s, nil, self, other, nil, { alpha = number_arg(alpha, 1, name, "alpha", 2) }, 2))
   end)
   define(name .. "_", function(self, other, alpha)
-    if not is_tensor(self) then error(name .. "_: self must be a tensor, got " .. type(self), 2) end
+    if not is_tensor(self) then raise(E.EINVAL, name .. "_: self must be a tensor, got " .. type(self), 2) end
     return (run_map(s_, self, self, other, nil, { alpha = number_arg(alpha, 1, name .. "_", "alpha", 2) }, 2))
   end)
 end
@@ -582,7 +606,7 @@ for _, d in ipairs({ { "mul", C.MU_MAP_MUL }, { "div", C.MU_MAP_DIV }, { "gt", C
   local s, s_ = spec(name, op, SELF_OTHER, NUM2), spec(name .. "_", op, SELF_OTHER, NUM2)
   define(name, function(self, other) return (run_map(s, nil, self, other, nil, nil, 2)) end)
   define(name .. "_", function(self, other)
-    if not is_tensor(self) then error(name .. "_: self must be a tensor, got " .. type(self), 2) end
+    if not is_tensor(self) then raise(E.EINVAL, name .. "_: self must be a tensor, got " .. type(self), 2) end
     return (run_map(s_, self, self, other, nil, nil, 2))
   end)
 end
@@ -624,9 +648,9 @@ end
 do
   local s, s_ = spec("clamp", C.MU_MAP_CLAMP, { "self" }, { false }), spec("clamp_", C.MU_MAP_CLAMP, { "self" }, { false })
   local function bounds(name, lo, hi, level)
-    if lo == nil and hi == nil then error(name .. ": at least one of min and max must be given", level + 1) end
+    if lo == nil and hi == nil then raise(E.EINVAL, name .. ": at least one of min and max must be given", level + 1) end
     lo, hi = number_arg(lo, -math.huge, name, "min", level + 1), number_arg(hi, math.huge, name, "max", level + 1)
-    if lo ~= lo or hi ~= hi then error(name .. ": min and max must not be NaN", level + 1) end
+    if lo ~= lo or hi ~= hi then raise(E.EINVAL, name .. ": min and max must not be NaN", level + 1) end
     return { lo = lo, hi = hi }
   end
   define("clamp", function(self, lo, hi) return (run_map(s, nil, self, nil, nil, bounds("clamp", lo, hi, 2), 2)) end)
@@ -647,7 +671,7 @@ do
   local m, m_ = spec("masked_fill", C.MU_MAP_WHERE, names, nums, 3), spec("masked_fill_", C.MU_MAP_WHERE, names, nums, 3)
   m.prefix, m_.prefix = "masked_fill", "masked_fill_"
   local function value_arg(name, v, level)
-    if type(v) ~= "number" then error(("%s: value must be a number, got %s"):format(name, type(v)), level + 1) end
+    if type(v) ~= "number" then raise(E.EINVAL, ("%s: value must be a number, got %s"):format(name, type(v)), level + 1) end
     return v
   end
   define("masked_fill", function(self, mask, value)
@@ -663,23 +687,22 @@ end
 -- float32), or with keepdim = true a tensor of size-1 dims (rounded).
 local function reduce_dim(t, d, name, level)
   local nd = t.ndim
-  if nd == 0 then error(("%s: a 0-D tensor has no dim %s (reduce it with dim = nil)"):format(name, tostring(d)), level + 1) end
+  if nd == 0 then raise(E.EINVAL, ("%s: a 0-D tensor has no dim %s (reduce it with dim = nil)"):format(name, tostring(d)), level + 1) end
   if type(d) ~= "number" or d ~= math.floor(d) or d == 0 or d > nd or d < -nd then
-    error(("%s: dim %s out of range for a %d-D tensor (1..%d or -%d..-1)"):format(name, tostring(d), nd, nd, nd),
-      level + 1)
+    raise(E.EINVAL, ("%s: dim %s out of range for a %d-D tensor (1..%d or -%d..-1)"):format(name, tostring(d), nd, nd, nd), level + 1)
   end
   return d < 0 and nd + d + 1 or d
 end
 
 local function reduce(name, op, t, dim, keepdim, level)
-  if not is_tensor(t) then error(name .. ": self must be a tensor, got " .. type(t), level + 1) end
+  if not is_tensor(t) then raise(E.EINVAL, name .. ": self must be a tensor, got " .. type(t), level + 1) end
   if keepdim ~= nil and type(keepdim) ~= "boolean" then
-    error(name .. ": keepdim must be a boolean, got " .. type(keepdim), level + 1)
+    raise(E.EINVAL, name .. ": keepdim must be a boolean, got " .. type(keepdim), level + 1)
   end
   check(C.mu_tensor_check(t), name, level + 1)
   if dim == nil then
     local v = ffi.new("double[1]")
-    if op == C.MU_REDUCE_AMAX and t:numel() == 0 then error("amax: the tensor is empty (no identity)", level + 1) end
+    if op == C.MU_REDUCE_AMAX and t:numel() == 0 then raise(E.ESHAPE, "amax: the tensor is empty (no identity)", level + 1) end
     check(C.mu_tensor_reduce_all(t, op, v), nil, level + 1)
     if not keepdim then return v[0] end
     local dims = {}
@@ -694,7 +717,7 @@ local function reduce(name, op, t, dim, keepdim, level)
   if op == C.MU_REDUCE_AMAX and t.dims[d - 1] == 0 then
     local n = 1
     for _, s in ipairs(dims) do n = n * s end
-    if n > 0 then error(("amax: dim %d has size 0 (no identity)"):format(d), level + 1) end
+    if n > 0 then raise(E.ESHAPE, ("amax: dim %d has size 0 (no identity)"):format(d), level + 1) end
   end
   local out = new_tensor(t.scalar, dims, name, level + 1)
   check(C.mu_tensor_reduce(t, op, d - 1, out), nil, level + 1)
@@ -707,32 +730,30 @@ define("amax", function(self, dim, keepdim) return (reduce("amax", C.MU_REDUCE_A
 -- norm(p, dim, keepdim): the 2-norm (p nil, 2 or "fro"), accumulated in double.
 define("norm", function(self, p, dim, keepdim)
   if p ~= nil and p ~= 2 and p ~= "fro" then
-    error("norm: only p = 2 (\"fro\") is supported, got " .. tostring(p), 2)
+    raise(E.EINVAL, "norm: only p = 2 (\"fro\") is supported, got " .. tostring(p), 2)
   end
   return (reduce("norm", C.MU_REDUCE_NORM, self, dim, keepdim, 2))
 end)
 
 -- Matrix products through OpenBLAS (float32 sgemm / float64 dgemm).
 local function product(name, a, b, level)
-  if not is_tensor(a) then error(name .. ": self must be a tensor, got " .. type(a), level + 1) end
-  if not is_tensor(b) then error(name .. ": other must be a tensor, got " .. type(b), level + 1) end
+  if not is_tensor(a) then raise(E.EINVAL, name .. ": self must be a tensor, got " .. type(a), level + 1) end
+  if not is_tensor(b) then raise(E.EINVAL, name .. ": other must be a tensor, got " .. type(b), level + 1) end
   check(C.mu_tensor_check(a), name .. ": self", level + 1)
   check(C.mu_tensor_check(b), name .. ": other", level + 1)
   if a.scalar ~= b.scalar then
-    error(("%s: dtype mismatch: self is %s but other is %s"):format(name, DTYPE_NAMES[a.scalar], DTYPE_NAMES[b.scalar]),
-      level + 1)
+    raise(E.EDTYPE, ("%s: dtype mismatch: self is %s but other is %s"):format(name, DTYPE_NAMES[a.scalar], DTYPE_NAMES[b.scalar]), level + 1)
   end
   local nd = a.ndim
   local k, kb = tonumber(a.dims[nd - 1]), tonumber(b.dims[b.ndim - 2])
   if k ~= kb then
-    error(("%s: shapes %s and %s cannot be multiplied (%d != %d)"):format(name, shape_str(a), shape_str(b), k, kb),
-      level + 1)
+    raise(E.ESHAPE, ("%s: shapes %s and %s cannot be multiplied (%d != %d)"):format(name, shape_str(a), shape_str(b), k, kb), level + 1)
   end
   local dims = {}
   if nd == 3 or b.ndim == 3 then
     local ba, bb = nd == 3 and tonumber(a.dims[0]) or 1, b.ndim == 3 and tonumber(b.dims[0]) or 1
     if ba ~= bb and ba ~= 1 and bb ~= 1 then
-      error(("%s: batch sizes of %s and %s differ"):format(name, shape_str(a), shape_str(b)), level + 1)
+      raise(E.ESHAPE, ("%s: batch sizes of %s and %s differ"):format(name, shape_str(a), shape_str(b)), level + 1)
     end
     dims[1] = math.max(ba, bb)
   end
@@ -745,10 +766,10 @@ end
 
 local function need_dims(name, a, b, nd, level)
   for _, x in ipairs({ { "self", a }, { "other", b } }) do
-    if not is_tensor(x[2]) then error(("%s: %s must be a tensor, got %s"):format(name, x[1], type(x[2])), level + 1) end
+    if not is_tensor(x[2]) then raise(E.EINVAL, ("%s: %s must be a tensor, got %s"):format(name, x[1], type(x[2])), level + 1) end
   end
   if a.ndim ~= nd or b.ndim ~= nd then
-    error(("%s: expected %d-D tensors, got %s and %s"):format(name, nd, shape_str(a), shape_str(b)), level + 1)
+    raise(E.ESHAPE, ("%s: expected %d-D tensors, got %s and %s"):format(name, nd, shape_str(a), shape_str(b)), level + 1)
   end
 end
 
@@ -762,7 +783,7 @@ end)
 define("bmm", function(self, other)
   need_dims("bmm", self, other, 3, 2)
   if self.dims[0] ~= other.dims[0] then
-    error(("bmm: batch sizes differ: %s and %s"):format(shape_str(self), shape_str(other)), 2)
+    raise(E.ESHAPE, ("bmm: batch sizes differ: %s and %s"):format(shape_str(self), shape_str(other)), 2)
   end
   return (product("bmm", self, other, 2))
 end)
@@ -772,9 +793,9 @@ end)
 -- against a 3-D one is used for every batch.
 define("matmul", function(self, other)
   for _, x in ipairs({ { "self", self }, { "other", other } }) do
-    if not is_tensor(x[2]) then error(("matmul: %s must be a tensor, got %s"):format(x[1], type(x[2])), 2) end
+    if not is_tensor(x[2]) then raise(E.EINVAL, ("matmul: %s must be a tensor, got %s"):format(x[1], type(x[2])), 2) end
     if x[2].ndim < 1 or x[2].ndim > 3 then
-      error(("matmul: %s has shape %s; 1-D, 2-D and 3-D tensors are supported"):format(x[1], shape_str(x[2])), 2)
+      raise(E.ESHAPE, ("matmul: %s has shape %s; 1-D, 2-D and 3-D tensors are supported"):format(x[1], shape_str(x[2])), 2)
     end
   end
   local a, b = self, other
@@ -797,7 +818,7 @@ local function arith(name, op)
   local commutative = name == "add" or name == "mul"
   return function(a, b)
     if not is_tensor(a) and type(a) ~= "number" then
-      error(("%s: cannot combine a %s with a tensor"):format(name, type(a)), 2)
+      raise(E.EINVAL, ("%s: cannot combine a %s with a tensor"):format(name, type(a)), 2)
     end
     if commutative and not is_tensor(a) then a, b = b, a end -- bitwise the same
     return (run_map(s, nil, a, b, nil, nil, 2))

@@ -592,7 +592,7 @@ int main(void)
                strcmp(mu_strerror(-n), "unknown error") == 0,
            "mu_errname / mu_strerror of a value outside the table: UNKNOWN / unknown error");
     }
-    ok(mu_blas_fix_core(NULL) == MU_OK, "mu_blas_fix_core with NULL argv does nothing");
+    ok(mu_blas_fix_core(NULL) == MU_EINVAL, "mu_blas_fix_core with NULL argv: MU_EINVAL, nothing done");
 
     /* --- nothing to step: no parameter has a gradient. MU_OK, and nothing
      * changes: the values, the step count (so the schedule) */

@@ -6,11 +6,13 @@
 # written to build/fuzz/artifacts/<name>/ and fails the run: copy it into
 # tests/fuzz/regressions/<name>/ once fixed (tests/fuzz_spec.lua replays them).
 #   FUZZ_SECONDS=300 make fuzz      FUZZ_TARGETS="npy config" make fuzz
+# Target "tensor" is the Lua tensor view fuzzer (tests/fuzz/tensor_fuzz.lua)
+# on the ASan + UBSan library build-san/libmuon.so (built here if needed).
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 SECONDS_EACH=${FUZZ_SECONDS:-60}
-TARGETS=${FUZZ_TARGETS:-"npy safetensors config"}
+TARGETS=${FUZZ_TARGETS:-"npy safetensors config tensor"}
 CLANG=${FUZZ_CC:-$(command -v clang-14 || command -v clang)}
 [ -n "$CLANG" ] || { echo "make fuzz: clang not found (apt-get install clang-14 libclang-rt-14-dev)"; exit 1; }
 OUT=build/fuzz
@@ -53,6 +55,28 @@ export OPENBLAS_NUM_THREADS=1 MU_FOREACH_THREADS=1
 status=0
 summary=""
 for t in $TARGETS; do
+  if [ "$t" = tensor ]; then
+    # The Lua tensor view fuzzer (tests/fuzz/tensor_fuzz.lua) on the ASan +
+    # UBSan build of the library (build-san/, as make test SAN=1).
+    echo "== fuzz tensor for ${SECONDS_EACH}s"
+    log="$OUT/tensor.log"
+    make --no-print-directory SAN=1 build-san/libmuon.so >"$OUT/tensor-build.log" 2>&1 || { echo "SAN build failed"; exit 1; }
+    asan_rt=$(${CC:-cc} -print-file-name=libasan.so)
+    LUA_PATH="$ROOT/lua/?.lua;$ROOT/lua/?/init.lua;$ROOT/tests/?.lua;$ROOT/tests/fuzz/?.lua;;" \
+      MUON_LIB="$ROOT/build-san/libmuon.so" LD_PRELOAD="$asan_rt" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
+      luajit tests/fuzz/tensor_run.lua "$SECONDS_EACH" >"$log" 2>&1
+    rc=$?
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+    if [ "$rc" -ne 0 ]; then
+      status=1
+      echo "FINDING in tensor (exit $rc); see $log"
+      grep -E "FUZZ FINDING|ERROR|runtime error|SUMMARY" "$log" | head -5
+    fi
+    line="fuzz tensor: ${execs:-?} ops in ${SECONDS_EACH}s, $([ "$rc" -eq 0 ] && echo "no findings" || echo "FINDING")"
+    echo "$line"
+    summary="$summary$line"$'\n'
+    continue
+  fi
   mkdir -p "$OUT/work/$t" "$OUT/artifacts/$t"
   extra=()
   [ -f "tests/fuzz/$t.dict" ] && extra+=("-dict=tests/fuzz/$t.dict")

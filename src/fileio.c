@@ -1,0 +1,201 @@
+/*
+ * Files the library reads and writes (npy, safetensors): opening only
+ * regular files, and atomic saves through a uniquely named temporary file.
+ *
+ * Reading: open(O_NONBLOCK) so that a FIFO or a device never blocks the
+ * open itself, fstat, refuse anything but a regular file, then clear
+ * O_NONBLOCK for the reads.
+ *
+ * Writing: the temporary file is created with mkstemp in the directory of
+ * the target (rename is atomic only within one file system), so two
+ * writers of one path -- two engines of one process, two threads, two
+ * processes -- never share it: each save has its own file, and the last
+ * rename wins with a whole file. Its name is "<base>.tmp.XXXXXX" with the
+ * base cut so that the name fits NAME_MAX (a 250-byte target name saves).
+ */
+#include "muon_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#ifndef NAME_MAX
+#define NAME_MAX 255
+#endif
+
+int mu__open_regular(const char *path, int *fd_out, int64_t *size_out)
+{
+    *fd_out = -1;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return mu__fail(MU_EIO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return mu__fail(MU_EIO, "cannot stat '%s': %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return mu__fail(MU_EIO, "'%s' is not a regular file (a directory, FIFO, socket or device)",
+                        path);
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return mu__fail(MU_EIO, "cannot read '%s': %s", path, strerror(e));
+    }
+    *fd_out = fd;
+    *size_out = (int64_t)st.st_size;
+    return MU_OK;
+}
+
+int mu_file_check_regular(const char *path)
+{
+    if (!path) return mu__fail(MU_EINVAL, "path is NULL");
+    int fd;
+    int64_t size;
+    int rc = mu__open_regular(path, &fd, &size);
+    if (rc == MU_OK) close(fd);
+    return rc;
+}
+
+int mu__read_full(int fd, void *buf, size_t len, int64_t off, size_t *got)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t r = pread(fd, (char *)buf + done, len - done, (off_t)(off + (int64_t)done));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            *got = done;
+            return -1;
+        }
+        if (r == 0) break;
+        done += (size_t)r;
+    }
+    *got = done;
+    return 0;
+}
+
+int mu__write_full(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len) {
+        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* The process umask without changing it (umask(2) would, for every
+ * thread, for a moment): /proc/self/status on Linux, else 022. */
+static mode_t current_umask(void)
+{
+    mode_t um = 022;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return um;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        unsigned v;
+        if (sscanf(line, "Umask: %o", &v) == 1) {
+            um = (mode_t)(v & 0777);
+            break;
+        }
+    }
+    fclose(f);
+    return um;
+}
+
+int mu__tmp_create(const char *path, char **tmp_out, int *fd_out)
+{
+    static const char suffix[] = ".tmp.XXXXXX";
+    *tmp_out = NULL;
+    *fd_out = -1;
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t dirlen = (size_t)(base - path), blen = strlen(base);
+    if (blen == 0) return mu__fail(MU_EIO, "cannot save '%s': the path names a directory", path);
+    /* keep the temporary name within NAME_MAX: cut the base if needed */
+    size_t keep = NAME_MAX - (sizeof suffix - 1);
+    if (blen > keep) blen = keep;
+    char *tmp = malloc(dirlen + blen + sizeof suffix);
+    if (!tmp) return mu__fail(MU_ENOMEM, "cannot save '%s': out of memory", path);
+    memcpy(tmp, path, dirlen + blen);
+    memcpy(tmp + dirlen + blen, suffix, sizeof suffix);
+    int fd = mkstemp(tmp); /* O_EXCL, mode 0600: a name nobody else holds */
+    if (fd < 0) {
+        int rc = mu__fail(MU_EIO, "cannot save '%s': cannot create a temporary file in its "
+                          "directory: %s", path, strerror(errno));
+        free(tmp);
+        return rc;
+    }
+    /* mkstemp makes the file 0600; saves get the usual 0666 & ~umask */
+    (void)fchmod(fd, 0666 & ~current_umask());
+    (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    *tmp_out = tmp;
+    *fd_out = fd;
+    return MU_OK;
+}
+
+/* fsync the directory holding path so the rename is durable. Filesystems
+ * that cannot sync directories (EINVAL) are tolerated. */
+static void sync_parent_dir(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir;
+    if (!slash) dir = strdup(".");
+    else if (slash == path) dir = strdup("/");
+    else dir = strndup(path, (size_t)(slash - path));
+    if (!dir) return;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(dir);
+    if (fd < 0) return;
+    (void)fsync(fd);
+    close(fd);
+}
+
+int mu__tmp_commit(const char *path, char *tmp, int fd)
+{
+    const char *step = "syncing";
+    int ok = fsync(fd) == 0;
+    if (ok) step = "closing";
+    int c = close(fd);
+    ok = ok && c == 0;
+    if (ok) {
+        step = "renaming";
+        ok = rename(tmp, path) == 0;
+    }
+    if (!ok) {
+        int rc = mu__fail(MU_EIO, "cannot save '%s': %s temporary file '%s' failed: %s", path,
+                          step, tmp, strerror(errno));
+        unlink(tmp);
+        free(tmp);
+        return rc;
+    }
+    sync_parent_dir(path);
+    free(tmp);
+    return MU_OK;
+}
+
+void mu__tmp_abort(char *tmp, int fd)
+{
+    if (fd >= 0) close(fd);
+    if (tmp) unlink(tmp);
+    free(tmp);
+}
