@@ -68,6 +68,13 @@ MU_API const char *mu_last_error(void);
 /* FFI declarations of this header, for LuaJIT's ffi.cdef. */
 MU_API const char *mu_cdef(void);
 MU_API const char *mu_version(void);
+/* Is path a regular file that can be opened for reading? Decided without
+ * blocking: a directory, FIFO, socket or device is refused without being
+ * opened. resolved (cap bytes, may be NULL) receives the absolute path (the
+ * real path when it exists, else the working directory joined with path).
+ * MU_OK, or MU_EIO with the reason alone in mu_last_error() ("No such file
+ * or directory", "Is a directory", "not a regular file (a FIFO)", ...). */
+MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
 
 /* --------------------------------------------------------------- tensors */
 
