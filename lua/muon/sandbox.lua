@@ -76,6 +76,10 @@ local function export_all(...) return map_all(export, select("#", ...), ...) end
 --   re-raise the budget error (an xpcall handler is not run for it). The
 --   host reports the budget error whatever the config raised or returned.
 --   A CPU-time limit (os.clock) is checked on every hook call as well.
+-- * Host work. Every host function the config calls (tensor maths, an
+--   optimizer step...) is charged its CPU time afterwards, and the ones
+--   whose time grows faster than their arguments (matmuls, Newton-Schulz,
+--   optimizer steps) an estimate before they run ("host work" below).
 -- * No JIT. The count hook does not fire inside compiled traces, so every
 --   function of a sandboxed chunk (jit.off(chunk, true): nested functions
 --   too), and every chunk the sandbox's own load() makes, runs
@@ -97,12 +101,14 @@ local function export_all(...) return map_all(export, select("#", ...), ...) end
 -- Limits: hooks at step time (reshape_fn, post_update_fn, schedules, match
 -- functions) have no instruction budget (an endless loop in a hook hangs
 -- the step; their patterns are still capped at PATTERN_LIMIT steps per
--- call). When the host already runs a debug hook (profiler, debugger,
--- coverage) LuaJIT's single hook slot is left alone and the load is not
--- bounded. One VM instruction can still do work proportional to the size of
--- its operands (the .. operator on a huge string, a tensor op on a huge
--- tensor): such work is bounded by memory and by the CPU-time limit checked
--- between BUDGET_STEP instructions, not instruction by instruction.
+-- call, and so are groups' match patterns, S.bounded_find). When the host
+-- already runs a debug hook (profiler, debugger, coverage) LuaJIT's single
+-- hook slot is left alone and the load is not bounded. One VM instruction
+-- can still do work proportional to the size of its operands (the ..
+-- operator on a huge string): such work is bounded by memory and by the
+-- CPU-time limit, which is checked every BUDGET_STEP instructions, not
+-- instruction by instruction. A budget error can stop a host function the
+-- config called halfway; whatever it built belongs to the failed load.
 local BUDGET_STEP = 10000
 -- Worst-case pattern steps allowed in one call when no budget is running.
 S.PATTERN_LIMIT = 1e8
