@@ -785,6 +785,11 @@ describe("config files: what is read, and the messages", function()
     assert_blocked(ok, err, "load of bytecode")
     ok, err = load_error("load('return 1', 'x', 'b')")
     assert_blocked(ok, err, "load of bytecode")
+    -- after a #! line LuaJIT reads bytecode even in mode "t"
+    ok, err = load_error("load('#!x\\n' .. string.char(27) .. 'LJ\\2junk')")
+    assert_blocked(ok, err, "load of bytecode")
+    ok, err = load_error("load('#!x\\n' .. string.char(27) .. 'LJ\\2junk', 'x', 't')")
+    assert_blocked(ok, err, "load of bytecode")
   end)
 
   it("refuses a directory and a FIFO (without blocking), naming the path, resolved, and why (EIO)", function()

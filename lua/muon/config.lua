@@ -132,9 +132,7 @@ end
 -- chunk before anything refused it, and a malformed one crashes the VM).
 -- name: the file as messages show it. Raises an EFORMAT error object.
 function config.compile(text, name, env, what)
-  local body = text
-  if body:byte(1) == 35 then body = body:match("^[^\n]*\n(.*)$") or "" end -- a #! line
-  if body:byte(1) == 27 then fail(E.EFORMAT, "%s '%s': precompiled bytecode is not accepted (source text only)", what, name) end
+  if sandbox.is_bytecode(text) then fail(E.EFORMAT, "%s '%s': precompiled bytecode is not accepted (source text only)", what, name) end
   local chunk, err
   if env then chunk, err = load(text, "@" .. name, "t", env) else chunk, err = load(text, "@" .. name, "t") end
   if not chunk then fail(E.EFORMAT, "%s '%s': syntax error: %s", what, name, tostring(err)) end

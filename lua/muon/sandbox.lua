@@ -375,11 +375,19 @@ function S.run_bounded(f, limit, seconds, what)
   return true, result
 end
 
+-- Would LuaJIT read text as a precompiled chunk? Its lexer skips a first
+-- line starting with '#' and then takes ESC as the start of bytecode, and
+-- (LuaJIT 2.1.0-beta3) after such a line it does so even in mode "t".
+function S.is_bytecode(text)
+  if text:byte(1) == 35 then text = text:match("^[^\n]*\n(.*)$") or "" end -- a #! line
+  return text:byte(1) == 27
+end
+
 -- load() for sandboxed code: source text only, in env (or the given
 -- environment), never JIT-compiled.
 function S.text_load(env, blocked)
   return function(chunk, name, mode, e)
-    if mode ~= nil and mode ~= "t" or (type(chunk) == "string" and chunk:byte(1) == 27) then
+    if mode ~= nil and mode ~= "t" or (type(chunk) == "string" and S.is_bytecode(chunk)) then
       blocked("load of bytecode")
     end
     if type(chunk) ~= "string" then blocked("load of a reader function") end
