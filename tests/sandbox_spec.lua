@@ -785,7 +785,7 @@ describe("config files: what is read, and the messages", function()
     assert_blocked(ok, err, "load of bytecode")
     ok, err = load_error("load('return 1', 'x', 'b')")
     assert_blocked(ok, err, "load of bytecode")
-    -- after a #! line LuaJIT reads bytecode even in mode "t"
+    -- after a #! line too
     ok, err = load_error("load('#!x\\n' .. string.char(27) .. 'LJ\\2junk')")
     assert_blocked(ok, err, "load of bytecode")
     ok, err = load_error("load('#!x\\n' .. string.char(27) .. 'LJ\\2junk', 'x', 't')")

@@ -375,9 +375,10 @@ function S.run_bounded(f, limit, seconds, what)
   return true, result
 end
 
--- Would LuaJIT read text as a precompiled chunk? Its lexer skips a first
--- line starting with '#' and then takes ESC as the start of bytecode, and
--- (LuaJIT 2.1.0-beta3) after such a line it does so even in mode "t".
+-- Does text hold a precompiled chunk (ESC first, or after a '#' first
+-- line)? Mode "t" already keeps LuaJIT from reading one (and after a '#'
+-- line it refuses bytecode as "malformed" by itself); this gives the
+-- clearer message.
 function S.is_bytecode(text)
   if text:byte(1) == 35 then text = text:match("^[^\n]*\n(.*)$") or "" end -- a #! line
   return text:byte(1) == 27
