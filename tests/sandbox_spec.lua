@@ -822,6 +822,19 @@ describe("config files: what is read, and the messages", function()
     assert.truthy(tostring(err):find(("config '%s': syntax error: %s:3:"):format(path, path), 1, true), tostring(err))
   end)
 
+  it("a bad argument to a sandboxed library function names the function and the config's line", function()
+    for _, c in ipairs({ { "string.upper()", "upper" }, { "('x'):sub({})", "sub" }, { "string.rep()", "rep" },
+                         { "('x'):find()", "find" }, { "string.format('%d', 'x')", "format" },
+                         { "table.concat({ {} })", "concat" } }) do
+      local path = write_config("\n" .. c[1] .. "\nreturn { groups = { { optimizer = 'adamw' } } }")
+      local ok, err = pcall(engine.new, path)
+      os.remove(path)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(path .. ":2: ", 1, true), tostring(err))
+      assert.truthy(tostring(err):find("'" .. c[2] .. "'", 1, true), tostring(err))
+    end
+  end)
+
   it("errors while running name no file of muon's own", function()
     for _, body in ipairs({ "require('muon').tensor.zeros('x')", "require('muon').tensor.zeros({2}):view({7})",
                             "('x'):upper(nil, {}) string.upper()", "string.rep()", "table.concat({ {} })",

@@ -285,9 +285,42 @@ do
     end
     return rep(s, k, sep)
   end
-  for _, name in ipairs({ "format", "upper", "lower", "reverse", "sub", "char" }) do
+  -- charged before, by the size of what they make, and called last (a tail
+  -- call: an argument error then names the function and the config's line)
+  local function len(s)
+    if type(s) == "string" then return #s end
+    if type(s) == "number" then return 24 end
+    return 0
+  end
+  for _, name in ipairs({ "upper", "lower", "reverse" }) do
     local f = string[name]
-    SAFE_STRING[name] = function(...) return charged_result(f(...)) end
+    SAFE_STRING[name] = function(s, ...)
+      S.charge(len(s))
+      return f(s, ...)
+    end
+  end
+  local sub, char, format = string.sub, string.char, string.format
+  SAFE_STRING.sub = function(s, i, j, ...)
+    if type(s) == "string" and in_budget() then
+      local n = #s
+      local a, b = tonumber(i) or 1, tonumber(j) or -1
+      if a < 0 then a = n + a + 1 end
+      if b < 0 then b = n + b + 1 end
+      S.charge(math.max(0, math.min(b, n) - math.max(a, 1) + 1))
+    end
+    return sub(s, i, j, ...)
+  end
+  SAFE_STRING.char = function(...)
+    S.charge(select("#", ...))
+    return char(...)
+  end
+  SAFE_STRING.format = function(fmt, ...)
+    if in_budget() then
+      local n = len(fmt)
+      for k = 1, select("#", ...) do n = n + len((select(k, ...))) end
+      S.charge(n)
+    end
+    return format(fmt, ...)
   end
 end
 
@@ -296,7 +329,17 @@ function S.safe_table()
   local t = {}
   for k, v in pairs(table) do t[k] = v end
   local concat, sort = table.concat, table.sort
-  t.concat = function(...) return charged_result(concat(...)) end
+  t.concat = function(list, sep, i, j)
+    if type(list) == "table" and in_budget() then -- (this loop is counted too)
+      local n, step = 0, type(sep) == "string" and #sep or 0
+      for k = tonumber(i) or 1, tonumber(j) or #list do
+        local v = rawget(list, k)
+        n = n + (type(v) == "string" and #v or 24) + step
+      end
+      S.charge(n)
+    end
+    return concat(list, sep, i, j)
+  end
   t.sort = function(list, cmp)
     if type(list) == "table" then
       local n = #list
