@@ -28,6 +28,7 @@
 -- tensor lives in a private weak table the sandbox cannot reach. The config
 -- file's result is exported before the engine sees it, so every hook,
 -- schedule and match function runs behind the membrane.
+local ffi = require("ffi")
 local T = require("muon.tensor")
 local E = require("muon.errors")
 
@@ -75,7 +76,8 @@ local function export_all(...) return map_all(export, select("#", ...), ...) end
 --   time until the bounded call returns, and the sandbox's pcall/xpcall
 --   re-raise the budget error (an xpcall handler is not run for it). The
 --   host reports the budget error whatever the config raised or returned.
---   A CPU-time limit (os.clock) is checked on every hook call as well.
+--   A CPU-time limit (os.clock) is checked on every hook call as well, and
+--   a GC probe makes the hook run after every GC cycle (see arm_gc_probe).
 -- * Host work. Every host function the config calls (tensor maths, an
 --   optimizer step...) is charged its CPU time afterwards, and the ones
 --   whose time grows faster than their arguments (matmuls, Newton-Schulz,
@@ -106,8 +108,8 @@ local function export_all(...) return map_all(export, select("#", ...), ...) end
 -- hook slot is left alone and the load is not bounded. One VM instruction
 -- can still do work proportional to the size of its operands (the ..
 -- operator on a huge string): such work is bounded by memory and by the
--- CPU-time limit, which is checked every BUDGET_STEP instructions, not
--- instruction by instruction. A budget error can stop a host function the
+-- CPU-time limit, which is checked every BUDGET_STEP instructions and
+-- after every GC cycle, not instruction by instruction. A budget error can stop a host function the
 -- config called halfway; whatever it built belongs to the failed load.
 local BUDGET_STEP = 10000
 -- Worst-case pattern steps allowed in one call when no budget is running.
@@ -138,12 +140,33 @@ end
 hook = function()
   if coroutine.running() ~= budget.co or not budget.active then return end
   if budget.exhausted then error(budget_message(), 0) end
+  if budget.forced then -- (by the GC probe: back to the usual interval, a full one charged)
+    budget.forced = false
+    debug.sethook(budget.co, hook, "", budget.step)
+  end
   budget.remaining = budget.remaining - budget.step
   if budget.remaining <= 0 then exhaust() end
   if os.clock() > budget.deadline then
     budget.timed_out = true
     exhaust()
   end
+end
+
+-- The GC probe: a garbage object whose finalizer, at the end of every GC
+-- cycle during a bounded run, makes the hook fire at the next instruction
+-- (and arms the next probe). Instructions that copy huge strings (s .. s)
+-- allocate a lot in few instructions; GC cycles follow the allocation, so
+-- the CPU-time limit is checked within a cycle's worth of allocation rather
+-- than after BUDGET_STEP such instructions.
+local arm_gc_probe
+arm_gc_probe = function()
+  ffi.gc(ffi.new("char[1]"), function()
+    if budget.active and not budget.exhausted then
+      budget.forced = true
+      debug.sethook(budget.co, hook, "", 1)
+      arm_gc_probe()
+    end
+  end)
 end
 
 -- Take n instructions' worth of work off the running budget (no-op
@@ -404,6 +427,7 @@ function S.run_bounded(f, limit, seconds, what)
     budget.deadline = os.clock() + (seconds or math.huge)
     budget.step = math.max(1, math.min(BUDGET_STEP, math.floor(limit)))
     debug.sethook(co, hook, "", budget.step)
+    arm_gc_probe()
   end
   local ok, result = coroutine.resume(co)
   if bounded then
