@@ -96,8 +96,7 @@ local function without_own_positions(msg)
   while true do
     local a = msg:find(OWN_DIR, i, true)
     if not a then break end
-    local b = msg:find("^[%w_/]*%.lua:%d+: ", a + #OWN_DIR)
-    local e = b and select(2, msg:find("^[%w_/]*%.lua:%d+: ", a + #OWN_DIR))
+    local _, e = msg:find("^[%w_/]*%.lua:%d+: ", a + #OWN_DIR)
     out[#out + 1] = msg:sub(i, a - 1)
     if e then i = e + 1 else out[#out + 1] = OWN_DIR; i = a + #OWN_DIR end
   end
@@ -132,7 +131,9 @@ end
 -- chunk before anything refused it, and a malformed one crashes the VM).
 -- name: the file as messages show it. Raises an EFORMAT error object.
 function config.compile(text, name, env, what)
-  if sandbox.is_bytecode(text) then fail(E.EFORMAT, "%s '%s': precompiled bytecode is not accepted (source text only)", what, name) end
+  if sandbox.is_bytecode(text) then
+    fail(E.EFORMAT, "%s '%s': precompiled bytecode is not accepted (source text only)", what, name)
+  end
   local chunk, err
   if env then chunk, err = load(text, "@" .. name, "t", env) else chunk, err = load(text, "@" .. name, "t") end
   if not chunk then fail(E.EFORMAT, "%s '%s': syntax error: %s", what, name, tostring(err)) end

@@ -405,8 +405,6 @@ local function set_strings(index)
   string_mt.__index = index
   return prev
 end
-S.set_strings = set_strings
-function S.sandbox_strings() return set_strings(SAFE_STRING) end
 
 -- Run f() (a sandboxed chunk, without arguments) in its own coroutine with
 -- an instruction budget of `limit` and a CPU-time limit of `seconds`
