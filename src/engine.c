@@ -536,18 +536,13 @@ int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_
     *out = NULL;
     if (!config_path || !*config_path)
         return mu__fail(MU_EINVAL, "mu_engine_open: config_path is NULL or empty");
-    FILE *f = fopen(config_path, "r");
-    if (!f) {
-        int e = errno;
-        char cwd[PATH_MAX];
-        if (config_path[0] != '/' && getcwd(cwd, sizeof cwd))
-            return mu__fail(MU_EIO,
-                            "mu_engine_open: cannot open config file '%s': %s (relative paths start in the "
-                            "working directory %s)",
-                            config_path, strerror(e), cwd);
-        return mu__fail(MU_EIO, "mu_engine_open: cannot open config file '%s': %s", config_path, strerror(e));
+    char resolved[PATH_MAX];
+    if (mu_file_check(config_path, resolved, sizeof resolved) != MU_OK) {
+        char reason[256];
+        snprintf(reason, sizeof reason, "%s", mu_last_error());
+        return mu__fail(MU_EIO, "mu_engine_open: config '%s' (resolved %s): %s", config_path, resolved,
+                        reason);
     }
-    fclose(f);
 
     mu__eng *eng = calloc(1, sizeof *eng);
     if (!eng) return mu__fail(MU_ENOMEM, "mu_engine_open: out of memory");
@@ -893,6 +888,8 @@ static int mu__script(const char *fn, const char *target, int argc, char **argv,
         } else {
             msg = lua_tostring(L, -1);
         }
+        /* an empty traceback: a clean one-line error (a script that cannot be loaded) */
+        if (tb && !*tb) tb = NULL;
         rc = mu__fail(st == LUA_ERRMEM ? MU_ENOMEM : MU_ELUA, "%s%s%s%s", hint, msg ? msg : "unknown Lua error",
                       tb ? "\n" : "", tb ? tb : "");
         if (flags & MU_SCRIPT_MPI) {

@@ -68,6 +68,15 @@ MU_API const char *mu_last_error(void);
 /* FFI declarations of this header, for LuaJIT's ffi.cdef. */
 MU_API const char *mu_cdef(void);
 MU_API const char *mu_version(void);
+/* Is path a regular file that can be opened for reading? Decided without
+ * blocking: a directory, FIFO, socket or device is refused without being
+ * opened. resolved (cap bytes, may be NULL) receives the absolute path (the
+ * real path when it exists, else the working directory joined with path).
+ * MU_OK, or MU_EIO with the reason alone in mu_last_error() ("No such file
+ * or directory", "Is a directory", "not a regular file (a FIFO)", ...).
+ * Every loader of the library checks its files itself; this is for code
+ * about to read a user-given path with io.open or fopen. */
+MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
 
 /* --------------------------------------------------------------- tensors */
 
@@ -222,13 +231,6 @@ MU_API int mu_tensor_matmul(const mu_tensor *a, const mu_tensor *b, mu_tensor *o
 MU_API int mu_npy_load(const char *path, mu_tensor **out);
 MU_API int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out);
 MU_API int mu_npy_save(const mu_tensor *t, const char *path);
-
-/* MU_OK if path names a regular file that can be opened for reading, else
- * MU_EIO naming the path ("not a regular file" for a FIFO, socket, device
- * or directory: those are never opened for reading, as they may block
- * forever or never end). Every loader of the library checks this itself;
- * this is for Lua code about to read a user-given path with io.open. */
-MU_API int mu_file_check_regular(const char *path);
 
 /* ---------------------------------------------------------- safetensors */
 

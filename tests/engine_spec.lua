@@ -198,7 +198,8 @@ describe("engine", function()
 
   it("loads config files and reports missing files and syntax errors", function()
     local ok, err = pcall(engine.new, "/nonexistent/cfg.lua")
-    assert.truthy(err:find("config '/nonexistent/cfg.lua': cannot open the file", 1, true), err)
+    assert.truthy(err:find("config '/nonexistent/cfg.lua' (resolved /nonexistent/cfg.lua): No such file or directory",
+      1, true), err)
     local path = write_config("return { groups = { { optimizer = 'muon' } ")
     ok, err = pcall(engine.new, path)
     os.remove(path)

@@ -542,3 +542,315 @@ return { groups = { { name = 'm', optimizer = 'muon', lr = 0.02, weight_decay = 
     end
   end)
 end)
+
+describe("sandboxed config: the load budget cannot be escaped", function()
+  local config = require("muon.config")
+  local BUDGET = 2e5 -- small: every case ends within a fraction of a second
+
+  -- Load body (then a valid config) with the small budget; the error, and
+  -- checks that nothing of the sandbox stayed switched on.
+  local function bounded(body)
+    local saved = config.LOAD_BUDGET
+    config.LOAD_BUDGET = BUDGET
+    local ok, err = load_error(body)
+    config.LOAD_BUDGET = saved
+    assert.equal(string, getmetatable("").__index, "string metatable left switched")
+    assert.is_true((jit.status()), "JIT left off")
+    assert.is_nil(debug.gethook(), "count hook left set")
+    return ok, err
+  end
+
+  local function assert_budget(body)
+    local ok, err = bounded(body)
+    assert.is_false(ok, body)
+    assert.truthy(err:find("exceeded the load budget of 200000 Lua instructions", 1, true), err)
+  end
+
+  local cases = {
+    ["an endless loop inside pcall"] = "pcall(function() while true do end end)",
+    ["pcall in an endless loop"] = "while true do pcall(function() local x = 0 for i = 1, 1e4 do x = x + i end end) end",
+    ["catching the budget error again and again"] =
+      "for _ = 1, 1e9 do local ok, e = pcall(function() while true do end end) end",
+    ["a chunk made by load() (never JIT-compiled)"] = "load('local x = 0 while true do x = x + 1 end')()",
+    ["load()-made chunks in a pcall loop"] =
+      "while true do pcall(load('local x = 0 for i = 1, 1e9 do x = x + 1 end')) end",
+    ["a function defined inside a load()-made chunk"] =
+      "local f = load('return function() local x = 0 while true do x = x + 1 end end')() f()",
+    ["a backtracking string.find"] = "local s = ('a'):rep(3000) string.find(s, ('a-'):rep(10) .. 'b')",
+    ["a backtracking pattern as a method, in a pcall loop"] =
+      "local s = ('a'):rep(3000) while true do pcall(s.find, s, ('a*'):rep(4) .. 'b') end",
+    ["gsub, gmatch and match"] = "local s = ('a'):rep(2000) pcall(s.gsub, s, 'a-a-a-b', '') "
+      .. "pcall(s.match, s, '(a*)(a*)b') for _ in s:gmatch('a-a-a-b') do end while true do end",
+    ["an xpcall handler that loops"] = "xpcall(function() while true do end end, function() while true do end end)",
+    ["xpcall in an endless loop"] = "while true do xpcall(function() while true do end end, function(e) return e end) end",
+    ["an __index metamethod loop"] = "local t = setmetatable({}, { __index = function() while true do end end }) local _ = t.x",
+    ["an __eq metamethod loop"] = "local mt = { __eq = function() while true do end end } "
+      .. "local _ = setmetatable({}, mt) == setmetatable({}, mt)",
+    ["a __tostring loop called by the config"] =
+      "local t = setmetatable({}, { __tostring = function() while true do end end }) pcall(tostring, t)",
+    ["string.rep of a huge string"] = "while true do pcall(string.rep, 'x', 1e8) end",
+    ["table.sort and table.concat"] = "local t = {} for i = 1, 1e4 do t[i] = i end "
+      .. "while true do table.sort(t) table.concat(t, ',') end",
+    ["unpack of a huge range"] = "while true do pcall(unpack, {}, 1, 1e7) end",
+    ["table.insert at the front of a long list"] = "local t = {} for i = 1, 1e4 do t[i] = i end "
+      .. "while true do table.insert(t, 1, 0) table.remove(t, 1) end",
+    ["an error object's string methods"] = "local m = require('muon') "
+      .. "local _, e = pcall(m.tensor.zeros({2}).view, m.tensor.zeros({2}), {7}) "
+      .. "local s = e:rep(1000) while true do pcall(e.find, e, ('a-'):rep(8) .. 'b') end",
+    ["tensor matmuls in a loop"] = "local T = require('muon').tensor local a = T.randn({64, 64}, 1) "
+      .. "while true do local _ = a:matmul(a) end",
+    ["one huge matmul (refused before it runs)"] =
+      "local T = require('muon').tensor local a = T.zeros({8000, 1}) local _ = T.mm(a, a:transpose(1, 2))",
+  }
+  local names = {}
+  for name in pairs(cases) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    it("ends " .. name .. " with the budget error", function() assert_budget(cases[name]) end)
+  end
+
+  it("never runs an error object's __tostring outside the budget", function()
+    local ok, err = bounded("error(setmetatable({}, { __tostring = function() while true do end end, "
+      .. "__index = function() while true do end end, __concat = function() while true do end end }))")
+    assert.is_false(ok)
+    assert.truthy(err:find("(error object is a table value)", 1, true), err)
+    ok, err = bounded("error(setmetatable({ msg = 'own message' }, { __metatable = 'muon.error', "
+      .. "__index = function() while true do end end }))")
+    assert.is_false(ok)
+    assert.truthy(err:find("own message", 1, true), err)
+  end)
+
+  it("a CPU-time limit ends a load even while instructions remain", function()
+    local saved = config.LOAD_SECONDS
+    config.LOAD_SECONDS = 1e-3
+    local ok, err = load_error("while true do end")
+    config.LOAD_SECONDS = saved
+    assert.is_false(ok)
+    assert.truthy(err:find("exceeded the load time limit of 0.001 CPU seconds", 1, true), err)
+  end)
+
+  it("a __gc metamethod on a table never runs", function()
+    local ok, err = bounded("setmetatable({}, { __gc = function() while true do end end })")
+    assert.is_true(ok, err)
+    collectgarbage()
+    collectgarbage()
+  end)
+
+  it("coroutines are blocked (no way to run outside the bounded coroutine)", function()
+    for _, body in ipairs({ "coroutine.wrap(function() end)", "coroutine.create(function() end)" }) do
+      local ok, err = bounded(body)
+      assert_blocked(ok, err, body:match("^[%w.]+"))
+    end
+  end)
+
+  it("a config within the budget still loads, with pcall, load and patterns working", function()
+    local ok, err = bounded([[
+      local ok, e = pcall(error, 'x', 0)
+      assert(not ok and e == 'x')
+      assert(select(2, xpcall(error, function(m) return 'handled ' .. m end, 'y', 0)) == 'handled y')
+      assert(load('return 1 + ...')(2) == 3)
+      assert(('layer.12.weight'):match('^layer%.(%d+)%.') == '12')
+      assert(('a,b,c'):gsub(',', ';') == 'a;b;c')
+      local t = { 3, 1, 2 } table.sort(t) assert(table.concat(t) == '123')
+    ]])
+    assert.is_true(ok, err)
+  end)
+
+  it("the pattern cost estimate bounds the real matcher's work (hand-counted cases)", function()
+    local S = require("muon.sandbox")
+    assert.equal(1 * 1 * 2, S.pattern_cost("^a", 10))          -- anchored, one item
+    assert.equal(11 * 2, S.pattern_cost("a", 10))              -- 11 start positions
+    assert.equal(11 * 11 * 3, S.pattern_cost("a*b", 10))       -- one quantifier
+    assert.equal(11 * 11 * 11 * 4, S.pattern_cost("[%a]-%d+x", 10))
+    assert.equal(11 * 2 * 3, S.pattern_cost("%.?x", 10))
+    assert.equal(11 * 11 * 1, S.pattern_cost("%bxy", 10))      -- a balance scan
+  end)
+end)
+
+describe("sandboxed config: no path to string.dump", function()
+  local cases = {
+    "('').dump(print)", "(\"x\").dump(print)", "local s = 'x' s.dump(print)", "string.dump(print)",
+    "local m = require('muon') local _, e = pcall(m.tensor.zeros({2}).view, m.tensor.zeros({2}), {7}) e:dump()",
+  }
+  for _, body in ipairs(cases) do
+    it("blocks " .. body, function()
+      local ok, err = load_error(body)
+      assert_blocked(ok, err, "string.dump")
+      assert.equal(string.dump, ("").dump) -- the host's strings are intact afterwards
+    end)
+  end
+
+  it("getmetatable('') is nil, at load time and in a hook", function()
+    local ok, err = load_error("assert(getmetatable('') == nil) assert(getmetatable('x') == nil)")
+    assert.is_true(ok, err)
+    ok, err = hook_error("assert(getmetatable('') == nil) error('reached')")
+    assert.truthy(err:find("reached", 1, true), err)
+  end)
+
+  it("blocks ('').dump inside a hook at step time, and restores the host's strings after", function()
+    local ok, err = hook_error("('').dump(print)")
+    assert_blocked(ok, err, "string.dump")
+    assert.equal(string, getmetatable("").__index)
+    ok, err = hook_error("local d = ('x').dump assert(d ~= string.dump) error('still sandboxed')")
+    assert.truthy(err:find("still sandboxed", 1, true), err)
+  end)
+
+  it("a host function the config calls sees the host's strings (and the config's again after)", function()
+    local ok, err = load_error([[
+      local T = require('muon').tensor
+      local _ = tostring(T.zeros({2}))       -- host code formatting strings
+      local ok, e = pcall(T.zeros, 'bad')     -- a host error raised with string methods
+      assert(not ok and tostring(e):find('shape', 1, true), tostring(e))
+      assert(not pcall(T.zeros, { 2 }, 1 / 0 == 1 and 'x' or coroutine)) -- an argument that cannot leave
+      assert(not pcall(function() return ('').dump(print) end), 'dump reachable after a host call')
+    ]])
+    assert.is_true(ok, err)
+  end)
+end)
+
+describe("sandboxed config: hooks at step time", function()
+  it("refuse a backtracking pattern instead of hanging", function()
+    local ok, err = hook_error("local s = ('a'):rep(200) s:find(('a-'):rep(6) .. 'b')")
+    assert.is_false(ok)
+    assert.truthy(err:find("matching steps", 1, true), err)
+  end)
+
+  -- (Count hooks do not fire inside compiled traces: a hook's loop that got
+  -- JIT-compiled would be invisible to any instruction budget.)
+  it("are never JIT-compiled: their loops stay visible to count hooks (a trusted config's are not)", function()
+    local ITER = 2e5
+    local function hook_calls(trusted)
+      local path = write_config("return { groups = { { optimizer = 'muon', lr = 0 } }, hooks = { "
+        .. "post_update_fn = function() local x = 0 for i = 1, " .. ITER .. " do x = x + i % 7 end "
+        .. "local f = load('local y = 0 for i = 1, " .. ITER .. " do y = y + i end return y') f() end } }")
+      local eng = engine.new(path, { trusted = trusted })
+      os.remove(path)
+      eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
+      eng:step() -- warm up: traces of the host's code exist in both runs
+      local n = 0
+      debug.sethook(function() n = n + 1 end, "", 1000)
+      for _ = 1, 3 do eng:step() end
+      debug.sethook()
+      return n
+    end
+    local sandboxed, trusted = hook_calls(false), hook_calls(true)
+    -- both loops, 3 steps, at least 2 instructions an iteration, interpreted
+    assert.is_true(sandboxed >= 3 * 2 * ITER * 2 / 1000, tostring(sandboxed))
+    assert.is_true(trusted < sandboxed / 2, ("trusted %d, sandboxed %d"):format(trusted, sandboxed))
+  end)
+
+  it("a group's match pattern that would backtrack for ages is refused at add_param", function()
+    local path = write_config("return { groups = { { optimizer = 'adamw', match = ('a-'):rep(12) .. 'b' } } }")
+    local eng = engine.new(path)
+    os.remove(path)
+    local ok, err = pcall(eng.add_param, eng, ("a"):rep(60), T.zeros({ 2 }), T.zeros({ 2 }))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("matching steps", 1, true), tostring(err))
+  end)
+end)
+
+describe("config files: what is read, and the messages", function()
+  local E = require("muon.errors")
+
+  local function open_error(path, trusted)
+    local ok, err = pcall(engine.new, path, trusted and { trusted = true } or nil)
+    assert.is_false(ok, path)
+    return err
+  end
+
+  local function bytes_file(bytes)
+    local path = H.tmpname(".lua")
+    local f = assert(io.open(path, "wb"))
+    f:write(bytes)
+    f:close()
+    return path
+  end
+
+  it("refuses bytecode, valid or malformed, after a #! line too, trusted or not (EFORMAT)", function()
+    local valid = string.dump(assert(loadstring("return { groups = { { optimizer = 'adamw' } } }")))
+    for _, bytes in ipairs({ valid, "\27LJ\2\255\255\255junk", "#!/usr/bin/env muon\n\27LJ\2\255junk",
+                             "#!/usr/bin/env muon\n" .. valid }) do
+      local path = bytes_file(bytes)
+      for _, trusted in ipairs({ false, true }) do
+        local err = open_error(path, trusted)
+        assert.equal(E.EFORMAT, E.code(err))
+        assert.equal(("config '%s': precompiled bytecode is not accepted (source text only)"):format(path), tostring(err))
+      end
+      os.remove(path)
+    end
+  end)
+
+  it("refuses bytecode in the sandbox's load()", function()
+    local ok, err = load_error("load(string.char(27) .. 'LJ')")
+    assert_blocked(ok, err, "load of bytecode")
+    ok, err = load_error("load('return 1', 'x', 'b')")
+    assert_blocked(ok, err, "load of bytecode")
+    -- after a #! line too
+    ok, err = load_error("load('#!x\\n' .. string.char(27) .. 'LJ\\2junk')")
+    assert_blocked(ok, err, "load of bytecode")
+    ok, err = load_error("load('#!x\\n' .. string.char(27) .. 'LJ\\2junk', 'x', 't')")
+    assert_blocked(ok, err, "load of bytecode")
+  end)
+
+  it("refuses a directory and a FIFO (without blocking), naming the path, resolved, and why (EIO)", function()
+    local dir = H.tmpname(".d")
+    assert(os.execute("mkdir " .. dir) == 0)
+    local err = open_error(dir)
+    assert.equal(E.EIO, E.code(err))
+    assert.equal(("config '%s' (resolved %s): Is a directory"):format(dir, dir), tostring(err))
+    local fifo = dir .. "/fifo.lua"
+    assert(os.execute("mkfifo " .. fifo) == 0)
+    err = open_error(fifo)
+    assert.equal(E.EIO, E.code(err))
+    assert.equal(("config '%s' (resolved %s): not a regular file (a FIFO)"):format(fifo, fifo), tostring(err))
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("a missing config: the path as given, resolved, and the OS reason", function()
+    local err = open_error("configs/does_not_exist.lua")
+    assert.equal(E.EIO, E.code(err))
+    local cwd = assert(io.popen("pwd -P")):read("*l")
+    assert.equal(("config 'configs/does_not_exist.lua' (resolved %s/configs/does_not_exist.lua): "
+      .. "No such file or directory"):format(cwd), tostring(err))
+  end)
+
+  it("a syntax error names the user's file and line, and no file of muon's own", function()
+    local path = write_config("return {\n  groups = { { optimizer = 'adamw' }\n")
+    local err = open_error(path)
+    os.remove(path)
+    assert.equal(E.EFORMAT, E.code(err))
+    assert.truthy(tostring(err):find(("config '%s': syntax error: %s:3:"):format(path, path), 1, true), tostring(err))
+  end)
+
+  it("a bad argument to a sandboxed library function names the function and the config's line", function()
+    for _, c in ipairs({ { "string.upper()", "upper" }, { "('x'):sub({})", "sub" }, { "string.rep()", "rep" },
+                         { "('x'):find()", "find" }, { "string.format('%d', 'x')", "format" },
+                         { "table.concat({ {} })", "concat" } }) do
+      local path = write_config("\n" .. c[1] .. "\nreturn { groups = { { optimizer = 'adamw' } } }")
+      local ok, err = pcall(engine.new, path)
+      os.remove(path)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(path .. ":2: ", 1, true), tostring(err))
+      assert.truthy(tostring(err):find("'" .. c[2] .. "'", 1, true), tostring(err))
+    end
+  end)
+
+  it("positions inside muon's own Lua files are taken out of config messages (hand-made message)", function()
+    local config = require("muon.config")
+    local own = debug.getinfo(config.read_file, "S").source:match("^@(.*/)[^/]*$")
+    assert.equal("run: bad size; user.lua:3: x; " .. own .. " stays",
+      config.without_own_positions("run: " .. own .. "tensor.lua:12: bad size; user.lua:3: "
+        .. own .. "optim/muon.lua:7: x; " .. own .. " stays"))
+  end)
+
+  it("errors while running name no file of muon's own", function()
+    for _, body in ipairs({ "require('muon').tensor.zeros('x')", "require('muon').tensor.zeros({2}):view({7})",
+                            "('x'):upper(nil, {}) string.upper()", "string.rep()", "table.concat({ {} })",
+                            "require('muon').optim.Muon({}, { lr = 'fast' })" }) do
+      local ok, err = load_error(body)
+      assert.is_false(ok, body)
+      assert.is_nil(err:find("muon/[%w_]+%.lua:%d"), err)
+      assert.truthy(err:find("error while running", 1, true), err)
+    end
+  end)
+end)

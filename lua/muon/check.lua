@@ -10,8 +10,8 @@ local USAGE = "usage: muon check [--trust] CONFIG.lua --params SHAPES.txt\n"
 -- Parse a shapes file: returns list of { name=, shape={...} } or nil, err.
 function check.read_shapes(path)
   local C = require("muon.core").C
-  if C.mu_file_check_regular(path) ~= 0 then -- a FIFO would block io.open
-    return nil, "cannot open params file: " .. require("ffi").string(C.mu_last_error())
+  if C.mu_file_check(path, nil, 0) ~= 0 then -- a FIFO would block io.open
+    return nil, ("cannot open params file '%s': %s"):format(path, require("ffi").string(C.mu_last_error()))
   end
   local f, err = io.open(path, "r")
   if not f then return nil, "cannot open params file: " .. tostring(err) end

@@ -6,6 +6,9 @@
 -- of lua/muon/sandbox.lua: the config sees tensor proxies, never FFI cdata,
 -- so it cannot reach raw pointers (tensor:ptr(), tensor.data), write files
 -- (tensor:save, safetensors) or get at the FFI library (muon.core).
+local ffi = require("ffi")
+local core = require("muon.core")
+local E = require("muon.errors")
 local sandbox = require("muon.sandbox")
 local config = {}
 
@@ -38,92 +41,138 @@ end
 
 function config.sandbox(path)
   local env = {
-    assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = pcall,
-    select = select, tonumber = tonumber, tostring = tostring, type = type, unpack = unpack,
-    xpcall = xpcall, print = print, setmetatable = setmetatable,
+    assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs,
+    select = select, tonumber = tonumber, tostring = tostring, type = type, print = print,
+    setmetatable = setmetatable,
+    -- pcall/xpcall that never catch the load budget's error; unpack charged
+    pcall = sandbox.pcall, xpcall = sandbox.xpcall, unpack = sandbox.unpack,
     -- only tables' metatables: the string metatable is shared with the host
     getmetatable = function(x) if type(x) == "table" then return getmetatable(x) end return nil end,
     rawget = rawget, rawset = rawset, rawequal = rawequal,
-    math = copy(math), string = copy(string), table = copy(table), bit = copy(bit),
+    math = copy(math), string = copy(sandbox.SAFE_STRING), table = sandbox.safe_table(), bit = copy(bit),
     os = guarded("os", os, { "time", "clock", "date", "getenv", "difftime" }, path),
     io = guarded("io", {}, {}, path),
     debug = guarded("debug", {}, {}, path),
     ffi = guarded("ffi", {}, {}, path),
     package = guarded("package", {}, {}, path),
     jit = guarded("jit", {}, {}, path),
+    coroutine = guarded("coroutine", {}, {}, path),
     dofile = blocked("dofile", path), loadfile = blocked("loadfile", path),
     loadstring = blocked("loadstring", path), collectgarbage = blocked("collectgarbage", path),
     module = blocked("module", path), setfenv = blocked("setfenv", path), getfenv = blocked("getfenv", path),
+    newproxy = blocked("newproxy", path),
   }
   env.string.dump = blocked("string.dump", path)
-  -- load of source text only, in this same sandbox.
-  env.load = function(chunk, name, mode, e)
-    if mode ~= nil and mode ~= "t" or (type(chunk) == "string" and chunk:byte(1) == 27) then
-      blocked("load of bytecode", path)()
-    end
-    if type(chunk) ~= "string" then blocked("load of a reader function", path)() end
-    return load(chunk, name, "t", e or env)
-  end
+  -- load of source text only, in this same sandbox, never JIT-compiled
+  env.load = sandbox.text_load(env, function(what) blocked(what, path)() end)
   env.require = sandbox.new_require(path)
   env._G = env
   return env
 end
 
 -- VM instructions a sandboxed config may run while it loads (its hooks,
--- called later, are not bounded). About a second of interpreted Lua.
+-- called later, are not bounded; see lua/muon/sandbox.lua). About a second
+-- of interpreted Lua; and at most LOAD_SECONDS of CPU time.
 config.LOAD_BUDGET = 1e9
+config.LOAD_SECONDS = 10
 
--- Run a sandboxed chunk with an instruction budget: interpreted (count
--- hooks do not fire in JIT traces), in its own coroutine. LuaJIT has one
--- hook per VM, so when the host already runs a hook (a profiler, a
--- debugger, a coverage tool) it is left alone and the load is not bounded.
+-- Run a sandboxed chunk with the load budget (lua/muon/sandbox.lua,
+-- S.run_bounded: interpreted, in its own coroutine, the budget cannot be
+-- caught). LuaJIT has one hook per VM, so when the host already runs a hook
+-- (a profiler, a debugger, a coverage tool) it is left alone and the load
+-- is not bounded. Returns ok, result (a message on failure).
 function config.run_bounded(chunk)
-  local co = coroutine.create(chunk)
-  if debug.gethook() ~= nil then
-    local ok, result = coroutine.resume(co)
-    if ok and coroutine.status(co) ~= "dead" then ok, result = false, "coroutine.yield is not allowed in a config" end
-    return ok, result
+  return sandbox.run_bounded(chunk, config.LOAD_BUDGET, config.LOAD_SECONDS, "load")
+end
+
+-- The directory of muon's own Lua modules, as it appears in messages
+-- ("/.../lua/muon/"): positions inside it are taken out of config errors.
+local OWN_DIR = (debug.getinfo(1, "S").source:match("^@(.*/)[^/]*$"))
+
+-- msg without "<muon's own dir>x.lua:12: " positions.
+local function without_own_positions(msg)
+  if not OWN_DIR then return msg end
+  local out, i = {}, 1
+  while true do
+    local a = msg:find(OWN_DIR, i, true)
+    if not a then break end
+    local _, e = msg:find("^[%w_/]*%.lua:%d+: ", a + #OWN_DIR)
+    out[#out + 1] = msg:sub(i, a - 1)
+    if e then i = e + 1 else out[#out + 1] = OWN_DIR; i = a + #OWN_DIR end
   end
-  jit.off(chunk, true)
-  debug.sethook(co, function()
-    error(("exceeded the load budget of %.0f Lua instructions (endless loop?)"):format(config.LOAD_BUDGET), 0)
-  end, "", config.LOAD_BUDGET)
-  local ok, result = coroutine.resume(co)
-  debug.sethook(co)
-  jit.on(chunk, true)
-  if ok and coroutine.status(co) ~= "dead" then
-    ok, result = false, "coroutine.yield is not allowed in a config"
+  out[#out + 1] = msg:sub(i)
+  return table.concat(out)
+end
+config.without_own_positions = without_own_positions
+
+local function fail(code, fmt, ...)
+  error(E.new(code, without_own_positions(fmt:format(...))), 0)
+end
+
+-- The text of a config or script file: only a regular file (a directory, a
+-- FIFO, a device is refused without blocking), or an EIO error object
+-- "<what> '<path>' (resolved <absolute path>): <OS reason>".
+function config.read_file(path, what)
+  local resolved = ffi.new("char[?]", 4096)
+  if core.C.mu_file_check(path, resolved, 4096) ~= 0 then
+    fail(E.EIO, "%s '%s' (resolved %s): %s", what, path, ffi.string(resolved), ffi.string(core.C.mu_last_error()))
   end
-  return ok, result
+  local f, err = io.open(path, "rb")
+  if not f then fail(E.EIO, "%s '%s' (resolved %s): %s", what, path, ffi.string(resolved), tostring(err)) end
+  local text, rerr = f:read("*a")
+  f:close()
+  if type(text) ~= "string" then
+    fail(E.EIO, "%s '%s' (resolved %s): %s", what, path, ffi.string(resolved), tostring(rerr))
+  end
+  return text
+end
+
+-- Compile source text (never bytecode: LuaJIT would parse a precompiled
+-- chunk before anything refused it, and a malformed one crashes the VM).
+-- name: the file as messages show it. Raises an EFORMAT error object.
+function config.compile(text, name, env, what)
+  if sandbox.is_bytecode(text) then
+    fail(E.EFORMAT, "%s '%s': precompiled bytecode is not accepted (source text only)", what, name)
+  end
+  local chunk, err
+  if env then chunk, err = load(text, "@" .. name, "t", env) else chunk, err = load(text, "@" .. name, "t") end
+  if not chunk then fail(E.EFORMAT, "%s '%s': syntax error: %s", what, name, tostring(err)) end
+  return chunk
 end
 
 -- Load a config: a path (string) or an already-built table. Returns the
--- table; raises with the path and the reason.
+-- table; raises an error object (EIO: the file cannot be read; EFORMAT:
+-- syntax error or bytecode; else the code of what the config raised, or
+-- EINVAL) naming the path and the reason.
 function config.load(src, trusted)
   if type(src) == "table" then return src, "(table)" end
   if type(src) ~= "string" then error("config must be a file path or a table, got " .. type(src), 2) end
-  local f = io.open(src, "rb")
-  if not f then error(("config '%s': cannot open the file"):format(src), 2) end
-  local text = f:read("*a")
-  f:close()
-  if text:byte(1) == 27 then error(("config '%s': precompiled bytecode configs are not accepted"):format(src), 2) end
+  local text = config.read_file(src, "config")
   local env = trusted and setmetatable({}, { __index = _G }) or config.sandbox(src)
-  local chunk, err = load(text, "@" .. src, "t", env)
-  if not chunk then error(("config '%s': syntax error: %s"):format(src, err), 2) end
+  local chunk = config.compile(text, src, env, "config")
   local ok, result
+  local code = E.EINVAL
   if trusted then
     ok, result = pcall(chunk)
+    if not ok then
+      code = E.code(result) or code
+      if type(result) ~= "string" and not E.is(result) then
+        local okm, m = pcall(tostring, result) -- a trusted config's own error value
+        result = okm and type(m) == "string" and m or E.message(result)
+      end
+    end
   else
+    -- (a message: nothing of the config's runs once it has returned)
     ok, result = config.run_bounded(chunk)
   end
-  if not ok then error(("config '%s': error while running: %s"):format(src, tostring(result)), 2) end
+  if not ok then fail(code, "config '%s': error while running: %s", src, E.message(result)) end
   if type(result) ~= "table" then
-    error(("config '%s' must return a table, got %s"):format(src, type(result)), 2)
+    fail(E.EINVAL, "config '%s' must return a table, got %s", src, type(result))
   end
   if not trusted then
     -- hooks, schedules and match functions run behind the membrane
     local okx, exported = pcall(sandbox.export, result)
-    if not okx then error(("config '%s': %s"):format(src, tostring(exported)), 2) end
+    if not okx then fail(E.code(exported) or E.EINVAL, "config '%s': %s", src, E.message(exported)) end
     result = exported
   end
   return result, src

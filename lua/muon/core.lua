@@ -92,7 +92,9 @@ local Error = {
   __tostring = function(e) return e.msg end,
   __concat = function(a, b) return tostring(a) .. tostring(b) end,
   __index = function(_, k)
-    local f = string[k]
+    -- through the string metatable: inside a sandboxed config that is the
+    -- sandbox's string table (lua/muon/sandbox.lua), not the host's
+    local f = ("")[k]
     if f ~= nil then return function(self, ...) return f(self.msg, ...) end end
     return nil
   end,

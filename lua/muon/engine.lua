@@ -8,6 +8,7 @@
 --   eng:add_param("layers.0.w", value, grad)
 --   eng:step()
 local config = require("muon.config")
+local sandbox = require("muon.sandbox")
 local T = require("muon.tensor")
 local P = require("muon.param")
 local O = require("muon.optim.options")
@@ -53,7 +54,7 @@ local function matches_any(list, name, shape)
   for _, m in ipairs(list) do
     if type(m) == "function" then
       if E.call_hook("match function", m, name, shape) then return true end
-    elseif name:find(m) then
+    elseif sandbox.bounded_find(name, m, "match") then -- (a backtracking pattern is refused, not run)
       return true
     end
   end

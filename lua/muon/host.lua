@@ -14,22 +14,12 @@ local PTR_TYPE = { float32 = ffi.typeof("float *"), float64 = ffi.typeof("double
 
 local raise = E.raise
 
--- Open an engine on a config file. The file is read here first: a file
--- that cannot be read is EIO, a syntax error (compiled, not run) or a
--- precompiled chunk is EFORMAT; whatever the engine rejects (unknown
--- option, bad value) comes back as EINVAL, or with the code of its error
--- object.
+-- Open an engine on a config file. config.load (lua/muon/config.lua) reads
+-- it: a file that cannot be read (missing, a directory, a FIFO) is EIO, a
+-- syntax error (compiled, not run) or a precompiled chunk is EFORMAT;
+-- whatever the engine rejects (unknown option, bad value) comes back as
+-- EINVAL, or with the code of its error object.
 function host.open(path, opts)
-  local f, err = io.open(path, "rb")
-  if not f then raise(E.EIO, "cannot open config file %s", tostring(err)) end
-  local text, rerr = f:read("*a")
-  f:close()
-  if not text then raise(E.EIO, "cannot read config file '%s': %s", path, tostring(rerr)) end
-  if text:byte(1) == 27 then
-    raise(E.EFORMAT, "config '%s': precompiled bytecode configs are not accepted", path)
-  end
-  local chunk, serr = loadstring(text, "@" .. path)
-  if not chunk then raise(E.EFORMAT, tostring(serr)) end
   local engine = require("muon.engine")
   if next(opts) == nil then opts = nil end
   return engine.new(path, opts)
@@ -125,8 +115,11 @@ end
 
 function host.run_script(path, args, trusted)
   if trusted then trust_configs() end
-  local chunk, err = loadfile(path)
-  if not chunk then error(err, 0) end
+  -- source text only; a script that cannot be read or compiled is a
+  -- one-line error (an empty traceback: src/engine.c prints none)
+  local config = require("muon.config")
+  local okc, chunk = pcall(function() return config.compile(config.read_file(path, "script"), path, nil, "script") end)
+  if not okc then error(E.new(E.code(chunk) or E.ELUA, E.message(chunk), ""), 0) end
   local a = { [0] = path }
   for i = 1, #args do a[i] = args[i] end
   rawset(_G, "arg", a)

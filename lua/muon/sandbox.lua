@@ -28,6 +28,7 @@
 -- tensor lives in a private weak table the sandbox cannot reach. The config
 -- file's result is exported before the engine sees it, so every hook,
 -- schedule and match function runs behind the membrane.
+local ffi = require("ffi")
 local T = require("muon.tensor")
 local E = require("muon.errors")
 
@@ -58,6 +59,410 @@ local function map_all(f, n, ...)
 end
 local function import_all(...) return map_all(import, select("#", ...), ...) end
 local function export_all(...) return map_all(export, select("#", ...), ...) end
+
+-- ------------------------------------------------------- budget and strings
+--
+-- What bounds sandboxed code, and how (config.lua runs a config's load
+-- through S.run_bounded; hooks at step time are called through the
+-- membrane, call_config below):
+--
+-- * Instruction budget (load time only). A count hook (debug.sethook) fires
+--   every BUDGET_STEP VM instructions of the coroutine the config runs in
+--   and takes them off the budget; the string and table functions whose C
+--   work grows with their arguments (patterns, rep, concat, sort, unpack...)
+--   charge their worst case (patterns: before the call) or their output
+--   (after the call) to the same budget. Once the budget is spent it stays
+--   spent: the hook is reset to fire on every instruction and raises each
+--   time until the bounded call returns, and the sandbox's pcall/xpcall
+--   re-raise the budget error (an xpcall handler is not run for it). The
+--   host reports the budget error whatever the config raised or returned.
+--   A CPU-time limit (os.clock) is checked on every hook call as well, and
+--   a GC probe makes the hook run after every GC cycle (see arm_gc_probe).
+-- * Host work. Every host function the config calls (tensor maths, an
+--   optimizer step...) is charged its CPU time afterwards, and the ones
+--   whose time grows faster than their arguments (matmuls, Newton-Schulz,
+--   optimizer steps) an estimate before they run ("host work" below).
+-- * No JIT. The count hook does not fire inside compiled traces, so every
+--   function of a sandboxed chunk (jit.off(chunk, true): nested functions
+--   too), and every chunk the sandbox's own load() makes, runs
+--   interpreted, for good (at step time as well). While a bounded load runs
+--   the JIT is off and flushed for the whole VM, so host loops the config
+--   calls into are counted too; it is switched back on afterwards.
+-- * String methods. The string metatable's __index is shared by every
+--   string of the VM; while sandboxed code runs (a bounded load, a call
+--   into a config function) it is SAFE_STRING (no string.dump, bounded
+--   patterns), and the host's again while a host function the config calls
+--   runs; restored on every return and error.
+-- * Error values. What a config raises is turned into a message without
+--   running its metamethods (E.message: a string, a number, a raw `msg`
+--   field); sandbox-made tables leave the sandbox only as raw copies, so
+--   the host never runs a config's __tostring, __index, __concat, __eq.
+--   (__gc on tables is not run by LuaJIT in Lua 5.1 mode; the sandbox has
+--   no newproxy, ffi or collectgarbage.)
+--
+-- Limits: hooks at step time (reshape_fn, post_update_fn, schedules, match
+-- functions) have no instruction budget (an endless loop in a hook hangs
+-- the step; their patterns are still capped at PATTERN_LIMIT steps per
+-- call, and so are groups' match patterns, S.bounded_find). When the host
+-- already runs a debug hook (profiler, debugger, coverage) LuaJIT's single
+-- hook slot is left alone and the load is not bounded. One VM instruction
+-- can still do work proportional to the size of its operands (the ..
+-- operator on a huge string): such work is bounded by memory and by the
+-- CPU-time limit, which is checked every BUDGET_STEP instructions and
+-- after every GC cycle, not instruction by instruction. A budget error can stop a host function the
+-- config called halfway; whatever it built belongs to the failed load.
+local BUDGET_STEP = 10000
+-- Worst-case pattern steps allowed in one call when no budget is running.
+S.PATTERN_LIMIT = 1e8
+
+local budget = { active = false, co = nil, remaining = 0, limit = 0, exhausted = false, deadline = math.huge,
+  what = "load", seconds = 0 }
+
+local function budget_message()
+  if budget.timed_out then
+    return ("exceeded the %s time limit of %g CPU seconds (endless loop?)"):format(budget.what, budget.seconds)
+  end
+  return ("exceeded the %s budget of %.0f Lua instructions (endless loop?)"):format(budget.what, budget.limit)
+end
+
+local function in_budget()
+  return budget.active and coroutine.running() == budget.co
+end
+
+local hook
+-- From here on every instruction of the bounded coroutine raises again.
+local function exhaust()
+  budget.exhausted, budget.remaining = true, 0
+  debug.sethook(budget.co, hook, "", 1)
+  error(budget_message(), 0)
+end
+
+hook = function()
+  if coroutine.running() ~= budget.co or not budget.active then return end
+  if budget.exhausted then error(budget_message(), 0) end
+  if budget.forced then -- (by the GC probe: back to the usual interval, a full one charged)
+    budget.forced = false
+    debug.sethook(budget.co, hook, "", budget.step)
+  end
+  budget.remaining = budget.remaining - budget.step
+  if budget.remaining <= 0 then exhaust() end
+  if os.clock() > budget.deadline then
+    budget.timed_out = true
+    exhaust()
+  end
+end
+
+-- The GC probe: a garbage object whose finalizer, at the end of every GC
+-- cycle during a bounded run, makes the hook fire at the next instruction
+-- (and arms the next probe). Instructions that copy huge strings (s .. s)
+-- allocate a lot in few instructions; GC cycles follow the allocation, so
+-- the CPU-time limit is checked within a cycle's worth of allocation rather
+-- than after BUDGET_STEP such instructions.
+local arm_gc_probe
+arm_gc_probe = function()
+  ffi.gc(ffi.new("char[1]"), function()
+    if budget.active and not budget.exhausted then
+      budget.forced = true
+      debug.sethook(budget.co, hook, "", 1)
+      arm_gc_probe()
+    end
+  end)
+end
+
+-- Take n instructions' worth of work off the running budget (no-op
+-- outside a bounded run); raises the budget error when it is spent.
+function S.charge(n)
+  if not in_budget() then return end
+  if budget.exhausted then error(budget_message(), 0) end
+  budget.remaining = budget.remaining - n
+  if budget.remaining <= 0 then exhaust() end
+end
+
+local function after_pcall(ok, ...)
+  if not ok and budget.exhausted and in_budget() then error(budget_message(), 0) end
+  return ok, ...
+end
+
+-- pcall and xpcall for sandboxed code: they never catch the budget error.
+function S.pcall(f, ...) return after_pcall(pcall(f, ...)) end
+function S.xpcall(f, handler, ...)
+  return after_pcall(xpcall(f, function(e)
+    if budget.exhausted and in_budget() then return e end
+    return handler(e)
+  end, ...))
+end
+
+-- Worst-case work of Lua pattern p on a subject of n characters. lstrlib's
+-- matcher backtracks: from one start position, each quantified item (*, +,
+-- -) may try up to n + 1 lengths for every way the items before it matched,
+-- ? two, and %b and back-references (%1) scan up to n characters; an
+-- unanchored search tries n + 1 start positions. Steps = starts * the
+-- product of those choices * the number of items. (Malformed patterns are
+-- left to the real function, which rejects them.)
+local function pattern_cost(p, n)
+  local len = #p
+  local i, starts, factor, items = 1, n + 1, 1, 1
+  if p:byte(1) == 94 then starts, i = 1, 2 end -- ^
+  while i <= len do
+    local c = p:byte(i)
+    local single = true
+    if c == 40 or c == 41 then -- ( )
+      single, i = false, i + 1
+    elseif c == 37 then -- %
+      local d = p:byte(i + 1)
+      if d == 98 then -- %bxy
+        factor, single, i = factor * (n + 1), false, i + 4
+      elseif d == 102 then -- %f[set]
+        single, i = false, i + 2
+        local close = p:find("]", i + (p:byte(i + 1) == 94 and 2 or 1) + 1, true)
+        i = (close or len) + 1
+      elseif d and d >= 49 and d <= 57 then -- %1-%9
+        factor, single, i = factor * (n + 1), false, i + 2
+      else
+        i = i + 2
+      end
+    elseif c == 91 then -- [set]
+      local j = i + 1
+      if p:byte(j) == 94 then j = j + 1 end
+      if p:byte(j) == 93 then j = j + 1 end -- a leading ] is literal
+      while j <= len and p:byte(j) ~= 93 do
+        j = j + (p:byte(j) == 37 and 2 or 1)
+      end
+      i = j + 1
+    else
+      i = i + 1
+    end
+    if single then
+      items = items + 1
+      local q = p:byte(i)
+      if q == 42 or q == 43 or q == 45 then factor, i = factor * (n + 1), i + 1 -- * + -
+      elseif q == 63 then factor, i = factor * 2, i + 1 end -- ?
+    end
+  end
+  return starts * factor * items
+end
+S.pattern_cost = pattern_cost
+
+-- Check (and charge) a pattern call before it runs.
+local function check_pattern(name, s, p, init)
+  if type(s) == "number" then s = tostring(s) end
+  if type(p) == "number" then p = tostring(p) end
+  if type(s) ~= "string" or type(p) ~= "string" then return end -- the real function says what is wrong
+  local n = #s
+  if type(init) == "number" then
+    if init < 0 then init = n + init + 1 end
+    if init > 1 then n = math.max(0, n - init + 1) end
+  end
+  local cost = pattern_cost(p, n)
+  if in_budget() then
+    S.charge(4 * cost) -- (a matching step costs a few VM instructions' time)
+  elseif cost > S.PATTERN_LIMIT then
+    error(("string.%s: pattern '%s' on a subject of %d characters may take %.3g matching steps, more than "
+      .. "the %.3g a sandboxed config may use in one call"):format(name, #p > 40 and p:sub(1, 40) .. "..." or p,
+      #s, cost, S.PATTERN_LIMIT), 3)
+  end
+end
+
+-- string.find(s, p) for a pattern the host got from a config (a group's
+-- match list): refused, not run, when its worst case exceeds
+-- PATTERN_LIMIT steps.
+function S.bounded_find(s, p, what)
+  local cost = pattern_cost(p, #s)
+  if cost > S.PATTERN_LIMIT then
+    E.raise(E.EINVAL, "%s: pattern '%s' on '%s' may take %.3g matching steps (more than %.3g); "
+      .. "use fewer quantifiers (*, +, -) or a match function", what or "pattern", p, s, cost, S.PATTERN_LIMIT)
+  end
+  return string.find(s, p)
+end
+
+local function charged_result(r)
+  if type(r) == "string" then S.charge(#r) end
+  return r
+end
+
+-- The string library as sandboxed code sees it (methods on strings and the
+-- config's `string` table): no dump, pattern functions checked first,
+-- functions whose C work grows with their output charged for it.
+local SAFE_STRING = {}
+for k, v in pairs(string) do SAFE_STRING[k] = v end
+S.SAFE_STRING = SAFE_STRING
+SAFE_STRING.dump = function() S.blocked_error("string.dump", 2) end
+for _, name in ipairs({ "find", "match", "gmatch" }) do
+  local f = string[name]
+  SAFE_STRING[name] = function(s, p, init, ...)
+    check_pattern(name, s, p, init)
+    return f(s, p, init, ...)
+  end
+end
+do
+  local gsub = string.gsub
+  SAFE_STRING.gsub = function(s, p, repl, n)
+    check_pattern("gsub", s, p)
+    local r, count = gsub(s, p, repl, n)
+    return charged_result(r), count
+  end
+  local rep = string.rep
+  SAFE_STRING.rep = function(s, k, sep)
+    if type(k) == "number" and k > 0 and (type(s) == "string" or type(s) == "number") then
+      S.charge(k * (#tostring(s) + (type(sep) == "string" and #sep or 0)))
+    end
+    return rep(s, k, sep)
+  end
+  -- charged before, by the size of what they make, and called last (a tail
+  -- call: an argument error then names the function and the config's line)
+  local function len(s)
+    if type(s) == "string" then return #s end
+    if type(s) == "number" then return 24 end
+    return 0
+  end
+  for _, name in ipairs({ "upper", "lower", "reverse" }) do
+    local f = string[name]
+    SAFE_STRING[name] = function(s, ...)
+      S.charge(len(s))
+      return f(s, ...)
+    end
+  end
+  local sub, char, format = string.sub, string.char, string.format
+  SAFE_STRING.sub = function(s, i, j, ...)
+    if type(s) == "string" and in_budget() then
+      local n = #s
+      local a, b = tonumber(i) or 1, tonumber(j) or -1
+      if a < 0 then a = n + a + 1 end
+      if b < 0 then b = n + b + 1 end
+      S.charge(math.max(0, math.min(b, n) - math.max(a, 1) + 1))
+    end
+    return sub(s, i, j, ...)
+  end
+  SAFE_STRING.char = function(...)
+    S.charge(select("#", ...))
+    return char(...)
+  end
+  SAFE_STRING.format = function(fmt, ...)
+    if in_budget() then
+      local n = len(fmt)
+      for k = 1, select("#", ...) do n = n + len((select(k, ...))) end
+      S.charge(n)
+    end
+    return format(fmt, ...)
+  end
+end
+
+-- table functions with C work that grows with their arguments.
+function S.safe_table()
+  local t = {}
+  for k, v in pairs(table) do t[k] = v end
+  local concat, sort = table.concat, table.sort
+  t.concat = function(list, sep, i, j)
+    if type(list) == "table" and in_budget() then -- (this loop is counted too)
+      local n, step = 0, type(sep) == "string" and #sep or 0
+      for k = tonumber(i) or 1, tonumber(j) or #list do
+        local v = rawget(list, k)
+        n = n + (type(v) == "string" and #v or 24) + step
+      end
+      S.charge(n)
+    end
+    return concat(list, sep, i, j)
+  end
+  t.sort = function(list, cmp)
+    if type(list) == "table" then
+      local n = #list
+      S.charge(8 * n * math.max(1, math.log(n + 1) / math.log(2))) -- (8: a comparison's worth of instructions)
+    end
+    return sort(list, cmp)
+  end
+  -- insert and remove at a position shift the elements after it; maxn
+  -- walks the whole table
+  -- (at the end they are O(1): charged only with a position)
+  local positional = { insert = 2, remove = 1, maxn = 0 }
+  for name, nargs in pairs(positional) do
+    local f = table[name]
+    if f then
+      t[name] = function(list, ...)
+        if type(list) == "table" and select("#", ...) >= nargs then S.charge(#list) end
+        return f(list, ...)
+      end
+    end
+  end
+  return t
+end
+
+function S.unpack(list, i, j)
+  i = i or 1
+  if type(list) == "table" then
+    j = j or #list
+    if type(i) == "number" and type(j) == "number" and j >= i then S.charge(j - i + 1) end
+  end
+  return unpack(list, i, j)
+end
+
+local string_mt = getmetatable("")
+local HOST_STRING = string_mt.__index
+
+-- Point the string metatable at index (SAFE_STRING or HOST_STRING) and
+-- return the previous one.
+local function set_strings(index)
+  local prev = string_mt.__index
+  string_mt.__index = index
+  return prev
+end
+
+-- Run f() (a sandboxed chunk, without arguments) in its own coroutine with
+-- an instruction budget of `limit` and a CPU-time limit of `seconds`
+-- (what: the word in the message, "load"). Returns ok, result as pcall;
+-- on failure result is a message (the budget's, or E.message of what f
+-- raised: no metamethod of the config's runs).
+function S.run_bounded(f, limit, seconds, what)
+  jit.off(f, true)
+  local co = coroutine.create(f)
+  local prev = set_strings(SAFE_STRING)
+  local bounded = debug.gethook() == nil and not budget.active
+  local jit_on = jit.status()
+  if bounded then
+    jit.off()
+    jit.flush()
+    budget.active, budget.co, budget.exhausted, budget.timed_out = true, co, false, false
+    budget.limit, budget.remaining, budget.what, budget.seconds = limit, limit, what or "load", seconds or math.huge
+    budget.deadline = os.clock() + (seconds or math.huge)
+    budget.step = math.max(1, math.min(BUDGET_STEP, math.floor(limit)))
+    debug.sethook(co, hook, "", budget.step)
+    arm_gc_probe()
+  end
+  local ok, result = coroutine.resume(co)
+  if bounded then
+    debug.sethook(co)
+    budget.active, budget.co = false, nil
+    if jit_on then jit.on() end
+  end
+  set_strings(prev)
+  if bounded and budget.exhausted then return false, budget_message() end
+  if not ok then return false, E.message(result) end
+  if coroutine.status(co) ~= "dead" then return false, "coroutine.yield is not allowed in a config" end
+  return true, result
+end
+
+-- Does text hold a precompiled chunk (ESC first, or after a '#' first
+-- line)? Mode "t" already keeps LuaJIT from reading one (and after a '#'
+-- line it refuses bytecode as "malformed" by itself); this gives the
+-- clearer message.
+function S.is_bytecode(text)
+  if text:byte(1) == 35 then text = text:match("^[^\n]*\n(.*)$") or "" end -- a #! line
+  return text:byte(1) == 27
+end
+
+-- load() for sandboxed code: source text only, in env (or the given
+-- environment), never JIT-compiled.
+function S.text_load(env, blocked)
+  return function(chunk, name, mode, e)
+    if mode ~= nil and mode ~= "t" or (type(chunk) == "string" and S.is_bytecode(chunk)) then
+      blocked("load of bytecode")
+    end
+    if type(chunk) ~= "string" then blocked("load of a reader function") end
+    if name ~= nil and type(name) ~= "string" then name = nil end
+    local f, err = load(chunk, name, "t", e or env)
+    if f then jit.off(f, true) end
+    return f, err
+  end
+end
 
 -- ------------------------------------------------------------------ errors
 
@@ -103,29 +508,87 @@ local function export_error(err, tb)
   return E.new(E.ELUA, E.message(err), tb)
 end
 
-local function imported_results(ok, ...)
+local function imported_results(prev, t0, ok, ...)
+  set_strings(prev)
+  if t0 then S.charge((os.clock() - t0) * S.HOST_RATE) end
   if ok then return import_all(...) end
   local caught = ...
   error(import_error(caught[1], caught[2]), 0)
 end
 
-local function exported_results(ok, ...)
+local function exported_results(prev, ok, ...)
+  set_strings(prev)
   if ok then return export_all(...) end
   local caught = ...
   error(export_error(caught[1], caught[2]), 0)
 end
 
 -- The config calls host function f: arguments exported, results and
--- errors imported.
+-- errors imported; the host's string methods while f runs.
+-- (The arguments are converted before the switch: a conversion error
+-- must not leave the strings switched.)
+local function call_host_args(f, ...)
+  local prev = set_strings(HOST_STRING)
+  local t0 = in_budget() and os.clock()
+  return imported_results(prev, t0, xpcall(f, E.capture, ...))
+end
 local function call_host(f, ...)
-  return imported_results(xpcall(f, E.capture, export_all(...)))
+  return call_host_args(f, export_all(...))
 end
 
 -- The host calls config function f: arguments imported, results and errors
--- exported.
-local function call_config(f, ...)
-  return exported_results(xpcall(f, E.capture, import_all(...)))
+-- exported; the sandbox's string methods while f runs.
+local function call_config_args(f, ...)
+  local prev = set_strings(SAFE_STRING)
+  return exported_results(prev, xpcall(f, E.capture, ...))
 end
+local function call_config(f, ...)
+  return call_config_args(f, import_all(...))
+end
+
+-- ------------------------------------------------------------ host work
+--
+-- Inside a bounded load every host call is charged its CPU time afterwards
+-- (HOST_RATE instructions per second: call_host above), and the calls whose
+-- time grows faster than their arguments' size are charged an estimate
+-- before they run, so that one call cannot take far longer than the budget
+-- (matmuls, Newton-Schulz, optimizer steps; FLOPS_PER_INSTRUCTION floating
+-- point operations count as one instruction).
+S.HOST_RATE = 1e9
+local FLOPS_PER_INSTRUCTION = 16
+
+-- a (..., m, k) @ b (..., k, n): 2 * batch * m * k * n flops (1-D operands
+-- are a row or a column).
+local function matmul_cost(a, b)
+  if not (T.is_tensor(a) and T.is_tensor(b)) then return 0 end
+  local sa, sb = a:size(), b:size()
+  local m = #sa >= 2 and sa[#sa - 1] or 1
+  local n = #sb >= 2 and sb[#sb] or 1
+  return 2 * math.max(a:numel() * n, b:numel() * m) / FLOPS_PER_INSTRUCTION
+end
+
+-- Newton-Schulz on x (..., m, n): per step about 3 matmuls over the small
+-- side, ~6 * numel * min(m, n) flops.
+local function ns_cost(x, steps)
+  if not T.is_tensor(x) then return 0 end
+  local s = x:size()
+  local small = #s >= 2 and math.min(s[#s - 1], s[#s]) or 1
+  steps = math.min(tonumber(steps) or 5, 100)
+  return (steps + 1) * 6 * x:numel() * small / FLOPS_PER_INSTRUCTION
+end
+
+-- One step of an optimizer made by the config over these (host) params.
+local function step_cost(params, opts)
+  local steps = type(opts) == "table" and opts.ns_steps or nil
+  local cost = 0
+  if type(params) ~= "table" then return 0 end
+  for _, p in ipairs(params) do
+    local v = type(p) == "table" and rawget(p, "value")
+    if T.is_tensor(v) then cost = cost + ns_cost(v, steps) + 32 * v:numel() end
+  end
+  return cost
+end
+local STEP_COST = setmetatable({}, { __mode = "k" }) -- optimizer -> its step's estimate
 
 -- ------------------------------------------------------------ tensor proxy
 
@@ -148,6 +611,8 @@ local BLOCKED_MEMBERS = {
 -- Methods whose first argument must be a tensor (checked here: an FFI call
 -- would turn a plain table into a temporary struct).
 local TENSOR_ARG = { copy = true, shares_storage = true }
+-- Methods charged a matmul's estimate first.
+local MATMULS = { matmul = true, mm = true, bmm = true }
 
 local tensor_methods = {}
 for _, name in ipairs(SAFE_METHODS) do
@@ -161,6 +626,7 @@ for _, name in ipairs(SAFE_METHODS) do
       local other = REAL[(...)]
       if other == nil or not T.is_tensor(other) then error(("tensor:%s: argument is not a tensor"):format(name), 2) end
     end
+    if MATMULS[name] then S.charge(matmul_cost(real, REAL[(...)])) end
     return call_host(m, real, ...)
   end
 end
@@ -181,11 +647,17 @@ local tensor_mt = {
 }
 -- Operators: the real tensors' own (the FFI metatype's __add, ...), on the
 -- exported operands; a plain table or a config's own cdata is rejected there.
-tensor_mt.__add = function(a, b) return import(export(a) + export(b)) end
-tensor_mt.__sub = function(a, b) return import(export(a) - export(b)) end
-tensor_mt.__mul = function(a, b) return import(export(a) * export(b)) end
-tensor_mt.__div = function(a, b) return import(export(a) / export(b)) end
-tensor_mt.__unm = function(a) return import(-export(a)) end
+-- (Through call_host: the host's string methods and the time charge.)
+local function add(a, b) return a + b end
+local function sub(a, b) return a - b end
+local function mul(a, b) return a * b end
+local function div(a, b) return a / b end
+local function unm(a) return -a end
+tensor_mt.__add = function(a, b) return call_host(add, a, b) end
+tensor_mt.__sub = function(a, b) return call_host(sub, a, b) end
+tensor_mt.__mul = function(a, b) return call_host(mul, a, b) end
+tensor_mt.__div = function(a, b) return call_host(div, a, b) end
+tensor_mt.__unm = function(a) return call_host(unm, a) end
 
 -- ------------------------------------------------------------ object proxy
 
@@ -199,9 +671,18 @@ local OBJECT_BLOCKED = { save = "(file write)", load = "(file read)" }
 local object_mt = {
   __metatable = "muon object (sandboxed)",
   __index = function(self, k)
-    local v = REAL[self][k]
+    local real = REAL[self]
+    local v = real[k]
     if type(k) == "string" and (k:sub(1, 1) == "_" or (type(v) == "function" and not OBJECT_METHODS[k])) then
       S.blocked_error(("object member '%s' %s"):format(k, OBJECT_BLOCKED[k] or "(internal)"), 2)
+    end
+    local cost = k == "step" and STEP_COST[real]
+    if cost then
+      local step = import(v)
+      return function(...)
+        S.charge(cost)
+        return step(...)
+      end
     end
     return import(v)
   end,
@@ -315,6 +796,13 @@ BUILDERS["muon.tensor"] = function()
   for _, name in ipairs(T.math_names) do names[#names + 1] = name end
   local Tf = pick(T, names)
   Tf.is_tensor = function(x) return REAL[x] ~= nil and T.is_tensor(REAL[x]) end
+  for name in pairs(MATMULS) do
+    local f = Tf[name]
+    Tf[name] = function(a, b, ...)
+      S.charge(matmul_cost(REAL[a], REAL[b]))
+      return f(a, b, ...)
+    end
+  end
   return facade_of(Tf, "muon.tensor.", { wrap = "(wraps a raw pointer)", load = "(file read)",
     adopt = "(raw FFI handle)", methods = "(the shared FFI method table)" })
 end
@@ -326,6 +814,7 @@ BUILDERS["muon.ns"] = function()
   local zp = f.zeropower
   f.zeropower = function(x, opts)
     if type(opts) == "table" and opts.workspace ~= nil then S.blocked_error("muon.ns.zeropower's workspace option", 2) end
+    S.charge(ns_cost(REAL[x], type(opts) == "table" and rawget(opts, "steps") or nil))
     return zp(x, opts)
   end
   return facade_of(f, "muon.ns.", { workspace = "(raw workspace handle)",
@@ -351,7 +840,16 @@ BUILDERS["muon.param"] = function()
 end
 
 local function optim_facade(name, mod)
-  local f = { new = function(params, opts) return call_host(mod.new, params, opts, 2) end,
+  local function new(params, opts)
+    local o = call_host(mod.new, params, opts, 2)
+    local real = REAL[o]
+    if real ~= nil then
+      local ok, cost = pcall(step_cost, export(params), type(opts) == "table" and export(opts) or nil)
+      STEP_COST[real] = ok and cost or nil
+    end
+    return o
+  end
+  local f = { new = new,
     DEFAULTS = import(mod.DEFAULTS), OPTIONS = import(mod.OPTIONS) }
   return setmetatable(f, { __metatable = "muon." .. name .. " (sandboxed)",
     __call = function(_, ...) return f.new(...) end })

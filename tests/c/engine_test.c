@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int n_test, n_fail;
@@ -174,6 +175,57 @@ int main(void)
     rc = mu_engine_open(&eng, write_file("bytecode.lua", "\033LJ\002junk"));
     ok(rc == MU_EFORMAT && eng == NULL && contains(mu_last_error(), "bytecode"),
        "precompiled config: MU_EFORMAT (rc %d: %s)", rc, mu_last_error());
+
+    /* bytecode is refused before LuaJIT parses it: after a #! line, malformed,
+     * valid (made by string.dump in a script), trusted or not */
+    eng = (mu_engine *)&n_test;
+    rc = mu_engine_open(&eng, write_file("shebang_bc.lua", "#!/usr/bin/env muon\n\033LJ\002\377\377\377junk"));
+    ok(rc == MU_EFORMAT && eng == NULL && contains(mu_last_error(), "bytecode is not accepted"),
+       "malformed bytecode after a #! line: MU_EFORMAT (rc %d: %s)", rc, mu_last_error());
+    char valid_bc[320], dump_script[600];
+    snprintf(valid_bc, sizeof valid_bc, "%s/valid_bc.lua", dir);
+    snprintf(dump_script, sizeof dump_script,
+             "local f = assert(io.open(%s, 'wb'))\n"
+             "f:write(string.dump(assert(loadstring(\"return { groups = { { optimizer = 'adamw' } } }\"))))\n"
+             "f:close()\n", "...");
+    {
+        int st = 1;
+        char *dargs[] = {valid_bc};
+        rc = mu_script_run(write_file("dump.lua", dump_script), 1, dargs, MU_SCRIPT_TRUSTED, &st);
+        ok(rc == MU_OK && st == 0, "wrote a valid bytecode config (rc %d: %s)", rc, line1(mu_last_error()));
+    }
+    for (int trusted = 0; trusted <= 1; trusted++) {
+        mu_engine_opts o = {.trusted = trusted, .lua_path = NULL};
+        eng = (mu_engine *)&n_test;
+        rc = mu_engine_open_ex(&eng, valid_bc, &o);
+        ok(rc == MU_EFORMAT && eng == NULL && contains(mu_last_error(), "valid_bc.lua")
+           && contains(mu_last_error(), "bytecode is not accepted"),
+           "valid bytecode config (trusted %d): MU_EFORMAT naming it (rc %d: %s)", trusted, rc, mu_last_error());
+    }
+
+    /* not regular files: refused at once (a FIFO without a writer must not block) */
+    char fifo[320];
+    snprintf(fifo, sizeof fifo, "%s/fifo.lua", dir);
+    if (mkfifo(fifo, 0600) == 0) {
+        eng = (mu_engine *)&n_test;
+        rc = mu_engine_open(&eng, fifo);
+        ok(rc == MU_EIO && eng == NULL && contains(mu_last_error(), "fifo.lua")
+           && contains(mu_last_error(), "not a regular file (a FIFO)"),
+           "FIFO config: MU_EIO without blocking (rc %d: %s)", rc, mu_last_error());
+    } else {
+        ok(0, "mkfifo %s", fifo);
+    }
+    eng = (mu_engine *)&n_test;
+    rc = mu_engine_open(&eng, dir);
+    ok(rc == MU_EIO && contains(mu_last_error(), "Is a directory") && contains(mu_last_error(), dir),
+       "directory config: MU_EIO naming the path and the reason: %s", mu_last_error());
+    rc = mu_engine_open(&eng, missing);
+    {
+        char want[700];
+        snprintf(want, sizeof want, "config '%s' (resolved %s): No such file or directory", missing, missing);
+        ok(rc == MU_EIO && contains(mu_last_error(), want), "missing config: the path, resolved, and the OS reason: %s",
+           mu_last_error());
+    }
 
     eng = (mu_engine *)&n_test;
     rc = mu_engine_open(&eng, write_file("notable.lua", "return 42\n"));
@@ -573,6 +625,14 @@ int main(void)
     ok(rc == MU_ELUA && contains(mu_last_error(), "nonexistent_module"), "mu_script_run_module: missing module");
     rc = mu_script_run(NULL, 0, NULL, 0, &status);
     ok(rc == MU_EINVAL, "mu_script_run(NULL): MU_EINVAL");
+    rc = mu_script_run(missing, 0, NULL, 0, &status);
+    ok(rc != MU_OK && status == 1 && contains(mu_last_error(), "nope.lua") &&
+           contains(mu_last_error(), "No such file or directory") && !strchr(mu_last_error(), '\n'),
+       "mu_script_run on a missing script: one line, the path and the reason: %s", mu_last_error());
+    rc = mu_script_run(valid_bc, 0, NULL, MU_SCRIPT_TRUSTED, &status);
+    ok(rc != MU_OK && status == 1 && contains(mu_last_error(), "bytecode is not accepted") &&
+           !strchr(mu_last_error(), '\n'),
+       "mu_script_run on a bytecode file: refused in one line: %s", mu_last_error());
 
     ok(strcmp(mu_strerror(MU_ELUA), "lua error") == 0 && strcmp(mu_strerror(MU_EIO), "i/o error") == 0,
        "mu_strerror");

@@ -156,7 +156,7 @@ static void null_calls(void)
     NULL_CALL(MU_EINVAL, mu_tensor_matmul(T22, T22, NULL));
 
     /* npy, safetensors */
-    NULL_CALL(MU_EINVAL, mu_file_check_regular(NULL));
+    NULL_CALL(MU_EINVAL, mu_file_check(NULL, NULL, 0));
     NULL_CALL(MU_EINVAL, mu_npy_load(NULL, &out));
     NULL_CALL(MU_EINVAL, mu_npy_load(npy_path, NULL));
     NULL_CALL(MU_EINVAL, mu_npy_load_mem(NULL, 64, &out));
@@ -496,9 +496,9 @@ static void files_not_regular(void)
     rc = mu_npy_load(dir, &t);
     ok(rc == MU_EIO && contains(mu_last_error(), "not a regular file"), "npy load of a directory: MU_EIO: %s",
        mu_last_error());
-    rc = mu_file_check_regular(fifo);
-    ok(rc == MU_EIO && contains(mu_last_error(), "not a regular file"), "mu_file_check_regular of a FIFO: MU_EIO");
-    ok(mu_file_check_regular(cfg_path) == MU_OK, "mu_file_check_regular of a file: MU_OK");
+    rc = mu_file_check(fifo, NULL, 0);
+    ok(rc == MU_EIO && contains(mu_last_error(), "not a regular file"), "mu_file_check of a FIFO: MU_EIO");
+    ok(mu_file_check(cfg_path, NULL, 0) == MU_OK, "mu_file_check of a file: MU_OK");
     rc = mu_st_reader_open("/dev/zero", &r);
     ok(rc == MU_EIO && contains(mu_last_error(), "not a regular file"), "safetensors open of /dev/zero: MU_EIO");
     alarm(0);
