@@ -176,8 +176,8 @@ describe("muon CLI", function()
     end
     local out, status = run(MUON .. " --version")
     assert.are.equal(0, status, out)
-    local lua_version = capture("cd " .. sh_quote(CWD) .. " && " .. MUON .. " run /dev/stdin <<'EOF'\n"
-      .. "print(require('muon')._VERSION)\nEOF\n")
+    write(CWD .. "/version.lua", "print(require('muon')._VERSION)\n")
+    local lua_version = capture("cd " .. sh_quote(CWD) .. " && " .. MUON .. " run version.lua")
     assert.are.equal("muon " .. lua_version, out)
     -- a script's own options go after the script, untouched
     write(CWD .. "/args.lua", "print(table.concat(arg, ','))\n")

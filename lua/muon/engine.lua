@@ -192,36 +192,10 @@ local function check_replicas(groups, dist, where)
   end
 end
 
--- The working directory (for messages about relative paths), or nil.
-local function cwd()
-  local ffi = require("ffi")
-  pcall(ffi.cdef, "char *getcwd(char *buf, size_t size);")
-  local buf = ffi.new("char[4096]")
-  local ok, p = pcall(ffi.C.getcwd, buf, 4096)
-  if ok and p ~= nil then return ffi.string(buf) end
-  return nil
-end
-engine._cwd = cwd
-
--- A config file that cannot be opened: EIO naming it, and for a relative
--- path the directory it was looked for in.
-local function check_readable(path)
-  local f, err = io.open(path, "rb")
-  if f then
-    f:close()
-    return
-  end
-  local reason = tostring(err):match(": ([^:]+)$") or tostring(err)
-  local dir = path:sub(1, 1) ~= "/" and cwd()
-  E.raise(E.EIO, "config '%s': cannot open the file: %s%s", path, reason,
-    dir and (" (relative paths start in the working directory %s)"):format(dir) or "")
-end
-
 function engine.new(cfg_src, opts)
   opts = opts or {}
   if type(opts) ~= "table" then E.raise(E.EINVAL, "engine.new: options must be a table, got %s", type(opts)) end
   E.check_keys(opts, OPEN_KEYS, "option", "engine.new")
-  if type(cfg_src) == "string" then check_readable(cfg_src) end
   local ok, cfg, where = pcall(config.load, cfg_src, opts.trusted)
   if not ok then E.reraise(cfg, E.EINVAL) end
   local label = where == "(table)" and "(table)" or ("'" .. where .. "'")
