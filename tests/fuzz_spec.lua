@@ -113,7 +113,7 @@ describe("npy files that are not regular files", function()
     -- muon check's params file
     local shapes, msg = require("muon.check").read_shapes(fifo)
     assert.is_nil(shapes)
-    assert.truthy(msg:find("'" .. fifo .. "' is not a regular file", 1, true), msg)
+    assert.truthy(msg:find("'" .. fifo .. "': not a regular file (a FIFO)", 1, true), msg)
     H.rmrf(dir)
   end)
 
