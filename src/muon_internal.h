@@ -85,6 +85,8 @@ int mu__ns_norm(int dt, const void *p, int64_t len, double *norm);
  * when sum; mirror a; b = bcoef * a (see ns_prep). */
 void mu__ns_prep(int dt, void *a, void *b, int64_t n, int64_t r0, int64_t r1, int sum,
                  double bcoef);
+/* Rows [r0, r1) of the stored triangle of n x n b: b += s. */
+void mu__ns_accumulate(int dt, void *b, const void *s, int64_t n, int64_t r0, int64_t r1);
 /* Add v to the diagonal positions i*n + i, i in [i0, i1). */
 void mu__ns_add_diag(int dt, void *p, int64_t n, int64_t i0, int64_t i1, double v);
 /* Grow the workspace to `want` slots (fewer on out of memory); returns the count. */

@@ -27,6 +27,8 @@
  *   slot; the tiles of a split matrix that is alone, too large for that or
  *   left over at the end of a batch run on all workers, stage by stage
  *   (see "workers").
+ * - opts->method: the Gram iteration (src/ns_gram.c) takes over a call
+ *   whose shape mu_ns_method_for sends to it, after the checks below.
  */
 #include "muon_internal.h"
 
@@ -1056,6 +1058,11 @@ void mu__ns_prep(int dt, void *a, void *b, int64_t n, int64_t r0, int64_t r1, in
 void mu__ns_add_diag(int dt, void *p, int64_t n, int64_t i0, int64_t i1, double v)
 {
     ns_add_diag(dt, p, n, i0, i1, v);
+}
+
+void mu__ns_accumulate(int dt, void *b, const void *s, int64_t n, int64_t r0, int64_t r1)
+{
+    ns_accumulate(dt, b, s, n, r0, r1, 0, n);
 }
 
 int mu__ns_slots(mu_ns_workspace *ws, int want)

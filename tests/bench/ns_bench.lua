@@ -36,7 +36,7 @@ end
 
 local STEPS = 5
 local SHAPES = { "768x3072", "3072x768", "1024x4096", "768x768", "1024x1024", "2048x2048", "4096x4096",
-  "12x768x768", "6x768x3072" }
+  "1024x2048", "12x768x768", "6x768x3072" }
 if #arg > 0 then SHAPES = arg end
 
 local function parse(s)
@@ -172,24 +172,29 @@ for _, s in ipairs(SHAPES) do
   for k, name in ipairs(METHODS) do res[name] = med[k] end
   -- accuracy of auto against the float64 standard iteration (same input)
   local err = H_max_abs_diff(ns.zeropower(x, opts.auto), ns.zeropower(x:to("float64"), opts.standard))
+  -- the cost model of src/ns_gram.c: standard flops / gram flops (restarts every 3 steps)
+  local phases = 1 + math.floor((STEPS - 1) / 3)
+  local model = STEPS * (3 * n * n * m + n * n * n) / (3 * phases * n * n * m + (6 * STEPS - 5 * phases) * n * n * n)
   rows[#rows + 1] = { s = s, res = res, pick = ns.method_for(r, c, opts.auto), sgemm = flops / sgemm_rate(n, m),
-    err = err }
+    err = err, model = model }
 end
 
 local torch, why = torch_times(SHAPES)
 
-print(("%-11s %8s %8s %8s %8s %5s %8s %8s %8s %9s %8s %7s %8s"):format("shape", "std ms", "plain ms", "gram ms",
-  "auto ms", "auto", "torch ms", "sgemm ms", "std/auto", "torch/auto", "plain/std", "auto/sg", "err"))
+print(("%-11s %8s %8s %8s %8s %8s %8s %8s %8s %8s %10s %9s %7s %8s"):format("shape", "std ms", "plain ms",
+  "gram ms", "auto ms", "auto", "torch ms", "sgemm ms", "std/gram", "model", "std/auto", "torch/auto", "auto/sg",
+  "err"))
 for _, row in ipairs(rows) do
   local t = torch and torch[row.s]
   local r = row.res
-  print(("%-11s %8.1f %8.1f %8.1f %8.1f %5s %8s %8.1f %8.2f %9s %8.2f %7.2f %8.1e"):format(row.s, r.standard * 1e3,
-    r.plain * 1e3, r.gram * 1e3, r.auto * 1e3, row.pick, t and ("%.1f"):format(t) or "n/a", row.sgemm * 1e3,
-    r.standard / r.auto, t and ("%.2f"):format(t / (r.auto * 1e3)) or "n/a", r.plain / r.standard,
-    r.auto / row.sgemm, row.err))
+  print(("%-11s %8.1f %8.1f %8.1f %8.1f %8s %8s %8.1f %8.2f %8.2f %10.2f %9s %7.2f %8.1e"):format(row.s,
+    r.standard * 1e3, r.plain * 1e3, r.gram * 1e3, r.auto * 1e3, row.pick, t and ("%.1f"):format(t) or "n/a",
+    row.sgemm * 1e3, r.standard / r.gram, row.model, r.standard / r.auto,
+    t and ("%.2f"):format(t / (r.auto * 1e3)) or "n/a", r.auto / row.sgemm, row.err))
 end
 print("sgemm ms: the symmetric standard iteration's flops (steps x (3 n^2 m + n^3), n = smaller dim,")
 print("syrk counted at n^2 k) at this run's standalone sgemm rate ((n x n)(n x m) product).")
+print("model: standard / gram flops of the cost model (auto picks gram when model > 1.15 and n >= 64).")
 print("err: max abs difference of auto's float32 result from the float64 standard iteration.")
 if not torch then print("torch: n/a (" .. tostring(why) .. ")") end
 
