@@ -69,9 +69,11 @@ int mu__ns_check_opts(const mu_ns_opts *o);
 /* Estimated cost in flops of one rows x cols matrix with the iteration
  * mu_ns_method_for picks (a scheduler's weight). */
 double mu__ns_cost(int64_t rows, int64_t cols, const mu_ns_opts *opts);
-/* One matrix in -> out (may alias) on workspace slot `slot`, one worker,
- * dispatching on opts->method. norm: ||in||_F (finite; 0 only with eps > 0).
- * The bits are those of the same matrix in any mu_ns_zeropower call. */
+/* One matrix in -> out (may alias) on workspace slot `slot` (allocated:
+ * see mu__ns_slots), one worker, dispatching on opts->method (checked).
+ * norm: ||in||_F (finite; 0 only with eps > 0). With OpenBLAS set to one
+ * thread, the bits are those of the same matrix in any mu_ns_zeropower call.
+ * Fails only with MU_ENOMEM (the Gram buffers, allocated on first use). */
 int mu__ns_matrix(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols, const void *in,
                   void *out, double norm, mu_ns_workspace *ws, int slot);
 /* The standard iteration on one matrix (src/ns.c), one worker. */
