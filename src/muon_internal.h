@@ -93,6 +93,5 @@ void mu__ns_accumulate(int dt, void *b, const void *s, int64_t n, int64_t r0, in
 void mu__ns_add_diag(int dt, void *p, int64_t n, int64_t i0, int64_t i1, double v);
 /* Grow the workspace to `want` slots (fewer on out of memory); returns the count. */
 int mu__ns_slots(mu_ns_workspace *ws, int want);
-int mu__ns_workers(void);
 
 #endif

@@ -981,9 +981,10 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
     }
 
     if (mu_ns_method_for(rows, cols, opts) == MU_NS_GRAM) { /* src/ns_gram.c */
-        const mu__ns_batch gb = {.dt = dt, .rows = rows, .cols = cols, .batch = batch, .in = ib,
-                                 .out = ob, .opts = opts, .norms = batch <= NORMS_KEPT ? norms : NULL,
-                                 .ws = ws, .threads = ns_workers()};
+        const mu__ns_batch gb = {.dt = dt, .rows = rows, .cols = cols, .batch = batch,
+                                 .in = ib, .out = ob, .opts = opts, .ws = ws,
+                                 .norms = batch <= NORMS_KEPT ? norms : NULL,
+                                 .threads = ns_workers()};
         rc = mu__ns_gram_batch(&gb);
         mu_ns_workspace_free(own);
         return rc;
@@ -1071,11 +1072,6 @@ int mu__ns_slots(mu_ns_workspace *ws, int want)
     while (ws->nslots < want && ns_slot_alloc(ws, &ws->slot[ws->nslots]) == MU_OK) ws->nslots++;
     mu__clear_error(); /* out of memory only means fewer workers */
     return ws->nslots;
-}
-
-int mu__ns_workers(void)
-{
-    return ns_workers();
 }
 
 void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols,
