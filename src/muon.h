@@ -280,12 +280,18 @@ MU_API int mu_blas_set_threads(int threads);
  * matrices (default) or plain gemm (kept for testing and benchmarks). */
 enum { MU_NS_SYMMETRIC = 0, MU_NS_PLAIN = 1 };
 
+/* Which iteration: the seed's on X (standard), the Gram iteration on the
+ * small n x n X X^T with restarts and a guard (src/ns_gram.c), or auto:
+ * gram where its cost model says it is faster for the shape. */
+enum { MU_NS_STANDARD = 0, MU_NS_GRAM = 1, MU_NS_AUTO = 2 };
+
 typedef struct mu_ns_opts {
     int steps;             /* number of (a, b, c) triples used */
     const double *coeffs;  /* 3 * steps values: a0 b0 c0 a1 b1 c1 ... */
     double eps;            /* X / (norm_scale * ||X||_F + eps) */
     double norm_scale;     /* 1.0 for the seed; 1.02 for polar_express */
-    int path;              /* MU_NS_SYMMETRIC or MU_NS_PLAIN */
+    int path;              /* MU_NS_SYMMETRIC or MU_NS_PLAIN (standard iteration) */
+    int method;            /* MU_NS_STANDARD (0, the default), MU_NS_GRAM or MU_NS_AUTO */
 } mu_ns_opts;
 
 typedef struct mu_ns_workspace mu_ns_workspace;
@@ -307,6 +313,10 @@ MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
  * leaves out untouched; eps = 0 with an all-zero matrix is MU_EINVAL. */
 MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
                            mu_ns_workspace *ws);
+/* The iteration opts->method runs for a rows x cols matrix: MU_NS_STANDARD
+ * or MU_NS_GRAM (MU_NS_AUTO resolved by the cost model); negative (an MU_E*
+ * code) for bad options. */
+MU_API int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts);
 
 /* Named coefficient schedules ("legacy", "asym5", "polar_express",
  * "deepseekv4"): writes `steps` triples into coeffs (cap triples room) and

@@ -53,5 +53,66 @@ int mu__write_full(int fd, const void *buf, size_t len);
 int mu__tmp_create(const char *path, char **tmp, int *fd);
 int mu__tmp_commit(const char *path, char *tmp, int fd);
 void mu__tmp_abort(char *tmp, int fd);
+/* ------------------------------------------------ Newton-Schulz (ns*.c) */
+
+enum { MU__NS_MAX_SLOTS = 16 };
+
+/* One worker's buffers. */
+typedef struct mu__ns_slot {
+    void *x; /* n * m: ping-pong iterate */
+    void *a; /* n * n: Gram matrix */
+    void *b; /* n * n: polynomial matrix */
+    void *g; /* the Gram iteration's buffers (3 n*n + n*m), allocated on its first use */
+} mu__ns_slot;
+
+struct mu_ns_workspace {
+    int dtype;
+    int64_t cap_nm; /* elements of x */
+    int64_t cap_nn; /* elements of a and b */
+    int nslots;     /* slots allocated so far (>= 1) */
+    mu__ns_slot slot[MU__NS_MAX_SLOTS];
+};
+
+/* A batch call of mu_ns_zeropower, validated (inputs finite, workspace big
+ * enough), for the Gram iteration. */
+typedef struct mu__ns_batch {
+    int dt;
+    int64_t rows, cols, batch;
+    const char *in;
+    char *out;
+    const mu_ns_opts *opts;
+    const double *norms; /* per-matrix Frobenius norms, or NULL (recomputed) */
+    mu_ns_workspace *ws;
+    int threads; /* workers */
+} mu__ns_batch;
+
+int mu__ns_check_opts(const mu_ns_opts *o);
+/* Estimated cost in flops of one rows x cols matrix with the iteration
+ * mu_ns_method_for picks (a scheduler's weight). */
+double mu__ns_cost(int64_t rows, int64_t cols, const mu_ns_opts *opts);
+/* One matrix in -> out (may alias) on workspace slot `slot` (allocated:
+ * see mu__ns_slots), one worker, dispatching on opts->method (checked).
+ * norm: ||in||_F (finite; 0 only with eps > 0). With OpenBLAS set to one
+ * thread, the bits are those of the same matrix in any mu_ns_zeropower call.
+ * Fails only with MU_ENOMEM (the Gram buffers, allocated on first use). */
+int mu__ns_matrix(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols, const void *in,
+                  void *out, double norm, mu_ns_workspace *ws, int slot);
+/* The standard iteration on one matrix (src/ns.c), one worker. */
+void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols,
+                         const void *in, void *out, double norm, const mu__ns_slot *s);
+/* The Gram iteration on a batch (src/ns_gram.c). */
+int mu__ns_gram_batch(const mu__ns_batch *b);
+/* Helpers of src/ns.c shared with src/ns_gram.c. */
+int mu__ns_norm(int dt, const void *p, int64_t len, double *norm);
+/* Rows [r0, r1) of the stored triangle (c >= r) of n x n a: a += b first
+ * when sum; mirror a; b = bcoef * a (see ns_prep). */
+void mu__ns_prep(int dt, void *a, void *b, int64_t n, int64_t r0, int64_t r1, int sum,
+                 double bcoef);
+/* Rows [r0, r1) of the stored triangle of n x n b: b += s. */
+void mu__ns_accumulate(int dt, void *b, const void *s, int64_t n, int64_t r0, int64_t r1);
+/* Add v to the diagonal positions i*n + i, i in [i0, i1). */
+void mu__ns_add_diag(int dt, void *p, int64_t n, int64_t i0, int64_t i1, double v);
+/* Grow the workspace to `want` slots (fewer on out of memory); returns the count. */
+int mu__ns_slots(mu_ns_workspace *ws, int want);
 
 #endif

@@ -27,6 +27,8 @@
  *   slot; the tiles of a split matrix that is alone, too large for that or
  *   left over at the end of a batch run on all workers, stage by stage
  *   (see "workers").
+ * - opts->method: the Gram iteration (src/ns_gram.c) takes over a call
+ *   whose shape mu_ns_method_for sends to it, after the checks below.
  */
 #include "tensor_internal.h"
 
@@ -38,8 +40,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MU__NS_MAX_SLOTS = 16 };
-
 /* Batches whose matrices have at most this many elements (n * m) run one
  * matrix per worker; larger ones share each matrix's tiles among the
  * workers. A speed choice only: the bits are the same either way.
@@ -48,19 +48,7 @@ enum { MU__NS_MAX_SLOTS = 16 };
 #define MU__NS_BATCH_PAR_MAX (1024 * 4096)
 #endif
 
-typedef struct mu__ns_slot {
-    void *x; /* n * m: ping-pong iterate */
-    void *a; /* n * n: Gram matrix */
-    void *b; /* n * n: polynomial matrix */
-} mu__ns_slot;
-
-struct mu_ns_workspace {
-    int dtype;
-    int64_t cap_nm; /* elements of x */
-    int64_t cap_nn; /* elements of a and b */
-    int nslots;     /* slots allocated so far (>= 1) */
-    mu__ns_slot slot[MU__NS_MAX_SLOTS];
-};
+/* mu__ns_slot and struct mu_ns_workspace: src/muon_internal.h */
 
 /* ------------------------------------------------------------ presets */
 
@@ -151,6 +139,7 @@ static void ns_slot_free(mu__ns_slot *s)
     free(s->x);
     free(s->a);
     free(s->b);
+    free(s->g);
     memset(s, 0, sizeof *s);
 }
 
@@ -901,7 +890,7 @@ static void ns_run(ns_pool *pool, int threads)
 
 /* ------------------------------------------------------------- the API */
 
-static int ns_check_opts(const mu_ns_opts *o)
+int mu__ns_check_opts(const mu_ns_opts *o)
 {
     if (!o) return mu__fail(MU_EINVAL, "opts is NULL");
     if (o->steps < 0) return mu__fail(MU_EINVAL, "ns steps must be >= 0, got %d", o->steps);
@@ -917,6 +906,10 @@ static int ns_check_opts(const mu_ns_opts *o)
     if (o->path != MU_NS_SYMMETRIC && o->path != MU_NS_PLAIN)
         return mu__fail(MU_EINVAL, "ns path must be MU_NS_SYMMETRIC or MU_NS_PLAIN, got %d",
                         o->path);
+    if (o->method != MU_NS_STANDARD && o->method != MU_NS_GRAM && o->method != MU_NS_AUTO)
+        return mu__fail(MU_EINVAL,
+                        "ns method must be MU_NS_STANDARD, MU_NS_GRAM or MU_NS_AUTO, got %d",
+                        o->method);
     return MU_OK;
 }
 
@@ -927,7 +920,7 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
     int rc = mu__tensor_check(in, "ns: in");
     if (rc == MU_OK) rc = mu__tensor_check(out, "ns: out");
     if (rc != MU_OK) return rc;
-    rc = ns_check_opts(opts);
+    rc = mu__ns_check_opts(opts);
     if (rc != MU_OK) return rc;
     if (in->ndim != 2 && in->ndim != 3)
         return mu__fail(MU_ESHAPE, "ns: input must be 2-D or 3-D, got %d dims", in->ndim);
@@ -990,6 +983,16 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
                         (long long)rows, (long long)cols);
     }
 
+    if (mu_ns_method_for(rows, cols, opts) == MU_NS_GRAM) { /* src/ns_gram.c */
+        const mu__ns_batch gb = {.dt = dt, .rows = rows, .cols = cols, .batch = batch,
+                                 .in = ib, .out = ob, .opts = opts, .ws = ws,
+                                 .norms = batch <= NORMS_KEPT ? norms : NULL,
+                                 .threads = ns_workers()};
+        rc = mu__ns_gram_batch(&gb);
+        mu_ns_workspace_free(own);
+        return rc;
+    }
+
     ns_job job = {.dt = dt, .rows = rows, .cols = cols, .in = ib, .out = ob,
                   .bytes_per = len * (int64_t)es, .opts = opts, .inplace = ib == (const char *)ob,
                   .norms = batch <= NORMS_KEPT ? norms : NULL};
@@ -1041,4 +1044,45 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
     if (saved != 1) openblas_set_num_threads(saved);
     mu_ns_workspace_free(own);
     return MU_OK;
+}
+
+/* ------------------------------------------- for src/ns_gram.c and others */
+
+int mu__ns_norm(int dt, const void *p, int64_t len, double *norm)
+{
+    return ns_norm(dt, p, len, norm);
+}
+
+void mu__ns_prep(int dt, void *a, void *b, int64_t n, int64_t r0, int64_t r1, int sum,
+                 double bcoef)
+{
+    ns_prep(dt, a, b, n, r0, r1, 0, n, sum, bcoef);
+}
+
+void mu__ns_add_diag(int dt, void *p, int64_t n, int64_t i0, int64_t i1, double v)
+{
+    ns_add_diag(dt, p, n, i0, i1, v);
+}
+
+void mu__ns_accumulate(int dt, void *b, const void *s, int64_t n, int64_t r0, int64_t r1)
+{
+    ns_accumulate(dt, b, s, n, r0, r1, 0, n);
+}
+
+int mu__ns_slots(mu_ns_workspace *ws, int want)
+{
+    if (want > MU__NS_MAX_SLOTS) want = MU__NS_MAX_SLOTS;
+    while (ws->nslots < want && ns_slot_alloc(ws, &ws->slot[ws->nslots]) == MU_OK) ws->nslots++;
+    mu__clear_error(); /* out of memory only means fewer workers */
+    return ws->nslots;
+}
+
+void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols,
+                         const void *in, void *out, double norm, const mu__ns_slot *s)
+{
+    ns_job job = {.dt = dt, .rows = rows, .cols = cols, .in = in, .out = out,
+                  .bytes_per = rows * cols * (int64_t)mu_dtype_size(dt), .opts = opts,
+                  .inplace = in == out, .norms = &norm};
+    ns_plan_init(&job.plan, dt, rows, cols, opts->path);
+    ns_one(&job, s, 0);
 }

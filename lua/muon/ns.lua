@@ -152,8 +152,10 @@ function ns.coefficients(variant, steps, custom)
 end
 
 local OPTION_KEYS = { steps = true, variant = true, eps = true, coefficients = true, path = true,
-  workspace = true, norm_scale = true }
+  workspace = true, norm_scale = true, method = true }
 local PATHS = { symmetric = C.MU_NS_SYMMETRIC, plain = C.MU_NS_PLAIN }
+ns.METHODS = { "standard", "gram", "auto" }
+local METHODS = { standard = C.MU_NS_STANDARD, gram = C.MU_NS_GRAM, auto = C.MU_NS_AUTO }
 
 local function check_keys(opts, allowed, level)
   local unknown = {}
@@ -170,7 +172,8 @@ local resolved_mt = { __index = {} }
 
 -- ns.resolve(opts) -> validated, reusable options (holds the C mu_ns_opts
 -- and its coefficient array). Keys: steps, variant, eps, coefficients,
--- path ("symmetric" | "plain"), norm_scale (default: the preset's).
+-- path ("symmetric" | "plain"), norm_scale (default: the preset's),
+-- method ("standard" | "gram" | "auto"; see ns.method_for).
 local function resolve(opts, level)
   level = level + 1
   if opts == nil then opts = {} end
@@ -186,6 +189,10 @@ local function resolve(opts, level)
   if PATHS[path] == nil then
     error("path must be 'symmetric' or 'plain', got " .. repr(path), level)
   end
+  local method = opts.method == nil and "standard" or opts.method
+  if METHODS[method] == nil then
+    error("method must be 'standard', 'gram' or 'auto', got " .. repr(method), level)
+  end
   local arr, n, scale = schedule(variant, steps, opts.coefficients, level)
   if opts.norm_scale ~= nil then
     if not finite(opts.norm_scale) or opts.norm_scale <= 0 then
@@ -199,8 +206,9 @@ local function resolve(opts, level)
   copts.eps = eps
   copts.norm_scale = scale
   copts.path = PATHS[path]
+  copts.method = METHODS[method]
   return setmetatable({
-    variant = variant, steps = n, eps = eps, path = path, norm_scale = scale,
+    variant = variant, steps = n, eps = eps, path = path, norm_scale = scale, method = method,
     coeffs = arr, -- keeps the array alive for copts
     copts = copts,
   }, resolved_mt)
@@ -208,6 +216,19 @@ end
 
 function ns.resolve(opts)
   return resolve(opts, 2)
+end
+
+-- ns.method_for(rows, cols, opts) -> "standard" or "gram": the iteration
+-- opts.method runs for a rows x cols matrix ("auto" resolved by the cost
+-- model of src/ns_gram.c).
+function ns.method_for(rows, cols, opts)
+  if not is_int(rows) or not is_int(cols) or rows < 0 or cols < 0 then
+    error("method_for: rows and cols must be non-negative integers", 2)
+  end
+  local r = resolve(opts, 2)
+  local m = C.mu_ns_method_for(rows, cols, r.copts)
+  check(m < 0 and m or 0, "method_for", 2)
+  return m == C.MU_NS_GRAM and "gram" or "standard"
 end
 
 -- ns.workspace(dtype, rows, cols): reusable buffers for matrices up to

@@ -21,7 +21,7 @@ local kind = { name = "muon", ns = true, state_keys = { "momentum_buffer" },
   hidden_state_keys = {} }
 
 -- The seed's defaults (its Muon.__init__ and _MUON_ADVANCED_DEFAULTS), plus
--- three extensions: ns_path, scale_mode, nonfinite.
+-- extensions: ns_path, ns_method, scale_mode, nonfinite, ...
 local DEFAULTS = {
   lr = 2e-2,
   weight_decay = 0.1,
@@ -34,6 +34,7 @@ local DEFAULTS = {
   zero_rms_scale_mode = "zero",
   apply_lr_in_update = false,
   ns_path = "symmetric", -- "symmetric" (syrk/symm) or "plain" (gemm)
+  ns_method = "standard", -- "standard", "gram" (iterate on X X^T) or "auto" (per shape)
   scale_mode = "matched_adamw_rms", -- or "keller": sqrt(max(1, A/B))
   nonfinite = "error", -- NaN/Inf gradient: "error" (atomic failure) or "skip" (skip the group's step)
   weight_decay_mode = "decoupled", -- or "cautious": decay only where the update moves p towards 0
@@ -126,6 +127,7 @@ function kind.resolve(g, level)
   end
   O.oneof("zero_rms_scale_mode", g.zero_rms_scale_mode, { "zero", "use_lr" }, level + 1)
   O.oneof("ns_path", g.ns_path, { "symmetric", "plain" }, level + 1)
+  O.oneof("ns_method", g.ns_method, ns.METHODS, level + 1)
   O.oneof("scale_mode", g.scale_mode, { "matched_adamw_rms", "keller", "spectral" }, level + 1)
   O.oneof("weight_decay_mode", g.weight_decay_mode, { "decoupled", "cautious" }, level + 1)
   O.oneof("nd_mode", g.nd_mode, { "batch", "flatten" }, level + 1)
@@ -171,7 +173,7 @@ function kind.resolve(g, level)
   end
   local ok2, resolved = pcall(ns.resolve, {
     steps = g.ns_steps, variant = g.ns_variant, eps = g.ns_epsilon,
-    coefficients = g.ns_coefficients, path = g.ns_path,
+    coefficients = g.ns_coefficients, path = g.ns_path, method = g.ns_method,
   })
   if not ok2 then error(tostring(resolved):gsub("^[^:]*:%d+: ", ""), level + 1) end
   g._ns = resolved
