@@ -298,6 +298,19 @@ MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
 MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
                            mu_ns_workspace *ws);
 
+/* Orthogonalize count tensors in one call: in[i] into out[i] with opts[i]
+ * (each as mu_ns_zeropower takes it: 2-D or a 3-D batch; shapes and
+ * options may differ, one dtype per call). One scheduler spreads all their
+ * matrices over the workers: the large ones tile by tile on all workers,
+ * then the others whole, largest first onto the worker free first. Each
+ * output has the bits mu_ns_zeropower gives it alone. ws must hold the
+ * largest matrix (NULL: allocated inside); a step loop that reuses it does
+ * not allocate. Outputs must not overlap each other or another tensor's
+ * input (out[i] may be in[i]). Every tensor is checked (errors name its
+ * index) before anything is written. */
+MU_API int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *const *out,
+                                const mu_ns_opts *const *opts, mu_ns_workspace *ws);
+
 /* Named coefficient schedules ("legacy", "asym5", "polar_express",
  * "deepseekv4"): writes `steps` triples into coeffs (cap triples room) and
  * the preset's norm_scale. steps <= 0 means the preset's natural length;
