@@ -512,19 +512,21 @@ local function compute_local(self, run, batches)
   for _, b in ipairs(batches) do
     local G = self.groups[b.gi]
     local owned = {}
-    for i, it in ipairs(b.items) do
-      local state
-      for _, a in ipairs(it.attached or {}) do
-        local dst, src = io.dest(a.record), io.source(a.record)
+    for _, it in ipairs(b.items) do
+      if it.owner == self.me then
+        local state
+        for _, a in ipairs(it.attached or {}) do
+          local dst, src = io.dest(a.record), io.source(a.record)
+          if dst ~= src then dst:copy(src) end
+          state = state or {}
+          state[a.record.key] = dst
+        end
+        local dst, src = io.dest(it.record), io.source(it.record)
         if dst ~= src then dst:copy(src) end
-        state = state or {}
-        state[a.record.key] = dst
+        owned[#owned + 1] = { item = it, input = dst, state = state }
       end
-      local dst, src = io.dest(it.record), io.source(it.record)
-      if dst ~= src then dst:copy(src) end
-      owned[i] = { item = it, input = dst, state = state }
     end
-    attempt(run, prepare_batch, self, G, run.g[b.gi].hp, io.items(owned), jobs, pending)
+    if #owned > 0 then attempt(run, prepare_batch, self, G, run.g[b.gi].hp, io.items(owned), jobs, pending) end
   end
   if #jobs > 0 then attempt(run, self.ns_many, self, jobs) end
   for _, p in ipairs(pending) do attempt(run, p.G.kind.ns_finish, self, p.G.options, p.hp, p.list, p.done) end
