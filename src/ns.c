@@ -28,9 +28,11 @@
  *   left over at the end of a batch run on all workers, stage by stage
  *   (see "workers").
  */
+#define _GNU_SOURCE /* RTLD_DEFAULT */
 #include "muon_internal.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -824,6 +826,7 @@ typedef struct ns_pool {
     atomic_llong next;      /* whole: next unit */
     atomic_llong ticket;    /* shared: next ticket */
     atomic_llong done;      /* shared: tickets done */
+    atomic_int ids;         /* OpenMP: worker numbers handed out */
     ns_iter it;             /* shared: the current matrix (set by its prologue) */
     pthread_mutex_t mu;     /* with cv: sleeping until a counter is reached */
     pthread_cond_t cv;
@@ -926,10 +929,45 @@ static int ns_workers(void)
     return w < MU__NS_MAX_SLOTS ? w : MU__NS_MAX_SLOTS;
 }
 
-/* Run the pool on `threads` workers, the caller being worker 0 (fewer if a
- * thread cannot be created: the work is shared dynamically). */
+/* The host's OpenMP runtime, when the process has one: GOMP_parallel, the
+ * entry point GCC-compiled parallel regions call (libgomp; LLVM's libomp
+ * exports it too). Looked up, never linked: a host without OpenMP does not
+ * get an OpenMP runtime from us. MU_NS_OPENMP=0 declines it. */
+typedef void (*ns_gomp_parallel)(void (*fn)(void *), void *data, unsigned threads,
+                                 unsigned flags);
+
+static ns_gomp_parallel ns_host_openmp(void)
+{
+    const char *env = getenv("MU_NS_OPENMP");
+    if (env && strcmp(env, "0") == 0) return NULL;
+    ns_gomp_parallel f;
+    void *sym = dlsym(RTLD_DEFAULT, "GOMP_parallel");
+    memcpy(&f, &sym, sizeof f); /* object pointer -> function pointer */
+    return f;
+}
+
+/* A thread of the host's OpenMP team: the next worker number. */
+static void ns_openmp_worker(void *arg)
+{
+    ns_pool *p = arg;
+    ns_worker w = {.pool = p, .slot = (int)atomic_fetch_add(&p->ids, 1)};
+    if (w.slot < MU__NS_MAX_SLOTS) ns_worker_main(&w);
+}
+
+/* Run the pool on `threads` workers. In a host with an OpenMP runtime the
+ * workers are a parallel region of it: a host whose own loops use OpenMP
+ * shares one thread team with the engine, so its threads (which spin a
+ * while after each of its regions) run the engine's work instead of
+ * competing with other threads for the cores. Otherwise threads of our
+ * own, the caller being worker 0 (fewer if a thread cannot be created:
+ * the work is shared dynamically, as it is with a smaller OpenMP team). */
 static void ns_run(ns_pool *pool, int threads)
 {
+    const ns_gomp_parallel omp = ns_host_openmp();
+    if (omp) {
+        omp(ns_openmp_worker, pool, (unsigned)threads, 0);
+        return;
+    }
     ns_worker wk[MU__NS_MAX_SLOTS];
     pthread_t tid[MU__NS_MAX_SLOTS];
     int started = 0;
@@ -1022,6 +1060,7 @@ static void ns_schedule(const ns_job *jobs, int64_t njobs, ns_unit *unit, int64_
         atomic_init(&pool.next, nshared);
         atomic_init(&pool.ticket, 0);
         atomic_init(&pool.done, 0);
+        atomic_init(&pool.ids, 0);
         if (pthread_mutex_init(&pool.mu, NULL) == 0) {
             if (pthread_cond_init(&pool.cv, NULL) == 0) {
                 ns_run(&pool, threads);
