@@ -283,7 +283,10 @@ typedef struct mu_ns_workspace mu_ns_workspace;
 /* Workspace for matrices of up to rows x cols (either orientation), reused
  * across calls so the step loop never allocates. One call at a time per
  * workspace: it adds one buffer set per worker on first use (the workers:
- * OpenBLAS's thread count when the call starts, or MU_NS_THREADS). */
+ * OpenBLAS's thread count when the call starts, or MU_NS_THREADS). In a
+ * process with an OpenMP runtime (a host built with -fopenmp) the workers
+ * run as a parallel region of that runtime, sharing the host's threads;
+ * MU_NS_OPENMP=0 makes them threads of the engine's own instead. */
 MU_API int mu_ns_workspace_new(int dtype, int64_t rows, int64_t cols, mu_ns_workspace **out);
 MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
 

@@ -22,11 +22,13 @@
  *   only (see "the tiling"). A result is then the same bits whatever the
  *   number of workers, OpenBLAS's thread setting, the batch it came in,
  *   in place or not, and whichever process computes it.
- * - Workers (OpenBLAS's thread count, or MU_NS_THREADS): a batch of small
- *   matrices runs whole matrices per worker, each with its own workspace
- *   slot; the tiles of a split matrix that is alone, too large for that or
- *   left over at the end of a batch run on all workers, stage by stage
- *   (see "workers").
+ * - Workers (OpenBLAS's thread count, or MU_NS_THREADS): one scheduler
+ *   takes every matrix of a call (a batch, or all the tensors of
+ *   mu_ns_zeropower_many: a whole optimizer step). Large split matrices
+ *   run first, tile by tile on all workers; then the others whole, each
+ *   worker with its own workspace slot, largest first (see "scheduling").
+ *   In a process with an OpenMP runtime the workers are a parallel region
+ *   of it, so an OpenMP host shares its thread team with the engine.
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
 #include "muon_internal.h"

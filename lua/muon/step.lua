@@ -11,7 +11,9 @@
 --   4. route    per batch, NS inputs go to the rank that orthogonalizes
 --               them (muon.router, as muon.dist planned); reshape_fn /
 --               ns_transform_fn / zeropower_fn, Newton-Schulz and the scale
---               run there (kind.orthogonalize); every update slice comes back
+--               run there (kind.orthogonalize); every update slice comes back.
+--               Batches with nothing to route (all on one process) run
+--               first, their Newton-Schulz in one scheduler call (compute_local)
 --   5. check    updates are finite; on a mesh every rank agrees (the lowest
 --               failing rank's error is raised everywhere, nothing changes)
 --   6. commit   state buffers swap in, p = p * decay + alpha * update; no
