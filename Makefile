@@ -108,6 +108,14 @@ $(BUILD)/examples/%: examples/%.c $(LIB_A) src/muon.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK)
 
+# Newton-Schulz in an OpenMP host: this C test is built with OpenMP.
+$(BUILD)/tests/ns_openmp_test: CFLAGS += -fopenmp
+
+# The OpenMP host benchmark (tests/bench/omp_bench.lua builds it on demand).
+$(BUILD)/bench/omp_host: tests/bench/omp_host.c $(LIB_A) src/muon.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fopenmp $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK) -fopenmp
+
 # test, demo and bench re-run make after deps: variables such as HAVE_MPI are
 # read when make starts, which on a fresh machine is before deps installed
 # the packages they look for.

@@ -299,7 +299,10 @@ typedef struct mu_ns_workspace mu_ns_workspace;
 /* Workspace for matrices of up to rows x cols (either orientation), reused
  * across calls so the step loop never allocates. One call at a time per
  * workspace: it adds one buffer set per worker on first use (the workers:
- * OpenBLAS's thread count when the call starts, or MU_NS_THREADS). */
+ * OpenBLAS's thread count when the call starts, or MU_NS_THREADS). In a
+ * process with an OpenMP runtime (a host built with -fopenmp) the workers
+ * run as a parallel region of that runtime, sharing the host's threads;
+ * MU_NS_OPENMP=0 makes them threads of the engine's own instead. */
 MU_API int mu_ns_workspace_new(int dtype, int64_t rows, int64_t cols, mu_ns_workspace **out);
 MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
 
@@ -317,6 +320,19 @@ MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts
  * or MU_NS_GRAM (MU_NS_AUTO resolved by the cost model); negative (an MU_E*
  * code) for bad options. */
 MU_API int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts);
+
+/* Orthogonalize count tensors in one call: in[i] into out[i] with opts[i]
+ * (each as mu_ns_zeropower takes it: 2-D or a 3-D batch; shapes and
+ * options may differ, one dtype per call). One scheduler spreads all their
+ * matrices over the workers: the large ones tile by tile on all workers,
+ * then the others whole, largest first onto the worker free first. Each
+ * output has the bits mu_ns_zeropower gives it alone. ws must hold the
+ * largest matrix (NULL: allocated inside); a step loop that reuses it does
+ * not allocate. Outputs must not overlap each other or another tensor's
+ * input (out[i] may be in[i]). Every tensor is checked (errors name its
+ * index) before anything is written. */
+MU_API int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *const *out,
+                                const mu_ns_opts *const *opts, mu_ns_workspace *ws);
 
 /* Named coefficient schedules ("legacy", "asym5", "polar_express",
  * "deepseekv4"): writes `steps` triples into coeffs (cap triples room) and

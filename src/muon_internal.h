@@ -71,6 +71,8 @@ struct mu_ns_workspace {
     int64_t cap_nn; /* elements of a and b */
     int nslots;     /* slots allocated so far (>= 1) */
     mu__ns_slot slot[MU__NS_MAX_SLOTS];
+    void *sched;        /* the scheduler's lists (grown, kept across calls) */
+    size_t sched_bytes;
 };
 
 /* A batch call of mu_ns_zeropower, validated (inputs finite, workspace big

@@ -22,21 +22,27 @@
  *   only (see "the tiling"). A result is then the same bits whatever the
  *   number of workers, OpenBLAS's thread setting, the batch it came in,
  *   in place or not, and whichever process computes it.
- * - Workers (OpenBLAS's thread count, or MU_NS_THREADS): a batch of small
- *   matrices runs whole matrices per worker, each with its own workspace
- *   slot; the tiles of a split matrix that is alone, too large for that or
- *   left over at the end of a batch run on all workers, stage by stage
- *   (see "workers").
- * - opts->method: the Gram iteration (src/ns_gram.c) takes over a call
- *   whose shape mu_ns_method_for sends to it, after the checks below.
+ * - Workers (OpenBLAS's thread count, or MU_NS_THREADS): one scheduler
+ *   takes every matrix of a call (a batch, or all the tensors of
+ *   mu_ns_zeropower_many: a whole optimizer step). Large split matrices
+ *   run first, tile by tile on all workers; then the others whole, each
+ *   worker with its own workspace slot, largest first (see "scheduling").
+ *   In a process with an OpenMP runtime the workers are a parallel region
+ *   of it, so an OpenMP host shares its thread team with the engine.
+ * - opts->method: the Gram iteration (src/ns_gram.c) takes over the
+ *   matrices whose shape mu_ns_method_for sends to it, after the checks
+ *   below (one tensor at a time, before the scheduler runs the others).
  */
+#define _GNU_SOURCE /* RTLD_DEFAULT */
 #include "tensor_internal.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,6 +195,7 @@ void mu_ns_workspace_free(mu_ns_workspace *ws)
 {
     if (!ws) return;
     for (int i = 0; i < ws->nslots; i++) ns_slot_free(&ws->slot[i]);
+    free(ws->sched);
     free(ws);
 }
 
@@ -603,6 +610,7 @@ typedef struct ns_job {
     const char *in; /* batch base pointers */
     char *out;
     int64_t bytes_per; /* bytes per matrix */
+    int64_t batch;     /* matrices (0 when they are empty) */
     const mu_ns_opts *opts;
     int inplace;         /* out aliases in */
     const double *norms; /* per-matrix norms from the check pass, or NULL */
@@ -752,37 +760,64 @@ static void ns_one(const ns_job *job, const mu__ns_slot *s, int64_t i)
     for (int64_t u = 0; u < ntiles && !it.done; u++) ns_tile(&it, u);
 }
 
-/* ------------------------------------------------------------ workers
+/* ---------------------------------------------------------- scheduling
  *
- * How the work is spread is a speed choice only (the bits are the same):
- * - head: each worker takes whole matrices (an atomic counter) with its own
- *   workspace slot. For batches of matrices up to MU__NS_BATCH_PAR_MAX
- *   elements, where this beats sharing each matrix (no waiting between
- *   stages).
- * - tail: all workers share one matrix at a time, tile by tile (one slot).
- *   For larger matrices, a lone matrix, and the last batch % workers
- *   matrices of a head batch when they are split (they would otherwise
- *   leave workers idle). Tickets from an atomic counter number the tail's
+ * One scheduler for every call. The matrices of a call (a batch for
+ * mu_ns_zeropower, every tensor's for mu_ns_zeropower_many: a whole
+ * optimizer step) are units; how they are spread over the workers is a
+ * speed choice only, the bits are the same:
+ * - shared units run first, one at a time, tile by tile on all workers
+ *   (slot 0): splittable matrices (some stage of their plan has more than
+ *   one tile) above MU__NS_BATCH_PAR_MAX elements, and the smallest
+ *   S % workers of the S other splittable ones (which would otherwise leave
+ *   workers idle at the end). Tickets from an atomic counter number their
  *   work in order: per matrix the prologue, then for each step the tiles of
  *   each stage. A ticket's stage may start once every ticket before the
  *   stage is done (`done` counts finished tickets; tickets of a later stage
  *   cannot finish first, so it is a prefix count). Stage after stage is the
  *   only ordering needed: each stage reads what the one before wrote, and
- *   the next matrix's prologue waits for the last step of the previous
- *   one, which used the same slot. */
+ *   the next matrix's prologue waits for the last step of the previous one,
+ *   which used the same slot.
+ * - whole units then run each on one worker with its own workspace slot,
+ *   largest first (an atomic counter over the list sorted by ns_cost):
+ *   the next largest goes to the worker that becomes free first, the least
+ *   loaded one (greedy longest-processing-time scheduling). Worker 0 first
+ *   waits for the shared units, which used its slot. */
+
+typedef struct ns_unit {
+    int64_t job, index; /* matrix `index` of the batch of jobs[job] */
+    double cost;
+    int shared;
+} ns_unit;
+
+/* Estimated cost of one matrix of a job: the standard iteration's
+ * plain-gemm flops (+ the prologue's pass). It orders the whole units
+ * only; any estimate proportional to the time keeps the schedule good. */
+static double ns_cost(const ns_job *job)
+{
+    return mu__ns_cost(job->rows, job->cols, job->opts);
+}
+
+/* Whether a job's matrices have a stage of more than one tile. */
+static int ns_splittable(const ns_job *job)
+{
+    for (int st = 0; job->opts->steps > 0 && st < NS_NSTAGES; st++)
+        if (job->plan.tiles[st] > 1) return 1;
+    return 0;
+}
 
 typedef struct ns_pool {
-    const ns_job *job;
+    const ns_job *jobs;
+    const ns_unit *unit;    /* [0, nshared): shared; [nshared, nunits): whole */
+    const int64_t *tstart;  /* first ticket of shared unit k; tstart[nshared]: all */
     mu_ns_workspace *ws;
-    int64_t head;            /* matrices [0, head): whole, one per worker */
-    int64_t batch;           /* matrices [head, batch): the tail, tile by tile */
-    atomic_llong next;       /* head: next matrix */
-    atomic_llong finished;   /* head: matrices done */
-    int64_t per_matrix;      /* tail: tickets per matrix (1 + steps * nx) */
-    atomic_llong ticket;     /* tail: next ticket */
-    atomic_llong done;       /* tail: tickets done */
-    ns_iter it;              /* tail: the current matrix (set by its prologue) */
-    pthread_mutex_t mu;      /* with cv: sleeping until a counter is reached */
+    int64_t nshared, nunits;
+    atomic_llong next;      /* whole: next unit */
+    atomic_llong ticket;    /* shared: next ticket */
+    atomic_llong done;      /* shared: tickets done */
+    atomic_int ids;         /* OpenMP: worker numbers handed out */
+    ns_iter it;             /* shared: the current matrix (set by its prologue) */
+    pthread_mutex_t mu;     /* with cv: sleeping until a counter is reached */
     pthread_cond_t cv;
 } ns_pool;
 
@@ -810,11 +845,23 @@ static void ns_wake(ns_pool *p)
     pthread_mutex_unlock(&p->mu);
 }
 
-/* Tail ticket -> first ticket of its stage and one past its last. */
-static void ns_stage_of(const ns_pool *p, int64_t ticket, int64_t *start, int64_t *end)
+/* The shared unit a ticket belongs to (binary search of tstart). */
+static int64_t ns_shared_unit(const ns_pool *p, int64_t ticket)
 {
-    const ns_plan *pl = &p->job->plan;
-    const int64_t u = ticket % p->per_matrix;
+    int64_t lo = 0, hi = p->nshared - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (p->tstart[mid] <= ticket) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Ticket of shared unit k -> first ticket of its stage and one past its last. */
+static void ns_stage_of(const ns_pool *p, int64_t k, int64_t ticket, int64_t *start, int64_t *end)
+{
+    const ns_plan *pl = &p->jobs[p->unit[k].job].plan;
+    const int64_t u = ticket - p->tstart[k];
     if (u == 0) { /* prologue */
         *start = ticket;
         *end = ticket + 1;
@@ -830,25 +877,27 @@ static void *ns_worker_main(void *arg)
 {
     ns_worker *w = arg;
     ns_pool *p = w->pool;
-    for (;;) { /* head */
-        long long i = atomic_fetch_add(&p->next, 1);
-        if (i >= p->head) break;
-        ns_one(p->job, &p->ws->slot[w->slot], i);
-        if (atomic_fetch_add(&p->finished, 1) + 1 == p->head) ns_wake(p);
-    }
-    if (p->head == p->batch) return NULL;
-    ns_wait(p, &p->finished, p->head); /* the tail reuses slot 0 */
-    const int64_t count = (p->batch - p->head) * p->per_matrix;
-    for (;;) { /* tail */
-        long long ticket = atomic_fetch_add(&p->ticket, 1);
+    const int64_t count = p->tstart[p->nshared];
+    for (;;) { /* shared */
+        const long long ticket = atomic_fetch_add(&p->ticket, 1);
         if (ticket >= count) break;
+        const int64_t k = ns_shared_unit(p, ticket);
         int64_t start, end;
-        ns_stage_of(p, ticket, &start, &end);
+        ns_stage_of(p, k, ticket, &start, &end);
         ns_wait(p, &p->done, start);
-        const int64_t u = ticket % p->per_matrix;
-        if (u == 0) ns_begin(&p->it, p->job, &p->ws->slot[0], p->head + ticket / p->per_matrix);
+        const ns_unit *un = &p->unit[k];
+        const int64_t u = ticket - p->tstart[k];
+        if (u == 0) ns_begin(&p->it, &p->jobs[un->job], &p->ws->slot[0], un->index);
         else ns_tile(&p->it, u - 1);
         if (atomic_fetch_add(&p->done, 1) + 1 == end) ns_wake(p);
+    }
+    if (w->slot >= p->ws->nslots) return NULL; /* no slot of its own */
+    if (w->slot == 0 && count > 0) ns_wait(p, &p->done, count);
+    for (;;) { /* whole */
+        const long long i = atomic_fetch_add(&p->next, 1);
+        if (i >= p->nunits) break;
+        const ns_unit *un = &p->unit[i];
+        ns_one(&p->jobs[un->job], &p->ws->slot[w->slot], un->index);
     }
     return NULL;
 }
@@ -869,10 +918,45 @@ static int ns_workers(void)
     return w < MU__NS_MAX_SLOTS ? w : MU__NS_MAX_SLOTS;
 }
 
-/* Run the pool on `threads` workers, the caller being worker 0 (fewer if a
- * thread cannot be created: the work is shared dynamically). */
+/* The host's OpenMP runtime, when the process has one: GOMP_parallel, the
+ * entry point GCC-compiled parallel regions call (libgomp; LLVM's libomp
+ * exports it too). Looked up, never linked: a host without OpenMP does not
+ * get an OpenMP runtime from us. MU_NS_OPENMP=0 declines it. */
+typedef void (*ns_gomp_parallel)(void (*fn)(void *), void *data, unsigned threads,
+                                 unsigned flags);
+
+static ns_gomp_parallel ns_host_openmp(void)
+{
+    const char *env = getenv("MU_NS_OPENMP");
+    if (env && strcmp(env, "0") == 0) return NULL;
+    ns_gomp_parallel f;
+    void *sym = dlsym(RTLD_DEFAULT, "GOMP_parallel");
+    memcpy(&f, &sym, sizeof f); /* object pointer -> function pointer */
+    return f;
+}
+
+/* A thread of the host's OpenMP team: the next worker number. */
+static void ns_openmp_worker(void *arg)
+{
+    ns_pool *p = arg;
+    ns_worker w = {.pool = p, .slot = (int)atomic_fetch_add(&p->ids, 1)};
+    if (w.slot < MU__NS_MAX_SLOTS) ns_worker_main(&w);
+}
+
+/* Run the pool on `threads` workers. In a host with an OpenMP runtime the
+ * workers are a parallel region of it: a host whose own loops use OpenMP
+ * shares one thread team with the engine, so its threads (which spin a
+ * while after each of its regions) run the engine's work instead of
+ * competing with other threads for the cores. Otherwise threads of our
+ * own, the caller being worker 0 (fewer if a thread cannot be created:
+ * the work is shared dynamically, as it is with a smaller OpenMP team). */
 static void ns_run(ns_pool *pool, int threads)
 {
+    const ns_gomp_parallel omp = ns_host_openmp();
+    if (omp) {
+        omp(ns_openmp_worker, pool, (unsigned)threads, 0);
+        return;
+    }
     ns_worker wk[MU__NS_MAX_SLOTS];
     pthread_t tid[MU__NS_MAX_SLOTS];
     int started = 0;
@@ -888,148 +972,84 @@ static void ns_run(ns_pool *pool, int threads)
     for (int t = 1; t <= started; t++) pthread_join(tid[t], NULL);
 }
 
-/* ------------------------------------------------------------- the API */
-
-int mu__ns_check_opts(const mu_ns_opts *o)
+/* Shared first; then by decreasing cost; ties in call order. */
+static int ns_unit_cmp(const void *pa, const void *pb)
 {
-    if (!o) return mu__fail(MU_EINVAL, "opts is NULL");
-    if (o->steps < 0) return mu__fail(MU_EINVAL, "ns steps must be >= 0, got %d", o->steps);
-    if (o->steps > 0 && !o->coeffs) return mu__fail(MU_EINVAL, "ns coeffs is NULL");
-    for (int k = 0; k < 3 * o->steps; k++)
-        if (!isfinite(o->coeffs[k]))
-            return mu__fail(MU_EINVAL, "ns coefficients[%d] must contain only finite values",
-                            k / 3);
-    if (!isfinite(o->eps) || o->eps < 0)
-        return mu__fail(MU_EINVAL, "ns eps must be finite and >= 0, got %g", o->eps);
-    if (!isfinite(o->norm_scale) || o->norm_scale <= 0)
-        return mu__fail(MU_EINVAL, "ns norm_scale must be finite and > 0, got %g", o->norm_scale);
-    if (o->path != MU_NS_SYMMETRIC && o->path != MU_NS_PLAIN)
-        return mu__fail(MU_EINVAL, "ns path must be MU_NS_SYMMETRIC or MU_NS_PLAIN, got %d",
-                        o->path);
-    if (o->method != MU_NS_STANDARD && o->method != MU_NS_GRAM && o->method != MU_NS_AUTO)
-        return mu__fail(MU_EINVAL,
-                        "ns method must be MU_NS_STANDARD, MU_NS_GRAM or MU_NS_AUTO, got %d",
-                        o->method);
-    return MU_OK;
+    const ns_unit *a = pa, *b = pb;
+    if (a->shared != b->shared) return a->shared ? -1 : 1;
+    if (a->cost != b->cost) return a->cost > b->cost ? -1 : 1;
+    if (a->job != b->job) return a->job < b->job ? -1 : 1;
+    return (a->index > b->index) - (a->index < b->index);
 }
 
-int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
-                    mu_ns_workspace *ws)
+/* Run every matrix of jobs[0, njobs) (validated; norms filled) with the
+ * scratch lists unit[] and tstart[] (room for every matrix, + 1). */
+static void ns_schedule(const ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
+                        mu_ns_workspace *ws)
 {
-    if (!in || !out) return mu__fail(MU_EINVAL, "ns: in and out must not be NULL");
-    int rc = mu__tensor_check(in, "ns: in");
-    if (rc == MU_OK) rc = mu__tensor_check(out, "ns: out");
-    if (rc != MU_OK) return rc;
-    rc = mu__ns_check_opts(opts);
-    if (rc != MU_OK) return rc;
-    if (in->ndim != 2 && in->ndim != 3)
-        return mu__fail(MU_ESHAPE, "ns: input must be 2-D or 3-D, got %d dims", in->ndim);
-    if (in->scalar != MU_F32 && in->scalar != MU_F64)
-        return mu__fail(MU_EDTYPE, "ns: unsupported dtype %d", in->scalar);
-    if (out->scalar != in->scalar)
-        return mu__fail(MU_EDTYPE, "ns: out dtype differs from the input's");
-    if (out->ndim != in->ndim)
-        return mu__fail(MU_ESHAPE, "ns: out has %d dims, input %d", out->ndim, in->ndim);
-    for (int d = 0; d < in->ndim; d++)
-        if (out->dims[d] != in->dims[d])
-            return mu__fail(MU_ESHAPE, "ns: out dim %d is %lld, input's %lld", d,
-                            (long long)out->dims[d], (long long)in->dims[d]);
-    if (!mu_tensor_is_contiguous(in) || !mu_tensor_is_contiguous(out))
-        return mu__fail(MU_EINVAL, "ns: in and out must be C-contiguous");
-
-    const int dt = in->scalar;
-    const int64_t batch = in->ndim == 3 ? in->dims[0] : 1;
-    const int64_t rows = in->dims[in->ndim - 2], cols = in->dims[in->ndim - 1];
-    const int64_t n = rows < cols ? rows : cols, m = rows < cols ? cols : rows;
-    if (batch == 0 || n == 0) return MU_OK;
-    if (m > INT32_MAX) return mu__fail(MU_ESHAPE, "ns: matrix %lld x %lld too large for BLAS",
-                                       (long long)rows, (long long)cols);
-    const size_t es = mu_dtype_size(dt);
-    const int64_t len = rows * cols;
-    const char *ib = in->data;
-    char *ob = out->data;
-    const int64_t total = len * batch * (int64_t)es;
-    if (ib != (const char *)ob && ib < ob + total && ob < ib + total)
-        return mu__fail(MU_EINVAL, "ns: out partially overlaps the input");
-
-    /* Validate everything before writing anything (norms kept for small
-     * batches, recomputed otherwise). */
-    enum { NORMS_KEPT = 128 };
-    double norms[NORMS_KEPT];
-    for (int64_t i = 0; i < batch; i++) {
-        double norm;
-        if (!ns_norm(dt, ib + i * len * (int64_t)es, len, &norm))
-            return mu__fail(MU_ENONFINITE, "ns: input matrix %lld (0-based batch index) holds "
-                            "NaN or Inf", (long long)i);
-        if (norm == 0.0 && opts->eps == 0.0)
-            return mu__fail(MU_EINVAL, "ns: input matrix %lld (0-based batch index) is all zeros "
-                            "and eps = 0 (division by zero)", (long long)i);
-        if (i < NORMS_KEPT) norms[i] = norm;
+    int64_t total = 0;
+    for (int64_t j = 0; j < njobs; j++) {
+        const ns_job *job = &jobs[j];
+        if (job->plan.n == 0) continue;
+        const double cost = ns_cost(job);
+        for (int64_t i = 0; i < job->batch; i++)
+            unit[total++] = (ns_unit){.job = j, .index = i, .cost = cost};
     }
-
-    mu_ns_workspace *own = NULL;
-    if (!ws) {
-        rc = mu_ns_workspace_new(dt, rows, cols, &own);
-        if (rc != MU_OK) return rc;
-        ws = own;
-    }
-    if (ws->dtype != dt) {
-        mu_ns_workspace_free(own);
-        return mu__fail(MU_EDTYPE, "ns: workspace dtype differs from the input's");
-    }
-    if (n * m > ws->cap_nm || n * n > ws->cap_nn) {
-        mu_ns_workspace_free(own);
-        return mu__fail(MU_ESHAPE, "ns: workspace too small for a %lld x %lld matrix",
-                        (long long)rows, (long long)cols);
-    }
-
-    if (mu_ns_method_for(rows, cols, opts) == MU_NS_GRAM) { /* src/ns_gram.c */
-        const mu__ns_batch gb = {.dt = dt, .rows = rows, .cols = cols, .batch = batch,
-                                 .in = ib, .out = ob, .opts = opts, .ws = ws,
-                                 .norms = batch <= NORMS_KEPT ? norms : NULL,
-                                 .threads = ns_workers()};
-        rc = mu__ns_gram_batch(&gb);
-        mu_ns_workspace_free(own);
-        return rc;
-    }
-
-    ns_job job = {.dt = dt, .rows = rows, .cols = cols, .in = ib, .out = ob,
-                  .bytes_per = len * (int64_t)es, .opts = opts, .inplace = ib == (const char *)ob,
-                  .norms = batch <= NORMS_KEPT ? norms : NULL};
-    ns_plan_init(&job.plan, dt, rows, cols, opts->path);
-
-    /* Who does what (speed only; see "workers"). */
+    if (total == 0) return;
     int threads = ns_workers();
-    int most = 1; /* most tiles in a stage: the tail's useful workers */
-    for (int st = 0; opts->steps > 0 && st < NS_NSTAGES; st++)
-        if (job.plan.tiles[st] > most) most = job.plan.tiles[st];
-    int64_t head = 0;
-    if (threads > 1 && batch > 1 && len <= MU__NS_BATCH_PAR_MAX) {
-        int per = threads < batch ? threads : (int)batch; /* one slot each */
-        while (ws->nslots < per) {
+    int64_t nshared = 0;
+    int most = 1; /* most tiles in a stage of a shared unit: its useful workers */
+    if (threads > 1) {
+        qsort(unit, (size_t)total, sizeof *unit, ns_unit_cmp);
+        int64_t small = 0; /* splittable units below MU__NS_BATCH_PAR_MAX */
+        for (int64_t u = 0; u < total; u++) {
+            const ns_job *job = &jobs[unit[u].job];
+            if (!ns_splittable(job)) continue;
+            if (job->rows * job->cols > MU__NS_BATCH_PAR_MAX) unit[u].shared = 1;
+            else small++;
+        }
+        for (int64_t u = total - 1, left = small % threads; u >= 0 && left > 0; u--) {
+            const ns_job *job = &jobs[unit[u].job];
+            if (!unit[u].shared && ns_splittable(job)) {
+                unit[u].shared = 1;
+                left--;
+            }
+        }
+        for (int64_t u = 0; u < total; u++) {
+            if (!unit[u].shared) continue;
+            nshared++;
+            for (int st = 0; st < NS_NSTAGES; st++)
+                if (jobs[unit[u].job].plan.tiles[st] > most) most = jobs[unit[u].job].plan.tiles[st];
+        }
+        if (nshared > 0) qsort(unit, (size_t)total, sizeof *unit, ns_unit_cmp);
+        /* Workers with something to do: a slot each for the whole units. */
+        const int64_t nwhole = total - nshared;
+        const int want = nwhole < threads ? (int)nwhole : threads;
+        while (ws->nslots < want) {
             if (ns_slot_alloc(ws, &ws->slot[ws->nslots]) != MU_OK) break;
             ws->nslots++;
         }
         mu__clear_error(); /* out of memory only means fewer workers */
-        if (ws->nslots < per) per = ws->nslots;
-        if (per > 1) {
-            threads = per;
-            head = most > 1 ? batch - batch % per : batch;
-        }
+        int useful = nwhole < ws->nslots ? (int)nwhole : ws->nslots;
+        if (nshared > 0 && most > useful) useful = most;
+        if (threads > useful) threads = useful;
     }
-    if (head == 0 && threads > most) threads = most;
+    tstart[0] = 0;
+    for (int64_t k = 0; k < nshared; k++)
+        tstart[k + 1] = tstart[k] + 1 + (int64_t)jobs[unit[k].job].opts->steps *
+                                            jobs[unit[k].job].plan.nx;
 
     /* Every BLAS call runs single-threaded (the count is process-wide). */
     const int saved = openblas_get_num_threads();
     if (saved != 1) openblas_set_num_threads(1);
     int ran = 0;
     if (threads > 1) {
-        ns_pool pool = {.job = &job, .ws = ws, .head = head, .batch = batch,
-                        .per_matrix = 1 + (int64_t)opts->steps * job.plan.nx};
-        atomic_init(&pool.next, 0);
-        atomic_init(&pool.finished, 0);
+        ns_pool pool = {.jobs = jobs, .unit = unit, .tstart = tstart, .ws = ws,
+                        .nshared = nshared, .nunits = total};
+        atomic_init(&pool.next, nshared);
         atomic_init(&pool.ticket, 0);
         atomic_init(&pool.done, 0);
+        atomic_init(&pool.ids, 0);
         if (pthread_mutex_init(&pool.mu, NULL) == 0) {
             if (pthread_cond_init(&pool.cv, NULL) == 0) {
                 ns_run(&pool, threads);
@@ -1040,10 +1060,311 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
         }
     }
     if (!ran) /* one worker, or no mutex: the same tiles in order */
-        for (int64_t i = 0; i < batch; i++) ns_one(&job, &ws->slot[0], i);
+        for (int64_t u = 0; u < total; u++) ns_one(&jobs[unit[u].job], &ws->slot[0], unit[u].index);
     if (saved != 1) openblas_set_num_threads(saved);
-    mu_ns_workspace_free(own);
+}
+
+/* ------------------------------------------------------------- the API */
+
+static int ns_check_opts(const char *pre, const mu_ns_opts *o)
+{
+    if (!o) return mu__fail(MU_EINVAL, "%sopts is NULL", pre);
+    if (o->steps < 0) return mu__fail(MU_EINVAL, "%ssteps must be >= 0, got %d", pre, o->steps);
+    if (o->steps > 0 && !o->coeffs) return mu__fail(MU_EINVAL, "%scoeffs is NULL", pre);
+    for (int k = 0; k < 3 * o->steps; k++)
+        if (!isfinite(o->coeffs[k]))
+            return mu__fail(MU_EINVAL, "%scoefficients[%d] must contain only finite values",
+                            pre, k / 3);
+    if (!isfinite(o->eps) || o->eps < 0)
+        return mu__fail(MU_EINVAL, "%seps must be finite and >= 0, got %g", pre, o->eps);
+    if (!isfinite(o->norm_scale) || o->norm_scale <= 0)
+        return mu__fail(MU_EINVAL, "%snorm_scale must be finite and > 0, got %g", pre,
+                        o->norm_scale);
+    if (o->path != MU_NS_SYMMETRIC && o->path != MU_NS_PLAIN)
+        return mu__fail(MU_EINVAL, "%spath must be MU_NS_SYMMETRIC or MU_NS_PLAIN, got %d",
+                        pre, o->path);
+    if (o->method != MU_NS_STANDARD && o->method != MU_NS_GRAM && o->method != MU_NS_AUTO)
+        return mu__fail(MU_EINVAL,
+                        "%smethod must be MU_NS_STANDARD, MU_NS_GRAM or MU_NS_AUTO, got %d", pre,
+                        o->method);
     return MU_OK;
+}
+
+int mu__ns_check_opts(const mu_ns_opts *o) { return ns_check_opts("ns: ", o); }
+
+/* Check one (in, out, opts) triple and describe it as a job (without its
+ * norms). `pre` starts every message ("ns: ", or naming the index). */
+static int ns_job_init(const char *pre, const mu_tensor *in, mu_tensor *out,
+                       const mu_ns_opts *opts, ns_job *job)
+{
+    if (!in || !out) return mu__fail(MU_EINVAL, "%sin and out must not be NULL", pre);
+    int rc = mu__tensor_check(in, "ns: in");
+    if (rc == MU_OK) rc = mu__tensor_check(out, "ns: out");
+    if (rc == MU_OK) rc = ns_check_opts(pre, opts);
+    if (rc != MU_OK) return rc;
+    if (in->ndim != 2 && in->ndim != 3)
+        return mu__fail(MU_ESHAPE, "%sinput must be 2-D or 3-D, got %d dims", pre, in->ndim);
+    if (in->scalar != MU_F32 && in->scalar != MU_F64)
+        return mu__fail(MU_EDTYPE, "%sunsupported dtype %d", pre, in->scalar);
+    if (out->scalar != in->scalar)
+        return mu__fail(MU_EDTYPE, "%sout dtype differs from the input's", pre);
+    if (out->ndim != in->ndim)
+        return mu__fail(MU_ESHAPE, "%sout has %d dims, input %d", pre, out->ndim, in->ndim);
+    for (int d = 0; d < in->ndim; d++)
+        if (out->dims[d] != in->dims[d])
+            return mu__fail(MU_ESHAPE, "%sout dim %d is %lld, input's %lld", pre, d,
+                            (long long)out->dims[d], (long long)in->dims[d]);
+    if (!mu_tensor_is_contiguous(in) || !mu_tensor_is_contiguous(out))
+        return mu__fail(MU_EINVAL, "%sin and out must be C-contiguous", pre);
+    const int dt = in->scalar;
+    const int64_t rows = in->dims[in->ndim - 2], cols = in->dims[in->ndim - 1];
+    const int64_t n = rows < cols ? rows : cols, m = rows < cols ? cols : rows;
+    if (m > INT32_MAX)
+        return mu__fail(MU_ESHAPE, "%smatrix %lld x %lld too large for BLAS", pre,
+                        (long long)rows, (long long)cols);
+    const int64_t batch = in->ndim == 3 ? in->dims[0] : 1;
+    const int64_t len = rows * cols;
+    const int64_t bytes = len * batch * (int64_t)mu_dtype_size(dt);
+    const char *ib = in->data;
+    char *ob = out->data;
+    if (ib != (const char *)ob && ib < ob + bytes && ob < ib + bytes)
+        return mu__fail(MU_EINVAL, "%sout partially overlaps the input", pre);
+    *job = (ns_job){.dt = dt, .rows = rows, .cols = cols, .batch = n == 0 ? 0 : batch,
+                    .in = ib, .out = ob, .bytes_per = len * (int64_t)mu_dtype_size(dt),
+                    .opts = opts, .inplace = ib == (const char *)ob};
+    ns_plan_init(&job->plan, dt, rows, cols, opts->path);
+    return MU_OK;
+}
+
+/* The norms of a job's matrices into norms[] (set as job->norms); fails,
+ * before anything is written, on NaN/Inf or a zero matrix with eps = 0. */
+static int ns_job_norms(const char *pre, ns_job *job, double *norms)
+{
+    const int64_t len = job->rows * job->cols;
+    for (int64_t i = 0; i < job->batch; i++) {
+        if (!ns_norm(job->dt, job->in + i * job->bytes_per, len, &norms[i]))
+            return mu__fail(MU_ENONFINITE, "%sinput matrix %lld (0-based batch index) holds "
+                            "NaN or Inf", pre, (long long)i);
+        if (norms[i] == 0.0 && job->opts->eps == 0.0)
+            return mu__fail(MU_EINVAL, "%sinput matrix %lld (0-based batch index) is all zeros "
+                            "and eps = 0 (division by zero)", pre, (long long)i);
+    }
+    job->norms = norms;
+    return MU_OK;
+}
+
+static int ns_ws_fits(const char *pre, const mu_ns_workspace *ws, const ns_job *job)
+{
+    if (ws->dtype != job->dt)
+        return mu__fail(MU_EDTYPE, "%sworkspace dtype differs from the input's", pre);
+    const int64_t n = job->plan.n, m = job->plan.m;
+    if (job->batch > 0 && (n * m > ws->cap_nm || n * n > ws->cap_nn))
+        return mu__fail(MU_ESHAPE, "%sworkspace too small for a %lld x %lld matrix", pre,
+                        (long long)job->rows, (long long)job->cols);
+    return MU_OK;
+}
+
+/* The scheduler's lists for njobs jobs of `total` matrices in all, carved
+ * from one buffer of the workspace (grown, so a step loop allocates once). */
+typedef struct ns_lists {
+    ns_job *jobs;
+    double *norms;
+    ns_unit *unit;
+    int64_t *tstart; /* total + 1 */
+    int64_t *order;  /* njobs: mu_ns_zeropower_many's outputs by address */
+} ns_lists;
+
+static size_t ns_round(size_t b) { return (b + 63) & ~(size_t)63; }
+
+static int ns_lists_get(mu_ns_workspace *ws, int64_t njobs, int64_t total, ns_lists *l)
+{
+    const size_t bj = ns_round((size_t)njobs * sizeof(ns_job));
+    const size_t bn = ns_round((size_t)total * sizeof(double));
+    const size_t bu = ns_round((size_t)total * sizeof(ns_unit));
+    const size_t bt = ns_round((size_t)(total + 1) * sizeof(int64_t));
+    const size_t bo = ns_round((size_t)njobs * sizeof(int64_t));
+    const size_t need = bj + bn + bu + bt + bo;
+    if (need > ws->sched_bytes) {
+        void *p = aligned_alloc(64, need);
+        if (!p) return mu__fail(MU_ENOMEM, "ns: out of memory (%zu bytes of lists)", need);
+        free(ws->sched);
+        ws->sched = p;
+        ws->sched_bytes = need;
+    }
+    char *b = ws->sched;
+    l->jobs = (ns_job *)b;
+    l->norms = (double *)(b + bj);
+    l->unit = (ns_unit *)(b + bj + bn);
+    l->tstart = (int64_t *)(b + bj + bn + bu);
+    l->order = (int64_t *)(b + bj + bn + bu + bt);
+    return MU_OK;
+}
+
+/* The jobs whose shape mu_ns_method_for sends to the Gram iteration
+ * (src/ns_gram.c), validated: run one at a time, each on every worker, and
+ * left out of the scheduler (batch set to 0). Fails only with MU_ENOMEM
+ * (the Gram buffers, allocated on first use). */
+static int ns_run_gram(ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
+{
+    for (int64_t j = 0; j < njobs; j++) {
+        ns_job *job = &jobs[j];
+        if (job->batch == 0 || mu_ns_method_for(job->rows, job->cols, job->opts) != MU_NS_GRAM)
+            continue;
+        const mu__ns_batch gb = {.dt = job->dt, .rows = job->rows, .cols = job->cols,
+                                 .batch = job->batch, .in = job->in, .out = job->out,
+                                 .opts = job->opts, .ws = ws, .norms = job->norms,
+                                 .threads = ns_workers()};
+        int rc = mu__ns_gram_batch(&gb);
+        if (rc != MU_OK) return rc;
+        job->batch = 0;
+    }
+    return MU_OK;
+}
+
+int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
+                    mu_ns_workspace *ws)
+{
+    ns_job job;
+    int rc = ns_job_init("ns: ", in, out, opts, &job);
+    if (rc != MU_OK) return rc;
+    if (job.batch == 0) return MU_OK;
+    /* Validate everything before writing anything (norms kept for small
+     * batches, recomputed otherwise, until the workspace holds the lists). */
+    enum { NORMS_KEPT = 128 };
+    double norms[NORMS_KEPT];
+    const int64_t len = job.rows * job.cols;
+    for (int64_t i = 0; i < job.batch; i++) {
+        double norm;
+        if (!ns_norm(job.dt, job.in + i * job.bytes_per, len, &norm))
+            return mu__fail(MU_ENONFINITE, "ns: input matrix %lld (0-based batch index) holds "
+                            "NaN or Inf", (long long)i);
+        if (norm == 0.0 && opts->eps == 0.0)
+            return mu__fail(MU_EINVAL, "ns: input matrix %lld (0-based batch index) is all zeros "
+                            "and eps = 0 (division by zero)", (long long)i);
+        if (i < NORMS_KEPT) norms[i] = norm;
+    }
+    mu_ns_workspace *own = NULL;
+    if (!ws) {
+        rc = mu_ns_workspace_new(job.dt, job.rows, job.cols, &own);
+        if (rc != MU_OK) return rc;
+        ws = own;
+    }
+    ns_lists l;
+    rc = ns_ws_fits("ns: ", ws, &job);
+    if (rc == MU_OK) rc = ns_lists_get(ws, 1, job.batch, &l);
+    if (rc == MU_OK) {
+        if (job.batch <= NORMS_KEPT) memcpy(l.norms, norms, (size_t)job.batch * sizeof(double));
+        else for (int64_t i = 0; i < job.batch; i++)
+            ns_norm(job.dt, job.in + i * job.bytes_per, len, &l.norms[i]);
+        job.norms = l.norms;
+        l.jobs[0] = job;
+        rc = ns_run_gram(l.jobs, 1, ws);
+        if (rc == MU_OK) ns_schedule(l.jobs, 1, l.unit, l.tstart, ws);
+    }
+    mu_ns_workspace_free(own);
+    return rc;
+}
+
+/* Outputs sorted by address (l->order) must not overlap each other, and an
+ * input may overlap no output but its own identical one (in place). */
+static int ns_check_aliasing(const ns_lists *l, int64_t count)
+{
+    const ns_job *jobs = l->jobs;
+    int64_t n = 0;
+    for (int64_t j = 0; j < count; j++)
+        if (jobs[j].batch > 0) l->order[n++] = j;
+    /* insertion sort by output address: the lists are short (one per batch) */
+    for (int64_t a = 1; a < n; a++) {
+        const int64_t v = l->order[a];
+        int64_t b = a;
+        for (; b > 0 && jobs[l->order[b - 1]].out > jobs[v].out; b--) l->order[b] = l->order[b - 1];
+        l->order[b] = v;
+    }
+#define NS_END(j) (jobs[j].out + jobs[j].batch * jobs[j].bytes_per)
+    for (int64_t a = 1; a < n; a++)
+        if (jobs[l->order[a]].out < NS_END(l->order[a - 1]))
+            return mu__fail(MU_EINVAL, "ns many: out[%lld] overlaps out[%lld]",
+                            (long long)l->order[a], (long long)l->order[a - 1]);
+    for (int64_t i = 0; i < count; i++) {
+        if (jobs[i].batch == 0) continue;
+        const char *s = jobs[i].in, *e = s + jobs[i].batch * jobs[i].bytes_per;
+        /* last output starting before e, then back while they reach past s */
+        int64_t lo = 0, hi = n - 1, at = -1;
+        while (lo <= hi) {
+            const int64_t mid = (lo + hi) / 2;
+            if (jobs[l->order[mid]].out < e) {
+                at = mid;
+                lo = mid + 1;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        for (; at >= 0 && NS_END(l->order[at]) > s; at--) {
+            const int64_t j = l->order[at];
+            if (j != i)
+                return mu__fail(MU_EINVAL, "ns many: in[%lld] overlaps out[%lld]", (long long)i,
+                                (long long)j);
+        }
+    }
+#undef NS_END
+    return MU_OK;
+}
+
+int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *const *out,
+                         const mu_ns_opts *const *opts, mu_ns_workspace *ws)
+{
+    if (count < 0) return mu__fail(MU_EINVAL, "ns many: count must be >= 0, got %lld",
+                                   (long long)count);
+    if (count == 0) return MU_OK;
+    if (!in || !out || !opts)
+        return mu__fail(MU_EINVAL, "ns many: in, out and opts must not be NULL");
+    char pre[64];
+    /* First pass: shapes, dtypes and options; the number of matrices. */
+    int64_t total = 0;
+    int dt = -1;
+    for (int64_t j = 0; j < count; j++) {
+        ns_job job;
+        snprintf(pre, sizeof pre, "ns many: tensor %lld: ", (long long)j);
+        if (!in[j] || !out[j])
+            return mu__fail(MU_EINVAL, "%sin[%lld] and out[%lld] must not be NULL", pre,
+                            (long long)j, (long long)j);
+        if (!opts[j]) return mu__fail(MU_EINVAL, "%sopts[%lld] is NULL", pre, (long long)j);
+        int rc = ns_job_init(pre, in[j], out[j], opts[j], &job);
+        if (rc != MU_OK) return rc;
+        if (dt < 0) dt = job.dt;
+        else if (job.dt != dt)
+            return mu__fail(MU_EDTYPE, "%sdtype differs from tensor 0's (one dtype per call)",
+                            pre);
+        total += job.batch;
+    }
+    mu_ns_workspace *own = NULL;
+    if (!ws) { /* room for the largest */
+        int64_t rows = 0, cols = 0;
+        for (int64_t j = 0; j < count; j++) {
+            const int64_t r = in[j]->dims[in[j]->ndim - 2], c = in[j]->dims[in[j]->ndim - 1];
+            const int64_t n = r < c ? r : c, m = r < c ? c : r;
+            if (n > cols) cols = n;
+            if (m > rows) rows = m;
+        }
+        int rc = mu_ns_workspace_new(dt, rows, cols, &own);
+        if (rc != MU_OK) return rc;
+        ws = own;
+    }
+    ns_lists l;
+    int rc = ns_lists_get(ws, count, total, &l);
+    /* Second pass: every job with its norms, then aliasing, before any write. */
+    for (int64_t j = 0, off = 0; rc == MU_OK && j < count; j++) {
+        snprintf(pre, sizeof pre, "ns many: tensor %lld: ", (long long)j);
+        rc = ns_job_init(pre, in[j], out[j], opts[j], &l.jobs[j]);
+        if (rc == MU_OK) rc = ns_ws_fits(pre, ws, &l.jobs[j]);
+        if (rc == MU_OK) rc = ns_job_norms(pre, &l.jobs[j], l.norms + off);
+        off += l.jobs[j].batch;
+    }
+    if (rc == MU_OK) rc = ns_check_aliasing(&l, count);
+    if (rc == MU_OK) rc = ns_run_gram(l.jobs, count, ws);
+    if (rc == MU_OK) ns_schedule(l.jobs, count, l.unit, l.tstart, ws);
+    mu_ns_workspace_free(own);
+    return rc;
 }
 
 /* ------------------------------------------- for src/ns_gram.c and others */

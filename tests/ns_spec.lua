@@ -619,4 +619,133 @@ describe("ns results are a function of the inputs only (bitwise)", function()
     same_bits(y:select(1, 2), y2, "item 2 vs alone with one thread")
     assert.is_true(y2:norm() > 1) -- not trivially zero
   end)
+
+  -- mu_ns_zeropower_many: one scheduler for every matrix of the call
+  -- (shared tiles for large ones, then whole matrices largest first);
+  -- each output must have the bits of mu_ns_zeropower on that tensor alone.
+  local function many_case(dtype, specs, workers, seed)
+    local xs, outs, rs, refs = {}, {}, {}, {}
+    local rows, cols = 0, 0
+    for i, sp in ipairs(specs) do
+      xs[i] = T.randn(sp.shape, seed + i, dtype)
+      outs[i] = sp.inplace and xs[i]:clone() or T.zeros(sp.shape, dtype):fill(5)
+      rs[i] = ns.resolve(sp.opts)
+      local r, c = sp.shape[#sp.shape - 1], sp.shape[#sp.shape]
+      rows, cols = math.max(rows, r, c), math.max(cols, math.min(r, c))
+      refs[i] = with_threads(1, 1, function() return ns.zeropower_into(T.zeros(sp.shape, dtype), xs[i], rs[i]) end)
+    end
+    local ws = ns.workspace(dtype, rows, cols)
+    local ins = {}
+    for i, sp in ipairs(specs) do ins[i] = sp.inplace and outs[i] or xs[i] end
+    with_threads(2, workers, function() return ns.zeropower_many(outs, ins, rs, ws) end)
+    for i = 1, #specs do
+      same_bits(outs[i], refs[i], ("%s tensor %d (%s), %d workers"):format(dtype, i,
+        table.concat(specs[i].shape, "x"), workers))
+    end
+    -- the step loop's case: the same workspace again, new inputs
+    for i = 1, #specs do xs[i]:mul_(-1) end
+    local neg = {}
+    for i, sp in ipairs(specs) do
+      neg[i] = sp.inplace and outs[i]:copy(xs[i]) or T.zeros(sp.shape, dtype)
+      ins[i] = sp.inplace and neg[i] or xs[i]
+    end
+    with_threads(2, workers, function() return ns.zeropower_many(neg, ins, rs, ws) end)
+    for i = 1, #specs do
+      local want = refs[i]:clone():mul_(-1) -- NS is odd: sign flips exactly
+      same_bits(neg[i], want, ("%s tensor %d again, negated"):format(dtype, i))
+    end
+  end
+
+  it("zeropower_many: mixed shapes and options, bits as each tensor alone (1 and 2 workers)", function()
+    local specs = {
+      { shape = { 64, 96 }, opts = { steps = 5 } },
+      { shape = { 96, 64 }, opts = { steps = 3, path = "plain" } },                 -- tall
+      { shape = { 3, 32, 80 }, opts = { steps = 5, variant = "polar_express" } },   -- a batch
+      { shape = { 5, 48, 48 }, opts = { steps = 4 }, inplace = true },
+      { shape = { 1, 200, 24 }, opts = { steps = 2, variant = "legacy" } },
+      { shape = { 0, 8, 8 }, opts = {} },                                            -- empty
+      { shape = { 7, 7 }, opts = { steps = 0 } },
+    }
+    for _, w in ipairs({ 1, 2, 3 }) do
+      many_case("float32", specs, w, 700)
+      many_case("float64", specs, w, 800)
+    end
+  end)
+
+  it("zeropower_many: split matrices share tiles, then whole ones (1 and 2 workers)", function()
+    -- 1040x1100 is tiled (n >= 1024); above 4M elements a matrix is always
+    -- shared, below it whole unless it is left over at the end.
+    local specs = {
+      { shape = { 96, 64 }, opts = { steps = 1 } },
+      { shape = { 1100, 1040 }, opts = { steps = 1 } },
+      { shape = { 2, 64, 128 }, opts = { steps = 3 } },
+      { shape = { 1040, 1100 }, opts = { steps = 1, path = "plain" }, inplace = true },
+      { shape = { 1024, 4097 }, opts = { steps = 1 } },
+    }
+    for _, w in ipairs({ 1, 2 }) do many_case("float32", specs, w, 900) end
+  end)
+
+  it("zeropower_many: bad arguments fail naming the tensor, before writing", function()
+    local C2 = require("muon.core").C
+    local function call(n, ins, outs, opts, ws)
+      local rc = C2.mu_ns_zeropower_many(n, ins, outs, opts, ws)
+      return rc, ffi.string(C2.mu_last_error())
+    end
+    local r = ns.resolve({ steps = 2 })
+    local a, b = T.randn({ 8, 12 }, 1), T.randn({ 2, 6, 10 }, 2)
+    local oa, ob = T.zeros({ 8, 12 }):fill(3), T.zeros({ 2, 6, 10 }):fill(3)
+    local function arrays(ins, outs, opts)
+      local ci, co, cp = ffi.new("const mu_tensor *[4]"), ffi.new("mu_tensor *[4]"), ffi.new("const mu_ns_opts *[4]")
+      for i = 1, 4 do ci[i - 1], co[i - 1], cp[i - 1] = ins[i], outs[i], opts[i] end
+      return ci, co, cp
+    end
+    local ro = r.copts
+    local rc, msg = call(2, arrays({ a, nil }, { oa, ob }, { ro, ro }))
+    assert.are.equal(C2.MU_EINVAL, rc)
+    assert.matches("tensor 1: in%[1%] and out%[1%] must not be NULL", msg)
+    rc, msg = call(2, arrays({ a, b }, { oa, ob }, { ro, nil }))
+    assert.are.equal(C2.MU_EINVAL, rc)
+    assert.matches("tensor 1: opts%[1%] is NULL", msg)
+    rc, msg = call(2, nil, nil, nil, nil)
+    assert.are.equal(C2.MU_EINVAL, rc)
+    assert.matches("must not be NULL", msg)
+    rc, msg = call(-1, nil, nil, nil, nil)
+    assert.are.equal(C2.MU_EINVAL, rc)
+    assert.matches("count must be >= 0", msg)
+    assert.are.equal(0, (call(0, nil, nil, nil, nil)))
+    -- mismatched shapes and dtypes
+    rc, msg = call(2, arrays({ a, b }, { oa, T.zeros({ 2, 6, 11 }) }, { ro, ro }))
+    assert.are.equal(C2.MU_ESHAPE, rc)
+    assert.matches("tensor 1: out dim 2 is 11, input's 10", msg)
+    rc, msg = call(2, arrays({ a, b:to("float64") }, { oa, ob:to("float64") }, { ro, ro }))
+    assert.are.equal(C2.MU_EDTYPE, rc)
+    assert.matches("tensor 1: dtype differs from tensor 0's", msg)
+    -- workspace too small for one of them
+    local small = ns.workspace("float32", 10, 6)
+    rc, msg = call(2, arrays({ b, a }, { ob, oa }, { ro, ro })) -- (no ws: sized inside)
+    assert.are.equal(0, rc, msg)
+    local ci, co, cp = arrays({ b, a }, { ob, oa }, { ro, ro })
+    rc, msg = call(2, ci, co, cp, small)
+    assert.are.equal(C2.MU_ESHAPE, rc)
+    assert.matches("tensor 1: workspace too small for a 8 x 12 matrix", msg)
+    -- a NaN in tensor 1's second matrix; outputs overlapping: nothing written
+    local bad = b:clone()
+    bad:set(0 / 0, 2, 3, 4)
+    oa:fill(3)
+    rc, msg = call(2, arrays({ a, bad }, { oa, ob }, { ro, ro }))
+    assert.are.equal(C2.MU_ENONFINITE, rc)
+    assert.matches("tensor 1: input matrix 1 %(0%-based batch index%) holds NaN or Inf", msg)
+    assert.are.equal(3, oa:get(1, 1))
+    local big = T.zeros({ 2, 8, 12 })
+    rc, msg = call(2, arrays({ a, a }, { big:select(1, 1), big:narrow(1, 1, 1):view({ 8, 12 }) }, { ro, ro }))
+    assert.are.equal(C2.MU_EINVAL, rc)
+    assert.matches("out%[%d%] overlaps out%[%d%]", msg)
+    rc, msg = call(2, arrays({ a, oa:view({ 96 }):narrow(1, 1, 60):view({ 6, 10 }) }, { oa, ob:select(1, 1) }, { ro, ro }))
+    assert.are.equal(C2.MU_EINVAL, rc)
+    assert.matches("in%[1%] overlaps out%[0%]", msg)
+    -- via Lua: the error names the call
+    local ok, err = pcall(ns.zeropower_many, { oa, T.zeros({ 3, 3 }) }, { a, b }, r, nil)
+    assert.is_false(ok)
+    assert.matches("zeropower_many: ns many: tensor 1: out has 2 dims, input 3", tostring(err))
+  end)
 end)

@@ -250,6 +250,25 @@ function ns.zeropower_into(out, x, r, ws)
   return out
 end
 
+-- ns.zeropower_many(outs, xs, rs, ws, count): one C call for count tensors
+-- (default #xs): outs[i] = Newton-Schulz of xs[i] with rs[i] (resolved
+-- options; or one resolved table for all), as zeropower_into would give it
+-- alone. One dtype; ws (may be nil) holds the largest. One scheduler
+-- spreads every matrix of the call over the workers (see src/ns.c).
+function ns.zeropower_many(outs, xs, rs, ws, count)
+  count = count or #xs
+  local n = math.max(count, 1)
+  local cin, cout = ffi.new("const mu_tensor *[?]", n), ffi.new("mu_tensor *[?]", n)
+  local copts = ffi.new("const mu_ns_opts *[?]", n)
+  local same = getmetatable(rs) == resolved_mt and rs or nil
+  for i = 1, count do
+    cin[i - 1], cout[i - 1] = xs[i], outs[i]
+    copts[i - 1] = (same or rs[i]).copts
+  end
+  check(C.mu_ns_zeropower_many(count, cin, cout, copts, ws), "zeropower_many", 2)
+  return outs
+end
+
 -- ns.zeropower(x, opts) -> a new tensor, x unchanged. x: 2-D (n x m) or 3-D
 -- (batch x n x m), contiguous or not, float32 or float64.
 function ns.zeropower(x, opts)

@@ -11,7 +11,9 @@
 --   4. route    per batch, NS inputs go to the rank that orthogonalizes
 --               them (muon.router, as muon.dist planned); reshape_fn /
 --               ns_transform_fn / zeropower_fn, Newton-Schulz and the scale
---               run there (kind.orthogonalize); every update slice comes back
+--               run there (kind.orthogonalize); every update slice comes back.
+--               Batches with nothing to route (all on one process) run
+--               first, their Newton-Schulz in one scheduler call (compute_local)
 --   5. check    updates are finite; on a mesh every rank agrees (the lowest
 --               failing rank's error is raised everywhere, nothing changes)
 --   6. commit   state buffers swap in, p = p * decay + alpha * update; no
@@ -74,7 +76,7 @@ function M.new(opts)
     scratch = {},   -- param -> { u = update buffer, spare = { key -> tensor } }
     pstep = {},     -- param -> how many steps it took (every rank knows)
     full = setmetatable({}, { __mode = "k" }), -- plan item -> owner's region buffer
-    merged = {}, ws = nil,
+    merged = {}, ws = {}, -- ws: dtype -> Newton-Schulz workspace
     stats = { steps = 0, skipped_nonfinite = 0, kinds = {} },
     signals = {},   -- name -> list of numbers, for hooks (ctx.signals)
     built = false,
@@ -274,17 +276,40 @@ function Stepper:batch_buffer(dtype, n, a, b, slot)
   return buf:narrow(1, 1, n)
 end
 
--- A Newton-Schulz workspace large enough for a x b (kinds call this).
+-- A Newton-Schulz workspace (one per dtype) large enough for a x b (kinds
+-- call this).
 function Stepper:ns_workspace(dtype, a, b)
   local ns = require("muon.ns")
-  local ws = self.ws
-  if ws == nil or ws.dtype ~= dtype or ws.rows < math.max(a, b) or ws.cols < math.min(a, b) then
-    local rows = math.max(a, b, ws and ws.dtype == dtype and ws.rows or 0)
-    local cols = math.max(math.min(a, b), ws and ws.dtype == dtype and ws.cols or 0)
+  local ws = self.ws[dtype]
+  if ws == nil or ws.rows < math.max(a, b) or ws.cols < math.min(a, b) then
+    local rows = math.max(a, b, ws and ws.rows or 0)
+    local cols = math.max(math.min(a, b), ws and ws.cols or 0)
     ws = { dtype = dtype, rows = rows, cols = cols, handle = ns.workspace(dtype, rows, cols) }
-    self.ws = ws
+    self.ws[dtype] = ws
   end
   return ws.handle
+end
+
+-- Newton-Schulz in place on every job's x ({ x = 2-D or 3-D tensor, r =
+-- resolved options }): one scheduler call per dtype (kinds call this).
+function Stepper:ns_many(jobs)
+  local ns = require("muon.ns")
+  local by, order = {}, {}
+  for _, j in ipairs(jobs) do
+    local dt = j.x:dtype()
+    local l = by[dt]
+    if not l then
+      l = { xs = {}, rs = {}, rows = 0, cols = 0, dtype = dt }
+      by[dt] = l
+      order[#order + 1] = l
+    end
+    local r, c = j.x:size(j.x:dim() - 1), j.x:size(j.x:dim())
+    l.rows, l.cols = math.max(l.rows, r, c), math.max(l.cols, math.min(r, c))
+    l.xs[#l.xs + 1], l.rs[#l.rs + 1] = j.x, j.r
+  end
+  for _, l in ipairs(order) do
+    ns.zeropower_many(l.xs, l.xs, l.rs, self:ns_workspace(l.dtype, l.rows, l.cols))
+  end
 end
 
 local function tensor_bytes(t) return t:numel() * (ESIZE[t:dtype()] or 4) end
@@ -301,9 +326,8 @@ function Stepper:memory()
   end
   for _, b in pairs(self.full) do scratch = scratch + tensor_bytes(b) end
   for _, b in pairs(self.merged) do scratch = scratch + tensor_bytes(b) end
-  if self.ws then
-    local n = math.min(self.ws.rows, self.ws.cols)
-    scratch = scratch + (self.ws.rows * self.ws.cols + 2 * n * n) * (ESIZE[self.ws.dtype] or 4)
+  for _, ws in pairs(self.ws) do
+    scratch = scratch + (ws.rows * ws.cols + 2 * ws.cols * ws.cols) * (ESIZE[ws.dtype] or 4)
   end
   scratch = scratch + self.router:scratch_bytes()
   return { state_bytes = state, scratch_bytes = scratch }
@@ -530,11 +554,65 @@ local function direction_phase(self, run)
   end
 end
 
--- Phase 4: per batch, route NS inputs to owners, orthogonalize, route back.
+-- Whether a batch's items run where they are, in place (no routing): the
+-- same on every rank (static properties of the plan).
+local function local_batch(batch)
+  if batch.is_local == nil then
+    local inplace = not batch.moves_in and not batch.moves_out
+    for _, it in ipairs(batch) do
+      inplace = inplace and R.in_place(it)
+      for _, a in ipairs(it.attached or {}) do inplace = inplace and R.in_place(a) end
+    end
+    batch.is_local = inplace
+  end
+  return batch.is_local
+end
+
+-- Newton-Schulz of the local batches (nothing to route) in one scheduler
+-- call: every batch's kind.ns_prepare, one ns_many over all their jobs,
+-- then every kind.ns_finish. Groups whose hooks need the general path
+-- (ns_prepare returns nil) run kind.orthogonalize on their own, batch by
+-- batch. The results are those of one call per batch (each matrix's bits
+-- depend on it alone). On one process every batch is local.
+local function prepare_batch(self, G, hp, list, jobs, pending)
+  local done = G.kind.ns_prepare and G.kind.ns_prepare(self, G.options, hp, list, jobs)
+  if done then pending[#pending + 1] = { G = G, hp = hp, list = list, done = done }
+  else G.kind.orthogonalize(self, G.options, hp, list) end
+end
+
+local function compute_local(self, run, batches)
+  local io = self.io
+  local jobs, pending = {}, {}
+  for _, b in ipairs(batches) do
+    local G = self.groups[b.gi]
+    local owned = {}
+    for _, it in ipairs(b.items) do
+      if it.owner == self.me then
+        local state
+        for _, a in ipairs(it.attached or {}) do
+          local dst, src = io.dest(a.record), io.source(a.record)
+          if dst ~= src then dst:copy(src) end
+          state = state or {}
+          state[a.record.key] = dst
+        end
+        local dst, src = io.dest(it.record), io.source(it.record)
+        if dst ~= src then dst:copy(src) end
+        owned[#owned + 1] = { item = it, input = dst, state = state }
+      end
+    end
+    if #owned > 0 then attempt(run, prepare_batch, self, G, run.g[b.gi].hp, io.items(owned), jobs, pending) end
+  end
+  if #jobs > 0 then attempt(run, self.ns_many, self, jobs) end
+  for _, p in ipairs(pending) do attempt(run, p.G.kind.ns_finish, self, p.G.options, p.hp, p.list, p.done) end
+end
+
+-- Phase 4: per batch, route NS inputs to owners, orthogonalize, route back;
+-- the batches with nothing to route first, all together (compute_local).
 -- (self.io: the router's view of this stepper's buffers, made once.)
 local function route_phase(self, run)
   local io = self.io
   io.run = run
+  local locals, routed = {}, {}
   for _, batch in ipairs(self.plan.batches) do
     local gi = batch.group
     local gr, G = run.g[gi], self.groups[gi]
@@ -549,10 +627,15 @@ local function route_phase(self, run)
         end
       end
       if #items > 0 then
-        io.group = gi
-        self.router:run(items, batch.dtypes, batch.moves_in, batch.moves_out, io)
+        local b = { batch = batch, gi = gi, items = items }
+        if G.kind.ns and local_batch(batch) then locals[#locals + 1] = b else routed[#routed + 1] = b end
       end
     end
+  end
+  if #locals > 0 then compute_local(self, run, locals) end
+  for _, b in ipairs(routed) do
+    io.group = b.gi
+    self.router:run(b.items, b.batch.dtypes, b.batch.moves_in, b.batch.moves_out, io)
   end
 end
 
@@ -570,9 +653,8 @@ function make_io(self)
     return self.scratch[r.param].u
   end
   function io.buffer(it) return self:_full(it) end
-  function io.compute(owned)
-    local G = self.groups[io.group]
-    if not G.kind.ns or #owned == 0 then return end
+  -- The kind's items of owned work: { name, input, state, shape, signals, region }.
+  function io.items(owned)
     local list = {}
     for i, o in ipairs(owned) do
       local r = o.item.record
@@ -584,7 +666,12 @@ function make_io(self)
       list[i] = { name = r.name, input = o.input, state = state, shape = r.shape, signals = io.run.signals,
         region = o.item.region }
     end
-    attempt(io.run, G.kind.orthogonalize, self, G.options, io.run.g[io.group].hp, list)
+    return list
+  end
+  function io.compute(owned)
+    local G = self.groups[io.group]
+    if not G.kind.ns or #owned == 0 then return end
+    attempt(io.run, G.kind.orthogonalize, self, G.options, io.run.g[io.group].hp, io.items(owned))
   end
   return io
 end

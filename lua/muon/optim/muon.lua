@@ -425,33 +425,88 @@ local function core_of(t, nd_mode)
   return tonumber(d[n - 2]), tonumber(d[n - 1])
 end
 
--- post_ortho_fn(O, state, ctx) on each item of a merged buffer: O is the
--- item's (k, A, B) slice of it (its core matrices, after Newton-Schulz,
--- before the scale), state its hook state as (k, rows or 1, cols or 1)
--- views; the hook changes O (and state) in place.
-local function post_ortho(group, hp, list, merged, a, b)
-  local off = 0
-  for _, it in ipairs(list) do
-    local k = it.k
-    local out = merged:narrow(1, off + 1, k)
-    local state = {}
-    for name, rule in pairs(group.hook_state or {}) do
-      local t = it.state[name]
-      local rows = (rule == "rows" or rule == "matrix") and a or 1
-      local cols = (rule == "cols" or rule == "matrix") and b or 1
-      state[name] = t:view({ k, rows, cols })
-    end
-    E.call_hook("post_ortho_fn", group.post_ortho_fn, out, state, {
-      param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
-      lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
-    })
-    off = off + k
+-- post_ortho_fn(O, state, ctx) on one item: O is its (k, A, B) core
+-- matrices (after Newton-Schulz, before the scale), state its hook state as
+-- (k, rows or 1, cols or 1) views; the hook changes O (and state) in place.
+local function post_ortho(group, hp, it, out, a, b)
+  local k = it.k
+  local state = {}
+  for name, rule in pairs(group.hook_state or {}) do
+    local t = it.state[name]
+    local rows = (rule == "rows" or rule == "matrix") and a or 1
+    local cols = (rule == "cols" or rule == "matrix") and b or 1
+    state[name] = t:view({ k, rows, cols })
   end
+  E.call_hook("post_ortho_fn", group.post_ortho_fn, out, state, {
+    param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
+    lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
+  })
 end
 
--- The common case, no hook that reshapes: the inputs of one core shape are
--- packed into one (n, A, B) buffer, orthogonalized and scaled there, and
--- unpacked back (two C calls per shape, whatever the number of inputs).
+-- (k, A, B) views of NS inputs, kept while the input lives: the inputs are
+-- the step's own buffers, so a step makes no new views.
+local views = setmetatable({}, { __mode = "k" })
+local function batch_view(t, nd_mode)
+  local v = views[t]
+  if v == nil or v.nd_mode ~= nd_mode then
+    local a, b = core_of(t, nd_mode)
+    local k = t:numel() / (a * b)
+    v = { x = t:view({ k, a, b }), k = k, a = a, b = b, nd_mode = nd_mode }
+    views[t] = v
+  end
+  return v
+end
+
+-- Orthogonalize in two halves around one Newton-Schulz call for many
+-- batches (muon.step runs every local batch's ns_prepare, one scheduler
+-- call over all their jobs, then every ns_finish): ns_prepare appends to
+-- jobs one { x = (k, A, B) view of an input, r = resolved NS options } per
+-- non-empty item (NS runs in place) and returns what ns_finish needs, or
+-- nil when the group's hooks around Newton-Schulz (reshape_fn,
+-- ns_transform_fn, zeropower_fn) or a non-contiguous input need the
+-- general path (kind.orthogonalize). The results have the bits of one
+-- call per batch (src/ns.c: each matrix's bits depend on it alone).
+function kind.ns_prepare(_, group, _, items, jobs)
+  if group.ns_transform_fn or group.reshape_fn or group.zeropower_fn then return nil end
+  for _, it in ipairs(items) do
+    if not it.input:is_contiguous() then return nil end
+  end
+  local done = {}
+  for _, it in ipairs(items) do
+    local t = it.input
+    if t:numel() > 0 then
+      local v = batch_view(t, group.nd_mode)
+      it.k = v.k
+      jobs[#jobs + 1] = { x = v.x, r = group._ns }
+      done[#done + 1] = { it = it, v = v }
+    end
+  end
+  return done
+end
+
+-- post_ortho_fn (when set) on each item, then the scale: one fused call
+-- per dtype with a scale per input.
+function kind.ns_finish(_, group, hp, _, done)
+  local by, order = {}, {}
+  for _, d in ipairs(done) do
+    local v = d.v
+    if group.post_ortho_fn then post_ortho(group, hp, d.it, v.x, v.a, v.b) end
+    local dt = v.x.scalar
+    local list = by[dt]
+    if not list then
+      list = { xs = {}, scales = {} }
+      by[dt] = list
+      order[#order + 1] = list
+    end
+    list.xs[#list.xs + 1] = v.x
+    list.scales[#list.scales + 1] = slice_scale(hp, v.a, v.b)
+  end
+  for _, list in ipairs(order) do foreach.scale(list.xs, list.scales) end
+end
+
+-- zeropower_fn without a hook that reshapes: the inputs of one core shape
+-- are packed into one (n, A, B) buffer, which the hook orthogonalizes,
+-- scaled there, and unpacked back.
 local function orthogonalize_packed(ctx, group, hp, items)
   local by, order = {}, {}
   for _, it in ipairs(items) do
@@ -480,13 +535,25 @@ local function orthogonalize_packed(ctx, group, hp, items)
     local merged = ctx:batch_buffer(dtype, list.n, a, b, slot)
     foreach.pack(list.tensors, merged)
     zeropower(ctx, group, merged, dtype, a, b)
-    if group.post_ortho_fn then post_ortho(group, hp, list, merged, a, b) end
+    if group.post_ortho_fn then
+      local off = 0
+      for _, it in ipairs(list) do
+        post_ortho(group, hp, it, merged:narrow(1, off + 1, it.k), a, b)
+        off = off + it.k
+      end
+    end
     foreach.scale({ merged }, slice_scale(hp, a, b))
     foreach.unpack(merged, list.tensors)
   end
 end
 
 function kind.orthogonalize(ctx, group, hp, items)
+  local jobs = {}
+  local done = kind.ns_prepare(ctx, group, hp, items, jobs)
+  if done then
+    ctx:ns_many(jobs)
+    return kind.ns_finish(ctx, group, hp, items, done)
+  end
   if not (group.ns_transform_fn or group.reshape_fn) then
     local contiguous = true
     for _, it in ipairs(items) do contiguous = contiguous and it.input:is_contiguous() end
