@@ -13,6 +13,8 @@
 --                             or the hook state's next value)
 --     io.buffer(item)      -> the owner's buffer for an item's region
 --     io.compute(owned)    -> the owners' work on { item, input, state = { key -> buffer } }
+--   router:run_batches(jobs, io)           -- many batches, communication
+--                                          -- overlapped with io.compute(owned, job)
 --   router:exchange(dtype, sends, recvs)   -- one all-to-all-v of pieces
 local T = require("muon.tensor")
 local D = require("muon.dist")
@@ -22,7 +24,7 @@ local Router = {}
 Router.__index = Router
 
 function R.new(comm)
-  return setmetatable({ comm = comm, W = comm:size(), me = comm:rank(), bufs = {} }, Router)
+  return setmetatable({ comm = comm, W = comm:size(), me = comm:rank(), bufs = {}, posted = 0 }, Router)
 end
 
 -- Bytes held by the staging buffers.
@@ -35,9 +37,22 @@ function Router:scratch_bytes()
   return n
 end
 
--- One all-to-all-v over the data communicator. sends[q+1] = list of
--- { n = elements, src = tensor }; recvs[q+1] = list of { n, dst = tensor }.
-function Router:exchange(dtype, sends, recvs)
+-- Staging buffers of one slot and dtype, kept across steps (grown when
+-- needed): the blocking exchange uses slot "", the pipeline four slots
+-- (in / out, two each), so at most four exchanges per dtype are in flight.
+function Router:_staging(dtype, slot, stot, rtot)
+  local key = dtype .. slot
+  local b = self.bufs[key]
+  if not b or b.send:numel() < stot or b.recv:numel() < rtot then
+    b = { send = T.zeros({ math.max(stot, b and b.send:numel() or 1, 1) }, dtype),
+          recv = T.zeros({ math.max(rtot, b and b.recv:numel() or 1, 1) }, dtype) }
+    self.bufs[key] = b
+  end
+  return b.send, b.recv
+end
+
+-- Counts per peer and the packed send buffer of an all-to-all-v.
+function Router:_pack(dtype, slot, sends, recvs)
   local W = self.W
   local scount, rcount, stot, rtot = {}, {}, 0, 0
   for q = 1, W do
@@ -47,14 +62,7 @@ function Router:exchange(dtype, sends, recvs)
     scount[q], rcount[q] = s, r
     stot, rtot = stot + s, rtot + r
   end
-  -- Staging buffers per dtype, kept across steps (grown when needed).
-  local b = self.bufs[dtype]
-  if not b or b.send:numel() < stot or b.recv:numel() < rtot then
-    b = { send = T.zeros({ math.max(stot, b and b.send:numel() or 1, 1) }, dtype),
-          recv = T.zeros({ math.max(rtot, b and b.recv:numel() or 1, 1) }, dtype) }
-    self.bufs[dtype] = b
-  end
-  local sbuf, rbuf = b.send, b.recv
+  local sbuf, rbuf = self:_staging(dtype, slot, stot, rtot)
   local off = 0
   for q = 1, W do
     for _, x in ipairs(sends[q]) do
@@ -62,14 +70,25 @@ function Router:exchange(dtype, sends, recvs)
       off = off + x.n
     end
   end
-  self.comm:alltoallv(sbuf, scount, rbuf, rcount)
-  off = 0
+  return sbuf, scount, rbuf, rcount
+end
+
+local function unpack_recv(W, rbuf, recvs)
+  local off = 0
   for q = 1, W do
     for _, x in ipairs(recvs[q]) do
       x.dst:copy(rbuf:narrow(1, off + 1, x.n):view(x.dst:size()))
       off = off + x.n
     end
   end
+end
+
+-- One all-to-all-v over the data communicator. sends[q+1] = list of
+-- { n = elements, src = tensor }; recvs[q+1] = list of { n, dst = tensor }.
+function Router:exchange(dtype, sends, recvs)
+  local sbuf, scount, rbuf, rcount = self:_pack(dtype, "", sends, recvs)
+  self.comm:alltoallv(sbuf, scount, rbuf, rcount)
+  unpack_recv(self.W, rbuf, recvs)
 end
 
 local function lists(W)
@@ -134,15 +153,21 @@ local function route(it, me, io, sends, recvs, out)
   end
 end
 
--- Route one batch: NS inputs (and hook state) to owners, one all-to-all-v
--- per dtype when the batch moves anything in; the owners' work
--- (io.compute); every update slice (and hook state piece) back, one
--- all-to-all-v per dtype. items: the batch's items to run this step (the
--- same on every rank); dtypes, moves_in, moves_out: static properties of
--- the batch.
-function Router:run(items, dtypes, moves_in, moves_out, io)
-  local me = self.me
-  self:_move(items, dtypes, moves_in, io, false)
+-- The pieces of a batch's items (and their attached hook state) in
+-- (out = false) or out, per dtype.
+local function pieces(self, items, dt, io, out)
+  local sends, recvs = lists(self.W)
+  for _, it in ipairs(items) do
+    if it.record.dtype == dt then
+      route(it, self.me, io, sends, recvs, out)
+      for _, a in ipairs(it.attached or {}) do route(a, self.me, io, sends, recvs, out) end
+    end
+  end
+  return sends, recvs
+end
+
+-- The owners' work list of a batch (after its inputs arrived).
+local function owned_of(items, me, io)
   local owned = {}
   for _, it in ipairs(items) do
     if it.owner == me then
@@ -154,22 +179,101 @@ function Router:run(items, dtypes, moves_in, moves_out, io)
       owned[#owned + 1] = { item = it, input = work_buffer(it, io), state = state }
     end
   end
-  io.compute(owned)
+  return owned
+end
+
+-- Route one batch and wait for each exchange: NS inputs (and hook state)
+-- to owners, one all-to-all-v per dtype when the batch moves anything in;
+-- the owners' work (io.compute); every update slice (and hook state
+-- piece) back, one all-to-all-v per dtype. items: the batch's items to
+-- run this step (the same on every rank); dtypes, moves_in, moves_out:
+-- static properties of the batch.
+function Router:run(items, dtypes, moves_in, moves_out, io)
+  self:_move(items, dtypes, moves_in, io, false)
+  io.compute(owned_of(items, self.me, io))
   self:_move(items, dtypes, moves_out, io, true)
 end
 
--- The pieces of every item (and its attached hook state) in (out = false)
--- or out, one all-to-all-v per dtype when the batch moves anything.
 function Router:_move(items, dtypes, moves, io, out)
   for _, dt in ipairs(dtypes) do
-    local sends, recvs = lists(self.W)
-    for _, it in ipairs(items) do
-      if it.record.dtype == dt then
-        route(it, self.me, io, sends, recvs, out)
-        for _, a in ipairs(it.attached or {}) do route(a, self.me, io, sends, recvs, out) end
+    local sends, recvs = pieces(self, items, dt, io, out)
+    if moves then self:exchange(dt, sends, recvs) end
+  end
+end
+
+-- Post a batch's exchanges of one direction (non-blocking, staging slot
+-- `slot`); local pieces are copied now. Returns what _finish completes.
+function Router:_post(job, out, slot, io)
+  local pending = { n = 0 }
+  for _, dt in ipairs(job.dtypes) do
+    local sends, recvs = pieces(self, job.items, dt, io, out)
+    if out and job.moves_out or not out and job.moves_in then
+      local sbuf, scount, rbuf, rcount = self:_pack(dt, slot, sends, recvs)
+      pending.n = pending.n + 1
+      pending[pending.n] = { q = self.comm:ialltoallv(sbuf, scount, rbuf, rcount), rbuf = rbuf, recvs = recvs }
+      self.posted = self.posted + 1
+    end
+  end
+  return pending
+end
+
+-- Wait for posted exchanges and unpack what arrived.
+function Router:_finish(pending)
+  if not pending then return end
+  for i = 1, pending.n do
+    local p = pending[i]
+    if p.q then
+      local q = p.q
+      p.q = nil
+      q:wait()
+      unpack_recv(self.W, p.rbuf, p.recvs)
+    end
+  end
+end
+
+-- Every posted exchange completes, even on an error path (MPI cannot
+-- cancel a collective, and the peers take part in it).
+local function drain(list)
+  for _, pending in pairs(list) do
+    for i = 1, pending.n do
+      local q = pending[i].q
+      if q then
+        pending[i].q = nil
+        pcall(q.wait, q)
       end
     end
-    if moves then self:exchange(dt, sends, recvs) end
+  end
+end
+
+-- Route a list of batches (jobs: { items, dtypes, moves_in, moves_out },
+-- the same on every rank), overlapping communication with the owners'
+-- work: batch k+1's inputs travel while batch k computes, and batch k's
+-- updates travel back while batch k+1 computes. io.compute(owned, job) is
+-- called once per job, in order. Collectives are posted in the same order
+-- on every rank (in 1, in 2, out 1, in 3, out 2, ...); at most two
+-- exchanges per direction and dtype are in flight (four staging slots).
+function Router:run_batches(jobs, io)
+  local me, n = self.me, #jobs
+  local ins, outs = {}, {}
+  local ok, err = pcall(function()
+    if n > 0 then ins[1] = self:_post(jobs[1], false, "/in1", io) end
+    for k = 1, n do
+      local job = jobs[k]
+      if k < n then ins[k + 1] = self:_post(jobs[k + 1], false, (k + 1) % 2 == 1 and "/in1" or "/in0", io) end
+      self:_finish(ins[k])
+      ins[k] = nil
+      io.compute(owned_of(job.items, me, io), job)
+      outs[k] = self:_post(job, true, k % 2 == 1 and "/out1" or "/out0", io)
+      self:_finish(outs[k - 1])
+      outs[k - 1] = nil
+    end
+    self:_finish(outs[n])
+    outs[n] = nil
+  end)
+  if not ok then
+    drain(ins)
+    drain(outs)
+    error(err, 0)
   end
 end
 

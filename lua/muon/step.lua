@@ -459,10 +459,12 @@ local function direction_phase(self, run)
 end
 
 -- Phase 4: per batch, route NS inputs to owners, orthogonalize, route back.
--- (self.io: the router's view of this stepper's buffers, made once.)
+-- (self.io: the router's view of this stepper's buffers, made once.) On a
+-- mesh the router overlaps the exchanges with the owners' work.
 local function route_phase(self, run)
   local io = self.io
   io.run = run
+  local jobs = {}
   for _, batch in ipairs(self.plan.batches) do
     local gi = batch.group
     local gr, G = run.g[gi], self.groups[gi]
@@ -477,9 +479,17 @@ local function route_phase(self, run)
         end
       end
       if #items > 0 then
-        io.group = gi
-        self.router:run(items, batch.dtypes, batch.moves_in, batch.moves_out, io)
+        jobs[#jobs + 1] = { items = items, dtypes = batch.dtypes, moves_in = batch.moves_in,
+          moves_out = batch.moves_out, group = gi }
       end
+    end
+  end
+  if self.W > 1 then
+    self.router:run_batches(jobs, io)
+  else
+    for _, job in ipairs(jobs) do
+      io.group = job.group
+      self.router:run(job.items, job.dtypes, job.moves_in, job.moves_out, io)
     end
   end
 end
@@ -498,7 +508,8 @@ function make_io(self)
     return self.scratch[r.param].u
   end
   function io.buffer(it) return self:_full(it) end
-  function io.compute(owned)
+  function io.compute(owned, job)
+    if job then io.group = job.group end
     local G = self.groups[io.group]
     if not G.kind.ns or #owned == 0 then return end
     local list = {}
