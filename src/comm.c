@@ -133,6 +133,26 @@ static int mu__thread_multiple(void) {
     return MPI_Query_thread(&level) == MPI_SUCCESS && level == MPI_THREAD_MULTIPLE;
 }
 
+/* Wait for a request without spinning: test, then sleep between tests
+ * (5 us growing to MU__PROGRESS_NS). MPI_Wait spins (yield_when_idle only
+ * yields), which takes the core from the ranks still computing when ranks
+ * share cores; a sleeping waiter gives it back. */
+static int mu__wait_idle(MPI_Request *req) {
+    long nap = 5000;
+    for (;;) {
+        int flag = 0;
+        int e = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        if (e != MPI_SUCCESS || flag) return e;
+        struct timespec ts = { 0, nap };
+        nanosleep(&ts, NULL);
+        if (nap < MU__PROGRESS_NS) nap *= 2;
+    }
+}
+
+/* A blocking collective as its non-blocking form (e: what posting
+ * returned) completed by mu__wait_idle. */
+static int mu__idle(int e, MPI_Request *rq) { return e == MPI_SUCCESS ? mu__wait_idle(rq) : e; }
+
 /* The progress thread: tests the pending requests, drops completed ones
  * from the list (the caller's wait then finds them done). */
 static void *mu__progress_main(void *arg) {
@@ -414,7 +434,8 @@ MU_API int mu_comm_alltoallv(mu_comm *c, int dtype, const void *sendbuf, const i
             return rc;
         }
         MPI_Datatype t = mu__mpi_type(dtype);
-        int e = MPI_Alltoallv(sendbuf, ib, ib + n, t, recvbuf, ib + 2 * n, ib + 3 * n, t, c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Ialltoallv(sendbuf, ib, ib + n, t, recvbuf, ib + 2 * n, ib + 3 * n, t, c->comm, &rq), &rq);
         free(ib);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Alltoallv");
         mu__account(c, sent * (int64_t)es, recv * (int64_t)es, t0);
@@ -459,7 +480,8 @@ MU_API int mu_comm_allgatherv(mu_comm *c, int dtype, const void *sendbuf, int64_
             return rc;
         }
         MPI_Datatype t = mu__mpi_type(dtype);
-        int e = MPI_Allgatherv(sendbuf, sc, t, recvbuf, ib, ib + n, t, c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Iallgatherv(sendbuf, sc, t, recvbuf, ib, ib + n, t, c->comm, &rq), &rq);
         free(ib);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Allgatherv");
         mu__account(c, sendcount * (int64_t)es * (c->size - 1), recv * (int64_t)es, t0);
@@ -493,7 +515,8 @@ MU_API int mu_comm_bcast_bytes(mu_comm *c, void *buf, int64_t nbytes, int root) 
     mu__bcast_volume(c, nbytes, root, &s, &r);
 #ifdef MU_HAVE_MPI
     if (c->size > 1) {
-        int e = MPI_Bcast(buf, (int)nbytes, MPI_BYTE, root, c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Ibcast(buf, (int)nbytes, MPI_BYTE, root, c->comm, &rq), &rq);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Bcast");
     }
 #else
@@ -513,7 +536,8 @@ MU_API int mu_comm_bcast(mu_comm *c, int dtype, void *buf, int64_t n, int root) 
     mu__bcast_volume(c, n * (int64_t)es, root, &s, &r);
 #ifdef MU_HAVE_MPI
     if (c->size > 1) {
-        int e = MPI_Bcast(buf, (int)n, mu__mpi_type(dtype), root, c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Ibcast(buf, (int)n, mu__mpi_type(dtype), root, c->comm, &rq), &rq);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Bcast");
     }
 #else
@@ -623,12 +647,8 @@ MU_API int mu_comm_wait(mu_comm_request *q) {
     else if (q->req != MPI_REQUEST_NULL) {
         int flag = 0;
         int e = MPI_Test(&q->req, &flag, MPI_STATUS_IGNORE);
-        if (e == MPI_SUCCESS && !flag) {
-            done_before = 0;
-            e = MPI_Wait(&q->req, MPI_STATUS_IGNORE);
-        } else if (e == MPI_SUCCESS) {
-            done_before = 1;
-        }
+        done_before = flag;
+        if (e == MPI_SUCCESS && !flag) e = mu__wait_idle(&q->req);
         if (e != MPI_SUCCESS) rc = mu__mpi_fail(e, "MPI_Wait");
     }
     free(q->ibuf);
@@ -667,7 +687,8 @@ static int mu__allreduce(mu_comm *c, void *buf, int64_t n, int op, int is_int, c
 #ifdef MU_HAVE_MPI
     if (c->size > 1) {
         MPI_Op mop = op == MU_COMM_SUM ? MPI_SUM : op == MU_COMM_MAX ? MPI_MAX : MPI_MIN;
-        int e = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, is_int ? MPI_INT64_T : MPI_DOUBLE, mop, c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, is_int ? MPI_INT64_T : MPI_DOUBLE, mop, c->comm, &rq), &rq);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Allreduce");
     }
 #else
@@ -690,7 +711,8 @@ MU_API int mu_comm_barrier(mu_comm *c) {
     double t0 = mu__now();
 #ifdef MU_HAVE_MPI
     if (c->size > 1) {
-        int e = MPI_Barrier(c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Ibarrier(c->comm, &rq), &rq);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Barrier");
     }
 #endif

@@ -204,7 +204,7 @@ end
 -- Post a batch's exchanges of one direction (non-blocking, staging slot
 -- `slot`); local pieces are copied now. Returns what _finish completes.
 function Router:_post(job, out, slot, io)
-  local pending = { n = 0 }
+  local pending = { n = 0, out = out }
   for _, dt in ipairs(job.dtypes) do
     local sends, recvs = pieces(self, job.items, dt, io, out)
     if out and job.moves_out or not out and job.moves_in then
@@ -245,30 +245,87 @@ local function drain(list)
   end
 end
 
+-- How many waves a batch is cut into for the pipeline (R.waves).
+R.WAVES = 2
+
+-- Cut a batch into up to k waves to pipeline: each rank's owned items, in
+-- order, go to wave 1 + floor(k * (midpoint of their cost) / its total
+-- cost), so every wave holds about 1/k of every rank's work. The same on
+-- every rank (it depends on the plan only); Newton-Schulz results do not
+-- depend on how items are batched. Cached per items list (the plan's
+-- batch when every item steps).
+local wave_cache = setmetatable({}, { __mode = "k" })
+function R.waves(job, k)
+  local items = job.items
+  local c = wave_cache[items]
+  if c and c.k == k then return c.waves end
+  local cost, total, done = {}, {}, {}
+  for i, it in ipairs(items) do
+    cost[i] = it.ns and D.ns_flops(it.region.len) or D.numel(it.region.len)
+    total[it.owner] = (total[it.owner] or 0) + cost[i]
+  end
+  local by = {}
+  for i, it in ipairs(items) do
+    local o = it.owner
+    local before = done[o] or 0
+    done[o] = before + cost[i]
+    local w = total[o] > 0 and math.min(k, 1 + math.floor(k * (before + cost[i] / 2) / total[o])) or 1
+    by[w] = by[w] or {}
+    table.insert(by[w], it)
+  end
+  local waves = {}
+  for w = 1, k do
+    if by[w] then
+      local dtypes, moves_in, moves_out = R.describe_batch(by[w])
+      waves[#waves + 1] = { items = by[w], dtypes = dtypes, moves_in = moves_in, moves_out = moves_out,
+        group = job.group }
+    end
+  end
+  wave_cache[items] = { k = k, waves = waves }
+  return waves
+end
+
 -- Route a list of batches (jobs: { items, dtypes, moves_in, moves_out },
 -- the same on every rank), overlapping communication with the owners'
--- work: batch k+1's inputs travel while batch k computes, and batch k's
--- updates travel back while batch k+1 computes. io.compute(owned, job) is
--- called once per job, in order. Collectives are posted in the same order
--- on every rank (in 1, in 2, out 1, in 3, out 2, ...); at most two
--- exchanges per direction and dtype are in flight (four staging slots).
+-- work. Each batch is cut into waves (R.waves); the inputs of the next
+-- `ahead` waves are posted before a wave computes, and a wave's updates
+-- are waited for `lag` waves later, so a rank runs its waves back to back
+-- as long as their inputs have arrived (a background thread in muon.comm
+-- moves them) and ranks that finish early sleep in the final waits.
+-- io.compute(owned, wave) is called once per wave, in order. Every rank
+-- posts the same collectives in the same order; staging: ahead + 1 input
+-- and lag + 1 output slots per dtype, each about a wave's exchange (with
+-- the defaults, about one batch's inputs and one batch's updates).
 function Router:run_batches(jobs, io)
-  local me, n = self.me, #jobs
+  local K = self.waves or R.WAVES
+  local A, L = self.ahead or K - 1, self.lag or K - 1
+  local list = {}
+  for _, job in ipairs(jobs) do
+    for _, w in ipairs(R.waves(job, K)) do list[#list + 1] = w end
+  end
+  local me, n = self.me, #list
   local ins, outs = {}, {}
+  local function post_in(k)
+    if k <= n then ins[k] = self:_post(list[k], false, "/in" .. (k % (A + 1)), io) end
+  end
   local ok, err = pcall(function()
-    if n > 0 then ins[1] = self:_post(jobs[1], false, "/in1", io) end
+    for k = 1, A + 1 do post_in(k) end
     for k = 1, n do
-      local job = jobs[k]
-      if k < n then ins[k + 1] = self:_post(jobs[k + 1], false, (k + 1) % 2 == 1 and "/in1" or "/in0", io) end
+      local wave = list[k]
       self:_finish(ins[k])
       ins[k] = nil
-      io.compute(owned_of(job.items, me, io), job)
-      outs[k] = self:_post(job, true, k % 2 == 1 and "/out1" or "/out0", io)
-      self:_finish(outs[k - 1])
-      outs[k - 1] = nil
+      io.compute(owned_of(wave.items, me, io), wave)
+      outs[k] = self:_post(wave, true, "/out" .. (k % (L + 1)), io)
+      post_in(k + A + 1)
+      if k > L then
+        self:_finish(outs[k - L])
+        outs[k - L] = nil
+      end
     end
-    self:_finish(outs[n])
-    outs[n] = nil
+    for k = math.max(1, n - L + 1), n do
+      self:_finish(outs[k])
+      outs[k] = nil
+    end
   end)
   if not ok then
     drain(ins)

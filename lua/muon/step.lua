@@ -478,6 +478,7 @@ local function route_phase(self, run)
           if r.mine_n > 0 then self:_scratch(r.param, r) end
         end
       end
+      if #items == #batch then items = batch end -- a stable list (the router caches by it)
       if #items > 0 then
         jobs[#jobs + 1] = { items = items, dtypes = batch.dtypes, moves_in = batch.moves_in,
           moves_out = batch.moves_out, group = gi }
