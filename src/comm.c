@@ -210,10 +210,10 @@ static void mu__progress_add(mu_comm *c, mu_comm_request *q) {
     pthread_mutex_unlock(&p->mu);
 }
 
-/* Take q back from the progress thread; returns whether it completed there. */
-static int mu__progress_take(mu_comm_request *q) {
+/* Take q back from the progress thread (a no-op when it has none). */
+static void mu__progress_take(mu_comm_request *q) {
     mu__progress *p = q->c->prog;
-    if (!p) return 0;
+    if (!p) return;
     pthread_mutex_lock(&p->mu);
     if (q->listed) {
         for (mu_comm_request **link = &p->head; *link; link = &(*link)->next) {
@@ -224,9 +224,7 @@ static int mu__progress_take(mu_comm_request *q) {
         }
         q->listed = 0;
     }
-    int done = q->done;
     pthread_mutex_unlock(&p->mu);
-    return done;
 }
 
 static void mu__progress_free(mu__progress *p) {
@@ -642,7 +640,7 @@ MU_API int mu_comm_wait(mu_comm_request *q) {
     int rc = MU_OK, done_before = 1;
     double t0 = mu__now();
 #ifdef MU_HAVE_MPI
-    done_before = mu__progress_take(q);
+    mu__progress_take(q); /* completed there: q->req is MPI_REQUEST_NULL */
     if (q->err) rc = mu__mpi_fail(q->err, "MPI_Test");
     else if (q->req != MPI_REQUEST_NULL) {
         int flag = 0;
