@@ -19,6 +19,7 @@
 #include "muon_internal.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,9 +30,28 @@
 #include <mpi.h>
 #endif
 
+/* Background progress: Open MPI moves a non-blocking collective only
+ * inside MPI calls, so while the caller computes (Newton-Schulz in C) a
+ * per-communicator thread tests its pending requests every
+ * MU__PROGRESS_NS nanoseconds (sleeping in between, which matters when
+ * ranks share cores). Only when MPI runs with MPI_THREAD_MULTIPLE; the
+ * thread starts with the first pending request and sleeps on a condition
+ * variable while nothing is pending. */
+#define MU__PROGRESS_NS 200000L
+
+typedef struct mu__progress {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int started, stop;
+    mu_comm_request *head; /* pending requests the thread tests */
+} mu__progress;
+
 struct mu_comm {
 #ifdef MU_HAVE_MPI
     MPI_Comm comm;
+    int multiple;          /* MPI provides MPI_THREAD_MULTIPLE: background progress */
+    mu__progress *prog;    /* allocated with the first non-blocking call */
 #endif
     int rank;
     int size;
@@ -43,9 +63,12 @@ struct mu_comm_request {
 #ifdef MU_HAVE_MPI
     MPI_Request req;
     int *ibuf; /* count/displacement arrays that must live until the wait */
+    mu_comm_request *next; /* in c->prog's pending list */
+    int listed, done, err; /* under c->prog->mu */
 #endif
     int64_t sent, recv;
-    double t0;
+    double t0;     /* when it was posted */
+    double post_s; /* seconds the post took */
 };
 
 #ifdef MU_HAVE_MPI
@@ -64,6 +87,14 @@ static void mu__account(mu_comm *c, int64_t sent, int64_t recv, double t0) {
     c->stats.bytes_sent += sent;
     c->stats.bytes_recv += recv;
     c->stats.seconds += mu__now() - t0;
+}
+
+/* A completed non-blocking call: its volume, the time the caller spent
+ * waiting (t0: when the wait began), and whether it was already done. */
+static void mu__account_nb(mu_comm *c, int64_t sent, int64_t recv, double t0, int done_before) {
+    c->stats.nonblocking++;
+    c->stats.done_before_wait += done_before;
+    mu__account(c, sent, recv, t0);
 }
 
 static int mu__esize(int dtype, size_t *es) {
@@ -90,11 +121,124 @@ static int mu__ensure_init(void) {
     if (fin) return mu__fail(MU_ESTATE, "comm: MPI was already finalized");
     if (!inited) {
         int provided = 0;
-        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
         if (rc != MPI_SUCCESS) return mu__mpi_fail(rc, "MPI_Init_thread");
         atomic_store(&mu__we_initialized, 1);
     }
     return MU_OK;
+}
+
+static int mu__thread_multiple(void) {
+    int level = MPI_THREAD_SINGLE;
+    return MPI_Query_thread(&level) == MPI_SUCCESS && level == MPI_THREAD_MULTIPLE;
+}
+
+/* Wait for a request without spinning: test, then sleep between tests
+ * (5 us growing to MU__PROGRESS_NS). MPI_Wait spins (yield_when_idle only
+ * yields), which takes the core from the ranks still computing when ranks
+ * share cores; a sleeping waiter gives it back. */
+static int mu__wait_idle(MPI_Request *req) {
+    long nap = 5000;
+    for (;;) {
+        int flag = 0;
+        int e = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        if (e != MPI_SUCCESS || flag) return e;
+        struct timespec ts = { 0, nap };
+        nanosleep(&ts, NULL);
+        if (nap < MU__PROGRESS_NS) nap *= 2;
+    }
+}
+
+/* A blocking collective as its non-blocking form (e: what posting
+ * returned) completed by mu__wait_idle. */
+static int mu__idle(int e, MPI_Request *rq) { return e == MPI_SUCCESS ? mu__wait_idle(rq) : e; }
+
+/* The progress thread: tests the pending requests, drops completed ones
+ * from the list (the caller's wait then finds them done). */
+static void *mu__progress_main(void *arg) {
+    mu__progress *p = arg;
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop) {
+        if (!p->head) {
+            pthread_cond_wait(&p->cv, &p->mu);
+            continue;
+        }
+        mu_comm_request **link = &p->head;
+        while (*link) {
+            mu_comm_request *q = *link;
+            int flag = 0;
+            int e = MPI_Test(&q->req, &flag, MPI_STATUS_IGNORE);
+            if (e != MPI_SUCCESS || flag) {
+                q->err = e != MPI_SUCCESS ? e : 0;
+                q->done = 1;
+                q->listed = 0;
+                *link = q->next;
+            } else {
+                link = &q->next;
+            }
+        }
+        pthread_mutex_unlock(&p->mu);
+        struct timespec ts = { 0, MU__PROGRESS_NS };
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* Hand a posted request to c's progress thread (started on first use).
+ * Without MPI_THREAD_MULTIPLE, or if the thread cannot start, the request
+ * progresses in the caller's MPI calls only (still correct). */
+static void mu__progress_add(mu_comm *c, mu_comm_request *q) {
+    if (!c->multiple) return;
+    if (!c->prog) {
+        mu__progress *p = calloc(1, sizeof *p);
+        if (!p) return;
+        pthread_mutex_init(&p->mu, NULL);
+        pthread_cond_init(&p->cv, NULL);
+        c->prog = p;
+    }
+    mu__progress *p = c->prog;
+    pthread_mutex_lock(&p->mu);
+    if (!p->started) p->started = pthread_create(&p->thread, NULL, mu__progress_main, p) == 0 ? 1 : -1;
+    if (p->started == 1) {
+        q->next = p->head;
+        p->head = q;
+        q->listed = 1;
+        pthread_cond_signal(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Take q back from the progress thread (a no-op when it has none). */
+static void mu__progress_take(mu_comm_request *q) {
+    mu__progress *p = q->c->prog;
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    if (q->listed) {
+        for (mu_comm_request **link = &p->head; *link; link = &(*link)->next) {
+            if (*link == q) {
+                *link = q->next;
+                break;
+            }
+        }
+        q->listed = 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void mu__progress_free(mu__progress *p) {
+    if (!p) return;
+    if (p->started == 1) {
+        pthread_mutex_lock(&p->mu);
+        p->stop = 1;
+        pthread_cond_signal(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        pthread_join(p->thread, NULL);
+    }
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p);
 }
 
 static int mu__wrap(MPI_Comm src, mu_comm **out) {
@@ -108,6 +252,7 @@ static int mu__wrap(MPI_Comm src, mu_comm **out) {
     MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c->comm, &c->rank);
     MPI_Comm_size(c->comm, &c->size);
+    c->multiple = mu__thread_multiple();
     *out = c;
     return MU_OK;
 }
@@ -202,6 +347,7 @@ MU_API int mu_comm_split(mu_comm *c, int color, int key, mu_comm **out) {
         MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
         MPI_Comm_rank(nc, &r->rank);
         MPI_Comm_size(nc, &r->size);
+        r->multiple = c->multiple;
         mu__account(c, 0, 0, t0);
         *out = r;
         return MU_OK;
@@ -218,6 +364,7 @@ MU_API int mu_comm_split(mu_comm *c, int color, int key, mu_comm **out) {
 MU_API void mu_comm_free(mu_comm *c) {
     if (!c) return;
 #ifdef MU_HAVE_MPI
+    mu__progress_free(c->prog);
     if (c->comm != MPI_COMM_NULL) {
         int fin = 0;
         MPI_Finalized(&fin);
@@ -296,7 +443,8 @@ MU_API int mu_comm_alltoallv(mu_comm *c, int dtype, const void *sendbuf, const i
             return rc;
         }
         MPI_Datatype t = mu__mpi_type(dtype);
-        int e = MPI_Alltoallv(sendbuf, ib, ib + n, t, recvbuf, ib + 2 * n, ib + 3 * n, t, c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Ialltoallv(sendbuf, ib, ib + n, t, recvbuf, ib + 2 * n, ib + 3 * n, t, c->comm, &rq), &rq);
         free(ib);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Alltoallv");
         mu__account(c, sent * (int64_t)es, recv * (int64_t)es, t0);
@@ -346,7 +494,8 @@ MU_API int mu_comm_allgatherv(mu_comm *c, int dtype, const void *sendbuf, int64_
             return rc;
         }
         MPI_Datatype t = mu__mpi_type(dtype);
-        int e = MPI_Allgatherv(sendbuf, sc, t, recvbuf, ib, ib + n, t, c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Iallgatherv(sendbuf, sc, t, recvbuf, ib, ib + n, t, c->comm, &rq), &rq);
         free(ib);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Allgatherv");
         mu__account(c, sendcount * (int64_t)es * (c->size - 1), recv * (int64_t)es, t0);
@@ -381,7 +530,8 @@ MU_API int mu_comm_bcast_bytes(mu_comm *c, void *buf, int64_t nbytes, int root) 
     mu__bcast_volume(c, nbytes, root, &s, &r);
 #ifdef MU_HAVE_MPI
     if (c->size > 1) {
-        int e = MPI_Bcast(buf, (int)nbytes, MPI_BYTE, root, c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Ibcast(buf, (int)nbytes, MPI_BYTE, root, c->comm, &rq), &rq);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Bcast");
     }
 #else
@@ -401,7 +551,8 @@ MU_API int mu_comm_bcast(mu_comm *c, int dtype, void *buf, int64_t n, int root) 
     mu__bcast_volume(c, n * (int64_t)es, root, &s, &r);
 #ifdef MU_HAVE_MPI
     if (c->size > 1) {
-        int e = MPI_Bcast(buf, (int)n, mu__mpi_type(dtype), root, c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Ibcast(buf, (int)n, mu__mpi_type(dtype), root, c->comm, &rq), &rq);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Bcast");
     }
 #else
@@ -432,6 +583,8 @@ MU_API int mu_comm_ibcast(mu_comm *c, int dtype, void *buf, int64_t n, int root,
             return mu__mpi_fail(e, "MPI_Ibcast");
         }
     }
+    q->post_s = mu__now() - q->t0;
+    if (q->req != MPI_REQUEST_NULL) mu__progress_add(c, q);
 #else
     MU__UNUSED(buf);
 #endif
@@ -479,6 +632,8 @@ MU_API int mu_comm_ialltoallv(mu_comm *c, int dtype, const void *sendbuf, const 
             free(q);
             return mu__mpi_fail(e, "MPI_Ialltoallv");
         }
+        q->post_s = mu__now() - q->t0;
+        mu__progress_add(c, q);
         *out = q;
         return MU_OK;
     }
@@ -495,19 +650,45 @@ MU_API int mu_comm_ialltoallv(mu_comm *c, int dtype, const void *sendbuf, const 
     return MU_OK;
 }
 
+/* Counts the seconds the post took plus the seconds spent waiting here
+ * (time hidden behind the caller's work is not communication time). */
 MU_API int mu_comm_wait(mu_comm_request *q) {
     if (!q) return MU_OK;
-    int rc = MU_OK;
+    int rc = MU_OK, done_before = 1;
+    double t0 = mu__now();
 #ifdef MU_HAVE_MPI
-    if (q->req != MPI_REQUEST_NULL) {
-        int e = MPI_Wait(&q->req, MPI_STATUS_IGNORE);
+    mu__progress_take(q); /* completed there: q->req is MPI_REQUEST_NULL */
+    if (q->err) rc = mu__mpi_fail(q->err, "MPI_Test");
+    else if (q->req != MPI_REQUEST_NULL) {
+        int flag = 0;
+        int e = MPI_Test(&q->req, &flag, MPI_STATUS_IGNORE);
+        done_before = flag;
+        if (e == MPI_SUCCESS && !flag) e = mu__wait_idle(&q->req);
         if (e != MPI_SUCCESS) rc = mu__mpi_fail(e, "MPI_Wait");
     }
     free(q->ibuf);
 #endif
-    if (rc == MU_OK) mu__account(q->c, q->sent, q->recv, q->t0);
+    if (rc == MU_OK) mu__account_nb(q->c, q->sent, q->recv, t0 - q->post_s, done_before);
     free(q);
     return rc;
+}
+
+MU_API int mu_comm_test(mu_comm_request *q, int *done) {
+    if (!q || !done) return mu__fail(MU_EINVAL, "mu_comm_test: request or done is NULL");
+    *done = 1;
+#ifdef MU_HAVE_MPI
+    mu__progress *p = q->c->prog;
+    if (p) pthread_mutex_lock(&p->mu);
+    if (!q->listed && !q->done && !q->err && q->req != MPI_REQUEST_NULL) {
+        int e = MPI_Test(&q->req, done, MPI_STATUS_IGNORE);
+        if (e != MPI_SUCCESS) q->err = e;
+        if (*done || e != MPI_SUCCESS) q->done = 1;
+    } else {
+        *done = q->done || q->req == MPI_REQUEST_NULL;
+    }
+    if (p) pthread_mutex_unlock(&p->mu);
+#endif
+    return MU_OK;
 }
 
 static int mu__allreduce(mu_comm *c, void *buf, int64_t n, int op, int is_int, const char *what) {
@@ -521,7 +702,8 @@ static int mu__allreduce(mu_comm *c, void *buf, int64_t n, int op, int is_int, c
 #ifdef MU_HAVE_MPI
     if (c->size > 1) {
         MPI_Op mop = op == MU_COMM_SUM ? MPI_SUM : op == MU_COMM_MAX ? MPI_MAX : MPI_MIN;
-        int e = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, is_int ? MPI_INT64_T : MPI_DOUBLE, mop, c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, is_int ? MPI_INT64_T : MPI_DOUBLE, mop, c->comm, &rq), &rq);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Allreduce");
     }
 #else
@@ -544,7 +726,8 @@ MU_API int mu_comm_barrier(mu_comm *c) {
     double t0 = mu__now();
 #ifdef MU_HAVE_MPI
     if (c->size > 1) {
-        int e = MPI_Barrier(c->comm);
+        MPI_Request rq;
+        int e = mu__idle(MPI_Ibarrier(c->comm, &rq), &rq);
         if (e != MPI_SUCCESS) return mu__mpi_fail(e, "MPI_Barrier");
     }
 #endif

@@ -429,6 +429,8 @@ typedef struct mu_comm_stats {
     int64_t bytes_sent;
     int64_t bytes_recv;
     double seconds;
+    int64_t nonblocking;      /* of calls: non-blocking ones (counted at their wait) */
+    int64_t done_before_wait; /* of those: already complete when the wait began */
 } mu_comm_stats;
 
 /* 1 if built with Open MPI. */
@@ -460,8 +462,13 @@ MU_API int mu_comm_bcast(mu_comm *c, int dtype, void *buf, int64_t n, int root);
 MU_API int mu_comm_bcast_bytes(mu_comm *c, void *buf, int64_t nbytes, int root);
 MU_API int mu_comm_ibcast(mu_comm *c, int dtype, void *buf, int64_t n, int root,
                           mu_comm_request **out);
-/* Completes and frees a request (NULL is ok). */
+/* Completes and frees a request (NULL is ok). A request must be waited
+ * for even on error paths (MPI cannot cancel a collective). With
+ * MPI_THREAD_MULTIPLE (what mu_comm_world asks for) a per-communicator
+ * thread progresses pending requests while the caller computes. */
 MU_API int mu_comm_wait(mu_comm_request *req);
+/* *done = 1 when the request completed (it still needs mu_comm_wait). */
+MU_API int mu_comm_test(mu_comm_request *req, int *done);
 /* In-place all-reduce (op: MU_COMM_SUM / MAX / MIN). */
 MU_API int mu_comm_allreduce_i64(mu_comm *c, int64_t *buf, int64_t n, int op);
 MU_API int mu_comm_allreduce_f64(mu_comm *c, double *buf, int64_t n, int op);

@@ -9,7 +9,10 @@
 --   w:bcast(tensor, root), w:ibcast(tensor, root):wait()
 --   w:allreduce({...}, "sum"|"max"|"min", "i64"|"f64") -> table
 --   w:barrier()
---   comm.stats(w) / w:stats() -> { calls=, bytes_sent=, bytes_recv=, seconds= }
+--   local q = w:ialltoallv(send, sendcounts, recv, recvcounts)  -- posted now
+--   q:test() -> done?, q:wait()       -- every request must be waited for
+--   comm.stats(w) / w:stats() -> { calls=, bytes_sent=, bytes_recv=, seconds=,
+--                                  nonblocking=, done_before_wait= }
 --   comm.finalize(), comm.abort(code), comm.have_mpi(), comm.world_size()
 --
 -- Without MPI (or with libmuon built without it) every communicator has
@@ -69,7 +72,8 @@ function M.stats(c)
   local s = ffi.new("mu_comm_stats")
   check(C.mu_comm_get_stats(c.ptr, s), "comm.stats", 2)
   return { calls = tonumber(s.calls), bytes_sent = tonumber(s.bytes_sent),
-           bytes_recv = tonumber(s.bytes_recv), seconds = tonumber(s.seconds) }
+           bytes_recv = tonumber(s.bytes_recv), seconds = tonumber(s.seconds),
+           nonblocking = tonumber(s.nonblocking), done_before_wait = tonumber(s.done_before_wait) }
 end
 Comm.stats = M.stats
 function Comm:reset_stats() C.mu_comm_reset_stats(self.ptr) end
@@ -120,6 +124,12 @@ function Req:wait()
     check(C.mu_comm_wait(q), "comm request wait", 2)
   end
 end
+local done_out = ffi.new("int[1]")
+function Req:test()
+  if not self.q then return true end
+  check(C.mu_comm_test(self.q, done_out), "comm request test", 2)
+  return done_out[0] == 1
+end
 
 function Comm:ialltoallv(send, sendcounts, recv, recvcounts)
   local n = self:size()
@@ -130,7 +140,7 @@ function Comm:ialltoallv(send, sendcounts, recv, recvcounts)
   local rc, rd = counts_displs(recvcounts, n, "ialltoallv: recvcounts")
   local out = ffi.new("mu_comm_request *[1]")
   check(C.mu_comm_ialltoallv(self.ptr, sdt, sp, sc, sd, rp, rc, rd, out), "comm:ialltoallv", 2)
-  return setmetatable({ q = out[0], keep = { send, recv } }, Req)
+  return setmetatable({ q = out[0], keep = { send, recv, self } }, Req)
 end
 
 function Comm:allgatherv(send, recv, recvcounts)
@@ -153,7 +163,7 @@ function Comm:ibcast(t, root)
   local n = type(t) == "table" and t.n or tonumber(C.mu_tensor_numel(t))
   local out = ffi.new("mu_comm_request *[1]")
   check(C.mu_comm_ibcast(self.ptr, dt, p, n, root or 0, out), "comm:ibcast", 2)
-  return setmetatable({ q = out[0], keep = { t } }, Req)
+  return setmetatable({ q = out[0], keep = { t, self } }, Req)
 end
 
 -- Broadcast a Lua string from root; every rank returns it.

@@ -13,6 +13,8 @@
 --                             or the hook state's next value)
 --     io.buffer(item)      -> the owner's buffer for an item's region
 --     io.compute(owned)    -> the owners' work on { item, input, state = { key -> buffer } }
+--   router:run_batches(jobs, io)           -- many batches, communication
+--                                          -- overlapped with io.compute(owned, job)
 --   router:exchange(dtype, sends, recvs)   -- one all-to-all-v of pieces
 local T = require("muon.tensor")
 local D = require("muon.dist")
@@ -22,7 +24,7 @@ local Router = {}
 Router.__index = Router
 
 function R.new(comm)
-  return setmetatable({ comm = comm, W = comm:size(), me = comm:rank(), bufs = {} }, Router)
+  return setmetatable({ comm = comm, W = comm:size(), me = comm:rank(), bufs = {}, posted = 0 }, Router)
 end
 
 -- Bytes held by the staging buffers.
@@ -35,9 +37,22 @@ function Router:scratch_bytes()
   return n
 end
 
--- One all-to-all-v over the data communicator. sends[q+1] = list of
--- { n = elements, src = tensor }; recvs[q+1] = list of { n, dst = tensor }.
-function Router:exchange(dtype, sends, recvs)
+-- Staging buffers of one slot and dtype, kept across steps (grown when
+-- needed): the blocking exchange uses slot "", the pipeline four slots
+-- (in / out, two each), so at most four exchanges per dtype are in flight.
+function Router:_staging(dtype, slot, stot, rtot)
+  local key = dtype .. slot
+  local b = self.bufs[key]
+  if not b or b.send:numel() < stot or b.recv:numel() < rtot then
+    b = { send = T.zeros({ math.max(stot, b and b.send:numel() or 1, 1) }, dtype),
+          recv = T.zeros({ math.max(rtot, b and b.recv:numel() or 1, 1) }, dtype) }
+    self.bufs[key] = b
+  end
+  return b.send, b.recv
+end
+
+-- Counts per peer and the packed send buffer of an all-to-all-v.
+function Router:_pack(dtype, slot, sends, recvs)
   local W = self.W
   local scount, rcount, stot, rtot = {}, {}, 0, 0
   for q = 1, W do
@@ -47,14 +62,7 @@ function Router:exchange(dtype, sends, recvs)
     scount[q], rcount[q] = s, r
     stot, rtot = stot + s, rtot + r
   end
-  -- Staging buffers per dtype, kept across steps (grown when needed).
-  local b = self.bufs[dtype]
-  if not b or b.send:numel() < stot or b.recv:numel() < rtot then
-    b = { send = T.zeros({ math.max(stot, b and b.send:numel() or 1, 1) }, dtype),
-          recv = T.zeros({ math.max(rtot, b and b.recv:numel() or 1, 1) }, dtype) }
-    self.bufs[dtype] = b
-  end
-  local sbuf, rbuf = b.send, b.recv
+  local sbuf, rbuf = self:_staging(dtype, slot, stot, rtot)
   local off = 0
   for q = 1, W do
     for _, x in ipairs(sends[q]) do
@@ -62,14 +70,25 @@ function Router:exchange(dtype, sends, recvs)
       off = off + x.n
     end
   end
-  self.comm:alltoallv(sbuf, scount, rbuf, rcount)
-  off = 0
+  return sbuf, scount, rbuf, rcount
+end
+
+local function unpack_recv(W, rbuf, recvs)
+  local off = 0
   for q = 1, W do
     for _, x in ipairs(recvs[q]) do
       x.dst:copy(rbuf:narrow(1, off + 1, x.n):view(x.dst:size()))
       off = off + x.n
     end
   end
+end
+
+-- One all-to-all-v over the data communicator. sends[q+1] = list of
+-- { n = elements, src = tensor }; recvs[q+1] = list of { n, dst = tensor }.
+function Router:exchange(dtype, sends, recvs)
+  local sbuf, scount, rbuf, rcount = self:_pack(dtype, "", sends, recvs)
+  self.comm:alltoallv(sbuf, scount, rbuf, rcount)
+  unpack_recv(self.W, rbuf, recvs)
 end
 
 local function lists(W)
@@ -134,15 +153,21 @@ local function route(it, me, io, sends, recvs, out)
   end
 end
 
--- Route one batch: NS inputs (and hook state) to owners, one all-to-all-v
--- per dtype when the batch moves anything in; the owners' work
--- (io.compute); every update slice (and hook state piece) back, one
--- all-to-all-v per dtype. items: the batch's items to run this step (the
--- same on every rank); dtypes, moves_in, moves_out: static properties of
--- the batch.
-function Router:run(items, dtypes, moves_in, moves_out, io)
-  local me = self.me
-  self:_move(items, dtypes, moves_in, io, false)
+-- The pieces of a batch's items (and their attached hook state) in
+-- (out = false) or out, per dtype.
+local function pieces(self, items, dt, io, out)
+  local sends, recvs = lists(self.W)
+  for _, it in ipairs(items) do
+    if it.record.dtype == dt then
+      route(it, self.me, io, sends, recvs, out)
+      for _, a in ipairs(it.attached or {}) do route(a, self.me, io, sends, recvs, out) end
+    end
+  end
+  return sends, recvs
+end
+
+-- The owners' work list of a batch (after its inputs arrived).
+local function owned_of(items, me, io)
   local owned = {}
   for _, it in ipairs(items) do
     if it.owner == me then
@@ -154,22 +179,158 @@ function Router:run(items, dtypes, moves_in, moves_out, io)
       owned[#owned + 1] = { item = it, input = work_buffer(it, io), state = state }
     end
   end
-  io.compute(owned)
+  return owned
+end
+
+-- Route one batch and wait for each exchange: NS inputs (and hook state)
+-- to owners, one all-to-all-v per dtype when the batch moves anything in;
+-- the owners' work (io.compute); every update slice (and hook state
+-- piece) back, one all-to-all-v per dtype. items: the batch's items to
+-- run this step (the same on every rank); dtypes, moves_in, moves_out:
+-- static properties of the batch.
+function Router:run(items, dtypes, moves_in, moves_out, io)
+  self:_move(items, dtypes, moves_in, io, false)
+  io.compute(owned_of(items, self.me, io))
   self:_move(items, dtypes, moves_out, io, true)
 end
 
--- The pieces of every item (and its attached hook state) in (out = false)
--- or out, one all-to-all-v per dtype when the batch moves anything.
 function Router:_move(items, dtypes, moves, io, out)
   for _, dt in ipairs(dtypes) do
-    local sends, recvs = lists(self.W)
-    for _, it in ipairs(items) do
-      if it.record.dtype == dt then
-        route(it, self.me, io, sends, recvs, out)
-        for _, a in ipairs(it.attached or {}) do route(a, self.me, io, sends, recvs, out) end
+    local sends, recvs = pieces(self, items, dt, io, out)
+    if moves then self:exchange(dt, sends, recvs) end
+  end
+end
+
+-- Post a batch's exchanges of one direction (non-blocking, staging slot
+-- `slot`); local pieces are copied now. Returns what _finish completes.
+function Router:_post(job, out, slot, io)
+  local pending = { n = 0, out = out }
+  for _, dt in ipairs(job.dtypes) do
+    local sends, recvs = pieces(self, job.items, dt, io, out)
+    if out and job.moves_out or not out and job.moves_in then
+      local sbuf, scount, rbuf, rcount = self:_pack(dt, slot, sends, recvs)
+      pending.n = pending.n + 1
+      pending[pending.n] = { q = self.comm:ialltoallv(sbuf, scount, rbuf, rcount), rbuf = rbuf, recvs = recvs }
+      self.posted = self.posted + 1
+    end
+  end
+  return pending
+end
+
+-- Wait for posted exchanges and unpack what arrived.
+function Router:_finish(pending)
+  if not pending then return end
+  for i = 1, pending.n do
+    local p = pending[i]
+    if p.q then
+      local q = p.q
+      p.q = nil
+      q:wait()
+      unpack_recv(self.W, p.rbuf, p.recvs)
+    end
+  end
+end
+
+-- Every posted exchange completes, even on an error path (MPI cannot
+-- cancel a collective, and the peers take part in it).
+local function drain(list)
+  for _, pending in pairs(list) do
+    for i = 1, pending.n do
+      local q = pending[i].q
+      if q then
+        pending[i].q = nil
+        pcall(q.wait, q)
       end
     end
-    if moves then self:exchange(dt, sends, recvs) end
+  end
+end
+
+-- How many waves a batch is cut into for the pipeline (R.waves).
+R.WAVES = 2
+
+-- Cut a batch into up to k waves to pipeline: each rank's owned items, in
+-- order, go to wave 1 + floor(k * (midpoint of their cost) / its total
+-- cost), so every wave holds about 1/k of every rank's work. The same on
+-- every rank (it depends on the plan only); Newton-Schulz results do not
+-- depend on how items are batched. Cached per items list (the plan's
+-- batch when every item steps).
+local wave_cache = setmetatable({}, { __mode = "k" })
+function R.waves(job, k)
+  local items = job.items
+  local c = wave_cache[items]
+  if c and c.k == k then return c.waves end
+  local cost, total, done = {}, {}, {}
+  for i, it in ipairs(items) do
+    cost[i] = it.ns and D.ns_flops(it.region.len) or D.numel(it.region.len)
+    total[it.owner] = (total[it.owner] or 0) + cost[i]
+  end
+  local by = {}
+  for i, it in ipairs(items) do
+    local o = it.owner
+    local before = done[o] or 0
+    done[o] = before + cost[i]
+    local w = total[o] > 0 and math.min(k, 1 + math.floor(k * (before + cost[i] / 2) / total[o])) or 1
+    by[w] = by[w] or {}
+    table.insert(by[w], it)
+  end
+  local waves = {}
+  for w = 1, k do
+    if by[w] then
+      local dtypes, moves_in, moves_out = R.describe_batch(by[w])
+      waves[#waves + 1] = { items = by[w], dtypes = dtypes, moves_in = moves_in, moves_out = moves_out,
+        group = job.group }
+    end
+  end
+  wave_cache[items] = { k = k, waves = waves }
+  return waves
+end
+
+-- Route a list of batches (jobs: { items, dtypes, moves_in, moves_out },
+-- the same on every rank), overlapping communication with the owners'
+-- work. Each batch is cut into waves (R.waves); the inputs of the next
+-- `ahead` waves are posted before a wave computes, and a wave's updates
+-- are waited for `lag` waves later, so a rank runs its waves back to back
+-- as long as their inputs have arrived (a background thread in muon.comm
+-- moves them) and ranks that finish early sleep in the final waits.
+-- io.compute(owned, wave) is called once per wave, in order. Every rank
+-- posts the same collectives in the same order; staging: ahead + 1 input
+-- and lag + 1 output slots per dtype, each about a wave's exchange (with
+-- the defaults, about one batch's inputs and one batch's updates).
+function Router:run_batches(jobs, io)
+  local K = self.waves or R.WAVES
+  local A, L = self.ahead or K - 1, self.lag or K - 1
+  local list = {}
+  for _, job in ipairs(jobs) do
+    for _, w in ipairs(R.waves(job, K)) do list[#list + 1] = w end
+  end
+  local me, n = self.me, #list
+  local ins, outs = {}, {}
+  local function post_in(k)
+    if k <= n then ins[k] = self:_post(list[k], false, "/in" .. (k % (A + 1)), io) end
+  end
+  local ok, err = pcall(function()
+    for k = 1, A + 1 do post_in(k) end
+    for k = 1, n do
+      local wave = list[k]
+      self:_finish(ins[k])
+      ins[k] = nil
+      io.compute(owned_of(wave.items, me, io), wave)
+      outs[k] = self:_post(wave, true, "/out" .. (k % (L + 1)), io)
+      post_in(k + A + 1)
+      if k > L then
+        self:_finish(outs[k - L])
+        outs[k - L] = nil
+      end
+    end
+    for k = math.max(1, n - L + 1), n do
+      self:_finish(outs[k])
+      outs[k] = nil
+    end
+  end)
+  if not ok then
+    drain(ins)
+    drain(outs)
+    error(err, 0)
   end
 end
 

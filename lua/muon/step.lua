@@ -608,7 +608,8 @@ end
 
 -- Phase 4: per batch, route NS inputs to owners, orthogonalize, route back;
 -- the batches with nothing to route first, all together (compute_local).
--- (self.io: the router's view of this stepper's buffers, made once.)
+-- (self.io: the router's view of this stepper's buffers, made once.) On a
+-- mesh the router overlaps the exchanges with the owners' work.
 local function route_phase(self, run)
   local io = self.io
   io.run = run
@@ -626,16 +627,25 @@ local function route_phase(self, run)
           if r.mine_n > 0 then self:_scratch(r.param, r) end
         end
       end
+      if #items == #batch then items = batch end -- a stable list (the router caches by it)
       if #items > 0 then
-        local b = { batch = batch, gi = gi, items = items }
-        if G.kind.ns and local_batch(batch) then locals[#locals + 1] = b else routed[#routed + 1] = b end
+        if G.kind.ns and local_batch(batch) then
+          locals[#locals + 1] = { batch = batch, gi = gi, items = items }
+        else
+          routed[#routed + 1] = { items = items, dtypes = batch.dtypes, moves_in = batch.moves_in,
+            moves_out = batch.moves_out, group = gi }
+        end
       end
     end
   end
   if #locals > 0 then compute_local(self, run, locals) end
-  for _, b in ipairs(routed) do
-    io.group = b.gi
-    self.router:run(b.items, b.batch.dtypes, b.batch.moves_in, b.batch.moves_out, io)
+  if self.W > 1 then
+    self.router:run_batches(routed, io)
+  else
+    for _, job in ipairs(routed) do
+      io.group = job.group
+      self.router:run(job.items, job.dtypes, job.moves_in, job.moves_out, io)
+    end
   end
 end
 
@@ -668,7 +678,8 @@ function make_io(self)
     end
     return list
   end
-  function io.compute(owned)
+  function io.compute(owned, job)
+    if job then io.group = job.group end
     local G = self.groups[io.group]
     if not G.kind.ns or #owned == 0 then return end
     attempt(io.run, G.kind.orthogonalize, self, G.options, io.run.g[io.group].hp, io.items(owned))

@@ -4,7 +4,10 @@
 --     the bytes its NS routing moves per step (measured by the counters, and
 --     the plan's formula) next to what the seed's all-gather + full-update
 --     broadcast + replica broadcast would move for the same owners; the NS
---     flops each rank runs and the measured NS and step times;
+--     flops each rank runs and the measured NS and step times; the median
+--     over steps of step time / the slowest rank's NS time (the exchanges
+--     run under Newton-Schulz: target <= 1.05) and how many exchanges were
+--     non-blocking (muon.router's pipeline);
 --   np 2, mesh replicate:2 x shard:1: optimizer-state bytes per rank against
 --     the same model in one process (eng:memory()), target <= 0.55x.
 --   luajit tests/bench/dist_bench.lua [d] [layers]
@@ -87,14 +90,32 @@ end
 add(eng, "embed", { 1000, d }, 7, { "R", "S(1)" })
 if mesh_arg:find("shard:1", 1, true) then add(one, "embed", { 1000, d }, 7, nil) end
 
-local warm, steps = 2, 5
+local warm, steps = 2, 9
 for _ = 1, warm do eng:step() end
 local st0 = eng:comm_stats().data
+-- Per step: this rank's step and NS seconds (the ratio line takes, per
+-- step, the step time over the slowest rank's NS time, then the median).
+local per_step, per_ns = {}, {}
 ns_seconds = 0
 local t0 = now()
-for _ = 1, steps do eng:step() end
+for i = 1, steps do
+  local a, n0 = now(), ns_seconds
+  eng:step()
+  per_step[i], per_ns[i] = now() - a, ns_seconds - n0
+end
 local step_s = (now() - t0) / steps
 local st1 = eng:comm_stats().data
+local mx_step = w:allreduce(per_step, "max", "f64")
+local mx_ns = w:allreduce(per_ns, "max", "f64")
+local function median(t)
+  local c = {}
+  for i, v in ipairs(t) do c[i] = v end
+  table.sort(c)
+  local n = #c
+  return n % 2 == 1 and c[(n + 1) / 2] or (c[n / 2] + c[n / 2 + 1]) / 2
+end
+local ratios = {}
+for i = 1, steps do ratios[i] = mx_step[i] / mx_ns[i] end
 local sent, recv = (st1.bytes_sent - st0.bytes_sent) / steps, (st1.bytes_recv - st0.bytes_recv) / steps
 local plan = eng.stepper.plan
 local es, er = D.step_elements(plan, rank)
@@ -143,6 +164,10 @@ if rank == 0 then
     end
     print(("NS routing received per step, all ranks: ours %d B, the seed's scheme %d B (%.2fx less); NS flops max/mean = %.3f; max NS time %.1f ms/step")
       :format(ourtot, seedtot, seedtot / math.max(ourtot, 1), mx / (tot / size), mxt * 1e3))
+    print(("overlap: median over %d steps: step %.1f ms, slowest rank's NS %.1f ms, step / slowest NS = %.3f (target <= 1.05); "
+      .. "data exchanges %d non-blocking of %d, %d already done at their wait")
+      :format(steps, median(mx_step) * 1e3, median(mx_ns) * 1e3, median(ratios), st1.nonblocking - st0.nonblocking,
+        st1.calls - st0.calls, st1.done_before_wait - st0.done_before_wait))
   end
 end
 w:barrier()

@@ -47,8 +47,11 @@ int main(void) {
        "bcast: root outside the communicator");
     mu_comm_request *q = NULL;
     ok(mu_comm_ibcast(c, MU_F64, g, 3, 0, &q) == MU_OK && q && mu_comm_wait(q) == MU_OK, "ibcast + wait");
-    ok(mu_comm_ialltoallv(c, MU_F32, s, sc, sd, r, rc, rd, &q) == MU_OK && mu_comm_wait(q) == MU_OK,
-       "ialltoallv + wait");
+    int done = 0;
+    ok(mu_comm_ialltoallv(c, MU_F32, s, sc, sd, r, rc, rd, &q) == MU_OK && mu_comm_test(q, &done) == MU_OK &&
+           done == 1 && mu_comm_wait(q) == MU_OK,
+       "ialltoallv + test (done at once on one process) + wait");
+    ok(mu_comm_test(NULL, &done) == MU_EINVAL, "test(NULL) refused");
     ok(mu_comm_wait(NULL) == MU_OK, "wait(NULL)");
     ok(mu_comm_barrier(c) == MU_OK, "barrier");
 
@@ -59,8 +62,8 @@ int main(void) {
 
     mu_comm_stats st;
     ok(mu_comm_get_stats(c, &st) == MU_OK && st.calls == 9 && st.bytes_sent == 0 && st.bytes_recv == 0 &&
-           st.seconds >= 0,
-       "stats: 9 counted calls, no bytes between ranks");
+           st.seconds >= 0 && st.nonblocking == 2 && st.done_before_wait == 2,
+       "stats: 9 counted calls (2 non-blocking, done before their wait), no bytes between ranks");
     mu_comm_reset_stats(c);
     ok(mu_comm_get_stats(c, &st) == MU_OK && st.calls == 0, "reset_stats");
     mu_comm_free(sub);

@@ -4,7 +4,8 @@
 # {replicate,2}x{shard,2} and a two-axis 2-D shard, with OpenBLAS at 1 and
 # 2 threads, including the steps after failed ones; failures that reach
 # every rank; configs that differ; batch-sharded experts that move nothing;
-# replicated state; checkpoints resharded across world sizes.
+# replicated state; checkpoints resharded across world sizes; the pipelined
+# (overlapped) exchanges and a failure in the middle of them.
 . "$(dirname "$0")/lib.bash"
 S=tests/mpi/dist_check.lua
 for c in "1 shard:1" "2 shard:2" "2 replicate:2" "3 shard:3" "3 replicate:3" "4 shard:4" "4 replicate:4" \
@@ -23,6 +24,10 @@ mpi_case "dist np=4 mesh shard:2,shard2:2 resume from np=4" 4 $RUN $S resume "sh
 for c in "1 shard:1" "2 shard:2" "2 replicate:2" "3 shard:3" "4 replicate:2,shard:2" "4 shard:2,shard2:2"; do
   set -- $c
   mpi_case "variants np=$1 mesh $2" "$1" $RUN $S variants "$2" "$ck/variants.safetensors"
+done
+for c in "1 shard:1" "2 shard:2" "3 replicate:3" "4 replicate:2,shard:2" "4 shard:2,shard2:2"; do
+  set -- $c
+  mpi_case "overlap np=$1 mesh $2" "$1" $RUN $S overlap "$2"
 done
 mpi_case "dist np=3 config differs on rank 2" 3 $RUN $S config "shard:3"
 mpi_case "dist np=4 experts sharded on dim 1" 4 $RUN $S experts "shard:4"

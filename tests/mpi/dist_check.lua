@@ -20,6 +20,10 @@
 --   nothing  a step where no rank has a grad steps nothing (on every rank);
 --            empty shards without a grad step with their parameter; a grad
 --            on some holding ranks only fails everywhere
+--   overlap  small batches (many pipelined waves): every data exchange is
+--            a non-blocking one; a post_ortho_fn that raises in the middle
+--            of step 4 on the rank that owns same.2 fails the step on every
+--            rank with nothing changed; 8 steps bitwise vs one process
 local H = require("mpi.harness")
 local T = require("muon.tensor")
 local D = require("muon.dist")
@@ -82,7 +86,7 @@ end
 
 -- Failures injected at given steps; `here` says whether this process takes
 -- the failing branch (the one-process engine always does).
-local INJECT = { wd_nan = 3, betas = 5, eps = 7, post = 8, nan_grad = 9, lr_differs = 10 }
+local INJECT = { wd_nan = 3, betas = 5, eps = 7, post = 8, nan_grad = 9, lr_differs = 10, ortho = 4 }
 local CUR = 0 -- the test's step (a failed step does not advance the engine's)
 
 -- The variants' groups: the hooks of the shipped configs.
@@ -122,6 +126,11 @@ local function make_config(dist, here, variant)
     { name = "f64", optimizer = "muon", lr = 0.03, weight_decay = 0.05 },
   }
   if variant == "lr" then groups[1].lr = 0.021 end
+  if mode == "overlap" then
+    groups[1].post_ortho_fn = function(_, _, ctx)
+      if CUR == INJECT.ortho and ctx.param_fqn == "same.2" then error("boom in post_ortho_fn on same.2", 0) end
+    end
+  end
   for i, g in ipairs(groups) do g.match = function(name) return GROUP_OF[name] == i end end
   local cfg = { groups = groups }
   cfg.schedule = function(step, g)
@@ -134,7 +143,7 @@ local function make_config(dist, here, variant)
     end
     return v
   end
-  if dist then cfg.dist = { mesh = AXES } end
+  if dist then cfg.dist = { mesh = AXES, max_batch_numel = mode == "overlap" and 3000 or nil } end
   return cfg
 end
 
@@ -302,6 +311,39 @@ H.main(function()
     local cs = eng:comm_stats().data
     H.check("bytes-vs-formula", cs.bytes_sent == moved,
       ("measured sent %d, formula %d"):format(cs.bytes_sent, moved))
+  elseif mode == "overlap" then
+    local ref, eng, locals = setup({})
+    local all_ok, first = true, nil
+    for step = 1, 8 do
+      CUR = step
+      set_grads(ref, locals, step)
+      drop_late(eng, locals, step)
+      local snap = snapshot(locals)
+      local ok, err = pcall(eng.step, eng)
+      local rok, rerr = ref_step(ref)
+      if step == INJECT.ortho then
+        local msg = tostring(err)
+        local good = not ok and not rok and E.code(err) == E.code(rerr) and msg:find("boom in post_ortho_fn on same.2", 1, true)
+        if not good then all_ok, first = false, first or ("step " .. step .. ": " .. msg .. " / " .. tostring(rerr)) end
+        local same, which = unchanged(locals, snap)
+        if not same then all_ok, first = false, first or ("step " .. step .. " changed " .. which) end
+      elseif not ok or not rok then
+        all_ok, first = false, first or ("step " .. step .. ": " .. tostring(err or rerr))
+      end
+    end
+    H.check("overlap-failure-atomic", all_ok, first)
+    compare("overlap-bitwise", ref, eng, locals)
+    local st = eng.stepper
+    local cs = eng:comm_stats().data
+    local waves = 0
+    for _, b in ipairs(st.plan.batches) do
+      if b.moves_in or b.moves_out then waves = waves + 1 end
+    end
+    -- every data exchange went through the pipeline (non-blocking), and a
+    -- plan of many batches posts many of them per step
+    H.check("overlap-nonblocking", W == 1 or (cs.nonblocking == st.router.posted and cs.calls == cs.nonblocking
+      and cs.nonblocking >= 8 * waves and waves >= 4),
+      ("calls %d nonblocking %d posted %d, moving batches %d"):format(cs.calls, cs.nonblocking, st.router.posted, waves))
   elseif mode == "save" or mode == "resume" then
     local ref, eng, locals = setup({})
     local first = mode == "save" and 1 or 6
