@@ -108,7 +108,8 @@ describe("README", function()
     need("muon", names(muon), ".")
     local T = require("muon.tensor")
     need("T", names(T.methods), ":")
-    need("T", { "zeros", "from", "randn", "wrap", "load", "is_tensor", "adopt", "dtype_code", "where", "matmul" }, ".")
+    need("T", { "zeros", "from", "randn", "wrap", "load", "is_tensor", "adopt", "dtype_code", "where", "matmul",
+      "generator", "manual_seed", "is_generator" }, ".")
     for _, m in ipairs({ "ns", "schedules", "foreach", "safetensors", "comm" }) do
       need(m, names(require("muon." .. m)), ".")
     end
