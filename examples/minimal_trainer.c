@@ -14,10 +14,10 @@
 #include <muon.h>
 #include <stdio.h>
 
-/* Report the failed call (eng NULL: mu_engine_open failed), close, status 1. */
-static int fail(mu_engine *eng, const char *call)
+/* Report the failure (its message names the call; eng NULL: no engine yet), close, status 1. */
+static int fail(mu_engine *eng)
 {
-    fprintf(stderr, "minimal_trainer: %s: %s\n", call, eng ? mu_engine_error(eng) : mu_last_error());
+    fprintf(stderr, "minimal_trainer: %s\n", eng ? mu_engine_error(eng) : mu_last_error());
     mu_engine_close(eng);
     return 1;
 }
@@ -25,7 +25,7 @@ static int fail(mu_engine *eng, const char *call)
 int main(int argc, char **argv)
 {
     if (mu_blas_fix_core(argv) != MU_OK) /* OpenBLAS's fast kernels (may re-exec once) */
-        return fail(NULL, "mu_blas_fix_core");
+        return fail(NULL);
     if (argc < 2 || argc > 3) {
         fprintf(stderr, "usage: minimal_trainer CONFIG.lua [CHECKPOINT]\n");
         return 2;
@@ -37,10 +37,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < 12; i++) target[i] = (float)(i % 5) - 2.0f;
 
     mu_engine *eng = NULL;
-    if (mu_engine_open(&eng, config) != MU_OK) return fail(NULL, "mu_engine_open");
+    if (mu_engine_open(&eng, config) != MU_OK) return fail(NULL);
     int64_t shape[2] = {4, 3};
     if (mu_engine_add_param(eng, "layers.0.w", MU_F32, 2, shape, w, grad) != MU_OK)
-        return fail(eng, "mu_engine_add_param");
+        return fail(eng);
     for (int step = 1; step <= 1000; step++) {
         double loss = 0;
         for (int i = 0; i < 12; i++) {
@@ -49,9 +49,9 @@ int main(int argc, char **argv)
             grad[i] = 2 * d;
         }
         if (step == 1 || step % 250 == 0) printf("step %4d  loss %.6f\n", step, loss);
-        if (mu_engine_step(eng) != MU_OK) return fail(eng, "mu_engine_step");
+        if (mu_engine_step(eng) != MU_OK) return fail(eng);
     }
-    if (mu_engine_save(eng, checkpoint) != MU_OK) return fail(eng, "mu_engine_save");
+    if (mu_engine_save(eng, checkpoint) != MU_OK) return fail(eng);
     printf("saved %s\n", checkpoint);
     mu_engine_close(eng);
     return 0;
