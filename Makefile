@@ -97,7 +97,7 @@ $(LIB_SO): $(LIB_REAL)
 $(LIB_A): $(OBJS)
 	rm -f $@ && ar rcs $@ $(OBJS)
 
-$(BUILD)/tests/%: tests/c/%.c $(LIB_A) src/muon.h
+$(BUILD)/tests/%: tests/c/%.c tests/c/tap.h $(LIB_A) src/muon.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK)
 

@@ -345,21 +345,26 @@ function M.inspect(path)
   return { entries = entries, order = order, metadata = metadata, data_size = data_size }
 end
 
+-- The options of a load: { checksum = false } accepts a file without
+-- checksums or with stale ones (written or edited in Python). Returns
+-- whether to verify them.
+function M.load_options(opts)
+  if opts == nil then return true end
+  if type(opts) ~= "table" then E.raise(E.EINVAL, "load: options must be a table { checksum = false }, got %s", type(opts)) end
+  for k in pairs(opts) do
+    if k ~= "checksum" then E.raise(E.EINVAL, "load: %s", E.unknown("option", tostring(k), { "checksum" })) end
+  end
+  if opts.checksum ~= nil and type(opts.checksum) ~= "boolean" then
+    E.raise(E.EINVAL, "load: checksum must be a boolean, got %s", type(opts.checksum))
+  end
+  return opts.checksum ~= false
+end
+
 --- Load every tensor (new contiguous tensors) of a safetensors file.
 --- opts.checksum = false: do not verify "muon.checksum" (a file written or
 --- edited by another program); everything else is validated as always.
 function M.load(path, opts)
-  local verify = true
-  if opts ~= nil then
-    if type(opts) ~= "table" then E.raise(E.EINVAL, "load: opts must be a table, got %s", type(opts)) end
-    for k in pairs(opts) do
-      if k ~= "checksum" then E.raise(E.EINVAL, "load: unknown option '%s' (known: checksum)", tostring(k)) end
-    end
-    if opts.checksum ~= nil and type(opts.checksum) ~= "boolean" then
-      E.raise(E.EINVAL, "load: checksum must be a boolean, got %s", type(opts.checksum))
-    end
-    verify = opts.checksum ~= false
-  end
+  local verify = M.load_options(opts)
   local r, text, data_size = open_reader(path)
   local ok, res = pcall(function()
     local entries, metadata = parse_header(path, text, data_size)

@@ -13,21 +13,8 @@ local BASELINE = "af4f7d7"
 local ROUNDS = 5
 
 local ffi = require("ffi")
-ffi.cdef [[
-typedef struct { long tv_sec; long tv_nsec; } mu_bbench_ts;
-int clock_gettime(int clk, mu_bbench_ts *ts);
-]]
-local ts = ffi.new("mu_bbench_ts")
-local function now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
-local function median(xs)
-  local c = {}
-  for i, x in ipairs(xs) do c[i] = x end
-  table.sort(c)
-  return c[math.floor((#c + 1) / 2)]
-end
+local B = require("bench.lib")
+local now, median, sh, capture = B.now, B.median, B.sh, B.capture
 
 -- (out, in) per layer; NS runs on n x m with n = min, m = max.
 local SHAPES = { { 384, 128 }, { 128, 128 }, { 512, 128 }, { 128, 512 } }
@@ -63,8 +50,8 @@ local function measure()
     end
   end
   for i, s in ipairs(SHAPES) do
-    local sh = { LAYERS, s[1], s[2] }
-    stacked[i] = muon.param("stack.w" .. i, T.randn(sh, 200 + i), T.randn(sh, 300 + i))
+    local shape = { LAYERS, s[1], s[2] }
+    stacked[i] = muon.param("stack.w" .. i, T.randn(shape, 200 + i), T.randn(shape, 300 + i))
   end
   return step_time(flat), step_time(stacked)
 end
@@ -102,25 +89,9 @@ if arg[1] == "--measure" then
   return
 end
 
-local function sh(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-local function capture(cmd)
-  local p = io.popen(cmd .. " 2>&1")
-  local out = p:read("*a")
-  p:close()
-  return out
-end
 
-local base = "/tmp/muon-bench-baseline-" .. BASELINE
-local have_base = false
-if os.execute("git rev-parse --verify -q " .. BASELINE .. "^{commit} >/dev/null 2>&1") == 0 then
-  if os.execute("test -f " .. base .. "/build/libmuon.so") ~= 0 then
-    io.write("block_bench: building the baseline " .. BASELINE .. " in " .. base .. " ...\n")
-    io.flush()
-    os.execute("rm -rf " .. base .. " && mkdir -p " .. base .. " && git archive " .. BASELINE .. " | tar -x -C " .. base)
-    os.execute("make -s -C " .. base .. " build/libmuon.so >/dev/null 2>&1")
-  end
-  have_base = os.execute("test -f " .. base .. "/build/libmuon.so") == 0
-end
+local base = B.baseline(BASELINE, "block_bench")
+local have_base = base ~= nil
 
 local here = io.popen("pwd"):read("*l")
 local function run_tree(dir, core)

@@ -13,7 +13,7 @@
 --   luajit tests/bench/dist_bench.lua [d] [layers]
 local comm = require("muon.comm")
 
-local function sh(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local sh = require("bench.lib").sh
 
 if comm.world_size() == 1 and arg[1] ~= "--worker" then
   local d, layers = arg[1] or "256", arg[2] or "3"
@@ -32,18 +32,12 @@ if comm.world_size() == 1 and arg[1] ~= "--worker" then
   return
 end
 
-local ffi = require("ffi")
 local T = require("muon.tensor")
 local D = require("muon.dist")
 local ns = require("muon.ns")
 local engine = require("muon.engine")
 
-pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } mu_dbench_ts; int clock_gettime(int, mu_dbench_ts *);")
-local ts = ffi.new("mu_dbench_ts")
-local function now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = require("bench.lib").now
 -- Time spent in Newton-Schulz on this rank.
 local ns_seconds = 0
 local zp = ns.zeropower_into

@@ -16,16 +16,10 @@ local F = require("muon.foreach")
 local C = require("muon.core").C
 
 ffi.cdef [[
-struct mu_fb_timespec { long tv_sec; long tv_nsec; };
-int clock_gettime(int clk, struct mu_fb_timespec *ts);
 int setenv(const char *name, const char *value, int overwrite);
 int unsetenv(const char *name);
 ]]
-local ts = ffi.new("struct mu_fb_timespec")
-local function now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = require("bench.lib").now
 
 local LAYERS = tonumber(arg[1] or "12")
 local REPS = 7

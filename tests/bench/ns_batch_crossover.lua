@@ -3,18 +3,9 @@
 -- threshold) vs the same matrices one 2-D call at a time (each matrix's
 -- tiles shared by the workers, for shapes that are split).
 --   luajit tests/bench/ns_batch_crossover.lua
-local ffi = require("ffi")
 local T = require("muon.tensor")
 local ns = require("muon.ns")
-ffi.cdef [[
-struct mu_xo_timespec { long tv_sec; long tv_nsec; };
-int clock_gettime(int clk, struct mu_xo_timespec *ts);
-]]
-local ts = ffi.new("struct mu_xo_timespec")
-local function now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = require("bench.lib").now
 local function best(fn)
   fn()
   local b = math.huge

@@ -15,16 +15,10 @@ local T = muon.tensor
 local ns = require("muon.ns")
 
 ffi.cdef [[
-struct mu_bench_timespec { long tv_sec; long tv_nsec; };
-int clock_gettime(int clk, struct mu_bench_timespec *ts);
 void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha,
                  const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
 ]]
-local ts = ffi.new("struct mu_bench_timespec")
-local function now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = require("bench.lib").now
 
 -- The library links OpenBLAS; its symbols resolve through the loaded copy.
 local blas = ffi.load("libopenblas.so.0")

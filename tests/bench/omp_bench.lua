@@ -10,18 +10,8 @@
 local ROUNDS, STEPS = 5, 40
 local host_n = tonumber(arg[1] or "") or 65536
 
-local function capture(cmd)
-  local p = io.popen(cmd .. " 2>&1")
-  local out = p:read("*a")
-  p:close()
-  return out
-end
-local function median(xs)
-  local c = {}
-  for i, x in ipairs(xs) do c[i] = x end
-  table.sort(c)
-  return c[math.floor((#c + 1) / 2)]
-end
+local B = require("bench.lib")
+local capture, median = B.capture, B.median
 
 local build = os.getenv("MUON_BUILD") or "build"
 local prog = build .. "/bench/omp_host"

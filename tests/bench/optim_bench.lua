@@ -11,22 +11,8 @@
 local BASELINE = "ceab6d5"
 local ROUNDS = 5
 
-local ffi = require("ffi")
-ffi.cdef [[
-typedef struct { long tv_sec; long tv_nsec; } mu_obench_ts;
-int clock_gettime(int clk, mu_obench_ts *ts);
-]]
-local ts = ffi.new("mu_obench_ts")
-local function now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
-local function median(xs)
-  local c = {}
-  for i, x in ipairs(xs) do c[i] = x end
-  table.sort(c)
-  return c[math.floor((#c + 1) / 2)]
-end
+local B = require("bench.lib")
+local now, median, sh, capture = B.now, B.median, B.sh, B.capture
 
 local function measure()
   local muon = require("muon")
@@ -90,26 +76,9 @@ if arg[1] == "--measure" then
   return
 end
 
-local function sh(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-local function capture(cmd)
-  local p = io.popen(cmd .. " 2>&1")
-  local out = p:read("*a")
-  p:close()
-  return out
-end
 
--- The baseline tree, built once into /tmp (nothing of it in the repo).
-local base = "/tmp/muon-bench-baseline-" .. BASELINE
-local have_base = false
-if os.execute("git rev-parse --verify -q " .. BASELINE .. "^{commit} >/dev/null 2>&1") == 0 then
-  if os.execute("test -f " .. base .. "/build/libmuon.so") ~= 0 then
-    io.write("optim_bench: building the baseline " .. BASELINE .. " in " .. base .. " ...\n")
-    io.flush()
-    os.execute("rm -rf " .. base .. " && mkdir -p " .. base .. " && git archive " .. BASELINE .. " | tar -x -C " .. base)
-    os.execute("make -s -C " .. base .. " build/libmuon.so >/dev/null 2>&1")
-  end
-  have_base = os.execute("test -f " .. base .. "/build/libmuon.so") == 0
-end
+local base = B.baseline(BASELINE, "optim_bench")
+local have_base = base ~= nil
 if not have_base then io.write("optim_bench: no git baseline here; timing the current tree only\n") end
 
 local function run_tree(dir, lib)

@@ -4,14 +4,7 @@
 #include <string.h>
 
 #include "muon.h"
-
-static int n_test = 0, n_fail = 0;
-
-static void ok(int cond, const char *what) {
-    n_test++;
-    if (!cond) n_fail++;
-    printf("%s %d - %s\n", cond ? "ok" : "not ok", n_test, what);
-}
+#include "tap.h"
 
 int main(void) {
     mu_comm *c = NULL;

@@ -4,6 +4,7 @@
  * double precision. TAP output; exit 1 on any failure.
  */
 #include "muon.h"
+#include "tap.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -12,22 +13,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int n_test, n_fail;
-
-static void ok(int cond, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    n_test++;
-    printf("%s %d - ", cond ? "ok" : "not ok", n_test);
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    if (!cond) n_fail++;
-}
-
-static int contains(const char *s, const char *needle) { return s && strstr(s, needle) != NULL; }
 
 /* The first line of s (for TAP lines; an engine error may carry a traceback). */
 static const char *line1(const char *s)

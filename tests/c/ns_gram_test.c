@@ -5,6 +5,7 @@
  * TAP output; exit 1 on any failure.
  */
 #include "muon_internal.h"
+#include "tap.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -12,20 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int n_test, n_fail;
-
-static void ok(int cond, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    n_test++;
-    printf("%s %d - ", cond ? "ok" : "not ok", n_test);
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    if (!cond) n_fail++;
-}
 
 static mu_tensor *random_matrix(int64_t rows, int64_t cols, unsigned seed)
 {

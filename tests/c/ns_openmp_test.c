@@ -7,26 +7,13 @@
  * one of the host's parallel regions (a team of one). TAP output.
  */
 #include "muon.h"
+#include "tap.h"
 
 #include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int n_test, n_fail;
-
-static void ok(int cond, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    n_test++;
-    printf("%s %d - ", cond ? "ok" : "not ok", n_test);
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    if (!cond) n_fail++;
-}
 
 enum { NT = 5 };
 /* Shapes: whole ones, batches, a tall one (small enough for valgrind; the

@@ -8,6 +8,7 @@
  * failed test line, not the end of the run. TAP output; exit 1 on failure.
  */
 #include "muon.h"
+#include "tap.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -21,23 +22,6 @@
 #include <unistd.h>
 #include <dirent.h>
 #include <stdint.h>
-
-static int n_test, n_fail;
-
-static void ok(int cond, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    n_test++;
-    printf("%s %d - ", cond ? "ok" : "not ok", n_test);
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    if (!cond) n_fail++;
-}
-
-static int contains(const char *s, const char *needle) { return s && strstr(s, needle) != NULL; }
 
 /* Shared fixtures for the NULL calls (made before any fork). */
 static mu_tensor *T22, *T4;

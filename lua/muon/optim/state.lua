@@ -592,20 +592,8 @@ function S.save(stepper, path, parts, extra_meta)
   stepper:agree_failure(err)
 end
 
--- The options of a checkpoint load: { checksum = false } accepts a file
--- without checksums or with stale ones (written or edited in Python).
--- Returns whether to verify them.
-function S.load_options(opts)
-  if opts == nil then return true end
-  if type(opts) ~= "table" then E.raise(E.EINVAL, "load: options must be a table { checksum = false }, got %s", type(opts)) end
-  for k in pairs(opts) do
-    if k ~= "checksum" then E.raise(E.EINVAL, "load: unknown option '%s' (known: checksum)", tostring(k)) end
-  end
-  if opts.checksum ~= nil and type(opts.checksum) ~= "boolean" then
-    E.raise(E.EINVAL, "load: checksum must be a boolean, got %s", type(opts.checksum))
-  end
-  return opts.checksum ~= false
-end
+-- The options of a checkpoint load (see muon.safetensors.load_options).
+S.load_options = st.load_options
 
 -- Load a checkpoint saved by S.save for the kinds in parts (each
 -- { prefix, kind, hyper = "restore" | "config", see stage }): validates
