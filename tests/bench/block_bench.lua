@@ -13,7 +13,7 @@ local BASELINE = "af4f7d7"
 local ROUNDS = 5
 
 local ffi = require("ffi")
-local B = require("bench.lib")
+local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua")
 local now, median, sh, capture = B.now, B.median, B.sh, B.capture
 
 -- (out, in) per layer; NS runs on n x m with n = min, m = max.

@@ -13,7 +13,8 @@
 --   luajit tests/bench/dist_bench.lua [d] [layers]
 local comm = require("muon.comm")
 
-local sh = require("bench.lib").sh
+local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua")
+local sh = B.sh
 
 if comm.world_size() == 1 and arg[1] ~= "--worker" then
   local d, layers = arg[1] or "256", arg[2] or "3"
@@ -37,15 +38,17 @@ local D = require("muon.dist")
 local ns = require("muon.ns")
 local engine = require("muon.engine")
 
-local now = require("bench.lib").now
+local now = B.now
 -- Time spent in Newton-Schulz on this rank.
 local ns_seconds = 0
-local zp = ns.zeropower_into
-ns.zeropower_into = function(...)
-  local t0 = now()
-  local r = zp(...)
-  ns_seconds = ns_seconds + (now() - t0)
-  return r
+for _, name in ipairs({ "zeropower_into", "zeropower_many" }) do
+  local f = ns[name]
+  ns[name] = function(...)
+    local t0 = now()
+    local r = f(...)
+    ns_seconds = ns_seconds + (now() - t0)
+    return r
+  end
 end
 
 local mesh_arg, balance, d, layers = arg[2], arg[3], tonumber(arg[4]), tonumber(arg[5])

@@ -19,7 +19,7 @@ ffi.cdef [[
 int setenv(const char *name, const char *value, int overwrite);
 int unsetenv(const char *name);
 ]]
-local now = require("bench.lib").now
+local now = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua").now
 
 local LAYERS = tonumber(arg[1] or "12")
 local REPS = 7

@@ -1,6 +1,7 @@
 -- What the benchmarks share: a monotonic clock, medians, shell helpers,
 -- and a baseline revision built from git into /tmp (nothing of it in the
--- repository). require("bench.lib") (tests/ is on LUA_PATH).
+-- repository). Benchmarks load it with dofile from their own directory,
+-- so a measuring subprocess finds it whatever its LUA_PATH.
 local ffi = require("ffi")
 
 local B = {}

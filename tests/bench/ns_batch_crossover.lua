@@ -5,7 +5,7 @@
 --   luajit tests/bench/ns_batch_crossover.lua
 local T = require("muon.tensor")
 local ns = require("muon.ns")
-local now = require("bench.lib").now
+local now = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua").now
 local function best(fn)
   fn()
   local b = math.huge

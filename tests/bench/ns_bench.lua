@@ -18,7 +18,7 @@ ffi.cdef [[
 void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha,
                  const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
 ]]
-local now = require("bench.lib").now
+local now = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua").now
 
 -- The library links OpenBLAS; its symbols resolve through the loaded copy.
 local blas = ffi.load("libopenblas.so.0")

@@ -10,7 +10,7 @@
 local ROUNDS, STEPS = 5, 40
 local host_n = tonumber(arg[1] or "") or 65536
 
-local B = require("bench.lib")
+local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua")
 local capture, median = B.capture, B.median
 
 local build = os.getenv("MUON_BUILD") or "build"

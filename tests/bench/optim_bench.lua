@@ -11,7 +11,7 @@
 local BASELINE = "ceab6d5"
 local ROUNDS = 5
 
-local B = require("bench.lib")
+local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua")
 local now, median, sh, capture = B.now, B.median, B.sh, B.capture
 
 local function measure()
@@ -32,6 +32,7 @@ local function measure()
     end
   end
   timed(ns, "zeropower_into")
+  timed(ns, "zeropower_many")
   for _, n in ipairs({ "momentum", "apply", "scale", "all_finite", "adamw", "adamw_update", "pack", "unpack" }) do
     timed(foreach, n)
   end
