@@ -26,19 +26,6 @@ static const char *line1(const char *s)
 
 static char dir[256];
 
-static const char *write_file(const char *name, const char *text)
-{
-    static char paths[16][320];
-    static int next;
-    char *p = paths[next++ % 16];
-    snprintf(p, 320, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    if (!f) { perror(p); exit(1); }
-    fputs(text, f);
-    fclose(f);
-    return p;
-}
-
 static const char *write_bytes(const char *name, const void *data, size_t len)
 {
     static char paths[8][320];
@@ -75,7 +62,7 @@ static int step_status(const char *name, const char *cfg_text, int trusted, char
     int64_t s22[2] = {2, 2}, s3[1] = {3};
     mu_engine *e = NULL;
     mu_engine_opts o = {.trusted = trusted, .lua_path = NULL};
-    int rc = mu_engine_open_ex(&e, write_file(name, cfg_text), &o);
+    int rc = mu_engine_open_ex(&e, tap_write(dir, name, cfg_text), &o);
     if (rc != MU_OK) {
         snprintf(msg, cap, "open failed (%s): %s", mu_errname(rc), mu_last_error());
         return 1; /* not a status code: the test fails */
@@ -136,12 +123,12 @@ int main(void)
     ok(contains(mu_engine_error(NULL), "nope.lua"), "mu_engine_error(NULL) is mu_last_error()");
 
     eng = (mu_engine *)&n_test;
-    rc = mu_engine_open(&eng, write_file("syntax.lua", "return { groups = { \n"));
+    rc = mu_engine_open(&eng, tap_write(dir, "syntax.lua", "return { groups = { \n"));
     ok(rc == MU_EFORMAT && eng == NULL, "syntax error: MU_EFORMAT, out NULL (rc %d)", rc);
     ok(contains(mu_last_error(), "syntax.lua"), "syntax error: message names the file: %s", mu_last_error());
 
     eng = (mu_engine *)&n_test;
-    rc = mu_engine_open(&eng, write_file("unknown.lua",
+    rc = mu_engine_open(&eng, tap_write(dir, "unknown.lua",
                                          "return { groups = { { optimizer = 'muon', match = '.*', lrr = 0.1 } } }\n"));
     ok(rc == MU_EINVAL && eng == NULL, "unknown group option: MU_EINVAL, out NULL (rc %d)", rc);
     ok(contains(mu_last_error(), "lrr"), "unknown group option: message names it: %s", mu_last_error());
@@ -151,20 +138,20 @@ int main(void)
     ok(rc == MU_EIO && eng == NULL, "config path is a directory: MU_EIO (rc %d: %s)", rc, mu_last_error());
 
     eng = (mu_engine *)&n_test;
-    rc = mu_engine_open(&eng, write_file("badvalue.lua",
+    rc = mu_engine_open(&eng, tap_write(dir, "badvalue.lua",
                                          "return { groups = { { optimizer = 'adamw', match = '.*', lr = -1 } } }\n"));
     ok(rc == MU_EINVAL && eng == NULL && contains(mu_last_error(), "lr"),
        "bad option value (lr = -1): MU_EINVAL naming it (rc %d: %s)", rc, mu_last_error());
 
     eng = (mu_engine *)&n_test;
-    rc = mu_engine_open(&eng, write_file("bytecode.lua", "\033LJ\002junk"));
+    rc = mu_engine_open(&eng, tap_write(dir, "bytecode.lua", "\033LJ\002junk"));
     ok(rc == MU_EFORMAT && eng == NULL && contains(mu_last_error(), "bytecode"),
        "precompiled config: MU_EFORMAT (rc %d: %s)", rc, mu_last_error());
 
     /* bytecode is refused before LuaJIT parses it: after a #! line, malformed,
      * valid (made by string.dump in a script), trusted or not */
     eng = (mu_engine *)&n_test;
-    rc = mu_engine_open(&eng, write_file("shebang_bc.lua", "#!/usr/bin/env muon\n\033LJ\002\377\377\377junk"));
+    rc = mu_engine_open(&eng, tap_write(dir, "shebang_bc.lua", "#!/usr/bin/env muon\n\033LJ\002\377\377\377junk"));
     ok(rc == MU_EFORMAT && eng == NULL && contains(mu_last_error(), "bytecode is not accepted"),
        "malformed bytecode after a #! line: MU_EFORMAT (rc %d: %s)", rc, mu_last_error());
     char valid_bc[320], dump_script[600];
@@ -176,7 +163,7 @@ int main(void)
     {
         int st = 1;
         char *dargs[] = {valid_bc};
-        rc = mu_script_run(write_file("dump.lua", dump_script), 1, dargs, MU_SCRIPT_TRUSTED, &st);
+        rc = mu_script_run(tap_write(dir, "dump.lua", dump_script), 1, dargs, MU_SCRIPT_TRUSTED, &st);
         ok(rc == MU_OK && st == 0, "wrote a valid bytecode config (rc %d: %s)", rc, line1(mu_last_error()));
     }
     for (int trusted = 0; trusted <= 1; trusted++) {
@@ -213,7 +200,7 @@ int main(void)
     }
 
     eng = (mu_engine *)&n_test;
-    rc = mu_engine_open(&eng, write_file("notable.lua", "return 42\n"));
+    rc = mu_engine_open(&eng, tap_write(dir, "notable.lua", "return 42\n"));
     ok(rc != MU_OK && eng == NULL && contains(mu_last_error(), "table"),
        "config returning a number: error (%d): %s", rc, mu_last_error());
 
@@ -224,7 +211,7 @@ int main(void)
     ok(rc == MU_EINVAL && eng == NULL, "open with NULL path: MU_EINVAL");
 
     /* sandbox: a config using io is refused unless trusted */
-    const char *io_cfg = write_file("io.lua",
+    const char *io_cfg = tap_write(dir, "io.lua",
         "local f = io.open('/dev/null') if f then f:close() end\n"
         "return { groups = { { optimizer = 'adamw', match = '.*', lr = 0.1 } } }\n");
     eng = NULL;
@@ -242,7 +229,7 @@ int main(void)
        "lua_path without the modules: error naming muon.host (rc %d)", rc);
 
     /* --- a working engine */
-    const char *cfg = write_file("cfg.lua", CONFIG);
+    const char *cfg = tap_write(dir, "cfg.lua", CONFIG);
     eng = NULL;
     rc = mu_engine_open(&eng, cfg);
     ok(rc == MU_OK && eng != NULL, "open a valid config (rc %d: %s)", rc, mu_last_error());
@@ -512,7 +499,7 @@ int main(void)
     mu_engine_close(eng);
 
     /* --- a hook that raises: traceback in the engine's error */
-    const char *hook_cfg = write_file("hook.lua",
+    const char *hook_cfg = tap_write(dir, "hook.lua",
         "local function explode(p) error('hook exploded on ' .. p.name) end\n"
         "return { groups = { { optimizer = 'muon', match = '.*', lr = 0.1, post_update_fn = explode } } }\n");
     eng = NULL;
@@ -578,7 +565,7 @@ int main(void)
                mu_errname(rc), msg);
         }
         /* a match function raising, when the parameter is routed */
-        const char *match_cfg = write_file("h_match.lua",
+        const char *match_cfg = tap_write(dir, "h_match.lua",
             "return { groups = { { optimizer = 'adamw', match = function(name) error('match boom') end } } }\n");
         eng = NULL;
         rc = mu_engine_open(&eng, match_cfg);
@@ -593,7 +580,7 @@ int main(void)
 
     /* --- scripts */
     int status = -1;
-    const char *script = write_file("s.lua",
+    const char *script = tap_write(dir, "s.lua",
         "local muon = require('muon')\n"
         "assert(arg[0]:match('s.lua$') and arg[1] == 'x' and arg[2] == 'y')\n"
         "local t = muon.tensor.from({3, 4}, {2})\n"
@@ -601,7 +588,7 @@ int main(void)
     char *args[2] = {"x", "y"};
     rc = mu_script_run(script, 2, args, 0, &status);
     ok(rc == MU_OK && status == 5, "mu_script_run: args, require('muon'), exit status from return (%d)", status);
-    rc = mu_script_run(write_file("e.lua", "local function f() error('script failed here') end\nf()\n"), 0, NULL, 0,
+    rc = mu_script_run(tap_write(dir, "e.lua", "local function f() error('script failed here') end\nf()\n"), 0, NULL, 0,
                        &status);
     ok(rc == MU_ELUA && status == 1 && contains(mu_last_error(), "script failed here") &&
            contains(mu_last_error(), "stack traceback"),
@@ -645,7 +632,7 @@ int main(void)
         float w2[4] = {1, 2, 3, 4}, b2[3] = {1, 2, 3};
         int64_t s22[2] = {2, 2}, s3[1] = {3};
         mu_engine *e2 = NULL;
-        rc = mu_engine_open(&e2, write_file("nograd.lua", CONFIG));
+        rc = mu_engine_open(&e2, tap_write(dir, "nograd.lua", CONFIG));
         rc |= mu_engine_add_param(e2, "w.0", MU_F32, 2, s22, w2, NULL);
         rc |= mu_engine_add_param(e2, "b.0", MU_F32, 1, s3, b2, NULL);
         ok(rc == MU_OK, "open + two parameters without gradients (%s)", mu_last_error());

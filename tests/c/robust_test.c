@@ -402,19 +402,6 @@ static void engine_handles(void)
 
 /* ------------------------------------------------ config-chosen codes */
 
-static const char *write_cfg(const char *name, const char *text)
-{
-    static char paths[8][320];
-    static int next;
-    char *p = paths[next++ % 8];
-    snprintf(p, 320, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    if (!f) { perror(p); exit(1); }
-    fputs(text, f);
-    fclose(f);
-    return p;
-}
-
 static int hook_step(const char *raise_expr, int trusted)
 {
     char text[1024];
@@ -424,7 +411,7 @@ static int hook_step(const char *raise_expr, int trusted)
              raise_expr);
     mu_engine *e = NULL;
     mu_engine_opts o = {.trusted = trusted, .lua_path = NULL};
-    if (mu_engine_open_ex(&e, write_cfg("raise.lua", text), &o) != MU_OK) return 999;
+    if (mu_engine_open_ex(&e, tap_write(dir, "raise.lua", text), &o) != MU_OK) return 999;
     float w[4] = {1, 0, 0, 1}, g[4] = {1, 2, 3, 4};
     int64_t shape[2] = {2, 2};
     mu_engine_add_param(e, "w.0", MU_F32, 2, shape, w, g);
@@ -453,10 +440,10 @@ static void config_codes(void)
     mu_engine *e = NULL;
     mu_engine_opts o = {.trusted = 1, .lua_path = NULL};
     /* (a failing config is MU_EINVAL or MU_ELUA, never the code it raised) */
-    int rc = mu_engine_open_ex(&e, write_cfg("raise_open.lua", "error({ code = 0 })\n"), &o);
+    int rc = mu_engine_open_ex(&e, tap_write(dir, "raise_open.lua", "error({ code = 0 })\n"), &o);
     ok((rc == MU_ELUA || rc == MU_EINVAL) && e == NULL, "a config raising { code = 0 } while loading: not MU_OK (got %s)",
        mu_errname(rc));
-    rc = mu_engine_open_ex(&e, write_cfg("raise_open2.lua", "error({ code = -3 })\n"), &o);
+    rc = mu_engine_open_ex(&e, tap_write(dir, "raise_open2.lua", "error({ code = -3 })\n"), &o);
     ok((rc == MU_ELUA || rc == MU_EINVAL) && e == NULL,
        "a config raising { code = -3 } while loading: not MU_EIO (got %s)", mu_errname(rc));
 }
@@ -585,7 +572,7 @@ int main(void)
     unsetenv("MUON_LUA_PATH");
     snprintf(dir, sizeof dir, "/tmp/muon_robust_test.XXXXXX");
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
-    snprintf(cfg_path, sizeof cfg_path, "%s", write_cfg("cfg.lua",
+    snprintf(cfg_path, sizeof cfg_path, "%s", tap_write(dir, "cfg.lua",
         "return { groups = { { optimizer = 'muon', match = '.*', lr = 0.1 } } }\n"));
     snprintf(npy_path, sizeof npy_path, "%s/x.npy", dir);
     int64_t s22[2] = {2, 2}, s4[1] = {4};

@@ -5,6 +5,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int n_test, n_fail;
@@ -24,5 +25,23 @@ static void ok(int cond, const char *fmt, ...)
 
 /* Whether s (may be NULL) contains needle. */
 static inline int contains(const char *s, const char *needle) { return s && strstr(s, needle) != NULL; }
+
+/* Write text to the file dir/name; returns its path (one of 16 buffers
+ * used in turn). Exits on failure: a test cannot go on without it. */
+static inline const char *tap_write(const char *dir, const char *name, const char *text)
+{
+    static char paths[16][320];
+    static int next;
+    char *p = paths[next++ % 16];
+    snprintf(p, 320, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    if (!f) {
+        perror(p);
+        exit(1);
+    }
+    fputs(text, f);
+    fclose(f);
+    return p;
+}
 
 #endif
