@@ -3,14 +3,8 @@
 -- Every command runs in a fresh temporary directory outside the source tree,
 -- with absolute paths to the programs and examples: they must not depend on
 -- the working directory, and what they write lands in that directory.
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function capture(cmd)
-  local p = assert(io.popen(cmd))
-  local out = p:read("*a")
-  p:close()
-  return out
-end
+local R = require("readme") -- shell helpers shared with the README's runner
+local sh_quote, capture = R.sh_quote, R.capture
 
 local ROOT = capture("cd " .. sh_quote((debug.getinfo(1, "S").source:match("^@(.*)/tests/[^/]*$")) or ".")
   .. " && pwd"):match("[^\n]+")
