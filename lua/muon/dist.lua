@@ -15,6 +15,7 @@
 -- row-major order (the last axis varies fastest), as torch's DeviceMesh
 -- built from arange(world).view(sizes).
 local bit = require("bit")
+local ns = require("muon.ns")
 
 local D = {}
 
@@ -188,27 +189,6 @@ local function is_source(pl, mesh, rank, owner)
 end
 D.is_source = is_source
 
------------------------------------------------------------- NS cost model
-
--- Core matrix shape and batch count as the Newton-Schulz code sees it:
--- 2-D (A, B); 3-D (A, 1, B) is a conv-like (A, B); other N-D are batches of
--- their last two dims.
-function D.core_shape(shape)
-  local nd = #shape
-  if nd == 3 and shape[2] == 1 then return shape[1], shape[3], 1 end
-  local b = 1
-  for i = 1, nd - 2 do b = b * shape[i] end
-  return shape[nd - 1], shape[nd], b
-end
-
--- Floating-point operations of one Newton-Schulz step on this parameter
--- (m = the smaller side): X X^T (2 m^2 n) + A A (2 m^3) + B X (2 m^2 n).
-function D.ns_flops(shape)
-  local a, b, batch = D.core_shape(shape)
-  local m, n = math.min(a, b), math.max(a, b)
-  return batch * (4 * m * m * n + 2 * m * m * m)
-end
-
 ------------------------------------------------------------- ownership
 
 -- The seed's build_owner_by_size: records (list of { size = cost }) taken
@@ -254,22 +234,6 @@ end
 D.DEFAULT_MAX_BATCH_NUMEL = 512 * 1024 * 1024
 
 local ESIZE = { float32 = 4, float64 = 8 }
-
--- Tensor dims Newton-Schulz treats as one matrix ("core"): the last two;
--- 2-D both; (A, 1, B) dims 1 and 3; nd_mode "flatten": every dim (the
--- parameter is one out x (in*kh*kw) matrix). The other dims are a batch.
-function D.core_dims(shape, nd_mode)
-  local nd = #shape
-  local core = {}
-  if nd_mode == "flatten" then
-    for d = 1, nd do core[d] = true end
-  elseif nd == 3 and shape[2] == 1 then
-    core[1], core[3] = true, true
-  else
-    core[nd - 1], core[nd] = true, true
-  end
-  return core
-end
 
 -- Global box -> view of t, where t holds the global region `region`.
 function D.box_view(t, box, region)
@@ -409,17 +373,17 @@ function D.plan(records, mesh, opts)
   -- Work items.
   local ns_load, jobs = {}, {}
   for q = 0, W - 1 do ns_load[q] = 0 end
-  local function cost(shape) return balance == "flops" and D.ns_flops(shape) or D.numel(shape) end
+  local function cost(shape, nd_mode) return balance == "flops" and ns.flops(shape, nd_mode) or D.numel(shape) end
   for ri, r in ipairs(records) do
     r.items = {}
     if r.ns then
-      local core = D.core_dims(r.shape, r.nd_mode)
+      local _, _, _, rows, cols = ns.core(r.shape, r.nd_mode)
       local regions, rorder = {}, {}
       for _, id in ipairs(r.box_order) do
         local b = r.box_of[id]
         local region = { start = {}, len = {} }
         for d = 1, #r.shape do
-          if core[d] or r.whole then region.start[d], region.len[d] = 0, r.shape[d]
+          if rows[d] or cols[d] or r.whole then region.start[d], region.len[d] = 0, r.shape[d]
           else region.start[d], region.len[d] = b.start[d], b.len[d] end
         end
         local rid = box_id(region)
@@ -435,9 +399,9 @@ function D.plan(records, mesh, opts)
         local s1 = it.sources[1]
         if #it.sources == 1 and box_id(s1.box) == rid then
           it.owner = s1.rank -- the holder has the whole region: nothing moves in
-          ns_load[it.owner] = ns_load[it.owner] + cost(it.region.len)
+          ns_load[it.owner] = ns_load[it.owner] + cost(it.region.len, r.nd_mode)
         else
-          jobs[#jobs + 1] = { cost = cost(it.region.len), order = ri * 1e6 + ii,
+          jobs[#jobs + 1] = { cost = cost(it.region.len, r.nd_mode), order = ri * 1e6 + ii,
             assign = function(q) it.owner = q end }
         end
         r.items[#r.items + 1] = it

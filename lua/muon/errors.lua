@@ -67,6 +67,34 @@ function E.raise(code, fmt, ...)
   error(E.new(code, msg), 0)
 end
 
+-- muon's own Lua files: the directory of this one (lua/muon/ in the
+-- source tree, share/lua/5.1/muon/ installed).
+local OWN = "@" .. (debug.getinfo(1, "S").source:match("^@(.*/)[^/]*$") or "\0")
+
+-- The position ("file:line: ") of the nearest frame that is neither one of
+-- muon's own files nor a C function: the line of the user's code that
+-- called into muon (LuaJIT's lj_err_caller, which blames the caller of a
+-- library function). "" when there is none (muon called from C).
+function E.position()
+  for level = 2, 1000 do
+    local info = debug.getinfo(level, "Sl")
+    if info == nil then return "" end
+    if info.what ~= "C" and info.source:sub(1, #OWN) ~= OWN then
+      if (info.currentline or 0) > 0 then return info.short_src .. ":" .. info.currentline .. ": " end
+      return ""
+    end
+  end
+  return ""
+end
+
+-- Raise a coded error blamed on the user's line that called muon (see
+-- E.position): for misuse of a public function (a bad argument, option or
+-- shape), wherever inside muon it is found; no level to pass along.
+function E.blame(code, fmt, ...)
+  local msg = select("#", ...) > 0 and fmt:format(...) or fmt
+  error(E.new(code, E.position() .. msg), 0)
+end
+
 -- The code an error value carries, or nil (a plain string, another value).
 -- Only muon's own error objects carry one: a table a config or a hook
 -- raises cannot choose the status code, whatever fields it has.

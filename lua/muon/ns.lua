@@ -231,6 +231,43 @@ function ns.method_for(rows, cols, opts)
   return m == C.MU_NS_GRAM and "gram" or "standard"
 end
 
+-- The core-shape rule, written once (the plan, the router, the kinds and
+-- `muon check` use it): the matrices Newton-Schulz runs on for a parameter
+-- of this shape. 2-D: (A, B); 3-D (A, 1, B): one conv-like (A, B); other
+-- N-D: a batch of their last two dims (nd_mode "batch", the default), or
+-- one dim-1 x (the rest) matrix (nd_mode "flatten"). Returns rows, cols,
+-- the number of matrices, and the dims that make rows and cols (sets of
+-- 1-based dims; the others are the batch). 1-D and 0-D shapes have none:
+-- nil.
+function ns.core(shape, nd_mode)
+  local n = #shape
+  if n < 2 then return nil end
+  if n == 2 then return shape[1], shape[2], 1, { [1] = true }, { [2] = true } end
+  if nd_mode == "flatten" then
+    local rest, cols = 1, {}
+    for d = 2, n do
+      rest = rest * shape[d]
+      cols[d] = true
+    end
+    return shape[1], rest, 1, { [1] = true }, cols
+  end
+  if n == 3 and shape[2] == 1 then return shape[1], shape[3], 1, { [1] = true }, { [3] = true } end
+  local batch = 1
+  for d = 1, n - 2 do batch = batch * shape[d] end
+  return shape[n - 1], shape[n], batch, { [n - 1] = true }, { [n] = true }
+end
+
+-- The Newton-Schulz cost model, written once: floating-point operations of
+-- one standard iteration step over every core matrix of a parameter of
+-- this shape (m the smaller side, n the larger): X X^T (2 m^2 n) +
+-- A A (2 m^3) + B X (2 m^2 n). 0 for shapes without a core matrix.
+function ns.flops(shape, nd_mode)
+  local a, b, batch = ns.core(shape, nd_mode)
+  if a == nil then return 0 end
+  local m, n = math.min(a, b), math.max(a, b)
+  return batch * (4 * m * m * n + 2 * m * m * m)
+end
+
 -- ns.workspace(dtype, rows, cols): reusable buffers for matrices up to
 -- rows x cols (either orientation), freed by the GC.
 function ns.workspace(dtype, rows, cols)

@@ -18,6 +18,7 @@
 --   router:exchange(dtype, sends, recvs)   -- one all-to-all-v of pieces
 local T = require("muon.tensor")
 local D = require("muon.dist")
+local ns = require("muon.ns")
 
 local R = {}
 local Router = {}
@@ -261,7 +262,7 @@ function R.waves(job, k)
   if c and c.k == k then return c.waves end
   local cost, total, done = {}, {}, {}
   for i, it in ipairs(items) do
-    cost[i] = it.ns and D.ns_flops(it.region.len) or D.numel(it.region.len)
+    cost[i] = it.ns and ns.flops(it.region.len, it.record.nd_mode) or D.numel(it.region.len)
     total[it.owner] = (total[it.owner] or 0) + cost[i]
   end
   local by = {}

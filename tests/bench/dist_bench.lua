@@ -121,7 +121,7 @@ local seed_recv = D.seed_step_elements(plan, rank) * 4
 local flops = 0
 for _, r in ipairs(plan.records) do
   for _, it in ipairs(r.items) do
-    if it.ns and it.owner == rank then flops = flops + D.ns_flops(it.region.len) end
+    if it.ns and it.owner == rank then flops = flops + require("muon.ns").flops(it.region.len, r.nd_mode) end
   end
 end
 local mem = eng:memory()

@@ -195,19 +195,11 @@ function kind.whole(group)
   return group.reshape_fn ~= nil or group.ns_transform_fn ~= nil or group.post_ortho_fn ~= nil
 end
 
--- Core shape (A, B) NS runs on: 2-D as is; (A, 1, B) conv-like; else the
--- last two (nd_mode "batch"), or dim 1 x the rest (nd_mode "flatten").
+-- Core shape (A, B) NS runs on (the one rule: muon.ns.core).
 local function core_shape(shape, nd_mode)
-  local n = #shape
-  if n == 2 then return shape[1], shape[2] end
-  if n >= 3 and nd_mode == "flatten" then
-    local rest = 1
-    for d = 2, n do rest = rest * shape[d] end
-    return shape[1], rest
-  end
-  if n == 3 and shape[2] == 1 then return shape[1], shape[3] end
-  if n >= 3 then return shape[n - 1], shape[n] end
-  E.raise(E.EINVAL, "1D parameters are not supported in Muon")
+  local a, b = ns.core(shape, nd_mode)
+  if a == nil then E.raise(E.EINVAL, "1D parameters are not supported in Muon") end
+  return a, b
 end
 kind.core_shape = core_shape
 
@@ -215,21 +207,11 @@ kind.core_shape = core_shape
 -- parameter's shape with the core columns (rows, both) set to 1; the
 -- post_ortho_fn sees it as (core matrices, rows or 1, cols or 1).
 function kind.hook_shape(rule, shape, nd_mode)
-  local core = {}
-  local n = #shape
-  if n >= 3 and nd_mode == "flatten" then
-    core.rows = { [1] = true }
-    core.cols = {}
-    for d = 2, n do core.cols[d] = true end
-  elseif n == 3 and shape[2] == 1 then
-    core.rows, core.cols = { [1] = true }, { [3] = true }
-  else
-    core.rows, core.cols = { [n - 1] = true }, { [n] = true }
-  end
+  local _, _, _, rows, cols = ns.core(shape, nd_mode)
   local out = {}
-  for d = 1, n do
-    local one = (rule == "rows" and core.cols[d]) or (rule == "cols" and core.rows[d])
-      or (rule == "scalar" and (core.rows[d] or core.cols[d]))
+  for d = 1, #shape do
+    local one = (rule == "rows" and cols[d]) or (rule == "cols" and rows[d])
+      or (rule == "scalar" and (rows[d] or cols[d]))
     out[d] = one and 1 or shape[d]
   end
   return out
@@ -413,18 +395,6 @@ end
 -- that owns them: items = list of { name = fqn, input = contiguous tensor
 -- holding the parameter (or a batch slice of it) }. Results do not depend
 -- on how items are batched or on which rank runs this (see src/ns.c).
--- Core shape (A, B) of a tensor, read from its fields (no tables).
-local function core_of(t, nd_mode)
-  local n, d = t.ndim, t.dims
-  if n >= 3 and nd_mode == "flatten" then
-    local rest = 1
-    for i = 1, n - 1 do rest = rest * tonumber(d[i]) end
-    return tonumber(d[0]), rest
-  end
-  if n == 3 and d[1] == 1 then return tonumber(d[0]), tonumber(d[2]) end
-  return tonumber(d[n - 2]), tonumber(d[n - 1])
-end
-
 -- post_ortho_fn(O, state, ctx) on one item: O is its (k, A, B) core
 -- matrices (after Newton-Schulz, before the scale), state its hook state as
 -- (k, rows or 1, cols or 1) views; the hook changes O (and state) in place.
@@ -449,7 +419,7 @@ local views = setmetatable({}, { __mode = "k" })
 local function batch_view(t, nd_mode)
   local v = views[t]
   if v == nil or v.nd_mode ~= nd_mode then
-    local a, b = core_of(t, nd_mode)
+    local a, b = core_shape(t:size(), nd_mode)
     local k = t:numel() / (a * b)
     v = { x = t:view({ k, a, b }), k = k, a = a, b = b, nd_mode = nd_mode }
     views[t] = v
@@ -512,7 +482,7 @@ local function orthogonalize_packed(ctx, group, hp, items)
   for _, it in ipairs(items) do
     local t = it.input
     if t:numel() > 0 then
-      local a, b = core_of(t, group.nd_mode)
+      local a, b = core_shape(t:size(), group.nd_mode)
       local byd = by[t.scalar]
       if not byd then byd = {}; by[t.scalar] = byd end
       local bya = byd[a]
