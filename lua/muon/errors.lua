@@ -314,12 +314,17 @@ end
 function E.exhausted(err)
   if E.is(err) and err.code == E.ENOMEM then return err end
   local m = E.message(err)
+  local e
   if m:find("stack overflow", 1, true) then
-    return E.new(E.ENOMEM, "Lua stack overflow: calls nested deeper than the Lua stack allows "
+    e = E.new(E.ENOMEM, "Lua stack overflow: calls nested deeper than the Lua stack allows "
       .. "(65500 slots; endless recursion?)")
+  elseif m == "not enough memory" then
+    e = E.new(E.ENOMEM, "out of memory (Lua heap)")
+  else
+    e = E.new(E.ENOMEM, "out of Lua stack or memory while handling an error (" .. m .. ")")
   end
-  if m == "not enough memory" then return E.new(E.ENOMEM, "out of memory (Lua heap)") end
-  return E.new(E.ENOMEM, "out of Lua stack or memory while handling an error (" .. m .. ")")
+  e.limit = "Lua VM" -- (a limit: E.call_hook_on names the parameter)
+  return e
 end
 
 -- The error and its traceback from what a failed xpcall(f, E.capture)

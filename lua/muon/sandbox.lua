@@ -144,7 +144,7 @@ local function export_all(box, ...) return map_all(export, box, select("#", ...)
 -- called only once it returns; whatever it built belongs to the failed load.
 local BUDGET_STEP = 10000
 -- The GC's step multiplier during a bounded run (LuaJIT's default: 200).
-local GC_STEPMUL = 10000
+local GC_STEPMUL = 2 ^ 30
 -- Worst-case pattern steps allowed in one call at step time.
 S.PATTERN_LIMIT = 1e8
 -- Library calls that call back into Lua, nested deeper than this, raise.
@@ -168,6 +168,18 @@ local function in_budget()
 end
 
 local function heap_bytes() return collectgarbage("count") * 1024 end
+
+-- The Lua heap after the last full collection seen (ours, or a GC cycle's
+-- end: the GC probe). A run whose heap has grown well past it starts with a
+-- full collection, so that garbage left by the host does not hide what the
+-- run allocates (at most one collection each time the heap doubles, as
+-- LuaJIT's own GC does).
+local live = { bytes = 0 }
+
+local function collect()
+  collectgarbage("collect")
+  live.bytes = heap_bytes()
+end
 
 -- The error for the exceeded limit ("instructions", "seconds", "memory").
 local function limit_error(which)
@@ -211,7 +223,7 @@ end
 local function check_memory(extra)
   if budget.memory == math.huge then return end
   if heap_bytes() + (extra or 0) - budget.heap0 <= budget.memory then return end
-  collectgarbage("collect") -- (only what the run keeps counts, not its garbage)
+  collect() -- (only what the run keeps counts, not its garbage)
   if heap_bytes() + (extra or 0) - budget.heap0 > budget.memory then exceed("memory") end
 end
 
@@ -236,6 +248,7 @@ end
 local arm_gc_probe
 arm_gc_probe = function()
   ffi.gc(ffi.new("char[1]"), function()
+    live.bytes = heap_bytes()
     if budget.active and not budget.err then
       budget.forced = true
       debug.sethook(budget.co, hook, "", 1)
@@ -619,6 +632,7 @@ local function start(co, limits)
   budget.seconds = limits.seconds or math.huge
   budget.deadline = os.clock() + budget.seconds
   budget.memory = limits.memory or math.huge
+  if budget.memory < math.huge and heap_bytes() > 2 * live.bytes + 2 ^ 20 then collect() end
   budget.heap0 = heap_bytes()
   budget.step = math.max(1, math.min(BUDGET_STEP, math.floor(budget.limit)))
   -- (GC cycles that finish within an allocation or two, not after many:
@@ -632,6 +646,7 @@ end
 local function stop(co)
   debug.sethook(co)
   collectgarbage("setstepmul", budget.stepmul)
+  live.bytes = math.min(live.bytes, budget.heap0) -- (what the run made is garbage now, mostly)
   local err = budget.err
   budget.active, budget.co, budget.err, budget.host = false, nil, nil, false
   return err
@@ -782,7 +797,7 @@ end
 -- one).
 local function import_error(err, tb)
   if type(err) == "string" then return err end
-  local obj = E.is(err) and err or E.wrap(err)
+  local obj = ORIGINAL[err] or (E.is(err) and err or E.wrap(err)) -- (a copy of ours: its original)
   if not E.is(obj) then return obj end -- a message
   with_tb(obj, tb)
   local copy = E.new(obj.code, obj.msg)
@@ -800,7 +815,7 @@ local function export_error(err, tb)
   local t = type(err)
   if t == "string" or t == "number" then return err end
   local orig = t == "table" and ORIGINAL[err]
-  if orig then return orig end
+  if orig then return with_tb(orig, tb) end
   return E.new(E.ELUA, E.message(err), tb)
 end
 

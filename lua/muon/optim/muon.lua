@@ -270,7 +270,12 @@ function kind.direction(_, group, hp, entries)
   if group.momentum_update_fn then
     -- The hook may update buffers in place: give it the new ones (copies).
     for i = 1, #entries do new_bufs[i]:copy(bufs[i]) end
-    local result = E.call_hook("momentum_update_fn", group.momentum_update_fn, grads, new_bufs, m1, m2, hp.nesterov)
+    local names = {}
+    for i = 1, math.min(#entries, 3) do names[i] = "'" .. entries[i].p.name .. "'" end
+    local subject = (#entries == 1 and "parameter " or "parameters ") .. table.concat(names, ", ")
+      .. (#entries > 3 and (" and %d more"):format(#entries - 3) or "")
+    local result = E.call_hook_on(subject, "momentum_update_fn", group.momentum_update_fn, grads, new_bufs, m1, m2,
+      hp.nesterov)
     if type(result) ~= "table" or #result ~= #entries then
       E.raise(E.EINVAL, "momentum_update_fn must return one update tensor per input gradient, got %s updates for %d gradients",
         type(result) == "table" and tostring(#result) or type(result), #entries)
@@ -292,7 +297,8 @@ end
 local function zeropower(ctx, group, merged, dtype, a, b)
   if group.zeropower_fn then
     local x = merged:size(1) == 1 and merged:select(1, 1) or merged
-    local y = E.call_hook("zeropower_fn", group.zeropower_fn, x, group.ns_steps)
+    local y = E.call_hook_on(("%d matrices of %dx%d"):format(merged:size(1), a, b), "zeropower_fn", group.zeropower_fn,
+      x, group.ns_steps)
     if not T.is_tensor(y) or not P.same_shape(y, x) then
       E.raise(E.EINVAL, "zeropower_fn must return a tensor of shape %s", P.shape_string(x))
     end
@@ -364,15 +370,18 @@ end
 -- updates back (seed: _prepare_ns_transform / _reshape_ns_input).
 local function prepare(group, name, working)
   if group.ns_transform_fn and name then
-    local tr = E.call_hook("ns_transform_fn", group.ns_transform_fn, name, working)
+    local subject = "parameter '" .. name .. "'"
+    local tr = E.call_hook_on(subject, "ns_transform_fn", group.ns_transform_fn, name, working)
     if tr ~= nil then
       validate_transform(name, tr, working)
-      return tr.tensors, function(updates, output) E.call_hook("NSInputTransform.restore", tr.restore, updates, output) end
+      return tr.tensors, function(updates, output)
+        E.call_hook_on(subject, "NSInputTransform.restore", tr.restore, updates, output)
+      end
     end
   end
   local views = { working }
   if group.reshape_fn and name then
-    local r = E.call_hook("reshape_fn", group.reshape_fn, name, working)
+    local r = E.call_hook_on("parameter '" .. name .. "'", "reshape_fn", group.reshape_fn, name, working)
     if r ~= nil and #r > 0 then
       for i, v in ipairs(r) do
         if not T.is_tensor(v) or not v:shares_storage(working) then
@@ -407,7 +416,7 @@ local function post_ortho(group, hp, it, out, a, b)
     local cols = (rule == "cols" or rule == "matrix") and b or 1
     state[name] = t:view({ k, rows, cols })
   end
-  E.call_hook("post_ortho_fn", group.post_ortho_fn, out, state, {
+  E.call_hook_on("parameter '" .. it.name .. "'", "post_ortho_fn", group.post_ortho_fn, out, state, {
     param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
     lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
   })
@@ -573,7 +582,7 @@ function kind.post_update(group, hp, params, boxes, signals)
   local fn = group.post_update_fn
   if not fn then return end
   for i, p in ipairs(params) do
-    E.call_hook("post_update_fn", fn, p, p.value, {
+    E.call_hook_on("parameter '" .. p.name .. "'", "post_update_fn", fn, p, p.value, {
       param_fqn = p.name,
       logical_shape = p.logical_shape or p.value:size(),
       lr = hp.lr,
