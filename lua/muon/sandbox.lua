@@ -245,9 +245,15 @@ end
 -- allocate a lot in few instructions; GC cycles follow the allocation, so
 -- the CPU-time and memory limits are checked within a cycle's worth of
 -- allocation rather than after BUDGET_STEP such instructions.
+-- (One probe at a time: a run that finds one armed, by an earlier run
+-- whose cycle has not ended yet, uses it.)
+local probe = { armed = false }
 local arm_gc_probe
 arm_gc_probe = function()
+  if probe.armed then return end
+  probe.armed = true
   ffi.gc(ffi.new("char[1]"), function()
+    probe.armed = false
     live.bytes = heap_bytes()
     if budget.active and not budget.err then
       budget.forced = true
