@@ -26,8 +26,8 @@
 --
 --   local E = require("muon.errors")
 --   E.raise(E.EINVAL, "group %d: lr must be >= 0, got %s", gi, v)
---   E.blame(E.EINVAL, "fill: value must be a number, got %s", type(v))
---   --> "train.lua:12: fill: value must be a number, got string"
+--   E.blame(E.EINVAL, "values must be a table")  -- in T.from
+--   --> "train.lua:12: values must be a table"
 --   E.check_keys(opts, { lr = true, momentum = true }, "option", "Muon")
 --   --> "Muon: unknown option 'momentm' (did you mean 'momentum'?); valid options: lr, momentum"
 --   local ok, err = pcall(f); E.code(err)   --> MU_E* number (nil for a plain string)
