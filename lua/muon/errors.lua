@@ -67,7 +67,7 @@ E.is = core.is_error
 -- traceback text, shown by the C embedding instead of the raise point's.
 function E.new(code, msg, tb)
   local c = resolve(code)
-  if not c then error(("muon.errors: %s is not a failure code"):format(tostring(code)), 2) end
+  if not c then error(core.position() .. ("muon.errors: %s is not a failure code"):format(tostring(code)), 0) end
   return core.error_object(c, msg, tb)
 end
 
@@ -337,5 +337,5 @@ E.check = core.check
 
 -- A typo (E.EINVALL) is an error, not a nil code.
 return setmetatable(E, {
-  __index = function(_, k) error(("muon.errors: no code or function '%s'"):format(tostring(k)), 2) end,
+  __index = function(_, k) error(core.position() .. ("muon.errors: no code or function '%s'"):format(tostring(k)), 0) end,
 })
