@@ -567,3 +567,61 @@ describe("tensor maths (exp .. gather): kernel variants and forged handles", fun
     end
   end)
 end)
+
+describe("tensor maths (exp .. stack) in sandboxed configs", function()
+  local engine = require("muon.engine")
+  -- One battery, run in a sandboxed config, in a trusted one and here:
+  -- every result (as hex floats) must be bitwise the same.
+  local BODY = [[
+    local T = require('muon').tensor
+    local x, y = T.randn({ 4, 6 }, 1), T.randn({ 6 }, 2)
+    local idx = T.from({ { 1, 6 }, { 2, 2 }, { 3, 1 }, { 6, 5 } })
+    local results = {
+      x:exp(), x:abs():log(), x:tanh(), T.sigmoid(x), x:abs():pow(y), x ^ 2, 2 ^ x, T.pow(x:abs(), 0.5),
+      x:softmax(2), T.log_softmax(x, 1), x:argmax(2), T.argmax(x, 1, true), x:gather(2, idx), T.gather(x, 2, idx),
+      T.cat({ x, x:narrow(1, 1, 2) }, 1), T.stack({ y, y }, 2), T.ones({ 2, 3 }), T.full({ 2 }, 5),
+      T.zeros_like(x), T.ones_like(y), T.full_like(y, -1), T.rand({ 3 }, 7), T.rand_like(y, 8), T.randn_like(y, 9),
+      x:clone():exp_():log_():tanh_():sigmoid_():pow_(2), x:clone():fill_(2):zero_():copy_(x),
+    }
+    local parts = {}
+    for _, t in ipairs(results) do
+      for _, v in ipairs(t:flat()) do parts[#parts + 1] = ('%a'):format(v) end
+    end
+    parts[#parts + 1] = ('%a'):format(x:argmax())
+    parts[#parts + 1] = tostring(T.from({ { 1, 2.5 } }))
+    local ok, err = pcall(function() return x:expp() end)
+    parts[#parts + 1] = tostring(err):gsub('^.-:%d+: ', '')
+  ]]
+
+  local function from_config(trusted)
+    local path = H.tmpname(".lua")
+    H.write_file(path, BODY .. "\nreturn { groups = { { optimizer = 'adamw' } }, name = table.concat(parts, ',') }")
+    local eng = engine.new(path, trusted and { trusted = true } or nil)
+    os.remove(path)
+    return eng.config.name
+  end
+
+  it("ops, constructors, repr and unknown-member errors work on proxies, bitwise as trusted and as here", function()
+    local host = assert(loadstring(BODY .. " return table.concat(parts, ',')"))()
+    assert.equal(host, from_config(true))
+    assert.equal(host, from_config(false))
+    assert.truthy(host:find("tensor([[1.0000, 2.5000]], size=[1, 2], dtype=float32)", 1, true), host)
+    assert.truthy(host:find("tensor has no method or field 'expp' (did you mean 'exp'?)", 1, true), host)
+  end)
+
+  it("names the config's line for an unknown method; a real method not offered is blocked", function()
+    local path = H.tmpname(".lua")
+    H.write_file(path, "local T = require('muon').tensor\nlocal x = T.zeros({ 2 })\nlocal y = x:softmx(1)\n"
+      .. "return { groups = { { optimizer = 'adamw' } } }")
+    local ok, err = pcall(engine.new, path)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(path .. ":3: tensor has no method or field 'softmx' (did you mean 'softmax'?)",
+      1, true), tostring(err))
+    H.write_file(path, "local x = require('muon').tensor.zeros({ 2 })\nlocal p = x.ptr\n"
+      .. "return { groups = { { optimizer = 'adamw' } } }")
+    ok, err = pcall(engine.new, path)
+    os.remove(path)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("tensor:ptr() (raw FFI pointer) is blocked", 1, true), tostring(err))
+  end)
+end)

@@ -597,7 +597,7 @@ local STEP_COST = setmetatable({}, { __mode = "k" }) -- optimizer -> its step's 
 -- argument's type in Lua before any FFI call.
 local SAFE_METHODS = { "size", "stride", "numel", "dim", "dtype", "is_contiguous", "shares_storage", "view",
   "reshape", "transpose", "narrow", "select", "squeeze", "unsqueeze", "contiguous", "clone", "to", "copy",
-  "fill", "zero", "all_finite", "get", "set", "totable", "flat" }
+  "fill", "zero", "fill_", "zero_", "copy_", "all_finite", "get", "set", "totable", "flat" }
 for _, name in ipairs(T.math_names) do SAFE_METHODS[#SAFE_METHODS + 1] = name end
 -- Members that exist on real tensors but not behind the membrane.
 local BLOCKED_MEMBERS = {
@@ -610,7 +610,7 @@ local BLOCKED_MEMBERS = {
 
 -- Methods whose first argument must be a tensor (checked here: an FFI call
 -- would turn a plain table into a temporary struct).
-local TENSOR_ARG = { copy = true, shares_storage = true }
+local TENSOR_ARG = { copy = true, copy_ = true, shares_storage = true }
 -- Methods charged a matmul's estimate first.
 local MATMULS = { matmul = true, mm = true, bmm = true }
 
@@ -637,7 +637,7 @@ local tensor_mt = {
     local m = tensor_methods[k]
     if m then return m end
     if BLOCKED_MEMBERS[k] then S.blocked_error(BLOCKED_MEMBERS[k], 2) end
-    return nil
+    if T.methods[k] then S.blocked_error("tensor:" .. tostring(k), 2) end -- (an unknown name raises there)
   end,
   __newindex = function(_, k)
     error(("cannot set field '%s' of a tensor in a sandboxed config"):format(tostring(k)), 2)
@@ -653,11 +653,13 @@ local function sub(a, b) return a - b end
 local function mul(a, b) return a * b end
 local function div(a, b) return a / b end
 local function unm(a) return -a end
+local function pow(a, b) return a ^ b end
 tensor_mt.__add = function(a, b) return call_host(add, a, b) end
 tensor_mt.__sub = function(a, b) return call_host(sub, a, b) end
 tensor_mt.__mul = function(a, b) return call_host(mul, a, b) end
 tensor_mt.__div = function(a, b) return call_host(div, a, b) end
 tensor_mt.__unm = function(a) return call_host(unm, a) end
+tensor_mt.__pow = function(a, b) return call_host(pow, a, b) end
 
 -- ------------------------------------------------------------ object proxy
 
@@ -792,8 +794,10 @@ end
 local BUILDERS = {}
 
 BUILDERS["muon.tensor"] = function()
-  local names = { "zeros", "from", "randn" }
-  for _, name in ipairs(T.math_names) do names[#names + 1] = name end
+  local names = {}
+  for _, list in ipairs({ T.function_names, T.math_names }) do
+    for _, name in ipairs(list) do names[#names + 1] = name end
+  end
   local Tf = pick(T, names)
   Tf.is_tensor = function(x) return REAL[x] ~= nil and T.is_tensor(REAL[x]) end
   for name in pairs(MATMULS) do
@@ -828,7 +832,7 @@ end
 
 -- Pure functions of numbers: safe to hand out as they are.
 BUILDERS["muon.schedules"] = function()
-  return pick(require("muon.schedules"), { "warmup_cosine", "warmup_constant" })
+  return pick(require("muon.schedules"), { "warmup_cosine", "warmup_constant", "wsd" })
 end
 
 BUILDERS["muon.param"] = function()
