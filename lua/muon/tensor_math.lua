@@ -207,10 +207,10 @@ function M.install(T, P)
   do
     local names, nums = { "self", "exponent" }, { true, true }
     local s, s_ = P.spec("pow", C.MU_MAP_POW, names, nums), P.spec("pow_", C.MU_MAP_POW, names, nums)
-    define("pow", function(self, exponent) return (P.run_map(s, nil, self, exponent, nil, nil, 2)) end)
+    define("pow", function(self, exponent) return P.run_map(s, nil, self, exponent, nil, nil) end)
     define("pow_", function(self, exponent)
       if not is_tensor(self) then E.blame(E.EINVAL, "pow_: self must be a tensor, got %s", type(self)) end
-      return (P.run_map(s_, self, self, exponent, nil, nil, 2))
+      return P.run_map(s_, self, self, exponent, nil, nil)
     end)
   end
 
@@ -221,7 +221,7 @@ function M.install(T, P)
       if dim == 1 or dim == -1 then return 1 end
       E.blame(E.EINVAL, "%s: dim %s out of range for a 0-D tensor (1 or -1)", name, tostring(dim))
     end
-    return P.reduce_dim(t, dim, name, 3)
+    return P.reduce_dim(t, dim, name)
   end
 
   for _, name in ipairs({ "softmax", "log_softmax" }) do
@@ -230,7 +230,7 @@ function M.install(T, P)
       need_tensor(name, "self", self)
       if dim == nil then E.blame(E.EINVAL, "%s: dim is required (the dim whose slices sum to 1)", name) end
       local d = dim_of(name, self, dim)
-      local out = P.new_tensor(self.scalar, self:size(), name, 2)
+      local out = P.new_tensor(self.scalar, self:size(), name)
       check(C.mu_tensor_softmax(self, d - 1, log, out))
       return out
     end)
@@ -239,14 +239,14 @@ function M.install(T, P)
   define("argmax", function(self, dim, keepdim)
     need_tensor("argmax", "self", self)
     if dim ~= nil and self.ndim > 0 then
-      local d = P.reduce_dim(self, dim, "argmax", 2)
+      local d = P.reduce_dim(self, dim, "argmax")
       if self.dims[d - 1] == 0 then
         local others = 1
         for i = 1, self.ndim do if i ~= d then others = others * tonumber(self.dims[i - 1]) end end
         if others > 0 then E.blame(E.ESHAPE, "argmax: dim %d has size 0 (no largest element)", d) end
       end
     end
-    local r = P.reduce("argmax", C.MU_REDUCE_ARGMAX, self, dim, keepdim, 2)
+    local r = P.reduce("argmax", C.MU_REDUCE_ARGMAX, self, dim, keepdim)
     if type(r) == "number" then return r + 1 end
     return r:add_(1)
   end)
@@ -255,7 +255,7 @@ function M.install(T, P)
     need_tensor("gather", "self", self)
     need_tensor("gather", "index", index)
     local d = dim_of("gather", self, dim)
-    local out = P.new_tensor(self.scalar, index:size(), "gather", 2)
+    local out = P.new_tensor(self.scalar, index:size(), "gather")
     check(C.mu_tensor_gather(self, d - 1, index, 1, out))
     return out
   end)
@@ -334,7 +334,7 @@ function M.install(T, P)
     local r = parts[1]
     local ref = tensors[r]
     if ref.ndim == 0 then E.blame(E.ESHAPE, "cat: tensors[%d] is 0-D and cannot be concatenated", r) end
-    local d = P.reduce_dim(ref, dim == nil and 1 or dim, "cat", 2)
+    local d = P.reduce_dim(ref, dim == nil and 1 or dim, "cat")
     local dims, total = ref:size(), 0
     for _, i in ipairs(parts) do
       local t = tensors[i]
@@ -348,7 +348,7 @@ function M.install(T, P)
       total = total + tonumber(t.dims[d - 1])
     end
     dims[d] = total
-    local out = P.new_tensor(ref.scalar, dims, "cat", 2)
+    local out = P.new_tensor(ref.scalar, dims, "cat")
     local at = 1
     for _, i in ipairs(parts) do
       local t = tensors[i]
@@ -381,7 +381,7 @@ function M.install(T, P)
     end
     local dims = ref:size()
     table.insert(dims, d, n)
-    local out = P.new_tensor(ref.scalar, dims, "stack", 2)
+    local out = P.new_tensor(ref.scalar, dims, "stack")
     for i = 1, n do out:select(d, i):copy(tensors[i]) end
     return out
   end)
