@@ -351,8 +351,10 @@ MU_API int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, do
  * is validated before any memory is touched. Tensors of one index are the
  * same memory or disjoint (partial overlap is MU_EINVAL). Float32 results
  * reproduce the rounding of the torch sequences they replace (see
- * src/foreach.c); results do not depend on the thread count. Large calls
- * run on the process's CPUs (env MU_FOREACH_THREADS overrides). */
+ * src/foreach.c); results do not depend on the thread count or on the
+ * kernel variant (portable C, AVX2, AVX-512: picked per op from the CPU;
+ * env MU_FOREACH_SIMD=portable|avx2|avx512 asks for one). Large calls run
+ * on the process's CPUs (env MU_FOREACH_THREADS overrides). */
 
 /* Muon momentum as the seed: u = g + m1*buf; buf' = m2*buf + g;
  * nesterov: u = m1*u + g (float32: u = fma(m1, buf, g) as torch's

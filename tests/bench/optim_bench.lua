@@ -8,7 +8,7 @@
 -- step; <= 10 us per tiny parameter.
 --   luajit tests/bench/optim_bench.lua            (compare; skips the baseline without git)
 --   luajit tests/bench/optim_bench.lua --measure  (one measurement, machine-readable)
-local BASELINE = "ceab6d5"
+local BASELINE = os.getenv("MU_BENCH_BASELINE") or "ceab6d5" -- (any revision; env to override)
 local ROUNDS = 5
 
 local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua")
