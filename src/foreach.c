@@ -139,12 +139,15 @@ typedef struct kernel {
 #include "foreach_types.h"
 #endif
 
-/* The dispatch table: each op's kernel per instruction set and dtype. */
-static const kernel *const KERNELS[FE_ISA_COUNT][2] = {
-    [FE_PORTABLE] = { [MU_F32] = kernels_f32_portable, [MU_F64] = kernels_f64_portable },
+/* Kernel variants: float, double, float maths on bfloat16 state. */
+enum { VAR_F32 = MU_F32, VAR_F64 = MU_F64, VAR_BF16, VAR_COUNT };
+
+/* The dispatch table: each op's kernel per instruction set and variant. */
+static const kernel *const KERNELS[FE_ISA_COUNT][VAR_COUNT] = {
+    [FE_PORTABLE] = { kernels_f32_portable, kernels_f64_portable, kernels_f32_bf16_portable },
 #if MU__X86
-    [FE_AVX2] = { [MU_F32] = kernels_f32_avx2, [MU_F64] = kernels_f64_avx2 },
-    [FE_AVX512] = { [MU_F32] = kernels_f32_avx512, [MU_F64] = kernels_f64_avx512 },
+    [FE_AVX2] = { kernels_f32_avx2, kernels_f64_avx2, kernels_f32_bf16_avx2 },
+    [FE_AVX512] = { kernels_f32_avx512, kernels_f64_avx512, kernels_f32_bf16_avx512 },
 #endif
 };
 
@@ -348,11 +351,11 @@ static void run(job *J, int n, int narr, mu_tensor *const *const *arrs, const vo
     run_job(J);
 }
 
-/* Run op on the dtype's kernels, the variant picked from the table. */
-static void run_op(job *J, int op, int dtype, int n, int narr, mu_tensor *const *const *arrs,
+/* Run op on the variant's kernels, the instruction set picked per op. */
+static void run_op(job *J, int op, int var, int n, int narr, mu_tensor *const *const *arrs,
                    const void *args)
 {
-    run(J, n, narr, arrs, args, KERNELS[pick_isa(op)][dtype][op], KERNELS[FE_PORTABLE][dtype][op]);
+    run(J, n, narr, arrs, args, KERNELS[pick_isa(op)][var][op], KERNELS[FE_PORTABLE][var][op]);
 }
 
 /* ------------------------------------------------------------ validation */
@@ -366,39 +369,59 @@ static int check_tensor(const mu_tensor *t, const char *what, int i, int dtype)
     if (rc) return rc;
     if (t->scalar != dtype)
         return mu__fail(MU_EDTYPE, "%s[%d] has dtype %s, expected %s", what, i,
-                        t->scalar == MU_F64 ? "float64" : "float32",
-                        dtype == MU_F64 ? "float64" : "float32");
+                        mu_dtype_name(t->scalar), mu_dtype_name(dtype));
     if (!mu_tensor_is_contiguous(t))
         return mu__fail(MU_EINVAL, "%s[%d] is not contiguous (pass contiguous tensors)", what, i);
     return MU_OK;
 }
 
-/* Two tensors of one index either are the same memory or do not overlap
- * (exact aliasing is fine element-wise; partial overlap is not). */
+/* Two tensors of one index either are the same memory in the same dtype
+ * or do not overlap (exact aliasing is fine element-wise; partial overlap,
+ * or one buffer seen in two dtypes, is not). */
 static int overlap_bad(const mu_tensor *x, const mu_tensor *y)
 {
-    if (x->data == y->data) return 0;
-    size_t es = mu_dtype_size(x->scalar);
-    const char *xa = x->data, *xb = xa + mu_tensor_numel(x) * (int64_t)es;
-    const char *ya = y->data, *yb = ya + mu_tensor_numel(y) * (int64_t)es;
+    if (x->data == y->data && x->scalar == y->scalar) return 0;
+    const char *xa = x->data, *xb = xa + mu_tensor_numel(x) * (int64_t)mu_dtype_size(x->scalar);
+    const char *ya = y->data, *yb = ya + mu_tensor_numel(y) * (int64_t)mu_dtype_size(y->scalar);
     return xa < yb && ya < xb;
 }
 
+/* The first tensor of the arrays whose bit in `mask` is (or is not) set. */
+static const mu_tensor *first_of(int n, int narr, mu_tensor *const *const *arrays, unsigned mask,
+                                 int want, int *which)
+{
+    for (int k = 0; k < narr; k++)
+        if (((mask >> k) & 1u) == (unsigned)want && n > 0 && arrays[k][0]) {
+            *which = k;
+            return arrays[k][0];
+        }
+    return NULL;
+}
+
 /* Validate n arrays of tensors (names[k], arrays[k]) for equal numel per
- * index, one dtype, contiguity and overlap. The dtype is taken from
- * arrays[0][0]. */
+ * index, dtypes, contiguity and overlap. The arrays whose bit is set in
+ * `state` hold optimizer state: they share one dtype, the others' (taken
+ * from the first of them) or MU_BF16 when the others are MU_F32; the
+ * others are MU_F32 or MU_F64. *variant: the kernels to run (VAR_*). */
 static int check_arrays(int n, int narr, mu_tensor *const *const *arrays, const char *const *names,
-                        int *dtype_out)
+                        unsigned state, int *variant)
 {
     if (n < 0) return mu__fail(MU_EINVAL, "n = %d is negative", n);
     for (int k = 0; k < narr; k++)
         if (n > 0 && !arrays[k]) return mu__fail(MU_EINVAL, "%s is NULL", names[k]);
-    int dtype = n > 0 && arrays[0][0] ? arrays[0][0]->scalar : MU_F32;
-    if (dtype != MU_F32 && dtype != MU_F64)
-        return mu__fail(MU_EDTYPE, "%s[0] has unsupported dtype %d", names[0], dtype);
+    int kp = -1, ks = -1;
+    const mu_tensor *tp = first_of(n, narr, arrays, state, 0, &kp);
+    const mu_tensor *ts = first_of(n, narr, arrays, state, 1, &ks);
+    int dt = tp ? tp->scalar : ts && ts->scalar != MU_BF16 ? ts->scalar : MU_F32;
+    int st = ts ? ts->scalar : dt;
+    if (dt != MU_F32 && dt != MU_F64)
+        return mu__fail(MU_EDTYPE, "%s[0] has unsupported dtype %s", names[kp], mu_dtype_name(dt));
+    if (st != dt && !(st == MU_BF16 && dt == MU_F32))
+        return mu__fail(MU_EDTYPE, "%s[0] has dtype %s, expected %s%s", names[ks], mu_dtype_name(st),
+                        mu_dtype_name(dt), dt == MU_F32 ? " or bfloat16" : "");
     for (int i = 0; i < n; i++) {
         for (int k = 0; k < narr; k++) {
-            int rc = check_tensor(arrays[k][i], names[k], i, dtype);
+            int rc = check_tensor(arrays[k][i], names[k], i, (state >> k) & 1u ? st : dt);
             if (rc) return rc;
         }
         int64_t ne = mu_tensor_numel(arrays[0][i]);
@@ -414,7 +437,7 @@ static int check_arrays(int n, int narr, mu_tensor *const *const *arrays, const 
                     return mu__fail(MU_EINVAL, "index %d: %s[%d] and %s[%d] partially overlap", i,
                                     names[k], i, names[l], i);
     }
-    *dtype_out = dtype;
+    *variant = st == MU_BF16 ? VAR_BF16 : dt;
     return MU_OK;
 }
 
@@ -432,7 +455,7 @@ int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
 {
     mu_tensor *const *arrs[4] = { grads, bufs, new_bufs, updates };
     const char *names[4] = { "grads", "bufs", "new_bufs", "updates" };
-    int dtype, rc = check_arrays(n, 4, arrs, names, &dtype);
+    int dtype, rc = check_arrays(n, 4, arrs, names, 0x6u, &dtype); /* bufs, new_bufs: state */
     if (rc) return rc;
     if ((rc = finite_scalar("m1", m1)) || (rc = finite_scalar("m2", m2))) return rc;
     for (int i = 0; i < n; i++)
@@ -451,7 +474,7 @@ static int apply_job(int n, mu_tensor *const *params, mu_tensor *const *updates,
 {
     mu_tensor *const *arrs[2] = { params, updates };
     const char *names[2] = { "params", "updates" };
-    int dtype, rc = check_arrays(n, 2, arrs, names, &dtype);
+    int dtype, rc = check_arrays(n, 2, arrs, names, 0, &dtype);
     if (rc) return rc;
     if ((rc = finite_scalar("decay", decay)) || (rc = finite_scalar("alpha", alpha))) return rc;
     if (scales)
@@ -480,7 +503,7 @@ int mu_foreach_scale(int n, mu_tensor *const *xs, const double *scales, double s
 {
     mu_tensor *const *arrs[1] = { xs };
     const char *names[1] = { "xs" };
-    int dtype, rc = check_arrays(n, 1, arrs, names, &dtype);
+    int dtype, rc = check_arrays(n, 1, arrs, names, 0, &dtype);
     if (rc) return rc;
     if (scales) {
         for (int i = 0; i < n; i++)
@@ -536,7 +559,7 @@ int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *grads,
 {
     mu_tensor *const *arrs[4] = { params, grads, exp_avgs, exp_avg_sqs };
     const char *names[4] = { "params", "grads", "exp_avgs", "exp_avg_sqs" };
-    int dtype, rc = check_arrays(n, 4, arrs, names, &dtype);
+    int dtype, rc = check_arrays(n, 4, arrs, names, 0xcu, &dtype); /* the moments: state */
     if (rc) return rc;
     adamw_args a;
     if ((rc = adamw_scalars(&a, lr, beta1, beta2, eps, weight_decay, step))) return rc;
@@ -556,7 +579,7 @@ int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *const *ex
                                   updates };
     const char *names[6] = { "grads", "exp_avgs", "exp_avg_sqs", "new_exp_avgs",
                              "new_exp_avg_sqs", "updates" };
-    int dtype, rc = check_arrays(n, 6, arrs, names, &dtype);
+    int dtype, rc = check_arrays(n, 6, arrs, names, 0x1eu, &dtype); /* the moments: state */
     if (rc) return rc;
     adamw_args a;
     if ((rc = adamw_scalars(&a, lr, beta1, beta2, eps, 0.0, step))) return rc;
@@ -587,7 +610,7 @@ int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad)
     mu_tensor *const *arrs[1] = { xs };
     const char *names[1] = { "xs" };
     int dtype, rc;
-    if ((rc = check_arrays(n, 1, arrs, names, &dtype))) return rc;
+    if ((rc = check_arrays(n, 1, arrs, names, 0x1u, &dtype))) return rc; /* any dtype */
     job J;
     run_op(&J, OP_FINITE, dtype, n, 1, arrs, NULL);
     int first = -1;
@@ -602,14 +625,13 @@ static int check_batch(int n, mu_tensor *const *ts, const char *tname, const mu_
 {
     mu_tensor *const *arrs[1] = { ts };
     const char *names[1] = { tname };
-    int dtype, rc = check_arrays(n, 1, arrs, names, &dtype);
+    int dtype, rc = check_arrays(n, 1, arrs, names, 0, &dtype);
     if (rc) return rc;
     if (!batch) return mu__fail(MU_EINVAL, "%s is NULL", bname);
     if ((rc = mu__tensor_check(batch, bname))) return rc;
     if (n > 0 && batch->scalar != dtype)
         return mu__fail(MU_EDTYPE, "%s has dtype %s but the %s are %s", bname,
-                        batch->scalar == MU_F64 ? "float64" : "float32", tname,
-                        dtype == MU_F64 ? "float64" : "float32");
+                        mu_dtype_name(batch->scalar), tname, mu_dtype_name(dtype));
     if (!mu_tensor_is_contiguous(batch))
         return mu__fail(MU_EINVAL, "%s is not contiguous", bname);
     if (n > 0 && !offsets) return mu__fail(MU_EINVAL, "offsets is NULL");
@@ -664,7 +686,7 @@ int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor *b, do
     mu_tensor *arr[3] = { dst, (mu_tensor *)a, (mu_tensor *)b };
     mu_tensor *const *arrs[3] = { &arr[0], &arr[1], &arr[2] };
     const char *names[3] = { "dst", "a", "b" };
-    int dtype, rc = check_arrays(1, 3, arrs, names, &dtype);
+    int dtype, rc = check_arrays(1, 3, arrs, names, 0, &dtype);
     if (rc) return rc;
     triad_args ta = { s };
     job J;

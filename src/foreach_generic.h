@@ -11,6 +11,10 @@
  *               VSEL_LT(a, b, x, y) (a < b ? x : y, false for NaN) are
  *               per-lane IEEE operations, the same in every variant
  *   facc        a non-finite flag: FACC0, FACC_ADD(acc, x), FACC_ANY(acc)
+ *   state_t     the element type of optimizer state (real, or uint16_t for
+ *               bfloat16 state when FE_BF16): SLD loads W of them as a vec
+ *               (exactly), SST rounds a vec to them (once: to nearest even)
+ * With FE_BF16 only the kernels that touch state are compiled.
  * Each kernel runs over a whole number of steps of W elements (len is a
  * multiple of W); the driver in foreach.c hands the last len % W elements
  * to the portable kernel, which computes each element with the same
@@ -25,21 +29,24 @@
 static KATTR int R(momentum)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
 {
     const momentum_args *a = va;
-    const real *g = (const real *)p[0], *b = (const real *)p[1];
-    real *nb = (real *)p[2], *u = (real *)p[3];
+    const real *g = (const real *)p[0];
+    const state_t *b = (const state_t *)p[1];
+    state_t *nb = (state_t *)p[2];
+    real *u = (real *)p[3];
     const vec m1 = VSET((real)a->m1), m2 = VSET((real)a->m2);
     (void)i, (void)k0;
     for (int64_t k = 0; k < len; k += W) {
-        vec gv = VLD(g + k), bv = VLD(b + k);
+        vec gv = VLD(g + k), bv = SLD(b + k);
         vec uv = VFMA(m1, bv, gv);
         vec bn = VADD(VMUL(bv, m2), gv);
         if (a->nesterov) uv = VADD(VMUL(uv, m1), gv);
-        VST(nb + k, bn);
+        SST(nb + k, bn);
         VST(u + k, uv);
     }
     return 1;
 }
 
+#if !FE_BF16
 /* cautious: q = p * decay only where (alpha * us) * p < 0, else q = p. */
 static KATTR int R(apply)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
 {
@@ -68,6 +75,7 @@ static KATTR int R(scale)(const void *va, int i, int64_t k0, int64_t len, char *
     for (int64_t k = 0; k < len; k += W) VST(x + k, VMUL(VLD(x + k), s));
     return 1;
 }
+#endif
 
 /*
  * torch.optim.AdamW, single-tensor path (torch 2.x), in the tensor dtype:
@@ -86,8 +94,10 @@ static KATTR int R(scale)(const void *va, int i, int64_t k0, int64_t len, char *
 static KATTR int R(adamw)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
 {
     const adamw_args *a = va;
-    real *x = (real *)p[0], *mo = (real *)p[4], *vo = (real *)p[5], *u = (real *)p[6];
-    const real *g = (const real *)p[1], *m = (const real *)p[2], *v = (const real *)p[3];
+    real *x = (real *)p[0], *u = (real *)p[6];
+    const real *g = (const real *)p[1];
+    const state_t *m = (const state_t *)p[2], *v = (const state_t *)p[3];
+    state_t *mo = (state_t *)p[4], *vo = (state_t *)p[5];
     const int small = a->w < 0.5;
     const real w = (real)a->w;
     const vec vw = VSET(small ? w : w - (real)1), b2 = VSET((real)a->b2);
@@ -95,35 +105,37 @@ static KATTR int R(adamw)(const void *va, int i, int64_t k0, int64_t len, char *
     const vec eps = VSET((real)a->eps), nss = VSET((real)a->nss), dec = VSET((real)a->decay);
     (void)i, (void)k0;
     for (int64_t k = 0; k < len; k += W) {
-        vec gv = VLD(g + k), mv = VLD(m + k);
+        vec gv = VLD(g + k), mv = SLD(m + k);
         vec diff = VSUB(gv, mv);
         mv = VFMA(vw, diff, small ? mv : gv);
-        vec vb = VMUL(VLD(v + k), b2);
+        vec vb = VMUL(SLD(v + k), b2);
         vec vv = VADD(vb, VMUL(VMUL(c2, gv), gv));
         vec den = VADD(VDIV(VSQRT(vv), bc2s), eps);
         vec upd = VDIV(VMUL(nss, mv), den);
         if (u) VST(u + k, upd);
         else VST(x + k, VADD(VMUL(VLD(x + k), dec), upd));
-        VST(mo + k, mv);
-        VST(vo + k, vv);
+        SST(mo + k, mv);
+        SST(vo + k, vv);
     }
     return 1;
 }
 
-/* 0 if an element is NaN or Inf. The flags are folded every 1024 elements,
- * so a long tensor with an early bad value stops early. */
+/* 0 if an element is NaN or Inf (x is state_t: bfloat16 too). The flags
+ * are folded every 1024 elements, so a long tensor with an early bad value
+ * stops early. */
 static KATTR int R(finite)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
 {
-    const real *x = (const real *)p[0];
+    const state_t *x = (const state_t *)p[0];
     facc acc = FACC0;
     (void)va, (void)i, (void)k0;
     for (int64_t k = 0; k < len; k += W) {
-        acc = FACC_ADD(acc, VLD(x + k));
+        acc = FACC_ADD(acc, SLD(x + k));
         if ((k & 1023) == 0 && FACC_ANY(acc)) return 0;
     }
     return !FACC_ANY(acc);
 }
 
+#if !FE_BF16
 /* STREAM triad d = fma(s, b, a) (a benchmark's bandwidth probe). */
 static KATTR int R(triad)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
 {
@@ -135,9 +147,13 @@ static KATTR int R(triad)(const void *va, int i, int64_t k0, int64_t len, char *
     for (int64_t k = 0; k < len; k += W) VST(d + k, VFMA(s, VLD(y + k), VLD(x + k)));
     return 1;
 }
+#endif
 
 static const kernel R(kernels)[OP_COUNT] = {
-    [OP_MOMENTUM] = { R(momentum), W }, [OP_APPLY] = { R(apply), W },
-    [OP_SCALE] = { R(scale), W },       [OP_ADAMW] = { R(adamw), W },
-    [OP_FINITE] = { R(finite), W },     [OP_TRIAD] = { R(triad), W },
+    [OP_MOMENTUM] = { R(momentum), W }, [OP_ADAMW] = { R(adamw), W },
+    [OP_FINITE] = { R(finite), W },
+#if !FE_BF16
+    [OP_APPLY] = { R(apply), W },       [OP_SCALE] = { R(scale), W },
+    [OP_TRIAD] = { R(triad), W },
+#endif
 };

@@ -1,6 +1,7 @@
 /*
  * The vector layer of the foreach kernels: for one instruction set (FE_ISA:
- * FE_PORTABLE, FE_AVX2, FE_AVX512) and one dtype (FE_F64 0 or 1), the
+ * FE_PORTABLE, FE_AVX2, FE_AVX512) and one dtype (FE_F64 0 or 1; FE_BF16 1:
+ * float32 with bfloat16 state), the
  * macros src/foreach_generic.h is written in; then that file, then every
  * macro undefined again. Included by src/foreach_types.h.
  *
@@ -10,6 +11,8 @@
  */
 #define FE_CAT_(a, b, c, d) a##b##c##d
 #define FE_CAT(a, b, c, d) FE_CAT_(a, b, c, d)
+
+#define R(name) FE_CAT(name##_, FE_T, _, FE_ISANAME)
 
 #if FE_F64
 #define real double
@@ -23,7 +26,11 @@
 #define FE_M(fn) fn
 #else
 #define real float
+#if FE_BF16
+#define FE_T f32_bf16
+#else
 #define FE_T f32
+#endif
 #define FE_PS ps
 #define FE_VSFX
 #define FE_EPI epi32
@@ -52,6 +59,10 @@
 #define FACC0 0
 #define FACC_ADD(acc, x) ((acc) | !isfinite(x))
 #define FACC_ANY(acc) (acc)
+#if FE_BF16
+#define SLD(q) mu__f32_from_bf16(*(q))
+#define SST(q, x) (*(q) = mu__bf16_from_f32(x))
+#endif
 #else
 #if FE_ISA == FE_AVX2
 #define FE_ISANAME avx2
@@ -62,6 +73,12 @@
 #define facc __m256i
 #define FACC0 _mm256_setzero_si256()
 #define FACC_ANY(acc) (!_mm256_testz_si256(acc, acc))
+#define FE_LD16(q) _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(q)))
+#define FE_ST16(q, r)                                                                              \
+    _mm_storeu_si128((__m128i *)(q),                                                               \
+                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)))
+#define FE_NAN16(r, x)                                                                             \
+    _mm256_blendv_epi8(r, _mm256_set1_epi32(0xffff), _mm256_castps_si256(VOP(cmp_)(x, x, _CMP_UNORD_Q)))
 #define FE_EXPV FE_SET1_256(FE_EXP)
 #define FACC_ADD(acc, x)                                                                           \
     _mm256_or_si256(acc, FE_CAT(_mm256_cmpeq_, FE_EPI, , )(                                        \
@@ -77,6 +94,10 @@
 #define facc unsigned
 #define FACC0 0u
 #define FACC_ANY(acc) ((acc) != 0)
+#define FE_LD16(q) _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(q)))
+#define FE_ST16(q, r) _mm256_storeu_si256((__m256i *)(q), _mm512_cvtepi32_epi16(r))
+#define FE_NAN16(r, x)                                                                             \
+    _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, _mm512_set1_epi32(0xffff))
 #define FE_EXPV FE_SET1_512(FE_EXP)
 #define FACC_ADD(acc, x)                                                                           \
     ((acc) | FE_CAT(_mm512_cmpeq_, FE_EPI, _mask, )(                                               \
@@ -95,9 +116,31 @@
 #define VDIV(x, y) VOP(div_)(x, y)
 #define VSQRT(x) VOP(sqrt_)(x)
 #define VFMA(x, y, z) VOP(fmadd_)(x, y, z)
+#if FE_BF16
+/* bfloat16 state: widened exactly (the upper half of a float32), rounded to
+ * nearest even with NaN to 0xffff, as mu__bf16_from_f32, lane by lane. */
+#define FE_I(op) FE_CAT(FE_MM, op, , )
+#define SLD(q) FE_CAT(FE_MM, castsi, FE_BITS, _ps)(FE_I(slli_epi32)(FE_LD16(q), 16))
+#define SST(q, x) FE_ST16(q, R(bf16_round)(x))
+#define FE_IVEC FE_CAT(__m, FE_BITS, i, )
+static inline KATTR FE_IVEC R(bf16_round)(vec x)
+{
+    const FE_IVEC u = FE_CAT(FE_MM, castps_si, FE_BITS, )(x);
+    const FE_IVEC lsb = FE_CAT(FE_MM, and_si, FE_BITS, )(FE_I(srli_epi32)(u, 16), FE_I(set1_epi32)(1));
+    const FE_IVEC r = FE_I(srli_epi32)(FE_I(add_epi32)(u, FE_I(add_epi32)(lsb, FE_I(set1_epi32)(0x7fff))), 16);
+    return FE_NAN16(r, x);
+}
+#endif
+#endif
+#if FE_BF16
+#define state_t uint16_t
+#else
+#define state_t real
+#define SLD VLD
+#define SST VST
 #endif
 
-#define R(name) FE_CAT(name##_, FE_T, _, FE_ISANAME)
+
 #include "foreach_generic.h"
 
 #undef FE_CAT_
@@ -134,3 +177,11 @@
 #undef FACC_ADD
 #undef FACC_ANY
 #undef R
+#undef FE_LD16
+#undef FE_ST16
+#undef FE_NAN16
+#undef FE_I
+#undef FE_IVEC
+#undef SLD
+#undef SST
+#undef state_t

@@ -80,7 +80,24 @@ MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
 
 /* --------------------------------------------------------------- tensors */
 
-typedef enum { MU_F32 = 0, MU_F64 = 1 } mu_dtype;
+/*
+ * The dtypes, in one table: X(name, value, bytes, lua name, safetensors
+ * name). It generates the enum (MU_F32, ...), mu_dtype_size, mu_dtype_name
+ * and mu_dtype_file_name (src/tensor.c); the Lua side builds its dtype
+ * tables from those. MU_BF16 (bfloat16: the upper half of a float32) is a
+ * storage dtype: tensors of it are made, viewed, copied and converted
+ * (round to nearest even, as torch), saved and loaded, and foreach state
+ * arrays may hold it; the maths, Newton-Schulz and collectives take float32
+ * and float64 only (MU_EDTYPE otherwise).
+ */
+#define MU_DTYPES(X)                                                                            \
+    X(F32, 0, 4, "float32", "F32")                                                              \
+    X(F64, 1, 8, "float64", "F64")                                                              \
+    X(BF16, 2, 2, "bfloat16", "BF16")
+
+#define MU__DTYPE_ENUM(name, value, bytes, lname, fname) MU_##name = value,
+typedef enum { MU_DTYPES(MU__DTYPE_ENUM) MU_DTYPE_COUNT } mu_dtype;
+#undef MU__DTYPE_ENUM
 enum { MU_MAX_DIMS = 8 };
 
 typedef struct mu_storage mu_storage; /* refcounted buffer, opaque */
@@ -111,7 +128,12 @@ MU_API void mu_tensor_free(mu_tensor *t);
 
 MU_API int64_t mu_tensor_numel(const mu_tensor *t);
 MU_API int mu_tensor_is_contiguous(const mu_tensor *t);
+/* Bytes per element of a dtype (0 for a value outside MU_DTYPES). */
 MU_API size_t mu_dtype_size(int dtype);
+/* The dtype's Lua name ("float32", "float64", "bfloat16") and its
+ * safetensors name ("F32", "F64", "BF16"); NULL outside MU_DTYPES. */
+MU_API const char *mu_dtype_name(int dtype);
+MU_API const char *mu_dtype_file_name(int dtype);
 /* Whether two tensors share the same storage. */
 MU_API int mu_tensor_same_storage(const mu_tensor *a, const mu_tensor *b);
 

@@ -5,6 +5,7 @@
 #include "muon.h"
 
 #include <stdatomic.h>
+#include <string.h>
 
 #define MU__UNUSED(x) ((void)(x))
 
@@ -20,6 +21,30 @@ struct mu_storage {
  * computed from caller or file input goes through these. */
 static inline int mu__mul_i64(int64_t a, int64_t b, int64_t *r) { return __builtin_mul_overflow(a, b, r); }
 static inline int mu__add_i64(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }
+
+/* bfloat16 <-> float32/float64, bit for bit as torch 1.13 on CPU: to
+ * bfloat16 rounds to nearest even (subnormals kept, overflow to Inf); a
+ * float32 NaN becomes 0xffff (torch's vectorized conversion), a float64
+ * one 0x7fc0 (torch's scalar path, which goes through float32 first, as
+ * this does). Widening is exact. */
+static inline uint16_t mu__bf16_from_f32(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if (f != f) return 0xffff;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline uint16_t mu__bf16_from_f64(double d)
+{
+    return d != d ? (uint16_t)0x7fc0 : mu__bf16_from_f32((float)d);
+}
+static inline float mu__f32_from_bf16(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 /* Record a detail message for mu_last_error() and return code. */
 int mu__fail(int code, const char *fmt, ...)

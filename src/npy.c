@@ -227,6 +227,9 @@ int mu_npy_save(const mu_tensor *t, const char *path)
     if (!t || !path || !*path) return mu__fail(MU_EINVAL, "tensor or path is NULL");
     int rc = mu__tensor_check(t, "tensor");
     if (rc) return rc;
+    if (t->scalar != MU_F32 && t->scalar != MU_F64)
+        return mu__fail(MU_EDTYPE, "cannot save '%s': .npy has no %s type (save a float32 copy, "
+                        "or use safetensors)", path, mu_dtype_name(t->scalar));
     char dict[512];
     int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
                      t->scalar == MU_F32 ? "<f4" : "<f8");
