@@ -251,6 +251,12 @@ MU_API int mu_tensor_matmul(const mu_tensor *a, const mu_tensor *b, mu_tensor *o
 
 /* NumPy .npy, versions 1.0/2.0/3.0, '<f4' or '<f8', C order. */
 MU_API int mu_npy_load(const char *path, mu_tensor **out);
+/* As mu_npy_load, into a tensor of dtype (MU_F32, MU_F64, MU_BF16; -1: as
+ * stored), converting '<f2', '<f4', '<f8', integer ('|i1'..'<i8',
+ * '|u1'..'<u8') and '|b1' data as mu_st_reader_read_as does. Without a
+ * dtype, data that is not '<f4' or '<f8' is refused (MU_EDTYPE naming the
+ * file and its dtype). */
+MU_API int mu_npy_load_as(const char *path, int dtype, mu_tensor **out);
 MU_API int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out);
 MU_API int mu_npy_save(const mu_tensor *t, const char *path);
 
@@ -271,6 +277,17 @@ MU_API int64_t mu_st_reader_data_size(const mu_st_reader *r);
 /* Copy data bytes [begin, end) into contiguous dst after checking
  * 0 <= begin <= end <= data size and end - begin == numel * element size. */
 MU_API int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *dst);
+/* Bytes per element of a safetensors dtype muon reads: "F32", "F64",
+ * "BF16", "F16", "I8".."I64", "U8".."U64", "BOOL"; 0 for any other name. */
+MU_API size_t mu_st_dtype_size(const char *name);
+/* As mu_st_reader_read for data stored as `dtype` (a name above), each
+ * element converted into dst's dtype: exact where it holds every value,
+ * else rounded to nearest even as torch's .to() (integers straight to the
+ * float type, float64 to bfloat16 through float32). */
+MU_API int mu_st_reader_read_as(mu_st_reader *r, int64_t begin, int64_t end, const char *dtype,
+                                mu_tensor *dst);
+/* XXH64 (seed 0) of the file's whole data section, read from the file. */
+MU_API int mu_st_reader_checksum(mu_st_reader *r, uint64_t *out);
 MU_API void mu_st_reader_close(mu_st_reader *r);
 
 /* Atomic write: a new temporary file in path's directory (a unique

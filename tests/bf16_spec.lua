@@ -327,3 +327,101 @@ describe("foreach with bfloat16 state", function()
     end
   end)
 end)
+
+describe("bfloat16 and other dtypes in files", function()
+  local st = require("muon.safetensors")
+  local TORCH = DIR .. "torch.safetensors" -- written from torch's bytes by make.py
+
+  it("safetensors from torch: BF16 loads as bfloat16, the rest only when a dtype is asked for", function()
+    local ok, err = pcall(st.load, TORCH, { checksum = false })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(("safetensors '%s': tensor 'f16' is F16, which muon does not store: "
+      .. "load(path, { dtype = \"float32\" }) converts it"):format(TORCH), 1, true), tostring(err))
+    local h = st.inspect(TORCH)
+    local by = {}
+    for _, e in ipairs(h.entries) do by[e.name] = e end
+    assert.are.equal("bfloat16", by.bf16.dtype)
+    assert.are.equal("I16", by.i16.st_dtype)
+  end)
+
+  it("converts BF16, F16, integer and BOOL tensors to float64 exactly as torch, to float32 and bfloat16 rounded", function()
+    local f64 = st.load(TORCH, { dtype = "float64" }).tensors
+    local names = { "bf16", "f16", "i8", "u8", "i16", "i32", "i64", "bool", "f32" }
+    for _, n in ipairs(names) do
+      H.assert_equal_bits(f64[n], f64[n .. ".f64"], n .. " as float64")
+    end
+    local f32 = st.load(TORCH, { dtype = "float32" }).tensors
+    local b16 = st.load(TORCH, { dtype = "bfloat16" }).tensors
+    for _, n in ipairs(names) do
+      if n ~= "i64" then -- (an int64 rounds once to float32; through float64 it may round twice)
+        H.assert_equal_bits(f32[n], f64[n .. ".f64"]:clone("float32"), n .. " as float32")
+        H.assert_equal_bits(b16[n], f64[n .. ".f64"]:clone("float32"):clone("bfloat16"), n .. " as bfloat16")
+      end
+    end
+    H.assert_close(f32.i64, f64["i64.f64"], 2 ^ -23 * 4e17, "i64 as float32")
+    local raw = st.load(TORCH, { dtype = "bfloat16" }).tensors.bf16 -- BF16 read as it is
+    H.assert_equal_bits(raw:clone("float64"), f64["bf16.f64"], "bf16 bits")
+  end)
+
+  it("saves bfloat16 tensors as BF16 and reads them back bit for bit, checksum included", function()
+    local b = T.randn({ 3, 17 }, 5):clone("bfloat16")
+    local path = H.tmpname(".safetensors")
+    st.save(path, { { name = "m", tensor = b }, { name = "w", tensor = T.randn({ 4 }, 6) } })
+    local h = st.inspect(path)
+    assert.are.equal("BF16", h.entries[1].st_dtype)
+    assert.are.same({ 0, 3 * 17 * 2 }, h.entries[1].offsets)
+    local back = st.load(path).tensors
+    assert.are.equal("bfloat16", back.m:dtype())
+    local p, q = ffi.cast("uint16_t *", b.data), ffi.cast("uint16_t *", back.m.data)
+    for i = 0, b:numel() - 1 do assert(p[i] == q[i], i) end
+    -- converted on load: the checksum is the file's, so it still verifies
+    local f = st.load(path, { dtype = "float32" }).tensors
+    H.assert_equal_bits(f.m, b:clone("float32"), "m as float32")
+    -- and torch reads it (when /usr/bin/python3 has torch)
+    local py = "/usr/bin/python3"
+    if os.execute(py .. " -c 'import torch' >/dev/null 2>&1") == 0 then
+      local out = io.popen(py .. [==[ -c "
+import json, struct, sys, torch
+b = open(sys.argv[1], 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+e = h['m']; d = b[8 + n + e['data_offsets'][0]:8 + n + e['data_offsets'][1]]
+t = torch.frombuffer(bytearray(d), dtype=torch.bfloat16).reshape(e['shape'])
+print(e['dtype'], e['shape'], ' '.join(repr(v) for v in t.flatten().tolist()))" ]==] .. path):read("*a")
+      assert.are.equal("BF16 [3, 17] ", out:sub(1, 13))
+      local got = {}
+      for v in out:sub(14):gmatch("%S+") do got[#got + 1] = tonumber(v) end
+      assert.are.same(b:flat(), got)
+    end
+    os.remove(path)
+  end)
+
+  it("T.load reads .npy float16, integer and boolean data on request, refuses it otherwise", function()
+    local function npy(descr, shape, payload)
+      local dict = ("{'descr': '%s', 'fortran_order': False, 'shape': %s, }"):format(descr, shape)
+      local total = 10 + #dict + 1
+      local header = dict .. string.rep(" ", (64 - total % 64) % 64) .. "\n"
+      local path = H.tmpname(".npy")
+      H.write_file(path, "\147NUMPY\1\0" .. string.char(#header % 256, math.floor(#header / 256)) .. header .. payload)
+      return path
+    end
+    local cases = {
+      { "<i2", "(3,)", "\1\0\255\255\0\128", { 1, -1, -32768 } },
+      { "|u1", "(2,)", "\7\255", { 7, 255 } },
+      { "<f2", "(4,)", "\0\60\0\188\1\0\0\124", { 1, -1, 2 ^ -24, 1 / 0 } },
+      { "|b1", "(2,)", "\0\1", { 0, 1 } },
+      { "<i8", "(1,)", "\1\0\0\0\0\0\32\0", { 2 ^ 53 + 1 } },
+    }
+    for _, c in ipairs(cases) do
+      local path = npy(c[1], c[2], c[3])
+      local ok, err = pcall(T.load, path)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(path, 1, true), tostring(err))
+      assert.truthy(tostring(err):find(("npy dtype '%s'"):format(c[1]), 1, true), tostring(err))
+      assert.are.same(c[4], T.load(path, { dtype = "float64" }):flat())
+      assert.are.equal("float32", T.load(path, { dtype = "float32" }):dtype())
+      os.remove(path)
+    end
+    local ok, err = pcall(T.load, "x.npy", { dtyp = "float32" })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("dtype", 1, true))
+  end)
+end)

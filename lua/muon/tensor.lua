@@ -166,10 +166,16 @@ function T.wrap(ptr, shape, dtype, strides)
   return adopt(box)
 end
 
-function T.load(path)
+-- T.load(path [, { dtype = "float32" | "float64" | "bfloat16" }]): a .npy
+-- file; with a dtype, float16, integer and boolean data convert to it.
+function T.load(path, opts)
   if type(path) ~= "string" then raise(E.EINVAL, "path must be a string", 2) end
+  if opts ~= nil and type(opts) ~= "table" then raise(E.EINVAL, "load: options must be a table { dtype = ... }", 2) end
+  for k in pairs(opts or {}) do
+    if k ~= "dtype" then raise(E.EINVAL, "load: " .. E.unknown("option", tostring(k), { "dtype" }), 2) end
+  end
   local box = out_box()
-  check(C.mu_npy_load(path, box), "load", 2)
+  check(C.mu_npy_load_as(path, opts and opts.dtype and dtype_code(opts.dtype, 2) or -1, box), "load", 2)
   return adopt(box)
 end
 
