@@ -136,7 +136,7 @@ function host.run_module(target, args, trusted)
   if not mod then mod, fn = target, "main" end
   local m = require(mod)
   if type(m) ~= "table" or type(m[fn]) ~= "function" then
-    error("module '" .. mod .. "' has no function '" .. fn .. "'", 0)
+    raise(E.EINVAL, "module '%s' has no function '%s'", mod, fn)
   end
   local ret = m[fn](args)
   if type(ret) == "number" then return ret end

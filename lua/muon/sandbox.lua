@@ -37,10 +37,13 @@ local S = {}
 S.HOW_TO_ALLOW = "trusted = true (muon run --trust SCRIPT / muon check --trust CONFIG, "
   .. "engine.new(path, { trusted = true }) in Lua, or mu_engine_opts.trusted = 1 with mu_engine_open_ex in C)"
 
-function S.blocked_error(what, level)
-  error(("%s is blocked in sandboxed configs; to allow it load the config with %s"):format(what, S.HOW_TO_ALLOW),
-    (level or 1) + 1)
+local function blocked_message(what)
+  return ("%s is blocked in sandboxed configs; to allow it load the config with %s"):format(what, S.HOW_TO_ALLOW)
 end
+
+-- The config's own line used something blocked (a member, a function, an
+-- option): blamed on that line (E.blame).
+function S.blocked_error(what) E.blame(E.EINVAL, blocked_message(what)) end
 
 local REAL = setmetatable({}, { __mode = "k" })        -- proxy -> host value
 local PROXY = setmetatable({}, { __mode = "kv" })      -- host value -> proxy
@@ -257,9 +260,9 @@ local function check_pattern(name, s, p, init)
   if in_budget() then
     S.charge(4 * cost) -- (a matching step costs a few VM instructions' time)
   elseif cost > S.PATTERN_LIMIT then
-    error(("string.%s: pattern '%s' on a subject of %d characters may take %.3g matching steps, more than "
+    E.blame(E.EINVAL, ("string.%s: pattern '%s' on a subject of %d characters may take %.3g matching steps, more than "
       .. "the %.3g a sandboxed config may use in one call"):format(name, #p > 40 and p:sub(1, 40) .. "..." or p,
-      #s, cost, S.PATTERN_LIMIT), 3)
+      #s, cost, S.PATTERN_LIMIT))
   end
 end
 
@@ -286,7 +289,7 @@ end
 local SAFE_STRING = {}
 for k, v in pairs(string) do SAFE_STRING[k] = v end
 S.SAFE_STRING = SAFE_STRING
-SAFE_STRING.dump = function() S.blocked_error("string.dump", 2) end
+SAFE_STRING.dump = function() S.blocked_error("string.dump") end
 for _, name in ipairs({ "find", "match", "gmatch" }) do
   local f = string[name]
   SAFE_STRING[name] = function(s, p, init, ...)
@@ -620,11 +623,11 @@ for _, name in ipairs(SAFE_METHODS) do
   tensor_methods[name] = function(self, ...)
     local real = REAL[self]
     if real == nil or not T.is_tensor(real) then
-      error(("tensor:%s called on %s, not a tensor"):format(name, type(self)), 2)
+      E.blame(E.EINVAL, "tensor:%s called on %s, not a tensor", name, type(self))
     end
     if TENSOR_ARG[name] then
       local other = REAL[(...)]
-      if other == nil or not T.is_tensor(other) then error(("tensor:%s: argument is not a tensor"):format(name), 2) end
+      if other == nil or not T.is_tensor(other) then E.blame(E.EINVAL, "tensor:%s: argument is not a tensor", name) end
     end
     if MATMULS[name] then S.charge(matmul_cost(real, REAL[(...)])) end
     return call_host(m, real, ...)
@@ -636,11 +639,11 @@ local tensor_mt = {
   __index = function(_, k)
     local m = tensor_methods[k]
     if m then return m end
-    if BLOCKED_MEMBERS[k] then S.blocked_error(BLOCKED_MEMBERS[k], 2) end
+    if BLOCKED_MEMBERS[k] then S.blocked_error(BLOCKED_MEMBERS[k]) end
     return nil
   end,
   __newindex = function(_, k)
-    error(("cannot set field '%s' of a tensor in a sandboxed config"):format(tostring(k)), 2)
+    E.blame(E.EINVAL, "cannot set field '%s' of a tensor in a sandboxed config", tostring(k))
   end,
   __tostring = function(self) return tostring(REAL[self]) end,
   __eq = function(a, b) return REAL[a] == REAL[b] end,
@@ -674,7 +677,7 @@ local object_mt = {
     local real = REAL[self]
     local v = real[k]
     if type(k) == "string" and (k:sub(1, 1) == "_" or (type(v) == "function" and not OBJECT_METHODS[k])) then
-      S.blocked_error(("object member '%s' %s"):format(k, OBJECT_BLOCKED[k] or "(internal)"), 2)
+      S.blocked_error(("object member '%s' %s"):format(k, OBJECT_BLOCKED[k] or "(internal)"))
     end
     local cost = k == "step" and STEP_COST[real]
     if cost then
@@ -687,7 +690,7 @@ local object_mt = {
     return import(v)
   end,
   __newindex = function(_, k)
-    error(("cannot set field '%s' of a host object in a sandboxed config"):format(tostring(k)), 2)
+    E.blame(E.EINVAL, "cannot set field '%s' of a host object in a sandboxed config", tostring(k))
   end,
   __call = function(self, ...) return call_host(REAL[self], ...) end,
   __tostring = function(self) return tostring(REAL[self]) end,
@@ -720,7 +723,7 @@ function import(v, seen)
   if tv == "nil" or tv == "number" or tv == "string" or tv == "boolean" then return v end
   if tv == "cdata" then
     if T.is_tensor(v) then return proxy_of(v, tensor_mt) end
-    S.blocked_error("passing an FFI value (" .. tostring(v) .. ") into the config", 3)
+    E.raise(E.EINVAL, blocked_message("passing an FFI value (" .. tostring(v) .. ") into the config"))
   end
   if tv == "function" then
     local orig = EXPORTED[v]
@@ -738,7 +741,7 @@ function import(v, seen)
     if getmetatable(v) ~= nil then return proxy_of(v, object_mt) end
     return copy_table(v, import, seen or {})
   end
-  S.blocked_error("passing a " .. tv .. " into the config", 3)
+  E.raise(E.EINVAL, blocked_message("passing a " .. tv .. " into the config"))
 end
 
 function export(v, seen)
@@ -761,7 +764,7 @@ function export(v, seen)
     return w
   end
   if tv == "cdata" then return v end -- value cdata made by the config itself (1LL): no pointers reach it
-  error(("a sandboxed config returned a %s, which cannot leave the sandbox"):format(tv), 3)
+  E.raise(E.EINVAL, "a sandboxed config returned a %s, which cannot leave the sandbox", tv)
 end
 
 S.import, S.export = import, export
@@ -781,7 +784,7 @@ local function facade_of(fields, blocked_prefix, blocked_names)
   return setmetatable(fields, {
     __metatable = "muon module (sandboxed)",
     __index = function(_, k)
-      if blocked_names[k] then S.blocked_error(blocked_prefix .. tostring(k) .. " " .. blocked_names[k], 2) end
+      if blocked_names[k] then S.blocked_error(blocked_prefix .. tostring(k) .. " " .. blocked_names[k]) end
       return nil
     end,
   })
@@ -813,7 +816,7 @@ BUILDERS["muon.ns"] = function()
     "DEFAULT_VARIANT", "DEFAULT_EPS" })
   local zp = f.zeropower
   f.zeropower = function(x, opts)
-    if type(opts) == "table" and opts.workspace ~= nil then S.blocked_error("muon.ns.zeropower's workspace option", 2) end
+    if type(opts) == "table" and opts.workspace ~= nil then S.blocked_error("muon.ns.zeropower's workspace option") end
     S.charge(ns_cost(REAL[x], type(opts) == "table" and rawget(opts, "steps") or nil))
     return zp(x, opts)
   end
@@ -841,7 +844,7 @@ end
 
 local function optim_facade(name, mod)
   local function new(params, opts)
-    local o = call_host(mod.new, params, opts, 2)
+    local o = call_host(mod.new, params, opts)
     local real = REAL[o]
     if real ~= nil then
       local ok, cost = pcall(step_cost, export(params), type(opts) == "table" and export(opts) or nil)
@@ -887,9 +890,9 @@ function S.new_require(path)
   end
   req = function(name)
     if type(name) == "string" and BUILDERS[name] then return get(name) end
-    error(("config '%s': require('%s') is blocked in sandboxed configs (allowed: muon, muon.tensor, muon.ns, "
+    E.blame(E.EINVAL, ("config '%s': require('%s') is blocked in sandboxed configs (allowed: muon, muon.tensor, muon.ns, "
       .. "muon.param, muon.optim, muon.foreach, muon.schedules); to allow it load the config with %s")
-      :format(path, tostring(name), S.HOW_TO_ALLOW), 2)
+      :format(path, tostring(name), S.HOW_TO_ALLOW))
   end
   return req
 end

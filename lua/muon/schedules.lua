@@ -1,10 +1,12 @@
 -- Learning-rate schedules for configs: each returns a function(step, group)
 -- suitable as a config's `schedule`, giving { lr = ... } from group.base_lr.
+local E = require("muon.errors")
+
 local S = {}
 
 local function check(name, v, min)
   if type(v) ~= "number" or v ~= v or v < min then
-    error(("%s must be a number >= %s, got %s"):format(name, tostring(min), tostring(v)), 3)
+    E.blame(E.EINVAL, "%s must be a number >= %s, got %s", name, tostring(min), tostring(v))
   end
 end
 
