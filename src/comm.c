@@ -98,9 +98,9 @@ static void mu__account_nb(mu_comm *c, int64_t sent, int64_t recv, double t0, in
 }
 
 static int mu__esize(int dtype, size_t *es) {
-    if (dtype == MU_F32) *es = 4;
-    else if (dtype == MU_F64) *es = 8;
-    else return mu__fail(MU_EDTYPE, "comm: dtype %d is not MU_F32 or MU_F64", dtype);
+    if (dtype != MU_F32 && dtype != MU_F64)
+        return mu__fail(MU_EDTYPE, "comm: dtype %d is not MU_F32 or MU_F64", dtype);
+    *es = mu_dtype_size(dtype);
     return MU_OK;
 }
 

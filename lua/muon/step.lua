@@ -44,7 +44,7 @@ local Stepper = {}
 Stepper.__index = Stepper
 M.Stepper = Stepper
 
-local ESIZE = { float32 = 4, float64 = 8 }
+local ESIZE = T.DTYPE_SIZES -- bytes per element, from C's dtype table
 
 local function strip(msg) return (tostring(msg):gsub("^[^:\n]*:%d+: ", "")) end
 

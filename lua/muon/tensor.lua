@@ -30,7 +30,7 @@ for code = 0, C.MU_DTYPE_COUNT - 1 do
   local name = ffi.string(C.mu_dtype_name(code))
   DTYPES[name], DTYPE_NAMES[code], DTYPE_SIZES[name] = code, name, tonumber(C.mu_dtype_size(code))
 end
-T.DTYPE_SIZES = DTYPE_SIZES
+T.DTYPE_SIZES, T.DTYPE_NAMES = DTYPE_SIZES, DTYPE_NAMES
 local CTYPES = { [tonumber(C.MU_F32)] = ffi.typeof("float *"), [tonumber(C.MU_F64)] = ffi.typeof("double *"),
                  [tonumber(C.MU_BF16)] = ffi.typeof("uint16_t *") }
 
