@@ -369,7 +369,7 @@ static int check_tensor(const mu_tensor *t, const char *what, int i, int dtype)
     if (rc) return rc;
     if (t->scalar != dtype)
         return mu__fail(MU_EDTYPE, "%s[%d] has dtype %s, expected %s", what, i,
-                        mu_dtype_name(t->scalar), mu_dtype_name(dtype));
+                        mu_dtype_name(t->scalar), mu_dtype_name(dtype)); /* (known: checked above) */
     if (!mu_tensor_is_contiguous(t))
         return mu__fail(MU_EINVAL, "%s[%d] is not contiguous (pass contiguous tensors)", what, i);
     return MU_OK;
@@ -414,11 +414,16 @@ static int check_arrays(int n, int narr, mu_tensor *const *const *arrays, const 
     const mu_tensor *ts = first_of(n, narr, arrays, state, 1, &ks);
     int dt = tp ? tp->scalar : ts && ts->scalar != MU_BF16 ? ts->scalar : MU_F32;
     int st = ts ? ts->scalar : dt;
-    if (dt != MU_F32 && dt != MU_F64)
-        return mu__fail(MU_EDTYPE, "%s[0] has unsupported dtype %s", names[kp], mu_dtype_name(dt));
+    if (dt != MU_F32 && dt != MU_F64) {
+        const char *dn = mu_dtype_name(dt);
+        return dn ? mu__fail(MU_EDTYPE, "%s[0] has unsupported dtype %s", names[tp ? kp : ks], dn)
+                  : mu__fail(MU_EDTYPE, "%s[0] has unsupported dtype %d", names[tp ? kp : ks], dt);
+    }
     if (st != dt && !(st == MU_BF16 && dt == MU_F32))
-        return mu__fail(MU_EDTYPE, "%s[0] has dtype %s, expected %s%s", names[ks], mu_dtype_name(st),
-                        mu_dtype_name(dt), dt == MU_F32 ? " or bfloat16" : "");
+        return mu_dtype_name(st)
+                   ? mu__fail(MU_EDTYPE, "%s[0] has dtype %s, expected %s%s", names[ks],
+                              mu_dtype_name(st), mu_dtype_name(dt), dt == MU_F32 ? " or bfloat16" : "")
+                   : mu__fail(MU_EDTYPE, "%s[0] has unsupported dtype %d", names[ks], st);
     for (int i = 0; i < n; i++) {
         for (int k = 0; k < narr; k++) {
             int rc = check_tensor(arrays[k][i], names[k], i, (state >> k) & 1u ? st : dt);

@@ -207,7 +207,11 @@ static const kernels *pick_kernels(int dtype)
     return KERNELS[dtype];
 }
 
-static const char *dtype_name(int dtype) { return mu_dtype_name(dtype); }
+static const char *dtype_name(int dtype)
+{
+    const char *s = mu_dtype_name(dtype);
+    return s ? s : "unknown";
+}
 
 /* MU_EDTYPE unless t's dtype is one the maths compute in. */
 static int arith_dtype(const mu_tensor *t, const char *what)
