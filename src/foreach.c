@@ -23,6 +23,8 @@
  *                                           p.add_(update, alpha=alpha)
  *   scale     x  = x * s
  *   adamw     see foreach_generic.h (torch.optim.AdamW single-tensor path).
+ *   lion      c = fma(1-b1, g, m*b1); u = sign(c); m' = fma(1-b2, g, m*b2)
+ *                                           lion-pytorch's m.mul(b1).add(g, alpha=1-b1)
  * Scalars are rounded to the tensor dtype first, as torch does for a Python
  * scalar applied to a float32 tensor. torch's CPU add-with-alpha is a fused
  * multiply-add (Vectorized fmadd; checked against torch 1.13: 100% equal
@@ -101,6 +103,9 @@ typedef struct adamw_args { /* params (or NULL), grads, m, v, new m, new v, upda
     double eps;
     double nss;   /* -lr / (1 - beta1^step) */
 } adamw_args;
+typedef struct lion_args { /* grads, m, new m, updates */
+    double beta1, beta2;
+} lion_args;
 typedef struct triad_args { /* dst, a, b */
     double s;
 } triad_args;
@@ -111,7 +116,7 @@ typedef struct pack_args { /* the tensors */
     int unpack;
 } pack_args;
 
-enum { OP_MOMENTUM, OP_APPLY, OP_SCALE, OP_ADAMW, OP_FINITE, OP_TRIAD, OP_COUNT };
+enum { OP_MOMENTUM, OP_APPLY, OP_SCALE, OP_ADAMW, OP_LION, OP_FINITE, OP_TRIAD, OP_COUNT };
 
 /* A kernel: elements [k0, k0 + len) of tensor index i, p[] pointing at
  * element k0 of each of the op's arrays; len is a multiple of width.
@@ -159,6 +164,7 @@ static const kernel *const KERNELS[FE_ISA_COUNT][VAR_COUNT] = {
 static const int PAYS[OP_COUNT] = {
     [OP_MOMENTUM] = FE_AVX2, [OP_APPLY] = FE_AVX512, [OP_SCALE] = FE_AVX512,
     [OP_ADAMW] = FE_AVX2,    [OP_FINITE] = FE_AVX512, [OP_TRIAD] = FE_AVX2,
+    [OP_LION] = FE_AVX2, /* two store streams, as momentum */
 };
 
 /* The instruction set for op: the widest the CPU has, up to the one that
@@ -696,5 +702,25 @@ int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor *b, do
     triad_args ta = { s };
     job J;
     run_op(&J, OP_TRIAD, dtype, 1, 3, arrs, &ta);
+    return MU_OK;
+}
+
+int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
+                           mu_tensor *const *new_exp_avgs, mu_tensor *const *updates,
+                           double beta1, double beta2)
+{
+    mu_tensor *const *arrs[4] = { grads, exp_avgs, new_exp_avgs, updates };
+    const char *names[4] = { "grads", "exp_avgs", "new_exp_avgs", "updates" };
+    int dtype, rc = check_arrays(n, 4, arrs, names, 0x6u, &dtype); /* the moments: state */
+    if (rc) return rc;
+    if ((rc = finite_scalar("beta1", beta1)) || (rc = finite_scalar("beta2", beta2))) return rc;
+    for (int i = 0; i < n; i++)
+        if (mu_tensor_numel(updates[i]) > 0 &&
+            (updates[i]->data == grads[i]->data || updates[i]->data == exp_avgs[i]->data ||
+             updates[i]->data == new_exp_avgs[i]->data))
+            return mu__fail(MU_EINVAL, "updates[%d] aliases an input or new_exp_avgs[%d]", i, i);
+    lion_args a = { beta1, beta2 };
+    job J;
+    run_op(&J, OP_LION, dtype, n, 4, arrs, &a);
     return MU_OK;
 }

@@ -120,6 +120,30 @@ static KATTR int R(adamw)(const void *va, int i, int64_t k0, int64_t len, char *
     return 1;
 }
 
+/* Lion: c = beta1*m + (1-beta1)*g, u = sign(c) (1, -1, +0 for either
+ * zero, a NaN kept), m' = beta2*m + (1-beta2)*g, each sum one fused
+ * multiply-add over the rounded product (lion-pytorch's
+ * m.mul(beta1).add(g, alpha=1-beta1)). m' may be m. */
+static KATTR int R(lion)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
+{
+    const lion_args *a = va;
+    const real *g = (const real *)p[0];
+    const state_t *m = (const state_t *)p[1];
+    state_t *nm = (state_t *)p[2];
+    real *u = (real *)p[3];
+    const vec b1 = VSET((real)a->beta1), a1 = VSET((real)(1.0 - a->beta1));
+    const vec b2 = VSET((real)a->beta2), a2 = VSET((real)(1.0 - a->beta2));
+    const vec zero = VSET((real)0), one = VSET((real)1), mone = VSET((real)-1);
+    (void)i, (void)k0;
+    for (int64_t k = 0; k < len; k += W) {
+        vec gv = VLD(g + k), mv = SLD(m + k);
+        vec c = VFMA(a1, gv, VMUL(mv, b1));
+        VST(u + k, VSEL_LT(zero, c, one, VSEL_LT(c, zero, mone, VADD(c, zero))));
+        SST(nm + k, VFMA(a2, gv, VMUL(mv, b2)));
+    }
+    return 1;
+}
+
 /* 0 if an element is NaN or Inf (x is state_t: bfloat16 too). The flags
  * are folded every 1024 elements, so a long tensor with an early bad value
  * stops early. */
@@ -151,7 +175,7 @@ static KATTR int R(triad)(const void *va, int i, int64_t k0, int64_t len, char *
 
 static const kernel R(kernels)[OP_COUNT] = {
     [OP_MOMENTUM] = { R(momentum), W }, [OP_ADAMW] = { R(adamw), W },
-    [OP_FINITE] = { R(finite), W },
+    [OP_LION] = { R(lion), W },         [OP_FINITE] = { R(finite), W },
 #if !FE_BF16
     [OP_APPLY] = { R(apply), W },       [OP_SCALE] = { R(scale), W },
     [OP_TRIAD] = { R(triad), W },

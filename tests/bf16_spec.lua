@@ -258,6 +258,31 @@ describe("foreach with bfloat16 state", function()
     near(u, wu, 1e-5, 1e-8, "update")
   end)
 
+  it("lion_update: the float32 kernel's bits on the widened moment, rounded once", function()
+    local g, m = list(11), list(12, "bfloat16", 0.1)
+    local nm, u = list(13, "bfloat16"), list(13)
+    F.lion_update(g, m, nm, u, 0.9, 0.99)
+    local nm32, u32 = list(13), list(13)
+    F.lion_update(g, widen(m), nm32, u32, 0.9, 0.99)
+    same_list(u, u32, "updates")
+    same_list(nm, rounded(nm32), "new exp_avgs")
+    local wm, wu = {}, {}
+    for i = 1, #g do
+      local gv, mv = g[i]:flat(), m[i]:flat()
+      wm[i], wu[i] = {}, {}
+      for k = 1, #gv do
+        local c = 0.9 * mv[k] + 0.1 * gv[k]
+        wu[i][k] = c > 0 and 1 or c < 0 and -1 or 0
+        wm[i][k] = 0.99 * mv[k] + 0.01 * gv[k]
+      end
+    end
+    near(u, wu, 0, 0, "lion sign")
+    near(nm, wm, 2 ^ -8, 16 * U, "lion moment")
+    local mi = clones(m)
+    F.lion_update(g, mi, mi, list(13), 0.9, 0.99)
+    same_list(mi, nm, "in place")
+  end)
+
   it("rounds state on store as torch, in every kernel variant (ties, subnormals, Inf, NaN)", function()
     pcall(ffi.cdef, "int setenv(const char *, const char *, int);")
     local g, want, n = fixture("f32.bin", "float32", 4)
@@ -302,7 +327,9 @@ describe("foreach with bfloat16 state", function()
       F.momentum(g, b, nil, u, 0.9, 0.8, true)
       local p, m, v = list(4), list(5, "bfloat16", 0.1), list(6, "bfloat16", 0)
       F.adamw(p, g, m, v, { lr = 1e-2, betas = { 0.3, 0.99 }, step = 1 })
-      return { b, u, p, m, v }
+      local lm, lu = list(7, "bfloat16", 0.1), list(8)
+      F.lion_update(g, lm, lm, lu, 0.9, 0.99)
+      return { b, u, p, m, v, lm, lu }
     end
     local ref = run()
     for _, env in ipairs({ { "MU_FOREACH_SIMD", "portable" }, { "MU_FOREACH_SIMD", "avx2" },

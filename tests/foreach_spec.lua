@@ -568,7 +568,10 @@ describe("foreach kernel variants", function()
         end
         local nm, nv, du = zeros_like(params), zeros_like(params), zeros_like(params)
         F.adamw_update(grads, m, v, nm, nv, du, { lr = 0.01, beta1 = 0.8, beta2 = 0.9, step = 2 })
-        res[pass] = { ups, bufs, params, m, v, nm, nv, du }
+        local lm, lu = clones(bufs), zeros_like(params)
+        lm[2]:set(0, 3)
+        F.lion_update(grads, lm, lm, lu, 0.9, 0.99)
+        res[pass] = { ups, bufs, params, m, v, nm, nv, du, lm, lu }
         ffi.C.setenv("MU_FOREACH_" .. var[1], "", 1)
       end
       for pass = 2, #VARIANTS do

@@ -600,7 +600,7 @@ local STEP_COST = setmetatable({}, { __mode = "k" }) -- optimizer -> its step's 
 -- argument's type in Lua before any FFI call.
 local SAFE_METHODS = { "size", "stride", "numel", "dim", "dtype", "is_contiguous", "shares_storage", "view",
   "reshape", "transpose", "narrow", "select", "squeeze", "unsqueeze", "contiguous", "clone", "to", "copy",
-  "fill", "zero", "all_finite", "get", "set", "totable", "flat" }
+  "fill", "zero", "fill_", "zero_", "copy_", "all_finite", "get", "set", "totable", "flat" }
 for _, name in ipairs(T.math_names) do SAFE_METHODS[#SAFE_METHODS + 1] = name end
 -- Members that exist on real tensors but not behind the membrane.
 local BLOCKED_MEMBERS = {
@@ -613,7 +613,7 @@ local BLOCKED_MEMBERS = {
 
 -- Methods whose first argument must be a tensor (checked here: an FFI call
 -- would turn a plain table into a temporary struct).
-local TENSOR_ARG = { copy = true, shares_storage = true }
+local TENSOR_ARG = { copy = true, copy_ = true, shares_storage = true }
 -- Methods charged a matmul's estimate first.
 local MATMULS = { matmul = true, mm = true, bmm = true }
 
@@ -640,7 +640,7 @@ local tensor_mt = {
     local m = tensor_methods[k]
     if m then return m end
     if BLOCKED_MEMBERS[k] then S.blocked_error(BLOCKED_MEMBERS[k]) end
-    return nil
+    if T.methods[k] then S.blocked_error("tensor:" .. tostring(k)) end -- (an unknown name raises there)
   end,
   __newindex = function(_, k)
     E.blame(E.EINVAL, "cannot set field '%s' of a tensor in a sandboxed config", tostring(k))
@@ -656,11 +656,13 @@ local function sub(a, b) return a - b end
 local function mul(a, b) return a * b end
 local function div(a, b) return a / b end
 local function unm(a) return -a end
+local function pow(a, b) return a ^ b end
 tensor_mt.__add = function(a, b) return call_host(add, a, b) end
 tensor_mt.__sub = function(a, b) return call_host(sub, a, b) end
 tensor_mt.__mul = function(a, b) return call_host(mul, a, b) end
 tensor_mt.__div = function(a, b) return call_host(div, a, b) end
 tensor_mt.__unm = function(a) return call_host(unm, a) end
+tensor_mt.__pow = function(a, b) return call_host(pow, a, b) end
 
 -- ------------------------------------------------------------ object proxy
 
@@ -795,8 +797,10 @@ end
 local BUILDERS = {}
 
 BUILDERS["muon.tensor"] = function()
-  local names = { "zeros", "from", "randn" }
-  for _, name in ipairs(T.math_names) do names[#names + 1] = name end
+  local names = {}
+  for _, list in ipairs({ T.function_names, T.math_names }) do
+    for _, name in ipairs(list) do names[#names + 1] = name end
+  end
   local Tf = pick(T, names)
   Tf.is_tensor = function(x) return REAL[x] ~= nil and T.is_tensor(REAL[x]) end
   for name in pairs(MATMULS) do
@@ -831,7 +835,7 @@ end
 
 -- Pure functions of numbers: safe to hand out as they are.
 BUILDERS["muon.schedules"] = function()
-  return pick(require("muon.schedules"), { "warmup_cosine", "warmup_constant" })
+  return pick(require("muon.schedules"), { "warmup_cosine", "warmup_constant", "wsd" })
 end
 
 BUILDERS["muon.param"] = function()
@@ -858,12 +862,18 @@ local function optim_facade(name, mod)
     __call = function(_, ...) return f.new(...) end })
 end
 
-BUILDERS["muon.optim.muon"] = function() return optim_facade("optim.muon", require("muon.optim.muon")) end
-BUILDERS["muon.optim.adamw"] = function() return optim_facade("optim.adamw", require("muon.optim.adamw")) end
+-- Every optimizer kind (the list: muon.optim.kind) as its module and as
+-- muon.optim.<class>.
+local KINDS = require("muon.optim.kind").KINDS
+for _, k in ipairs(KINDS) do
+  BUILDERS[k.module] = function() return optim_facade(k.module:sub(6), require(k.module)) end
+end
 BUILDERS["muon.optim.options"] = function() return pick(require("muon.optim.options"), { "is_finite" }) end
 
 BUILDERS["muon.optim"] = function(get)
-  return { Muon = get("muon.optim.muon"), AdamW = get("muon.optim.adamw") }
+  local f = {}
+  for _, k in ipairs(KINDS) do f[k.class] = get(k.module) end
+  return f
 end
 
 BUILDERS["muon"] = function(get)

@@ -172,31 +172,44 @@ function T.load(path, opts)
   return adopt(box)
 end
 
--- Standard-normal tensors (splitmix64 + Box-Muller), for tests,
--- benchmarks and examples:
+-- Random tensors (splitmix64; normal by Box-Muller), for tests,
+-- benchmarks, examples and initializations:
 --   T.randn(shape, seed, dtype)  -- a number seed: the same tensor every time
 --   T.randn(shape)               -- no seed: drawn from the default generator
 --                                -- (successive calls differ; reproducible per run)
+--   T.rand(shape, seed, dtype)   -- uniform on [0, 1), the same seeds and generators
 --   T.manual_seed(s)             -- restart the default generator (as torch.manual_seed)
 --   local g = T.generator(s)     -- a generator of its own: g:randn(shape, dtype),
---   T.randn(shape, g, dtype)     -- or passed in place of the seed
-local function seed_state(seed)
+--   T.randn(shape, g, dtype)     -- g:rand(shape, dtype), or passed in place of the seed
+local function seed_state(seed, what)
   if type(seed) ~= "number" or seed ~= math.floor(seed) or math.abs(seed) >= 2 ^ 53 then
-    blame(E.EINVAL, "randn: seed must be an integer (|seed| < 2^53) or a generator, got " .. tostring(seed))
+    blame(E.EINVAL, "%s: seed must be an integer (|seed| < 2^53) or a generator, got %s", what, tostring(seed))
   end
   return ffi.new("uint64_t[1]", seed * 2654435761ULL + 0x9E3779B97F4A7C15ULL)
+end
+
+-- The generator state a seed argument names: nil the default generator's,
+-- a generator its own, a number a fresh one.
+local function state_of(seed, what)
+  if seed == nil then return T.default_generator.state end
+  if T.is_generator(seed) then return seed.state end
+  return seed_state(seed, what)
+end
+
+-- The next 64 bits of a state (splitmix64).
+local function next_bits(state)
+  state[0] = state[0] + 0x9E3779B97F4A7C15ULL
+  local z = state[0]
+  z = bit.bxor(z, bit.rshift(z, 30)) * 0xBF58476D1CE4E5B9ULL
+  z = bit.bxor(z, bit.rshift(z, 27)) * 0x94D049BB133111EBULL
+  return bit.bxor(z, bit.rshift(z, 31))
 end
 
 local function fill_normal(t, state)
   local n = t:numel()
   local p = ffi.cast(CTYPES[t.scalar], t.data)
-  local function next_u()
-    state[0] = state[0] + 0x9E3779B97F4A7C15ULL
-    local z = state[0]
-    z = bit.bxor(z, bit.rshift(z, 30)) * 0xBF58476D1CE4E5B9ULL
-    z = bit.bxor(z, bit.rshift(z, 27)) * 0x94D049BB133111EBULL
-    z = bit.bxor(z, bit.rshift(z, 31))
-    return (tonumber(bit.rshift(z, 11)) + 0.5) / 9007199254740992
+  local function next_u() -- in (0, 1): log(u1) is finite
+    return (tonumber(bit.rshift(next_bits(state), 11)) + 0.5) / 9007199254740992
   end
   local i = 0
   while i < n do
@@ -209,23 +222,39 @@ local function fill_normal(t, state)
   return t
 end
 
+-- Uniform on [0, 1): the top 53 bits / 2^53 for float64, the top 24 / 2^24
+-- for float32 (exact in the dtype, so never rounded up to 1), as torch
+-- draws them.
+local function fill_uniform(t, state)
+  local n = t:numel()
+  local p = ffi.cast(CTYPES[t.scalar], t.data)
+  local bits = t.scalar == C.MU_F64 and 53 or t.scalar == C.MU_F32 and 24 or 8 -- (8: narrower dtypes)
+  local scale = 2 ^ -bits
+  for i = 0, n - 1 do p[i] = tonumber(bit.rshift(next_bits(state), 64 - bits)) * scale end
+  return t
+end
+
 local Generator = {}
 Generator.__index = Generator
 
 function T.generator(seed)
-  return setmetatable({ state = seed_state(seed == nil and 0 or seed) }, Generator)
+  return setmetatable({ state = seed_state(seed == nil and 0 or seed, "generator") }, Generator)
 end
 
 function T.is_generator(g) return getmetatable(g) == Generator end
 
 -- Restart at seed (an integer, |seed| < 2^53).
 function Generator:manual_seed(seed)
-  self.state = seed_state(seed)
+  self.state = seed_state(seed, "manual_seed")
   return self
 end
 
 function Generator:randn(shape, dtype)
   return fill_normal(T.zeros(shape, dtype), self.state)
+end
+
+function Generator:rand(shape, dtype)
+  return fill_uniform(T.zeros(shape, dtype), self.state)
 end
 
 T.default_generator = T.generator(0)
@@ -236,11 +265,11 @@ function T.manual_seed(seed)
 end
 
 function T.randn(shape, seed, dtype)
-  local state
-  if seed == nil then state = T.default_generator.state
-  elseif T.is_generator(seed) then state = seed.state
-  else state = seed_state(seed) end
-  return fill_normal(T.zeros(shape, dtype), state)
+  return fill_normal(T.zeros(shape, dtype), state_of(seed, "randn"))
+end
+
+function T.rand(shape, seed, dtype)
+  return fill_uniform(T.zeros(shape, dtype), state_of(seed, "rand"))
 end
 
 -- Argument checks raise EINVAL error objects naming the argument. An
@@ -654,7 +683,8 @@ end
 
 -- Unary ops.
 for _, d in ipairs({ { "neg", C.MU_MAP_NEG }, { "abs", C.MU_MAP_ABS }, { "sqrt", C.MU_MAP_SQRT },
-  { "rsqrt", C.MU_MAP_RSQRT }, { "sign", C.MU_MAP_SIGN } }) do
+  { "rsqrt", C.MU_MAP_RSQRT }, { "sign", C.MU_MAP_SIGN }, { "exp", C.MU_MAP_EXP }, { "log", C.MU_MAP_LOG },
+  { "tanh", C.MU_MAP_TANH }, { "sigmoid", C.MU_MAP_SIGMOID } }) do
   local name, op = d[1], d[2]
   local s, s_ = spec(name, op, { "self" }, { false }), spec(name .. "_", op, { "self" }, { false })
   define(name, function(self) return run_map(s, nil, self, nil, nil, nil) end)
@@ -826,6 +856,12 @@ define("matmul", function(self, other)
   return out
 end)
 
+-- pow, softmax, argmax, gather, cat, stack, the other constructors, torch's
+-- in-place names and the repr: lua/muon/tensor_math.lua.
+local tensor_math = require("muon.tensor_math")
+tensor_math.install(T, { define = define, spec = spec, run_map = run_map, reduce = reduce, reduce_dim = reduce_dim,
+  new_tensor = new_tensor, shape_str = shape_str, dtype_names = DTYPE_NAMES })
+
 -- Operators: tensor or number on either side (number - tensor and
 -- number / tensor are one operation each, a true division: torch computes
 -- n / x as x:reciprocal() * n). Comparisons are the methods gt, lt, ...
@@ -844,13 +880,12 @@ end
 
 local mt = {
   __index = methods,
-  __tostring = function(self)
-    return ("tensor(%s, %s)"):format(table.concat(self:size(), "x"), self:dtype())
-  end,
+  __tostring = tensor_math.format,
   __add = arith("add", C.MU_MAP_ADD),
   __sub = arith("sub", C.MU_MAP_SUB),
   __mul = arith("mul", C.MU_MAP_MUL),
   __div = arith("div", C.MU_MAP_DIV),
+  __pow = arith("pow", C.MU_MAP_POW),
   __unm = function(a) return a:neg() end,
 }
 ffi.metatype("mu_tensor", mt)
