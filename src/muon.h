@@ -509,7 +509,7 @@ MU_API int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor
 /* Collectives for distributed steps (src/comm.c). A mu_comm wraps a private
  * duplicate of an MPI communicator; without MPI every communicator is a
  * single process (size 1) and collectives are local copies. Counts and
- * displacements are in elements of the dtype (MU_F32/MU_F64). Each handle
+ * displacements are in elements of the dtype (MU_F32/MU_F64; the moves carry MU_BF16 too). Each handle
  * counts its calls, the logical payload bytes it sent to / received from
  * OTHER ranks (self copies count nothing), and seconds spent in calls. */
 typedef struct mu_comm mu_comm;
