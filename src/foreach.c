@@ -458,6 +458,23 @@ static int finite_scalar(const char *what, double v)
     return MU_OK;
 }
 
+/* The arrays of a { grads, state, new state, updates } op (momentum, Lion)
+ * and its two scalars: the state arrays may be bfloat16; the updates alias
+ * none of the others (new state may be the state: in place). */
+static int check_state_op(int n, mu_tensor *const *const *arrs, const char *const *names,
+                          const char *s1, double v1, const char *s2, double v2, int *var)
+{
+    int rc = check_arrays(n, 4, arrs, names, 0x6u, var);
+    if (rc || (rc = finite_scalar(s1, v1)) || (rc = finite_scalar(s2, v2))) return rc;
+    for (int i = 0; i < n; i++) {
+        const void *u = arrs[3][i]->data;
+        if (mu_tensor_numel(arrs[3][i]) > 0 &&
+            (u == arrs[0][i]->data || u == arrs[1][i]->data || u == arrs[2][i]->data))
+            return mu__fail(MU_EINVAL, "updates[%d] aliases an input or %s[%d]", i, names[2], i);
+    }
+    return MU_OK;
+}
+
 /* ------------------------------------------------------------ public API */
 
 int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
@@ -466,14 +483,8 @@ int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
 {
     mu_tensor *const *arrs[4] = { grads, bufs, new_bufs, updates };
     const char *names[4] = { "grads", "bufs", "new_bufs", "updates" };
-    int dtype, rc = check_arrays(n, 4, arrs, names, 0x6u, &dtype); /* bufs, new_bufs: state */
+    int dtype, rc = check_state_op(n, arrs, names, "m1", m1, "m2", m2, &dtype);
     if (rc) return rc;
-    if ((rc = finite_scalar("m1", m1)) || (rc = finite_scalar("m2", m2))) return rc;
-    for (int i = 0; i < n; i++)
-        if (mu_tensor_numel(updates[i]) > 0 &&
-            (updates[i]->data == grads[i]->data || updates[i]->data == bufs[i]->data ||
-             updates[i]->data == new_bufs[i]->data))
-            return mu__fail(MU_EINVAL, "updates[%d] aliases an input or new_bufs[%d]", i, i);
     momentum_args a = { m1, m2, nesterov != 0 };
     job J;
     run_op(&J, OP_MOMENTUM, dtype, n, 4, arrs, &a);
@@ -711,14 +722,8 @@ int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp
 {
     mu_tensor *const *arrs[4] = { grads, exp_avgs, new_exp_avgs, updates };
     const char *names[4] = { "grads", "exp_avgs", "new_exp_avgs", "updates" };
-    int dtype, rc = check_arrays(n, 4, arrs, names, 0x6u, &dtype); /* the moments: state */
+    int dtype, rc = check_state_op(n, arrs, names, "beta1", beta1, "beta2", beta2, &dtype);
     if (rc) return rc;
-    if ((rc = finite_scalar("beta1", beta1)) || (rc = finite_scalar("beta2", beta2))) return rc;
-    for (int i = 0; i < n; i++)
-        if (mu_tensor_numel(updates[i]) > 0 &&
-            (updates[i]->data == grads[i]->data || updates[i]->data == exp_avgs[i]->data ||
-             updates[i]->data == new_exp_avgs[i]->data))
-            return mu__fail(MU_EINVAL, "updates[%d] aliases an input or new_exp_avgs[%d]", i, i);
     lion_args a = { beta1, beta2 };
     job J;
     run_op(&J, OP_LION, dtype, n, 4, arrs, &a);
