@@ -80,7 +80,24 @@ MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
 
 /* --------------------------------------------------------------- tensors */
 
-typedef enum { MU_F32 = 0, MU_F64 = 1 } mu_dtype;
+/*
+ * The dtypes, in one table: X(name, value, bytes, lua name, safetensors
+ * name). It generates the enum (MU_F32, ...), mu_dtype_size, mu_dtype_name
+ * and mu_dtype_file_name (src/tensor.c); the Lua side builds its dtype
+ * tables from those. MU_BF16 (bfloat16: the upper half of a float32) is a
+ * storage dtype: tensors of it are made, viewed, copied and converted
+ * (round to nearest even, as torch), saved and loaded, and foreach state
+ * arrays may hold it; the maths, Newton-Schulz and collectives take float32
+ * and float64 only (MU_EDTYPE otherwise).
+ */
+#define MU_DTYPES(X)                                                                            \
+    X(F32, 0, 4, "float32", "F32")                                                              \
+    X(F64, 1, 8, "float64", "F64")                                                              \
+    X(BF16, 2, 2, "bfloat16", "BF16")
+
+#define MU__DTYPE_ENUM(name, value, bytes, lname, fname) MU_##name = value,
+typedef enum { MU_DTYPES(MU__DTYPE_ENUM) MU_DTYPE_COUNT } mu_dtype;
+#undef MU__DTYPE_ENUM
 enum { MU_MAX_DIMS = 8 };
 
 typedef struct mu_storage mu_storage; /* refcounted buffer, opaque */
@@ -111,7 +128,12 @@ MU_API void mu_tensor_free(mu_tensor *t);
 
 MU_API int64_t mu_tensor_numel(const mu_tensor *t);
 MU_API int mu_tensor_is_contiguous(const mu_tensor *t);
+/* Bytes per element of a dtype (0 for a value outside MU_DTYPES). */
 MU_API size_t mu_dtype_size(int dtype);
+/* The dtype's Lua name ("float32", "float64", "bfloat16") and its
+ * safetensors name ("F32", "F64", "BF16"); NULL outside MU_DTYPES. */
+MU_API const char *mu_dtype_name(int dtype);
+MU_API const char *mu_dtype_file_name(int dtype);
 /* Whether two tensors share the same storage. */
 MU_API int mu_tensor_same_storage(const mu_tensor *a, const mu_tensor *b);
 
@@ -185,6 +207,13 @@ typedef enum {
     MU_MAP_RSQRT,     /* 1 / sqrt(x0), two roundings */
     MU_MAP_SIGN,      /* 1, -1, or 0 for zeros and NaN */
     MU_MAP_CLAMP,     /* min(max(x0, lo), hi); NaN stays NaN, a NaN bound is ignored */
+    MU_MAP_EXP,       /* exp(x0) (the C library's, in the dtype: expf / exp) */
+    MU_MAP_LOG,       /* natural log(x0): -inf at 0, NaN below */
+    MU_MAP_TANH,
+    MU_MAP_SIGMOID,   /* 1 / (1 + exp(-x0)), torch's formula, each step rounded */
+    MU_MAP_POW,       /* pow(x0, x1); a scalar exponent (x[1] NULL) of 2, 3 or -2 is
+                       * x*x, x*x*x, 1/(x*x), of 0.5, -0.5, -1 sqrt, 1/sqrt, 1/x,
+                       * as torch computes tensor ** scalar */
     MU_MAP_COUNT
 } mu_map_op;
 
@@ -208,13 +237,19 @@ typedef enum {
     MU_REDUCE_MEAN,
     MU_REDUCE_AMAX,
     MU_REDUCE_NORM,
+    MU_REDUCE_ARGMAX, /* the 0-based index of the first largest element (a NaN
+                       * counts as largest: the first NaN), torch's rule; stored
+                       * as a number of t's dtype, so the reduced dim must be at
+                       * most 2^24 long for float32 (else MU_EINVAL); of
+                       * nothing MU_ESHAPE */
     MU_REDUCE_COUNT
 } mu_reduce_op;
 
 /* Reduce t along dim (0-based) into out: t's shape with that dim of size 1
  * (keepdim) or removed, t's dtype. */
 MU_API int mu_tensor_reduce(const mu_tensor *t, int op, int dim, mu_tensor *out);
-/* Reduce every element: the double accumulator (not rounded to float32). */
+/* Reduce every element: the double accumulator (not rounded to float32);
+ * for ARGMAX the row-major flat index (0-based, exact up to 2^53). */
 MU_API int mu_tensor_reduce_all(const mu_tensor *t, int op, double *out);
 
 /* out = a @ b with OpenBLAS ?gemm: a (n x k), b (k x m), out (n x m); or
@@ -225,10 +260,34 @@ MU_API int mu_tensor_reduce_all(const mu_tensor *t, int op, double *out);
  * storage); k = 0 gives zeros. */
 MU_API int mu_tensor_matmul(const mu_tensor *a, const mu_tensor *b, mu_tensor *out);
 
+/* Softmax of t along dim (0-based) into out (t's shape and dtype):
+ * exp(x - max) / sum(exp(x - max)) over each slice along dim, or with log
+ * non-zero the log-softmax (x - max) - log(sum(exp(x - max))). Computed in
+ * double and rounded once (float32 too); a slice holding NaN, or only
+ * -inf, gives NaN, as torch. out may be t itself (in place) but must not
+ * overlap it otherwise. */
+MU_API int mu_tensor_softmax(const mu_tensor *t, int dim, int log, mu_tensor *out);
+
+/* torch.gather: out[i][j] = t[index[i][j] - base][j] for dim 0, likewise
+ * along any dim (0-based). index has t's number of dims, index.size(d) <=
+ * t.size(d) for every d other than dim, and holds integers in base ..
+ * base + t.size(dim) - 1 (base: 0 for 0-based indices, 1 for 1-based), as
+ * float32 or float64 values; out has index's shape and t's dtype and must
+ * not overlap t or index. Every index is checked before anything is
+ * written (MU_EINVAL names the first bad one and its position). */
+MU_API int mu_tensor_gather(const mu_tensor *t, int dim, const mu_tensor *index, int64_t base,
+                            mu_tensor *out);
+
 /* ------------------------------------------------------------------ npy */
 
 /* NumPy .npy, versions 1.0/2.0/3.0, '<f4' or '<f8', C order. */
 MU_API int mu_npy_load(const char *path, mu_tensor **out);
+/* As mu_npy_load, into a tensor of dtype (MU_F32, MU_F64, MU_BF16; -1: as
+ * stored), converting '<f2', '<f4', '<f8', integer ('|i1'..'<i8',
+ * '|u1'..'<u8') and '|b1' data as mu_st_reader_read_as does. Without a
+ * dtype, data that is not '<f4' or '<f8' is refused (MU_EDTYPE naming the
+ * file and its dtype). */
+MU_API int mu_npy_load_as(const char *path, int dtype, mu_tensor **out);
 MU_API int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out);
 MU_API int mu_npy_save(const mu_tensor *t, const char *path);
 
@@ -249,6 +308,17 @@ MU_API int64_t mu_st_reader_data_size(const mu_st_reader *r);
 /* Copy data bytes [begin, end) into contiguous dst after checking
  * 0 <= begin <= end <= data size and end - begin == numel * element size. */
 MU_API int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *dst);
+/* Bytes per element of a safetensors dtype muon reads: "F32", "F64",
+ * "BF16", "F16", "I8".."I64", "U8".."U64", "BOOL"; 0 for any other name. */
+MU_API size_t mu_st_dtype_size(const char *name);
+/* As mu_st_reader_read for data stored as `dtype` (a name above), each
+ * element converted into dst's dtype: exact where it holds every value,
+ * else rounded to nearest even as torch's .to() (integers straight to the
+ * float type, float64 to bfloat16 through float32). */
+MU_API int mu_st_reader_read_as(mu_st_reader *r, int64_t begin, int64_t end, const char *dtype,
+                                mu_tensor *dst);
+/* XXH64 (seed 0) of the file's whole data section, read from the file. */
+MU_API int mu_st_reader_checksum(mu_st_reader *r, uint64_t *out);
 MU_API void mu_st_reader_close(mu_st_reader *r);
 
 /* Atomic write: a new temporary file in path's directory (a unique
@@ -305,6 +375,10 @@ typedef struct mu_ns_workspace mu_ns_workspace;
  * MU_NS_OPENMP=0 makes them threads of the engine's own instead. */
 MU_API int mu_ns_workspace_new(int dtype, int64_t rows, int64_t cols, mu_ns_workspace **out);
 MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
+/* The bytes a workspace holds now (every buffer set of its workers, the
+ * Gram iteration's buffers once used, the scheduler's lists) into *out
+ * (0 on failure): what a step's scratch accounts for it. */
+MU_API int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out);
 
 /* Orthogonalize in (n x m) or a batch (b x n x m), C-contiguous, into out
  * (same shape and dtype; out may be in). ws may be NULL (allocated inside).
@@ -346,13 +420,19 @@ MU_API int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, do
 /* ------------------------------------------------- fused multi-tensor ops */
 
 /* All mu_foreach_* calls take arrays of n contiguous tensors of one dtype
- * (MU_F32 or MU_F64; else MU_EDTYPE, non-contiguous MU_EINVAL); tensors of
+ * (MU_F32 or MU_F64; else MU_EDTYPE, non-contiguous MU_EINVAL), except that
+ * optimizer state (momentum's bufs/new_bufs, AdamW's and Lion's moments, and
+ * all_finite's xs) may be MU_BF16 beside MU_F32 tensors: loaded exactly,
+ * computed in float32, rounded once to nearest even when stored (as
+ * mu_tensor_copy does); the other arrays stay MU_F32. Tensors of
  * index i have the same numel (else MU_ESHAPE naming the index). Everything
  * is validated before any memory is touched. Tensors of one index are the
  * same memory or disjoint (partial overlap is MU_EINVAL). Float32 results
  * reproduce the rounding of the torch sequences they replace (see
- * src/foreach.c); results do not depend on the thread count. Large calls
- * run on the process's CPUs (env MU_FOREACH_THREADS overrides). */
+ * src/foreach.c); results do not depend on the thread count or on the
+ * kernel variant (portable C, AVX2, AVX-512: picked per op from the CPU;
+ * env MU_FOREACH_SIMD=portable|avx2|avx512 asks for one). Large calls run
+ * on the process's CPUs (env MU_FOREACH_THREADS overrides). */
 
 /* Muon momentum as the seed: u = g + m1*buf; buf' = m2*buf + g;
  * nesterov: u = m1*u + g (float32: u = fma(m1, buf, g) as torch's
@@ -397,6 +477,18 @@ MU_API int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *co
                                    mu_tensor *const *new_exp_avg_sqs, mu_tensor *const *updates,
                                    double lr, double beta1, double beta2, double eps, int64_t step);
 
+/* Lion (Chen et al. 2023) without touching the parameters: the update
+ * direction sign(beta1*m + (1-beta1)*g) into updates (sign(0) = 0) and the
+ * new moment beta2*m + (1-beta2)*g into new_exp_avgs (which may be
+ * exp_avgs itself), reading grads and exp_avgs (m). Each is one fused
+ * multiply-add over the rounded product, as lion-pytorch's
+ * m.mul(beta1).add(g, alpha=1-beta1) in float32. Then
+ * mu_foreach_apply(params, updates, NULL, 1 - lr*weight_decay, -lr) is
+ * Lion's step. updates must not alias the others. */
+MU_API int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
+                                  mu_tensor *const *new_exp_avgs, mu_tensor *const *updates,
+                                  double beta1, double beta2);
+
 /* 1 if every element of every tensor is finite; else 0 and *bad is the
  * index of the first tensor holding NaN/Inf (negative on a bad argument). */
 MU_API int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad);
@@ -417,7 +509,7 @@ MU_API int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor
 /* Collectives for distributed steps (src/comm.c). A mu_comm wraps a private
  * duplicate of an MPI communicator; without MPI every communicator is a
  * single process (size 1) and collectives are local copies. Counts and
- * displacements are in elements of the dtype (MU_F32/MU_F64). Each handle
+ * displacements are in elements of the dtype (MU_F32/MU_F64; the moves carry MU_BF16 too). Each handle
  * counts its calls, the logical payload bytes it sent to / received from
  * OTHER ranks (self copies count nothing), and seconds spent in calls. */
 typedef struct mu_comm mu_comm;
