@@ -311,7 +311,7 @@ function E.exhausted(err)
   if E.is(err) and err.code == E.ENOMEM then return err end
   local m = E.message(err)
   local e
-  if m:find("stack overflow", 1, true) then
+  if string.find(m, "stack overflow", 1, true) then -- (the string library: this may run in a sandbox's string context)
     e = E.new(E.ENOMEM, "Lua stack overflow: calls nested deeper than the Lua stack allows "
       .. "(65500 slots; endless recursion?)")
   elseif m == "not enough memory" then
