@@ -256,6 +256,37 @@ MU_API int mu_tensor_softmax(const mu_tensor *t, int dim, int log, mu_tensor *ou
 MU_API int mu_tensor_gather(const mu_tensor *t, int dim, const mu_tensor *index, int64_t base,
                             mu_tensor *out);
 
+/* ----------------------------------------------------------- exact sums */
+
+/* An exact accumulator of float values (src/xsum.c): every finite float64
+ * is added without rounding, so a sum does not depend on the order or the
+ * grouping of its terms (how a parameter is split over ranks). It also
+ * keeps the largest and smallest value added and counts NaN and +-Inf.
+ * Hooks' ctx.allreduce and ctx.global_norm use it (lua/muon/reduce.lua).
+ * Zero it with mu_xsum_zero before use; plain data (copy it freely). */
+enum { MU_XSUM_LIMBS = 70 };
+typedef struct mu_xsum {
+    int64_t limb[MU_XSUM_LIMBS]; /* limb i weighs 2^(32 i - 1088) */
+    int64_t nan, pinf, ninf;     /* NaN, +Inf and -Inf values added */
+    int64_t pending;             /* additions since the carries were propagated */
+    double max, min;             /* of the values added (-Inf / +Inf when none; NaN skipped) */
+} mu_xsum;
+MU_API void mu_xsum_zero(mu_xsum *s);
+/* Add every element of x (float32 or float64, any strides), or with
+ * squares != 0 every element's square (float32: exact; float64: rounded to
+ * double, +Inf when it overflows). */
+MU_API int mu_xsum_add_tensor(mu_xsum *s, const mu_tensor *x, int squares);
+/* s += other (both are normalized; other is not changed). */
+MU_API int mu_xsum_merge(mu_xsum *s, const mu_xsum *other);
+/* Propagate the carries: afterwards limb[0 .. MU_XSUM_LIMBS-2] are in
+ * [0, 2^32) and the last holds the sign, so every limb is exact as a double
+ * and the representation of a value is unique. */
+MU_API void mu_xsum_normalize(mu_xsum *s);
+/* The sum rounded once to the nearest double (ties to even); NaN when a
+ * NaN, or both +Inf and -Inf, were added; +-Inf when one of them was.
+ * Normalizes s. */
+MU_API double mu_xsum_value(mu_xsum *s);
+
 /* ------------------------------------------------------------------ npy */
 
 /* NumPy .npy, versions 1.0/2.0/3.0, '<f4' or '<f8', C order. */

@@ -78,8 +78,8 @@ describe("the kind contract", function()
       "weight_decay_mode", "nd_mode", "ns_coefficients", "zeropower_fn", "momentum_update_fn", "reshape_fn",
       "ns_transform_fn", "post_update_fn", "post_ortho_fn", "hook_state", "hsdp_replica_count" }), m.OPTIONS)
     assert.same({ "lr", "matched_adamw_rms", "momentum", "weight_decay" }, m.SCHEDULE_ORDER)
-    assert.same({ "zeropower_fn", "momentum_update_fn", "reshape_fn", "ns_transform_fn", "post_update_fn", "post_ortho_fn" },
-      m.HOOKS)
+    assert.same({ "zeropower_fn", "momentum_update_fn", "reshape_fn", "ns_transform_fn", "post_update_fn", "pre_ortho_fn",
+      "post_ortho_fn" }, m.HOOKS)
     assert.same({ "lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_variant", "matched_adamw_rms" }, m.DISPLAY)
     assert.same({ "momentum_buffer" }, m.state_keys)
     assert.same({}, m.hidden_state_keys)
@@ -110,7 +110,7 @@ describe("the kind contract", function()
       .. table.concat((function() local s = { unpack(names) } table.sort(s) return s end)(), ", "), 1, true), tostring(err))
     local rules = {}
     for i, r in ipairs(K.HOOK_STATE_RULES) do rules[i] = r[1] end
-    assert.same({ "rows", "cols", "matrix", "scalar" }, rules)
+    assert.same({ "rows", "cols", "matrix", "scalar", "rows_rows", "cols_cols" }, rules)
   end)
 end)
 

@@ -58,6 +58,7 @@ local ns = require("muon.ns")
 local core = require("muon.core")
 local K = require("muon.optim.kind")
 local U = require("muon.optim.util")
+local Rd = require("muon.reduce")
 local ffi = require("ffi")
 
 local M = {}
@@ -67,7 +68,7 @@ M.Stepper = Stepper
 
 local ESIZE = { float32 = 4, float64 = 8 }
 
-local make_io, kind_context -- (below)
+local make_io, kind_context, post_reductions -- (below)
 
 -- Run f(...) for a step: on one process an error raises at once; on a
 -- mesh the first error is kept in run.failure and later calls are skipped,
@@ -260,7 +261,8 @@ function Stepper:build()
     for _, hr in pairs(r.hook_records) do hr.mine = hr.boxes[self.me] end
     self.rec[r.param] = r
   end
-  self.gparams = {}
+  self.gparams, self.index_of = {}, {}
+  for i, p in ipairs(self.order) do self.index_of[p] = i end
   for gi = 1, #self.groups do self.gparams[gi] = {} end
   for _, p in ipairs(self.order) do table.insert(self.gparams[self.where[p].gi], p) end
   for _, b in ipairs(self.plan.batches) do
@@ -827,22 +829,44 @@ function Stepper:step(values, pre_err)
   self:agree_failure(run.failure, run)
   commit_phase(self, run)
   local post_failure
+  local sess = W > 1 and post_reductions(self, run) and Rd.session(self.ctrl) or nil
   for gi, G in ipairs(self.groups) do
     local gr = run.g[gi]
     if G.kind.post_update and not gr.skip and post_failure == nil and #gr.params > 0 then
-      local boxes = {}
+      local boxes, reducers = {}, sess and {}
       for i, p in ipairs(gr.params) do
-        local b = self.rec[p].mine
+        local r = self.rec[p]
+        local b = r.mine
         local start = {}
         for d = 1, #b.start do start[d] = b.start[d] + 1 end
         boxes[i] = { start = start, len = b.len }
+        if sess then reducers[i] = sess:reducer("post_update_fn", self.index_of[p], p.name, b.len, r.holds) end
       end
-      local ok, e = pcall(G.kind.post_update, G.options, gr.hp, gr.params, boxes, run.signals)
+      local ok, e = pcall(G.kind.post_update, G.options, gr.hp, gr.params, boxes, run.signals, reducers)
       if not ok then post_failure = e end
     end
   end
+  if sess then
+    local ok, e = pcall(sess.finish, sess, post_failure ~= nil)
+    if not ok and post_failure == nil then post_failure = e end
+  end
   self:agree_failure(post_failure)
   return true
+end
+
+-- Whether a group of this step runs a post-update hook that may reduce
+-- across ranks (the same on every rank: the config and the stepping set
+-- are agreed).
+function post_reductions(self, run)
+  for gi, G in ipairs(self.groups) do
+    local gr = run.g[gi]
+    if G.kind.post_update and not gr.skip and #gr.params > 0 then
+      for _, h in ipairs(G.kind.HOOKS) do
+        if K.HOOK_NAMES[h].reduces and not K.HOOK_NAMES[h].whole and G.options[h] ~= nil then return true end
+      end
+    end
+  end
+  return false
 end
 
 function Stepper:build_once()

@@ -95,23 +95,30 @@ K.MEMBERS = {
 -- lists them. A kind that takes hooks puts K.HOOK_OPTIONS in its schema.
 -- whole: a parameter of a group that sets it is orthogonalized whole on
 -- one rank; reshapes: it reshapes the Newton-Schulz input; keeps_state: it
--- sees the group's hook_state (one table for every such hook of a group).
+-- sees the group's hook_state (one table for every such hook of a group);
+-- reduces: its ctx has allreduce and global_norm (muon.reduce).
 K.HOOKS = {
   { "zeropower_fn", "(x, steps) -> orthogonalized x" },
   { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates" },
   { "reshape_fn", "(name, x) -> views of x", whole = true, reshapes = true },
   { "ns_transform_fn", "(name, x) -> nil or { tensors, restore }", whole = true, reshapes = true },
-  { "post_update_fn", "(param, local_tensor, ctx)" },
-  { "post_ortho_fn", "(O, state, ctx): after Newton-Schulz, before the scale", whole = true, keeps_state = true },
+  { "post_update_fn", "(param, local_tensor, ctx)", reduces = true },
+  { "pre_ortho_fn", "(G, state, ctx): on the Newton-Schulz input, after momentum", whole = true, keeps_state = true,
+    reduces = true },
+  { "post_ortho_fn", "(O, state, ctx): after Newton-Schulz, before the scale", whole = true, keeps_state = true,
+    reduces = true },
 }
 -- Per-parameter state of the hooks that keep state (hook_state = { name =
 -- rule }), per 2-D core matrix (rows x cols) of the parameter: the state's
 -- two core dims ("rows", "cols" or 1), in the order messages list them.
+-- The square ones are preconditioners (rows x rows, cols x cols).
 K.HOOK_STATE_RULES = {
   { "rows", "rows", 1 },
   { "cols", 1, "cols" },
   { "matrix", "rows", "cols" },
   { "scalar", 1, 1 },
+  { "rows_rows", "rows", "rows" },
+  { "cols_cols", "cols", "cols" },
 }
 
 -- The hook names as a set; the hook options: the hooks and hook_state
