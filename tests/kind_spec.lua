@@ -76,7 +76,7 @@ describe("the kind contract", function()
     assert.same(set_of({ "lr", "weight_decay", "matched_adamw_rms", "momentum", "nesterov", "ns_steps", "ns_variant",
       "ns_epsilon", "zero_rms_scale_mode", "apply_lr_in_update", "ns_path", "ns_method", "scale_mode", "nonfinite",
       "weight_decay_mode", "nd_mode", "ns_coefficients", "zeropower_fn", "momentum_update_fn", "reshape_fn",
-      "ns_transform_fn", "post_update_fn", "post_ortho_fn", "hook_state", "hsdp_replica_count" }), m.OPTIONS)
+      "ns_transform_fn", "post_update_fn", "pre_ortho_fn", "post_ortho_fn", "hook_state", "hsdp_replica_count" }), m.OPTIONS)
     assert.same({ "lr", "matched_adamw_rms", "momentum", "weight_decay" }, m.SCHEDULE_ORDER)
     assert.same({ "zeropower_fn", "momentum_update_fn", "reshape_fn", "ns_transform_fn", "post_update_fn", "pre_ortho_fn",
       "post_ortho_fn" }, m.HOOKS)
