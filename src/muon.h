@@ -347,6 +347,13 @@ enum { MU_NS_SYMMETRIC = 0, MU_NS_PLAIN = 1 };
  * gram where its cost model says it is faster for the shape. */
 enum { MU_NS_STANDARD = 0, MU_NS_GRAM = 1, MU_NS_AUTO = 2 };
 
+/* The input's preconditioning (mu_ns_opts.precond). MU_NS_PRECOND_NONE:
+ * X / (norm_scale ||X||_F + eps). MU_NS_PRECOND_AOL (Turbo-Muon): X = D X,
+ * D = diag(1 / sqrt(max(sum_j |(X X^T)_ij|, eps))) over the rows of the
+ * wide orientation (norm_scale unused; a zero row stays zero); it runs the
+ * standard iteration (MU_NS_AUTO resolves to it, MU_NS_GRAM is refused). */
+enum { MU_NS_PRECOND_NONE = 0, MU_NS_PRECOND_AOL = 1 };
+
 typedef struct mu_ns_opts {
     int steps;             /* number of (a, b, c) triples used */
     const double *coeffs;  /* 3 * steps values: a0 b0 c0 a1 b1 c1 ... */
@@ -354,6 +361,7 @@ typedef struct mu_ns_opts {
     double norm_scale;     /* 1.0 for the seed; 1.02 for polar_express */
     int path;              /* MU_NS_SYMMETRIC or MU_NS_PLAIN (standard iteration) */
     int method;            /* MU_NS_STANDARD (0, the default), MU_NS_GRAM or MU_NS_AUTO */
+    int precond;           /* MU_NS_PRECOND_NONE (0) or MU_NS_PRECOND_AOL (the "aol" preset) */
 } mu_ns_opts;
 
 typedef struct mu_ns_workspace mu_ns_workspace;
@@ -401,13 +409,17 @@ MU_API int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_te
                                 const mu_ns_opts *const *opts, mu_ns_workspace *ws);
 
 /* Named coefficient schedules ("legacy", "asym5", "polar_express",
- * "deepseekv4"): writes `steps` triples into coeffs (cap triples room) and
+ * "deepseekv4", "cans", "polar_express_8", "aol"; their sources in
+ * src/ns.c and the README): writes `steps` triples into coeffs (cap triples room) and
  * the preset's norm_scale. steps <= 0 means the preset's natural length;
  * a preset with per-step triples (all but "legacy") stops at its length
  * when asked for more (as the seed's asym5 does); the number written goes
  * to *nsteps (norm_scale and nsteps may be NULL). */
 MU_API int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *norm_scale,
                         int *nsteps);
+/* The preconditioning a preset runs with (mu_ns_opts.precond):
+ * MU_NS_PRECOND_AOL for "aol", else MU_NS_PRECOND_NONE. */
+MU_API int mu_ns_preset_precond(const char *name);
 
 /* ------------------------------------------------- fused multi-tensor ops */
 

@@ -68,7 +68,7 @@ M.Stepper = Stepper
 
 local ESIZE = { float32 = 4, float64 = 8 }
 
-local make_io, kind_context, post_reductions -- (below)
+local make_io, kind_context, post_reductions, warn_nil_grads -- (below)
 
 -- Run f(...) for a step: on one process an error raises at once; on a
 -- mesh the first error is kept in run.failure and later calls are skipped,
@@ -82,7 +82,9 @@ end
 
 -- opts: groups (list of { kind, options = the group table (params, step,
 -- option values), label }), comm (muon.comm, default: this process alone),
--- mesh (muon.dist mesh over comm), balance, max_batch_numel.
+-- mesh (muon.dist mesh over comm), balance, max_batch_numel,
+-- nil_grad_warning (steps without a grad before a parameter's warning;
+-- default 1, 0: never).
 function M.new(opts)
   local comm = opts.comm or commlib.self()
   local W = comm:size()
@@ -99,6 +101,7 @@ function M.new(opts)
     merged = {}, ws = {}, -- ws: dtype -> Newton-Schulz workspace
     counters = { steps = 0, skipped_nonfinite = 0, kinds = {} },
     signals = {},   -- name -> list of numbers, for hooks (ctx.signals)
+    nil_grad_warning = opts.nil_grad_warning or 1, nograd = {}, warned = {},
     built = false,
   }, Stepper)
   -- Separate communicators: data carries only NS routing (its counters are
@@ -813,6 +816,7 @@ function Stepper:step(values, pre_err)
   -- Nothing to step (no parameter has a grad): no change at all, not even
   -- the step counts (torch skips such parameters). On a mesh the stepping
   -- set was agreed above, so every rank returns here together.
+  warn_nil_grads(self, run)
   if next(run.stepping) == nil then return false end
   -- Phases 3-5: on one process the first error raises; on a mesh it is
   -- kept and the collectives still run, so no rank waits for another.
@@ -852,6 +856,27 @@ function Stepper:step(values, pre_err)
   end
   self:agree_failure(post_failure)
   return true
+end
+
+-- A parameter without a grad for the first nil_grad_warning steps since it
+-- was registered (never stepped) gets one warning naming it (rank 0 prints
+-- it; the stepping set is agreed).
+function warn_nil_grads(self, run)
+  local n = self.nil_grad_warning
+  if n == 0 then return end
+  for _, p in ipairs(self.order) do
+    if not run.stepping[self.rec[p]] and self.pstep[p] == nil and not self.warned[p] then
+      local c = (self.nograd[p] or 0) + 1
+      self.nograd[p] = c
+      if c >= n then
+        self.warned[p] = true
+        if self.me == 0 then
+          io.stderr:write(("muon: parameter '%s' has had no gradient for its first %d step%s: it does not train "
+            .. "(nil_grad_warning = 0 in a config silences this)\n"):format(p.name, c, c == 1 and "" or "s"))
+        end
+      end
+    end
+  end
 end
 
 -- Whether a group of this step runs a post-update hook that may reduce

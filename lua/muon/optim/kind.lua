@@ -336,10 +336,12 @@ end
 -- options (they route parameters to it), and of its dist section.
 K.CONFIG_KEYS = {
   { "groups", "a non-empty list of groups, each { name, optimizer, match, ..., options }" },
-  { "schedule", "function(step, group) -> an lr, a table of schedulable values, or nil" },
+  { "schedule", "function(step, group) -> an lr or a table of schedulable values ({}: the config's)" },
   { "hooks", "hooks for every group whose kind takes hooks" },
   { "dist", "{ mesh, balance, max_batch_numel, comm }: the distributed layout" },
   { "name", "a label for the config (a string; `muon check` prints it)" },
+  { "nil_grad_warning", "steps (default 1; 0: never): a parameter without a grad for its first that many steps "
+    .. "gets one warning naming it" },
 }
 K.GROUP_KEYS = {
   { "name", "the group's name (messages, get('lr:<name>'), schedules' group.name)" },
