@@ -337,6 +337,10 @@ typedef struct mu_ns_workspace mu_ns_workspace;
  * MU_NS_OPENMP=0 makes them threads of the engine's own instead. */
 MU_API int mu_ns_workspace_new(int dtype, int64_t rows, int64_t cols, mu_ns_workspace **out);
 MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
+/* The bytes a workspace holds now (every buffer set of its workers, the
+ * Gram iteration's buffers once used, the scheduler's lists) into *out
+ * (0 on failure): what a step's scratch accounts for it. */
+MU_API int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out);
 
 /* Orthogonalize in (n x m) or a batch (b x n x m), C-contiguous, into out
  * (same shape and dtype; out may be in). ws may be NULL (allocated inside).
@@ -428,6 +432,18 @@ MU_API int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *co
                                    mu_tensor *const *exp_avg_sqs, mu_tensor *const *new_exp_avgs,
                                    mu_tensor *const *new_exp_avg_sqs, mu_tensor *const *updates,
                                    double lr, double beta1, double beta2, double eps, int64_t step);
+
+/* Lion (Chen et al. 2023) without touching the parameters: the update
+ * direction sign(beta1*m + (1-beta1)*g) into updates (sign(0) = 0) and the
+ * new moment beta2*m + (1-beta2)*g into new_exp_avgs (which may be
+ * exp_avgs itself), reading grads and exp_avgs (m). Each is one fused
+ * multiply-add over the rounded product, as lion-pytorch's
+ * m.mul(beta1).add(g, alpha=1-beta1) in float32. Then
+ * mu_foreach_apply(params, updates, NULL, 1 - lr*weight_decay, -lr) is
+ * Lion's step. updates must not alias the others. */
+MU_API int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
+                                  mu_tensor *const *new_exp_avgs, mu_tensor *const *updates,
+                                  double beta1, double beta2);
 
 /* 1 if every element of every tensor is finite; else 0 and *bad is the
  * index of the first tensor holding NaN/Inf (negative on a bad argument). */

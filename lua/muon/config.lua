@@ -12,9 +12,6 @@ local E = require("muon.errors")
 local sandbox = require("muon.sandbox")
 local config = {}
 
-local TOP_KEYS = { groups = true, schedule = true, hooks = true, dist = true, name = true, seed = true }
-config.TOP_KEYS = TOP_KEYS
-
 local HOW_TO_ALLOW = sandbox.HOW_TO_ALLOW
 
 local function blocked(what, path)

@@ -66,8 +66,6 @@ function D.mesh(spec, world)
   return setmetatable({ axes = axes, sizes = sizes, strides = strides, size = prod, index = names }, Mesh)
 end
 
-function D.is_mesh(x) return getmetatable(x) == Mesh end
-
 function Mesh:coords(rank)
   local c = {}
   for i = 1, #self.sizes do c[i] = math.floor(rank / self.strides[i]) % self.sizes[i] end
@@ -144,11 +142,6 @@ function D.placement_string(pl)
   return "(" .. table.concat(parts, ",") .. ")"
 end
 
-function D.is_sharded(pl)
-  for _, p in ipairs(pl) do if p.kind == "S" then return true end end
-  return false
-end
-
 -- The box of the global tensor held by rank: start (0-based) and len per
 -- tensor dim. Axes sharding the same dim nest in mesh order (DTensor).
 function D.local_box(shape, pl, mesh, rank)
@@ -214,20 +207,6 @@ function D.build_owner_by_size(costs, ncoords)
     load[best] = load[best] + costs[i]
   end
   return owners, load
-end
-
--- Makespan (max load / mean load) of an owner assignment under a cost.
-function D.imbalance(owners, costs, ncoords)
-  local load, total = {}, 0
-  for c = 0, ncoords - 1 do load[c] = 0 end
-  for i, o in pairs(owners) do
-    load[o] = load[o] + costs[i]
-    total = total + costs[i]
-  end
-  local mx = 0
-  for c = 0, ncoords - 1 do mx = math.max(mx, load[c]) end
-  if total == 0 then return 1, mx end
-  return mx / (total / ncoords), mx
 end
 
 ---------------------------------------------------------------- the plan

@@ -862,12 +862,18 @@ local function optim_facade(name, mod)
     __call = function(_, ...) return f.new(...) end })
 end
 
-BUILDERS["muon.optim.muon"] = function() return optim_facade("optim.muon", require("muon.optim.muon")) end
-BUILDERS["muon.optim.adamw"] = function() return optim_facade("optim.adamw", require("muon.optim.adamw")) end
+-- Every optimizer kind (the list: muon.optim.kind) as its module and as
+-- muon.optim.<class>.
+local KINDS = require("muon.optim.kind").KINDS
+for _, k in ipairs(KINDS) do
+  BUILDERS[k.module] = function() return optim_facade(k.module:sub(6), require(k.module)) end
+end
 BUILDERS["muon.optim.options"] = function() return pick(require("muon.optim.options"), { "is_finite" }) end
 
 BUILDERS["muon.optim"] = function(get)
-  return { Muon = get("muon.optim.muon"), AdamW = get("muon.optim.adamw") }
+  local f = {}
+  for _, k in ipairs(KINDS) do f[k.class] = get(k.module) end
+  return f
 end
 
 BUILDERS["muon"] = function(get)
