@@ -650,7 +650,7 @@ static int eng_add_param(mu__eng *eng, const char *name, int dtype, int ndim,
                          "mu_engine_add_param: parameter '%s': grad is the same buffer as data", name);
     if (grad) { /* both hold numel elements of dtype: their memory must not overlap */
         uintptr_t d = (uintptr_t)data, g = (uintptr_t)grad;
-        uintptr_t bytes = (uintptr_t)mu__shape_numel(ndim, shape) * (dtype == MU_F64 ? 8u : 4u);
+        uintptr_t bytes = (uintptr_t)mu__shape_numel(ndim, shape) * mu_dtype_size(dtype);
         if (bytes > 0 && d < g + bytes && g < d + bytes)
             return MU__EFAIL(eng, MU_EINVAL,
                              "mu_engine_add_param: parameter '%s': grad overlaps data (%llu bytes each)", name,

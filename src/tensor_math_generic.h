@@ -170,32 +170,23 @@ static KATTR int R(map_pow)(void *vc, int64_t n, char *const *p, const int64_t *
     return ((const map_ctx *)vc)->scalar_exponent ? R(pow_number)(vc, n, p, s) : R(pow_tensor)(vc, n, p, s);
 }
 
-/* copy with conversion: out real, input float or double */
-static KATTR int R(copy_from_f32)(void *vc, int64_t n, char *const *p, const int64_t *s)
-{
-    (void)vc;
-    if (s[0] == E && s[1] == 4) {
-        real *o = (real *)p[0];
-        const float *a = (const float *)p[1];
-        for (int64_t i = 0; i < n; i++) o[i] = (real)a[i];
-    } else {
-        for (int64_t i = 0; i < n; i++) OUT(i) = (real) * (const float *)(p[1] + i * s[1]);
+/* copy with conversion: out real, input float, double or bfloat16 */
+#define COPY_FROM(name, src_t, CONV)                                                               \
+    static KATTR int R(name)(void *vc, int64_t n, char *const *p, const int64_t *s)                \
+    {                                                                                              \
+        (void)vc;                                                                                  \
+        if (s[0] == E && s[1] == (int64_t)sizeof(src_t)) {                                         \
+            real *o = (real *)p[0];                                                                \
+            const src_t *a = (const src_t *)p[1];                                                  \
+            for (int64_t i = 0; i < n; i++) o[i] = (real)CONV(a[i]);                               \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++) OUT(i) = (real)CONV(*(const src_t *)(p[1] + i * s[1])); \
+        }                                                                                          \
+        return 0;                                                                                  \
     }
-    return 0;
-}
-
-static KATTR int R(copy_from_f64)(void *vc, int64_t n, char *const *p, const int64_t *s)
-{
-    (void)vc;
-    if (s[0] == E && s[1] == 8) {
-        real *o = (real *)p[0];
-        const double *a = (const double *)p[1];
-        for (int64_t i = 0; i < n; i++) o[i] = (real)a[i];
-    } else {
-        for (int64_t i = 0; i < n; i++) OUT(i) = (real) * (const double *)(p[1] + i * s[1]);
-    }
-    return 0;
-}
+COPY_FROM(copy_from_f32, float, )
+COPY_FROM(copy_from_f64, double, )
+COPY_FROM(copy_from_bf16, uint16_t, mu__f32_from_bf16)
 
 /* ----------------------------------------------------------- reductions */
 
@@ -297,7 +288,9 @@ static KATTR int R(finite)(void *vc, int64_t n, char *const *p, const int64_t *s
 /* ------------------------------------------------------ along one dim */
 
 /* Softmax of one slice (p[1], n elements) into p[0], in double: the max
- * (NaN sticks), the sum of exp(x - max) in order, then each element. */
+ * (NaN sticks), then exp(x - max) (kept in the output) and their sum in
+ * order, then each one divided by the sum. (In place, p[0] == p[1]: each
+ * element is read before it is written.) */
 static KATTR int R(softmax)(void *vc, int64_t n, char *const *p, const int64_t *s)
 {
     const softmax_ctx *c = vc;
@@ -306,12 +299,17 @@ static KATTR int R(softmax)(void *vc, int64_t n, char *const *p, const int64_t *
         double e = (double)AT(1, i);
         if (e > mx || e != e) mx = e;
     }
-    for (int64_t i = 0; i < n; i++) sum += exp((double)AT(1, i) - mx);
     if (c->log) {
+        for (int64_t i = 0; i < n; i++) sum += exp((double)AT(1, i) - mx);
         double ls = log(sum);
         for (int64_t i = 0; i < n; i++) OUT(i) = (real)(((double)AT(1, i) - mx) - ls);
     } else {
-        for (int64_t i = 0; i < n; i++) OUT(i) = (real)(exp((double)AT(1, i) - mx) / sum);
+        for (int64_t i = 0; i < n; i++) {
+            double e = exp((double)AT(1, i) - mx);
+            sum += e;
+            OUT(i) = (real)e;
+        }
+        for (int64_t i = 0; i < n; i++) OUT(i) = (real)((double)OUT(i) / sum);
     }
     return 0;
 }
@@ -353,7 +351,8 @@ static const mu__loop_fn R(map_table)[MU_MAP_COUNT] = {
 
 static const kernels R(kernels) = {
     .map = R(map_table),
-    .copy_from = { [MU_F32] = R(copy_from_f32), [MU_F64] = R(copy_from_f64) },
+    .copy_from = { [MU_F32] = R(copy_from_f32), [MU_F64] = R(copy_from_f64),
+                   [MU_BF16] = R(copy_from_bf16) },
     .reduce_dim = R(reduce_dim),
     .reduce_all = R(reduce_all),
     .finite = R(finite),
@@ -372,3 +371,4 @@ static const kernels R(kernels) = {
 #undef UNARY
 #undef BINARY
 #undef TERNARY
+#undef COPY_FROM

@@ -13,7 +13,7 @@
  * propagated (mu__xsum_normalize); a normalized accumulator has every limb
  * but the last in [0, 2^32) and the sign in the last one. Normalized limbs
  * are exact as doubles, which is how ranks exchange them (muon.reduce).
- * Squares: float32 values square exactly in double; a float64 square is
+ * Squares: float32 (and bfloat16) values square exactly in double; a float64 square is
  * rounded to double first (the same rounding wherever the value lives), and
  * overflows to +Inf above ~1.3e154.
  */
@@ -88,7 +88,9 @@ static int xsum_loop(void *vctx, int64_t n, char *const *p, const int64_t *st)
     xsum_ctx *c = vctx;
     const char *x = p[0];
     for (int64_t i = 0; i < n; i++, x += st[0]) {
-        double v = c->dt == MU_F32 ? (double)*(const float *)x : *(const double *)x;
+        double v = c->dt == MU_F32    ? (double)*(const float *)x
+                   : c->dt == MU_F64  ? *(const double *)x
+                                      : (double)mu__f32_from_bf16(*(const uint16_t *)x);
         xsum_add(c->s, c->squares ? v * v : v);
     }
     return 0;
@@ -99,8 +101,8 @@ int mu_xsum_add_tensor(mu_xsum *s, const mu_tensor *x, int squares)
     if (!s) return mu__fail(MU_EINVAL, "xsum: accumulator is NULL");
     int rc = mu__tensor_check(x, "xsum: x");
     if (rc != MU_OK) return rc;
-    if (x->scalar != MU_F32 && x->scalar != MU_F64)
-        return mu__fail(MU_EDTYPE, "xsum: x must be float32 or float64");
+    if (x->scalar != MU_F32 && x->scalar != MU_F64 && x->scalar != MU_BF16)
+        return mu__fail(MU_EDTYPE, "xsum: x must be float32, float64 or bfloat16");
     mu__iter it;
     mu__iter_init(&it, x->ndim, x->dims, 0);
     mu__iter_add(&it, x);

@@ -154,7 +154,7 @@ end
 -- header, else marks the session broken and raises (the same message on
 -- every rank).
 function Session:_exchange(kind, idx, seq, op, acc)
-  local sp = self.send.data
+  local sp = ffi.cast("double *", self.send.data)
   local head = { kind, idx, seq, op }
   for i = 1, 4 do sp[i - 1] = head[i] end
   if acc then
@@ -166,7 +166,7 @@ function Session:_exchange(kind, idx, seq, op, acc)
     sp[7], sp[8] = -math.huge, math.huge
   end
   self.comm:allgatherv(self.send, self.recv, self.counts)
-  local rp = self.recv.data
+  local rp = ffi.cast("double *", self.recv.data)
   local first
   local function kind_of(q) return rp[q * MSG] == 3 and 2 or rp[q * MSG] end -- (stopped = done)
   for q = 1, self.W - 1 do
