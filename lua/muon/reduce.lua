@@ -39,6 +39,7 @@
 --   local Rd = require("muon.reduce")
 --   local f = Rd.whole("post_ortho_fn")           -- { allreduce, global_norm } on one rank
 --   local sess = Rd.session(comm)                  -- a mesh's post_update_fn calls of one step
+--   sess:reset()                                   -- the next step's (buffers kept)
 --   local f2 = sess:reducer("post_update_fn", i, name, shape, counts)
 --   sess:finish(failed)                            -- the last collective; raises on a mismatch
 local ffi = require("ffi")
@@ -138,6 +139,12 @@ function Rd.session(comm)
     send = T.zeros({ MSG }, "float64"), recv = T.zeros({ W * MSG }, "float64"),
     counts = (function() local c = {} for q = 1, W do c[q] = MSG end return c end)(),
     names = {}, hooks = {}, calls = 0 }, Session)
+end
+
+-- The same session for the next step (its buffers kept).
+function Session:reset()
+  self.broken, self.names, self.hooks = nil, {}, {}
+  return self
 end
 
 -- What message m (a gathered row) says a rank did, for errors.

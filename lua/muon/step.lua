@@ -846,7 +846,11 @@ function Stepper:step(values, pre_err)
   self:agree_failure(run.failure, run)
   commit_phase(self, run)
   local post_failure
-  local sess = W > 1 and post_reductions(self, run) and Rd.session(self.ctrl) or nil
+  local sess
+  if W > 1 and post_reductions(self, run) then
+    self.post_session = self.post_session or Rd.session(self.ctrl)
+    sess = self.post_session:reset()
+  end
   for gi, G in ipairs(self.groups) do
     local gr = run.g[gi]
     if G.kind.post_update and not gr.skip and post_failure == nil and #gr.params > 0 then

@@ -85,7 +85,8 @@ K.MEMBERS = {
   { "ns_finish", "function", false, "ns_finish(ctx, group, hp, items, done): the second half" },
   { "hook_shapes", "function", false, "hook_shapes(group, shape) -> list of { name, key, shape }: the hook "
     .. "state tensors of a parameter of this global shape" },
-  { "post_update", "function", false, "post_update(group, hp, params, boxes, signals): after the commit" },
+  { "post_update", "function", false, "post_update(group, hp, params, boxes, signals, reducers): after the "
+    .. "commit; reducers[i] = { allreduce, global_norm } for params[i] on a mesh (muon.reduce; nil: one process)" },
   { "replica_count", "function", false, "replica_count(v) -> n: the seed's hsdp_replica_count as a number" },
 }
 
