@@ -301,14 +301,19 @@ static void parallel_for(int n, void (*fn)(void *, int), void *arg)
     int started = 0;
     if (n > 1) {
         pthread_attr_t attr;
-        int attr_ok = pthread_attr_init(&attr) == 0;
-        if (attr_ok) pthread_attr_setstacksize(&attr, 1 << 16);
+        const int have_attr = pthread_attr_init(&attr) == 0;
+        int small = have_attr && pthread_attr_setstacksize(&attr, 1 << 16) == 0;
         for (int t = 1; t < n; t++) {
             args[t] = (worker_arg){ fn, arg, t };
-            if (pthread_create(&th[t], attr_ok ? &attr : NULL, worker, &args[t]) != 0) break;
+            int rc = pthread_create(&th[t], small ? &attr : NULL, worker, &args[t]);
+            if (rc != 0 && small) { /* hosts whose static TLS is large (OpenBLAS + MPI) refuse */
+                small = 0;          /* a 64 KiB stack (EINVAL): the default one then */
+                rc = pthread_create(&th[t], NULL, worker, &args[t]);
+            }
+            if (rc != 0) break;
             started = t;
         }
-        if (attr_ok) pthread_attr_destroy(&attr);
+        if (have_attr) pthread_attr_destroy(&attr);
     }
     fn(arg, 0);
     for (int t = started + 1; t < n; t++) fn(arg, t);
