@@ -113,7 +113,9 @@ int mu__tmp_commit(const char *path, char *tmp, int fd);
 void mu__tmp_abort(char *tmp, int fd);
 /* ------------------------------------------------ Newton-Schulz (ns*.c) */
 
-enum { MU__NS_MAX_SLOTS = 16 };
+#include "pool.h"
+
+enum { MU__NS_MAX_SLOTS = MU__POOL_MAX };
 
 /* One worker's buffers. */
 typedef struct mu__ns_slot {
@@ -151,13 +153,9 @@ int mu__ns_check_opts(const mu_ns_opts *o);
 /* Estimated cost in flops of one rows x cols matrix with the iteration
  * mu_ns_method_for picks (a scheduler's weight). */
 double mu__ns_cost(int64_t rows, int64_t cols, const mu_ns_opts *opts);
-/* One matrix in -> out (may alias) on workspace slot `slot` (allocated:
- * see mu__ns_slots), one worker, dispatching on opts->method (checked).
- * norm: ||in||_F (finite; 0 only with eps > 0). With OpenBLAS set to one
- * thread, the bits are those of the same matrix in any mu_ns_zeropower call.
- * Fails only with MU_ENOMEM (the Gram buffers, allocated on first use). */
-int mu__ns_matrix(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols, const void *in,
-                  void *out, double norm, mu_ns_workspace *ws, int slot);
+/* The worker team of a Newton-Schulz call (src/pool.c): `workers` of them,
+ * on the host's OpenMP runtime when it has one, unless MU_NS_OPENMP=0. */
+mu__pool_cfg mu__ns_pool_cfg(int workers);
 /* The standard iteration on one matrix (src/ns.c), one worker. */
 void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols,
                          const void *in, void *out, double norm, const mu__ns_slot *s);
