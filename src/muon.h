@@ -263,9 +263,10 @@ MU_API int mu_tensor_matmul(const mu_tensor *a, const mu_tensor *b, mu_tensor *o
 /* Softmax of t along dim (0-based) into out (t's shape and dtype):
  * exp(x - max) / sum(exp(x - max)) over each slice along dim, or with log
  * non-zero the log-softmax (x - max) - log(sum(exp(x - max))). Computed in
- * double and rounded once (float32 too); a slice holding NaN, or only
- * -inf, gives NaN, as torch. out may be t itself (in place) but must not
- * overlap it otherwise. */
+ * double (the sum in order); a float32 softmax rounds exp(x - max) to
+ * float32 before the division, so it is within 1 ulp of the double
+ * result. A slice holding NaN, or only -inf, gives NaN, as torch. out may
+ * be t itself (in place) but must not overlap it otherwise. */
 MU_API int mu_tensor_softmax(const mu_tensor *t, int dim, int log, mu_tensor *out);
 
 /* torch.gather: out[i][j] = t[index[i][j] - base][j] for dim 0, likewise
@@ -277,6 +278,37 @@ MU_API int mu_tensor_softmax(const mu_tensor *t, int dim, int log, mu_tensor *ou
  * written (MU_EINVAL names the first bad one and its position). */
 MU_API int mu_tensor_gather(const mu_tensor *t, int dim, const mu_tensor *index, int64_t base,
                             mu_tensor *out);
+
+/* ----------------------------------------------------------- exact sums */
+
+/* An exact accumulator of float values (src/xsum.c): every finite float64
+ * is added without rounding, so a sum does not depend on the order or the
+ * grouping of its terms (how a parameter is split over ranks). It also
+ * keeps the largest and smallest value added and counts NaN and +-Inf.
+ * Hooks' ctx.allreduce and ctx.global_norm use it (lua/muon/reduce.lua).
+ * Zero it with mu_xsum_zero before use; plain data (copy it freely). */
+enum { MU_XSUM_LIMBS = 70 };
+typedef struct mu_xsum {
+    int64_t limb[MU_XSUM_LIMBS]; /* limb i weighs 2^(32 i - 1088) */
+    int64_t nan, pinf, ninf;     /* NaN, +Inf and -Inf values added */
+    int64_t pending;             /* additions since the carries were propagated */
+    double max, min;             /* of the values added (-Inf / +Inf when none; NaN skipped) */
+} mu_xsum;
+MU_API void mu_xsum_zero(mu_xsum *s);
+/* Add every element of x (float32, float64 or bfloat16, any strides), or
+ * with squares != 0 every element's square (float32, bfloat16: exact;
+ * float64: rounded to double, +Inf when it overflows). */
+MU_API int mu_xsum_add_tensor(mu_xsum *s, const mu_tensor *x, int squares);
+/* s += other (both are normalized; other is not changed). */
+MU_API int mu_xsum_merge(mu_xsum *s, const mu_xsum *other);
+/* Propagate the carries: afterwards limb[0 .. MU_XSUM_LIMBS-2] are in
+ * [0, 2^32) and the last holds the sign, so every limb is exact as a double
+ * and the representation of a value is unique. */
+MU_API void mu_xsum_normalize(mu_xsum *s);
+/* The sum rounded once to the nearest double (ties to even); NaN when a
+ * NaN, or both +Inf and -Inf, were added; +-Inf when one of them was.
+ * Normalizes s. */
+MU_API double mu_xsum_value(mu_xsum *s);
 
 /* ------------------------------------------------------------------ npy */
 
@@ -355,6 +387,13 @@ enum { MU_NS_SYMMETRIC = 0, MU_NS_PLAIN = 1 };
  * gram where its cost model says it is faster for the shape. */
 enum { MU_NS_STANDARD = 0, MU_NS_GRAM = 1, MU_NS_AUTO = 2 };
 
+/* The input's preconditioning (mu_ns_opts.precond). MU_NS_PRECOND_NONE:
+ * X / (norm_scale ||X||_F + eps). MU_NS_PRECOND_AOL (Turbo-Muon): X = D X,
+ * D = diag(1 / sqrt(max(sum_j |(X X^T)_ij|, eps))) over the rows of the
+ * wide orientation (norm_scale unused; a zero row stays zero); it runs the
+ * standard iteration (MU_NS_AUTO resolves to it, MU_NS_GRAM is refused). */
+enum { MU_NS_PRECOND_NONE = 0, MU_NS_PRECOND_AOL = 1 };
+
 typedef struct mu_ns_opts {
     int steps;             /* number of (a, b, c) triples used */
     const double *coeffs;  /* 3 * steps values: a0 b0 c0 a1 b1 c1 ... */
@@ -362,6 +401,7 @@ typedef struct mu_ns_opts {
     double norm_scale;     /* 1.0 for the seed; 1.02 for polar_express */
     int path;              /* MU_NS_SYMMETRIC or MU_NS_PLAIN (standard iteration) */
     int method;            /* MU_NS_STANDARD (0, the default), MU_NS_GRAM or MU_NS_AUTO */
+    int precond;           /* MU_NS_PRECOND_NONE (0) or MU_NS_PRECOND_AOL (the "aol" preset) */
 } mu_ns_opts;
 
 typedef struct mu_ns_workspace mu_ns_workspace;
@@ -409,13 +449,17 @@ MU_API int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_te
                                 const mu_ns_opts *const *opts, mu_ns_workspace *ws);
 
 /* Named coefficient schedules ("legacy", "asym5", "polar_express",
- * "deepseekv4"): writes `steps` triples into coeffs (cap triples room) and
+ * "deepseekv4", "cans", "polar_express_8", "aol"; their sources in
+ * src/ns.c and the README): writes `steps` triples into coeffs (cap triples room) and
  * the preset's norm_scale. steps <= 0 means the preset's natural length;
  * a preset with per-step triples (all but "legacy") stops at its length
  * when asked for more (as the seed's asym5 does); the number written goes
  * to *nsteps (norm_scale and nsteps may be NULL). */
 MU_API int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *norm_scale,
                         int *nsteps);
+/* The preconditioning a preset runs with (mu_ns_opts.precond):
+ * MU_NS_PRECOND_AOL for "aol", else MU_NS_PRECOND_NONE. */
+MU_API int mu_ns_preset_precond(const char *name);
 
 /* ------------------------------------------------- fused multi-tensor ops */
 

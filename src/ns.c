@@ -83,6 +83,39 @@ static const double ns_polar_express[5][3] = {
  * the convergent (2, -1.5, 0.5) twice, 10 steps. */
 static const double ns_dsv4_tail[3] = {2.0, -1.5, 0.5};
 
+/* cans: Chebyshev-accelerated Newton-Schulz (Grishina, Smirnov, Rakhuba 2025,
+ * arXiv:2506.10935), the five triples NVIDIA Emerging-Optimizers ships
+ * (generated with the paper's Remez + adaptive-interval code). */
+static const double ns_cans[5][3] = {
+    {8.4703, -25.1081, 18.6293}, {4.1828, -3.1087, 0.5806}, {3.9619, -2.9541, 0.5630},
+    {3.2866, -2.4647, 0.5074},   {2.2737, -1.6447, 0.4162},
+};
+
+/* polar_express_8: the 8-step Polar Express (Amsel, Persson, Musco, Gower
+ * 2025, arXiv:2505.16932) as NVIDIA Emerging-Optimizers ships it, its
+ * Algorithm 1's division by 1.01^degree folded into the triples; the
+ * input is divided by ||X||_F + eps. */
+static const double ns_polar_express_8[8][3] = {
+    {8.2051, -22.9019, 16.4607}, {4.0664, -2.8612, 0.5184}, {3.9096, -2.8234, 0.5250},
+    {3.2856, -2.4153, 0.4853},   {2.2779, -1.6198, 0.3985}, {1.8726, -1.2307, 0.3585},
+    {1.8564, -1.2132, 0.3568},   {1.8750, -1.2500, 0.3750},
+};
+
+/* aol: Turbo-Muon (Boissin, modded-nanogpt record 2025-11-11; its
+ * flash-newton-schulz repository): AOL preconditioning (MU_NS_PRECOND_AOL)
+ * in place of the Frobenius normalization, then these four triples (as
+ * NVIDIA Emerging-Optimizers and the flash-newton-schulz code ship them). */
+static const double ns_aol[4][3] = {
+    {4.0098, -7.0585, 2.4635}, {3.4585, -5.5479, 2.5959}, {2.7573, -3.2939, 1.4254},
+    {2.7215, -3.0494, 1.3169},
+};
+
+int mu_ns_preset_precond(const char *name)
+{
+    if (!name) return mu__fail(MU_EINVAL, "ns preset name is NULL");
+    return strcmp(name, "aol") == 0 ? MU_NS_PRECOND_AOL : MU_NS_PRECOND_NONE;
+}
+
 int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *norm_scale,
                  int *nsteps)
 {
@@ -103,10 +136,19 @@ int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *n
     } else if (strcmp(name, "deepseekv4") == 0) {
         natural = 10;
         fixed = 1;
+    } else if (strcmp(name, "cans") == 0) {
+        natural = 5;
+        fixed = 1;
+    } else if (strcmp(name, "polar_express_8") == 0) {
+        natural = 8;
+        fixed = 1;
+    } else if (strcmp(name, "aol") == 0) {
+        natural = 4;
+        fixed = 1;
     } else {
         return mu__fail(MU_EINVAL,
-                        "ns preset must be 'legacy', 'asym5', 'polar_express' or 'deepseekv4', "
-                        "got '%s'", name);
+                        "ns preset must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', 'cans', "
+                        "'polar_express_8' or 'aol', got '%s'", name);
     }
     if (steps <= 0) steps = natural;
     /* A fixed schedule stops at its length, as the seed's slice
@@ -121,6 +163,9 @@ int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *n
         if (strcmp(name, "legacy") == 0) t = ns_legacy;
         else if (strcmp(name, "asym5") == 0) t = ns_asym5[k];
         else if (strcmp(name, "polar_express") == 0) t = ns_polar_express[k];
+        else if (strcmp(name, "cans") == 0) t = ns_cans[k];
+        else if (strcmp(name, "polar_express_8") == 0) t = ns_polar_express_8[k];
+        else if (strcmp(name, "aol") == 0) t = ns_aol[k];
         else t = k < 8 ? ns_legacy : ns_dsv4_tail;
         memcpy(coeffs + 3 * k, t, 3 * sizeof(double));
     }
@@ -645,6 +690,35 @@ typedef struct ns_iter {
     int done;        /* nothing left after ns_begin (zero input or 0 steps) */
 } ns_iter;
 
+/* AOL preconditioning (Prach, Lampert 2022, "Almost-orthogonal layers",
+ * arXiv:2208.03160; Turbo-Muon's use before Newton-Schulz): y = D x with
+ * D = diag(1 / sqrt(max(r_i, eps))), r_i = sum_j |(x x^T)_ij|, which bounds
+ * ||D x||_2 <= 1 (the Frobenius normalization's job) and starts the
+ * iteration closer to orthogonal; a zero row (r_i = 0) stays zero. x is the
+ * plan's n x m iterate (layout lo, ld ldx); y may be x. The Gram matrix goes
+ * to A (n x n, the slot's), the scales to sc (n doubles). One syrk call of
+ * fixed sizes on one worker: the bits depend on x alone. */
+static void ns_aol_scale(const ns_plan *p, const void *x, void *y, void *A, double *sc, double eps)
+{
+    const int n = p->n, m = p->m, dt = p->dt;
+    ns_syrk(dt, p->lo, p->up, n, m, 1.0, x, p->ldx, 0.0, A, n);
+    for (int i = 0; i < n; i++) sc[i] = 0.0;
+    for (int64_t r = 0; r < n; r++) /* the stored triangle: memory r*n + c, c >= r */
+        for (int64_t c = r; c < n; c++) {
+            const double v = fabs(dt == MU_F32 ? (double)((const float *)A)[r * n + c]
+                                               : ((const double *)A)[r * n + c]);
+            sc[r] += v;
+            if (c != r) sc[c] += v;
+        }
+    for (int i = 0; i < n; i++) sc[i] = sc[i] > 0.0 ? 1.0 / sqrt(sc[i] > eps ? sc[i] : eps) : 0.0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t at = ns_row(p, i, p->ldx) + ns_col(p, j, p->ldx);
+            if (dt == MU_F32) ((float *)y)[at] = (float)(sc[i] * ((const float *)x)[at]);
+            else ((double *)y)[at] = sc[i] * ((const double *)x)[at];
+        }
+}
+
 /* Prologue of matrix i (serial, O(rows * cols)): the norm, zero input and
  * 0 steps, and the buffers of the ping-pong. The input is known finite
  * and, if zero, eps > 0. */
@@ -668,8 +742,10 @@ static void ns_begin(ns_iter *it, const ns_job *job, const mu__ns_slot *s, int64
         return;
     }
     const double scale = 1.0 / (o->norm_scale * norm + o->eps);
+    const int aol = o->precond == MU_NS_PRECOND_AOL;
     if (o->steps == 0) {
-        ns_scale_copy(dt, it->dst, src, len, scale);
+        if (aol) ns_aol_scale(&job->plan, src, it->dst, s->a, s->b, o->eps);
+        else ns_scale_copy(dt, it->dst, src, len, scale);
         return;
     }
     /* Ping-pong: the last step writes dst, the one before the workspace,
@@ -686,9 +762,12 @@ static void ns_begin(ns_iter *it, const ns_job *job, const mu__ns_slot *s, int64
      * enough while the unscaled products neither overflow nor underflow;
      * otherwise normalize first, into a buffer step 1 does not write. */
     const double lim = dt == MU_F32 ? 0x1p40 : 0x1p400;
-    if (!(norm <= lim && norm >= 1.0 / lim)) {
+    if (aol || !(norm <= lim && norm >= 1.0 / lim)) {
         void *buf = x == s->x ? s->x : it->dst_first ? s->x : (void *)it->dst;
-        ns_scale_copy(dt, buf, x, len, scale);
+        /* (AOL: the Gram matrix of a huge or tiny input normalized first) */
+        if (!(norm <= lim && norm >= 1.0 / lim)) ns_scale_copy(dt, buf, x, len, 1.0 / norm);
+        if (aol) ns_aol_scale(&job->plan, x == buf || !(norm <= lim && norm >= 1.0 / lim) ? buf : x, buf, s->a,
+                              s->b, o->eps);
         x = buf;
         it->xs0 = 1.0;
     }
@@ -1021,6 +1100,12 @@ static int ns_check_opts(const char *pre, const mu_ns_opts *o)
         return mu__fail(MU_EINVAL,
                         "%smethod must be MU_NS_STANDARD, MU_NS_GRAM or MU_NS_AUTO, got %d", pre,
                         o->method);
+    if (o->precond != MU_NS_PRECOND_NONE && o->precond != MU_NS_PRECOND_AOL)
+        return mu__fail(MU_EINVAL, "%sprecond must be MU_NS_PRECOND_NONE or MU_NS_PRECOND_AOL, got %d",
+                        pre, o->precond);
+    if (o->precond == MU_NS_PRECOND_AOL && o->method == MU_NS_GRAM)
+        return mu__fail(MU_EINVAL, "%sthe AOL preconditioning runs the standard iteration "
+                        "(method MU_NS_STANDARD or MU_NS_AUTO)", pre);
     return MU_OK;
 }
 

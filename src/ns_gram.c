@@ -111,6 +111,7 @@ int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts)
     if (rows < 0 || cols < 0)
         return mu__fail(MU_EINVAL, "ns: rows and cols must be >= 0, got %lld x %lld",
                         (long long)rows, (long long)cols);
+    if (opts->precond == MU_NS_PRECOND_AOL) return MU_NS_STANDARD; /* (AOL: src/ns.c only) */
     if (opts->method != MU_NS_AUTO) return opts->method;
     const double n = (double)(rows < cols ? rows : cols), m = (double)(rows < cols ? cols : rows);
     if (opts->steps < 2 || n < GRAM_AUTO_MIN_N) return MU_NS_STANDARD;

@@ -76,10 +76,11 @@ describe("the kind contract", function()
     assert.same(set_of({ "lr", "weight_decay", "matched_adamw_rms", "momentum", "nesterov", "ns_steps", "ns_variant",
       "ns_epsilon", "zero_rms_scale_mode", "apply_lr_in_update", "ns_path", "ns_method", "scale_mode", "nonfinite",
       "weight_decay_mode", "nd_mode", "ns_coefficients", "zeropower_fn", "momentum_update_fn", "reshape_fn",
-      "ns_transform_fn", "post_update_fn", "post_ortho_fn", "hook_state", "hsdp_replica_count", "state_dtype" }), m.OPTIONS)
+      "ns_transform_fn", "post_update_fn", "pre_ortho_fn", "post_ortho_fn", "hook_state", "hsdp_replica_count",
+      "state_dtype" }), m.OPTIONS)
     assert.same({ "lr", "matched_adamw_rms", "momentum", "weight_decay" }, m.SCHEDULE_ORDER)
-    assert.same({ "zeropower_fn", "momentum_update_fn", "reshape_fn", "ns_transform_fn", "post_update_fn", "post_ortho_fn" },
-      m.HOOKS)
+    assert.same({ "zeropower_fn", "momentum_update_fn", "reshape_fn", "ns_transform_fn", "post_update_fn", "pre_ortho_fn",
+      "post_ortho_fn" }, m.HOOKS)
     assert.same({ "lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_variant", "matched_adamw_rms" }, m.DISPLAY)
     assert.same({ "momentum_buffer" }, m.state_keys)
     assert.same({}, m.hidden_state_keys)
@@ -111,7 +112,7 @@ describe("the kind contract", function()
       .. table.concat((function() local s = { unpack(names) } table.sort(s) return s end)(), ", "), 1, true), tostring(err))
     local rules = {}
     for i, r in ipairs(K.HOOK_STATE_RULES) do rules[i] = r[1] end
-    assert.same({ "rows", "cols", "matrix", "scalar" }, rules)
+    assert.same({ "rows", "cols", "matrix", "scalar", "rows_rows", "cols_cols" }, rules)
   end)
 end)
 
@@ -156,7 +157,8 @@ describe("the config's own keys", function()
   it("top-level seed is refused (nothing reads it); name is a string label that muon check prints", function()
     local ok, err = pcall(muon.engine.new, { groups = { {} }, seed = 1 })
     assert.is_false(ok)
-    assert.truthy(tostring(err):find("unknown top-level key 'seed'; valid top-level keys: dist, groups, hook_budget, hooks, name, schedule", 1, true),
+    assert.truthy(tostring(err):find("unknown top-level key 'seed'; valid top-level keys: dist, groups, hook_budget, hooks, name, "
+      .. "nil_grad_warning, schedule", 1, true),
       tostring(err))
     ok, err = pcall(muon.engine.new, { groups = { {} }, name = 3 })
     assert.is_false(ok)

@@ -129,9 +129,9 @@ describe("variant options and hook state", function()
       { { weight_decay_mode = "sometimes" }, "weight_decay_mode must be 'decoupled' or 'cautious', got 'sometimes'" },
       { { scale_mode = "radial" }, "scale_mode must be 'matched_adamw_rms' or 'keller' or 'spectral', got 'radial'" },
       { { nd_mode = "fold" }, "nd_mode must be 'batch' or 'flatten', got 'fold'" },
-      { { hook_state = { v = "rows" } }, "hook_state needs a post_ortho_fn (the hook that keeps it)" },
+      { { hook_state = { v = "rows" } }, "hook_state needs a pre_ortho_fn or a post_ortho_fn (the hook that keeps it)" },
       { { hook_state = { v = "diagonal" }, post_ortho_fn = function() end },
-        "hook_state.v must be 'rows', 'cols', 'matrix' or 'scalar', got diagonal" },
+        "hook_state.v must be 'rows', 'cols', 'matrix', 'scalar', 'rows_rows' or 'cols_cols', got diagonal" },
       { { post_ortho_fn = function() end, reshape_fn = function() end },
         "post_ortho_fn cannot be combined with reshape_fn or ns_transform_fn" },
     }

@@ -159,6 +159,24 @@ function D.local_box(shape, pl, mesh, rank)
   return { start = start, len = len }
 end
 
+-- The box of a parameter's hook state (its own shape hshape, the
+-- parameter's pshape) held by rank: placed like the parameter, except that
+-- a dim whose size differs from the parameter's (a collapsed core dim, or
+-- the other side of a square rule) is not split: the ranks at coordinate 0
+-- of every axis sharding it hold it whole, the others nothing. So a rank
+-- holding any hook state holds some of the parameter.
+function D.hook_box(hshape, pshape, pl, mesh, rank)
+  local pb = D.local_box(pshape, pl, mesh, rank)
+  local b = D.local_box(hshape, pl, mesh, rank)
+  for d = 1, #hshape do
+    if hshape[d] ~= pshape[d] then
+      local whole = pb.start[d] == 0 and pb.len[d] > 0
+      b.start[d], b.len[d] = whole and 0 or hshape[d], whole and hshape[d] or 0
+    end
+  end
+  return b
+end
+
 function D.local_shape(shape, pl, mesh, rank)
   return D.local_box(shape, pl, mesh, rank).len
 end
@@ -335,7 +353,7 @@ function D.plan(records, mesh, opts)
       local hr = { name = r.name .. "/" .. h.key, key = h.key, shape = h.shape, placement = r.placement,
         dtype = r.dtype, parent = r, boxes = {}, box_of = {}, holder = {}, id_of = {}, box_order = {} }
       for q = 0, W - 1 do
-        local b = D.local_box(h.shape, r.placement, mesh, q)
+        local b = D.hook_box(h.shape, r.shape, r.placement, mesh, q)
         hr.boxes[q] = b
         if D.numel(b.len) > 0 then
           local id = box_id(b)

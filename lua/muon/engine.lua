@@ -103,6 +103,11 @@ local function resolve_config(cfg, where)
   if cfg.schedule ~= nil and type(cfg.schedule) ~= "function" then
     E.raise(E.EINVAL, "config %s: 'schedule' must be a function(step, group)", where)
   end
+  local nw = cfg.nil_grad_warning
+  if nw ~= nil and (type(nw) ~= "number" or nw < 0 or nw ~= math.floor(nw)) then
+    E.raise(E.EINVAL, "config %s: 'nil_grad_warning' must be an integer >= 0 (steps; 0: never warn), got %s",
+      where, tostring(nw))
+  end
   local hooks = cfg.hooks or {}
   if type(hooks) ~= "table" then E.raise(E.EINVAL, "config %s: 'hooks' must be a table", where) end
   E.check_keys(hooks, K.HOOK_NAMES, "hook", ("config %s: hooks"):format(where))
@@ -233,7 +238,8 @@ function Engine:_stepper()
   local specs = {}
   for gi, g in ipairs(self.groups) do specs[gi] = { kind = g.kind, options = g.options, label = g.label } end
   self.stepper = require("muon.step").new({ groups = specs, comm = comm, mesh = mesh,
-    balance = d and d.balance, max_batch_numel = d and d.max_batch_numel })
+    balance = d and d.balance, max_batch_numel = d and d.max_batch_numel,
+    nil_grad_warning = self.config.nil_grad_warning })
   return self.stepper
 end
 
@@ -381,8 +387,11 @@ function Engine:_scheduled(step)
           end
           v[k] = x
         end
-      elseif r ~= nil then
-        E.raise(E.EINVAL, "schedule must return a number (lr), a table or nil, got %s", type(r))
+      elseif r == nil then
+        E.raise(E.EINVAL, "schedule returned nil for %s at step %d: return the lr (a number) or a table of "
+          .. "per-step values ({} keeps the config's)", g.label, step)
+      else
+        E.raise(E.EINVAL, "schedule must return a number (lr) or a table, got %s", type(r))
       end
     end
     if type(v.lr) == "number" then v.lr = v.lr * self.lr_scale end

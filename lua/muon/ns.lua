@@ -20,14 +20,16 @@ local blame = E.blame
 
 local ns = {}
 
-ns.VARIANTS = { "legacy", "asym5", "polar_express", "deepseekv4", "custom" }
-local PRESET = { legacy = true, asym5 = true, polar_express = true, deepseekv4 = true }
+ns.VARIANTS = { "legacy", "asym5", "polar_express", "deepseekv4", "cans", "polar_express_8", "aol", "custom" }
+-- each preset's natural number of steps (its numbers: mu_ns_preset in src/ns.c)
+local PRESET = { legacy = 5, asym5 = 5, polar_express = 5, deepseekv4 = 10, cans = 5, polar_express_8 = 8, aol = 4 }
 ns.DEFAULT_STEPS = 5
 ns.DEFAULT_VARIANT = "asym5"
 ns.DEFAULT_EPS = 1e-10
 ns.MAX_STEPS = 1000
 
-local VARIANT_MSG = "ns_variant must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', or 'custom', got "
+local VARIANT_MSG = "ns_variant must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', 'cans', "
+  .. "'polar_express_8', 'aol', or 'custom', got "
 
 local function repr(v)
   if type(v) == "string" then return "'" .. v .. "'" end
@@ -132,14 +134,13 @@ local function schedule(variant, steps, custom)
   return arr, steps, scale
 end
 
--- Natural number of steps of a preset (5; 10 for deepseekv4).
+-- Natural number of steps of a preset (5; 10 deepseekv4, 8 polar_express_8, 4 aol).
 local function natural_steps(variant)
-  if variant == "deepseekv4" then return 10 end
-  return ns.DEFAULT_STEPS
+  return PRESET[variant] or ns.DEFAULT_STEPS
 end
 
 -- ns.coefficients(variant, steps, custom) -> { {a, b, c}, ... }, norm_scale
--- steps defaults to the preset's natural length (5; 10 for deepseekv4).
+-- steps defaults to the preset's natural length (5; 10 deepseekv4, 8 polar_express_8, 4 aol).
 function ns.coefficients(variant, steps, custom)
   if variant == nil then variant = ns.DEFAULT_VARIANT end
   if steps == nil then steps = variant == "custom" and type(custom) == "table" and #custom or natural_steps(variant) end
@@ -193,6 +194,11 @@ local function resolve(opts)
     blame(E.EINVAL, "method must be 'standard', 'gram' or 'auto', got " .. repr(method))
   end
   local arr, n, scale = schedule(variant, steps, opts.coefficients)
+  local precond = PRESET[variant] and C.mu_ns_preset_precond(variant) or C.MU_NS_PRECOND_NONE
+  if precond == C.MU_NS_PRECOND_AOL and method == "gram" then
+    blame(E.EINVAL, "variant 'aol' (its AOL preconditioning) runs the standard iteration: method must be "
+      .. "'standard' or 'auto', got 'gram'")
+  end
   if opts.norm_scale ~= nil then
     if not finite(opts.norm_scale) or opts.norm_scale <= 0 then
       blame(E.EINVAL, "norm_scale must be a finite number > 0, got " .. repr(opts.norm_scale))
@@ -206,6 +212,7 @@ local function resolve(opts)
   copts.norm_scale = scale
   copts.path = PATHS[path]
   copts.method = METHODS[method]
+  copts.precond = precond
   return setmetatable({
     variant = variant, steps = n, eps = eps, path = path, norm_scale = scale, method = method,
     coeffs = arr, -- keeps the array alive for copts

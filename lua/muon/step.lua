@@ -59,6 +59,7 @@ local ns = require("muon.ns")
 local core = require("muon.core")
 local K = require("muon.optim.kind")
 local U = require("muon.optim.util")
+local Rd = require("muon.reduce")
 local ffi = require("ffi")
 
 local M = {}
@@ -68,7 +69,7 @@ M.Stepper = Stepper
 
 local ESIZE = T.DTYPE_SIZES -- bytes per element, from C's dtype table
 
-local make_io, kind_context -- (below)
+local make_io, kind_context, post_reductions, warn_nil_grads -- (below)
 
 -- Run f(...) for a step: on one process an error raises at once; on a
 -- mesh the first error is kept in run.failure and later calls are skipped,
@@ -82,7 +83,9 @@ end
 
 -- opts: groups (list of { kind, options = the group table (params, step,
 -- option values), label }), comm (muon.comm, default: this process alone),
--- mesh (muon.dist mesh over comm), balance, max_batch_numel.
+-- mesh (muon.dist mesh over comm), balance, max_batch_numel,
+-- nil_grad_warning (steps without a grad before a parameter's warning;
+-- default 1, 0: never).
 function M.new(opts)
   local comm = opts.comm or commlib.self()
   local W = comm:size()
@@ -99,6 +102,7 @@ function M.new(opts)
     merged = {}, ws = {}, -- ws: dtype -> Newton-Schulz workspace
     counters = { steps = 0, skipped_nonfinite = 0, kinds = {} },
     signals = {},   -- name -> list of numbers, for hooks (ctx.signals)
+    nil_grad_warning = opts.nil_grad_warning or 1, nograd = {}, warned = {},
     built = false,
   }, Stepper)
   -- Separate communicators: data carries only NS routing (its counters are
@@ -273,7 +277,8 @@ function Stepper:build()
     for _, hr in pairs(r.hook_records) do hr.mine = hr.boxes[self.me] end
     self.rec[r.param] = r
   end
-  self.gparams = {}
+  self.gparams, self.index_of = {}, {}
+  for i, p in ipairs(self.order) do self.index_of[p] = i end
   for gi = 1, #self.groups do self.gparams[gi] = {} end
   for _, p in ipairs(self.order) do table.insert(self.gparams[self.where[p].gi], p) end
   for _, b in ipairs(self.plan.batches) do
@@ -909,6 +914,7 @@ function Stepper:step(values, pre_err)
   -- Nothing to step (no parameter has a grad): no change at all, not even
   -- the step counts (torch skips such parameters). On a mesh the stepping
   -- set was agreed above, so every rank returns here together.
+  warn_nil_grads(self, run)
   if next(run.stepping) == nil then return false end
   -- Phases 3-5: on one process the first error raises; on a mesh it is
   -- kept and the collectives still run, so no rank waits for another.
@@ -926,19 +932,30 @@ function Stepper:step(values, pre_err)
   local undo, held = journal(self, run)
   commit_phase(self, run, held)
   local post_failure
+  local sess
+  if W > 1 and post_reductions(self, run) then
+    self.post_session = self.post_session or Rd.session(self.ctrl)
+    sess = self.post_session:reset()
+  end
   for gi, G in ipairs(self.groups) do
     local gr = run.g[gi]
     if G.kind.post_update and not gr.skip and post_failure == nil and #gr.params > 0 then
-      local boxes = {}
+      local boxes, reducers = {}, sess and {}
       for i, p in ipairs(gr.params) do
-        local b = self.rec[p].mine
+        local r = self.rec[p]
+        local b = r.mine
         local start = {}
         for d = 1, #b.start do start[d] = b.start[d] + 1 end
         boxes[i] = { start = start, len = b.len }
+        if sess then reducers[i] = sess:reducer("post_update_fn", self.index_of[p], p.name, b.len, r.holds) end
       end
-      local ok, e = pcall(G.kind.post_update, G.options, gr.hp, gr.params, boxes, run.signals)
+      local ok, e = pcall(G.kind.post_update, G.options, gr.hp, gr.params, boxes, run.signals, reducers)
       if not ok then post_failure = e end
     end
+  end
+  if sess then
+    local ok, e = pcall(sess.finish, sess, post_failure ~= nil)
+    if not ok and post_failure == nil then post_failure = e end
   end
   local ok, e = pcall(self.agree_failure, self, post_failure)
   if not ok then
@@ -947,6 +964,42 @@ function Stepper:step(values, pre_err)
   end
   for gi in pairs(held) do apply_group(run.g[gi]) end
   return true
+end
+
+-- A parameter without a grad for the first nil_grad_warning steps since it
+-- was registered (never stepped) gets one warning naming it (rank 0 prints
+-- it; the stepping set is agreed).
+function warn_nil_grads(self, run)
+  local n = self.nil_grad_warning
+  if n == 0 then return end
+  for _, p in ipairs(self.order) do
+    if not run.stepping[self.rec[p]] and self.pstep[p] == nil and not self.warned[p] then
+      local c = (self.nograd[p] or 0) + 1
+      self.nograd[p] = c
+      if c >= n then
+        self.warned[p] = true
+        if self.me == 0 then
+          io.stderr:write(("muon: parameter '%s' has had no gradient for its first %d step%s: it does not train "
+            .. "(nil_grad_warning = 0 in a config silences this)\n"):format(p.name, c, c == 1 and "" or "s"))
+        end
+      end
+    end
+  end
+end
+
+-- Whether a group of this step runs a post-update hook that may reduce
+-- across ranks (the same on every rank: the config and the stepping set
+-- are agreed).
+function post_reductions(self, run)
+  for gi, G in ipairs(self.groups) do
+    local gr = run.g[gi]
+    if G.kind.post_update and not gr.skip and #gr.params > 0 then
+      for _, h in ipairs(G.kind.HOOKS) do
+        if K.HOOK_NAMES[h].reduces and not K.HOOK_NAMES[h].whole and G.options[h] ~= nil then return true end
+      end
+    end
+  end
+  return false
 end
 
 function Stepper:build_once()

@@ -85,7 +85,8 @@ K.MEMBERS = {
   { "ns_finish", "function", false, "ns_finish(ctx, group, hp, items, done): the second half" },
   { "hook_shapes", "function", false, "hook_shapes(group, shape) -> list of { name, key, shape }: the hook "
     .. "state tensors of a parameter of this global shape" },
-  { "post_update", "function", false, "post_update(group, hp, params, boxes, signals): after the commit" },
+  { "post_update", "function", false, "post_update(group, hp, params, boxes, signals, reducers): after the "
+    .. "commit; reducers[i] = { allreduce, global_norm } for params[i] on a mesh (muon.reduce; nil: one process)" },
   { "replica_count", "function", false, "replica_count(v) -> n: the seed's hsdp_replica_count as a number" },
 }
 
@@ -95,23 +96,30 @@ K.MEMBERS = {
 -- lists them. A kind that takes hooks puts K.HOOK_OPTIONS in its schema.
 -- whole: a parameter of a group that sets it is orthogonalized whole on
 -- one rank; reshapes: it reshapes the Newton-Schulz input; keeps_state: it
--- sees the group's hook_state (one table for every such hook of a group).
+-- sees the group's hook_state (one table for every such hook of a group);
+-- reduces: its ctx has allreduce and global_norm (muon.reduce).
 K.HOOKS = {
   { "zeropower_fn", "(x, steps) -> orthogonalized x" },
   { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates" },
   { "reshape_fn", "(name, x) -> views of x", whole = true, reshapes = true },
   { "ns_transform_fn", "(name, x) -> nil or { tensors, restore }", whole = true, reshapes = true },
-  { "post_update_fn", "(param, local_tensor, ctx)" },
-  { "post_ortho_fn", "(O, state, ctx): after Newton-Schulz, before the scale", whole = true, keeps_state = true },
+  { "post_update_fn", "(param, local_tensor, ctx)", reduces = true },
+  { "pre_ortho_fn", "(G, state, ctx): on the Newton-Schulz input, after momentum", whole = true, keeps_state = true,
+    reduces = true },
+  { "post_ortho_fn", "(O, state, ctx): after Newton-Schulz, before the scale", whole = true, keeps_state = true,
+    reduces = true },
 }
 -- Per-parameter state of the hooks that keep state (hook_state = { name =
 -- rule }), per 2-D core matrix (rows x cols) of the parameter: the state's
 -- two core dims ("rows", "cols" or 1), in the order messages list them.
+-- The square ones are preconditioners (rows x rows, cols x cols).
 K.HOOK_STATE_RULES = {
   { "rows", "rows", 1 },
   { "cols", 1, "cols" },
   { "matrix", "rows", "cols" },
   { "scalar", 1, 1 },
+  { "rows_rows", "rows", "rows" },
+  { "cols_cols", "cols", "cols" },
 }
 
 -- The hook names as a set; the hook options: the hooks and hook_state
@@ -334,10 +342,12 @@ end
 -- options (they route parameters to it), and of its dist section.
 K.CONFIG_KEYS = {
   { "groups", "a non-empty list of groups, each { name, optimizer, match, ..., options }" },
-  { "schedule", "function(step, group) -> an lr, a table of schedulable values, or nil" },
+  { "schedule", "function(step, group) -> an lr or a table of schedulable values ({}: the config's)" },
   { "hooks", "hooks for every group whose kind takes hooks" },
   { "dist", "{ mesh, balance, max_batch_numel, comm }: the distributed layout" },
   { "name", "a label for the config (a string; `muon check` prints it)" },
+  { "nil_grad_warning", "steps (default 1; 0: never): a parameter without a grad for its first that many steps "
+    .. "gets one warning naming it" },
   { "hook_budget", "{ instructions, seconds, memory }: the limits of one hook call (config.hook_limits)" },
 }
 K.GROUP_KEYS = {

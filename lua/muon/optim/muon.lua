@@ -15,7 +15,11 @@ local O = require("muon.optim.options")
 local P = require("muon.param")
 local E = require("muon.errors")
 local K = require("muon.optim.kind")
-local per_dtype = require("muon.optim.util").per_dtype
+local U = require("muon.optim.util")
+local per_dtype = U.per_dtype
+local Rd = require("muon.reduce")
+
+local M = {} -- what other modules use besides the kind (core_shape, call_in_place)
 
 local function fail(fmt, ...) E.raise(E.EINVAL, fmt, ...) end
 
@@ -119,8 +123,10 @@ function kind.resolve(g)
   for k in pairs(g.hook_state or {}) do names[#names + 1] = k end
   table.sort(names)
   g._hook_keys = names
-  if g.post_ortho_fn ~= nil and (g.reshape_fn ~= nil or g.ns_transform_fn ~= nil) then
-    fail("post_ortho_fn cannot be combined with reshape_fn or ns_transform_fn (it sees a parameter's own core matrices)")
+  for _, h in ipairs({ "pre_ortho_fn", "post_ortho_fn" }) do
+    if g[h] ~= nil and (g.reshape_fn ~= nil or g.ns_transform_fn ~= nil) then
+      fail("%s cannot be combined with reshape_fn or ns_transform_fn (it sees a parameter's own core matrices)", h)
+    end
   end
   local ok2, resolved = pcall(ns.resolve, {
     steps = g.ns_steps, variant = g.ns_variant, eps = g.ns_epsilon,
@@ -150,16 +156,34 @@ end
 local function rule_dim(x, a, b) return (x == "rows" and a) or (x == "cols" and b) or 1 end
 
 -- The global shape of a parameter's hook state under a rule
--- (K.HOOK_STATE_RULES): the parameter's shape with the core dims the rule
--- drops set to 1; the hook sees it as (core matrices, rows or 1, cols or 1).
+-- (K.HOOK_STATE_RULES): the parameter's shape with its rows dims and its
+-- cols dims each replaced by what the rule puts there: kept (the same
+-- side), all 1 (1), or the other side's size in the first of them and 1 in
+-- the others (a square rule: rows_rows has the rows in place of the cols).
+-- The hook sees it as (core matrices, rule's first dim, rule's second dim);
+-- its memory order is that view's (the batch dims come first, then the
+-- rows dims, then the cols dims: muon.ns.core).
 local function hook_shape(rule, shape, nd_mode)
   local r = K.hook_state_rule(rule)
-  local _, _, _, rows, cols = ns.core(shape, nd_mode)
+  local a, b, _, rows, cols = ns.core(shape, nd_mode)
+  local size = { rows = a, cols = b }
   local out = {}
-  for d = 1, #shape do
-    local keep = (rows[d] and r[2] == "rows") or (cols[d] and r[3] == "cols") or not (rows[d] or cols[d])
-    out[d] = keep and shape[d] or 1
+  local function place(dims, own, side)
+    local first = true
+    for d = 1, #shape do
+      if dims[d] then
+        if side == own then out[d] = shape[d]
+        elseif side == 1 then out[d] = 1
+        else out[d] = first and size[side] or 1 end
+        first = false
+      end
+    end
   end
+  for d = 1, #shape do
+    if not (rows[d] or cols[d]) then out[d] = shape[d] end
+  end
+  place(rows, "rows", r[2])
+  place(cols, "cols", r[3])
   return out
 end
 
@@ -349,20 +373,48 @@ end
 -- that owns them: items = list of { name = fqn, input = contiguous tensor
 -- holding the parameter (or a batch slice of it) }. Results do not depend
 -- on how items are batched or on which rank runs this (see src/ns.c).
--- post_ortho_fn(O, state, ctx) on one item: O is its (k, A, B) core
--- matrices (after Newton-Schulz, before the scale), state its hook state as
--- (k, rows or 1, cols or 1) views; the hook changes O (and state) in place.
-local function post_ortho(group, hp, it, out, a, b)
+-- A hook that changes its first argument in place returns nothing (or
+-- that argument): anything else would be ignored, so it raises, naming
+-- the hook.
+-- (subject: what the hook runs on, for the budget's messages: E.call_hook_on)
+local function call_in_place_on(subject, hook, fn, what, x, ...)
+  local r = E.call_hook_on(subject, hook, fn, x, ...)
+  if r ~= nil and r ~= x then
+    E.raise(E.EINVAL, "%s returned %s, which would be ignored: it changes %s in place and returns nothing",
+      hook, T.is_tensor(r) and "a tensor" or ("a " .. type(r)), what)
+  end
+end
+local function call_in_place(hook, fn, what, x, ...) return call_in_place_on(nil, hook, fn, what, x, ...) end
+M.call_in_place = call_in_place
+
+-- pre_ortho_fn(G, state, ctx) / post_ortho_fn(O, state, ctx) on one item:
+-- x is its (k, A, B) core matrices (the Newton-Schulz input after momentum,
+-- or its output before the scale), state its hook state as (k, d1, d2)
+-- views (d1, d2: the rule's dims, K.HOOK_STATE_RULES), the same tensors
+-- for both hooks of a step; the hook changes x (and state) in place. ctx:
+-- param_fqn, logical_shape, region, step, lr, weight_decay, signals, and
+-- allreduce / global_norm over the whole parameter (muon.reduce).
+local function ortho_hook(hook, group, hp, it, x, a, b)
   local k = it.k
   local state = {}
   for name, rule in pairs(group.hook_state or {}) do
     local r = K.hook_state_rule(rule)
     state[name] = it.state[name]:view({ k, rule_dim(r[2], a, b), rule_dim(r[3], a, b) })
   end
-  E.call_hook_on("parameter '" .. it.name .. "'", "post_ortho_fn", group.post_ortho_fn, out, state, {
+  local red = Rd.whole(hook)
+  call_in_place_on("parameter '" .. it.name .. "'", hook, group[hook], hook == "pre_ortho_fn" and "G" or "O", x, state, {
     param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
     lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
+    allreduce = red.allreduce, global_norm = red.global_norm,
   })
+end
+
+-- pre_ortho_fn, then the Newton-Schulz input must still be finite.
+local function pre_ortho(group, hp, it, x, a, b)
+  ortho_hook("pre_ortho_fn", group, hp, it, x, a, b)
+  if U.first_nonfinite({ x }) then
+    E.raise(E.ENONFINITE, "parameter '%s': pre_ortho_fn left NaN or Inf in the Newton-Schulz input", it.name)
+  end
 end
 
 -- (k, A, B) views of NS inputs, kept while the input lives: the inputs are
@@ -388,7 +440,7 @@ end
 -- ns_transform_fn, zeropower_fn) or a non-contiguous input need the
 -- general path (kind.orthogonalize). The results have the bits of one
 -- call per batch (src/ns.c: each matrix's bits depend on it alone).
-function kind.ns_prepare(_, group, _, items, jobs)
+function kind.ns_prepare(_, group, hp, items, jobs)
   if group.ns_transform_fn or group.reshape_fn or group.zeropower_fn then return nil end
   for _, it in ipairs(items) do
     if not it.input:is_contiguous() then return nil end
@@ -399,6 +451,7 @@ function kind.ns_prepare(_, group, _, items, jobs)
     if t:numel() > 0 then
       local v = batch_view(t, group.nd_mode)
       it.k = v.k
+      if group.pre_ortho_fn then pre_ortho(group, hp, it, v.x, v.a, v.b) end
       jobs[#jobs + 1] = { x = v.x, r = group._ns }
       done[#done + 1] = { it = it, v = v }
     end
@@ -412,7 +465,7 @@ function kind.ns_finish(_, group, hp, _, done)
   local by, order = {}, {}
   for _, d in ipairs(done) do
     local v = d.v
-    if group.post_ortho_fn then post_ortho(group, hp, d.it, v.x, v.a, v.b) end
+    if group.post_ortho_fn then ortho_hook("post_ortho_fn", group, hp, d.it, v.x, v.a, v.b) end
     local dt = v.x.scalar
     local list = by[dt]
     if not list then
@@ -456,11 +509,18 @@ local function orthogonalize_packed(ctx, group, hp, items)
     local dtype = list.tensors[1]:dtype()
     local merged = ctx:batch_buffer(dtype, list.n, a, b, slot)
     foreach.pack(list.tensors, merged)
+    if group.pre_ortho_fn then
+      local off = 0
+      for _, it in ipairs(list) do
+        pre_ortho(group, hp, it, merged:narrow(1, off + 1, it.k), a, b)
+        off = off + it.k
+      end
+    end
     zeropower(ctx, group, merged, dtype, a, b)
     if group.post_ortho_fn then
       local off = 0
       for _, it in ipairs(list) do
-        post_ortho(group, hp, it, merged:narrow(1, off + 1, it.k), a, b)
+        ortho_hook("post_ortho_fn", group, hp, it, merged:narrow(1, off + 1, it.k), a, b)
         off = off + it.k
       end
     end
@@ -520,12 +580,15 @@ end
 -- post_update_fn on this rank's part of each stepped parameter.
 -- ctx.box: where this rank's tensor lies in the parameter (1-based start
 -- and length per dim; all of it on one process); ctx.signals: the values
--- the trainer set for this step (eng:set_signal).
-function kind.post_update(group, hp, params, boxes, signals)
+-- the trainer set for this step (eng:set_signal); ctx.allreduce and
+-- ctx.global_norm: reductions over the parameter's pieces on every rank
+-- (reducers[i], muon.reduce).
+function kind.post_update(group, hp, params, boxes, signals, reducers)
   local fn = group.post_update_fn
   if not fn then return end
   for i, p in ipairs(params) do
-    E.call_hook_on("parameter '" .. p.name .. "'", "post_update_fn", fn, p, p.value, {
+    local red = reducers and reducers[i] or Rd.whole("post_update_fn", p.value:size())
+    call_in_place_on("parameter '" .. p.name .. "'", "post_update_fn", fn, "the parameter", p, p.value, {
       param_fqn = p.name,
       logical_shape = p.logical_shape or p.value:size(),
       lr = hp.lr,
@@ -533,10 +596,12 @@ function kind.post_update(group, hp, params, boxes, signals)
       step = group.step,
       box = boxes and boxes[i],
       signals = signals or {},
+      allreduce = red.allreduce, global_norm = red.global_norm,
     })
   end
 end
 
 --------------------------------------------------------- the optimizer
 
-return K.module(kind, { core_shape = core_shape })
+M.core_shape = core_shape
+return K.module(kind, M)

@@ -1,0 +1,237 @@
+-- Reductions inside hooks: ctx.allreduce(x, op) and ctx.global_norm(x) in
+-- pre_ortho_fn, post_ortho_fn and post_update_fn (the hooks K.HOOKS marks
+-- `reduces`).
+--
+-- What x is, and what they return:
+--   ctx.allreduce(x, "sum")   the sum of the elements of the whole
+--                             parameter-shaped tensor whose pieces are the
+--                             x of every rank, rounded once to a Lua number
+--                             (float64) from the exact sum
+--   ctx.allreduce(x, "max")   its largest element (NaN if any is NaN)
+--   ctx.allreduce(x, "min")   its smallest element (NaN if any is NaN)
+--   ctx.global_norm(x)        sqrt of the exact sum of the squares of its
+--                             elements (each float64 square rounded to
+--                             float64 first; float32 squares are exact)
+-- * post_update_fn(param, local_tensor, ctx) runs on every rank for every
+--   parameter, with this rank's piece (its torch.chunk box, ctx.box; empty
+--   where the rank holds none): x must have local_tensor's shape and holds
+--   this rank's part of a tensor shaped like the parameter (the piece
+--   itself, or anything computed from it elementwise). Replicas of a piece
+--   count once (the rank that keeps its optimizer state contributes it).
+-- * pre_ortho_fn and post_ortho_fn run where the parameter is
+--   orthogonalized, on the whole parameter: the reduction is over x's own
+--   elements (any tensor), on that rank alone.
+-- One process computes the same over the whole parameter, and the results
+-- have the same bits as on any mesh: the sum is exact before its one
+-- rounding (src/xsum.c), so neither the order of the ranks nor where
+-- torch.chunk cuts the pieces matters; max and min are exact anyway. Empty:
+-- sum 0, max -inf, min +inf, norm 0.
+--
+-- On a mesh the calls are collectives over every rank. Every rank must
+-- call them for a parameter the same number of times, in the same order,
+-- with the same op (an empty piece takes part with nothing to add). Each
+-- call gathers every rank's (call number, op, partial result): ranks that
+-- differ (one more call, another op, a hook that raised or returned
+-- early) fail the step on every rank with one message naming the
+-- parameter, the hook and what each side did; no rank waits for a call
+-- that never comes, and no further reduction of that step communicates.
+--
+--   local Rd = require("muon.reduce")
+--   local f = Rd.whole("post_ortho_fn")           -- { allreduce, global_norm } on one rank
+--   local sess = Rd.session(comm)                  -- a mesh's post_update_fn calls of one step
+--   sess:reset()                                   -- the next step's (buffers kept)
+--   local f2 = sess:reducer("post_update_fn", i, name, shape, counts)
+--   sess:finish(failed)                            -- the last collective; raises on a mismatch
+local ffi = require("ffi")
+local core = require("muon.core")
+local T = require("muon.tensor")
+local E = require("muon.errors")
+
+local C, check = core.C, core.check
+
+local Rd = {}
+
+local OPS = { sum = 1, max = 2, min = 3 }
+local OP_NAME = { "sum", "max", "min", "norm" }
+local NORM = 4
+local LIMBS = C.MU_XSUM_LIMBS
+-- A call's message: kind (1 call, 2 done), parameter index, call number,
+-- op; nan, +inf, -inf, max, min; the normalized limbs.
+local HEAD = 9
+local MSG = HEAD + LIMBS
+
+local function new_acc()
+  local s = ffi.new("mu_xsum")
+  C.mu_xsum_zero(s)
+  return s
+end
+
+local function add(s, x, squares)
+  check(C.mu_xsum_add_tensor(s, x, squares and 1 or 0), "reduce")
+end
+
+-- The op's value of an accumulator (normalized by mu_xsum_value).
+local function value(s, op)
+  if op == NORM then return math.sqrt(C.mu_xsum_value(s)) end
+  if op == OPS.sum then return C.mu_xsum_value(s) end
+  if s.nan > 0 then return 0 / 0 end
+  if op == OPS.max then return s.max end
+  return s.min
+end
+
+local function shape_str(s) return "{" .. table.concat(s, ", ") .. "}" end
+
+-- Check a call's arguments; returns the op code.
+local function check_args(fname, hook, x, op, shape)
+  if not T.is_tensor(x) then
+    E.blame(E.EINVAL, "%s: ctx.%s: x must be a tensor, got %s", hook, fname, type(x))
+  end
+  if fname == "global_norm" then
+    if op ~= nil then E.blame(E.EINVAL, "%s: ctx.global_norm takes one argument (x)", hook) end
+  end
+  local code = fname == "global_norm" and NORM or OPS[op]
+  if not code then
+    E.blame(E.EINVAL, "%s: ctx.allreduce: op must be 'sum', 'max' or 'min', got %s", hook,
+      type(op) == "string" and ("'" .. op .. "'") or tostring(op))
+  end
+  if shape then
+    local xs = x:size()
+    local same = #xs == #shape
+    for d = 1, #shape do same = same and xs[d] == shape[d] end
+    if not same then
+      E.blame(E.ESHAPE, "%s: ctx.%s: x must have the shape of this rank's piece of the parameter, %s "
+        .. "(local_tensor's), got %s", hook, fname, shape_str(shape), shape_str(xs))
+    end
+  end
+  return code
+end
+
+-- The reductions of a hook that holds the whole parameter (pre_ortho_fn,
+-- post_ortho_fn; and post_update_fn on one process, where x must have the
+-- parameter's shape: shape).
+function Rd.whole(hook, shape)
+  local f = {}
+  function f.allreduce(x, op)
+    local code = check_args("allreduce", hook, x, op, shape)
+    local s = new_acc()
+    add(s, x, false)
+    return value(s, code)
+  end
+  function f.global_norm(x, extra)
+    check_args("global_norm", hook, x, extra, shape)
+    local s = new_acc()
+    add(s, x, true)
+    return value(s, NORM)
+  end
+  return f
+end
+
+------------------------------------------------------------ on a mesh
+
+local Session = {}
+Session.__index = Session
+
+-- The reductions of one step's post_update_fn calls over comm (collective:
+-- every rank makes one session per step and calls finish once).
+function Rd.session(comm)
+  local W = comm:size()
+  return setmetatable({ comm = comm, W = W, me = comm:rank(), broken = nil,
+    send = T.zeros({ MSG }, "float64"), recv = T.zeros({ W * MSG }, "float64"),
+    counts = (function() local c = {} for q = 1, W do c[q] = MSG end return c end)(),
+    names = {}, hooks = {}, calls = 0 }, Session)
+end
+
+-- The same session for the next step (its buffers kept).
+function Session:reset()
+  self.broken, self.names, self.hooks = nil, {}, {}
+  return self
+end
+
+-- What message m (a gathered row) says a rank did, for errors.
+function Session:_describe(row)
+  local kind, idx, seq, op = row[1], row[2], row[3], row[4]
+  if kind == 2 then return "had returned from its hooks" end
+  if kind == 3 then return "had stopped: one of its hooks raised an error" end
+  local fname = op == NORM and "ctx.global_norm" or ("ctx.allreduce(x, '" .. OP_NAME[op] .. "')")
+  return ("made call %d for parameter '%s' (%s): %s"):format(seq, self.names[idx] or "?", self.hooks[idx] or "?", fname)
+end
+
+-- One collective: this rank's message (kind, idx, seq, op, accumulator or
+-- nil); returns the merged accumulator when every rank sent the same
+-- header, else marks the session broken and raises (the same message on
+-- every rank).
+function Session:_exchange(kind, idx, seq, op, acc)
+  local sp = ffi.cast("double *", self.send.data)
+  local head = { kind, idx, seq, op }
+  for i = 1, 4 do sp[i - 1] = head[i] end
+  if acc then
+    C.mu_xsum_normalize(acc)
+    sp[4], sp[5], sp[6], sp[7], sp[8] = tonumber(acc.nan), tonumber(acc.pinf), tonumber(acc.ninf), acc.max, acc.min
+    for i = 0, LIMBS - 1 do sp[HEAD + i] = tonumber(acc.limb[i]) end
+  else
+    for i = 4, MSG - 1 do sp[i] = 0 end
+    sp[7], sp[8] = -math.huge, math.huge
+  end
+  self.comm:allgatherv(self.send, self.recv, self.counts)
+  local rp = ffi.cast("double *", self.recv.data)
+  local first
+  local function kind_of(q) return rp[q * MSG] == 3 and 2 or rp[q * MSG] end -- (stopped = done)
+  for q = 1, self.W - 1 do
+    if kind_of(q) ~= kind_of(0) then first = first or q end
+    for i = 1, 3 do
+      if rp[q * MSG + i] ~= rp[i] then first = first or q end
+    end
+  end
+  if first then
+    local function row(q) return { rp[q * MSG], rp[q * MSG + 1], rp[q * MSG + 2], rp[q * MSG + 3] } end
+    self.broken = E.new(E.EINVAL, ("reductions in hooks differ across ranks: rank 0 %s, rank %d %s (every rank "
+      .. "runs post_update_fn for every parameter, an empty piece too, and must call ctx.allreduce / "
+      .. "ctx.global_norm for it as often as the others, in the same order, with the same op)"):format(
+      self:_describe(row(0)), first, self:_describe(row(first))))
+    error(self.broken, 0)
+  end
+  if kind ~= 1 then return nil end
+  local total = new_acc()
+  local part = ffi.new("mu_xsum")
+  for q = 0, self.W - 1 do
+    local base = q * MSG
+    C.mu_xsum_zero(part)
+    part.nan, part.pinf, part.ninf, part.max, part.min = rp[base + 4], rp[base + 5], rp[base + 6], rp[base + 7], rp[base + 8]
+    for i = 0, LIMBS - 1 do part.limb[i] = rp[base + HEAD + i] end
+    C.mu_xsum_merge(total, part)
+  end
+  return total
+end
+
+-- The reductions of the hook `hook` on parameter number idx (the same
+-- numbering on every rank) named name: x of shape `shape` (this rank's
+-- piece); counts: this rank contributes its piece (it keeps the piece's
+-- state; replicas count once).
+function Session:reducer(hook, idx, name, shape, counts)
+  self.names[idx], self.hooks[idx] = name, hook
+  local seq = 0
+  local function call(fname, x, op)
+    if self.broken then
+      E.raise(E.EINVAL, "%s: ctx.%s after reductions failed across ranks in this step: %s", hook, fname,
+        E.message(self.broken))
+    end
+    local code = check_args(fname, hook, x, op, shape)
+    seq = seq + 1
+    local acc = new_acc()
+    if counts then add(acc, x, code == NORM) end
+    return value(self:_exchange(1, idx, seq, code, acc), code)
+  end
+  return {
+    allreduce = function(x, op) return call("allreduce", x, op) end,
+    global_norm = function(x, extra) return call("global_norm", x, extra) end,
+  }
+end
+
+-- The session's last collective (every rank, once, after its hooks;
+-- failed: one of them raised); raises when the ranks' calls differed.
+function Session:finish(failed)
+  if self.broken then error(self.broken, 0) end
+  self:_exchange(failed and 3 or 2, 0, 0, 0, nil)
+end
+
+return Rd
