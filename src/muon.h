@@ -80,7 +80,19 @@ MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
 
 /* --------------------------------------------------------------- tensors */
 
-typedef enum { MU_F32 = 0, MU_F64 = 1 } mu_dtype;
+/*
+ * The dtypes, in one table: X(name, value, Lua name, bytes per element). It
+ * generates the enum below (MU_F32, ...), mu_dtype_size and mu_dtype_name
+ * (src/tensor.c); the Lua side asks those. A new dtype is one line at the
+ * end (values without gaps).
+ */
+#define MU_DTYPES(X)           \
+    X(F32, 0, "float32", 4)    \
+    X(F64, 1, "float64", 8)
+
+#define MU__DTYPE_ENUM(name, value, lname, bytes) MU_##name = value,
+typedef enum { MU_DTYPES(MU__DTYPE_ENUM) } mu_dtype;
+#undef MU__DTYPE_ENUM
 enum { MU_MAX_DIMS = 8 };
 
 typedef struct mu_storage mu_storage; /* refcounted buffer, opaque */
@@ -96,8 +108,8 @@ typedef struct mu_tensor {
     int64_t offset;
     int32_t scalar;     /* mu_dtype */
     int32_t ndim;
-    int64_t dims[8];   /* sizes */
-    int64_t strides[8]; /* in elements */
+    int64_t dims[MU_MAX_DIMS];    /* sizes */
+    int64_t strides[MU_MAX_DIMS]; /* in elements */
 } mu_tensor;
 
 /* New zero-filled contiguous tensor owning its storage. ndim may be 0. */
@@ -111,7 +123,10 @@ MU_API void mu_tensor_free(mu_tensor *t);
 
 MU_API int64_t mu_tensor_numel(const mu_tensor *t);
 MU_API int mu_tensor_is_contiguous(const mu_tensor *t);
+/* Bytes per element of a dtype (0 for a value outside MU_DTYPES). */
 MU_API size_t mu_dtype_size(int dtype);
+/* Lua name of a dtype ("float32", "float64"; NULL outside MU_DTYPES). */
+MU_API const char *mu_dtype_name(int dtype);
 /* Whether two tensors share the same storage. */
 MU_API int mu_tensor_same_storage(const mu_tensor *a, const mu_tensor *b);
 
@@ -559,8 +574,17 @@ MU_API int mu_engine_load(mu_engine *eng, const char *path);
 enum { MU_LOAD_NO_CHECKSUM = 1 };
 MU_API int mu_engine_load_ex(mu_engine *eng, const char *path, int flags);
 /* Detail of the last failed call on eng ("" if none); NULL eng gives
- * mu_last_error(). Valid until the next call on eng. */
+ * mu_last_error(). Valid until the next call on eng (from any thread): a
+ * host whose other threads may call eng meanwhile uses
+ * mu_engine_error_copy. */
 MU_API const char *mu_engine_error(const mu_engine *eng);
+/* The detail of mu_engine_error copied into buf (n bytes; cut to n - 1 at
+ * a UTF-8 character boundary; always NUL-terminated when n > 0). Safe while
+ * other threads call eng, close it included: the copy is the message
+ * before or after any such call, never freed memory. NULL eng copies this
+ * thread's mu_last_error(). MU_OK; MU_ESTATE for a closed or foreign handle
+ * (buf gets that message); MU_EINVAL for a NULL buf with n > 0. */
+MU_API int mu_engine_error_copy(const mu_engine *eng, char *buf, size_t n);
 /* Free the engine and its Lua state (the trainer's buffers are untouched).
  * NULL is a no-op. A handle is a token checked on every call: after close,
  * every call on it (close included) returns MU_ESTATE, as does a value
@@ -583,12 +607,34 @@ enum { MU_SCRIPT_MPI = 1, MU_SCRIPT_TRUSTED = 2 };
 MU_API int mu_script_run(const char *path, int argc, char **argv, int flags, int *status);
 MU_API int mu_script_run_module(const char *module, int argc, char **argv, int flags, int *status);
 
-/* (argv NULL: MU_EINVAL.) When OPENBLAS_CORETYPE is unset or empty and the CPU supports a faster
- * OpenBLAS core than the one running (SkylakeX: avx512f+bw+vl; Haswell:
- * avx2), set the variable and re-execute /proc/self/exe with argv (once,
- * guarded by MUON_BLAS_REEXEC). Returns MU_OK when nothing needed doing (or
- * the re-exec failed: the program continues on the slower core). */
+/*
+ * OpenBLAS picks its kernels once, when it is loaded, from the variable
+ * OPENBLAS_CORETYPE (or its own CPU detection, which picks a generic core on
+ * some recent CPUs). The choice is made in one place (src/blas_core.c):
+ *
+ * mu_blas_cpu_core: the fastest core this CPU supports by muon's table
+ * ("SkylakeX" for AVX-512 F+BW+VL, "Haswell" for AVX2; "" for none), as
+ * this process sees the CPU. Pure; safe from any thread.
+ *
+ * mu_blas_fix_core (hosts that link OpenBLAS, first thing in main; argv
+ * NULL: MU_EINVAL): when OPENBLAS_CORETYPE is unset or empty and the running
+ * core is not mu_blas_cpu_core(), re-execute /proc/self/exe with argv and
+ * the variable set in a copy of the environment (the process's own is not
+ * changed); once, guarded by MUON_BLAS_REEXEC. MU_OK when nothing needed
+ * doing or the exec failed (the program goes on with the running core).
+ *
+ * mu_blas_preset_core (hosts that load libmuon at run time, before they
+ * load it: the Lua loader, Python): when OPENBLAS_CORETYPE is unset or
+ * empty, set it to mu_blas_cpu_core(), the library's only setenv. It
+ * refuses (MU_ESTATE, nothing changed) when that is too late or unsafe:
+ * OpenBLAS is already loaded, or the process runs more than one thread.
+ * MU_OK otherwise (a value you set always stays). build/libmuon-cpu.so
+ * (installed as <prefix>/lib/libmuon-cpu.so) exports these two alone and
+ * needs nothing but libc, so it can be loaded and asked before libmuon.
+ */
+MU_API const char *mu_blas_cpu_core(void);
 MU_API int mu_blas_fix_core(char **argv);
+MU_API int mu_blas_preset_core(void);
 
 /* ------------------------------------------------- distributed engines */
 

@@ -9,10 +9,15 @@ local E = require("muon.errors")
 
 local host = {}
 
-local DTYPE_BY_CODE = { [0] = "float32", [1] = "float64" }
-local PTR_TYPE = { float32 = ffi.typeof("float *"), float64 = ffi.typeof("double *") }
-
+local C = require("muon.core").C
 local raise = E.raise
+
+-- The Lua name of a dtype code (the table in src/muon.h, MU_DTYPES).
+local function dtype_name(name, code)
+  local s = C.mu_dtype_name(code)
+  if s == nil then raise(E.EDTYPE, "parameter '" .. name .. "': unsupported dtype " .. tostring(code)) end
+  return ffi.string(s)
+end
 
 -- Open an engine on a config file. config.load (lua/muon/config.lua) reads
 -- it: a file that cannot be read (missing, a directory, a FIFO) is EIO, a
@@ -29,11 +34,10 @@ end
 -- (the engine holds the tensors it is given; the buffers belong to C).
 function host.add_param(eng, name, dtype_code, shape, data, grad)
   local T = require("muon.tensor")
-  local dtype = DTYPE_BY_CODE[dtype_code]
-  if not dtype then raise(E.EDTYPE, "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
-  local value = T.wrap(ffi.cast(PTR_TYPE[dtype], data), shape, dtype)
+  local dtype = dtype_name(name, dtype_code)
+  local value = T.wrap(ffi.cast("void *", data), shape, dtype)
   local g = nil
-  if grad ~= nil then g = T.wrap(ffi.cast(PTR_TYPE[dtype], grad), shape, dtype) end
+  if grad ~= nil then g = T.wrap(ffi.cast("void *", grad), shape, dtype) end
   eng:add_param(name, value, g)
 end
 
@@ -48,8 +52,7 @@ end
 -- is empty; grad NULL means no gradient, on every rank alike).
 function host.add_param_sharded(eng, name, dtype_code, shape, placements, data, grad)
   local T = require("muon.tensor")
-  local dtype = DTYPE_BY_CODE[dtype_code]
-  if not dtype then raise(E.EDTYPE, "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
+  local dtype = dtype_name(name, dtype_code)
   if not eng.dist then raise(E.ESTATE, "add_param_sharded: parameter '" .. name .. "': the config has no dist section") end
   local pl = { shape = shape }
   for i, p in ipairs(placements) do
@@ -69,7 +72,7 @@ function host.add_param_sharded(eng, name, dtype_code, shape, placements, data, 
       if n > 0 then raise(E.EINVAL, ("parameter '%s': %s is NULL but the local shard has %d elements"):format(name, what, n)) end
       return T.zeros(local_shape, dtype)
     end
-    return T.wrap(ffi.cast(PTR_TYPE[dtype], ptr), local_shape, dtype)
+    return T.wrap(ffi.cast("void *", ptr), local_shape, dtype)
   end
   local value = wrap(data, "local_data")
   local g = nil
@@ -98,9 +101,28 @@ function host.load(eng, path, no_checksum)
   eng:load(path, no_checksum and { checksum = false } or nil)
 end
 
+-- The exit status for what a script (or a module's function) returns, read
+-- the way LuaJIT's os.exit reads its argument: nothing, nil or true 0,
+-- false 1, an integer 0..255 itself, a string holding one as that number.
+-- A value os.exit would refuse (another string, a table, ...) or silently
+-- truncate (256 would exit 0, -1 255, 3.5 3, NaN and inf 0) is an error
+-- naming it instead, so that no failure reads as success. (The standalone
+-- interpreters ignore a script's return value; `muon run` gives it a use.)
+local function exit_status(v, who)
+  if v == nil or v == true then return 0 end
+  if v == false then return 1 end
+  local n = v
+  if type(v) == "string" then n = tonumber(v) end
+  if type(n) == "number" and n == math.floor(n) and n >= 0 and n <= 255 then return n end
+  local shown = type(v) == "string" and ("'" .. v .. "'") or type(v) == "number" and tostring(v) or ("a " .. type(v))
+  error(E.new(E.EINVAL, ("%s returned %s: an exit status is nothing, true, false or an integer 0..255")
+    :format(who, shown), ""), 0)
+end
+host.exit_status = exit_status
+
 -- `muon run script.lua args...`: arg = { [0] = script, args... } as in the
--- standalone interpreter; the chunk also gets the args as `...`. A numeric
--- return value is the exit status.
+-- standalone interpreter; the chunk also gets the args as `...`. What it
+-- returns is the exit status (exit_status).
 -- trusted: engines opened by the script default to trusted configs.
 local function trust_configs()
   local engine = require("muon.engine")
@@ -123,10 +145,7 @@ function host.run_script(path, args, trusted)
   local a = { [0] = path }
   for i = 1, #args do a[i] = args[i] end
   rawset(_G, "arg", a)
-  local ret = chunk(unpack(args))
-  if type(ret) == "number" then return ret end
-  if ret == false then return 1 end
-  return 0
+  return exit_status((chunk(unpack(args))), path)
 end
 
 -- "module" calls require(module).main(args); "module:fn" calls .fn(args).
@@ -138,10 +157,7 @@ function host.run_module(target, args, trusted)
   if type(m) ~= "table" or type(m[fn]) ~= "function" then
     error("module '" .. mod .. "' has no function '" .. fn .. "'", 0)
   end
-  local ret = m[fn](args)
-  if type(ret) == "number" then return ret end
-  if ret == false then return 1 end
-  return 0
+  return exit_status((m[fn](args)), mod .. "." .. fn)
 end
 
 -- `muon info`: version, library, BLAS core and threads, MPI.
@@ -152,7 +168,6 @@ function host.info(args)
   end
   local muon = require("muon")
   local core = require("muon.core")
-  local C = core.C
   local b = muon.blas_info()
   local lines = {}
   local function add(k, v) lines[#lines + 1] = ("%-18s %s"):format(k, v) end
