@@ -980,3 +980,50 @@ int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor *b, do
     run_job(&J);
     return MU_OK;
 }
+
+/* ------------------------------------------------------------------ Lion */
+
+/* One pass on the calling thread, self-contained (a kernel of its own, not
+ * a job of segment()): Lion's pass is one read of g and m and one write of
+ * m' and u per element. */
+int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
+                           mu_tensor *const *new_exp_avgs, mu_tensor *const *updates,
+                           double beta1, double beta2)
+{
+    mu_tensor *const *arrs[4] = { grads, exp_avgs, new_exp_avgs, updates };
+    const char *names[4] = { "grads", "exp_avgs", "new_exp_avgs", "updates" };
+    int dtype, rc = check_arrays(n, 4, arrs, names, &dtype);
+    if (rc) return rc;
+    if ((rc = finite_scalar("beta1", beta1)) || (rc = finite_scalar("beta2", beta2))) return rc;
+    for (int i = 0; i < n; i++)
+        if (mu_tensor_numel(updates[i]) > 0 &&
+            (updates[i]->data == grads[i]->data || updates[i]->data == exp_avgs[i]->data ||
+             updates[i]->data == new_exp_avgs[i]->data))
+            return mu__fail(MU_EINVAL, "updates[%d] aliases an input or new_exp_avgs[%d]", i, i);
+    for (int i = 0; i < n; i++) {
+        int64_t len = mu_tensor_numel(grads[i]);
+        if (dtype == MU_F32) {
+            const float *g = grads[i]->data, *m = exp_avgs[i]->data;
+            float *nm = new_exp_avgs[i]->data, *u = updates[i]->data;
+            const float b1 = (float)beta1, a1 = (float)(1.0 - beta1);
+            const float b2 = (float)beta2, a2 = (float)(1.0 - beta2);
+            for (int64_t k = 0; k < len; k++) {
+                float gv = g[k], mv = m[k];
+                float c = fmaf(a1, gv, mv * b1);
+                u[k] = c > 0.0f ? 1.0f : c < 0.0f ? -1.0f : c == 0.0f ? 0.0f : c; /* NaN stays */
+                nm[k] = fmaf(a2, gv, mv * b2);
+            }
+        } else {
+            const double *g = grads[i]->data, *m = exp_avgs[i]->data;
+            double *nm = new_exp_avgs[i]->data, *u = updates[i]->data;
+            const double a1 = 1.0 - beta1, a2 = 1.0 - beta2;
+            for (int64_t k = 0; k < len; k++) {
+                double gv = g[k], mv = m[k];
+                double c = fma(a1, gv, mv * beta1);
+                u[k] = c > 0.0 ? 1.0 : c < 0.0 ? -1.0 : c == 0.0 ? 0.0 : c;
+                nm[k] = fma(a2, gv, mv * beta2);
+            }
+        }
+    }
+    return MU_OK;
+}

@@ -200,6 +200,13 @@ typedef enum {
     MU_MAP_RSQRT,     /* 1 / sqrt(x0), two roundings */
     MU_MAP_SIGN,      /* 1, -1, or 0 for zeros and NaN */
     MU_MAP_CLAMP,     /* min(max(x0, lo), hi); NaN stays NaN, a NaN bound is ignored */
+    MU_MAP_EXP,       /* exp(x0) (the C library's, in the dtype: expf / exp) */
+    MU_MAP_LOG,       /* natural log(x0): -inf at 0, NaN below */
+    MU_MAP_TANH,
+    MU_MAP_SIGMOID,   /* 1 / (1 + exp(-x0)), torch's formula, each step rounded */
+    MU_MAP_POW,       /* pow(x0, x1); a scalar exponent (x[1] NULL) of 2, 3 or -2 is
+                       * x*x, x*x*x, 1/(x*x), of 0.5, -0.5, -1 sqrt, 1/sqrt, 1/x,
+                       * as torch computes tensor ** scalar */
     MU_MAP_COUNT
 } mu_map_op;
 
@@ -223,13 +230,19 @@ typedef enum {
     MU_REDUCE_MEAN,
     MU_REDUCE_AMAX,
     MU_REDUCE_NORM,
+    MU_REDUCE_ARGMAX, /* the 0-based index of the first largest element (a NaN
+                       * counts as largest: the first NaN), torch's rule; stored
+                       * as a number of t's dtype, so the reduced dim must be at
+                       * most 2^24 long for float32 (else MU_EINVAL); of
+                       * nothing MU_ESHAPE */
     MU_REDUCE_COUNT
 } mu_reduce_op;
 
 /* Reduce t along dim (0-based) into out: t's shape with that dim of size 1
  * (keepdim) or removed, t's dtype. */
 MU_API int mu_tensor_reduce(const mu_tensor *t, int op, int dim, mu_tensor *out);
-/* Reduce every element: the double accumulator (not rounded to float32). */
+/* Reduce every element: the double accumulator (not rounded to float32);
+ * for ARGMAX the row-major flat index (0-based, exact up to 2^53). */
 MU_API int mu_tensor_reduce_all(const mu_tensor *t, int op, double *out);
 
 /* out = a @ b with OpenBLAS ?gemm: a (n x k), b (k x m), out (n x m); or
@@ -239,6 +252,24 @@ MU_API int mu_tensor_reduce_all(const mu_tensor *t, int op, double *out);
  * out's rows must be unit-stride, out distinct from a and b (not the same
  * storage); k = 0 gives zeros. */
 MU_API int mu_tensor_matmul(const mu_tensor *a, const mu_tensor *b, mu_tensor *out);
+
+/* Softmax of t along dim (0-based) into out (t's shape and dtype):
+ * exp(x - max) / sum(exp(x - max)) over each slice along dim, or with log
+ * non-zero the log-softmax (x - max) - log(sum(exp(x - max))). Computed in
+ * double and rounded once (float32 too); a slice holding NaN, or only
+ * -inf, gives NaN, as torch. out may be t itself (in place) but must not
+ * overlap it otherwise. */
+MU_API int mu_tensor_softmax(const mu_tensor *t, int dim, int log, mu_tensor *out);
+
+/* torch.gather: out[i][j] = t[index[i][j] - base][j] for dim 0, likewise
+ * along any dim (0-based). index has t's number of dims, index.size(d) <=
+ * t.size(d) for every d other than dim, and holds integers in base ..
+ * base + t.size(dim) - 1 (base: 0 for 0-based indices, 1 for 1-based), as
+ * float32 or float64 values; out has index's shape and t's dtype and must
+ * not overlap t or index. Every index is checked before anything is
+ * written (MU_EINVAL names the first bad one and its position). */
+MU_API int mu_tensor_gather(const mu_tensor *t, int dim, const mu_tensor *index, int64_t base,
+                            mu_tensor *out);
 
 /* ------------------------------------------------------------------ npy */
 
@@ -320,6 +351,10 @@ typedef struct mu_ns_workspace mu_ns_workspace;
  * MU_NS_OPENMP=0 makes them threads of the engine's own instead. */
 MU_API int mu_ns_workspace_new(int dtype, int64_t rows, int64_t cols, mu_ns_workspace **out);
 MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
+/* The bytes a workspace holds now (every buffer set of its workers, the
+ * Gram iteration's buffers once used, the scheduler's lists) into *out
+ * (0 on failure): what a step's scratch accounts for it. */
+MU_API int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out);
 
 /* Orthogonalize in (n x m) or a batch (b x n x m), C-contiguous, into out
  * (same shape and dtype; out may be in). ws may be NULL (allocated inside).
@@ -411,6 +446,18 @@ MU_API int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *co
                                    mu_tensor *const *exp_avg_sqs, mu_tensor *const *new_exp_avgs,
                                    mu_tensor *const *new_exp_avg_sqs, mu_tensor *const *updates,
                                    double lr, double beta1, double beta2, double eps, int64_t step);
+
+/* Lion (Chen et al. 2023) without touching the parameters: the update
+ * direction sign(beta1*m + (1-beta1)*g) into updates (sign(0) = 0) and the
+ * new moment beta2*m + (1-beta2)*g into new_exp_avgs (which may be
+ * exp_avgs itself), reading grads and exp_avgs (m). Each is one fused
+ * multiply-add over the rounded product, as lion-pytorch's
+ * m.mul(beta1).add(g, alpha=1-beta1) in float32. Then
+ * mu_foreach_apply(params, updates, NULL, 1 - lr*weight_decay, -lr) is
+ * Lion's step. updates must not alias the others. */
+MU_API int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
+                                  mu_tensor *const *new_exp_avgs, mu_tensor *const *updates,
+                                  double beta1, double beta2);
 
 /* 1 if every element of every tensor is finite; else 0 and *bad is the
  * index of the first tensor holding NaN/Inf (negative on a bad argument). */

@@ -63,6 +63,7 @@ typedef struct mu__ns_slot {
     void *a; /* n * n: Gram matrix */
     void *b; /* n * n: polynomial matrix */
     void *g; /* the Gram iteration's buffers (3 n*n + n*m), allocated on its first use */
+    size_t g_bytes; /* bytes of g (0 until allocated) */
 } mu__ns_slot;
 
 struct mu_ns_workspace {

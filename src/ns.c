@@ -133,11 +133,17 @@ int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *n
 
 /* ---------------------------------------------------------- workspace */
 
-static void *ns_alloc(int64_t elems, size_t esize)
+/* The bytes ns_alloc allocates for elems elements (at least one, rounded
+ * up to a cache line). */
+static size_t ns_bytes(int64_t elems, size_t esize)
 {
     size_t bytes = (size_t)(elems > 0 ? elems : 1) * esize;
-    bytes = (bytes + 63) & ~(size_t)63;
-    return aligned_alloc(64, bytes);
+    return (bytes + 63) & ~(size_t)63;
+}
+
+static void *ns_alloc(int64_t elems, size_t esize)
+{
+    return aligned_alloc(64, ns_bytes(elems, esize));
 }
 
 static void ns_slot_free(mu__ns_slot *s)
@@ -188,6 +194,18 @@ int mu_ns_workspace_new(int dtype, int64_t rows, int64_t cols, mu_ns_workspace *
     }
     ws->nslots = 1;
     *out = ws;
+    return MU_OK;
+}
+
+int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out)
+{
+    if (!out) return mu__fail(MU_EINVAL, "out is NULL");
+    *out = 0;
+    if (!ws) return mu__fail(MU_EINVAL, "ws is NULL");
+    size_t es = mu_dtype_size(ws->dtype), n = ws->sched_bytes;
+    for (int i = 0; i < ws->nslots; i++)
+        n += ns_bytes(ws->cap_nm, es) + 2 * ns_bytes(ws->cap_nn, es) + ws->slot[i].g_bytes;
+    *out = (int64_t)n;
     return MU_OK;
 }
 

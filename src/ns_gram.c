@@ -321,6 +321,7 @@ static int gram_slot_bufs(mu_ns_workspace *ws, mu__ns_slot *s, gram_bufs *b)
         size_t bytes = ((size_t)(3 * nn + ws->cap_nm + 16) * es + 63) & ~(size_t)63;
         s->g = aligned_alloc(64, bytes);
         if (!s->g) return mu__fail(MU_ENOMEM, "ns gram workspace: out of memory");
+        s->g_bytes = bytes;
     }
     char *g = s->g;
     b->nn[0] = s->a;

@@ -40,13 +40,26 @@
  * kernels). */
 typedef struct map_ctx {
     double alpha, value, lo, hi;
+    int scalar_exponent; /* POW: x[1] is a scalar (torch's tensor ** scalar) */
 } map_ctx;
 
 typedef struct reduce_ctx {
     int op;
     double acc;
     int64_t count;
+    double best;   /* ARGMAX: the largest so far (NaN once one was seen) */
+    int64_t index; /* ARGMAX: its flat index */
 } reduce_ctx;
+
+/* Softmax: log-softmax instead? */
+typedef struct softmax_ctx {
+    int log;
+} softmax_ctx;
+
+/* Gather: t's byte stride along dim, and the base of the indices. */
+typedef struct gather_ctx {
+    int64_t stride, base;
+} gather_ctx;
 
 /* One (batched) ?gemm call, row-major: c = op(a) op(b). */
 typedef struct gemm_plan {
@@ -72,7 +85,7 @@ static double reduce_finish(int op, double acc, int64_t n)
 typedef struct kernels {
     const mu__loop_fn *map;  /* by mu_map_op */
     mu__loop_fn copy_from[2]; /* by source dtype */
-    mu__loop_fn reduce_dim, reduce_all, finite;
+    mu__loop_fn reduce_dim, reduce_all, finite, softmax, gather;
     void (*gemm)(const gemm_plan *g);
 } kernels;
 
@@ -182,6 +195,11 @@ static const struct map_op {
     [MU_MAP_RSQRT] = { "rsqrt", 1, { "self" } },
     [MU_MAP_SIGN] = { "sign", 1, { "self" } },
     [MU_MAP_CLAMP] = { "clamp", 1, { "self" } },
+    [MU_MAP_EXP] = { "exp", 1, { "self" } },
+    [MU_MAP_LOG] = { "log", 1, { "self" } },
+    [MU_MAP_TANH] = { "tanh", 1, { "self" } },
+    [MU_MAP_SIGMOID] = { "sigmoid", 1, { "self" } },
+    [MU_MAP_POW] = { "pow", 2, { "self", "exponent" } },
 };
 #undef SO
 
@@ -216,7 +234,7 @@ int mu_tensor_map(const mu_map_args *args, mu_tensor *out)
             return mu__fail(MU_EDTYPE, "%s is %s but the output is %s", what, dtype_name(x->scalar),
                             dtype_name(out->scalar));
     }
-    map_ctx ctx = { args->alpha, args->value, args->lo, args->hi };
+    map_ctx ctx = { args->alpha, args->value, args->lo, args->hi, args->x[1] == NULL };
     union {
         float f;
         double d;
@@ -289,7 +307,7 @@ int mu_tensor_all_finite(const mu_tensor *t, int64_t *where)
 {
     int rc = mu__tensor_check(t, "all_finite: tensor");
     if (rc) return rc;
-    reduce_ctx ctx = { 0, 0, 0 };
+    reduce_ctx ctx = { 0, 0, 0, 0, 0 };
     mu__iter it;
     mu__iter_init(&it, t->ndim, t->dims, 0);
     mu__iter_add(&it, t);
@@ -302,8 +320,19 @@ int mu_tensor_all_finite(const mu_tensor *t, int64_t *where)
 
 static const char *const REDUCE_NAMES[MU_REDUCE_COUNT] = {
     [MU_REDUCE_SUM] = "sum", [MU_REDUCE_MEAN] = "mean", [MU_REDUCE_AMAX] = "amax",
-    [MU_REDUCE_NORM] = "norm",
+    [MU_REDUCE_NORM] = "norm", [MU_REDUCE_ARGMAX] = "argmax",
 };
+
+/* The largest n such that every integer 0..n is exact in dtype (ARGMAX
+ * stores indices as numbers of the tensor's dtype). */
+static int64_t exact_integers(int dtype)
+{
+    switch (dtype) {
+    case MU_F64: return (int64_t)1 << 53;
+    case MU_F32: return (int64_t)1 << 24;
+    default: return 256; /* the narrowest: 8 significant bits */
+    }
+}
 
 int mu_tensor_reduce_all(const mu_tensor *t, int op, double *out)
 {
@@ -313,14 +342,14 @@ int mu_tensor_reduce_all(const mu_tensor *t, int op, double *out)
     snprintf(what, sizeof what, "%s: tensor", REDUCE_NAMES[op]);
     int rc = mu__tensor_check(t, what);
     if (rc) return rc;
-    reduce_ctx ctx = { op, reduce_init(op), 0 };
+    reduce_ctx ctx = { op, reduce_init(op), 0, -INFINITY, 0 };
     mu__iter it;
     mu__iter_init(&it, t->ndim, t->dims, 0);
     mu__iter_add(&it, t);
     mu__iter_run(&it, pick_kernels(t->scalar)->reduce_all, &ctx);
-    if (op == MU_REDUCE_AMAX && ctx.count == 0)
-        return mu__fail(MU_ESHAPE, "amax of an empty tensor (no identity)");
-    *out = reduce_finish(op, ctx.acc, ctx.count);
+    if ((op == MU_REDUCE_AMAX || op == MU_REDUCE_ARGMAX) && ctx.count == 0)
+        return mu__fail(MU_ESHAPE, "%s of an empty tensor (no identity)", REDUCE_NAMES[op]);
+    *out = op == MU_REDUCE_ARGMAX ? (double)ctx.index : reduce_finish(op, ctx.acc, ctx.count);
     return MU_OK;
 }
 
@@ -361,8 +390,12 @@ int mu_tensor_reduce(const mu_tensor *t, int op, int dim, mu_tensor *out)
     }
     if (mu__ranges_overlap(out, t))
         return mu__fail(MU_EINVAL, "%s: the output shares memory with the input", name);
-    if (op == MU_REDUCE_AMAX && t->dims[dim] == 0 && mu_tensor_numel(out) > 0)
-        return mu__fail(MU_ESHAPE, "amax: cannot reduce dim %d of size 0 (no identity)", dim);
+    if ((op == MU_REDUCE_AMAX || op == MU_REDUCE_ARGMAX) && t->dims[dim] == 0 && mu_tensor_numel(out) > 0)
+        return mu__fail(MU_ESHAPE, "%s: cannot reduce dim %d of size 0 (no identity)", name, dim);
+    if (op == MU_REDUCE_ARGMAX && t->dims[dim] > exact_integers(t->scalar))
+        return mu__fail(MU_EINVAL, "argmax: dim %d has %lld elements, but %s holds exact indices only up to %lld",
+                        dim, (long long)t->dims[dim], dtype_name(t->scalar),
+                        (long long)exact_integers(t->scalar));
     /* Walk t's other dims in order, then dim as the inner loop; out steps
      * along the other dims and stays put along dim. */
     int64_t dims[MU_MAX_DIMS], ts[MU_MAX_DIMS], os[MU_MAX_DIMS];
@@ -379,12 +412,161 @@ int mu_tensor_reduce(const mu_tensor *t, int op, int dim, mu_tensor *out)
     dims[n] = t->dims[dim];
     ts[n] = t->strides[dim];
     os[n++] = 0;
-    reduce_ctx ctx = { op, 0, 0 };
+    reduce_ctx ctx = { op, 0, 0, 0, 0 };
     mu__iter it;
     mu__iter_init(&it, n, dims, MU__ITER_KEEP_INNER);
     mu__iter_add_strided(&it, out->data, os, mu_dtype_size(out->scalar));
     mu__iter_add_strided(&it, t->data, ts, mu_dtype_size(t->scalar));
     mu__iter_run(&it, pick_kernels(t->scalar)->reduce_dim, &ctx);
+    return MU_OK;
+}
+
+/* ------------------------------------------------------ along one dim */
+
+/* Validate dim (0-based) of t; a 0-D tensor has the one dim 0 of size 1. */
+static int check_dim(const mu_tensor *t, int dim, const char *name)
+{
+    int nd = t->ndim > 0 ? t->ndim : 1;
+    if (dim < 0 || dim >= nd)
+        return mu__fail(MU_EINVAL, "%s: dim %d out of range for %d dims", name, dim, (int)t->ndim);
+    return MU_OK;
+}
+
+int mu_tensor_softmax(const mu_tensor *t, int dim, int log, mu_tensor *out)
+{
+    const char *name = log ? "log_softmax" : "softmax";
+    char what[64];
+    snprintf(what, sizeof what, "%s: tensor", name);
+    int rc = mu__tensor_check(t, what);
+    if (rc) return rc;
+    snprintf(what, sizeof what, "%s: output", name);
+    if ((rc = check_out(out, what)) || (rc = check_dim(t, dim, name))) return rc;
+    if (!same_shape(out, t)) {
+        char b1[160], b2[160];
+        return mu__fail(MU_ESHAPE, "%s: output shape %s is not the input's %s", name,
+                        mu__shape_str(out->ndim, out->dims, b1, sizeof b1),
+                        mu__shape_str(t->ndim, t->dims, b2, sizeof b2));
+    }
+    if (out->scalar != t->scalar)
+        return mu__fail(MU_EDTYPE, "%s: output is %s but the tensor is %s", name,
+                        dtype_name(out->scalar), dtype_name(t->scalar));
+    if ((rc = mu__check_overlap(out, t, what))) return rc;
+    /* t's other dims in order, then dim as the inner loop: one kernel call
+     * per slice along dim, out stepping with t */
+    int64_t dims[MU_MAX_DIMS], ts[MU_MAX_DIMS], os[MU_MAX_DIMS];
+    int n = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (i == dim) continue;
+        dims[n] = t->dims[i];
+        ts[n] = t->strides[i];
+        os[n++] = out->strides[i];
+    }
+    dims[n] = t->ndim ? t->dims[dim] : 1;
+    ts[n] = t->ndim ? t->strides[dim] : 0;
+    os[n++] = t->ndim ? out->strides[dim] : 0;
+    softmax_ctx ctx = { log != 0 };
+    mu__iter it;
+    mu__iter_init(&it, n, dims, MU__ITER_KEEP_INNER);
+    mu__iter_add_strided(&it, out->data, os, mu_dtype_size(out->scalar));
+    mu__iter_add_strided(&it, t->data, ts, mu_dtype_size(t->scalar));
+    mu__iter_run(&it, pick_kernels(t->scalar)->softmax, &ctx);
+    return MU_OK;
+}
+
+/* Gather's index check: every value an integer in [lo, hi]; stops at the
+ * first bad one (c->count is then its flat index, c->bad its value). */
+typedef struct index_check {
+    double lo, hi, bad;
+    int64_t count;
+} index_check;
+
+static int check_indices(void *vc, int64_t n, char *const *p, const int64_t *s)
+{
+    index_check *c = vc;
+    for (int64_t i = 0; i < n; i++) {
+        double v = *(const double *)(p[0] + i * s[0]);
+        if (!(v >= c->lo && v <= c->hi && v == floor(v))) {
+            c->count += i;
+            c->bad = v;
+            return 1;
+        }
+    }
+    c->count += n;
+    return 0;
+}
+
+int mu_tensor_gather(const mu_tensor *t, int dim, const mu_tensor *index, int64_t base,
+                     mu_tensor *out)
+{
+    int rc;
+    if ((rc = mu__tensor_check(t, "gather: tensor")) || (rc = mu__tensor_check(index, "gather: index")) ||
+        (rc = check_out(out, "gather: output")) || (rc = check_dim(t, dim, "gather")))
+        return rc;
+    char b1[160], b2[160];
+    if (index->scalar != MU_F32 && index->scalar != MU_F64)
+        return mu__fail(MU_EDTYPE, "gather: index is %s; float32 or float64 integers are supported",
+                        dtype_name(index->scalar));
+    if (index->ndim != t->ndim)
+        return mu__fail(MU_ESHAPE, "gather: index %s and tensor %s must have the same number of dims",
+                        mu__shape_str(index->ndim, index->dims, b1, sizeof b1),
+                        mu__shape_str(t->ndim, t->dims, b2, sizeof b2));
+    for (int d = 0; d < t->ndim; d++)
+        if (d != dim && index->dims[d] > t->dims[d])
+            return mu__fail(MU_ESHAPE, "gather: index %s is larger than the tensor %s in dim %lld",
+                            mu__shape_str(index->ndim, index->dims, b1, sizeof b1),
+                            mu__shape_str(t->ndim, t->dims, b2, sizeof b2), (long long)(d + base));
+    if (!same_shape(out, index))
+        return mu__fail(MU_ESHAPE, "gather: output shape %s is not the index's %s",
+                        mu__shape_str(out->ndim, out->dims, b1, sizeof b1),
+                        mu__shape_str(index->ndim, index->dims, b2, sizeof b2));
+    if (out->scalar != t->scalar)
+        return mu__fail(MU_EDTYPE, "gather: output is %s but the tensor is %s", dtype_name(out->scalar),
+                        dtype_name(t->scalar));
+    if (mu__ranges_overlap(out, t) || mu__ranges_overlap(out, index))
+        return mu__fail(MU_EINVAL, "gather: the output shares memory with an input");
+    if (base < -((int64_t)1 << 52) || base > ((int64_t)1 << 52))
+        return mu__fail(MU_EINVAL, "gather: base %lld out of range", (long long)base);
+    int64_t size = t->ndim ? t->dims[dim] : 1;
+    /* The indices as float64 (a converted copy for float32), all checked
+     * before anything is written. */
+    mu_tensor *copy = NULL;
+    const mu_tensor *idx = index;
+    if (index->scalar != MU_F64) {
+        if ((rc = mu_tensor_clone(index, MU_F64, &copy))) return rc;
+        idx = copy;
+    }
+    index_check ic = { (double)base, (double)(base + size - 1), 0, 0 };
+    mu__iter it;
+    mu__iter_init(&it, idx->ndim, idx->dims, 0);
+    mu__iter_add(&it, idx);
+    if (mu__iter_run(&it, check_indices, &ic)) {
+        char pos[160];
+        int64_t where[MU_MAX_DIMS], r = ic.count;
+        for (int d = idx->ndim - 1; d >= 0; d--) {
+            where[d] = r % idx->dims[d] + base;
+            r /= idx->dims[d];
+        }
+        mu__shape_str(idx->ndim, where, pos, sizeof pos);
+        mu_tensor_free(copy);
+        char bad[32];
+        if (isnan(ic.bad)) snprintf(bad, sizeof bad, "nan");
+        else snprintf(bad, sizeof bad, "%.17g", ic.bad);
+        if (size == 0)
+            return mu__fail(MU_EINVAL, "gather: index%s is %s, but dim %lld of the tensor has size 0", pos,
+                            bad, (long long)(dim + base));
+        return mu__fail(MU_EINVAL, "gather: index%s is %s, not an integer in %lld..%lld (dim %lld of the tensor)",
+                        pos, bad, (long long)base, (long long)(base + size - 1), (long long)(dim + base));
+    }
+    int64_t st[MU_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++) st[d] = d == dim ? 0 : t->strides[d];
+    size_t es = mu_dtype_size(t->scalar);
+    gather_ctx ctx = { t->ndim ? t->strides[dim] * (int64_t)es : 0, base };
+    mu__iter_init(&it, idx->ndim, idx->dims, 0);
+    mu__iter_add(&it, out);
+    mu__iter_add(&it, idx);
+    mu__iter_add_strided(&it, t->data, st, es);
+    mu__iter_run(&it, pick_kernels(t->scalar)->gather, &ctx);
+    mu_tensor_free(copy);
     return MU_OK;
 }
 

@@ -146,6 +146,29 @@ UNARY(map_sqrt, M(sqrt)(x))
 UNARY(map_rsqrt, (real)1 / M(sqrt)(x))
 UNARY(map_sign, (real)((x > 0) - (x < 0)))
 UNARY(map_clamp, R(clamp)(x, lo, hi))
+UNARY(map_exp, M(exp)(x))
+UNARY(map_log, M(log)(x))
+UNARY(map_tanh, M(tanh)(x))
+UNARY(map_sigmoid, (real)1 / ((real)1 + M(exp)(-x)))
+
+/* torch's tensor ** scalar: products and roots for a few exponents, else
+ * the C library's pow (also for a tensor exponent). */
+static inline KATTR real R(pow_scalar)(real x, real y)
+{
+    if (y == (real)2) return x * x;
+    if (y == (real)3) return x * x * x;
+    if (y == (real)-2) return (real)1 / (x * x);
+    if (y == (real)0.5) return M(sqrt)(x);
+    if (y == (real)-0.5) return (real)1 / M(sqrt)(x);
+    if (y == (real)-1) return (real)1 / x;
+    return M(pow)(x, y);
+}
+BINARY(pow_tensor, M(pow)(x, y))
+BINARY(pow_number, R(pow_scalar)(x, y))
+static KATTR int R(map_pow)(void *vc, int64_t n, char *const *p, const int64_t *s)
+{
+    return ((const map_ctx *)vc)->scalar_exponent ? R(pow_number)(vc, n, p, s) : R(pow_tensor)(vc, n, p, s);
+}
 
 /* copy with conversion: out real, input float or double */
 static KATTR int R(copy_from_f32)(void *vc, int64_t n, char *const *p, const int64_t *s)
@@ -209,11 +232,36 @@ static KATTR double R(fold)(int op, double acc, int64_t n, const char *x, int64_
     return acc;
 }
 
+/* ARGMAX over n elements (start x, byte stride st): the first largest, a
+ * NaN counting as largest (its first one); *at is first + its position. */
+static KATTR void R(fold_argmax)(int64_t n, const char *x, int64_t st, int64_t first, double *best,
+                                 int64_t *at)
+{
+    double b = *best;
+    int64_t k = *at;
+    for (int64_t i = 0; i < n; i++) {
+        double e = (double)*(const real *)(x + i * st);
+        if (e > b || (e != e && b == b)) {
+            b = e;
+            k = first + i;
+        }
+    }
+    *best = b;
+    *at = k;
+}
+
 /* Reduce along the inner dim: one call per output element (p[0]), over the
  * whole reduced dim (p[1], n elements). */
 static KATTR int R(reduce_dim)(void *vc, int64_t n, char *const *p, const int64_t *s)
 {
     const reduce_ctx *c = vc;
+    if (c->op == MU_REDUCE_ARGMAX) {
+        double best = -INFINITY;
+        int64_t at = 0;
+        R(fold_argmax)(n, p[1], s[1], 0, &best, &at);
+        *(real *)p[0] = (real)at;
+        return 0;
+    }
     double acc = R(fold)(c->op, reduce_init(c->op), n, p[1], s[1]);
     *(real *)p[0] = (real)reduce_finish(c->op, acc, n);
     return 0;
@@ -223,7 +271,10 @@ static KATTR int R(reduce_dim)(void *vc, int64_t n, char *const *p, const int64_
 static KATTR int R(reduce_all)(void *vc, int64_t n, char *const *p, const int64_t *s)
 {
     reduce_ctx *c = vc;
-    c->acc = R(fold)(c->op, c->acc, n, p[0], s[0]);
+    if (c->op == MU_REDUCE_ARGMAX)
+        R(fold_argmax)(n, p[0], s[0], c->count, &c->best, &c->index);
+    else
+        c->acc = R(fold)(c->op, c->acc, n, p[0], s[0]);
     c->count += n;
     return 0;
 }
@@ -240,6 +291,40 @@ static KATTR int R(finite)(void *vc, int64_t n, char *const *p, const int64_t *s
         }
     }
     c->count += n;
+    return 0;
+}
+
+/* ------------------------------------------------------ along one dim */
+
+/* Softmax of one slice (p[1], n elements) into p[0], in double: the max
+ * (NaN sticks), the sum of exp(x - max) in order, then each element. */
+static KATTR int R(softmax)(void *vc, int64_t n, char *const *p, const int64_t *s)
+{
+    const softmax_ctx *c = vc;
+    double mx = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = (double)AT(1, i);
+        if (e > mx || e != e) mx = e;
+    }
+    for (int64_t i = 0; i < n; i++) sum += exp((double)AT(1, i) - mx);
+    if (c->log) {
+        double ls = log(sum);
+        for (int64_t i = 0; i < n; i++) OUT(i) = (real)(((double)AT(1, i) - mx) - ls);
+    } else {
+        for (int64_t i = 0; i < n; i++) OUT(i) = (real)(exp((double)AT(1, i) - mx) / sum);
+    }
+    return 0;
+}
+
+/* Gather: p[0] out, p[1] the float64 index (checked), p[2] the tensor at
+ * index 0 of the gathered dim. */
+static KATTR int R(gather)(void *vc, int64_t n, char *const *p, const int64_t *s)
+{
+    const gather_ctx *c = vc;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k = (int64_t) * (const double *)(p[1] + i * s[1]) - c->base;
+        OUT(i) = *(const real *)(p[2] + i * s[2] + k * c->stride);
+    }
     return 0;
 }
 
@@ -261,7 +346,9 @@ static const mu__loop_fn R(map_table)[MU_MAP_COUNT] = {
     [MU_MAP_GE] = R(map_ge),       [MU_MAP_LE] = R(map_le),       [MU_MAP_EQ] = R(map_eq),
     [MU_MAP_NE] = R(map_ne),       [MU_MAP_NEG] = R(map_neg),     [MU_MAP_ABS] = R(map_abs),
     [MU_MAP_SQRT] = R(map_sqrt),   [MU_MAP_RSQRT] = R(map_rsqrt), [MU_MAP_SIGN] = R(map_sign),
-    [MU_MAP_CLAMP] = R(map_clamp),
+    [MU_MAP_CLAMP] = R(map_clamp), [MU_MAP_EXP] = R(map_exp),   [MU_MAP_LOG] = R(map_log),
+    [MU_MAP_TANH] = R(map_tanh),   [MU_MAP_SIGMOID] = R(map_sigmoid),
+    [MU_MAP_POW] = R(map_pow),
 };
 
 static const kernels R(kernels) = {
@@ -270,6 +357,8 @@ static const kernels R(kernels) = {
     .reduce_dim = R(reduce_dim),
     .reduce_all = R(reduce_all),
     .finite = R(finite),
+    .softmax = R(softmax),
+    .gather = R(gather),
     .gemm = R(gemm),
 };
 

@@ -182,3 +182,187 @@ describe("E.capture", function()
     assert.is_nil(E.traceback("never raised " .. tostring(os.clock())))
   end)
 end)
+
+-- Blame (lua/muon/errors.lua, core.position): misuse of a public function
+-- names the user's line that called into muon, found by frame; nothing
+-- when no Lua line of the user's called muon (a C function: pcall, a C
+-- host; muon's own pcalls).
+describe("E.blame", function()
+  local SPEC = debug.getinfo(1, "S").short_src
+  local x = T.zeros({ 2, 2 })
+  local function message(f)
+    local ok, err = pcall(f)
+    assert.is_false(ok)
+    return tostring(err)
+  end
+  -- the line of the caller of here()
+  local function here() return debug.getinfo(2, "l").currentline end
+  local function tail() return x:add({}) end -- a tail call into muon
+
+  it("names the spec's line that called muon: methods, module functions, operators, foreach, ns, modules", function()
+    local F, muon = H.muon.foreach, H.muon
+    local cases = {
+      { here(), function() local r = x:add({}) return r end, "add: other must be a tensor or a number, got table" },
+      { here(), function() local r = T.mul(x, "2") return r end, "mul: other must be a tensor or a number, got string" },
+      { here(), function() local r = x + {} return r end, "add: other must be a tensor or a number, got table" },
+      { here(), function() local r = x:sum(3) return r end, "sum: dim 3 out of range for a 2-D tensor (1..2 or -2..-1)" },
+      { here(), function() local r = T.zeros({ 2 }, "float16") return r end,
+        "dtype must be 'float32' or 'float64', got float16" },
+      -- found three calls deep inside muon (the old fixed level named tensor.lua)
+      { here(), function() local r = T.from({ { { 1 }, { 2 } }, { { 1 }, { 2, 3 } } }) return r end,
+        "ragged nested table at dim 3" },
+      { here(), function() F.scale({ x }, { 1, 2 }) end, "scales has 2 values, expected 1" },
+      { here(), function() local r = muon.ns.zeropower(x, { steps = -1 }) return r end,
+        "ns_steps must be a non-negative integer, got -1" },
+      { here(), function() local r = muon.optm return r end, "muon has no field 'optm'" },
+    }
+    for i, c in ipairs(cases) do
+      local msg = message(c[2])
+      assert.equal(SPEC .. ":" .. c[1] .. ": " .. c[3], msg:sub(1, #SPEC + #tostring(c[1]) + 3 + #c[3]), "case " .. i)
+    end
+    -- a tail call into muon leaves no frame of its caller: as with Lua's own
+    -- errors, the line that called the caller is named
+    local line = here(); local msg = message(function() local r = tail() return r end)
+    assert.equal(SPEC .. ":" .. line .. ": add: other must be a tensor or a number, got table", msg)
+    -- E.blame from the user's own code names that line
+    line = here(); msg = message(function() E.blame(E.EINVAL, "%d%% bad", 100) end)
+    assert.equal(SPEC .. ":" .. line .. ": 100% bad", msg)
+    assert.equal(E.EINVAL, E.code(select(2, pcall(E.blame, E.EINVAL, "x"))))
+  end)
+
+  it("names no line when a C function called muon (pcall), or no frame is below muon's", function()
+    local ok, err = pcall(T.from, "x")
+    assert.is_false(ok)
+    assert.equal("values must be a table", err.msg)
+    ok, err = pcall(x.add, x, {})
+    assert.equal("add: other must be a tensor or a number, got table", err.msg)
+    -- no frame below muon's at all (a coroutine's body, as a C host's call)
+    ok, err = coroutine.resume(coroutine.create(T.from), "x")
+    assert.is_false(ok)
+    assert.equal("values must be a table", err.msg)
+    ok, err = pcall(H.muon.ns.resolve, { variant = "nope" })
+    assert.matches("^ns_variant must be ", err.msg)
+  end)
+
+  -- Configs: the config's line when a trusted config calls muon; behind
+  -- the sandbox's membrane (a C xpcall) none, as before.
+  local dir = H.tmpdir()
+  local HOOK = table.concat({
+    "return { groups = { { optimizer = 'muon', post_update_fn = function(p, t)",
+    "  local r = t:add({})",
+    "  return r",
+    "end } } }",
+  }, "\n") .. "\n"
+  local WANT = "add: other must be a tensor or a number, got table"
+  teardown(function() H.rmrf(dir) end)
+
+  it("in a config's hook at step time: the hook's line when trusted, none when sandboxed (engine.new)", function()
+    local path = dir .. "/hook.lua"
+    H.write_file(path, HOOK)
+    local engine = require("muon.engine")
+    for _, trusted in ipairs({ true, false }) do
+      local e = engine.new(path, { trusted = trusted })
+      e:add_param("w", T.randn({ 2, 2 }, 1), T.randn({ 2, 2 }, 2))
+      local ok, err = pcall(e.step, e)
+      assert.is_false(ok)
+      assert.equal(E.ELUA, E.code(err))
+      assert.equal("post_update_fn: " .. (trusted and (path .. ":2: ") or "") .. WANT, err.msg)
+    end
+  end)
+
+  it("in a config's top level: its line when trusted, none when sandboxed", function()
+    local path = dir .. "/top.lua"
+    H.write_file(path, "local T = require('muon.tensor')\nlocal r = T.zeros({ 2 }):add({})\nreturn r\n")
+    local config = require("muon.config")
+    for _, trusted in ipairs({ true, false }) do
+      local ok, err = pcall(config.load, path, trusted)
+      assert.is_false(ok)
+      assert.equal(("config '%s': error while running: %s%s"):format(path, trusted and (path .. ":2: ") or "", WANT),
+        err.msg)
+    end
+  end)
+
+  it("through a C host (mu_engine_*): the trusted hook's line, else none, never muon's files", function()
+    local ffi = require("ffi")
+    local path = dir .. "/chost.lua"
+    H.write_file(path, HOOK)
+    for _, trusted in ipairs({ true, false }) do
+      local box = ffi.new("mu_engine *[1]")
+      local opts = ffi.new("mu_engine_opts", { trusted = trusted and 1 or 0 })
+      assert.equal(0, C.mu_engine_open_ex(box, path, opts), ffi.string(C.mu_last_error()))
+      local e = ffi.gc(box[0], C.mu_engine_close)
+      local shape = ffi.new("int64_t[2]", { 2, 2 })
+      local w, g = ffi.new("float[4]", { 1, 2, 3, 4 }), ffi.new("float[4]", { 1, 1, 1, 1 })
+      assert.equal(0, C.mu_engine_add_param(e, "w", C.MU_F32, 2, shape, w, g))
+      assert.equal(E.ELUA, C.mu_engine_step(e))
+      local msg = ffi.string(C.mu_engine_error(e))
+      assert.equal("mu_engine_step: post_update_fn: " .. (trusted and (path .. ":2: ") or "") .. WANT,
+        msg:match("^[^\n]*"))
+      assert.is_nil(msg:find("muon/[%w_/]+%.lua:%d"), msg)
+      C.mu_engine_close(ffi.gc(e, nil))
+    end
+  end)
+
+  it("in a user's script run by the CLI (a C host): the script's line", function()
+    local cli = H.root .. "/" .. (os.getenv("MUON_BUILD") or "build") .. "/muon"
+    local path = dir .. "/script.lua"
+    H.write_file(path, "local T = require('muon').tensor\n\nT.from({ { { 1 }, { 2 } }, { { 1 }, { 2, 3 } } })\n")
+    local p = io.popen(("%q run %q 2>&1"):format(cli, path))
+    local out = p:read("*a")
+    p:close()
+    assert.equal("muon: " .. path .. ":3: ragged nested table at dim 3", out:match("^[^\n]*"))
+  end)
+end)
+
+describe("the Lua sources", function()
+  -- Files of the `kind` branch (issue 18, items 1-2), converted there at the
+  -- same time as this check was written: excluded until it lands (the lead
+  -- removes this list at the merge).
+  local PENDING = {
+    ["lua/muon/step.lua"] = true, ["lua/muon/engine.lua"] = true, ["lua/muon/check.lua"] = true,
+    ["lua/muon/router.lua"] = true, ["lua/muon/optim/"] = true,
+  }
+  local function pending(path)
+    return PENDING[path] or PENDING[path:match("^(.*/)[^/]*$")]
+  end
+
+  -- level + 1 threaded through calls; a position pattern (":%d+: ")
+  -- matched or stripped; error(msg, N) blaming a fixed frame
+  local function offending(line)
+    local code = line:gsub("^%s*%-%-.*$", "")
+    return code:find("level%s*%+%s*%d") or code:find(":%%d%+:", 1) or code:find("[^%w_.:]error%(.*,%s*[1-9]%)")
+      or code:find("^error%(.*,%s*[1-9]%)") or code:find("debug%.getinfo%(%s*level%s*%+") or false
+  end
+
+  it("the check finds what it looks for", function()
+    for _, line in ipairs({ "  error(msg, level + 1)", "check(rc, what, level+1)",
+                            [[  return (tostring(e):gsub("^[^:]*:%d+: ", ""))]], [[msg:find("^[%w_/]*%.lua:%d+: ")]],
+                            "error(('x %d'):format(n), 2)", "if bad then error(msg, 3) end",
+                            "local info = debug.getinfo(level + 1, 'Sl')" }) do
+      assert.truthy(offending(line), line)
+    end
+    for _, line in ipairs({ "error(msg, 0)", "E.blame(E.EINVAL, 'x %d', 2)", "-- error(msg, 2) in a comment",
+                            "local top_level = 1" }) do
+      assert.is_false(offending(line), line)
+    end
+  end)
+
+  it("count no error levels and strip no positions (errors are blamed by frame, lua/muon/errors.lua)", function()
+    local p = io.popen("cd " .. H.root .. " && find lua -name '*.lua' | sort")
+    local files = {}
+    for f in p:lines() do files[#files + 1] = f end
+    p:close()
+    assert.truthy(#files > 15, #files)
+    local bad = {}
+    for _, f in ipairs(files) do
+      if not pending(f) then
+        local n = 0
+        for line in io.lines(H.root .. "/" .. f) do
+          n = n + 1
+          if offending(line) then bad[#bad + 1] = f .. ":" .. n .. ": " .. line end
+        end
+      end
+    end
+    assert.same({}, bad)
+  end)
+end)

@@ -6,8 +6,38 @@ local R = require("readme")
 local README = R.read(R.root .. "/README.md")
 local blocks = R.blocks(README)
 
--- Every number printed matches the README's sample output to rel_tol (the
--- last digits may differ on another OpenBLAS core).
+-- The first loop's output as the README prints it, checked for what every
+-- CPU and OpenBLAS core agrees on: the same lines; step 1's loss (before any
+-- update: one product of the data) to 1e-5 and every lr exactly (the
+-- schedule is pure arithmetic); after that the losses of this chaotic
+-- trajectory differ between cores by 10-20% (rounding in the products
+-- grows over 300 steps), so they are checked to fall, by 100x at the end.
+local function assert_first_loop_output(expected, out)
+  local function rows(text)
+    local r = {}
+    for step, loss, lr in text:gmatch("step%s+(%d+)%s+loss%s+([%d.e+-]+)%s+lr%s+([%d.]+)") do
+      r[#r + 1] = { step = tonumber(step), loss = tonumber(loss), lr = lr }
+    end
+    return r
+  end
+  local want, got = rows(expected), rows(out)
+  assert.are.equal(#want, #got, "README output:\n" .. expected .. "\nactual:\n" .. out)
+  assert.is_true(#want >= 3, "README output has its step lines")
+  for i = 1, #want do
+    assert.are.equal(want[i].step, got[i].step, out)
+    assert.are.equal(want[i].lr, got[i].lr, out)
+    if i > 1 then assert.is_true(got[i].loss < got[i - 1].loss, "the loss falls:\n" .. out) end
+  end
+  assert.is_true(math.abs(got[1].loss - want[1].loss) <= 1e-5 * want[1].loss, out)
+  assert.is_true(got[#got].loss < 0.01 * got[1].loss, out)
+  local first, last = out:match("loss ([%d.]+) %-> ([%d.]+); saved first_loop.safetensors")
+  assert.is_truthy(first, out)
+  assert.are.equal(tonumber(first), got[1].loss)
+  assert.are.equal(tonumber(last), got[#got].loss)
+end
+
+-- Every number printed matches the README's sample output to rel_tol (a
+-- converging run: every core agrees on these digits).
 local function assert_output_like(expected, out, rel_tol)
   local want, got = R.numbers(expected), R.numbers(out)
   assert.are.equal(#want, #got, "README output:\n" .. expected .. "\nactual:\n" .. out)
@@ -31,7 +61,7 @@ describe("README", function()
     R.write(dir .. "/first_loop.lua", blocks["first-loop"])
     local out, status = R.run_sh(blocks["first-loop-run"], dir, { "PATH=" .. R.sh_quote(R.build .. ":" .. os.getenv("PATH")) })
     assert.are.equal(0, status, out)
-    assert_output_like(blocks["first-loop-output"], out, 0.05)
+    assert_first_loop_output(blocks["first-loop-output"], out)
     assert.is_true(R.exists(dir .. "/first_loop.safetensors"), "the checkpoint goes to the working directory")
     os.execute("rm -rf " .. R.sh_quote(dir))
   end)

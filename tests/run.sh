@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 export LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;$PWD/tests/?.lua;;"
 passed=0
 failed=0
+failures=() # "component: test name" of every failing test, for the summary
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 
@@ -23,8 +24,13 @@ run_tap() { # name command...
   f=$(grep -cE '^not ok [0-9]' "$out")
   if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
     echo "not ok - $name exited with status $status"
+    failures+=("$name: exited with status $status")
     f=1
   fi
+  local line
+  while IFS= read -r line; do
+    failures+=("$name: ${line#not ok }")
+  done < <(grep -E '^not ok [0-9]' "$out")
   passed=$((passed + p))
   failed=$((failed + f))
 }
@@ -85,5 +91,9 @@ for t in tests/mpi/*.sh; do
   run_tap "mpi-$(basename "$t" .sh)" bash "$t"
 done
 
+if [ "$failed" -ne 0 ]; then
+  echo "== failing tests"
+  for f in "${failures[@]}"; do echo "  $f"; done
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -835,14 +835,6 @@ describe("config files: what is read, and the messages", function()
     end
   end)
 
-  it("positions inside muon's own Lua files are taken out of config messages (hand-made message)", function()
-    local config = require("muon.config")
-    local own = debug.getinfo(config.read_file, "S").source:match("^@(.*/)[^/]*$")
-    assert.equal("run: bad size; user.lua:3: x; " .. own .. " stays",
-      config.without_own_positions("run: " .. own .. "tensor.lua:12: bad size; user.lua:3: "
-        .. own .. "optim/muon.lua:7: x; " .. own .. " stays"))
-  end)
-
   it("errors while running name no file of muon's own", function()
     for _, body in ipairs({ "require('muon').tensor.zeros('x')", "require('muon').tensor.zeros({2}):view({7})",
                             "('x'):upper(nil, {}) string.upper()", "string.rep()", "table.concat({ {} })",

@@ -40,13 +40,6 @@ function check.read_shapes(path)
   return shapes, problems
 end
 
--- The usual keys first; then every other option that differs from its
--- kind's default (the kinds' option tables say which exist).
-local KEY_ORDER = {
-  "lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_variant", "matched_adamw_rms",
-  "betas", "eps",
-}
-
 local function fmt_value(v)
   if type(v) == "table" then
     local parts = {}
@@ -62,12 +55,13 @@ local function fmt_value(v)
   return tostring(v)
 end
 
--- "lr=0.02 wd=0.1 ..." from a row's options: the usual keys, then the other
--- options that differ from defaults (sorted), then hooks by name.
-function check.format_options(options, defaults, hooks)
+-- "lr=0.02 wd=0.1 ..." from a row's options: the usual keys (order: the
+-- kind's schema says which, kind.DISPLAY), then the other options that
+-- differ from defaults (sorted), then hooks by name.
+function check.format_options(options, defaults, hooks, order)
   local parts, shown = {}, {}
   options = options or {}
-  for _, k in ipairs(KEY_ORDER) do
+  for _, k in ipairs(order or {}) do
     if options[k] ~= nil then parts[#parts + 1] = k .. "=" .. fmt_value(options[k]) end
     shown[k] = true
   end
@@ -134,13 +128,15 @@ function check.run(config_path, shapes_path, opts)
       local group = r.group and tostring(r.group) or "-"
       if r.group_name then group = group .. " (" .. r.group_name .. ")" end
       cells[#cells + 1] = {
-        r.name, table.concat(dims, "x"), group, r.optimizer or "-", check.format_options(r.options, r.defaults, r.hooks),
+        r.name, table.concat(dims, "x"), group, r.optimizer or "-", check.format_options(r.options, r.defaults, r.hooks, r.order),
       }
     else
       cells[#cells + 1] = { s.name, table.concat(dims, "x"), "-", "-", "(not registered: see problems)" }
     end
   end
   local text = check.format_table({ "parameter", "shape", "group", "optimizer", "options" }, cells)
+  local name = err.config.name
+  if name ~= nil then text = "config: " .. name .. "\n" .. text end
   return text, problems
 end
 

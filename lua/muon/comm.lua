@@ -19,6 +19,7 @@
 -- size 1 and the collectives are local copies.
 local ffi = require("ffi")
 local core = require("muon.core")
+local E = require("muon.errors")
 local T = require("muon.tensor")
 local C, check = core.C, core.check
 
@@ -36,41 +37,41 @@ function M.world_size() return tonumber(C.mu_comm_world_size()) end
 
 function M.world()
   local out = ffi.new("mu_comm *[1]")
-  check(C.mu_comm_world(out), "comm.world", 2)
+  check(C.mu_comm_world(out), "comm.world")
   return wrap(out[0])
 end
 
 function M.self()
   local out = ffi.new("mu_comm *[1]")
-  check(C.mu_comm_self(out), "comm.self", 2)
+  check(C.mu_comm_self(out), "comm.self")
   return wrap(out[0])
 end
 
 -- Wrap a caller's MPI_Comm (ptr: a pointer to an MPI_Comm, as cdata or lightuserdata).
 function M.from_handle(ptr)
   local out = ffi.new("mu_comm *[1]")
-  check(C.mu_comm_from_handle(ffi.cast("void *", ptr), out), "comm.from_handle", 2)
+  check(C.mu_comm_from_handle(ffi.cast("void *", ptr), out), "comm.from_handle")
   return wrap(out[0])
 end
 
 function M.is_comm(x) return getmetatable(x) == Comm end
 
-function M.finalize() check(C.mu_comm_finalize(), "comm.finalize", 2) end
+function M.finalize() check(C.mu_comm_finalize(), "comm.finalize") end
 function M.abort(code) C.mu_comm_abort(code or 1) end
 
 function Comm:rank() return tonumber(C.mu_comm_rank(self.ptr)) end
 function Comm:size() return tonumber(C.mu_comm_size(self.ptr)) end
 
 function Comm:split(color, key)
-  if type(color) ~= "number" or color < 0 then error("comm:split: color must be a number >= 0", 2) end
+  if type(color) ~= "number" or color < 0 then E.blame(E.EINVAL, "comm:split: color must be a number >= 0") end
   local out = ffi.new("mu_comm *[1]")
-  check(C.mu_comm_split(self.ptr, color, key or self:rank(), out), "comm:split", 2)
+  check(C.mu_comm_split(self.ptr, color, key or self:rank(), out), "comm:split")
   return wrap(out[0])
 end
 
 function M.stats(c)
   local s = ffi.new("mu_comm_stats")
-  check(C.mu_comm_get_stats(c.ptr, s), "comm.stats", 2)
+  check(C.mu_comm_get_stats(c.ptr, s), "comm.stats")
   return { calls = tonumber(s.calls), bytes_sent = tonumber(s.bytes_sent),
            bytes_recv = tonumber(s.bytes_recv), seconds = tonumber(s.seconds),
            nonblocking = tonumber(s.nonblocking), done_before_wait = tonumber(s.done_before_wait) }
@@ -81,18 +82,18 @@ function Comm:reset_stats() C.mu_comm_reset_stats(self.ptr) end
 -- A buffer argument: a muon tensor (contiguous) or { ptr = cdata, dtype = "float32"|"float64" }.
 local function buf(x, what)
   if T.is_tensor(x) then
-    if C.mu_tensor_is_contiguous(x) ~= 1 then error(what .. " must be contiguous", 3) end
+    if C.mu_tensor_is_contiguous(x) ~= 1 then E.blame(E.EINVAL, what .. " must be contiguous") end
     return x.data, x.scalar
   elseif type(x) == "table" and x.ptr then
     local dt = x.dtype == "float64" and C.MU_F64 or C.MU_F32
     return x.ptr, dt
   end
-  error(what .. " must be a contiguous tensor or { ptr=, dtype= }", 3)
+  E.blame(E.EINVAL, what .. " must be a contiguous tensor or { ptr=, dtype= }")
 end
 
 local function counts_displs(counts, n, what)
   if type(counts) ~= "table" or #counts ~= n then
-    error(("%s must be a table of %d counts (one per rank)"):format(what, n), 3)
+    E.blame(E.EINVAL, ("%s must be a table of %d counts (one per rank)"):format(what, n))
   end
   local c, d = ffi.new("int64_t[?]", n), ffi.new("int64_t[?]", n)
   local off = 0
@@ -109,10 +110,10 @@ function Comm:alltoallv(send, sendcounts, recv, recvcounts)
   local n = self:size()
   local sp, sdt = buf(send, "alltoallv: send")
   local rp, rdt = buf(recv, "alltoallv: recv")
-  if sdt ~= rdt then error("alltoallv: send and recv dtypes differ", 2) end
+  if sdt ~= rdt then E.blame(E.EDTYPE, "alltoallv: send and recv dtypes differ") end
   local sc, sd = counts_displs(sendcounts, n, "alltoallv: sendcounts")
   local rc, rd = counts_displs(recvcounts, n, "alltoallv: recvcounts")
-  check(C.mu_comm_alltoallv(self.ptr, sdt, sp, sc, sd, rp, rc, rd), "comm:alltoallv", 2)
+  check(C.mu_comm_alltoallv(self.ptr, sdt, sp, sc, sd, rp, rc, rd), "comm:alltoallv")
 end
 
 local Req = {}
@@ -121,13 +122,13 @@ function Req:wait()
   if self.q then
     local q = self.q
     self.q, self.keep = nil, nil
-    check(C.mu_comm_wait(q), "comm request wait", 2)
+    check(C.mu_comm_wait(q), "comm request wait")
   end
 end
 local done_out = ffi.new("int[1]")
 function Req:test()
   if not self.q then return true end
-  check(C.mu_comm_test(self.q, done_out), "comm request test", 2)
+  check(C.mu_comm_test(self.q, done_out), "comm request test")
   return done_out[0] == 1
 end
 
@@ -135,11 +136,11 @@ function Comm:ialltoallv(send, sendcounts, recv, recvcounts)
   local n = self:size()
   local sp, sdt = buf(send, "ialltoallv: send")
   local rp, rdt = buf(recv, "ialltoallv: recv")
-  if sdt ~= rdt then error("ialltoallv: send and recv dtypes differ", 2) end
+  if sdt ~= rdt then E.blame(E.EDTYPE, "ialltoallv: send and recv dtypes differ") end
   local sc, sd = counts_displs(sendcounts, n, "ialltoallv: sendcounts")
   local rc, rd = counts_displs(recvcounts, n, "ialltoallv: recvcounts")
   local out = ffi.new("mu_comm_request *[1]")
-  check(C.mu_comm_ialltoallv(self.ptr, sdt, sp, sc, sd, rp, rc, rd, out), "comm:ialltoallv", 2)
+  check(C.mu_comm_ialltoallv(self.ptr, sdt, sp, sc, sd, rp, rc, rd, out), "comm:ialltoallv")
   return setmetatable({ q = out[0], keep = { send, recv, self } }, Req)
 end
 
@@ -147,22 +148,22 @@ function Comm:allgatherv(send, recv, recvcounts)
   local n = self:size()
   local sp, sdt = buf(send, "allgatherv: send")
   local rp, rdt = buf(recv, "allgatherv: recv")
-  if sdt ~= rdt then error("allgatherv: send and recv dtypes differ", 2) end
+  if sdt ~= rdt then E.blame(E.EDTYPE, "allgatherv: send and recv dtypes differ") end
   local rc, rd = counts_displs(recvcounts, n, "allgatherv: recvcounts")
-  check(C.mu_comm_allgatherv(self.ptr, sdt, sp, recvcounts[self:rank() + 1], rp, rc, rd), "comm:allgatherv", 2)
+  check(C.mu_comm_allgatherv(self.ptr, sdt, sp, recvcounts[self:rank() + 1], rp, rc, rd), "comm:allgatherv")
 end
 
 function Comm:bcast(t, root)
   local p, dt = buf(t, "bcast: tensor")
   local n = type(t) == "table" and t.n or tonumber(C.mu_tensor_numel(t))
-  check(C.mu_comm_bcast(self.ptr, dt, p, n, root or 0), "comm:bcast", 2)
+  check(C.mu_comm_bcast(self.ptr, dt, p, n, root or 0), "comm:bcast")
 end
 
 function Comm:ibcast(t, root)
   local p, dt = buf(t, "ibcast: tensor")
   local n = type(t) == "table" and t.n or tonumber(C.mu_tensor_numel(t))
   local out = ffi.new("mu_comm_request *[1]")
-  check(C.mu_comm_ibcast(self.ptr, dt, p, n, root or 0, out), "comm:ibcast", 2)
+  check(C.mu_comm_ibcast(self.ptr, dt, p, n, root or 0, out), "comm:ibcast")
   return setmetatable({ q = out[0], keep = { t, self } }, Req)
 end
 
@@ -170,11 +171,11 @@ end
 function Comm:bcast_string(s, root)
   root = root or 0
   local len = ffi.new("int64_t[1]", self:rank() == root and #s or 0)
-  check(C.mu_comm_allreduce_i64(self.ptr, len, 1, C.MU_COMM_MAX), "comm:bcast_string", 2)
+  check(C.mu_comm_allreduce_i64(self.ptr, len, 1, C.MU_COMM_MAX), "comm:bcast_string")
   local n = tonumber(len[0])
   local b = ffi.new("char[?]", n + 1)
   if self:rank() == root then ffi.copy(b, s, n) end
-  check(C.mu_comm_bcast_bytes(self.ptr, b, n, root), "comm:bcast_string", 2)
+  check(C.mu_comm_bcast_bytes(self.ptr, b, n, root), "comm:bcast_string")
   return ffi.string(b, n)
 end
 
@@ -183,28 +184,28 @@ local OPS = { sum = 0, max = 1, min = 2 }
 -- All-reduce a Lua array of numbers; kind "i64" (default) or "f64".
 function Comm:allreduce(values, op, kind)
   local o = OPS[op or "sum"]
-  if not o then error("allreduce: op must be 'sum', 'max' or 'min', got " .. tostring(op), 2) end
+  if not o then E.blame(E.EINVAL, "allreduce: op must be 'sum', 'max' or 'min', got " .. tostring(op)) end
   kind = kind or "i64"
   local n = #values
   if kind == "i64" then
     local b = ffi.new("int64_t[?]", math.max(n, 1))
     for i = 1, n do b[i - 1] = values[i] end
-    check(C.mu_comm_allreduce_i64(self.ptr, b, n, o), "comm:allreduce", 2)
+    check(C.mu_comm_allreduce_i64(self.ptr, b, n, o), "comm:allreduce")
     local r = {}
     for i = 1, n do r[i] = tonumber(b[i - 1]) end
     return r
   elseif kind == "f64" then
     local b = ffi.new("double[?]", math.max(n, 1))
     for i = 1, n do b[i - 1] = values[i] end
-    check(C.mu_comm_allreduce_f64(self.ptr, b, n, o), "comm:allreduce", 2)
+    check(C.mu_comm_allreduce_f64(self.ptr, b, n, o), "comm:allreduce")
     local r = {}
     for i = 1, n do r[i] = b[i - 1] end
     return r
   end
-  error("allreduce: kind must be 'i64' or 'f64', got " .. tostring(kind), 2)
+  E.blame(E.EINVAL, "allreduce: kind must be 'i64' or 'f64', got " .. tostring(kind))
 end
 
-function Comm:barrier() check(C.mu_comm_barrier(self.ptr), "comm:barrier", 2) end
+function Comm:barrier() check(C.mu_comm_barrier(self.ptr), "comm:barrier") end
 
 -- Release now (otherwise the garbage collector does it).
 function Comm:free()

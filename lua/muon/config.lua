@@ -12,15 +12,12 @@ local E = require("muon.errors")
 local sandbox = require("muon.sandbox")
 local config = {}
 
-local TOP_KEYS = { groups = true, schedule = true, hooks = true, dist = true, name = true, seed = true }
-config.TOP_KEYS = TOP_KEYS
-
 local HOW_TO_ALLOW = sandbox.HOW_TO_ALLOW
 
 local function blocked(what, path)
   return function()
-    error(("config '%s': %s is blocked in sandboxed configs; to allow it load the config with %s")
-      :format(path, what, HOW_TO_ALLOW), 2)
+    E.blame(E.EINVAL, "config '%s': %s is blocked in sandboxed configs; to allow it load the config with %s",
+      path, what, HOW_TO_ALLOW)
   end
 end
 
@@ -85,29 +82,7 @@ function config.run_bounded(chunk)
   return sandbox.run_bounded(chunk, config.LOAD_BUDGET, config.LOAD_SECONDS, "load")
 end
 
--- The directory of muon's own Lua modules, as it appears in messages
--- ("/.../lua/muon/"): positions inside it are taken out of config errors.
-local OWN_DIR = (debug.getinfo(1, "S").source:match("^@(.*/)[^/]*$"))
-
--- msg without "<muon's own dir>x.lua:12: " positions.
-local function without_own_positions(msg)
-  if not OWN_DIR then return msg end
-  local out, i = {}, 1
-  while true do
-    local a = msg:find(OWN_DIR, i, true)
-    if not a then break end
-    local _, e = msg:find("^[%w_/]*%.lua:%d+: ", a + #OWN_DIR)
-    out[#out + 1] = msg:sub(i, a - 1)
-    if e then i = e + 1 else out[#out + 1] = OWN_DIR; i = a + #OWN_DIR end
-  end
-  out[#out + 1] = msg:sub(i)
-  return table.concat(out)
-end
-config.without_own_positions = without_own_positions
-
-local function fail(code, fmt, ...)
-  error(E.new(code, without_own_positions(fmt:format(...))), 0)
-end
+local fail = E.raise
 
 -- The text of a config or script file: only a regular file (a directory, a
 -- FIFO, a device is refused without blocking), or an EIO error object
@@ -146,7 +121,7 @@ end
 -- EINVAL) naming the path and the reason.
 function config.load(src, trusted)
   if type(src) == "table" then return src, "(table)" end
-  if type(src) ~= "string" then error("config must be a file path or a table, got " .. type(src), 2) end
+  if type(src) ~= "string" then E.blame(E.EINVAL, "config must be a file path or a table, got %s", type(src)) end
   local text = config.read_file(src, "config")
   local env = trusted and setmetatable({}, { __index = _G }) or config.sandbox(src)
   local chunk = config.compile(text, src, env, "config")

@@ -126,14 +126,37 @@ function core.is_error(x)
 end
 
 -- Raise an error object for a failed status code, naming what was being
--- done; the code is the C status. (Callers may still pass a third argument,
--- the level of the old string errors: it is ignored, objects have no
--- position.)
+-- done; the code is the C status.
 function core.check(rc, what)
   if rc ~= 0 then
     local detail = ffi.string(C.mu_last_error())
     local msg = (what and (what .. ": ") or "") .. (detail ~= "" and detail or ffi.string(C.mu_strerror(rc)))
     error(core.error_object(tonumber(rc), msg), 0)
+  end
+end
+
+-- muon's own Lua files: the directory of this one ("@/.../lua/muon/" in the
+-- source tree, "@<prefix>/share/lua/5.1/muon/" installed; optim/ is below
+-- it). nil when this file was not loaded from a file (then nothing is
+-- blamed).
+local OWN = debug.getinfo(1, "S").source:match("^(@.*/)[^/]*$")
+
+-- The position ("file:line: ") of the line that called into muon, found by
+-- frame as LuaJIT's lj_err_caller finds the caller of a library function:
+-- the nearest frame outside muon's own Lua files. When that frame is a C
+-- function (pcall or xpcall, inside muon or around it; a C host's
+-- lua_pcall) or there is none, nobody's line called muon: "". No level is
+-- passed: whatever depth inside muon the misuse is found at, the first
+-- frame that is not muon's is the caller. Only called on failure.
+function core.position()
+  if OWN == nil then return "" end
+  for level = 2, math.huge do
+    local info = debug.getinfo(level, "Sl")
+    if info == nil or info.what == "C" then return "" end
+    if info.source:sub(1, #OWN) ~= OWN then
+      if info.currentline > 0 then return info.short_src .. ":" .. info.currentline .. ": " end
+      return ""
+    end
   end
 end
 
@@ -156,7 +179,8 @@ function core.strict(t, what, extra)
       if rawget(tbl, name) == nil then names[#names + 1] = name end
     end
     table.sort(names)
-    error(("%s has no field '%s' (valid: %s)"):format(what, tostring(k), table.concat(names, ", ")), 2)
+    error(core.error_object(C.MU_EINVAL, core.position()
+      .. ("%s has no field '%s' (valid: %s)"):format(what, tostring(k), table.concat(names, ", "))), 0)
   end
   return setmetatable(t, mt)
 end

@@ -15,6 +15,7 @@
 -- row-major order (the last axis varies fastest), as torch's DeviceMesh
 -- built from arange(world).view(sizes).
 local bit = require("bit")
+local E = require("muon.errors")
 local ns = require("muon.ns")
 
 local D = {}
@@ -37,15 +38,15 @@ Mesh.__index = Mesh
 -- spec: list of {name, size}; world: number of ranks (product must match).
 function D.mesh(spec, world)
   if type(spec) ~= "table" or #spec == 0 then
-    error("dist.mesh must be a non-empty list of {name, size} axes", 2)
+    E.raise(E.EINVAL, "dist.mesh must be a non-empty list of {name, size} axes")
   end
   local axes, sizes, strides, prod, names = {}, {}, {}, 1, {}
   for i, ax in ipairs(spec) do
     if type(ax) ~= "table" or type(ax[1]) ~= "string" or type(ax[2]) ~= "number"
       or ax[2] < 1 or ax[2] ~= math.floor(ax[2]) then
-      error(("dist.mesh[%d] must be {name, size} with a string name and an integer size >= 1"):format(i), 2)
+      E.raise(E.EINVAL, ("dist.mesh[%d] must be {name, size} with a string name and an integer size >= 1"):format(i))
     end
-    if names[ax[1]] then error(("dist.mesh: axis name '%s' appears twice"):format(ax[1]), 2) end
+    if names[ax[1]] then E.raise(E.EINVAL, ("dist.mesh: axis name '%s' appears twice"):format(ax[1])) end
     names[ax[1]] = i
     axes[i] = { name = ax[1], size = ax[2] }
     sizes[i] = ax[2]
@@ -59,13 +60,11 @@ function D.mesh(spec, world)
   if world and prod ~= world then
     local parts = {}
     for i, a in ipairs(axes) do parts[i] = a.name .. "=" .. a.size end
-    error(("dist.mesh: axis sizes (%s) multiply to %d but the world has %d ranks"):format(
-      table.concat(parts, ", "), prod, world), 2)
+    E.raise(E.EINVAL, ("dist.mesh: axis sizes (%s) multiply to %d but the world has %d ranks"):format(
+      table.concat(parts, ", "), prod, world))
   end
   return setmetatable({ axes = axes, sizes = sizes, strides = strides, size = prod, index = names }, Mesh)
 end
-
-function D.is_mesh(x) return getmetatable(x) == Mesh end
 
 function Mesh:coords(rank)
   local c = {}
@@ -100,8 +99,8 @@ local function parse_axis(v, where)
     local d = l:match("^s%(?(%d+)%)?$") or l:match("^shard%((%d+)%)$")
     if d then return { kind = "S", dim = tonumber(d) } end
   end
-  error(("%s must be 'replicate' or {'shard', dim} (also 'R', 'S(dim)'), got %s"):format(
-    where, type(v) == "string" and ("'" .. v .. "'") or tostring(v)), 3)
+  E.raise(E.EINVAL, ("%s must be 'replicate' or {'shard', dim} (also 'R', 'S(dim)'), got %s"):format(
+    where, type(v) == "string" and ("'" .. v .. "'") or tostring(v)))
 end
 
 -- Normalize a placement for mesh: a list with one entry per axis, or a map
@@ -113,16 +112,16 @@ function D.placement(spec, mesh, ndim)
     for i = 1, n do out[i] = { kind = "R" } end
     return out
   end
-  if type(spec) ~= "table" then error("placement must be a table (one entry per mesh axis)", 2) end
+  if type(spec) ~= "table" then E.raise(E.EINVAL, "placement must be a table (one entry per mesh axis)") end
   if #spec > 0 then
     if #spec ~= n then
-      error(("placement has %d entries but the mesh %s has %d axes"):format(#spec, mesh:describe(), n), 2)
+      E.raise(E.EINVAL, ("placement has %d entries but the mesh %s has %d axes"):format(#spec, mesh:describe(), n))
     end
     for i = 1, n do out[i] = parse_axis(spec[i], ("placement[%d]"):format(i)) end
   else
     for k in pairs(spec) do
       if not mesh.index[k] then
-        error(("placement names axis '%s', which the mesh %s does not have"):format(tostring(k), mesh:describe()), 2)
+        E.raise(E.EINVAL, ("placement names axis '%s', which the mesh %s does not have"):format(tostring(k), mesh:describe()))
       end
     end
     for i, a in ipairs(mesh.axes) do out[i] = parse_axis(spec[a.name] or "R", ("placement." .. a.name)) end
@@ -130,7 +129,7 @@ function D.placement(spec, mesh, ndim)
   if ndim then
     for i, p in ipairs(out) do
       if p.kind == "S" and (p.dim < 1 or p.dim > ndim or p.dim ~= math.floor(p.dim)) then
-        error(("placement[%d] shards dim %s of a %d-D tensor"):format(i, tostring(p.dim), ndim), 2)
+        E.raise(E.EINVAL, ("placement[%d] shards dim %s of a %d-D tensor"):format(i, tostring(p.dim), ndim))
       end
     end
   end
@@ -141,11 +140,6 @@ function D.placement_string(pl)
   local parts = {}
   for i, p in ipairs(pl) do parts[i] = p.kind == "R" and "R" or ("S(" .. p.dim .. ")") end
   return "(" .. table.concat(parts, ",") .. ")"
-end
-
-function D.is_sharded(pl)
-  for _, p in ipairs(pl) do if p.kind == "S" then return true end end
-  return false
 end
 
 -- The box of the global tensor held by rank: start (0-based) and len per
@@ -213,20 +207,6 @@ function D.build_owner_by_size(costs, ncoords)
     load[best] = load[best] + costs[i]
   end
   return owners, load
-end
-
--- Makespan (max load / mean load) of an owner assignment under a cost.
-function D.imbalance(owners, costs, ncoords)
-  local load, total = {}, 0
-  for c = 0, ncoords - 1 do load[c] = 0 end
-  for i, o in pairs(owners) do
-    load[o] = load[o] + costs[i]
-    total = total + costs[i]
-  end
-  local mx = 0
-  for c = 0, ncoords - 1 do mx = math.max(mx, load[c]) end
-  if total == 0 then return 1, mx end
-  return mx / (total / ncoords), mx
 end
 
 ---------------------------------------------------------------- the plan
@@ -307,7 +287,7 @@ function D.plan(records, mesh, opts)
   opts = opts or {}
   local balance = opts.balance or "flops"
   if balance ~= "flops" and balance ~= "numel" then
-    error("dist: balance must be 'flops' or 'numel', got " .. tostring(balance), 2)
+    E.raise(E.EINVAL, "dist: balance must be 'flops' or 'numel', got " .. tostring(balance))
   end
   local maxb = opts.max_batch_numel or D.DEFAULT_MAX_BATCH_NUMEL
   local W = mesh.size

@@ -1,8 +1,8 @@
 -- The config-driven engine: routes named parameters to the config's groups
--- (Muon or AdamW), computes each step's scheduled values, and runs the step
--- protocol (muon.step) over all groups at once: atomic across Muon and
--- AdamW, and across ranks when the config has a dist section. One
--- checkpoint holds every group's state.
+-- (each of an optimizer kind: muon.optim.kind), computes each step's
+-- scheduled values, and runs the step protocol (muon.step) over all groups
+-- at once: atomic across every group, and across ranks when the config has
+-- a dist section. One checkpoint holds every group's state.
 --
 --   local eng = require("muon.engine").new("configs/muon.lua")
 --   eng:add_param("layers.0.w", value, grad)
@@ -14,8 +14,7 @@ local P = require("muon.param")
 local O = require("muon.optim.options")
 local E = require("muon.errors")
 local D = require("muon.dist")
-local Muon = require("muon.optim.muon")
-local AdamW = require("muon.optim.adamw")
+local K = require("muon.optim.kind")
 local S = require("muon.optim.state")
 local commlib = require("muon.comm")
 local U = require("muon.optim.util")
@@ -24,27 +23,31 @@ local engine = {}
 local Engine = {}
 Engine.__index = Engine
 
-local KINDS = { muon = Muon.kind, adamw = AdamW.kind }
-local ROUTING_KEYS = { name = true, optimizer = true, match = true, exclude = true, min_dim = true, max_dim = true }
-local HOOK_NAMES = { reshape_fn = true, ns_transform_fn = true, post_update_fn = true, zeropower_fn = true,
-  momentum_update_fn = true, post_ortho_fn = true }
+local TOP_KEYS = K.set(K.CONFIG_KEYS)
+local ROUTING_KEYS = K.set(K.GROUP_KEYS)
+local DIST_KEYS = K.set(K.DIST_KEYS)
 local OPEN_KEYS = { trusted = true }
--- Options only Muon groups read (hooks and hook state): on another group
--- they would silently do nothing, so they are refused by name.
-local MUON_ONLY = { hook_state = true }
-for _, h in ipairs(Muon.kind.HOOKS) do MUON_ONLY[h] = true end
-local DIST_KEYS = { comm = true, mesh = true, balance = true, max_batch_numel = true }
 
-local function as_list(v, what, level)
+-- The kinds that take hooks, and their class names ("Muon"): hook options
+-- (K.HOOK_KEYS) on another group would silently do nothing, so they are
+-- refused by name.
+local function hook_kinds()
+  local classes = {}
+  for _, name in ipairs(K.names()) do
+    local kind = K.get(name)
+    if #kind.HOOKS > 0 then classes[#classes + 1] = kind.class end
+  end
+  return table.concat(classes, ", ")
+end
+
+local function as_list(v, what)
   if v == nil then return {} end
   if type(v) == "string" then return { v } end
   if type(v) == "function" then return { v } end
-  -- level 0: the message already names the config (no position prefix)
-  local lv = level > 0 and level + 1 or 0
-  if type(v) ~= "table" then error(what .. " must be a pattern, a list of patterns or a function", lv) end
+  if type(v) ~= "table" then E.raise(E.EINVAL, "%s must be a pattern, a list of patterns or a function", what) end
   for i, p in ipairs(v) do
     if type(p) ~= "string" and type(p) ~= "function" then
-      error(("%s[%d] must be a Lua pattern or a function"):format(what, i), lv)
+      E.raise(E.EINVAL, "%s[%d] must be a Lua pattern or a function", what, i)
     end
   end
   return v
@@ -71,7 +74,7 @@ local function resolve_dist(dcfg, where)
   E.check_keys(dcfg, DIST_KEYS, "dist key", ("config %s: dist"):format(where))
   if dcfg.mesh ~= nil then
     local ok, err = pcall(D.mesh, dcfg.mesh)
-    if not ok then E.raise(E.EINVAL, "config %s: dist: %s", where, tostring(err):gsub("^[^:]*:%d+: ", "")) end
+    if not ok then E.raise(E.EINVAL, "config %s: dist: %s", where, E.message(err)) end
   end
   if dcfg.balance ~= nil and dcfg.balance ~= "flops" and dcfg.balance ~= "numel" then
     E.raise(E.EINVAL, "config %s: dist: balance must be 'flops' or 'numel', got %s", where, tostring(dcfg.balance))
@@ -90,59 +93,62 @@ end
 -- Check the config table and build the groups (option tables of the kinds,
 -- torch-like: params, step, options) and their routing rules.
 local function resolve_config(cfg, where)
-  E.check_keys(cfg, config.TOP_KEYS, "top-level key", "config " .. where)
+  E.check_keys(cfg, TOP_KEYS, "top-level key", "config " .. where)
   if type(cfg.groups) ~= "table" or #cfg.groups == 0 then
     E.raise(E.EINVAL, "config %s: 'groups' must be a non-empty list of groups", where)
+  end
+  if cfg.name ~= nil and type(cfg.name) ~= "string" then
+    E.raise(E.EINVAL, "config %s: 'name' must be a string (a label), got %s", where, type(cfg.name))
   end
   if cfg.schedule ~= nil and type(cfg.schedule) ~= "function" then
     E.raise(E.EINVAL, "config %s: 'schedule' must be a function(step, group)", where)
   end
   local hooks = cfg.hooks or {}
   if type(hooks) ~= "table" then E.raise(E.EINVAL, "config %s: 'hooks' must be a table", where) end
-  E.check_keys(hooks, HOOK_NAMES, "hook", ("config %s: hooks"):format(where))
+  E.check_keys(hooks, K.HOOK_NAMES, "hook", ("config %s: hooks"):format(where))
   for k, v in pairs(hooks) do
     if type(v) ~= "function" then E.raise(E.EINVAL, "config %s: hook '%s' must be a function", where, k) end
   end
   local groups = {}
-  local has_muon = false
+  local takes_hooks = false
   for _, g in ipairs(cfg.groups) do
-    if type(g) == "table" and (g.optimizer or "muon") == "muon" then has_muon = true end
+    local kind = type(g) == "table" and K.get(g.optimizer or K.DEFAULT)
+    if kind and #kind.HOOKS > 0 then takes_hooks = true end
   end
-  if not has_muon and next(hooks) ~= nil then
+  if not takes_hooks and next(hooks) ~= nil then
     local names = {}
     for k in pairs(hooks) do names[#names + 1] = k end
     table.sort(names)
-    E.raise(E.EINVAL, "config %s: hook(s) %s would never be called: hooks run in Muon groups only and the config has none",
-      where, table.concat(names, ", "))
+    E.raise(E.EINVAL, "config %s: hook(s) %s would never be called: hooks run in %s groups only and the config has none",
+      where, table.concat(names, ", "), hook_kinds())
   end
   for gi, g in ipairs(cfg.groups) do
     if type(g) ~= "table" then E.raise(E.EINVAL, "config %s: group %d must be a table", where, gi) end
     local label = group_label(gi, g.name)
-    local kname = g.optimizer or "muon"
-    local kind = KINDS[kname]
+    local kname = g.optimizer or K.DEFAULT
+    local kind = K.get(kname)
     if not kind then
-      E.raise(E.EINVAL, "config %s: %s: %s", where, label, E.unknown("optimizer", kname, KINDS))
+      E.raise(E.EINVAL, "config %s: %s: %s", where, label, E.unknown("optimizer", kname, K.names()))
     end
     local opts, valid = {}, {}
     for k in pairs(ROUTING_KEYS) do valid[k] = true end
     for k in pairs(kind.OPTIONS) do valid[k] = true end
     local never = {}
     for k in pairs(g) do
-      if not valid[k] and MUON_ONLY[k] then never[#never + 1] = tostring(k) end
+      if not valid[k] and K.HOOK_KEYS[k] then never[#never + 1] = tostring(k) end
     end
     table.sort(never)
     if #never > 0 then
-      E.raise(E.EINVAL, "config %s: %s (%s): hook '%s' would never be called: hooks run in Muon groups only "
-        .. "(move it to a Muon group or remove it)", where, label, kname, never[1])
+      local classes = hook_kinds()
+      E.raise(E.EINVAL, "config %s: %s (%s): hook '%s' would never be called: hooks run in %s groups only "
+        .. "(move it to a %s group or remove it)", where, label, kname, never[1], classes, classes)
     end
     E.check_keys(g, valid, kname .. " option", ("config %s: %s"):format(where, label))
     for k, v in pairs(g) do
       if not ROUTING_KEYS[k] then opts[k] = v end
     end
-    if kname == "muon" then
-      for k, v in pairs(hooks) do
-        if opts[k] == nil then opts[k] = v end
-      end
+    for k, v in pairs(hooks) do
+      if kind.OPTIONS[k] and opts[k] == nil then opts[k] = v end
     end
     for _, k in ipairs({ "min_dim", "max_dim" }) do
       if g[k] ~= nil and (type(g[k]) ~= "number" or g[k] < 0) then
@@ -150,15 +156,13 @@ local function resolve_config(cfg, where)
       end
     end
     local options = O.merge(kind.DEFAULTS, opts)
-    local ok, err = pcall(kind.resolve, options, 1)
-    if not ok then
-      E.raise(E.EINVAL, "config %s: %s (%s): %s", where, label, kname, tostring(err):gsub("^[^:]*:%d+: ", ""))
-    end
+    local ok, err = pcall(K.validate, kind, options)
+    if not ok then E.raise(E.EINVAL, "config %s: %s (%s): %s", where, label, kname, E.message(err)) end
     options.params, options.name, options.step = {}, g.name, 0
     groups[gi] = {
       index = gi, name = g.name, kind = kind, label = label, options = options,
-      match = as_list(g.match or ".*", ("config %s: %s.match"):format(where, label), 0),
-      exclude = as_list(g.exclude, ("config %s: %s.exclude"):format(where, label), 0),
+      match = as_list(g.match or ".*", ("config %s: %s.match"):format(where, label)),
+      exclude = as_list(g.exclude, ("config %s: %s.exclude"):format(where, label)),
       min_dim = g.min_dim, max_dim = g.max_dim,
       base = O.merge(kind.DEFAULTS, opts),
     }
@@ -180,7 +184,7 @@ local function check_replicas(groups, dist, where)
     end
   end
   for _, g in ipairs(groups) do
-    local n = g.kind.replica_count and g.kind.replica_count(g.options.hsdp_replica_count, 1) or 1
+    local n = g.kind.replica_count and g.kind.replica_count(g.options.hsdp_replica_count) or 1
     if g.options.hsdp_replica_count ~= nil and n ~= have then
       E.raise(E.EINVAL, "config %s: %s: hsdp_replica_count = %d, but %s: replication comes from the mesh here; "
         .. "the equivalent config has dist = { mesh = { { \"replicate\", %d }, { \"shard\", <ranks / %d> } } } "
@@ -223,7 +227,7 @@ function Engine:_stepper()
   if d then
     comm = d.comm or (commlib.world_size() > 1 and commlib.world() or commlib.self())
     local ok, m = pcall(D.mesh, d.mesh or { { "world", comm:size() } }, comm:size())
-    if not ok then E.raise(E.EINVAL, "config: dist: %s", tostring(m):gsub("^[^:]*:%d+: ", "")) end
+    if not ok then E.raise(E.EINVAL, "config: dist: %s", E.message(m)) end
     mesh = m
   end
   local specs = {}
@@ -282,23 +286,24 @@ function Engine:_placement(name, value, placement)
   if shape ~= nil and (type(shape) ~= "table" or #shape ~= value:dim()) then
     E.raise(E.EINVAL, "add_param '%s': shape must list the global size of each of the value's %d dims", name, value:dim())
   end
-  local ok, pl = pcall(D.placement, plspec, st.mesh, shape and #shape or value:dim())
-  if not ok then E.raise(E.EINVAL, "add_param '%s': %s", name, tostring(pl):gsub("^[^:]*:%d+: ", "")) end
+  local mesh, me = st:mesh(), st:rank()
+  local ok, pl = pcall(D.placement, plspec, mesh, shape and #shape or value:dim())
+  if not ok then E.raise(E.EINVAL, "add_param '%s': %s", name, E.message(pl)) end
   if shape == nil then
     for a, p in ipairs(pl) do
-      if p.kind == "S" and st.mesh.sizes[a] > 1 then
+      if p.kind == "S" and mesh.sizes[a] > 1 then
         E.raise(E.EINVAL, "add_param '%s': placement %s shards the parameter: give its global shape as placement.shape",
           name, D.placement_string(pl))
       end
     end
     shape = value:size()
   end
-  local box = D.local_box(shape, pl, st.mesh, st.me)
+  local box = D.local_box(shape, pl, mesh, me)
   local vs = value:size()
   for d = 1, #shape do
     if vs[d] ~= box.len[d] then
       E.raise(E.EINVAL, "add_param '%s': rank %d holds a local shard of shape %s, but global shape %s with placement %s on mesh %s gives %s",
-        name, st.me, shape_str(vs), shape_str(shape), D.placement_string(pl), st.mesh:describe(), shape_str(box.len))
+        name, me, shape_str(vs), shape_str(shape), D.placement_string(pl), mesh:describe(), shape_str(box.len))
     end
   end
   return shape, pl
@@ -309,9 +314,9 @@ end
 function Engine:local_shape_of(name, shape, placement)
   local st = self:_stepper()
   local _, plspec = split_spec(placement)
-  local ok, pl = pcall(D.placement, plspec, st.mesh, #shape)
-  if not ok then E.raise(E.EINVAL, "add_param '%s': %s", name, tostring(pl):gsub("^[^:]*:%d+: ", "")) end
-  return D.local_box(shape, pl, st.mesh, st.me).len
+  local ok, pl = pcall(D.placement, plspec, st:mesh(), #shape)
+  if not ok then E.raise(E.EINVAL, "add_param '%s': %s", name, E.message(pl)) end
+  return D.local_box(shape, pl, st:mesh(), st:rank()).len
 end
 
 -- Register a parameter (value/grad tensors; grad may be nil). placement is
@@ -355,7 +360,7 @@ function Engine:param(name) return self.by_name[name] end
 function Engine:state(name)
   local p = self.by_name[name]
   if not p then E.raise(E.EINVAL, "state: no parameter '%s'", tostring(name)) end
-  return self.stepper and self.stepper.state[p]
+  return self.stepper and self.stepper:state_of(p)
 end
 
 -- This step's values per group, from the config's schedule, times lr_scale.
@@ -401,9 +406,9 @@ function Engine:step(closure)
   local st = self:_stepper()
   local step = self.step_count + 1
   local okv, values = pcall(self._scheduled, self, step)
-  local before = st.stats.steps
+  local before = st:stats().steps
   local ok, stepped = pcall(st.step, st, okv and values or nil, not okv and values or nil)
-  if st.stats.steps > before then self.step_count = step end
+  if st:stats().steps > before then self.step_count = step end
   if not ok then E.reraise(stepped, E.ELUA) end
   self.last_stepped = stepped
   return loss, stepped
@@ -478,7 +483,7 @@ function Engine:describe()
       if g.options[h] ~= nil then hooks[#hooks + 1] = h end
     end
     rows[#rows + 1] = { name = e.param.name, shape = e.param.logical_shape, group = g.index, group_name = g.name,
-      optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks }
+      optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks, order = g.kind.DISPLAY }
   end
   return rows
 end
@@ -486,7 +491,7 @@ end
 function Engine:stats()
   local st = self:_stepper()
   local s = { steps = self.step_count }
-  for kind, ks in pairs(st.stats.kinds) do
+  for kind, ks in pairs(st:stats().kinds) do
     s[kind] = { steps = ks.steps, skipped_nonfinite = ks.skipped_nonfinite }
   end
   if self.dist then s.comm = st:comm_stats() end
@@ -497,10 +502,11 @@ function Engine:comm_stats()
   return self.dist and self:_stepper():comm_stats() or {}
 end
 
--- The kinds the config uses, as checkpoint parts (prefix per kind).
+-- The kinds the config uses, as checkpoint parts (prefix per kind, in
+-- K.KINDS order).
 local function parts(self)
   local seen, list = {}, {}
-  for _, kind in ipairs({ "muon", "adamw" }) do
+  for _, kind in ipairs(K.names()) do
     for _, g in ipairs(self.groups) do
       if g.kind.name == kind and not seen[kind] then
         seen[kind] = true
@@ -566,7 +572,7 @@ function engine.check(cfg_src, shapes, opts)
       local v = T.wrap(cell.data, s.shape, "float32", zero)
       eng:add_param(s.name, v, v)
     end)
-    if not okp then problems[#problems + 1] = tostring(err):gsub("^[^:]*:%d+: ", "") end
+    if not okp then problems[#problems + 1] = E.message(err) end
   end
   return eng:describe(), problems
 end

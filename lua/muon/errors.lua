@@ -5,19 +5,29 @@
 -- that behaves like its message for Lua callers (tostring, .., and the
 -- string methods err:find / err:match / err:gsub work on it), and whose
 -- code the C embedding (src/engine.c) returns as the status of the call.
--- An object has no "file:line: " position: its message names what failed.
 -- Whatever a config hook, schedule or match function raises is tagged
 -- MU_ELUA where the hook is called (E.call_hook), so C sees which side
 -- failed.
 --
--- Messages for user mistakes name what the user controls (option,
--- parameter, file, their config's line), never muon's own files: raise
--- objects (no position), and at a public edge E.reraise what was caught.
+-- Positions. Messages for user mistakes name what the user controls
+-- (option, parameter, file, their own line), never muon's own files, and
+-- no level is ever counted or passed along:
+-- * E.raise: no "file:line: " position; the message names what failed.
+-- * E.blame: misuse of a public function (a bad argument, option, shape):
+--   the message starts with the position of the user's line that called
+--   into muon, found by frame (E.position: the nearest frame outside
+--   muon's own Lua files; none when that is C: a pcall inside muon, a C
+--   host). It is decided where the misuse is found, at any depth, and
+--   costs nothing until then.
+-- * A public function that runs muon's work under pcall raises what it
+--   caught again with E.reraise (objects as they are).
 -- Unknown names go through E.unknown / E.check_keys (valid names listed,
 -- the closest one suggested).
 --
 --   local E = require("muon.errors")
 --   E.raise(E.EINVAL, "group %d: lr must be >= 0, got %s", gi, v)
+--   E.blame(E.EINVAL, "values must be a table")  -- in T.from
+--   --> "train.lua:12: values must be a table"
 --   E.check_keys(opts, { lr = true, momentum = true }, "option", "Muon")
 --   --> "Muon: unknown option 'momentm' (did you mean 'momentum'?); valid options: lr, momentum"
 --   local ok, err = pcall(f); E.code(err)   --> MU_E* number (nil for a plain string)
@@ -57,7 +67,7 @@ E.is = core.is_error
 -- traceback text, shown by the C embedding instead of the raise point's.
 function E.new(code, msg, tb)
   local c = resolve(code)
-  if not c then error(("muon.errors: %s is not a failure code"):format(tostring(code)), 2) end
+  if not c then error(core.position() .. ("muon.errors: %s is not a failure code"):format(tostring(code)), 0) end
   return core.error_object(c, msg, tb)
 end
 
@@ -67,29 +77,15 @@ function E.raise(code, fmt, ...)
   error(E.new(code, msg), 0)
 end
 
--- muon's own Lua files: the directory of this one (lua/muon/ in the
--- source tree, share/lua/5.1/muon/ installed).
-local OWN = "@" .. (debug.getinfo(1, "S").source:match("^@(.*/)[^/]*$") or "\0")
-
--- The position ("file:line: ") of the nearest frame that is neither one of
--- muon's own files nor a C function: the line of the user's code that
--- called into muon (LuaJIT's lj_err_caller, which blames the caller of a
--- library function). "" when there is none (muon called from C).
-function E.position()
-  for level = 2, 1000 do
-    local info = debug.getinfo(level, "Sl")
-    if info == nil then return "" end
-    if info.what ~= "C" and info.source:sub(1, #OWN) ~= OWN then
-      if (info.currentline or 0) > 0 then return info.short_src .. ":" .. info.currentline .. ": " end
-      return ""
-    end
-  end
-  return ""
-end
+-- The position ("file:line: ") of the line of the user's code that called
+-- into muon (the nearest frame outside muon's own Lua files), or "" when
+-- muon was called from C (a C host, pcall, xpcall): core.position.
+E.position = core.position
 
 -- Raise a coded error blamed on the user's line that called muon (see
 -- E.position): for misuse of a public function (a bad argument, option or
--- shape), wherever inside muon it is found; no level to pass along.
+-- shape), wherever inside muon it is found; no level to pass along. Called
+-- under a pcall inside muon, or from a C host, the message has no position.
 function E.blame(code, fmt, ...)
   local msg = select("#", ...) > 0 and fmt:format(...) or fmt
   error(E.new(code, E.position() .. msg), 0)
@@ -153,11 +149,10 @@ function E.wrap(err, prefix, fallback)
 end
 
 -- Raise a caught error again at the public edge: an error object as it is;
--- anything else as an object with the fallback code and without the
--- "file:line: " position that a string raised inside muon carries.
+-- anything else as an object with the fallback code and its message.
 function E.reraise(err, fallback)
   if E.is(err) then error(err, 0) end
-  error(E.new(fallback, (E.message(err):gsub("^[^:\n]*:%d+: ", ""))), 0)
+  error(E.new(fallback, E.message(err)), 0)
 end
 
 -- Unknown names (options, keys, hooks): one message for every place that
@@ -342,5 +337,5 @@ E.check = core.check
 
 -- A typo (E.EINVALL) is an error, not a nil code.
 return setmetatable(E, {
-  __index = function(_, k) error(("muon.errors: no code or function '%s'"):format(tostring(k)), 2) end,
+  __index = function(_, k) error(core.position() .. ("muon.errors: no code or function '%s'"):format(tostring(k)), 0) end,
 })

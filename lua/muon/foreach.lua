@@ -6,9 +6,11 @@
 -- allocates nothing per tensor.
 local ffi = require("ffi")
 local core = require("muon.core")
+local E = require("muon.errors")
 local T = require("muon.tensor")
 
 local C, check = core.C, core.check
+local blame = E.blame
 local is_tensor = T.is_tensor
 
 local F = {}
@@ -33,9 +35,9 @@ local function slot_array(slot, ctype, n)
   return c.arr
 end
 
-local function tensors(slot, list, what, level)
+local function tensors(slot, list, what)
   if type(list) ~= "table" then
-    error(what .. " must be a Lua array of tensors, got " .. type(list), level + 1)
+    blame(E.EINVAL, what .. " must be a Lua array of tensors, got " .. type(list))
   end
   local len = #list
   local arr = slot_array(slot, ptr_arr, len)
@@ -43,12 +45,12 @@ local function tensors(slot, list, what, level)
   for i = 1, len do
     local t = list[i]
     if not is_tensor(t) then
-      error(("%s[%d] is not a tensor (%s)"):format(what, i, type(t)), level + 1)
+      blame(E.EINVAL, ("%s[%d] is not a tensor (%s)"):format(what, i, type(t)))
     end
     dt = dt or t.scalar
     if t.scalar ~= dt then
-      error(("%s[%d] is %s but %s[1] is %s (one dtype per call)"):format(what, i,
-        tostring(DT[t.scalar]), what, tostring(DT[dt])), level + 1)
+      blame(E.EDTYPE, ("%s[%d] is %s but %s[1] is %s (one dtype per call)"):format(what, i,
+        tostring(DT[t.scalar]), what, tostring(DT[dt])))
     end
     arr[i - 1] = t
   end
@@ -57,53 +59,53 @@ end
 
 -- Per-index numel and dtype agreement, with 1-based names (the C side checks
 -- again, with 0-based indices, before touching memory).
-local function match(arr0, what0, arrk, whatk, n, level)
+local function match(arr0, what0, arrk, whatk, n)
   for i = 0, n - 1 do
     local a, b = arr0[i], arrk[i]
     if b.scalar ~= a.scalar then
-      error(("%s[%d] is %s but %s[%d] is %s"):format(whatk, i + 1, DT[b.scalar], what0, i + 1,
-        DT[a.scalar]), level + 1)
+      blame(E.EDTYPE, ("%s[%d] is %s but %s[%d] is %s"):format(whatk, i + 1, DT[b.scalar], what0, i + 1,
+        DT[a.scalar]))
     end
     local na, nb = C.mu_tensor_numel(a), C.mu_tensor_numel(b)
     if na ~= nb then
-      error(("%s[%d] has %d elements but %s[%d] has %d"):format(whatk, i + 1, tonumber(nb),
-        what0, i + 1, tonumber(na)), level + 1)
+      blame(E.ESHAPE, ("%s[%d] has %d elements but %s[%d] has %d"):format(whatk, i + 1, tonumber(nb),
+        what0, i + 1, tonumber(na)))
     end
   end
 end
 
-local function same_count(what, n, other, level)
+local function same_count(what, n, other)
   if type(other) ~= "table" then
-    error(what .. " must be a Lua array of tensors, got " .. type(other), level + 1)
+    blame(E.EINVAL, what .. " must be a Lua array of tensors, got " .. type(other))
   end
   if #other ~= n then
-    error(("%s has %d tensors, expected %d"):format(what, #other, n), level + 1)
+    blame(E.ESHAPE, ("%s has %d tensors, expected %d"):format(what, #other, n))
   end
 end
 
-local function number(v, what, level)
+local function number(v, what)
   if type(v) ~= "number" then
-    error(what .. " must be a number, got " .. type(v), level + 1)
+    blame(E.EINVAL, what .. " must be a number, got " .. type(v))
   end
   return v
 end
 
 -- Per-tensor scales: nil (all 1), a number, or an array of n numbers.
 -- Returns a double* (or nil) and the uniform value.
-local function scales_arg(slot, s, n, what, level)
+local function scales_arg(slot, s, n, what)
   if s == nil then return nil, 1.0 end
   if type(s) == "number" then return nil, s end
   if type(s) ~= "table" then
-    error(what .. " must be nil, a number or an array of numbers, got " .. type(s), level + 1)
+    blame(E.EINVAL, what .. " must be nil, a number or an array of numbers, got " .. type(s))
   end
   if #s ~= n then
-    error(("%s has %d values, expected %d"):format(what, #s, n), level + 1)
+    blame(E.ESHAPE, ("%s has %d values, expected %d"):format(what, #s, n))
   end
   local arr = slot_array(slot, dbl_arr, n)
   for i = 1, n do
-    local v = number(s[i], what .. "[" .. i .. "]", level + 1)
+    local v = number(s[i], what .. "[" .. i .. "]")
     if v ~= v or v == math.huge or v == -math.huge then
-      error(("%s[%d] = %s is not finite"):format(what, i, tostring(v)), level + 1)
+      blame(E.EINVAL, ("%s[%d] = %s is not finite"):format(what, i, tostring(v)))
     end
     arr[i - 1] = v
   end
@@ -113,47 +115,47 @@ end
 -- u = g + m1*buf; buf' = m2*buf + g; nesterov: u = m1*u + g.
 -- new_bufs nil means in place (bufs); m2 nil means m1. Returns updates.
 function F.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
-  local g, n = tensors("a", grads, "grads", 2)
-  same_count("bufs", n, bufs, 2)
-  same_count("updates", n, updates, 2)
-  local b = tensors("b", bufs, "bufs", 2)
+  local g, n = tensors("a", grads, "grads")
+  same_count("bufs", n, bufs)
+  same_count("updates", n, updates)
+  local b = tensors("b", bufs, "bufs")
   local nb = b
   if new_bufs ~= nil then
-    same_count("new_bufs", n, new_bufs, 2)
-    nb = tensors("c", new_bufs, "new_bufs", 2)
+    same_count("new_bufs", n, new_bufs)
+    nb = tensors("c", new_bufs, "new_bufs")
   end
-  local u = tensors("d", updates, "updates", 2)
-  match(g, "grads", b, "bufs", n, 2)
-  if nb ~= b then match(g, "grads", nb, "new_bufs", n, 2) end
-  match(g, "grads", u, "updates", n, 2)
-  number(m1, "m1", 2)
+  local u = tensors("d", updates, "updates")
+  match(g, "grads", b, "bufs", n)
+  if nb ~= b then match(g, "grads", nb, "new_bufs", n) end
+  match(g, "grads", u, "updates", n)
+  number(m1, "m1")
   if m2 == nil then m2 = m1 end
-  number(m2, "m2", 2)
+  number(m2, "m2")
   if type(nesterov) ~= "boolean" then
-    error("nesterov must be a boolean, got " .. type(nesterov), 2)
+    blame(E.EINVAL, "nesterov must be a boolean, got " .. type(nesterov))
   end
-  check(C.mu_foreach_momentum(n, g, b, nb, u, m1, m2, nesterov and 1 or 0), "foreach.momentum", 2)
+  check(C.mu_foreach_momentum(n, g, b, nb, u, m1, m2, nesterov and 1 or 0), "foreach.momentum")
   return updates
 end
 
 -- p = p*decay + alpha*(update*scale_i); scales nil, a number or an array.
 -- cautious: the decay only where the subtracted update has p's sign.
 local function apply(params, updates, scales, decay, alpha, cautious)
-  local p, n = tensors("a", params, "params", 3)
-  same_count("updates", n, updates, 3)
-  local u = tensors("b", updates, "updates", 3)
-  match(p, "params", u, "updates", n, 3)
-  local sarr, s1 = scales_arg("s", scales, n, "scales", 3)
-  number(decay, "decay", 3)
-  number(alpha, "alpha", 3)
+  local p, n = tensors("a", params, "params")
+  same_count("updates", n, updates)
+  local u = tensors("b", updates, "updates")
+  match(p, "params", u, "updates", n)
+  local sarr, s1 = scales_arg("s", scales, n, "scales")
+  number(decay, "decay")
+  number(alpha, "alpha")
   if sarr == nil and s1 ~= 1.0 then
     sarr = slot_array("s", dbl_arr, n)
     for i = 0, n - 1 do sarr[i] = s1 end
   end
   if cautious then
-    check(C.mu_foreach_apply_cautious(n, p, u, sarr, decay, alpha), "foreach.apply_cautious", 3)
+    check(C.mu_foreach_apply_cautious(n, p, u, sarr, decay, alpha), "foreach.apply_cautious")
   else
-    check(C.mu_foreach_apply(n, p, u, sarr, decay, alpha), "foreach.apply", 3)
+    check(C.mu_foreach_apply(n, p, u, sarr, decay, alpha), "foreach.apply")
   end
 end
 
@@ -169,27 +171,26 @@ end
 
 -- x = x * s (s a number or an array of per-tensor numbers).
 function F.scale(xs, scales)
-  local x, n = tensors("a", xs, "xs", 2)
-  if scales == nil then error("scales must be a number or an array of numbers, got nil", 2) end
-  local sarr, s1 = scales_arg("s", scales, n, "scales", 2)
-  check(C.mu_foreach_scale(n, x, sarr, s1), "foreach.scale", 2)
+  local x, n = tensors("a", xs, "xs")
+  if scales == nil then blame(E.EINVAL, "scales must be a number or an array of numbers, got nil") end
+  local sarr, s1 = scales_arg("s", scales, n, "scales")
+  check(C.mu_foreach_scale(n, x, sarr, s1), "foreach.scale")
 end
 
 local ADAMW_KEYS = { lr = true, beta1 = true, beta2 = true, betas = true, eps = true,
                      weight_decay = true, step = true }
 
 -- The scalar options of an AdamW call: lr, beta1, beta2, eps, weight_decay, step.
-local function adamw_opts(opts, level)
-  level = level + 1
-  if type(opts) ~= "table" then error("opts must be a table, got " .. type(opts), level) end
+local function adamw_opts(opts)
+  if type(opts) ~= "table" then blame(E.EINVAL, "opts must be a table, got " .. type(opts)) end
   for k in pairs(opts) do
-    if not ADAMW_KEYS[k] then error("foreach.adamw: " .. require("muon.errors").unknown("option", tostring(k), ADAMW_KEYS), level) end
+    if not ADAMW_KEYS[k] then blame(E.EINVAL, "foreach.adamw: " .. E.unknown("option", tostring(k), ADAMW_KEYS)) end
   end
   local b1, b2 = opts.beta1, opts.beta2
   if opts.betas ~= nil then
-    if b1 ~= nil or b2 ~= nil then error("give either betas or beta1/beta2, not both", level) end
+    if b1 ~= nil or b2 ~= nil then blame(E.EINVAL, "give either betas or beta1/beta2, not both") end
     if type(opts.betas) ~= "table" or #opts.betas ~= 2 then
-      error("betas must be a pair {beta1, beta2}", level)
+      blame(E.EINVAL, "betas must be a pair {beta1, beta2}")
     end
     b1, b2 = opts.betas[1], opts.betas[2]
   end
@@ -197,14 +198,14 @@ local function adamw_opts(opts, level)
   if b2 == nil then b2 = 0.999 end
   local eps = opts.eps == nil and 1e-8 or opts.eps
   local wd = opts.weight_decay == nil and 1e-2 or opts.weight_decay
-  number(opts.lr, "lr", level)
-  number(b1, "beta1", level)
-  number(b2, "beta2", level)
-  number(eps, "eps", level)
-  number(wd, "weight_decay", level)
-  local step = number(opts.step, "step", level)
+  number(opts.lr, "lr")
+  number(b1, "beta1")
+  number(b2, "beta2")
+  number(eps, "eps")
+  number(wd, "weight_decay")
+  local step = number(opts.step, "step")
   if step ~= math.floor(step) or step < 1 then
-    error("step must be an integer >= 1, got " .. tostring(step), level)
+    blame(E.EINVAL, "step must be an integer >= 1, got " .. tostring(step))
   end
   return opts.lr, b1, b2, eps, wd, step
 end
@@ -213,18 +214,18 @@ end
 -- (or betas={b1, b2}), eps=1e-8, weight_decay=1e-2, step=} (step >= 1, the
 -- step number after incrementing, as torch's state["step"]).
 function F.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)
-  local p, n = tensors("a", params, "params", 2)
-  same_count("grads", n, grads, 2)
-  same_count("exp_avgs", n, exp_avgs, 2)
-  same_count("exp_avg_sqs", n, exp_avg_sqs, 2)
-  local g = tensors("b", grads, "grads", 2)
-  local m = tensors("c", exp_avgs, "exp_avgs", 2)
-  local v = tensors("d", exp_avg_sqs, "exp_avg_sqs", 2)
-  match(p, "params", g, "grads", n, 2)
-  match(p, "params", m, "exp_avgs", n, 2)
-  match(p, "params", v, "exp_avg_sqs", n, 2)
-  local lr, b1, b2, eps, wd, step = adamw_opts(opts, 2)
-  check(C.mu_foreach_adamw(n, p, g, m, v, lr, b1, b2, eps, wd, step), "foreach.adamw", 2)
+  local p, n = tensors("a", params, "params")
+  same_count("grads", n, grads)
+  same_count("exp_avgs", n, exp_avgs)
+  same_count("exp_avg_sqs", n, exp_avg_sqs)
+  local g = tensors("b", grads, "grads")
+  local m = tensors("c", exp_avgs, "exp_avgs")
+  local v = tensors("d", exp_avg_sqs, "exp_avg_sqs")
+  match(p, "params", g, "grads", n)
+  match(p, "params", m, "exp_avgs", n)
+  match(p, "params", v, "exp_avg_sqs", n)
+  local lr, b1, b2, eps, wd, step = adamw_opts(opts)
+  check(C.mu_foreach_adamw(n, p, g, m, v, lr, b1, b2, eps, wd, step), "foreach.adamw")
 end
 
 -- AdamW without touching the parameters: new moments into new_exp_avgs /
@@ -232,34 +233,50 @@ end
 -- updates; F.apply(params, updates, nil, 1 - lr*weight_decay, 1) then gives
 -- F.adamw's bits. opts as F.adamw (weight_decay is not used here).
 function F.adamw_update(grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs, updates, opts)
-  local g, n = tensors("a", grads, "grads", 2)
+  local g, n = tensors("a", grads, "grads")
   local lists = { { "b", exp_avgs, "exp_avgs" }, { "c", exp_avg_sqs, "exp_avg_sqs" },
     { "d", new_exp_avgs, "new_exp_avgs" }, { "e", new_exp_avg_sqs, "new_exp_avg_sqs" }, { "f", updates, "updates" } }
+  local arrs = {}
+  for i, l in ipairs(lists) do
+    same_count(l[3], n, l[2])
+    arrs[i] = tensors(l[1], l[2], l[3])
+    match(g, "grads", arrs[i], l[3], n)
+  end
+  local lr, b1, b2, eps, _, step = adamw_opts(opts)
+  check(C.mu_foreach_adamw_update(n, g, arrs[1], arrs[2], arrs[3], arrs[4], arrs[5], lr, b1, b2, eps, step),
+    "foreach.adamw_update")
+end
+
+-- Lion's update direction sign(beta1*m + (1-beta1)*g) into updates and
+-- its new moment beta2*m + (1-beta2)*g into new_exp_avgs (may be exp_avgs):
+-- mu_foreach_lion_update; then F.apply(params, updates, nil, 1 - lr*wd, -lr).
+function F.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2)
+  local g, n = tensors("a", grads, "grads", 2)
+  local lists = { { "b", exp_avgs, "exp_avgs" }, { "c", new_exp_avgs, "new_exp_avgs" }, { "d", updates, "updates" } }
   local arrs = {}
   for i, l in ipairs(lists) do
     same_count(l[3], n, l[2], 2)
     arrs[i] = tensors(l[1], l[2], l[3], 2)
     match(g, "grads", arrs[i], l[3], n, 2)
   end
-  local lr, b1, b2, eps, _, step = adamw_opts(opts, 2)
-  check(C.mu_foreach_adamw_update(n, g, arrs[1], arrs[2], arrs[3], arrs[4], arrs[5], lr, b1, b2, eps, step),
-    "foreach.adamw_update", 2)
+  check(C.mu_foreach_lion_update(n, g, arrs[1], arrs[2], arrs[3], number(beta1, "beta1", 2), number(beta2, "beta2", 2)),
+    "foreach.lion_update", 2)
 end
 
 -- true, nil when every element is finite; else false and the 1-based index
 -- of the first tensor holding NaN or Inf.
 function F.all_finite(xs)
-  local x, n = tensors("a", xs, "xs", 2)
+  local x, n = tensors("a", xs, "xs")
   local bad = int_box()
   local rc = C.mu_foreach_all_finite(n, x, bad)
-  if rc < 0 then check(rc, "foreach.all_finite", 2) end
+  if rc < 0 then check(rc, "foreach.all_finite") end
   if rc == 1 then return true, nil end
   return false, bad[0] + 1
 end
 
 -- Offsets are element offsets into the batch (0 = its first element); nil
 -- means back to back in order. Returns the offsets used and the total.
-local function offsets_arg(list, n, offsets, level)
+local function offsets_arg(list, n, offsets)
   local arr = slot_array("o", i64_arr, n)
   local used, total = {}, 0
   if offsets == nil then
@@ -271,12 +288,12 @@ local function offsets_arg(list, n, offsets, level)
     return arr, used, total
   end
   if type(offsets) ~= "table" or #offsets ~= n then
-    error("offsets must be nil or an array of " .. n .. " element offsets", level + 1)
+    blame(E.EINVAL, "offsets must be nil or an array of " .. n .. " element offsets")
   end
   for i = 1, n do
     local o = offsets[i]
     if type(o) ~= "number" or o ~= math.floor(o) or o < 0 then
-      error(("offsets[%d] must be a non-negative integer, got %s"):format(i, tostring(o)), level + 1)
+      blame(E.EINVAL, ("offsets[%d] must be a non-negative integer, got %s"):format(i, tostring(o)))
     end
     arr[i - 1] = o
     used[i] = o
@@ -287,19 +304,19 @@ end
 
 -- Copy srcs[i] into dst (a contiguous batch tensor) at element offsets.
 function F.pack(srcs, dst, offsets)
-  local s, n = tensors("a", srcs, "srcs", 2)
-  if not is_tensor(dst) then error("dst must be a tensor, got " .. type(dst), 2) end
-  local oarr, used, total = offsets_arg(srcs, n, offsets, 2)
-  check(C.mu_foreach_pack(n, s, dst, oarr), "foreach.pack", 2)
+  local s, n = tensors("a", srcs, "srcs")
+  if not is_tensor(dst) then blame(E.EINVAL, "dst must be a tensor, got " .. type(dst)) end
+  local oarr, used, total = offsets_arg(srcs, n, offsets)
+  check(C.mu_foreach_pack(n, s, dst, oarr), "foreach.pack")
   return used, total
 end
 
 -- Copy from src (a contiguous batch tensor) at element offsets into dsts[i].
 function F.unpack(src, dsts, offsets)
-  if not is_tensor(src) then error("src must be a tensor, got " .. type(src), 2) end
-  local d, n = tensors("a", dsts, "dsts", 2)
-  local oarr, used, total = offsets_arg(dsts, n, offsets, 2)
-  check(C.mu_foreach_unpack(n, src, d, oarr), "foreach.unpack", 2)
+  if not is_tensor(src) then blame(E.EINVAL, "src must be a tensor, got " .. type(src)) end
+  local d, n = tensors("a", dsts, "dsts")
+  local oarr, used, total = offsets_arg(dsts, n, offsets)
+  check(C.mu_foreach_unpack(n, src, d, oarr), "foreach.unpack")
   return used, total
 end
 

@@ -155,7 +155,7 @@ function host.run_module(target, args, trusted)
   if not mod then mod, fn = target, "main" end
   local m = require(mod)
   if type(m) ~= "table" or type(m[fn]) ~= "function" then
-    error("module '" .. mod .. "' has no function '" .. fn .. "'", 0)
+    raise(E.EINVAL, "module '%s' has no function '%s'", mod, fn)
   end
   return exit_status((m[fn](args)), mod .. "." .. fn)
 end

@@ -2,6 +2,7 @@
 -- (build/libmuon.so, $MUON_LIB, or the host's own symbols) through the FFI.
 local ffi = require("ffi")
 local core = require("muon.core")
+local E = require("muon.errors")
 
 local C = core.C
 local muon = {
@@ -41,7 +42,7 @@ end
 -- file lives, so scripts that use it run from any directory.
 function muon.config_path(name)
   if type(name) ~= "string" or not name:match("^[%w_%-]+$") and not name:match("^[%w_%-]+%.lua$") then
-    error("config_path: expected a shipped config's name such as 'muon' or 'adamw.lua', got " .. tostring(name), 2)
+    E.blame(E.EINVAL, "config_path: expected a shipped config's name such as 'muon' or 'adamw.lua', got " .. tostring(name))
   end
   local file = name:match("%.lua$") and name or (name .. ".lua")
   local lua_dir = debug.getinfo(1, "S").source:match("^@(.*)/muon/init%.lua$") or "."
@@ -54,7 +55,7 @@ function muon.config_path(name)
     end
     tried[#tried + 1] = dir .. file
   end
-  error("config_path: no shipped config '" .. file .. "' (looked for " .. table.concat(tried, ", ") .. ")", 2)
+  E.blame(E.EIO, "config_path: no shipped config '" .. file .. "' (looked for " .. table.concat(tried, ", ") .. ")")
 end
 
 -- The other modules load on first use (muon.engine, muon.ns, ...); any
@@ -68,7 +69,7 @@ setmetatable(muon, {
   __index = function(t, k)
     if not is_module[k] then return nil end
     local ok, mod = pcall(require, "muon." .. k)
-    if not ok then error(mod, 3) end
+    if not ok then error(E.wrap(mod, E.position()), 0) end -- (a string stays one)
     rawset(t, k, mod)
     return mod
   end,

@@ -11,9 +11,12 @@
 --   ns.zeropower_into(out, x, r, ws)     -- out, x contiguous, same shape
 local ffi = require("ffi")
 local core = require("muon.core")
+local E = require("muon.errors")
 local T = require("muon.tensor")
 
 local C, check = core.C, core.check
+-- Bad arguments and options are blamed on the caller's line (E.blame).
+local blame = E.blame
 
 local ns = {}
 
@@ -46,43 +49,41 @@ end
 
 -- Validate (variant, steps, custom) like the seed's Muon constructor.
 -- Returns the normalized custom list (copied, numbers) or nil for presets.
--- level: error level as seen by the caller of the public function.
-local function validate(variant, steps, custom, level)
-  level = (level or 1) + 1
+local function validate(variant, steps, custom)
   if type(variant) ~= "string" or not (PRESET[variant] or variant == "custom") then
-    error(VARIANT_MSG .. repr(variant), level)
+    blame(E.EINVAL, VARIANT_MSG .. repr(variant))
   end
   if not is_int(steps) or steps < 0 then
-    error("ns_steps must be a non-negative integer, got " .. repr(steps), level)
+    blame(E.EINVAL, "ns_steps must be a non-negative integer, got " .. repr(steps))
   end
   -- bound before the coefficient array is allocated (and passed as a C int)
   if steps > ns.MAX_STEPS then
-    error(("ns_steps must be at most %d, got %s"):format(ns.MAX_STEPS, repr(steps)), level)
+    blame(E.EINVAL, ("ns_steps must be at most %d, got %s"):format(ns.MAX_STEPS, repr(steps)))
   end
   if variant ~= "custom" then
     if custom ~= nil then
-      error("ns_coefficients can only be provided when ns_variant='custom'", level)
+      blame(E.EINVAL, "ns_coefficients can only be provided when ns_variant='custom'")
     end
     return nil
   end
   if custom == nil or (type(custom) == "table" and #custom == 0) then
-    error("ns_coefficients must be provided when ns_variant='custom'", level)
+    blame(E.EINVAL, "ns_coefficients must be provided when ns_variant='custom'")
   end
   if type(custom) ~= "table" then
-    error("ns_coefficients must be a list of {a, b, c} triples, got " .. type(custom), level)
+    blame(E.EINVAL, "ns_coefficients must be a list of {a, b, c} triples, got " .. type(custom))
   end
   if steps > #custom then
-    error(("ns_steps=%d exceeds the %d provided coefficient groups"):format(steps, #custom), level)
+    blame(E.EINVAL, ("ns_steps=%d exceeds the %d provided coefficient groups"):format(steps, #custom))
   end
   local normalized = {}
   for i = 1, #custom do
     local t = custom[i]
     if type(t) ~= "table" or #t ~= 3 then
-      error(("ns_coefficients[%d] must contain exactly three values, got %s"):format(i - 1, repr(t)), level)
+      blame(E.EINVAL, ("ns_coefficients[%d] must contain exactly three values, got %s"):format(i - 1, repr(t)))
     end
     for j = 1, 3 do
       if not finite(t[j]) then
-        error(("ns_coefficients[%d] must contain only finite values"):format(i - 1), level)
+        blame(E.EINVAL, ("ns_coefficients[%d] must contain only finite values"):format(i - 1))
       end
     end
     normalized[i] = { t[1], t[2], t[3] }
@@ -93,14 +94,13 @@ end
 -- ns.validate(variant, steps, custom): raises like the seed; returns the
 -- normalized custom triples (or nil for a preset).
 function ns.validate(variant, steps, custom)
-  return validate(variant, steps == nil and ns.DEFAULT_STEPS or steps, custom, 2)
+  return validate(variant, steps == nil and ns.DEFAULT_STEPS or steps, custom)
 end
 
 -- Fill a double[3*steps] with the schedule; returns arr, steps, norm_scale.
 local warned = {}
-local function schedule(variant, steps, custom, level)
-  level = level + 1
-  local normalized = validate(variant, steps, custom, level)
+local function schedule(variant, steps, custom)
+  local normalized = validate(variant, steps, custom)
   local arr = ffi.new("double[?]", math.max(3 * steps, 3))
   local scale = 1.0
   if normalized then
@@ -110,7 +110,7 @@ local function schedule(variant, steps, custom, level)
   elseif steps > 0 then
     local sc, ns_out = ffi.new("double[1]"), ffi.new("int[1]")
     local rc = C.mu_ns_preset(variant, steps, arr, steps, sc, ns_out)
-    if rc ~= 0 then error(ffi.string(C.mu_last_error()), level) end
+    if rc ~= 0 then blame(tonumber(rc), ffi.string(C.mu_last_error())) end
     scale = sc[0]
     if ns_out[0] < steps then
       -- the seed slices its per-step triples (_NS_ASYM5_COEFFS[:steps]):
@@ -126,7 +126,7 @@ local function schedule(variant, steps, custom, level)
   else
     local sc, ns_out = ffi.new("double[1]"), ffi.new("int[1]")
     local tmp = ffi.new("double[30]")
-    check(C.mu_ns_preset(variant, 0, tmp, 10, sc, ns_out), "ns preset", level)
+    check(C.mu_ns_preset(variant, 0, tmp, 10, sc, ns_out), "ns preset")
     scale = sc[0]
   end
   return arr, steps, scale
@@ -143,7 +143,7 @@ end
 function ns.coefficients(variant, steps, custom)
   if variant == nil then variant = ns.DEFAULT_VARIANT end
   if steps == nil then steps = variant == "custom" and type(custom) == "table" and #custom or natural_steps(variant) end
-  local arr, n, scale = schedule(variant, steps, custom, 2)
+  local arr, n, scale = schedule(variant, steps, custom)
   local out = {}
   for k = 1, n do
     out[k] = { arr[3 * k - 3], arr[3 * k - 2], arr[3 * k - 1] }
@@ -157,14 +157,14 @@ local PATHS = { symmetric = C.MU_NS_SYMMETRIC, plain = C.MU_NS_PLAIN }
 ns.METHODS = { "standard", "gram", "auto" }
 local METHODS = { standard = C.MU_NS_STANDARD, gram = C.MU_NS_GRAM, auto = C.MU_NS_AUTO }
 
-local function check_keys(opts, allowed, level)
+local function check_keys(opts, allowed)
   local unknown = {}
   for k in pairs(opts) do
     if not allowed[k] then unknown[#unknown + 1] = tostring(k) end
   end
   if #unknown > 0 then
     table.sort(unknown)
-    error("zeropower: " .. require("muon.errors").unknown("option", unknown, allowed), level + 1)
+    blame(E.EINVAL, "zeropower: " .. E.unknown("option", unknown, allowed))
   end
 end
 
@@ -174,29 +174,28 @@ local resolved_mt = { __index = {} }
 -- and its coefficient array). Keys: steps, variant, eps, coefficients,
 -- path ("symmetric" | "plain"), norm_scale (default: the preset's),
 -- method ("standard" | "gram" | "auto"; see ns.method_for).
-local function resolve(opts, level)
-  level = level + 1
+local function resolve(opts)
   if opts == nil then opts = {} end
-  if type(opts) ~= "table" then error("opts must be a table, got " .. type(opts), level) end
+  if type(opts) ~= "table" then blame(E.EINVAL, "opts must be a table, got " .. type(opts)) end
   if getmetatable(opts) == resolved_mt then return opts end
-  check_keys(opts, OPTION_KEYS, level)
+  check_keys(opts, OPTION_KEYS)
   local variant = opts.variant == nil and ns.DEFAULT_VARIANT or opts.variant
   local steps = opts.steps
   if steps == nil then steps = PRESET[variant] and natural_steps(variant) or ns.DEFAULT_STEPS end
   local eps = opts.eps == nil and ns.DEFAULT_EPS or opts.eps
-  if not finite(eps) or eps < 0 then error("eps must be a finite number >= 0, got " .. repr(eps), level) end
+  if not finite(eps) or eps < 0 then blame(E.EINVAL, "eps must be a finite number >= 0, got " .. repr(eps)) end
   local path = opts.path == nil and "symmetric" or opts.path
   if PATHS[path] == nil then
-    error("path must be 'symmetric' or 'plain', got " .. repr(path), level)
+    blame(E.EINVAL, "path must be 'symmetric' or 'plain', got " .. repr(path))
   end
   local method = opts.method == nil and "standard" or opts.method
   if METHODS[method] == nil then
-    error("method must be 'standard', 'gram' or 'auto', got " .. repr(method), level)
+    blame(E.EINVAL, "method must be 'standard', 'gram' or 'auto', got " .. repr(method))
   end
-  local arr, n, scale = schedule(variant, steps, opts.coefficients, level)
+  local arr, n, scale = schedule(variant, steps, opts.coefficients)
   if opts.norm_scale ~= nil then
     if not finite(opts.norm_scale) or opts.norm_scale <= 0 then
-      error("norm_scale must be a finite number > 0, got " .. repr(opts.norm_scale), level)
+      blame(E.EINVAL, "norm_scale must be a finite number > 0, got " .. repr(opts.norm_scale))
     end
     scale = opts.norm_scale
   end
@@ -215,7 +214,7 @@ local function resolve(opts, level)
 end
 
 function ns.resolve(opts)
-  return resolve(opts, 2)
+  return resolve(opts)
 end
 
 -- ns.method_for(rows, cols, opts) -> "standard" or "gram": the iteration
@@ -223,11 +222,11 @@ end
 -- model of src/ns_gram.c).
 function ns.method_for(rows, cols, opts)
   if not is_int(rows) or not is_int(cols) or rows < 0 or cols < 0 then
-    error("method_for: rows and cols must be non-negative integers", 2)
+    blame(E.EINVAL, "method_for: rows and cols must be non-negative integers")
   end
-  local r = resolve(opts, 2)
+  local r = resolve(opts)
   local m = C.mu_ns_method_for(rows, cols, r.copts)
-  check(m < 0 and m or 0, "method_for", 2)
+  check(m < 0 and m or 0, "method_for")
   return m == C.MU_NS_GRAM and "gram" or "standard"
 end
 
@@ -272,10 +271,10 @@ end
 -- rows x cols (either orientation), freed by the GC.
 function ns.workspace(dtype, rows, cols)
   if not is_int(rows) or not is_int(cols) or rows < 0 or cols < 0 then
-    error("workspace: rows and cols must be non-negative integers", 2)
+    blame(E.EINVAL, "workspace: rows and cols must be non-negative integers")
   end
   local box = ffi.new("mu_ns_workspace *[1]")
-  check(C.mu_ns_workspace_new(T.dtype_code(dtype, 2), rows, cols, box), "workspace", 2)
+  check(C.mu_ns_workspace_new(T.dtype_code(dtype), rows, cols, box), "workspace")
   return ffi.gc(box[0], C.mu_ns_workspace_free)
 end
 
@@ -283,7 +282,7 @@ end
 -- options (resolved from ns.resolve). x and out: contiguous, same shape
 -- (2-D or 3-D) and dtype; out may be x. ws may be nil.
 function ns.zeropower_into(out, x, r, ws)
-  check(C.mu_ns_zeropower(x, out, r.copts, ws), "zeropower", 2)
+  check(C.mu_ns_zeropower(x, out, r.copts, ws), "zeropower")
   return out
 end
 
@@ -302,22 +301,22 @@ function ns.zeropower_many(outs, xs, rs, ws, count)
     cin[i - 1], cout[i - 1] = xs[i], outs[i]
     copts[i - 1] = (same or rs[i]).copts
   end
-  check(C.mu_ns_zeropower_many(count, cin, cout, copts, ws), "zeropower_many", 2)
+  check(C.mu_ns_zeropower_many(count, cin, cout, copts, ws), "zeropower_many")
   return outs
 end
 
 -- ns.zeropower(x, opts) -> a new tensor, x unchanged. x: 2-D (n x m) or 3-D
 -- (batch x n x m), contiguous or not, float32 or float64.
 function ns.zeropower(x, opts)
-  if not T.is_tensor(x) then error("zeropower: x must be a tensor", 2) end
+  if not T.is_tensor(x) then blame(E.EINVAL, "zeropower: x must be a tensor") end
   if x:dim() ~= 2 and x:dim() ~= 3 then
-    error("zeropower: x must be 2-D or 3-D, got " .. x:dim() .. "-D", 2)
+    blame(E.ESHAPE, "zeropower: x must be 2-D or 3-D, got " .. x:dim() .. "-D")
   end
-  local r = resolve(opts, 2)
+  local r = resolve(opts)
   local ws = opts and opts.workspace or nil
   local src = x:is_contiguous() and x or x:contiguous()
   local out = T.zeros(x:size(), x:dtype())
-  check(C.mu_ns_zeropower(src, out, r.copts, ws), "zeropower", 2)
+  check(C.mu_ns_zeropower(src, out, r.copts, ws), "zeropower")
   return out
 end
 

@@ -6,16 +6,15 @@
 -- on its own buffers.
 --
 --   local router = require("muon.router").new(data_comm)
---   router:run(batch_items, dtypes, moves_in, moves_out, io)
+--   router:run_batches(jobs, io)   -- jobs: { items, dtypes, moves_in, moves_out, group },
+--                                  -- communication overlapped with the owners' work
 --     io.source(record)    -> what this rank sends for the record (its box):
 --                             the NS input, or a hook state's current value
 --     io.dest(record)      -> where this rank receives it back (the update,
 --                             or the hook state's next value)
 --     io.buffer(item)      -> the owner's buffer for an item's region
---     io.compute(owned)    -> the owners' work on { item, input, state = { key -> buffer } }
---   router:run_batches(jobs, io)           -- many batches, communication
---                                          -- overlapped with io.compute(owned, job)
---   router:exchange(dtype, sends, recvs)   -- one all-to-all-v of pieces
+--     io.compute(owned, wave) -> the owners' work on { item, input, state = { key -> buffer } }
+--   router:exchange(dtype, sends, recvs)   -- one blocking all-to-all-v of pieces
 local T = require("muon.tensor")
 local D = require("muon.dist")
 local ns = require("muon.ns")
@@ -181,25 +180,6 @@ local function owned_of(items, me, io)
     end
   end
   return owned
-end
-
--- Route one batch and wait for each exchange: NS inputs (and hook state)
--- to owners, one all-to-all-v per dtype when the batch moves anything in;
--- the owners' work (io.compute); every update slice (and hook state
--- piece) back, one all-to-all-v per dtype. items: the batch's items to
--- run this step (the same on every rank); dtypes, moves_in, moves_out:
--- static properties of the batch.
-function Router:run(items, dtypes, moves_in, moves_out, io)
-  self:_move(items, dtypes, moves_in, io, false)
-  io.compute(owned_of(items, self.me, io))
-  self:_move(items, dtypes, moves_out, io, true)
-end
-
-function Router:_move(items, dtypes, moves, io, out)
-  for _, dt in ipairs(dtypes) do
-    local sends, recvs = pieces(self, items, dt, io, out)
-    if moves then self:exchange(dt, sends, recvs) end
-  end
 end
 
 -- Post a batch's exchanges of one direction (non-blocking, staging slot

@@ -37,10 +37,13 @@ local S = {}
 S.HOW_TO_ALLOW = "trusted = true (muon run --trust SCRIPT / muon check --trust CONFIG, "
   .. "engine.new(path, { trusted = true }) in Lua, or mu_engine_opts.trusted = 1 with mu_engine_open_ex in C)"
 
-function S.blocked_error(what, level)
-  error(("%s is blocked in sandboxed configs; to allow it load the config with %s"):format(what, S.HOW_TO_ALLOW),
-    (level or 1) + 1)
+local function blocked_message(what)
+  return ("%s is blocked in sandboxed configs; to allow it load the config with %s"):format(what, S.HOW_TO_ALLOW)
 end
+
+-- The config's own line used something blocked (a member, a function, an
+-- option): blamed on that line (E.blame).
+function S.blocked_error(what) E.blame(E.EINVAL, blocked_message(what)) end
 
 local REAL = setmetatable({}, { __mode = "k" })        -- proxy -> host value
 local PROXY = setmetatable({}, { __mode = "kv" })      -- host value -> proxy
@@ -257,9 +260,9 @@ local function check_pattern(name, s, p, init)
   if in_budget() then
     S.charge(4 * cost) -- (a matching step costs a few VM instructions' time)
   elseif cost > S.PATTERN_LIMIT then
-    error(("string.%s: pattern '%s' on a subject of %d characters may take %.3g matching steps, more than "
+    E.blame(E.EINVAL, ("string.%s: pattern '%s' on a subject of %d characters may take %.3g matching steps, more than "
       .. "the %.3g a sandboxed config may use in one call"):format(name, #p > 40 and p:sub(1, 40) .. "..." or p,
-      #s, cost, S.PATTERN_LIMIT), 3)
+      #s, cost, S.PATTERN_LIMIT))
   end
 end
 
@@ -286,7 +289,7 @@ end
 local SAFE_STRING = {}
 for k, v in pairs(string) do SAFE_STRING[k] = v end
 S.SAFE_STRING = SAFE_STRING
-SAFE_STRING.dump = function() S.blocked_error("string.dump", 2) end
+SAFE_STRING.dump = function() S.blocked_error("string.dump") end
 for _, name in ipairs({ "find", "match", "gmatch" }) do
   local f = string[name]
   SAFE_STRING[name] = function(s, p, init, ...)
@@ -597,7 +600,7 @@ local STEP_COST = setmetatable({}, { __mode = "k" }) -- optimizer -> its step's 
 -- argument's type in Lua before any FFI call.
 local SAFE_METHODS = { "size", "stride", "numel", "dim", "dtype", "is_contiguous", "shares_storage", "view",
   "reshape", "transpose", "narrow", "select", "squeeze", "unsqueeze", "contiguous", "clone", "to", "copy",
-  "fill", "zero", "all_finite", "get", "set", "totable", "flat" }
+  "fill", "zero", "fill_", "zero_", "copy_", "all_finite", "get", "set", "totable", "flat" }
 for _, name in ipairs(T.math_names) do SAFE_METHODS[#SAFE_METHODS + 1] = name end
 -- Members that exist on real tensors but not behind the membrane.
 local BLOCKED_MEMBERS = {
@@ -610,7 +613,7 @@ local BLOCKED_MEMBERS = {
 
 -- Methods whose first argument must be a tensor (checked here: an FFI call
 -- would turn a plain table into a temporary struct).
-local TENSOR_ARG = { copy = true, shares_storage = true }
+local TENSOR_ARG = { copy = true, copy_ = true, shares_storage = true }
 -- Methods charged a matmul's estimate first.
 local MATMULS = { matmul = true, mm = true, bmm = true }
 
@@ -620,11 +623,11 @@ for _, name in ipairs(SAFE_METHODS) do
   tensor_methods[name] = function(self, ...)
     local real = REAL[self]
     if real == nil or not T.is_tensor(real) then
-      error(("tensor:%s called on %s, not a tensor"):format(name, type(self)), 2)
+      E.blame(E.EINVAL, "tensor:%s called on %s, not a tensor", name, type(self))
     end
     if TENSOR_ARG[name] then
       local other = REAL[(...)]
-      if other == nil or not T.is_tensor(other) then error(("tensor:%s: argument is not a tensor"):format(name), 2) end
+      if other == nil or not T.is_tensor(other) then E.blame(E.EINVAL, "tensor:%s: argument is not a tensor", name) end
     end
     if MATMULS[name] then S.charge(matmul_cost(real, REAL[(...)])) end
     return call_host(m, real, ...)
@@ -636,11 +639,11 @@ local tensor_mt = {
   __index = function(_, k)
     local m = tensor_methods[k]
     if m then return m end
-    if BLOCKED_MEMBERS[k] then S.blocked_error(BLOCKED_MEMBERS[k], 2) end
-    return nil
+    if BLOCKED_MEMBERS[k] then S.blocked_error(BLOCKED_MEMBERS[k]) end
+    if T.methods[k] then S.blocked_error("tensor:" .. tostring(k)) end -- (an unknown name raises there)
   end,
   __newindex = function(_, k)
-    error(("cannot set field '%s' of a tensor in a sandboxed config"):format(tostring(k)), 2)
+    E.blame(E.EINVAL, "cannot set field '%s' of a tensor in a sandboxed config", tostring(k))
   end,
   __tostring = function(self) return tostring(REAL[self]) end,
   __eq = function(a, b) return REAL[a] == REAL[b] end,
@@ -653,11 +656,13 @@ local function sub(a, b) return a - b end
 local function mul(a, b) return a * b end
 local function div(a, b) return a / b end
 local function unm(a) return -a end
+local function pow(a, b) return a ^ b end
 tensor_mt.__add = function(a, b) return call_host(add, a, b) end
 tensor_mt.__sub = function(a, b) return call_host(sub, a, b) end
 tensor_mt.__mul = function(a, b) return call_host(mul, a, b) end
 tensor_mt.__div = function(a, b) return call_host(div, a, b) end
 tensor_mt.__unm = function(a) return call_host(unm, a) end
+tensor_mt.__pow = function(a, b) return call_host(pow, a, b) end
 
 -- ------------------------------------------------------------ object proxy
 
@@ -674,7 +679,7 @@ local object_mt = {
     local real = REAL[self]
     local v = real[k]
     if type(k) == "string" and (k:sub(1, 1) == "_" or (type(v) == "function" and not OBJECT_METHODS[k])) then
-      S.blocked_error(("object member '%s' %s"):format(k, OBJECT_BLOCKED[k] or "(internal)"), 2)
+      S.blocked_error(("object member '%s' %s"):format(k, OBJECT_BLOCKED[k] or "(internal)"))
     end
     local cost = k == "step" and STEP_COST[real]
     if cost then
@@ -687,7 +692,7 @@ local object_mt = {
     return import(v)
   end,
   __newindex = function(_, k)
-    error(("cannot set field '%s' of a host object in a sandboxed config"):format(tostring(k)), 2)
+    E.blame(E.EINVAL, "cannot set field '%s' of a host object in a sandboxed config", tostring(k))
   end,
   __call = function(self, ...) return call_host(REAL[self], ...) end,
   __tostring = function(self) return tostring(REAL[self]) end,
@@ -720,7 +725,7 @@ function import(v, seen)
   if tv == "nil" or tv == "number" or tv == "string" or tv == "boolean" then return v end
   if tv == "cdata" then
     if T.is_tensor(v) then return proxy_of(v, tensor_mt) end
-    S.blocked_error("passing an FFI value (" .. tostring(v) .. ") into the config", 3)
+    E.raise(E.EINVAL, blocked_message("passing an FFI value (" .. tostring(v) .. ") into the config"))
   end
   if tv == "function" then
     local orig = EXPORTED[v]
@@ -738,7 +743,7 @@ function import(v, seen)
     if getmetatable(v) ~= nil then return proxy_of(v, object_mt) end
     return copy_table(v, import, seen or {})
   end
-  S.blocked_error("passing a " .. tv .. " into the config", 3)
+  E.raise(E.EINVAL, blocked_message("passing a " .. tv .. " into the config"))
 end
 
 function export(v, seen)
@@ -761,7 +766,7 @@ function export(v, seen)
     return w
   end
   if tv == "cdata" then return v end -- value cdata made by the config itself (1LL): no pointers reach it
-  error(("a sandboxed config returned a %s, which cannot leave the sandbox"):format(tv), 3)
+  E.raise(E.EINVAL, "a sandboxed config returned a %s, which cannot leave the sandbox", tv)
 end
 
 S.import, S.export = import, export
@@ -781,7 +786,7 @@ local function facade_of(fields, blocked_prefix, blocked_names)
   return setmetatable(fields, {
     __metatable = "muon module (sandboxed)",
     __index = function(_, k)
-      if blocked_names[k] then S.blocked_error(blocked_prefix .. tostring(k) .. " " .. blocked_names[k], 2) end
+      if blocked_names[k] then S.blocked_error(blocked_prefix .. tostring(k) .. " " .. blocked_names[k]) end
       return nil
     end,
   })
@@ -792,8 +797,10 @@ end
 local BUILDERS = {}
 
 BUILDERS["muon.tensor"] = function()
-  local names = { "zeros", "from", "randn" }
-  for _, name in ipairs(T.math_names) do names[#names + 1] = name end
+  local names = {}
+  for _, list in ipairs({ T.function_names, T.math_names }) do
+    for _, name in ipairs(list) do names[#names + 1] = name end
+  end
   local Tf = pick(T, names)
   Tf.is_tensor = function(x) return REAL[x] ~= nil and T.is_tensor(REAL[x]) end
   for name in pairs(MATMULS) do
@@ -813,7 +820,7 @@ BUILDERS["muon.ns"] = function()
     "DEFAULT_VARIANT", "DEFAULT_EPS" })
   local zp = f.zeropower
   f.zeropower = function(x, opts)
-    if type(opts) == "table" and opts.workspace ~= nil then S.blocked_error("muon.ns.zeropower's workspace option", 2) end
+    if type(opts) == "table" and opts.workspace ~= nil then S.blocked_error("muon.ns.zeropower's workspace option") end
     S.charge(ns_cost(REAL[x], type(opts) == "table" and rawget(opts, "steps") or nil))
     return zp(x, opts)
   end
@@ -828,7 +835,7 @@ end
 
 -- Pure functions of numbers: safe to hand out as they are.
 BUILDERS["muon.schedules"] = function()
-  return pick(require("muon.schedules"), { "warmup_cosine", "warmup_constant" })
+  return pick(require("muon.schedules"), { "warmup_cosine", "warmup_constant", "wsd" })
 end
 
 BUILDERS["muon.param"] = function()
@@ -841,7 +848,7 @@ end
 
 local function optim_facade(name, mod)
   local function new(params, opts)
-    local o = call_host(mod.new, params, opts, 2)
+    local o = call_host(mod.new, params, opts)
     local real = REAL[o]
     if real ~= nil then
       local ok, cost = pcall(step_cost, export(params), type(opts) == "table" and export(opts) or nil)
@@ -855,12 +862,18 @@ local function optim_facade(name, mod)
     __call = function(_, ...) return f.new(...) end })
 end
 
-BUILDERS["muon.optim.muon"] = function() return optim_facade("optim.muon", require("muon.optim.muon")) end
-BUILDERS["muon.optim.adamw"] = function() return optim_facade("optim.adamw", require("muon.optim.adamw")) end
+-- Every optimizer kind (the list: muon.optim.kind) as its module and as
+-- muon.optim.<class>.
+local KINDS = require("muon.optim.kind").KINDS
+for _, k in ipairs(KINDS) do
+  BUILDERS[k.module] = function() return optim_facade(k.module:sub(6), require(k.module)) end
+end
 BUILDERS["muon.optim.options"] = function() return pick(require("muon.optim.options"), { "is_finite" }) end
 
 BUILDERS["muon.optim"] = function(get)
-  return { Muon = get("muon.optim.muon"), AdamW = get("muon.optim.adamw") }
+  local f = {}
+  for _, k in ipairs(KINDS) do f[k.class] = get(k.module) end
+  return f
 end
 
 BUILDERS["muon"] = function(get)
@@ -887,9 +900,9 @@ function S.new_require(path)
   end
   req = function(name)
     if type(name) == "string" and BUILDERS[name] then return get(name) end
-    error(("config '%s': require('%s') is blocked in sandboxed configs (allowed: muon, muon.tensor, muon.ns, "
+    E.blame(E.EINVAL, ("config '%s': require('%s') is blocked in sandboxed configs (allowed: muon, muon.tensor, muon.ns, "
       .. "muon.param, muon.optim, muon.foreach, muon.schedules); to allow it load the config with %s")
-      :format(path, tostring(name), S.HOW_TO_ALLOW), 2)
+      :format(path, tostring(name), S.HOW_TO_ALLOW))
   end
   return req
 end

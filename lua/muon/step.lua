@@ -21,15 +21,32 @@
 --   7. post     post_update_fn (after the commit; a failure is raised on
 --               every rank, the step still counts)
 --
--- Kinds (muon.optim.muon.kind, muon.optim.adamw.kind) supply their parts;
--- the engine and the one-process optimizers drive a Stepper.
+-- Kinds (the contract: muon.optim.kind) supply their parts and see the
+-- step through a narrow context (kind_context below), never the Stepper.
+-- The engine, the one-process optimizers (muon.optim.class) and
+-- checkpoints (muon.optim.state) use the Stepper through these methods:
 --
 --   local S = require("muon.step")
 --   local st = S.new({ groups = { { kind = K, options = g, label = "param group 1" }, ... },
 --                      comm = c, mesh = m, balance = "flops", max_batch_numel = n })
 --   st:add(gi, param, placement)     -- param.logical_shape: the global shape
---   st:step(values)                  -- values[gi] = { lr = ..., ... } this step's schedule;
+--   st:add_group(spec) --> gi        -- one more group (before its parameters)
+--   st:step(values, pre_err)         -- values[gi] = { lr = ..., ... } this step's schedule;
 --                                    -- false when no parameter has a grad (nothing changed)
+--   st:set_signal(name, values)      -- ctx.signals[name] for hooks
+--   st:state_table()                 -- param -> its state table (live; on its holder)
+--   st:state_of(p)                   -- one parameter's state table, or nil
+--   st:stats()                       -- { steps, skipped_nonfinite, kinds = { name -> {...} } } (live)
+--   st:memory(), st:comm_stats()     -- bytes held; communicator counters
+--   st:mesh(), st:rank(), st:size()  -- the mesh and this process in it
+--   -- checkpoints:
+--   st:build_once()                  -- agree on the registrations, make the plan (collective)
+--   st:group_specs(), st:params(gi)  -- the groups ({ kind, options, label }); a group's parameters
+--   st:record(p)                     -- the plan's record (boxes, holders; builds the plan)
+--   st:step_count(p)                 -- steps a parameter took
+--   st:install(p, state, count)      -- a loaded state (the caller checked it)
+--   st:agree_failure(err)            -- raise err everywhere if any rank has one (collective)
+--   st:exchange_control(dt, s, r)    -- an all-to-all-v on the control communicator
 local T = require("muon.tensor")
 local P = require("muon.param")
 local E = require("muon.errors")
@@ -37,7 +54,11 @@ local D = require("muon.dist")
 local R = require("muon.router")
 local commlib = require("muon.comm")
 local foreach = require("muon.foreach")
+local ns = require("muon.ns")
+local core = require("muon.core")
+local K = require("muon.optim.kind")
 local U = require("muon.optim.util")
+local ffi = require("ffi")
 
 local M = {}
 local Stepper = {}
@@ -46,9 +67,7 @@ M.Stepper = Stepper
 
 local ESIZE = { float32 = 4, float64 = 8 }
 
-local function strip(msg) return (tostring(msg):gsub("^[^:\n]*:%d+: ", "")) end
-
-local make_io -- (below)
+local make_io, kind_context -- (below)
 
 -- Run f(...) for a step: on one process an error raises at once; on a
 -- mesh the first error is kept in run.failure and later calls are skipped,
@@ -69,7 +88,7 @@ function M.new(opts)
   local mesh = opts.mesh or D.mesh({ { "world", W } }, W)
   local self = setmetatable({
     groups = opts.groups,
-    comm = comm, W = W, me = comm:rank(), mesh = mesh,
+    comm = comm, W = W, me = comm:rank(), dmesh = mesh,
     balance = opts.balance or "flops", max_batch_numel = opts.max_batch_numel,
     order = {}, where = {},
     state = {},     -- param -> { momentum_buffer } / { step, exp_avg, exp_avg_sq } (on its holder)
@@ -77,7 +96,7 @@ function M.new(opts)
     pstep = {},     -- param -> how many steps it took (every rank knows)
     full = setmetatable({}, { __mode = "k" }), -- plan item -> owner's region buffer
     merged = {}, ws = {}, -- ws: dtype -> Newton-Schulz workspace
-    stats = { steps = 0, skipped_nonfinite = 0, kinds = {} },
+    counters = { steps = 0, skipped_nonfinite = 0, kinds = {} },
     signals = {},   -- name -> list of numbers, for hooks (ctx.signals)
     built = false,
   }, Stepper)
@@ -91,14 +110,49 @@ function M.new(opts)
   end
   self.router = R.new(self.data)
   self.io = make_io(self)
+  self.ctx = kind_context(self)
   self.kind_stats = {}
-  for _, g in ipairs(self.groups) do
-    if not self.stats.kinds[g.kind.name] then
-      self.stats.kinds[g.kind.name] = { steps = 0, skipped_nonfinite = 0 }
-      self.kind_stats[#self.kind_stats + 1] = self.stats.kinds[g.kind.name]
-    end
-  end
+  local groups = self.groups
+  self.groups = {}
+  for _, g in ipairs(groups) do self:add_group(g) end
   return self
+end
+
+-- One more group (spec: { kind, options, label }); returns its index.
+-- Its parameters follow with add.
+function Stepper:add_group(spec)
+  local gi = #self.groups + 1
+  self.groups[gi] = spec
+  local name = spec.kind.name
+  if not self.counters.kinds[name] then
+    self.counters.kinds[name] = { steps = 0, skipped_nonfinite = 0 }
+    self.kind_stats[#self.kind_stats + 1] = self.counters.kinds[name]
+  end
+  self.built = false
+  return gi
+end
+
+function Stepper:group_specs() return self.groups end
+function Stepper:state_table() return self.state end
+function Stepper:state_of(p) return self.state[p] end
+function Stepper:stats() return self.counters end
+function Stepper:mesh() return self.dmesh end
+function Stepper:rank() return self.me end
+function Stepper:size() return self.W end
+function Stepper:step_count(p) return self.pstep[p] or 0 end
+
+-- Install a loaded state (tensors this rank holds; nil for none) and step
+-- count of a parameter (checkpoints: the caller checked both).
+function Stepper:install(p, state, count)
+  self.state[p] = state
+  self.pstep[p] = count > 0 and count or nil
+end
+
+-- One all-to-all-v of pieces on the control communicator (sends[q+1] /
+-- recvs[q+1]: lists of { n, src } / { n, dst }; muon.router's exchange),
+-- collective on a mesh: checkpoints gather and scatter state with it.
+function Stepper:exchange_control(dtype, sends, recvs)
+  R.new(self.ctrl):exchange(dtype, sends, recvs) -- (its staging goes with it)
 end
 
 -- Register a parameter of group gi: param.value / param.grad are this
@@ -110,7 +164,7 @@ function Stepper:add(gi, p, placement)
   end
   p.logical_shape = p.logical_shape or p.value:size()
   self.order[#self.order + 1] = p
-  self.where[p] = { gi = gi, placement = placement or D.placement(nil, self.mesh, #p.logical_shape) }
+  self.where[p] = { gi = gi, placement = placement or D.placement(nil, self.dmesh, #p.logical_shape) }
   self.built = false
 end
 
@@ -154,24 +208,13 @@ function Stepper:_raise_from(src, err)
   error(E.new(-code, msg), 0)
 end
 
-local function value_string(v)
-  local t = type(v)
-  if t == "number" then return ("%.17g"):format(v) end
-  if t == "table" then
-    local parts = {}
-    for i = 1, #v do parts[i] = value_string(v[i]) end
-    return "{" .. table.concat(parts, ",") .. "}"
-  end
-  if t == "function" or t == "userdata" or t == "cdata" then return t end
-  return tostring(v)
-end
-
 -- The resolved configuration as (key, value) entries: group kinds, names
--- and every option (hooks by presence).
+-- and every option of the kinds' schemas, in canonical text (K.serialize:
+-- nested tables with their keys sorted; hooks by presence).
 function Stepper:config_entries()
   local entries = {}
   local function add(k, v) entries[#entries + 1] = { k, v } end
-  add("mesh", self.mesh:describe())
+  add("mesh", self.dmesh:describe())
   add("balance", self.balance)
   add("max_batch_numel", tostring(self.max_batch_numel or ""))
   for gi, g in ipairs(self.groups) do
@@ -180,23 +223,10 @@ function Stepper:config_entries()
     table.sort(keys)
     add(g.label .. ".optimizer", g.kind.name)
     add(g.label .. ".name", tostring(g.options.name))
-    for _, k in ipairs(keys) do add(g.label .. "." .. k, value_string(g.options[k])) end
+    for _, k in ipairs(keys) do add(g.label .. "." .. k, K.serialize(g.options[k])) end
     add(g.label .. ".index", tostring(gi))
   end
   return entries
-end
-
--- A kind's schedulable keys, sorted (the checks run in a fixed order).
-local sched_keys = setmetatable({}, { __mode = "k" })
-local function schedulable_keys(kind)
-  local keys = sched_keys[kind]
-  if not keys then
-    keys = {}
-    for k in pairs(kind.SCHEDULABLE) do keys[#keys + 1] = k end
-    table.sort(keys)
-    sched_keys[kind] = keys
-  end
-  return keys
 end
 
 ------------------------------------------------------------- the plan
@@ -209,7 +239,7 @@ function Stepper:build()
     local w = self.where[p]
     local g = self.groups[w.gi]
     records[i] = { name = p.name, shape = p.logical_shape, placement = w.placement, group = w.gi,
-      dtype = p.value:dtype(), ns = g.kind.ns, whole = g.kind.whole(g.options), nd_mode = g.options.nd_mode,
+      dtype = p.value:dtype(), ns = g.kind.ns, whole = K.whole(g.kind, g.options), nd_mode = g.options.nd_mode,
       state_count = #g.kind.state_keys, param = p,
       hooks = g.kind.hook_shapes and g.kind.hook_shapes(g.options, p.logical_shape) or nil }
   end
@@ -219,7 +249,7 @@ function Stepper:build()
     problem = D.agree_entries(self.ctrl, self:config_entries(), "configs")
     if problem then E.raise(E.EINVAL, problem) end
   end
-  self.plan = D.plan(records, self.mesh, { balance = self.balance, max_batch_numel = self.max_batch_numel })
+  self.plan = D.plan(records, self.dmesh, { balance = self.balance, max_batch_numel = self.max_batch_numel })
   self.rec = {}
   for _, r in ipairs(records) do
     local id = r.id_of[self.me]
@@ -264,8 +294,8 @@ function Stepper:_full(it)
 end
 
 -- A reusable (n, a, b) buffer for NS batches: one per (dtype, core shape,
--- slot), grown when a batch needs more slices (kinds call this).
-function Stepper:batch_buffer(dtype, n, a, b, slot)
+-- slot), grown when a batch needs more slices (ctx:batch_buffer).
+function Stepper:_batch_buffer(dtype, n, a, b, slot)
   local key = ("%s:%dx%d#%d"):format(dtype, a, b, slot)
   local buf = self.merged[key]
   if buf == nil or buf:size(1) < n then
@@ -276,10 +306,9 @@ function Stepper:batch_buffer(dtype, n, a, b, slot)
   return buf:narrow(1, 1, n)
 end
 
--- A Newton-Schulz workspace (one per dtype) large enough for a x b (kinds
--- call this).
-function Stepper:ns_workspace(dtype, a, b)
-  local ns = require("muon.ns")
+-- A Newton-Schulz workspace (one per dtype) large enough for a x b
+-- (ctx:ns_workspace).
+function Stepper:_ns_workspace(dtype, a, b)
   local ws = self.ws[dtype]
   if ws == nil or ws.rows < math.max(a, b) or ws.cols < math.min(a, b) then
     local rows = math.max(a, b, ws and ws.rows or 0)
@@ -291,9 +320,8 @@ function Stepper:ns_workspace(dtype, a, b)
 end
 
 -- Newton-Schulz in place on every job's x ({ x = 2-D or 3-D tensor, r =
--- resolved options }): one scheduler call per dtype (kinds call this).
-function Stepper:ns_many(jobs)
-  local ns = require("muon.ns")
+-- resolved options }): one scheduler call per dtype (ctx:ns_many).
+function Stepper:_ns_many(jobs)
   local by, order = {}, {}
   for _, j in ipairs(jobs) do
     local dt = j.x:dtype()
@@ -308,11 +336,22 @@ function Stepper:ns_many(jobs)
     l.xs[#l.xs + 1], l.rs[#l.rs + 1] = j.x, j.r
   end
   for _, l in ipairs(order) do
-    ns.zeropower_many(l.xs, l.xs, l.rs, self:ns_workspace(l.dtype, l.rows, l.cols))
+    ns.zeropower_many(l.xs, l.xs, l.rs, self:_ns_workspace(l.dtype, l.rows, l.cols))
   end
 end
 
+-- The narrow context kinds get (muon.optim.kind): buffers and
+-- Newton-Schulz, nothing else of the Stepper.
+function kind_context(self)
+  local ctx = {}
+  function ctx.batch_buffer(_, dtype, n, a, b, slot) return self:_batch_buffer(dtype, n, a, b, slot) end
+  function ctx.ns_workspace(_, dtype, a, b) return self:_ns_workspace(dtype, a, b) end
+  function ctx.ns_many(_, jobs) return self:_ns_many(jobs) end
+  return ctx
+end
+
 local function tensor_bytes(t) return t:numel() * (ESIZE[t:dtype()] or 4) end
+local ws_bytes = ffi.new("int64_t[1]")
 
 -- { state_bytes, scratch_bytes } held by this rank.
 function Stepper:memory()
@@ -327,7 +366,8 @@ function Stepper:memory()
   for _, b in pairs(self.full) do scratch = scratch + tensor_bytes(b) end
   for _, b in pairs(self.merged) do scratch = scratch + tensor_bytes(b) end
   for _, ws in pairs(self.ws) do
-    scratch = scratch + (ws.rows * ws.cols + 2 * ws.cols * ws.cols) * (ESIZE[ws.dtype] or 4)
+    core.check(core.C.mu_ns_workspace_bytes(ws.handle, ws_bytes), "ns workspace bytes")
+    scratch = scratch + tonumber(ws_bytes[0])
   end
   scratch = scratch + self.router:scratch_bytes()
   return { state_bytes = state, scratch_bytes = scratch }
@@ -367,16 +407,14 @@ local function check_phase(self, values, pre_err)
       hp = setmetatable({}, { __index = opts })
       for k, v in pairs(over) do hp[k] = v end
     end
-    for _, k in ipairs(schedulable_keys(G.kind)) do
-      local ok, err = pcall(G.kind.SCHEDULABLE[k], hp[k], 1)
-      if not ok then E.raise(E.EINVAL, "%s, step %d: %s", G.label, opts.step + 1, strip(err)) end
-    end
+    local ok, err = pcall(K.check_step, G.kind, hp)
+    if not ok then E.raise(E.EINVAL, "%s, step %d: %s", G.label, opts.step + 1, E.message(err)) end
     local params, grads, owners = {}, {}, {}
     for _, p in ipairs(self.gparams[gi]) do
       local g = p.grad
       if g ~= nil then
         P.check(p.name, p.value, g) -- a grad set after add_param: dtype, shape
-        G.kind.check_param(p)
+        if G.kind.check_param then G.kind.check_param(p) end
         params[#params + 1] = p
         run.stepping[self.rec[p]] = true
         if g:numel() > 0 then
@@ -415,14 +453,14 @@ function Stepper:_agree_check(run, err)
     end
     for gi, G in ipairs(self.groups) do
       local hp = run.g[gi].hp
-      for _, k in ipairs(schedulable_keys(G.kind)) do
-        values[#values + 1] = { G.label .. "." .. k, value_string(hp[k]) }
+      for _, k in ipairs(G.kind.SCHEDULE_ORDER) do
+        values[#values + 1] = { G.label .. "." .. k, K.serialize(hp[k]) }
       end
     end
     local names = {}
     for k in pairs(run.signals) do names[#names + 1] = k end
     table.sort(names)
-    for _, k in ipairs(names) do values[#values + 1] = { "signal " .. k, value_string(run.signals[k]) } end
+    for _, k in ipairs(names) do values[#values + 1] = { "signal " .. k, K.serialize(run.signals[k]) } end
   end
   local function hash_all(list)
     local parts = {}
@@ -503,7 +541,6 @@ local function check_derived(run, G, gr, entries)
   if run.W == 1 then gr.skip = true end
   for _, e in ipairs(entries) do e.u:zero() end
 end
-M.check_derived = check_derived
 
 -- Phase 3: each state holder's direction into scratch. The entry table of
 -- a parameter is kept across steps (no per-step allocation).
@@ -547,7 +584,7 @@ local function direction_phase(self, run)
         end
       end
       if #entries > 0 then
-        attempt(run, G.kind.direction, self, G.options, gr.hp, entries)
+        attempt(run, G.kind.direction, self.ctx, G.options, gr.hp, entries)
         attempt(run, check_derived, run, G, gr, entries)
       end
     end
@@ -575,9 +612,9 @@ end
 -- batch. The results are those of one call per batch (each matrix's bits
 -- depend on it alone). On one process every batch is local.
 local function prepare_batch(self, G, hp, list, jobs, pending)
-  local done = G.kind.ns_prepare and G.kind.ns_prepare(self, G.options, hp, list, jobs)
+  local done = G.kind.ns_prepare and G.kind.ns_prepare(self.ctx, G.options, hp, list, jobs)
   if done then pending[#pending + 1] = { G = G, hp = hp, list = list, done = done }
-  else G.kind.orthogonalize(self, G.options, hp, list) end
+  else G.kind.orthogonalize(self.ctx, G.options, hp, list) end
 end
 
 local function compute_local(self, run, batches)
@@ -602,8 +639,8 @@ local function compute_local(self, run, batches)
     end
     if #owned > 0 then attempt(run, prepare_batch, self, G, run.g[b.gi].hp, io.items(owned), jobs, pending) end
   end
-  if #jobs > 0 then attempt(run, self.ns_many, self, jobs) end
-  for _, p in ipairs(pending) do attempt(run, p.G.kind.ns_finish, self, p.G.options, p.hp, p.list, p.done) end
+  if #jobs > 0 then attempt(run, self._ns_many, self, jobs) end
+  for _, p in ipairs(pending) do attempt(run, p.G.kind.ns_finish, self.ctx, p.G.options, p.hp, p.list, p.done) end
 end
 
 -- Phase 4: per batch, route NS inputs to owners, orthogonalize, route back;
@@ -639,14 +676,8 @@ local function route_phase(self, run)
     end
   end
   if #locals > 0 then compute_local(self, run, locals) end
-  if self.W > 1 then
-    self.router:run_batches(routed, io)
-  else
-    for _, job in ipairs(routed) do
-      io.group = job.group
-      self.router:run(job.items, job.dtypes, job.moves_in, job.moves_out, io)
-    end
-  end
+  -- (on one process every batch is local: nothing is routed)
+  if #routed > 0 then self.router:run_batches(routed, io) end
 end
 
 -- The router's callbacks (see muon.router).
@@ -679,10 +710,9 @@ function make_io(self)
     return list
   end
   function io.compute(owned, job)
-    if job then io.group = job.group end
-    local G = self.groups[io.group]
+    local G = self.groups[job.group]
     if not G.kind.ns or #owned == 0 then return end
-    attempt(io.run, G.kind.orthogonalize, self, G.options, io.run.g[io.group].hp, io.items(owned))
+    attempt(io.run, G.kind.orthogonalize, self.ctx, G.options, io.run.g[job.group].hp, io.items(owned))
   end
   return io
 end
@@ -731,10 +761,10 @@ local function commit_phase(self, run)
     if gr.over then
       for k, v in pairs(gr.over) do opts[k] = v end
     end
-    local ks = self.stats.kinds[G.kind.name]
+    local ks = self.counters.kinds[G.kind.name]
     if gr.skip then
       ks.skipped_nonfinite = ks.skipped_nonfinite + 1
-      self.stats.skipped_nonfinite = self.stats.skipped_nonfinite + 1
+      self.counters.skipped_nonfinite = self.counters.skipped_nonfinite + 1
     else
       for _, p in ipairs(gr.params) do self.pstep[p] = (self.pstep[p] or 0) + 1 end
       for _, e in ipairs(gr.entries) do
@@ -760,7 +790,7 @@ local function commit_phase(self, run)
     end
   end
   for _, ks in ipairs(self.kind_stats) do ks.steps = ks.steps + 1 end
-  self.stats.steps = self.stats.steps + 1
+  self.counters.steps = self.counters.steps + 1
 end
 
 -- One step (collective on a mesh). values[gi]: this step's scheduled
@@ -799,7 +829,7 @@ function Stepper:step(values, pre_err)
   local post_failure
   for gi, G in ipairs(self.groups) do
     local gr = run.g[gi]
-    if not gr.skip and post_failure == nil and #gr.params > 0 then
+    if G.kind.post_update and not gr.skip and post_failure == nil and #gr.params > 0 then
       local boxes = {}
       for i, p in ipairs(gr.params) do
         local b = self.rec[p].mine
@@ -827,12 +857,6 @@ end
 
 function Stepper:comm_stats()
   return { data = commlib.stats(self.data), control = commlib.stats(self.ctrl) }
-end
-
--- Elements this rank's NS routing moves per step by the plan (all params stepping).
-function Stepper:expected_step_elements()
-  self:build_once()
-  return D.step_elements(self.plan, self.me)
 end
 
 return M

@@ -11,18 +11,11 @@ local ffi = require("ffi")
 local core = require("muon.core")
 local E = require("muon.errors")
 
--- Raise a muon error object with that code and an already formatted
--- message; with a level, the message starts with that caller's position
--- ("file:line: "), as error(msg, level) would put it.
-local function raise(code, msg, level)
-  if level then
-    local info = debug.getinfo(level + 1, "Sl")
-    if info and info.currentline and info.currentline > 0 then
-      msg = info.short_src .. ":" .. info.currentline .. ": " .. msg
-    end
-  end
-  error(E.new(code, msg), 0)
-end
+-- Misuse of a tensor function (a bad argument, shape, dtype) is blamed on
+-- the user's line that called into muon (E.blame, lua/muon/errors.lua);
+-- what C reports through check, and a few argument checks, name what
+-- failed without a position (E.raise).
+local blame = E.blame
 
 local C, check = core.C, core.check
 
@@ -39,11 +32,11 @@ local i64_arr = ffi.typeof("int64_t[?]")
 local tensor_struct = ffi.typeof("mu_tensor")
 local tensor_pointer = ffi.typeof("mu_tensor *")
 
-local function dtype_code(dtype, level)
+local function dtype_code(dtype)
   if dtype == nil then return C.MU_F32 end
   local code = DTYPES[dtype]
   if not code then
-    error("dtype must be 'float32' or 'float64', got " .. tostring(dtype), level + 1)
+    blame(E.EINVAL, "dtype must be 'float32' or 'float64', got " .. tostring(dtype))
   end
   return code
 end
@@ -89,7 +82,7 @@ function T.zeros(shape, dtype)
     if shape[i] < 0 then E.raise(E.EINVAL, "bad shape: negative size in dim %d", i) end
   end
   local box = out_box()
-  check(C.mu_tensor_new(dtype_code(dtype, 2), n, arr, box), "zeros", 2)
+  check(C.mu_tensor_new(dtype_code(dtype), n, arr, box), "zeros")
   return adopt(box)
 end
 
@@ -109,14 +102,14 @@ local function flatten(tbl, shape, dim, out)
     return
   end
   if type(tbl) ~= "table" or #tbl ~= shape[dim] then
-    error("ragged nested table at dim " .. dim, 4)
+    blame(E.EINVAL, "ragged nested table at dim " .. dim)
   end
   for i = 1, #tbl do flatten(tbl[i], shape, dim + 1, out) end
 end
 
 -- T.from({1,2,3,4,5,6}, {2,3}) or T.from({{1,2,3},{4,5,6}}); dtype optional.
 function T.from(values, shape, dtype)
-  if type(values) ~= "table" then raise(E.EINVAL, "values must be a table", 2) end
+  if type(values) ~= "table" then blame(E.EINVAL, "values must be a table") end
   if type(shape) == "string" then shape, dtype = nil, shape end
   local flat = values
   if shape == nil then
@@ -127,12 +120,12 @@ function T.from(values, shape, dtype)
   local t = T.zeros(shape, dtype)
   local n = t:numel()
   if #flat ~= n then
-    raise(E.ESHAPE, ("values has %d elements but shape %s needs %d"):format(#flat, table.concat(shape, "x"), n), 2)
+    blame(E.ESHAPE, ("values has %d elements but shape %s needs %d"):format(#flat, table.concat(shape, "x"), n))
   end
   local p = ffi.cast(CTYPES[t.scalar], t.data)
   for i = 1, n do
     local v = flat[i]
-    if type(v) ~= "number" then raise(E.EINVAL, "values[" .. i .. "] is not a number", 2) end
+    if type(v) ~= "number" then blame(E.EINVAL, "values[" .. i .. "] is not a number") end
     p[i - 1] = v
   end
   return t
@@ -155,42 +148,55 @@ function T.wrap(ptr, shape, dtype, strides)
     end
   end
   local box = out_box()
-  check(C.mu_tensor_wrap(dtype_code(dtype, 2), n, arr, sarr, ptr, box), "wrap", 2)
+  check(C.mu_tensor_wrap(dtype_code(dtype), n, arr, sarr, ptr, box), "wrap")
   return adopt(box)
 end
 
 function T.load(path)
-  if type(path) ~= "string" then raise(E.EINVAL, "path must be a string", 2) end
+  if type(path) ~= "string" then blame(E.EINVAL, "path must be a string") end
   local box = out_box()
-  check(C.mu_npy_load(path, box), "load", 2)
+  check(C.mu_npy_load(path, box), "load")
   return adopt(box)
 end
 
--- Standard-normal tensors (splitmix64 + Box-Muller), for tests,
--- benchmarks and examples:
+-- Random tensors (splitmix64; normal by Box-Muller), for tests,
+-- benchmarks, examples and initializations:
 --   T.randn(shape, seed, dtype)  -- a number seed: the same tensor every time
 --   T.randn(shape)               -- no seed: drawn from the default generator
 --                                -- (successive calls differ; reproducible per run)
+--   T.rand(shape, seed, dtype)   -- uniform on [0, 1), the same seeds and generators
 --   T.manual_seed(s)             -- restart the default generator (as torch.manual_seed)
 --   local g = T.generator(s)     -- a generator of its own: g:randn(shape, dtype),
---   T.randn(shape, g, dtype)     -- or passed in place of the seed
-local function seed_state(seed, level)
+--   T.randn(shape, g, dtype)     -- g:rand(shape, dtype), or passed in place of the seed
+local function seed_state(seed, what)
   if type(seed) ~= "number" or seed ~= math.floor(seed) or math.abs(seed) >= 2 ^ 53 then
-    error("randn: seed must be an integer (|seed| < 2^53) or a generator, got " .. tostring(seed), level + 1)
+    blame(E.EINVAL, "%s: seed must be an integer (|seed| < 2^53) or a generator, got %s", what, tostring(seed))
   end
   return ffi.new("uint64_t[1]", seed * 2654435761ULL + 0x9E3779B97F4A7C15ULL)
+end
+
+-- The generator state a seed argument names: nil the default generator's,
+-- a generator its own, a number a fresh one.
+local function state_of(seed, what)
+  if seed == nil then return T.default_generator.state end
+  if T.is_generator(seed) then return seed.state end
+  return seed_state(seed, what)
+end
+
+-- The next 64 bits of a state (splitmix64).
+local function next_bits(state)
+  state[0] = state[0] + 0x9E3779B97F4A7C15ULL
+  local z = state[0]
+  z = bit.bxor(z, bit.rshift(z, 30)) * 0xBF58476D1CE4E5B9ULL
+  z = bit.bxor(z, bit.rshift(z, 27)) * 0x94D049BB133111EBULL
+  return bit.bxor(z, bit.rshift(z, 31))
 end
 
 local function fill_normal(t, state)
   local n = t:numel()
   local p = ffi.cast(CTYPES[t.scalar], t.data)
-  local function next_u()
-    state[0] = state[0] + 0x9E3779B97F4A7C15ULL
-    local z = state[0]
-    z = bit.bxor(z, bit.rshift(z, 30)) * 0xBF58476D1CE4E5B9ULL
-    z = bit.bxor(z, bit.rshift(z, 27)) * 0x94D049BB133111EBULL
-    z = bit.bxor(z, bit.rshift(z, 31))
-    return (tonumber(bit.rshift(z, 11)) + 0.5) / 9007199254740992
+  local function next_u() -- in (0, 1): log(u1) is finite
+    return (tonumber(bit.rshift(next_bits(state), 11)) + 0.5) / 9007199254740992
   end
   local i = 0
   while i < n do
@@ -203,23 +209,39 @@ local function fill_normal(t, state)
   return t
 end
 
+-- Uniform on [0, 1): the top 53 bits / 2^53 for float64, the top 24 / 2^24
+-- for float32 (exact in the dtype, so never rounded up to 1), as torch
+-- draws them.
+local function fill_uniform(t, state)
+  local n = t:numel()
+  local p = ffi.cast(CTYPES[t.scalar], t.data)
+  local bits = t.scalar == C.MU_F64 and 53 or t.scalar == C.MU_F32 and 24 or 8 -- (8: narrower dtypes)
+  local scale = 2 ^ -bits
+  for i = 0, n - 1 do p[i] = tonumber(bit.rshift(next_bits(state), 64 - bits)) * scale end
+  return t
+end
+
 local Generator = {}
 Generator.__index = Generator
 
 function T.generator(seed)
-  return setmetatable({ state = seed_state(seed == nil and 0 or seed, 2) }, Generator)
+  return setmetatable({ state = seed_state(seed == nil and 0 or seed, "generator") }, Generator)
 end
 
 function T.is_generator(g) return getmetatable(g) == Generator end
 
 -- Restart at seed (an integer, |seed| < 2^53).
 function Generator:manual_seed(seed)
-  self.state = seed_state(seed, 2)
+  self.state = seed_state(seed, "manual_seed")
   return self
 end
 
 function Generator:randn(shape, dtype)
   return fill_normal(T.zeros(shape, dtype), self.state)
+end
+
+function Generator:rand(shape, dtype)
+  return fill_uniform(T.zeros(shape, dtype), self.state)
 end
 
 T.default_generator = T.generator(0)
@@ -230,11 +252,11 @@ function T.manual_seed(seed)
 end
 
 function T.randn(shape, seed, dtype)
-  local state
-  if seed == nil then state = T.default_generator.state
-  elseif T.is_generator(seed) then state = seed.state
-  else state = seed_state(seed, 2) end
-  return fill_normal(T.zeros(shape, dtype), state)
+  return fill_normal(T.zeros(shape, dtype), state_of(seed, "randn"))
+end
+
+function T.rand(shape, seed, dtype)
+  return fill_uniform(T.zeros(shape, dtype), state_of(seed, "rand"))
 end
 
 -- Argument checks raise EINVAL error objects naming the argument. An
@@ -250,14 +272,14 @@ local function check_dim(t, d, what)
 end
 
 function methods:size(d)
-  if d ~= nil then return tonumber(self.dims[check_dim(self, d, "size", 2)]) end
+  if d ~= nil then return tonumber(self.dims[check_dim(self, d, "size")]) end
   local s = {}
   for i = 0, self.ndim - 1 do s[i + 1] = tonumber(self.dims[i]) end
   return s
 end
 
 function methods:stride(d)
-  if d ~= nil then return tonumber(self.strides[check_dim(self, d, "stride", 2)]) end
+  if d ~= nil then return tonumber(self.strides[check_dim(self, d, "stride")]) end
   local s = {}
   for i = 0, self.ndim - 1 do s[i + 1] = tonumber(self.strides[i]) end
   return s
@@ -276,7 +298,7 @@ function methods:view(shape)
   end
   local arr, n = shape_array(shape)
   local box = out_box()
-  check(C.mu_tensor_view(self, n, arr, box), "view", 2)
+  check(C.mu_tensor_view(self, n, arr, box), "view")
   return adopt(box)
 end
 
@@ -288,14 +310,14 @@ end
 
 function methods:transpose(d1, d2)
   local box = out_box()
-  check(C.mu_tensor_transpose(self, check_dim(self, d1, "transpose", 2),
-    check_dim(self, d2, "transpose", 2), box), "transpose", 2)
+  check(C.mu_tensor_transpose(self, check_dim(self, d1, "transpose"),
+    check_dim(self, d2, "transpose"), box), "transpose")
   return adopt(box)
 end
 
 -- narrow(dim, start, length): start is 1-based.
 function methods:narrow(d, start, length)
-  local dim = check_dim(self, d, "narrow", 2)
+  local dim = check_dim(self, d, "narrow")
   if not is_integer(start) then E.raise(E.EINVAL, "narrow: start must be an integer, got %s", tostring(start)) end
   if not is_integer(length) then E.raise(E.EINVAL, "narrow: length must be an integer, got %s", tostring(length)) end
   local size = tonumber(self.dims[dim])
@@ -303,7 +325,7 @@ function methods:narrow(d, start, length)
     E.raise(E.EINVAL, "narrow: [%.0f, %.0f] out of range 1..%d in dim %d", start, start + length - 1, size, d)
   end
   local box = out_box()
-  check(C.mu_tensor_narrow(self, dim, start - 1, length, box), "narrow", 2)
+  check(C.mu_tensor_narrow(self, dim, start - 1, length, box), "narrow")
   return adopt(box)
 end
 
@@ -311,13 +333,13 @@ end
 function methods:select(d, index)
   local n = self:narrow(d, index, 1)
   local box = out_box()
-  check(C.mu_tensor_squeeze(n, d - 1, box), "select", 2)
+  check(C.mu_tensor_squeeze(n, d - 1, box), "select")
   return adopt(box)
 end
 
 function methods:squeeze(d)
   local box = out_box()
-  check(C.mu_tensor_squeeze(self, check_dim(self, d, "squeeze", 2), box), "squeeze", 2)
+  check(C.mu_tensor_squeeze(self, check_dim(self, d, "squeeze"), box), "squeeze")
   return adopt(box)
 end
 
@@ -326,19 +348,19 @@ function methods:unsqueeze(d)
     E.raise(E.EINVAL, "unsqueeze: dim %s out of range 1..%d", tostring(d), self.ndim + 1)
   end
   local box = out_box()
-  check(C.mu_tensor_unsqueeze(self, d - 1, box), "unsqueeze", 2)
+  check(C.mu_tensor_unsqueeze(self, d - 1, box), "unsqueeze")
   return adopt(box)
 end
 
 function methods:contiguous()
   local box = out_box()
-  check(C.mu_tensor_contiguous(self, box), "contiguous", 2)
+  check(C.mu_tensor_contiguous(self, box), "contiguous")
   return adopt(box)
 end
 
 function methods:clone(dtype)
   local box = out_box()
-  check(C.mu_tensor_clone(self, dtype and dtype_code(dtype, 2) or -1, box), "clone", 2)
+  check(C.mu_tensor_clone(self, dtype and dtype_code(dtype) or -1, box), "clone")
   return adopt(box)
 end
 
@@ -348,14 +370,14 @@ function methods:to(dtype)
 end
 
 function methods:copy(src)
-  if not T.is_tensor(src) then raise(E.EINVAL, "copy: source is not a tensor", 2) end
-  check(C.mu_tensor_copy(self, src), nil, 2) -- C names copy in its messages
+  if not T.is_tensor(src) then blame(E.EINVAL, "copy: source is not a tensor") end
+  check(C.mu_tensor_copy(self, src)) -- C names copy in its messages
   return self
 end
 
 function methods:fill(v)
   if type(v) ~= "number" then E.raise(E.EINVAL, "fill: value must be a number, got %s", type(v)) end
-  check(C.mu_tensor_fill(self, v), nil, 2)
+  check(C.mu_tensor_fill(self, v))
   return self
 end
 
@@ -363,7 +385,7 @@ function methods:zero() return self:fill(0) end
 
 function methods:all_finite()
   local rc = C.mu_tensor_all_finite(self, nil)
-  if rc < 0 then check(rc, nil, 2) end
+  if rc < 0 then check(rc) end
   return rc ~= 0
 end
 
@@ -387,14 +409,14 @@ end
 function methods:get(...)
   local idx = { ... }
   local out = ffi.new("double[1]")
-  check(C.mu_tensor_get(self, index_array(self, idx, 1, select("#", ...)), out), "get", 2)
+  check(C.mu_tensor_get(self, index_array(self, idx, 1, select("#", ...)), out), "get")
   return out[0]
 end
 
 function methods:set(v, ...)
   if type(v) ~= "number" then E.raise(E.EINVAL, "set: value must be a number, got %s", type(v)) end
   local idx = { ... }
-  check(C.mu_tensor_set(self, index_array(self, idx, 1, select("#", ...)), v), "set", 2)
+  check(C.mu_tensor_set(self, index_array(self, idx, 1, select("#", ...)), v), "set")
   return self
 end
 
@@ -430,8 +452,8 @@ function methods:flat()
 end
 
 function methods:save(path)
-  if type(path) ~= "string" then raise(E.EINVAL, "save: path must be a string", 2) end
-  check(C.mu_npy_save(self, path), "save", 2)
+  if type(path) ~= "string" then blame(E.EINVAL, "save: path must be a string") end
+  check(C.mu_npy_save(self, path), "save")
   return self
 end
 
@@ -461,11 +483,11 @@ end
 -- New contiguous tensor of dtype code `code` and shape `dims` (a Lua array
 -- of at most MU_MAX_DIMS sizes taken from existing tensors).
 local new_shape, new_box = i64_arr(C.MU_MAX_DIMS), out_box()
-local function new_tensor(code, dims, what, level)
+local function new_tensor(code, dims, what)
   local n = #dims
   for i = 1, n do new_shape[i - 1] = dims[i] end
   local rc = C.mu_tensor_new(code, n, new_shape, new_box)
-  if rc ~= 0 then check(rc, what, level + 1) end
+  if rc ~= 0 then check(rc, what) end
   return adopt(new_box)
 end
 
@@ -481,20 +503,20 @@ local function ref_name_of(sp, ops, ref)
   end
 end
 
-local function broadcast_error(sp, ops, level)
+local function broadcast_error(sp, ops)
   local shown, shapes = {}, {}
   for i = 1, sp.arity do
     if is_tensor(ops[i]) then
       shown[#shown + 1], shapes[#shapes + 1] = sp.names[i], shape_str(ops[i])
     end
   end
-  raise(E.ESHAPE, ("%s: shapes %s are not broadcastable"):format(sp.name, list_str(shown, shapes)), level + 1)
+  blame(E.ESHAPE, ("%s: shapes %s are not broadcastable"):format(sp.name, list_str(shown, shapes)))
 end
 
 -- out = op(a, b, c) (out nil: a new tensor of the broadcast shape). p holds
 -- the op's scalar parameters (alpha, value, lo, hi). Messages are built only
 -- on failure: this runs per op of every hook call.
-local function run_map(sp, out, a, b, c, p, level)
+local function run_map(sp, out, a, b, c, p)
   local name, names, arity = sp.name, sp.names, sp.arity
   local ops = { a, b, c }
   local ref = ops[sp.self_index]
@@ -510,18 +532,18 @@ local function run_map(sp, out, a, b, c, p, level)
     if is_tensor(v) then
       -- a handle with bad fields fails here, before a result is allocated
       local rc = C.mu_tensor_check(v)
-      if rc ~= 0 then check(rc, name .. ": " .. names[i], level + 1) end
+      if rc ~= 0 then check(rc, name .. ": " .. names[i]) end
       if v.scalar ~= ref.scalar then
-        raise(E.EDTYPE, ("%s: dtype mismatch: %s is %s but %s is %s"):format(name, names[i], DTYPE_NAMES[v.scalar],
-          ref_name_of(sp, ops, ref), DTYPE_NAMES[ref.scalar]), level + 1)
+        blame(E.EDTYPE, ("%s: dtype mismatch: %s is %s but %s is %s"):format(name, names[i], DTYPE_NAMES[v.scalar],
+          ref_name_of(sp, ops, ref), DTYPE_NAMES[ref.scalar]))
       end
       if v.ndim > nd then nd = v.ndim end
     elseif type(v) ~= "number" or not sp.numbers[i] then
-      raise(E.EINVAL, ("%s: %s must be a tensor%s, got %s"):format(name, names[i], sp.numbers[i] and " or a number" or "",
-        type(v)), level + 1)
+      blame(E.EINVAL, ("%s: %s must be a tensor%s, got %s"):format(name, names[i], sp.numbers[i] and " or a number" or "",
+        type(v)))
     end
   end
-  if ref == nil then raise(E.EINVAL, name .. ": no tensor among the arguments", level + 1) end
+  if ref == nil then blame(E.EINVAL, name .. ": no tensor among the arguments") end
   -- broadcast shape (NumPy rules)
   local dims = {}
   for i = 1, nd do dims[i] = 1 end
@@ -532,7 +554,7 @@ local function run_map(sp, out, a, b, c, p, level)
       for j = 0, t.ndim - 1 do
         local d, k = tonumber(t.dims[j]), lead + j + 1
         if d ~= dims[k] and d ~= 1 then
-          if dims[k] ~= 1 then broadcast_error(sp, ops, level + 1) end
+          if dims[k] ~= 1 then broadcast_error(sp, ops) end
           dims[k] = d
         end
       end
@@ -542,11 +564,11 @@ local function run_map(sp, out, a, b, c, p, level)
     local same = out.ndim == nd
     for i = 1, nd do same = same and tonumber(out.dims[i - 1]) == dims[i] end
     if not same then
-      raise(E.ESHAPE, ("%s: self's shape %s does not match the broadcast shape [%s] (in-place ops cannot grow self)")
-        :format(name, shape_str(out), table.concat(dims, ", ")), level + 1)
+      blame(E.ESHAPE, ("%s: self's shape %s does not match the broadcast shape [%s] (in-place ops cannot grow self)")
+        :format(name, shape_str(out), table.concat(dims, ", ")))
     end
   else
-    out = new_tensor(ref.scalar, dims, name, level + 1)
+    out = new_tensor(ref.scalar, dims, name)
   end
   local m = map_args
   m.op = sp.op
@@ -563,20 +585,19 @@ local function run_map(sp, out, a, b, c, p, level)
   -- C's messages name the C op and its operand roles (add: other ...);
   -- ops built on another C op (masked_fill on where) add their own name.
   local rc = C.mu_tensor_map(m, out)
-  if rc ~= 0 then check(rc, sp.prefix, level + 1) end
+  if rc ~= 0 then check(rc, sp.prefix) end
   return out
 end
 
-local function number_arg(v, default, name, what, level)
+local function number_arg(v, default, name, what)
   if v == nil then return default end
-  if type(v) ~= "number" then raise(E.EINVAL, ("%s: %s must be a number, got %s"):format(name, what, type(v)), level + 1) end
+  if type(v) ~= "number" then blame(E.EINVAL, ("%s: %s must be a number, got %s"):format(name, what, type(v))) end
   return v
 end
 
 -- Out-of-place and in-place (name_) forms of each op, as methods (self
--- first) and module functions (T.add(a, b)). They return (f(...)), not a
--- tail call f(...), so that level 2 in f is their caller's line.
--- T.math_names lists them (the sandbox offers exactly these).
+-- first) and module functions (T.add(a, b)). T.math_names lists them (the
+-- sandbox offers exactly these).
 T.math_names = {}
 local function define(name, fn)
   methods[name] = fn
@@ -591,11 +612,11 @@ for _, name in ipairs({ "add", "sub" }) do
   local op = name == "add" and C.MU_MAP_ADD or C.MU_MAP_SUB
   local s, s_ = spec(name, op, SELF_OTHER, NUM2), spec(name .. "_", op, SELF_OTHER, NUM2)
   define(name, function(self, other, alpha)
-    return (run_map(s, nil, self, other, nil, { alpha = number_arg(alpha, 1, name, "alpha", 2) }, 2))
+    return run_map(s, nil, self, other, nil, { alpha = number_arg(alpha, 1, name, "alpha") })
   end)
   define(name .. "_", function(self, other, alpha)
-    if not is_tensor(self) then raise(E.EINVAL, name .. "_: self must be a tensor, got " .. type(self), 2) end
-    return (run_map(s_, self, self, other, nil, { alpha = number_arg(alpha, 1, name .. "_", "alpha", 2) }, 2))
+    if not is_tensor(self) then blame(E.EINVAL, name .. "_: self must be a tensor, got " .. type(self)) end
+    return run_map(s_, self, self, other, nil, { alpha = number_arg(alpha, 1, name .. "_", "alpha") })
   end)
 end
 
@@ -604,10 +625,10 @@ for _, d in ipairs({ { "mul", C.MU_MAP_MUL }, { "div", C.MU_MAP_DIV }, { "gt", C
   { "ge", C.MU_MAP_GE }, { "le", C.MU_MAP_LE }, { "eq", C.MU_MAP_EQ }, { "ne", C.MU_MAP_NE } }) do
   local name, op = d[1], d[2]
   local s, s_ = spec(name, op, SELF_OTHER, NUM2), spec(name .. "_", op, SELF_OTHER, NUM2)
-  define(name, function(self, other) return (run_map(s, nil, self, other, nil, nil, 2)) end)
+  define(name, function(self, other) return run_map(s, nil, self, other, nil, nil) end)
   define(name .. "_", function(self, other)
-    if not is_tensor(self) then raise(E.EINVAL, name .. "_: self must be a tensor, got " .. type(self), 2) end
-    return (run_map(s_, self, self, other, nil, nil, 2))
+    if not is_tensor(self) then blame(E.EINVAL, name .. "_: self must be a tensor, got " .. type(self)) end
+    return run_map(s_, self, self, other, nil, nil)
   end)
 end
 
@@ -617,11 +638,11 @@ for _, d in ipairs({ { "addcmul", C.MU_MAP_ADDCMUL }, { "addcdiv", C.MU_MAP_ADDC
   local names, nums = { "self", "tensor1", "tensor2" }, { false, true, true }
   local s, s_ = spec(name, op, names, nums), spec(name .. "_", op, names, nums)
   define(name, function(self, t1, t2, value)
-    return (run_map(s, nil, self, t1, t2, { value = number_arg(value, 1, name, "value", 2) }, 2))
+    return run_map(s, nil, self, t1, t2, { value = number_arg(value, 1, name, "value") })
   end)
   define(name .. "_", function(self, t1, t2, value)
-    return (run_map(s_, is_tensor(self) and self or nil, self, t1, t2,
-      { value = number_arg(value, 1, name .. "_", "value", 2) }, 2))
+    return run_map(s_, is_tensor(self) and self or nil, self, t1, t2,
+      { value = number_arg(value, 1, name .. "_", "value") })
   end)
 end
 
@@ -629,33 +650,34 @@ end
 do
   local names, nums = { "self", "end", "weight" }, { false, false, true }
   local s, s_ = spec("lerp", C.MU_MAP_LERP, names, nums), spec("lerp_", C.MU_MAP_LERP, names, nums)
-  define("lerp", function(self, e, weight) return (run_map(s, nil, self, e, weight, nil, 2)) end)
+  define("lerp", function(self, e, weight) return run_map(s, nil, self, e, weight, nil) end)
   define("lerp_", function(self, e, weight)
-    return (run_map(s_, is_tensor(self) and self or nil, self, e, weight, nil, 2))
+    return run_map(s_, is_tensor(self) and self or nil, self, e, weight, nil)
   end)
 end
 
 -- Unary ops.
 for _, d in ipairs({ { "neg", C.MU_MAP_NEG }, { "abs", C.MU_MAP_ABS }, { "sqrt", C.MU_MAP_SQRT },
-  { "rsqrt", C.MU_MAP_RSQRT }, { "sign", C.MU_MAP_SIGN } }) do
+  { "rsqrt", C.MU_MAP_RSQRT }, { "sign", C.MU_MAP_SIGN }, { "exp", C.MU_MAP_EXP }, { "log", C.MU_MAP_LOG },
+  { "tanh", C.MU_MAP_TANH }, { "sigmoid", C.MU_MAP_SIGMOID } }) do
   local name, op = d[1], d[2]
   local s, s_ = spec(name, op, { "self" }, { false }), spec(name .. "_", op, { "self" }, { false })
-  define(name, function(self) return (run_map(s, nil, self, nil, nil, nil, 2)) end)
-  define(name .. "_", function(self) return (run_map(s_, is_tensor(self) and self or nil, self, nil, nil, nil, 2)) end)
+  define(name, function(self) return run_map(s, nil, self, nil, nil, nil) end)
+  define(name .. "_", function(self) return run_map(s_, is_tensor(self) and self or nil, self, nil, nil, nil) end)
 end
 
 -- clamp(min, max): either bound may be nil (not both).
 do
   local s, s_ = spec("clamp", C.MU_MAP_CLAMP, { "self" }, { false }), spec("clamp_", C.MU_MAP_CLAMP, { "self" }, { false })
-  local function bounds(name, lo, hi, level)
-    if lo == nil and hi == nil then raise(E.EINVAL, name .. ": at least one of min and max must be given", level + 1) end
-    lo, hi = number_arg(lo, -math.huge, name, "min", level + 1), number_arg(hi, math.huge, name, "max", level + 1)
-    if lo ~= lo or hi ~= hi then raise(E.EINVAL, name .. ": min and max must not be NaN", level + 1) end
+  local function bounds(name, lo, hi)
+    if lo == nil and hi == nil then blame(E.EINVAL, name .. ": at least one of min and max must be given") end
+    lo, hi = number_arg(lo, -math.huge, name, "min"), number_arg(hi, math.huge, name, "max")
+    if lo ~= lo or hi ~= hi then blame(E.EINVAL, name .. ": min and max must not be NaN") end
     return { lo = lo, hi = hi }
   end
-  define("clamp", function(self, lo, hi) return (run_map(s, nil, self, nil, nil, bounds("clamp", lo, hi, 2), 2)) end)
+  define("clamp", function(self, lo, hi) return run_map(s, nil, self, nil, nil, bounds("clamp", lo, hi)) end)
   define("clamp_", function(self, lo, hi)
-    return (run_map(s_, is_tensor(self) and self or nil, self, nil, nil, bounds("clamp_", lo, hi, 2), 2))
+    return run_map(s_, is_tensor(self) and self or nil, self, nil, nil, bounds("clamp_", lo, hi))
   end)
 end
 
@@ -663,53 +685,53 @@ end
 -- (condition a 0/1 comparison result or any tensor; NaN counts as true).
 do
   local s = spec("where", C.MU_MAP_WHERE, { "condition", "input", "other" }, { false, true, true }, 2)
-  function T.where(cond, a, b) return (run_map(s, nil, cond, a, b, nil, 2)) end
+  function T.where(cond, a, b) return run_map(s, nil, cond, a, b, nil) end
   -- torch's Tensor.where(condition, other)
-  function methods:where(cond, other) return (run_map(s, nil, cond, self, other, nil, 2)) end
+  function methods:where(cond, other) return run_map(s, nil, cond, self, other, nil) end
   T.math_names[#T.math_names + 1] = "where"
   local names, nums = { "mask", "value", "self" }, { false, true, false }
   local m, m_ = spec("masked_fill", C.MU_MAP_WHERE, names, nums, 3), spec("masked_fill_", C.MU_MAP_WHERE, names, nums, 3)
   m.prefix, m_.prefix = "masked_fill", "masked_fill_"
-  local function value_arg(name, v, level)
-    if type(v) ~= "number" then raise(E.EINVAL, ("%s: value must be a number, got %s"):format(name, type(v)), level + 1) end
+  local function value_arg(name, v)
+    if type(v) ~= "number" then blame(E.EINVAL, ("%s: value must be a number, got %s"):format(name, type(v))) end
     return v
   end
   define("masked_fill", function(self, mask, value)
-    return (run_map(m, nil, mask, value_arg("masked_fill", value, 2), self, nil, 2))
+    return run_map(m, nil, mask, value_arg("masked_fill", value), self, nil)
   end)
   define("masked_fill_", function(self, mask, value)
-    return (run_map(m_, is_tensor(self) and self or nil, mask, value_arg("masked_fill_", value, 2), self, nil, 2))
+    return run_map(m_, is_tensor(self) and self or nil, mask, value_arg("masked_fill_", value), self, nil)
   end)
 end
 
 -- Reductions. dim: 1-based, negative counts from the end; nil reduces every
 -- element and returns a Lua number (the double accumulator, not rounded to
 -- float32), or with keepdim = true a tensor of size-1 dims (rounded).
-local function reduce_dim(t, d, name, level)
+local function reduce_dim(t, d, name)
   local nd = t.ndim
-  if nd == 0 then raise(E.EINVAL, ("%s: a 0-D tensor has no dim %s (reduce it with dim = nil)"):format(name, tostring(d)), level + 1) end
+  if nd == 0 then blame(E.EINVAL, ("%s: a 0-D tensor has no dim %s (reduce it with dim = nil)"):format(name, tostring(d))) end
   if type(d) ~= "number" or d ~= math.floor(d) or d == 0 or d > nd or d < -nd then
-    raise(E.EINVAL, ("%s: dim %s out of range for a %d-D tensor (1..%d or -%d..-1)"):format(name, tostring(d), nd, nd, nd), level + 1)
+    blame(E.EINVAL, ("%s: dim %s out of range for a %d-D tensor (1..%d or -%d..-1)"):format(name, tostring(d), nd, nd, nd))
   end
   return d < 0 and nd + d + 1 or d
 end
 
-local function reduce(name, op, t, dim, keepdim, level)
-  if not is_tensor(t) then raise(E.EINVAL, name .. ": self must be a tensor, got " .. type(t), level + 1) end
+local function reduce(name, op, t, dim, keepdim)
+  if not is_tensor(t) then blame(E.EINVAL, name .. ": self must be a tensor, got " .. type(t)) end
   if keepdim ~= nil and type(keepdim) ~= "boolean" then
-    raise(E.EINVAL, name .. ": keepdim must be a boolean, got " .. type(keepdim), level + 1)
+    blame(E.EINVAL, name .. ": keepdim must be a boolean, got " .. type(keepdim))
   end
-  check(C.mu_tensor_check(t), name, level + 1)
+  check(C.mu_tensor_check(t), name)
   if dim == nil then
     local v = ffi.new("double[1]")
-    if op == C.MU_REDUCE_AMAX and t:numel() == 0 then raise(E.ESHAPE, "amax: the tensor is empty (no identity)", level + 1) end
-    check(C.mu_tensor_reduce_all(t, op, v), nil, level + 1)
+    if op == C.MU_REDUCE_AMAX and t:numel() == 0 then blame(E.ESHAPE, "amax: the tensor is empty (no identity)") end
+    check(C.mu_tensor_reduce_all(t, op, v))
     if not keepdim then return v[0] end
     local dims = {}
     for i = 1, t.ndim do dims[i] = 1 end
-    return new_tensor(t.scalar, dims, name, level + 1):fill(v[0])
+    return new_tensor(t.scalar, dims, name):fill(v[0])
   end
-  local d = reduce_dim(t, dim, name, level + 1)
+  local d = reduce_dim(t, dim, name)
   local dims = {}
   for i = 1, t.ndim do
     if i ~= d then dims[#dims + 1] = tonumber(t.dims[i - 1]) elseif keepdim then dims[#dims + 1] = 1 end
@@ -717,75 +739,75 @@ local function reduce(name, op, t, dim, keepdim, level)
   if op == C.MU_REDUCE_AMAX and t.dims[d - 1] == 0 then
     local n = 1
     for _, s in ipairs(dims) do n = n * s end
-    if n > 0 then raise(E.ESHAPE, ("amax: dim %d has size 0 (no identity)"):format(d), level + 1) end
+    if n > 0 then blame(E.ESHAPE, ("amax: dim %d has size 0 (no identity)"):format(d)) end
   end
-  local out = new_tensor(t.scalar, dims, name, level + 1)
-  check(C.mu_tensor_reduce(t, op, d - 1, out), nil, level + 1)
+  local out = new_tensor(t.scalar, dims, name)
+  check(C.mu_tensor_reduce(t, op, d - 1, out))
   return out
 end
 
-define("sum", function(self, dim, keepdim) return (reduce("sum", C.MU_REDUCE_SUM, self, dim, keepdim, 2)) end)
-define("mean", function(self, dim, keepdim) return (reduce("mean", C.MU_REDUCE_MEAN, self, dim, keepdim, 2)) end)
-define("amax", function(self, dim, keepdim) return (reduce("amax", C.MU_REDUCE_AMAX, self, dim, keepdim, 2)) end)
+define("sum", function(self, dim, keepdim) return reduce("sum", C.MU_REDUCE_SUM, self, dim, keepdim) end)
+define("mean", function(self, dim, keepdim) return reduce("mean", C.MU_REDUCE_MEAN, self, dim, keepdim) end)
+define("amax", function(self, dim, keepdim) return reduce("amax", C.MU_REDUCE_AMAX, self, dim, keepdim) end)
 -- norm(p, dim, keepdim): the 2-norm (p nil, 2 or "fro"), accumulated in double.
 define("norm", function(self, p, dim, keepdim)
   if p ~= nil and p ~= 2 and p ~= "fro" then
-    raise(E.EINVAL, "norm: only p = 2 (\"fro\") is supported, got " .. tostring(p), 2)
+    blame(E.EINVAL, "norm: only p = 2 (\"fro\") is supported, got " .. tostring(p))
   end
-  return (reduce("norm", C.MU_REDUCE_NORM, self, dim, keepdim, 2))
+  return reduce("norm", C.MU_REDUCE_NORM, self, dim, keepdim)
 end)
 
 -- Matrix products through OpenBLAS (float32 sgemm / float64 dgemm).
-local function product(name, a, b, level)
-  if not is_tensor(a) then raise(E.EINVAL, name .. ": self must be a tensor, got " .. type(a), level + 1) end
-  if not is_tensor(b) then raise(E.EINVAL, name .. ": other must be a tensor, got " .. type(b), level + 1) end
-  check(C.mu_tensor_check(a), name .. ": self", level + 1)
-  check(C.mu_tensor_check(b), name .. ": other", level + 1)
+local function product(name, a, b)
+  if not is_tensor(a) then blame(E.EINVAL, name .. ": self must be a tensor, got " .. type(a)) end
+  if not is_tensor(b) then blame(E.EINVAL, name .. ": other must be a tensor, got " .. type(b)) end
+  check(C.mu_tensor_check(a), name .. ": self")
+  check(C.mu_tensor_check(b), name .. ": other")
   if a.scalar ~= b.scalar then
-    raise(E.EDTYPE, ("%s: dtype mismatch: self is %s but other is %s"):format(name, DTYPE_NAMES[a.scalar], DTYPE_NAMES[b.scalar]), level + 1)
+    blame(E.EDTYPE, ("%s: dtype mismatch: self is %s but other is %s"):format(name, DTYPE_NAMES[a.scalar], DTYPE_NAMES[b.scalar]))
   end
   local nd = a.ndim
   local k, kb = tonumber(a.dims[nd - 1]), tonumber(b.dims[b.ndim - 2])
   if k ~= kb then
-    raise(E.ESHAPE, ("%s: shapes %s and %s cannot be multiplied (%d != %d)"):format(name, shape_str(a), shape_str(b), k, kb), level + 1)
+    blame(E.ESHAPE, ("%s: shapes %s and %s cannot be multiplied (%d != %d)"):format(name, shape_str(a), shape_str(b), k, kb))
   end
   local dims = {}
   if nd == 3 or b.ndim == 3 then
     local ba, bb = nd == 3 and tonumber(a.dims[0]) or 1, b.ndim == 3 and tonumber(b.dims[0]) or 1
     if ba ~= bb and ba ~= 1 and bb ~= 1 then
-      raise(E.ESHAPE, ("%s: batch sizes of %s and %s differ"):format(name, shape_str(a), shape_str(b)), level + 1)
+      blame(E.ESHAPE, ("%s: batch sizes of %s and %s differ"):format(name, shape_str(a), shape_str(b)))
     end
     dims[1] = math.max(ba, bb)
   end
   dims[#dims + 1] = tonumber(a.dims[nd - 2])
   dims[#dims + 1] = tonumber(b.dims[b.ndim - 1])
-  local out = new_tensor(a.scalar, dims, name, level + 1)
-  check(C.mu_tensor_matmul(a, b, out), nil, level + 1)
+  local out = new_tensor(a.scalar, dims, name)
+  check(C.mu_tensor_matmul(a, b, out))
   return out
 end
 
-local function need_dims(name, a, b, nd, level)
+local function need_dims(name, a, b, nd)
   for _, x in ipairs({ { "self", a }, { "other", b } }) do
-    if not is_tensor(x[2]) then raise(E.EINVAL, ("%s: %s must be a tensor, got %s"):format(name, x[1], type(x[2])), level + 1) end
+    if not is_tensor(x[2]) then blame(E.EINVAL, ("%s: %s must be a tensor, got %s"):format(name, x[1], type(x[2]))) end
   end
   if a.ndim ~= nd or b.ndim ~= nd then
-    raise(E.ESHAPE, ("%s: expected %d-D tensors, got %s and %s"):format(name, nd, shape_str(a), shape_str(b)), level + 1)
+    blame(E.ESHAPE, ("%s: expected %d-D tensors, got %s and %s"):format(name, nd, shape_str(a), shape_str(b)))
   end
 end
 
 -- mm: (n x k) @ (k x m).
 define("mm", function(self, other)
-  need_dims("mm", self, other, 2, 2)
-  return (product("mm", self, other, 2))
+  need_dims("mm", self, other, 2)
+  return product("mm", self, other)
 end)
 
 -- bmm: (b x n x k) @ (b x k x m), the same b.
 define("bmm", function(self, other)
-  need_dims("bmm", self, other, 3, 2)
+  need_dims("bmm", self, other, 3)
   if self.dims[0] ~= other.dims[0] then
-    raise(E.ESHAPE, ("bmm: batch sizes differ: %s and %s"):format(shape_str(self), shape_str(other)), 2)
+    blame(E.ESHAPE, ("bmm: batch sizes differ: %s and %s"):format(shape_str(self), shape_str(other)))
   end
-  return (product("bmm", self, other, 2))
+  return product("bmm", self, other)
 end)
 
 -- matmul as torch.matmul for up to 3 dims: 1-D operands are a row (left)
@@ -793,9 +815,9 @@ end)
 -- against a 3-D one is used for every batch.
 define("matmul", function(self, other)
   for _, x in ipairs({ { "self", self }, { "other", other } }) do
-    if not is_tensor(x[2]) then raise(E.EINVAL, ("matmul: %s must be a tensor, got %s"):format(x[1], type(x[2])), 2) end
+    if not is_tensor(x[2]) then blame(E.EINVAL, ("matmul: %s must be a tensor, got %s"):format(x[1], type(x[2]))) end
     if x[2].ndim < 1 or x[2].ndim > 3 then
-      raise(E.ESHAPE, ("matmul: %s has shape %s; 1-D, 2-D and 3-D tensors are supported"):format(x[1], shape_str(x[2])), 2)
+      blame(E.ESHAPE, ("matmul: %s has shape %s; 1-D, 2-D and 3-D tensors are supported"):format(x[1], shape_str(x[2])))
     end
   end
   local a, b = self, other
@@ -803,37 +825,42 @@ define("matmul", function(self, other)
   if b.ndim == 1 then b = b:unsqueeze(2) end
   if a.ndim == 3 and b.ndim == 2 then b = b:unsqueeze(1) end
   if a.ndim == 2 and b.ndim == 3 then a = a:unsqueeze(1) end
-  local out = product("matmul", a, b, 2)
+  local out = product("matmul", a, b)
   if other.ndim == 1 then out = out:squeeze(out.ndim) end -- the column
   if self.ndim == 1 then out = out:squeeze(other.ndim == 1 and out.ndim or out.ndim - 1) end -- the row
   return out
 end)
 
+-- pow, softmax, argmax, gather, cat, stack, the other constructors, torch's
+-- in-place names and the repr: lua/muon/tensor_math.lua.
+local tensor_math = require("muon.tensor_math")
+tensor_math.install(T, { define = define, spec = spec, run_map = run_map, reduce = reduce, reduce_dim = reduce_dim,
+  new_tensor = new_tensor, shape_str = shape_str, dtype_names = DTYPE_NAMES })
+
 -- Operators: tensor or number on either side (number - tensor and
 -- number / tensor are one operation each, a true division: torch computes
 -- n / x as x:reciprocal() * n). Comparisons are the methods gt, lt, ...
--- Errors blame the line with the operator (level 2 of the metamethod).
+-- Errors blame the line with the operator (the metamethod's caller).
 local function arith(name, op)
   local s = spec(name, op, SELF_OTHER, NUM2)
   local commutative = name == "add" or name == "mul"
   return function(a, b)
     if not is_tensor(a) and type(a) ~= "number" then
-      raise(E.EINVAL, ("%s: cannot combine a %s with a tensor"):format(name, type(a)), 2)
+      blame(E.EINVAL, ("%s: cannot combine a %s with a tensor"):format(name, type(a)))
     end
     if commutative and not is_tensor(a) then a, b = b, a end -- bitwise the same
-    return (run_map(s, nil, a, b, nil, nil, 2))
+    return run_map(s, nil, a, b, nil, nil)
   end
 end
 
 local mt = {
   __index = methods,
-  __tostring = function(self)
-    return ("tensor(%s, %s)"):format(table.concat(self:size(), "x"), self:dtype())
-  end,
+  __tostring = tensor_math.format,
   __add = arith("add", C.MU_MAP_ADD),
   __sub = arith("sub", C.MU_MAP_SUB),
   __mul = arith("mul", C.MU_MAP_MUL),
   __div = arith("div", C.MU_MAP_DIV),
+  __pow = arith("pow", C.MU_MAP_POW),
   __unm = function(a) return a:neg() end,
 }
 ffi.metatype("mu_tensor", mt)

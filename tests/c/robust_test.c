@@ -138,6 +138,11 @@ static void null_calls(void)
     NULL_CALL(MU_EINVAL, mu_tensor_matmul(NULL, T22, T22));
     NULL_CALL(MU_EINVAL, mu_tensor_matmul(T22, NULL, T22));
     NULL_CALL(MU_EINVAL, mu_tensor_matmul(T22, T22, NULL));
+    NULL_CALL(MU_EINVAL, mu_tensor_softmax(NULL, 0, 0, T22));
+    NULL_CALL(MU_EINVAL, mu_tensor_softmax(T22, 0, 0, NULL));
+    NULL_CALL(MU_EINVAL, mu_tensor_gather(NULL, 0, T22, 0, T22));
+    NULL_CALL(MU_EINVAL, mu_tensor_gather(T22, 0, NULL, 0, T22));
+    NULL_CALL(MU_EINVAL, mu_tensor_gather(T22, 0, T22, 0, NULL));
 
     /* npy, safetensors */
     NULL_CALL(MU_EINVAL, mu_file_check(NULL, NULL, 0));

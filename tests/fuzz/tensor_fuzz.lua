@@ -1,4 +1,7 @@
--- Tensor view fuzzer: random chains of views and ops on small tensors, with
+-- Tensor view fuzzer: random chains of views and ops on small tensors (the
+-- views, copy, add, the reductions, matmul, and the maths of
+-- lua/muon/tensor_math.lua: exp .. sigmoid, pow, softmax, argmax, gather,
+-- cat, stack, the constructors and tostring), with
 -- random and extreme arguments (0, +-1, 2^31, 2^32, 2^53, 2^63, NaN, inf,
 -- fractions). Every accepted result must address only elements inside its
 -- storage (checked here from its fields, independently of C's own check),
@@ -136,9 +139,9 @@ end
 local function step(r, pool)
   local t = r.pick(pool)
   local nd = t.ndim
-  local k = r.int(1, 16)
+  local k = r.int(1, 24)
   local o = r.pick(pool)
-  if (k == 8 or k == 11 or k == 12 or k == 13 or k == 14 or k == 15) and has_huge_dim(t, o) then k = 3 end
+  if (k == 8 or (k >= 11 and k <= 15) or (k >= 17 and k ~= 23)) and has_huge_dim(t, o) then k = 3 end
   if k == 1 then
     local shape = random_shape(r, 4, true)
     if r.chance(0.3) then shape[#shape + 1] = -1 end
@@ -185,6 +188,44 @@ local function step(r, pool)
     return op .. "(dim " .. tostring(d) .. ")", pcall(t[op], t, d, r.chance(0.5))
   elseif k == 15 then
     return "matmul(other)", pcall(T.matmul, t, o)
+  elseif k == 17 then
+    local op = r.pick({ "exp", "log", "tanh", "sigmoid" }) .. (r.chance(0.5) and "_" or "")
+    return op .. "()", pcall(t[op], t)
+  elseif k == 18 then
+    local e = r.chance(0.5) and o or r.pick({ 2, 3, -2, 0.5, -0.5, -1, 0, 1.5, 0 / 0 })
+    if r.chance(0.2) then return "pow(number, other)", pcall(T.pow, 2, o) end
+    local op = r.chance(0.5) and "pow_" or "pow"
+    return op .. "(" .. (T.is_tensor(e) and "other" or tostring(e)) .. ")", pcall(t[op], t, e)
+  elseif k == 19 then
+    local d = arg(r, nd)
+    local op = r.pick({ "softmax", "log_softmax" })
+    return ("%s(%s)"):format(op, d), pcall(t[op], t, d)
+  elseif k == 20 then
+    local d = r.chance(0.3) and nil or arg(r, nd)
+    return ("argmax(%s)"):format(tostring(d)), pcall(t.argmax, t, d, r.chance(0.5))
+  elseif k == 21 then
+    -- an index of t's rank, mostly within t's sizes and range, sometimes not
+    local d = arg(r, nd)
+    local shape, n = {}, 1
+    for i = 1, nd + (r.chance(0.1) and 1 or 0) do
+      shape[i] = r.int(0, (i <= nd and tonumber(t.dims[i - 1]) or 1) + (r.chance(0.1) and 1 or 0))
+      n = n * shape[i]
+    end
+    local vals = {}
+    for i = 1, n do vals[i] = r.chance(0.9) and r.int(1, 4) or r.pick({ 0, -1, 1.5, 0 / 0, 2 ^ 53, 1 / 0 }) end
+    local index = r.chance(0.2) and o or T.from(vals, shape, r.chance(0.5) and "float64" or nil)
+    return ("gather(%s, index%s)"):format(d, describe(index:size())), pcall(t.gather, t, d, index)
+  elseif k == 22 then
+    local d = arg(r, nd + 1)
+    local list = r.chance(0.7) and { t, o } or { t, t, r.chance(0.5) and t or T.zeros({ 0 }) }
+    local op = r.chance(0.5) and "cat" or "stack"
+    return ("%s({...}, %s)"):format(op, d), pcall(T[op], list, d)
+  elseif k == 23 then
+    return "tostring()", pcall(tostring, t)
+  elseif k == 24 then
+    local op = r.pick({ "zeros_like", "ones_like", "rand_like", "randn_like", "full_like" })
+    if op == "full_like" then return op .. "()", pcall(T.full_like, t, 0.5) end
+    return op .. "()", pcall(T[op], t, op:find("^rand") and r.int(1, 100) or nil)
   else
     local shape = random_shape(r, 3, true)
     -- only shapes that allocate nothing big: an empty one, or one that

@@ -2,50 +2,25 @@
 -- 1-D parameters, embeddings and heads. The math runs in C
 -- (foreach.adamw_update, then the same fused apply as Muon).
 --
--- This module is the AdamW *kind* for the step protocol (muon.step), and
--- muon.optim.AdamW(params, opts), a one-process optimizer over it.
+-- This module is the AdamW *kind* for the step protocol (muon.step, the
+-- contract in muon.optim.kind), and muon.optim.AdamW(params, opts), a
+-- one-process optimizer over it.
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
+local K = require("muon.optim.kind")
 
-local kind = { name = "adamw", ns = false, state_keys = { "exp_avg", "exp_avg_sq" }, counts_steps = true,
-  -- state whose overflow the update does not show (exp_avg_sq = Inf makes
-  -- the update 0); checked for NaN/Inf each step (muon.step)
-  hidden_state_keys = { "exp_avg_sq" } }
+local kind = { name = "adamw", class = "AdamW", counts_steps = true,
+  -- exp_avg_sq's overflow does not show in the update (Inf makes it 0):
+  -- checked for NaN/Inf each step (muon.step)
+  state = { { "exp_avg" }, { "exp_avg_sq", hidden = true } } }
 
--- torch.optim.AdamW's defaults.
-local DEFAULTS = { lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 1e-2, nonfinite = "error" }
-local ALLOWED = { lr = true, betas = true, eps = true, weight_decay = true, nonfinite = true }
-kind.DEFAULTS, kind.OPTIONS, kind.HOOKS = DEFAULTS, ALLOWED, {}
-
-local function check_betas(b, level)
-  if type(b) ~= "table" or #b ~= 2 then
-    error("betas must be a pair {beta1, beta2}, got " .. tostring(b), level + 1)
-  end
-  for i = 1, 2 do
-    O.number("betas[" .. i .. "]", b[i], 0, level + 1)
-    if b[i] >= 1 then
-      error(("betas[%d] must be in [0, 1), got %s"):format(i, tostring(b[i])), level + 1)
-    end
-  end
-end
-
-kind.SCHEDULABLE = {
-  lr = function(v, level) O.number("lr", v, 0, level + 1) end,
-  weight_decay = function(v, level) O.number("weight_decay", v, 0, level + 1) end,
-  eps = function(v, level) O.number("eps", v, 0, level + 1) end,
-  betas = check_betas,
+-- torch.optim.AdamW's defaults, checked in this order.
+kind.options = {
+  { "lr", 1e-3, O.number(0), schedulable = true, show = 1 },
+  { "eps", 1e-8, O.number(0), schedulable = true, show = 4 },
+  { "weight_decay", 1e-2, O.number(0), schedulable = true, show = 2 },
+  { "betas", { 0.9, 0.999 }, O.betas(), schedulable = true, show = 3 },
 }
-
-function kind.resolve(g, level)
-  O.number("lr", g.lr, 0, level + 1)
-  O.number("eps", g.eps, 0, level + 1)
-  O.number("weight_decay", g.weight_decay, 0, level + 1)
-  check_betas(g.betas, level + 1)
-  O.oneof("nonfinite", g.nonfinite, { "error", "skip" }, level + 1)
-end
-
-function kind.check_param() end
-function kind.whole() return false end
 
 -- Moments and update direction on the entries this rank keeps state for:
 -- entry = { p, grad, old = { exp_avg, exp_avg_sq }, new = {...}, u,
@@ -82,10 +57,4 @@ function kind.apply_coeffs(_, hp)
   return 1.0 - hp.lr * hp.weight_decay, 1.0
 end
 
-function kind.post_update() end
-
-local make = require("muon.optim.util").optimizer_class(kind, "AdamW")
-
-return setmetatable({ new = make.new, AdamW = make.class, kind = kind, DEFAULTS = DEFAULTS, OPTIONS = ALLOWED }, {
-  __call = function(_, params, opts) return make.new(params, opts, 3) end,
-})
+return K.module(kind)

@@ -14,185 +14,129 @@ local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
 local P = require("muon.param")
 local E = require("muon.errors")
+local K = require("muon.optim.kind")
 local per_dtype = require("muon.optim.util").per_dtype
 
-local kind = { name = "muon", ns = true, state_keys = { "momentum_buffer" },
-  -- an overflowing momentum shows in the NS input (muon.step checks it)
-  hidden_state_keys = {} }
+local function fail(fmt, ...) E.raise(E.EINVAL, fmt, ...) end
 
--- The seed's defaults (its Muon.__init__ and _MUON_ADVANCED_DEFAULTS), plus
--- extensions: ns_path, ns_method, scale_mode, nonfinite, ...
-local DEFAULTS = {
-  lr = 2e-2,
-  weight_decay = 0.1,
-  matched_adamw_rms = 0.2,
-  momentum = 0.95,
-  nesterov = true,
-  ns_steps = 5,
-  ns_variant = "asym5",
-  ns_epsilon = 1e-10,
-  zero_rms_scale_mode = "zero",
-  apply_lr_in_update = false,
-  ns_path = "symmetric", -- "symmetric" (syrk/symm) or "plain" (gemm)
-  ns_method = "standard", -- "standard", "gram" (iterate on X X^T) or "auto" (per shape)
-  scale_mode = "matched_adamw_rms", -- or "keller": sqrt(max(1, A/B))
-  nonfinite = "error", -- NaN/Inf gradient: "error" (atomic failure) or "skip" (skip the group's step)
-  weight_decay_mode = "decoupled", -- or "cautious": decay only where the update moves p towards 0
-  nd_mode = "batch", -- N-D: a batch of last-two-dim matrices, or "flatten": out x (the rest)
-}
--- Options whose default is nil.
-local NIL_DEFAULTS = {
-  ns_coefficients = true,
-  zeropower_fn = true,
-  momentum_update_fn = true,
-  reshape_fn = true,
-  ns_transform_fn = true,
-  post_update_fn = true,
-  post_ortho_fn = true, -- post_ortho_fn(O, state, ctx): after Newton-Schulz, before the scale
-  hook_state = true, -- { name = "rows" | "cols" | "matrix" | "scalar", ... }: per-parameter state of post_ortho_fn
-  -- The seed's optimizer-state replica group size (an integer, or a list
-  -- whose product is it): here the replicate axes of the mesh (dist.mesh),
-  -- checked against them (kind.replica_count).
-  hsdp_replica_count = true,
-}
-local HOOKS = { "zeropower_fn", "momentum_update_fn", "reshape_fn", "ns_transform_fn", "post_update_fn",
-  "post_ortho_fn" }
--- Shapes of hook state, per 2-D core matrix: one value per row, per column,
--- per element, or one.
-local HOOK_STATE_RULES = { rows = true, cols = true, matrix = true, scalar = true }
-
-local ALLOWED = {}
-for k in pairs(DEFAULTS) do ALLOWED[k] = true end
-for k in pairs(NIL_DEFAULTS) do ALLOWED[k] = true end
-kind.DEFAULTS, kind.OPTIONS, kind.HOOKS = DEFAULTS, ALLOWED, HOOKS
-
-local function momentum_pair(m, level)
+-- momentum: a number, or a list of one or two numbers (m1, m2).
+local function momentum_pair(m)
+  local num = O.number(0)
   if type(m) == "number" then
-    O.number("momentum", m, 0, level + 1)
+    num(m, "momentum")
     return m, m
   end
   if type(m) ~= "table" or (#m ~= 1 and #m ~= 2) then
-    error("momentum must be a number or a list of one or two numbers, got " .. tostring(m), level + 1)
+    fail("momentum must be a number or a list of one or two numbers, got %s", tostring(m))
   end
-  O.number("momentum[1]", m[1], 0, level + 1)
-  O.number("momentum[" .. #m .. "]", m[#m], 0, level + 1)
+  num(m[1], "momentum[1]")
+  num(m[#m], "momentum[" .. #m .. "]")
   return m[1], m[#m]
 end
 
--- The values a schedule may set per step, each with its check (raises a
--- message naming the key and the value). Used when a group is built and
--- again before every step, on the values that step will use.
-kind.SCHEDULABLE = {
-  lr = function(v, level) O.number("lr", v, 0, level + 1) end,
-  weight_decay = function(v, level) O.number("weight_decay", v, 0, level + 1) end,
-  matched_adamw_rms = function(v, level) O.number("matched_adamw_rms", v, 0, level + 1) end,
-  momentum = function(v, level) momentum_pair(v, level + 1) end,
-}
-
 -- hsdp_replica_count (nil, an integer >= 1 or a list of them) as one
 -- number: the product (1 for nil).
-function kind.replica_count(v, level)
+local function replica_count(v)
   if v == nil then return 1 end
   local list = type(v) == "table" and v or { v }
   local n = 0
   for _ in pairs(list) do n = n + 1 end
   if n == 0 or n ~= #list then
-    error("hsdp_replica_count must be an integer >= 1 or a list of them, got " .. tostring(v), level + 1)
+    fail("hsdp_replica_count must be an integer >= 1 or a list of them, got %s", tostring(v))
   end
   local prod = 1
   for i = 1, #list do
     local x = list[i]
     if type(x) ~= "number" or x ~= math.floor(x) or x < 1 or x > 2 ^ 31 then
-      error("hsdp_replica_count must be an integer >= 1 or a list of them, got " .. tostring(x), level + 1)
+      fail("hsdp_replica_count must be an integer >= 1 or a list of them, got %s", tostring(x))
     end
     prod = prod * x
   end
   return prod
 end
 
--- Validate one group's options (already merged with the defaults) as the seed
--- does, and attach the resolved Newton-Schulz schedule.
-function kind.resolve(g, level)
-  -- The seed's order: variant, epsilon, zero-rms mode, then coefficients.
-  local known = false
-  for _, v in ipairs(ns.VARIANTS) do known = known or v == g.ns_variant end
-  if not known then
-    local quoted = {}
-    for i, v in ipairs(ns.VARIANTS) do quoted[i] = "'" .. v .. "'" end
-    error(("ns_variant must be %s, or %s, got %s"):format(table.concat(quoted, ", ", 1, #quoted - 1),
-      quoted[#quoted], type(g.ns_variant) == "string" and ("'" .. g.ns_variant .. "'") or tostring(g.ns_variant)), level + 1)
+local function check_variant(v)
+  for _, known in ipairs(ns.VARIANTS) do
+    if v == known then return end
   end
-  if not O.is_finite(g.ns_epsilon) or g.ns_epsilon < 0 then
-    error(("ns_epsilon must be a finite non-negative value, got %s"):format(tostring(g.ns_epsilon)), level + 1)
-  end
-  O.oneof("zero_rms_scale_mode", g.zero_rms_scale_mode, { "zero", "use_lr" }, level + 1)
-  O.oneof("ns_path", g.ns_path, { "symmetric", "plain" }, level + 1)
-  O.oneof("ns_method", g.ns_method, ns.METHODS, level + 1)
-  O.oneof("scale_mode", g.scale_mode, { "matched_adamw_rms", "keller", "spectral" }, level + 1)
-  O.oneof("weight_decay_mode", g.weight_decay_mode, { "decoupled", "cautious" }, level + 1)
-  O.oneof("nd_mode", g.nd_mode, { "batch", "flatten" }, level + 1)
-  O.oneof("nonfinite", g.nonfinite, { "error", "skip" }, level + 1)
-  O.number("lr", g.lr, 0, level + 1)
-  O.number("weight_decay", g.weight_decay, 0, level + 1)
-  O.number("matched_adamw_rms", g.matched_adamw_rms, 0, level + 1)
-  O.boolean("nesterov", g.nesterov, level + 1)
-  O.boolean("apply_lr_in_update", g.apply_lr_in_update, level + 1)
-  O.integer("ns_steps", g.ns_steps, 0, level + 1) -- 0: normalize only (X / (||X|| + eps)), as the seed
-  if g.ns_variant ~= "custom" and g.ns_coefficients ~= nil then
-    error("ns_coefficients can only be provided when ns_variant='custom'", level + 1)
-  end
-  momentum_pair(g.momentum, level + 1)
-  kind.replica_count(g.hsdp_replica_count, level + 1)
-  for _, h in ipairs(HOOKS) do O.fn(h, g[h], level + 1) end
-  if g.hook_state ~= nil then
-    if type(g.hook_state) ~= "table" then
-      error("hook_state must be a table { name = 'rows' | 'cols' | 'matrix' | 'scalar', ... }, got "
-        .. type(g.hook_state), level + 1)
-    end
-    local names = {}
-    for k, v in pairs(g.hook_state) do
-      if type(k) ~= "string" or not k:match("^[%a_][%w_]*$") then
-        error("hook_state names must be identifiers, got " .. tostring(k), level + 1)
-      end
-      if not HOOK_STATE_RULES[v] then
-        error(("hook_state.%s must be 'rows', 'cols', 'matrix' or 'scalar', got %s"):format(k, tostring(v)), level + 1)
-      end
-      names[#names + 1] = k
-    end
-    table.sort(names)
-    if #names > 0 and g.post_ortho_fn == nil then
-      error("hook_state needs a post_ortho_fn (the hook that keeps it)", level + 1)
-    end
-    g._hook_keys = names
-  else
-    g._hook_keys = {}
-  end
+  local quoted = {}
+  for i, x in ipairs(ns.VARIANTS) do quoted[i] = "'" .. x .. "'" end
+  fail("ns_variant must be %s, or %s, got %s", table.concat(quoted, ", ", 1, #quoted - 1), quoted[#quoted],
+    type(v) == "string" and ("'" .. v .. "'") or tostring(v))
+end
+
+local function check_epsilon(v)
+  if not O.is_finite(v) or v < 0 then fail("ns_epsilon must be a finite non-negative value, got %s", tostring(v)) end
+end
+
+local function check_coefficients(v, _, g)
+  if g.ns_variant ~= "custom" and v ~= nil then fail("ns_coefficients can only be provided when ns_variant='custom'") end
+end
+
+local kind = { name = "muon", class = "Muon",
+  -- an overflowing momentum shows in the NS input (muon.step checks it)
+  state = { { "momentum_buffer" } } }
+
+-- The seed's options (its Muon.__init__ and _MUON_ADVANCED_DEFAULTS), with
+-- its checks and messages, in its order; then the extensions.
+kind.options = {
+  { "ns_variant", "asym5", check_variant, show = 6 },
+  { "ns_epsilon", 1e-10, check_epsilon },
+  { "zero_rms_scale_mode", "zero", O.oneof({ "zero", "use_lr" }) },
+  -- "symmetric" (syrk/symm) or "plain" (gemm)
+  { "ns_path", "symmetric", O.oneof({ "symmetric", "plain" }) },
+  -- "standard", "gram" (iterate on X X^T) or "auto" (per shape)
+  { "ns_method", "standard", O.oneof(ns.METHODS) },
+  -- or "keller": sqrt(max(1, A/B)); "spectral": sqrt(A/B)
+  { "scale_mode", "matched_adamw_rms", O.oneof({ "matched_adamw_rms", "keller", "spectral" }) },
+  -- or "cautious": decay only where the update moves p towards 0
+  { "weight_decay_mode", "decoupled", O.oneof({ "decoupled", "cautious" }) },
+  -- N-D: a batch of last-two-dim matrices, or "flatten": out x (the rest)
+  { "nd_mode", "batch", O.oneof({ "batch", "flatten" }) },
+  K.COMMON_OPTIONS,
+  { "lr", 2e-2, O.number(0), schedulable = true, show = 1 },
+  { "weight_decay", 0.1, O.number(0), schedulable = true, show = 2 },
+  { "matched_adamw_rms", 0.2, O.number(0), schedulable = true, show = 7 },
+  { "nesterov", true, O.boolean(), show = 4 },
+  { "apply_lr_in_update", false, O.boolean() },
+  -- 0: normalize only (X / (||X|| + eps)), as the seed
+  { "ns_steps", 5, O.integer(0), show = 5 },
+  { "ns_coefficients", nil, check_coefficients },
+  { "momentum", 0.95, momentum_pair, schedulable = true, show = 3 },
+  -- The seed's optimizer-state replica group size (an integer, or a list
+  -- whose product is it): here the replicate axes of the mesh (dist.mesh),
+  -- checked against them (kind.replica_count).
+  { "hsdp_replica_count", nil, replica_count },
+  K.HOOK_OPTIONS,
+}
+
+kind.replica_count = replica_count
+
+-- Across options, and the resolved Newton-Schulz schedule (g._ns) and hook
+-- state names (g._hook_keys).
+function kind.resolve(g)
+  local names = {}
+  for k in pairs(g.hook_state or {}) do names[#names + 1] = k end
+  table.sort(names)
+  g._hook_keys = names
   if g.post_ortho_fn ~= nil and (g.reshape_fn ~= nil or g.ns_transform_fn ~= nil) then
-    error("post_ortho_fn cannot be combined with reshape_fn or ns_transform_fn (it sees a parameter's own core matrices)",
-      level + 1)
+    fail("post_ortho_fn cannot be combined with reshape_fn or ns_transform_fn (it sees a parameter's own core matrices)")
   end
   local ok2, resolved = pcall(ns.resolve, {
     steps = g.ns_steps, variant = g.ns_variant, eps = g.ns_epsilon,
     coefficients = g.ns_coefficients, path = g.ns_path, method = g.ns_method,
   })
-  if not ok2 then error(tostring(resolved):gsub("^[^:]*:%d+: ", ""), level + 1) end
+  -- (until muon.ns raises position-free error objects: its string carries
+  -- the position of this call)
+  if not ok2 then E.raise(E.code(resolved) or E.EINVAL, "%s", (E.message(resolved):gsub("^[^:]*:%d+: ", ""))) end
   g._ns = resolved
 end
 
--- level nil: raise without position (inside a step).
-function kind.check_param(p, level)
+function kind.check_param(p)
   local shape = p.logical_shape or p.value:size()
   if #shape < 2 then
-    local msg = ("parameter '%s' is %d-D: 1D parameters are not supported in Muon (use AdamW)"):format(p.name, #shape)
-    if level then error(msg, level + 1) end
-    E.raise(E.EINVAL, msg)
+    fail("parameter '%s' is %d-D: 1D parameters are not supported in Muon (use AdamW)", p.name, #shape)
   end
-end
-
--- Parameters whose hooks see the whole parameter are orthogonalized whole
--- on one rank of a mesh (never split by batch slices).
-function kind.whole(group)
-  return group.reshape_fn ~= nil or group.ns_transform_fn ~= nil or group.post_ortho_fn ~= nil
 end
 
 -- Core shape (A, B) NS runs on (the one rule: muon.ns.core).
@@ -201,28 +145,31 @@ local function core_shape(shape, nd_mode)
   if a == nil then E.raise(E.EINVAL, "1D parameters are not supported in Muon") end
   return a, b
 end
-kind.core_shape = core_shape
 
--- The global shape of a parameter's hook state under a rule: the
--- parameter's shape with the core columns (rows, both) set to 1; the
--- post_ortho_fn sees it as (core matrices, rows or 1, cols or 1).
-function kind.hook_shape(rule, shape, nd_mode)
+-- A core dim of a hook state rule ("rows", "cols" or 1) for a core matrix
+-- a x b.
+local function rule_dim(x, a, b) return (x == "rows" and a) or (x == "cols" and b) or 1 end
+
+-- The global shape of a parameter's hook state under a rule
+-- (K.HOOK_STATE_RULES): the parameter's shape with the core dims the rule
+-- drops set to 1; the hook sees it as (core matrices, rows or 1, cols or 1).
+local function hook_shape(rule, shape, nd_mode)
+  local r = K.hook_state_rule(rule)
   local _, _, _, rows, cols = ns.core(shape, nd_mode)
   local out = {}
   for d = 1, #shape do
-    local one = (rule == "rows" and cols[d]) or (rule == "cols" and rows[d])
-      or (rule == "scalar" and (rows[d] or cols[d]))
-    out[d] = one and 1 or shape[d]
+    local keep = (rows[d] and r[2] == "rows") or (cols[d] and r[3] == "cols") or not (rows[d] or cols[d])
+    out[d] = keep and shape[d] or 1
   end
   return out
 end
 
 -- The hook state tensors of a parameter of this group: a list of
--- { name, key = "hook.<name>", shape = global shape } (see kind.hook_shape).
+-- { name, key = "hook.<name>", shape = global shape } (see hook_shape).
 function kind.hook_shapes(group, shape)
   local list = {}
   for _, name in ipairs(group._hook_keys or {}) do
-    list[#list + 1] = { name = name, key = "hook." .. name, shape = kind.hook_shape(group.hook_state[name], shape, group.nd_mode) }
+    list[#list + 1] = { name = name, key = "hook." .. name, shape = hook_shape(group.hook_state[name], shape, group.nd_mode) }
   end
   return list
 end
@@ -252,7 +199,6 @@ local function slice_scale(hp, a, b)
   if hp.apply_lr_in_update then s = s * -hp.lr end
   return s
 end
-kind.slice_scale = slice_scale
 
 ------------------------------------------------------------- the step parts
 
@@ -266,7 +212,7 @@ function kind.direction(_, group, hp, entries)
     grads[i] = e.grad:is_contiguous() and e.grad or e.grad:contiguous()
     bufs[i], new_bufs[i], updates[i] = e.old.momentum_buffer, e.new.momentum_buffer, e.u
   end
-  local m1, m2 = momentum_pair(hp.momentum, 2)
+  local m1, m2 = momentum_pair(hp.momentum)
   if group.momentum_update_fn then
     -- The hook may update buffers in place: give it the new ones (copies).
     for i = 1, #entries do new_bufs[i]:copy(bufs[i]) end
@@ -402,10 +348,8 @@ local function post_ortho(group, hp, it, out, a, b)
   local k = it.k
   local state = {}
   for name, rule in pairs(group.hook_state or {}) do
-    local t = it.state[name]
-    local rows = (rule == "rows" or rule == "matrix") and a or 1
-    local cols = (rule == "cols" or rule == "matrix") and b or 1
-    state[name] = t:view({ k, rows, cols })
+    local r = K.hook_state_rule(rule)
+    state[name] = it.state[name]:view({ k, rule_dim(r[2], a, b), rule_dim(r[3], a, b) })
   end
   E.call_hook("post_ortho_fn", group.post_ortho_fn, out, state, {
     param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
@@ -587,9 +531,4 @@ end
 
 --------------------------------------------------------- the optimizer
 
-local make = require("muon.optim.util").optimizer_class(kind, "Muon")
-
-return setmetatable({ new = make.new, Muon = make.class, kind = kind, DEFAULTS = DEFAULTS, OPTIONS = ALLOWED,
-  core_shape = core_shape }, {
-  __call = function(_, params, opts) return make.new(params, opts, 3) end,
-})
+return K.module(kind, { core_shape = core_shape })

@@ -1,4 +1,13 @@
--- Option checking shared by the optimizers: defaults, unknown keys, types.
+-- Option checks for the kinds' schemas (muon.optim.kind), and the param
+-- groups of the one-process optimizers (muon.optim.Muon / AdamW / Lion).
+--
+-- A check is a function(value, name, group) that raises an EINVAL error
+-- object (no position) whose message names the option and the value, and
+-- returns nothing; group is the whole option table, for checks that depend
+-- on another option. The constructors below make the usual ones:
+--
+--   O.number(0)("lr", -1)      --> error "lr must be >= 0, got -1"
+--   O.oneof({ "a", "b" })      --> "... must be 'a' or 'b', got 'c'"
 local P = require("muon.param")
 local E = require("muon.errors")
 
@@ -27,41 +36,79 @@ local function is_finite(x)
 end
 O.is_finite = is_finite
 
-function O.number(name, v, min, level)
-  if not is_finite(v) then
-    error(("%s must be a finite number, got %s"):format(name, tostring(v)), level + 1)
-  end
-  if min and v < min then
-    error(("%s must be >= %s, got %s"):format(name, tostring(min), tostring(v)), level + 1)
+local function fail(fmt, ...) E.raise(E.EINVAL, fmt, ...) end
+
+-- A finite number, >= min when min is given.
+function O.number(min)
+  return function(v, name)
+    if not is_finite(v) then fail("%s must be a finite number, got %s", name, tostring(v)) end
+    if min and v < min then fail("%s must be >= %s, got %s", name, tostring(min), tostring(v)) end
   end
 end
 
-function O.boolean(name, v, level)
-  if type(v) ~= "boolean" then
-    error(("%s must be a boolean, got %s"):format(name, tostring(v)), level + 1)
+function O.boolean()
+  return function(v, name)
+    if type(v) ~= "boolean" then fail("%s must be a boolean, got %s", name, tostring(v)) end
   end
 end
 
-function O.integer(name, v, min, level)
-  if type(v) ~= "number" or v ~= math.floor(v) or v < min then
-    error(("%s must be an integer >= %d, got %s"):format(name, min, tostring(v)), level + 1)
+function O.integer(min)
+  return function(v, name)
+    if type(v) ~= "number" or v ~= math.floor(v) or v < min then
+      fail("%s must be an integer >= %d, got %s", name, min, tostring(v))
+    end
   end
 end
 
-function O.fn(name, v, level)
-  if v ~= nil and type(v) ~= "function" and not (type(v) == "table" and getmetatable(v) and getmetatable(v).__call) then
-    error(("%s must be a function or nil, got %s"):format(name, type(v)), level + 1)
+-- A function, a callable table, or nil.
+function O.fn()
+  return function(v, name)
+    if v ~= nil and type(v) ~= "function" and not (type(v) == "table" and getmetatable(v) and getmetatable(v).__call) then
+      fail("%s must be a function or nil, got %s", name, type(v))
+    end
   end
 end
 
-function O.oneof(name, v, choices, level)
-  for _, c in ipairs(choices) do
-    if v == c then return end
-  end
+-- One of the strings in choices (a list).
+function O.oneof(choices)
   local quoted = {}
   for i, c in ipairs(choices) do quoted[i] = "'" .. c .. "'" end
-  error(("%s must be %s, got %s"):format(name, table.concat(quoted, " or "),
-    type(v) == "string" and ("'" .. v .. "'") or tostring(v)), level + 1)
+  local want = table.concat(quoted, " or ")
+  return function(v, name)
+    for _, c in ipairs(choices) do
+      if v == c then return end
+    end
+    fail("%s must be %s, got %s", name, want, type(v) == "string" and ("'" .. v .. "'") or tostring(v))
+  end
+end
+
+-- A pair {beta1, beta2} of numbers in [0, 1) (AdamW's and Lion's betas).
+function O.betas()
+  local num = O.number(0)
+  return function(b, name)
+    if type(b) ~= "table" or #b ~= 2 then fail("%s must be a pair {beta1, beta2}, got %s", name, tostring(b)) end
+    for i = 1, 2 do
+      local n = name .. "[" .. i .. "]"
+      num(b[i], n)
+      if b[i] >= 1 then fail("%s must be in [0, 1), got %s", n, tostring(b[i])) end
+    end
+  end
+end
+
+-- Raise a misuse error of a public function: blamed on the user's line
+-- that called muon (E.blame) when blame is set, else without a position.
+local function misuse(blame, fmt, ...)
+  if blame then E.blame(E.EINVAL, fmt, ...) end
+  E.raise(E.EINVAL, fmt, ...)
+end
+
+-- Run f(...); an error it raises is raised again as a misuse (see misuse).
+local function checked(blame, f, ...)
+  local ok, err = pcall(f, ...)
+  if not ok then
+    if blame then E.blame(E.code(err) or E.EINVAL, "%s", E.message(err)) end
+    error(err, 0)
+  end
 end
 
 -- Keys a param group may hold besides the optimizer's options.
@@ -70,26 +117,28 @@ local GROUP_KEYS = { params = true, name = true, step = true }
 -- Validate the constructor arguments of an optimizer and build its groups,
 -- following torch: params is a list of muon.param, or a list of groups
 -- { params = {...}, <option overrides> }. spec = { what = "Muon", defaults,
--- allowed, resolve = function(group, level), check_param = function(p, where, level),
--- first = the number of the first group in messages (1) }.
+-- allowed, resolve = function(group), check_param = function(p) (may be
+-- nil), first = the number of the first group in messages (1), blame =
+-- whether misuse is blamed on the caller's line (E.blame: a constructor) }.
 -- Returns the resolved defaults and the list of groups.
-function O.build_groups(spec, params, opts, level)
+function O.build_groups(spec, params, opts)
+  local blame = spec.blame
   opts = opts or {}
-  if type(opts) ~= "table" then error(spec.what .. ": options must be a table", level + 1) end
+  if type(opts) ~= "table" then misuse(blame, "%s: options must be a table", spec.what) end
   local unknown = O.unknown_keys(opts, spec.allowed)
   if #unknown > 0 then
-    error(spec.what .. ": " .. E.unknown("option", unknown, spec.allowed), level + 1)
+    misuse(blame, "%s: %s", spec.what, E.unknown("option", unknown, spec.allowed))
   end
-  if type(params) ~= "table" then error(spec.what .. ": params must be a table", level + 1) end
+  if type(params) ~= "table" then misuse(blame, "%s: params must be a table", spec.what) end
   local defaults = O.merge(spec.defaults, opts)
-  spec.resolve(defaults, level + 1)
+  checked(blame, spec.resolve, defaults)
   local list = params
   if #params == 0 or P.is_param(params[1]) then list = { { params = params } } end
   local groups, seen = {}, {}
   for gi, g in ipairs(list) do
     local where = ("%s param group %d"):format(spec.what, gi + (spec.first or 1) - 1)
     if type(g) ~= "table" or type(g.params) ~= "table" then
-      error(where .. " must be a table with a params list", level + 1)
+      misuse(blame, "%s must be a table with a params list", where)
     end
     local bad, valid = {}, {}
     for k in pairs(g) do
@@ -99,11 +148,11 @@ function O.build_groups(spec, params, opts, level)
     if #bad > 0 then
       for k in pairs(GROUP_KEYS) do valid[k] = true end
       for k in pairs(spec.allowed) do valid[k] = true end
-      error(where .. ": " .. E.unknown("key", bad, valid), level + 1)
+      misuse(blame, "%s: %s", where, E.unknown("key", bad, valid))
     end
     for i, p in ipairs(g.params) do
       if not P.is_param(p) then
-        error(("%s: params[%d] is not a muon.param (use muon.param(name, value, grad))"):format(where, i), level + 1)
+        misuse(blame, "%s: params[%d] is not a muon.param (use muon.param(name, value, grad))", where, i)
       end
       local ok, err = pcall(P.check, p.name, p.value, p.grad)
       if not ok then error(E.wrap(err, where .. ": ", E.EINVAL), 0) end
@@ -112,10 +161,10 @@ function O.build_groups(spec, params, opts, level)
           seen[p.name] == p and "the same muon.param" or "two parameters with one name")
       end
       seen[p.name] = p
-      if spec.check_param then spec.check_param(p, level + 1) end
+      if spec.check_param then checked(blame, spec.check_param, p) end
     end
     local group = O.merge(defaults, g)
-    spec.resolve(group, level + 1)
+    checked(blame, spec.resolve, group)
     group.step = g.step or 0
     groups[gi] = group
   end

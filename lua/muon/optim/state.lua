@@ -1,9 +1,9 @@
 -- Optimizer state of a step protocol (muon.step) as data and as
 -- safetensors checkpoints, for one process and for meshes alike.
 --
--- A state dict (per optimizer kind) is plain data:
---   { kind = "muon"|"adamw", params = { {name, shape, dtype, group}, ... },
---     state = { [name] = { momentum_buffer = t } | { step = n, exp_avg = t, exp_avg_sq = t } },
+-- A state dict (per optimizer kind, muon.optim.kind) is plain data:
+--   { kind = "muon"|"adamw"|..., params = { {name, shape, dtype, group}, ... },
+--     state = { [name] = { <state key> = t, ..., step = n (kinds that count steps) } },
 --     groups = { {step = n, options = { lr = ..., momentum = ..., ... }}, ... } }
 -- (options: the group's hyperparameters, as torch's param_groups; a load
 -- restores them; files without them load as before) with full (global-shape) tensors. On a mesh each state buffer lives on
@@ -27,6 +27,7 @@ local st = require("muon.safetensors")
 local T = require("muon.tensor")
 local E = require("muon.errors")
 local D = require("muon.dist")
+local K = require("muon.optim.kind")
 
 local S = {}
 
@@ -80,17 +81,36 @@ local function canonical_json(v)
   return cjson.encode(v)
 end
 
-local KINDS = {
-  muon = { tensors = { "momentum_buffer" }, scalars = {} },
-  adamw = { tensors = { "exp_avg", "exp_avg_sq" }, scalars = { step = true } },
-}
-local ALL_TENSOR_KEYS = { "momentum_buffer", "exp_avg", "exp_avg_sq" }
+-- What a checkpoint holds per parameter of a kind: its state tensors, and
+-- its scalars (the step count of kinds that count steps).
+local function tensor_keys(kind) return K.get(kind).state_keys end
+local function scalar_keys(kind) return K.get(kind).counts_steps and { step = true } or {} end
+-- Every kind's state tensor keys, in kind order (a file lists a
+-- parameter's tensors in this order; made on first use: the kinds' modules
+-- load this one).
+local all_tensor_keys
+local function all_keys()
+  if not all_tensor_keys then
+    local list, seen = {}, {}
+    for _, name in ipairs(K.names()) do
+      for _, k in ipairs(tensor_keys(name)) do
+        if not seen[k] then
+          seen[k] = true
+          list[#list + 1] = k
+        end
+      end
+    end
+    all_tensor_keys = list
+  end
+  return all_tensor_keys
+end
 
 local function fmt_shape(s) return "(" .. table.concat(s, ", ") .. ")" end
 
 -- A group's hyperparameters as plain data (torch's param_groups without
--- params): every option of its kind that is a number, a string, a boolean
--- or a list of them (hooks and hook_state are code and layout, not values).
+-- params): every saved option of its kind's schema whose value is a
+-- number, a string, a boolean or a list of them (hooks are code, never
+-- plain; hook_state is layout, not saved).
 local function is_plain(v, depth)
   local t = type(v)
   if t == "number" then return v == v and v ~= math.huge and v ~= -math.huge end
@@ -112,12 +132,11 @@ local function copy_plain(v)
   return c
 end
 
-local NOT_SAVED = { hook_state = true }
 local function group_options(kind, options)
   local out = {}
-  for k in pairs(kind.OPTIONS) do
+  for k in pairs(kind.SAVED) do
     local v = options[k]
-    if not NOT_SAVED[k] and v ~= nil and is_plain(v, 0) then out[k] = copy_plain(v) end
+    if v ~= nil and is_plain(v, 0) then out[k] = copy_plain(v) end
   end
   return out
 end
@@ -127,7 +146,7 @@ end
 -- (list of { p, group = index among the kind's groups }).
 local function of_kind(stepper, kind)
   local groups, params = {}, {}
-  for gi, G in ipairs(stepper.groups) do
+  for gi, G in ipairs(stepper:group_specs()) do
     if G.kind.name == kind then
       groups[#groups + 1] = { index = gi, options = G.options, kind = G.kind }
       for _, p in ipairs(stepper:params(gi)) do
@@ -144,8 +163,8 @@ end
 -- mesh: boxes and holders) }.
 local function tensor_specs(stepper, kind, e)
   local list = {}
-  local r = stepper.W > 1 and stepper:record(e.p) or nil
-  for _, k in ipairs(KINDS[kind].tensors) do list[#list + 1] = { key = k, shape = e.p.logical_shape, record = r } end
+  local r = stepper:size() > 1 and stepper:record(e.p) or nil
+  for _, k in ipairs(tensor_keys(kind)) do list[#list + 1] = { key = k, shape = e.p.logical_shape, record = r } end
   for _, h in ipairs(e.hooks) do
     list[#list + 1] = { key = h.key, shape = h.shape, record = r and r.hook_records[h.key] }
   end
@@ -166,16 +185,16 @@ function S.state_dict(stepper, kind)
   local d = { kind = kind, params = {}, state = {}, groups = {} }
   for li, g in ipairs(groups) do d.groups[li] = { step = g.options.step, options = group_options(g.kind, g.options) } end
   local pieces = {} -- gathers on a mesh: { dtype, sends, recvs }
-  local W, me = stepper.W, stepper.me
+  local W, me = stepper:size(), stepper:rank()
   for _, e in ipairs(params) do
     local p = e.p
     d.params[#d.params + 1] = { name = p.name, shape = p.logical_shape, dtype = p.value:dtype(), group = e.group }
-    local n = stepper.pstep[p] or 0
+    local n = stepper:step_count(p)
     if n > 0 then
       local entry = {}
-      if KINDS[kind].scalars.step then entry.step = n end
+      if scalar_keys(kind).step then entry.step = n end
       if W == 1 then
-        local s = stepper.state[p]
+        local s = stepper:state_of(p)
         for _, t in ipairs(tensor_specs(stepper, kind, e)) do entry[t.key] = s[t.key] end
       else
         for _, t in ipairs(tensor_specs(stepper, kind, e)) do
@@ -192,10 +211,10 @@ function S.state_dict(stepper, kind)
             end
             if me == 0 then
               local dst = D.box_view(full, b)
-              if h == 0 then dst:copy(stepper.state[p][k])
+              if h == 0 then dst:copy(stepper:state_of(p)[k])
               else table.insert(piece.recvs[h + 1], { n = D.numel(b.len), dst = dst }) end
             elseif h == me then
-              table.insert(piece.sends[1], { n = D.numel(b.len), src = stepper.state[p][k] })
+              table.insert(piece.sends[1], { n = D.numel(b.len), src = stepper:state_of(p)[k] })
             end
           end
         end
@@ -205,11 +224,9 @@ function S.state_dict(stepper, kind)
   end
   if W > 1 then
     -- One exchange per dtype, in a fixed order (the same on every rank).
-    local R = require("muon.router")
-    local once = R.new(stepper.ctrl)
     for _, dt in ipairs({ "float32", "float64" }) do
       local piece = pieces[dt]
-      if piece then once:exchange(dt, piece.sends, piece.recvs) end
+      if piece then stepper:exchange_control(dt, piece.sends, piece.recvs) end
     end
   end
   return d
@@ -276,8 +293,9 @@ end
 
 -- The hyperparameters a state dict holds for group li, applied: returns the
 -- group's new options (validated by its kind, as the constructor does) and
--- notes on saved values this load does not take (hyper = "config": only the
--- schedulable ones are taken, the config keeps the others).
+-- notes on saved values this load does not take (hyper = "config": the
+-- kind's schema says per option, kind.LOAD: "restore" takes the file's,
+-- "config" keeps the config's; hyper = "restore": every saved one is taken).
 local function staged_options(g, saved, li, what, hyper)
   if saved == nil then return nil, {} end
   local kind, current = g.kind, g.options
@@ -287,11 +305,11 @@ local function staged_options(g, saved, li, what, hyper)
   for k in pairs(saved) do keys[#keys + 1] = tostring(k) end
   table.sort(keys)
   for _, k in ipairs(keys) do
-    if not kind.OPTIONS[k] or NOT_SAVED[k] then
+    if not kind.SAVED[k] then
       E.raise(E.EFORMAT, "%s: param group %d: '%s' is not a %s option", what, li, k, kind.name)
     end
     local v = saved[k]
-    if hyper == "config" and not kind.SCHEDULABLE[k] then
+    if hyper == "config" and kind.LOAD[k] == "config" then
       if current[k] == nil or canonical_json(v) ~= canonical_json(current[k]) then
         notes[#notes + 1] = ("%s = %s in the checkpoint, %s in the config"):format(k, canonical_json(v),
           current[k] == nil and "nil" or canonical_json(current[k]))
@@ -300,10 +318,8 @@ local function staged_options(g, saved, li, what, hyper)
       new[k] = copy_plain(v)
     end
   end
-  local ok, err = pcall(kind.resolve, new, 1)
-  if not ok then
-    E.raise(E.EFORMAT, "%s: param group %d: %s", what, li, tostring(err):gsub("^[^:\n]*:%d+: ", ""))
-  end
+  local ok, err = pcall(K.validate, kind, new)
+  if not ok then E.raise(E.EFORMAT, "%s: param group %d: %s", what, li, E.message(err)) end
   return new, notes
 end
 
@@ -329,7 +345,7 @@ local function stage(stepper, kind, d, what, hyper)
       staged.notes[#staged.notes + 1] = ("%s group %d: %s"):format(kind, li, n)
     end
   end
-  local W = stepper.W
+  local W = stepper:size()
   for _, e in ipairs(params) do
     local p = e.p
     local entry = d.state[p.name]
@@ -343,7 +359,7 @@ local function stage(stepper, kind, d, what, hyper)
           local v = entry[t.key]
           one.state[t.key] = W == 1 and v:clone() or D.box_view(v, t.record.mine):clone()
         end
-        if entry.step ~= nil and KINDS[kind].scalars.step then one.state.step = entry.step end
+        if entry.step ~= nil and scalar_keys(kind).step then one.state.step = entry.step end
       end
     end
     staged.params[#staged.params + 1] = one
@@ -358,11 +374,7 @@ local function commit(stepper, staged)
     end
     g.options.step = g.step
   end
-  for _, one in ipairs(staged.params) do
-    local p = one.p
-    stepper.state[p] = one.state
-    stepper.pstep[p] = one.count > 0 and one.count or nil
-  end
+  for _, one in ipairs(staged.params) do stepper:install(one.p, one.state, one.count) end
 end
 
 -- Replace the kind's state by d (tensors are copied) after checking everything.
@@ -386,7 +398,7 @@ function S.encode(dicts, extra_meta)
     for _, e in ipairs(d.params) do
       local entry = d.state[e.name]
       if entry then
-        for _, k in ipairs(ALL_TENSOR_KEYS) do
+        for _, k in ipairs(all_keys()) do
           if entry[k] ~= nil then entries[#entries + 1] = { name = prefix .. e.name .. "/" .. k, tensor = entry[k] } end
         end
         local hooks = {}
@@ -422,14 +434,22 @@ local function repr(v)
   if type(v) == "string" then return ("%q"):format(v) end
   return tostring(v)
 end
+local KIND_LIST
+do
+  local quoted = {}
+  for i, name in ipairs(K.names()) do quoted[i] = "'" .. name .. "'" end
+  KIND_LIST = table.concat(quoted, ", ", 1, #quoted - 1) .. " or " .. quoted[#quoted]
+end
+local function known_kind(name) return type(name) == "string" and K.get(name) ~= nil end
+
 local function validate_header(header)
   if not is_list(header) then return "it is not a list" end
   for i, h in ipairs(header) do
     local w = ("entry %d"):format(i)
     if type(h) ~= "table" then return w .. " is not an object" end
     if type(h.prefix) ~= "string" then return w .. ": prefix is not a string" end
-    if h.kind ~= "muon" and h.kind ~= "adamw" then return w .. ": kind is not 'muon' or 'adamw'" end
-    local spec = KINDS[h.kind]
+    if not known_kind(h.kind) then return w .. ": kind is not " .. KIND_LIST end
+    local spec = { scalars = scalar_keys(h.kind) }
     if h.params ~= nil and not is_list(h.params) then return w .. ": params is not a list" end
     if h.groups ~= nil and not is_list(h.groups) then return w .. ": groups is not a list" end
     local ngroups = #(h.groups or {})
@@ -522,11 +542,11 @@ function S.decode(file, path, verify)
     end
   end
   for _, h in ipairs(header) do
-    local spec = KINDS[h.kind]
+    local spec = { tensors = tensor_keys(h.kind), scalars = scalar_keys(h.kind) }
     local d = { kind = h.kind, params = h.params or {}, groups = h.groups or {}, state = {} }
     for _, e in ipairs(d.params) do
       local entry
-      for _, k in ipairs(ALL_TENSOR_KEYS) do
+      for _, k in ipairs(all_keys()) do
         local name = h.prefix .. e.name .. "/" .. k
         local t = file.tensors[name]
         if t ~= nil then
@@ -582,7 +602,7 @@ function S.save(stepper, path, parts, extra_meta)
   local dicts = {}
   for _, part in ipairs(parts) do dicts[#dicts + 1] = { prefix = part.prefix, dict = S.state_dict(stepper, part.kind) } end
   local err
-  if stepper.me == 0 then
+  if stepper:rank() == 0 then
     local ok, e = pcall(function()
       local entries, meta = S.encode(dicts, extra_meta)
       st.save(path, entries, meta)
@@ -638,7 +658,7 @@ function S.load(stepper, path, parts, check, opts)
   stepper:agree_failure(not ok and err or nil)
   for _, s in ipairs(staged) do
     commit(stepper, s)
-    if #s.notes > 0 and stepper.me == 0 then
+    if #s.notes > 0 and stepper:rank() == 0 then
       io.stderr:write(("muon: checkpoint '%s': the config's values are kept:\n  %s\n")
         :format(path, table.concat(s.notes, "\n  ")))
     end

@@ -1,0 +1,139 @@
+-- The one-process optimizer class of a kind (muon.optim.Muon, AdamW, Lion):
+-- torch-like param groups over the step protocol (muon.step), through the
+-- Stepper's documented methods only. K.module (muon.optim.kind) makes one
+-- per kind.
+--
+-- The object: param_groups (torch-like: params, step, options), state
+-- (param -> its state table), stats, defaults; methods step(closure),
+-- params(), add_param_group(g), memory(), state_dict(), load_state_dict(d),
+-- save(path), load(path, opts).
+local O = require("muon.optim.options")
+local E = require("muon.errors")
+local K = require("muon.optim.kind")
+local U = require("muon.optim.util")
+local Step = require("muon.step")
+local S = require("muon.optim.state")
+
+local M = {}
+
+-- The standalone classes run on one process: the seed's hsdp_replica_count
+-- is accepted when it says so (nil or 1); more replicas need a mesh.
+local function check_one_process(kind, g, where, blame)
+  if not kind.replica_count then return end
+  local n = kind.replica_count(g.hsdp_replica_count)
+  if n > 1 then
+    local raise = blame and E.blame or E.raise
+    raise(E.EINVAL, "%s: hsdp_replica_count = %d needs %d replicas, and this optimizer runs on one process: use "
+      .. "muon.engine with a config holding dist = { mesh = { { \"replicate\", %d }, { \"shard\", <ranks / %d> } } } "
+      .. "(parameters placed { \"R\", \"S(1)\" }) under mpirun", where, n, n, n, n)
+  end
+end
+
+local function group_spec(kind, what, defaults, first, blame)
+  return { what = what, defaults = defaults, allowed = kind.OPTIONS, first = first, blame = blame,
+    resolve = function(g) K.validate(kind, g) end, check_param = kind.check_param }
+end
+
+-- { class = the methods table, new = function(params, opts) } for a kind.
+function M.make(kind)
+  local what = kind.class
+  local class = {}
+  class.__index = class
+
+  local function new(params, opts)
+    local defaults, groups = O.build_groups(group_spec(kind, what, kind.DEFAULTS, 1, true), params, opts)
+    for gi, g in ipairs(groups) do check_one_process(kind, g, ("%s param group %d"):format(what, gi), true) end
+    local specs = {}
+    for gi, g in ipairs(groups) do specs[gi] = { kind = kind, options = g, label = ("param group %d"):format(gi) } end
+    local stepper = Step.new({ groups = specs })
+    for gi, g in ipairs(groups) do
+      for _, p in ipairs(g.params) do stepper:add(gi, p) end
+    end
+    return setmetatable({
+      defaults = defaults,
+      param_groups = groups,
+      state = stepper:state_table(),
+      stats = stepper:stats().kinds[kind.name],
+      _stepper = stepper,
+    }, class)
+  end
+
+  -- One step; with a closure, calls it first (torch: it recomputes the
+  -- loss and gradients). Returns the closure's value (nil without one) and
+  -- whether it stepped: false when no parameter has a grad, and then
+  -- nothing changed (parameters, state, group steps).
+  function class:step(closure)
+    local loss
+    if closure ~= nil then
+      if not U.callable(closure) then E.raise(E.EINVAL, "step: closure must be a function or nil, got %s", type(closure)) end
+      loss = closure()
+    end
+    local ok, stepped = pcall(self._stepper.step, self._stepper)
+    if not ok then E.reraise(stepped, E.ELUA) end
+    return loss, stepped
+  end
+
+  -- Add a group { params = {...}, <option overrides> } as torch does: the
+  -- options are checked as the constructor checks them, the others are the
+  -- optimizer's defaults; a parameter already in a group is an error.
+  function class:add_param_group(group)
+    local ok, err = pcall(function()
+      if type(group) ~= "table" or type(group.params) ~= "table" then
+        E.raise(E.EINVAL, "%s.add_param_group: expected a table { params = {...}, <options> }", what)
+      end
+      local gi = #self.param_groups + 1
+      local where = ("%s param group %d"):format(what, gi)
+      local seen = {}
+      for _, g in ipairs(self.param_groups) do
+        for _, p in ipairs(g.params) do seen[p] = true; seen[p.name] = true end
+      end
+      for _, p in ipairs(group.params) do
+        if seen[p] or (type(p) == "table" and seen[p.name]) then
+          E.raise(E.EINVAL, "%s: some parameters appear in more than one parameter group ('%s')", where, tostring(p.name))
+        end
+      end
+      local defaults = {}
+      for k, v in pairs(self.defaults) do
+        if kind.OPTIONS[k] then defaults[k] = v end
+      end
+      local _, groups = O.build_groups(group_spec(kind, what, defaults, gi, false), { group }, {})
+      local g = groups[1]
+      check_one_process(kind, g, where, false)
+      local st = self._stepper
+      st:add_group({ kind = kind, options = g, label = ("param group %d"):format(gi) })
+      for _, p in ipairs(g.params) do st:add(gi, p) end
+      self.param_groups[gi] = g
+    end)
+    if not ok then E.reraise(err, E.EINVAL) end
+  end
+
+  -- Every parameter of every group, in order.
+  function class:params()
+    local list = {}
+    for _, g in ipairs(self.param_groups) do
+      for _, p in ipairs(g.params) do list[#list + 1] = p end
+    end
+    return list
+  end
+
+  function class:memory() return self._stepper:memory() end
+
+  function class:state_dict() return S.state_dict(self._stepper, kind.name) end
+  function class:load_state_dict(d)
+    local ok, err = pcall(S.load_state_dict, self._stepper, kind.name, d, "state dict")
+    if not ok then E.reraise(err, E.EFORMAT) end
+  end
+  function class:save(path)
+    local ok, err = pcall(S.save, self._stepper, path, { { prefix = "", kind = kind.name } })
+    if not ok then E.reraise(err, E.EIO) end
+  end
+  -- opts: { checksum = false } for a file written in Python (see muon.optim.state)
+  function class:load(path, opts)
+    local ok, err = pcall(S.load, self._stepper, path, { { prefix = "", kind = kind.name, hyper = "restore" } }, nil, opts)
+    if not ok then E.reraise(err, E.EFORMAT) end
+  end
+
+  return { class = class, new = new }
+end
+
+return M

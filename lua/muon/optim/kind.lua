@@ -1,0 +1,394 @@
+-- Optimizer kinds: the contract, the list, the hooks and the option schema,
+-- each declared once here.
+--
+-- A kind (muon.optim.muon, .adamw, .lion) is one file: a table of the
+-- members below, in the spirit of Knot Resolver's kr_layer_api. The step
+-- protocol (muon.step) calls only the members a kind supplies (an optional
+-- member left out is skipped, never stubbed), and K.register checks a kind
+-- once, when its module loads. Each kind declares its options as data, in
+-- the spirit of Snabb's lib.parse, and everything about options derives
+-- from that schema: the checks (muon.optim.Muon / AdamW / Lion and the
+-- engine's groups), the per-step checks of schedulable values, the
+-- `muon check` display, what checkpoints save and what a load restores,
+-- the cross-rank config agreement, and the sandbox's view of the classes.
+--
+--   local K = require("muon.optim.kind")
+--   K.names()                --> { "muon", "adamw", "lion" }
+--   K.get("adamw")           --> the AdamW kind (its module loads on first use)
+--   K.validate(kind, group)  -- every option checked, then kind.resolve
+--   K.serialize(v)           --> canonical text (keys sorted, nested tables)
+local O = require("muon.optim.options")
+local E = require("muon.errors")
+
+local K = {}
+
+--------------------------------------------------------------- the kinds
+
+-- Every optimizer kind, in checkpoint order (an engine checkpoint holds
+-- "<name>/" parts in this order). name: `optimizer = name` in a config
+-- group and the kind in checkpoints; class: muon.optim.<class>(params, opts).
+K.KINDS = {
+  { name = "muon", class = "Muon", module = "muon.optim.muon" },
+  { name = "adamw", class = "AdamW", module = "muon.optim.adamw" },
+  -- LION
+}
+-- The kind of a config group without `optimizer`.
+K.DEFAULT = "muon"
+
+local BY_NAME = {}
+for _, e in ipairs(K.KINDS) do BY_NAME[e.name] = e end
+
+function K.names()
+  local list = {}
+  for i, e in ipairs(K.KINDS) do list[i] = e.name end
+  return list
+end
+
+-- The kind named name (its module loads on first use), or nil.
+function K.get(name)
+  local e = BY_NAME[name]
+  return e and require(e.module).kind or nil
+end
+
+------------------------------------------------------------ the contract
+
+-- The members of a kind. Required ones must be present; the step protocol
+-- calls an optional one only when the kind has it. ctx, given to the
+-- members that run Newton-Schulz, is the step's narrow context (see
+-- muon.step): ctx:batch_buffer(dtype, n, a, b, slot) -> a reusable
+-- (n, a, b) tensor, ctx:ns_workspace(dtype, a, b) -> a Newton-Schulz
+-- workspace, ctx:ns_many(jobs) -> Newton-Schulz in place on every
+-- { x = tensor, r = resolved options } in one scheduler call. group is the
+-- group's option table (defaults merged, checked; step = its step count),
+-- hp the values of this step (the group's, with the schedule's on top).
+K.MEMBERS = {
+  { "name", "string", true, "the optimizer's name (K.KINDS)" },
+  { "class", "string", true, "the class name, muon.optim.<class> (K.KINDS)" },
+  { "options", "table", true, "the option schema: a list of entries (see 'The option schema' below)" },
+  { "state", "table", true, "per-parameter state tensors: a list of { key, hidden = bool } (hidden: an "
+    .. "overflow there does not show in the update, so the step checks it for NaN/Inf)" },
+  { "counts_steps", "boolean", false, "keeps a step count per parameter (state.step; saved in checkpoints)" },
+  { "direction", "function", true, "direction(ctx, group, hp, entries): on each state holder, the new state "
+    .. "and the update (or the Newton-Schulz input) into scratch. entry = { p, grad, old = { key -> tensor }, "
+    .. "new = { key -> tensor }, u = update buffer, count = the parameter's step number after this step }; "
+    .. "reads old, writes new and u, changes nothing else" },
+  { "apply_coeffs", "function", true, "apply_coeffs(group, hp) -> decay, alpha, cautious: the commit does "
+    .. "p = p * decay + alpha * u (cautious: the decay only where the update moves p towards 0)" },
+  { "resolve", "function", false, "resolve(group): checks across options and derived values (fields starting "
+    .. "with '_'), after every option's own check" },
+  { "check_param", "function", false, "check_param(p): raises for a parameter the kind cannot step" },
+  { "orthogonalize", "function", false, "orthogonalize(ctx, group, hp, items): Newton-Schulz and the scale in "
+    .. "place on the owner's items { name, input, state, shape, signals, region }; a kind with it runs "
+    .. "Newton-Schulz (its inputs are routed to owners on a mesh)" },
+  { "ns_prepare", "function", false, "ns_prepare(ctx, group, hp, items, jobs) -> done or nil: the first half "
+    .. "of orthogonalize around one scheduler call for many batches (nil: use orthogonalize)" },
+  { "ns_finish", "function", false, "ns_finish(ctx, group, hp, items, done): the second half" },
+  { "hook_shapes", "function", false, "hook_shapes(group, shape) -> list of { name, key, shape }: the hook "
+    .. "state tensors of a parameter of this global shape" },
+  { "post_update", "function", false, "post_update(group, hp, params, boxes, signals): after the commit" },
+  { "replica_count", "function", false, "replica_count(v) -> n: the seed's hsdp_replica_count as a number" },
+}
+
+-------------------------------------------------------------- the hooks
+
+-- Hook options (Lua functions of a config), in the order `muon check`
+-- lists them. A kind that takes hooks puts K.HOOK_OPTIONS in its schema.
+-- whole: a parameter of a group that sets it is orthogonalized whole on
+-- one rank; reshapes: it reshapes the Newton-Schulz input; keeps_state: it
+-- sees the group's hook_state (one table for every such hook of a group).
+K.HOOKS = {
+  { "zeropower_fn", "(x, steps) -> orthogonalized x" },
+  { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates" },
+  { "reshape_fn", "(name, x) -> views of x", whole = true, reshapes = true },
+  { "ns_transform_fn", "(name, x) -> nil or { tensors, restore }", whole = true, reshapes = true },
+  { "post_update_fn", "(param, local_tensor, ctx)" },
+  { "post_ortho_fn", "(O, state, ctx): after Newton-Schulz, before the scale", whole = true, keeps_state = true },
+}
+-- Per-parameter state of the hooks that keep state (hook_state = { name =
+-- rule }), per 2-D core matrix (rows x cols) of the parameter: the state's
+-- two core dims ("rows", "cols" or 1), in the order messages list them.
+K.HOOK_STATE_RULES = {
+  { "rows", "rows", 1 },
+  { "cols", 1, "cols" },
+  { "matrix", "rows", "cols" },
+  { "scalar", 1, 1 },
+}
+
+-- The hook names as a set; the hook options: the hooks and hook_state
+-- (a kind takes all of them or none: K.HOOK_OPTIONS).
+K.HOOK_NAMES = {}
+for _, h in ipairs(K.HOOKS) do K.HOOK_NAMES[h[1]] = h end
+K.HOOK_KEYS = { hook_state = true }
+for _, h in ipairs(K.HOOKS) do K.HOOK_KEYS[h[1]] = true end
+
+function K.hook_state_rule(name)
+  for _, r in ipairs(K.HOOK_STATE_RULES) do
+    if r[1] == name then return r end
+  end
+  return nil
+end
+
+local RULE_NAMES = {}
+for i, r in ipairs(K.HOOK_STATE_RULES) do RULE_NAMES[i] = "'" .. r[1] .. "'" end
+local RULE_LIST = table.concat(RULE_NAMES, ", ", 1, #RULE_NAMES - 1) .. " or " .. RULE_NAMES[#RULE_NAMES]
+local STATE_HOOKS = {}
+for _, h in ipairs(K.HOOKS) do
+  if h.keeps_state then STATE_HOOKS[#STATE_HOOKS + 1] = h[1] end
+end
+
+-- hook_state = { name = rule, ... }: the per-parameter state of the hooks
+-- that keep state, one table per group (every such hook sees it).
+local function check_hook_state(v, _, g)
+  local function fail(fmt, ...) E.raise(E.EINVAL, fmt, ...) end
+  if type(v) ~= "table" then
+    fail("hook_state must be a table { name = %s, ... }, got %s", table.concat(RULE_NAMES, " | "), type(v))
+  end
+  local any = false
+  for k, rule in pairs(v) do
+    if type(k) ~= "string" or not k:match("^[%a_][%w_]*$") then fail("hook_state names must be identifiers, got %s", tostring(k)) end
+    if not K.hook_state_rule(rule) then fail("hook_state.%s must be %s, got %s", k, RULE_LIST, tostring(rule)) end
+    any = true
+  end
+  local kept = false
+  for _, h in ipairs(STATE_HOOKS) do kept = kept or g[h] ~= nil end
+  if any and not kept then
+    fail("hook_state needs a %s (the hook that keeps it)", table.concat(STATE_HOOKS, " or a "))
+  end
+end
+
+-- Whether a group's hooks make its parameters orthogonalize whole.
+function K.whole(kind, group)
+  for _, h in ipairs(kind.HOOKS) do
+    if K.HOOK_NAMES[h].whole and group[h] ~= nil then return true end
+  end
+  return false
+end
+
+-------------------------------------------------------- the option schema
+
+-- A kind's options: a list of entries, checked in this order,
+--   { name, default, check, schedulable = bool, show = n, saved = bool, load = "restore" | "config" }
+-- default: the value when a group does not set it (nil: none); check:
+-- check(v, name, group) raises naming the option and the value (muon.optim.options);
+-- a nil value skips it when optional = true. schedulable: a config's
+-- schedule may set it per step, and every step checks the value it uses.
+-- show: `muon check` lists it first, in this rank (the others only when
+-- they differ from the default). saved (default true): a checkpoint keeps
+-- its value (when it is plain data: numbers, strings, booleans, lists).
+-- load: what an engine's checkpoint load does with a saved value: "restore"
+-- (it replaces the group's until the next step computes the config's; the
+-- default for schedulable options) or "config" (the config's value stays;
+-- a note on stderr when they differ; the default for the others). The
+-- one-process classes' load_state_dict restores every saved value, as torch.
+-- Two markers splice shared entries in: K.HOOK_OPTIONS (every hook of
+-- K.HOOKS, then hook_state: the kind takes hooks) and K.COMMON_OPTIONS
+-- (K.COMMON, added at the end when a kind does not place it).
+K.HOOK_OPTIONS = setmetatable({}, { __tostring = function() return "K.HOOK_OPTIONS" end })
+K.COMMON_OPTIONS = setmetatable({}, { __tostring = function() return "K.COMMON_OPTIONS" end })
+
+-- Options every kind has.
+K.COMMON = {
+  -- NaN/Inf gradient: "error" (the step fails, nothing changes) or "skip" (the group skips the step)
+  { "nonfinite", "error", O.oneof({ "error", "skip" }) },
+}
+
+local ENTRY_KEYS = { [1] = true, [2] = true, [3] = true, schedulable = true, show = true, saved = true,
+  load = true, optional = true, hook = true }
+
+local function expand(schema)
+  local out = {}
+  local common = false
+  for _, e in ipairs(schema) do
+    if e == K.HOOK_OPTIONS then
+      for _, h in ipairs(K.HOOKS) do out[#out + 1] = { h[1], nil, O.fn(), hook = true, optional = true } end
+      -- layout, not a value: not saved (the config declares it)
+      out[#out + 1] = { "hook_state", nil, check_hook_state, optional = true, saved = false }
+    elseif e == K.COMMON_OPTIONS then
+      common = true
+      for _, c in ipairs(K.COMMON) do out[#out + 1] = c end
+    else
+      out[#out + 1] = e
+    end
+  end
+  if not common then
+    for _, c in ipairs(K.COMMON) do out[#out + 1] = c end
+  end
+  return out
+end
+
+-- What derives from a schema, set on the kind: DEFAULTS (name -> default,
+-- the options that have one), OPTIONS (name -> true, every option),
+-- SCHEDULABLE (name -> check), SCHEDULE_ORDER (schedulable names, sorted:
+-- the per-step checks run in this order), HOOKS (the hook options it takes,
+-- in K.HOOKS order), DISPLAY (`muon check`'s first keys), SAVED (name ->
+-- true), LOAD (name -> "restore" | "config"), state_keys, hidden_state_keys,
+-- ns (it runs Newton-Schulz).
+local function derive(kind, entries)
+  local d = { DEFAULTS = {}, OPTIONS = {}, SCHEDULABLE = {}, SCHEDULE_ORDER = {}, HOOKS = {}, DISPLAY = {},
+    SAVED = {}, LOAD = {}, ENTRIES = entries }
+  local shown = {}
+  for _, e in ipairs(entries) do
+    local name = e[1]
+    d.OPTIONS[name] = true
+    if e[2] ~= nil then d.DEFAULTS[name] = e[2] end
+    if e.schedulable then
+      d.SCHEDULABLE[name] = e[3]
+      d.SCHEDULE_ORDER[#d.SCHEDULE_ORDER + 1] = name
+    end
+    if e.hook then d.HOOKS[#d.HOOKS + 1] = name end
+    if e.show then shown[#shown + 1] = e end
+    if e.saved ~= false then d.SAVED[name] = true end
+    d.LOAD[name] = e.load or (e.schedulable and "restore" or "config")
+  end
+  table.sort(d.SCHEDULE_ORDER)
+  table.sort(shown, function(a, b) return a.show < b.show end)
+  for i, e in ipairs(shown) do d.DISPLAY[i] = e[1] end
+  d.state_keys, d.hidden_state_keys = {}, {}
+  for _, s in ipairs(kind.state) do
+    d.state_keys[#d.state_keys + 1] = s[1]
+    if s.hidden then d.hidden_state_keys[#d.hidden_state_keys + 1] = s[1] end
+  end
+  d.ns = kind.orthogonalize ~= nil
+  for k, v in pairs(d) do kind[k] = v end
+end
+
+-- Check a kind against the contract (once, when its module loads) and set
+-- what derives from its schema. Raises naming the kind and the member.
+function K.register(kind)
+  local what = "optimizer kind '" .. tostring(kind.name) .. "'"
+  local entry = BY_NAME[kind.name]
+  if not entry then E.raise(E.EINVAL, "%s is not in muon.optim.kind's list (K.KINDS)", what) end
+  if kind.class ~= entry.class then
+    E.raise(E.EINVAL, "%s: class must be '%s' (K.KINDS), got %s", what, entry.class, tostring(kind.class))
+  end
+  local valid = {}
+  for _, m in ipairs(K.MEMBERS) do
+    valid[m[1]] = true
+    local v = kind[m[1]]
+    if v == nil and m[3] then E.raise(E.EINVAL, "%s: member '%s' is missing (%s)", what, m[1], m[4]) end
+    if v ~= nil and type(v) ~= m[2] then
+      E.raise(E.EINVAL, "%s: member '%s' must be a %s, got %s", what, m[1], m[2], type(v))
+    end
+  end
+  E.check_keys(kind, valid, "member", what)
+  if (kind.ns_prepare == nil) ~= (kind.ns_finish == nil) or (kind.ns_prepare and not kind.orthogonalize) then
+    E.raise(E.EINVAL, "%s: ns_prepare and ns_finish come together, with orthogonalize", what)
+  end
+  local entries, seen = expand(kind.options), {}
+  for i, e in ipairs(entries) do
+    if type(e) ~= "table" or type(e[1]) ~= "string" then E.raise(E.EINVAL, "%s: options[%d] has no name", what, i) end
+    E.check_keys(e, ENTRY_KEYS, "schema field", ("%s: option '%s'"):format(what, e[1]))
+    if seen[e[1]] then E.raise(E.EINVAL, "%s: option '%s' is declared twice", what, e[1]) end
+    seen[e[1]] = true
+    if type(e[3]) ~= "function" then E.raise(E.EINVAL, "%s: option '%s' has no check", what, e[1]) end
+    if e.load ~= nil and e.load ~= "restore" and e.load ~= "config" then
+      E.raise(E.EINVAL, "%s: option '%s': load must be 'restore' or 'config'", what, e[1])
+    end
+  end
+  for _, s in ipairs(kind.state) do
+    if type(s) ~= "table" or type(s[1]) ~= "string" or s[1]:find("^hook%.") or s[1] == "step" then
+      E.raise(E.EINVAL, "%s: state entries are { key, hidden = bool } with a key other than 'step' or 'hook.*'", what)
+    end
+  end
+  derive(kind, entries)
+  return kind
+end
+
+-- Check a group's options (defaults already merged) in schema order, then
+-- the kind's resolve. Raises an EINVAL error object (no position) naming
+-- the option and the value.
+function K.validate(kind, group)
+  for _, e in ipairs(kind.ENTRIES) do
+    local v = group[e[1]]
+    if v ~= nil or not e.optional then e[3](v, e[1], group) end
+  end
+  if kind.resolve then kind.resolve(group) end
+end
+
+-- Check this step's value of every schedulable option of a group (hp: the
+-- step's values), in SCHEDULE_ORDER.
+function K.check_step(kind, hp)
+  for _, k in ipairs(kind.SCHEDULE_ORDER) do kind.SCHEDULABLE[k](hp[k], k, hp) end
+end
+
+-- A kind's module table: registers the kind (K.register) and returns
+-- { new = function(params, opts), <class> = the methods table, kind,
+-- DEFAULTS, OPTIONS, ...extra }, callable as <class>(params, opts): the
+-- one-process optimizer over the step protocol (muon.optim.class).
+function K.module(kind, extra)
+  K.register(kind)
+  local make = require("muon.optim.class").make(kind)
+  local mod = { new = make.new, [kind.class] = make.class, kind = kind, DEFAULTS = kind.DEFAULTS, OPTIONS = kind.OPTIONS }
+  for k, v in pairs(extra or {}) do mod[k] = v end
+  return setmetatable(mod, { __call = function(_, params, opts) return make.new(params, opts) end })
+end
+
+---------------------------------------------- the config's own keys
+
+-- A config's top-level keys, and the keys of a group besides its kind's
+-- options (they route parameters to it), and of its dist section.
+K.CONFIG_KEYS = {
+  { "groups", "a non-empty list of groups, each { name, optimizer, match, ..., options }" },
+  { "schedule", "function(step, group) -> an lr, a table of schedulable values, or nil" },
+  { "hooks", "hooks for every group whose kind takes hooks" },
+  { "dist", "{ mesh, balance, max_batch_numel, comm }: the distributed layout" },
+  { "name", "a label for the config (a string; `muon check` prints it)" },
+}
+K.GROUP_KEYS = {
+  { "name", "the group's name (messages, get('lr:<name>'), schedules' group.name)" },
+  { "optimizer", "the kind (K.KINDS; default K.DEFAULT)" },
+  { "match", "Lua pattern(s) or function(s) of (name, shape)" },
+  { "exclude", "Lua pattern(s) or function(s) of (name, shape)" },
+  { "min_dim", "a parameter's dims >= min_dim" },
+  { "max_dim", "a parameter's dims <= max_dim" },
+}
+K.DIST_KEYS = {
+  { "mesh", "{ { axis name, size }, ... }" },
+  { "balance", "'flops' or 'numel': how owners are balanced" },
+  { "max_batch_numel", "elements per Newton-Schulz batch" },
+  { "comm", "a muon.comm communicator (default: the world)" },
+}
+
+-- A list of { name, ... } as a set.
+function K.set(list)
+  local s = {}
+  for _, e in ipairs(list) do s[e[1]] = true end
+  return s
+end
+
+------------------------------------------------- canonical serialization
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do
+    if not (type(k) == "number" and k >= 1 and k <= #t and k == math.floor(k)) then keys[#keys + 1] = k end
+  end
+  table.sort(keys, function(a, b)
+    local ta, tb = type(a), type(b)
+    if ta ~= tb then return ta < tb end
+    if ta == "number" or ta == "string" then return a < b end
+    return tostring(a) < tostring(b)
+  end)
+  return keys
+end
+
+local function serialize(v, depth)
+  local t = type(v)
+  if t == "number" then return ("%.17g"):format(v) end
+  if t == "table" then
+    if depth > 8 then return "{...}" end
+    local parts = {}
+    for i = 1, #v do parts[i] = serialize(v[i], depth + 1) end
+    for _, k in ipairs(sorted_keys(v)) do parts[#parts + 1] = serialize(k, depth + 1) .. "=" .. serialize(v[k], depth + 1) end
+    return "{" .. table.concat(parts, ",") .. "}"
+  end
+  if t == "function" or t == "userdata" or t == "cdata" or t == "thread" then return t end
+  return tostring(v)
+end
+
+-- A value as canonical text: the same value gives the same text in every
+-- process (numbers as %.17g, table keys sorted, nested tables; code by its
+-- type): what ranks compare to agree on a config and a step's values.
+function K.serialize(v) return serialize(v, 0) end
+
+return K
