@@ -1013,10 +1013,10 @@ static int eng_add_param(mu__eng *eng, const char *name, int dtype, int ndim,
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_add_param: eng is NULL");
     if (!name || !*name) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_add_param: name is NULL or empty");
-    if (dtype != MU_F32 && dtype != MU_F64) /* optimizer parameters: float32 or float64 */
+    if (dtype != MU_F32 && dtype != MU_F64)
         return MU__EFAIL(eng, MU_EDTYPE,
-                         "mu_engine_add_param: parameter '%s': dtype %d (%s) is not MU_F32 or MU_F64",
-                         name, dtype, mu_dtype_name(dtype) ? mu_dtype_name(dtype) : "not a dtype");
+                         "mu_engine_add_param: parameter '%s': dtype %d is not MU_F32 or MU_F64",
+                         name, dtype);
     if (ndim < 0 || ndim > MU_MAX_DIMS)
         return MU__EFAIL(eng, MU_EINVAL, "mu_engine_add_param: parameter '%s': ndim %d is outside 0..%d",
                          name, ndim, (int)MU_MAX_DIMS);

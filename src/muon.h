@@ -80,19 +80,7 @@ MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
 
 /* --------------------------------------------------------------- tensors */
 
-/*
- * The dtypes, in one table: X(name, value, Lua name, bytes per element). It
- * generates the enum below (MU_F32, ...), mu_dtype_size and mu_dtype_name
- * (src/tensor.c); the Lua side asks those. A new dtype is one line at the
- * end (values without gaps).
- */
-#define MU_DTYPES(X)           \
-    X(F32, 0, "float32", 4)    \
-    X(F64, 1, "float64", 8)
-
-#define MU__DTYPE_ENUM(name, value, lname, bytes) MU_##name = value,
-typedef enum { MU_DTYPES(MU__DTYPE_ENUM) } mu_dtype;
-#undef MU__DTYPE_ENUM
+typedef enum { MU_F32 = 0, MU_F64 = 1 } mu_dtype;
 enum { MU_MAX_DIMS = 8 };
 
 typedef struct mu_storage mu_storage; /* refcounted buffer, opaque */
@@ -123,10 +111,7 @@ MU_API void mu_tensor_free(mu_tensor *t);
 
 MU_API int64_t mu_tensor_numel(const mu_tensor *t);
 MU_API int mu_tensor_is_contiguous(const mu_tensor *t);
-/* Bytes per element of a dtype (0 for a value outside MU_DTYPES). */
 MU_API size_t mu_dtype_size(int dtype);
-/* Lua name of a dtype ("float32", "float64"; NULL outside MU_DTYPES). */
-MU_API const char *mu_dtype_name(int dtype);
 /* Whether two tensors share the same storage. */
 MU_API int mu_tensor_same_storage(const mu_tensor *a, const mu_tensor *b);
 

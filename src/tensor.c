@@ -10,27 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Both from the one table in muon.h (MU_DTYPES). */
 size_t mu_dtype_size(int dtype)
 {
-    switch (dtype) {
-#define MU__DTYPE_SIZE_CASE(name, value, lname, bytes) \
-    case MU_##name: return bytes;
-        MU_DTYPES(MU__DTYPE_SIZE_CASE)
-#undef MU__DTYPE_SIZE_CASE
-    default: return 0;
-    }
-}
-
-const char *mu_dtype_name(int dtype)
-{
-    switch (dtype) {
-#define MU__DTYPE_NAME_CASE(name, value, lname, bytes) \
-    case MU_##name: return lname;
-        MU_DTYPES(MU__DTYPE_NAME_CASE)
-#undef MU__DTYPE_NAME_CASE
-    default: return NULL;
-    }
+    return dtype == MU_F32 ? 4 : dtype == MU_F64 ? 8 : 0;
 }
 
 /* Checked int64 arithmetic (src/muon_internal.h). */

@@ -9,15 +9,10 @@ local E = require("muon.errors")
 
 local host = {}
 
-local C = require("muon.core").C
-local raise = E.raise
+local DTYPE_BY_CODE = { [0] = "float32", [1] = "float64" }
+local PTR_TYPE = { float32 = ffi.typeof("float *"), float64 = ffi.typeof("double *") }
 
--- The Lua name of a dtype code (the table in src/muon.h, MU_DTYPES).
-local function dtype_name(name, code)
-  local s = C.mu_dtype_name(code)
-  if s == nil then raise(E.EDTYPE, "parameter '" .. name .. "': unsupported dtype " .. tostring(code)) end
-  return ffi.string(s)
-end
+local raise = E.raise
 
 -- Open an engine on a config file. config.load (lua/muon/config.lua) reads
 -- it: a file that cannot be read (missing, a directory, a FIFO) is EIO, a
@@ -34,10 +29,11 @@ end
 -- (the engine holds the tensors it is given; the buffers belong to C).
 function host.add_param(eng, name, dtype_code, shape, data, grad)
   local T = require("muon.tensor")
-  local dtype = dtype_name(name, dtype_code)
-  local value = T.wrap(ffi.cast("void *", data), shape, dtype)
+  local dtype = DTYPE_BY_CODE[dtype_code]
+  if not dtype then raise(E.EDTYPE, "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
+  local value = T.wrap(ffi.cast(PTR_TYPE[dtype], data), shape, dtype)
   local g = nil
-  if grad ~= nil then g = T.wrap(ffi.cast("void *", grad), shape, dtype) end
+  if grad ~= nil then g = T.wrap(ffi.cast(PTR_TYPE[dtype], grad), shape, dtype) end
   eng:add_param(name, value, g)
 end
 
@@ -52,7 +48,8 @@ end
 -- is empty; grad NULL means no gradient, on every rank alike).
 function host.add_param_sharded(eng, name, dtype_code, shape, placements, data, grad)
   local T = require("muon.tensor")
-  local dtype = dtype_name(name, dtype_code)
+  local dtype = DTYPE_BY_CODE[dtype_code]
+  if not dtype then raise(E.EDTYPE, "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
   if not eng.dist then raise(E.ESTATE, "add_param_sharded: parameter '" .. name .. "': the config has no dist section") end
   local pl = { shape = shape }
   for i, p in ipairs(placements) do
@@ -72,7 +69,7 @@ function host.add_param_sharded(eng, name, dtype_code, shape, placements, data, 
       if n > 0 then raise(E.EINVAL, ("parameter '%s': %s is NULL but the local shard has %d elements"):format(name, what, n)) end
       return T.zeros(local_shape, dtype)
     end
-    return T.wrap(ffi.cast("void *", ptr), local_shape, dtype)
+    return T.wrap(ffi.cast(PTR_TYPE[dtype], ptr), local_shape, dtype)
   end
   local value = wrap(data, "local_data")
   local g = nil
@@ -168,6 +165,7 @@ function host.info(args)
   end
   local muon = require("muon")
   local core = require("muon.core")
+  local C = core.C
   local b = muon.blas_info()
   local lines = {}
   local function add(k, v) lines[#lines + 1] = ("%-18s %s"):format(k, v) end
