@@ -26,6 +26,7 @@
 
 static char dir[256];
 static char cli[PATH_MAX];
+static int pending; /* MUON_TEST_PENDING set: the checks that wait for the sandbox (see main) */
 
 #define GROUPS "return { groups = { { optimizer = 'muon', match = '.*', lr = 0.02, momentum = 0.9 } } }\n"
 
@@ -43,8 +44,10 @@ static const char *HOOK =
     "local function f() return (('ab'):gsub('.', f)) end\n"
     "return { groups = { { optimizer = 'muon', match = '.*', lr = 0.02, momentum = 0.9,\n"
     "  ns_transform_fn = function(name, x) calls = calls + 1 if calls == 1 then f() end return nil end } } }\n";
-/* Coroutines have a Lua stack each, so LuaJIT's limit never comes:
- * only a depth limit in the sandbox stops these (see main). */
+/* Coroutines have a Lua stack each, so LuaJIT's limit never comes: on any
+ * C stack these end in SIGSEGV, unless the sandbox stops them (it blocks
+ * coroutines). A trusted config or a script that nests coroutines without
+ * end still crashes, as under luajit. */
 static const char *COWRAP = "local function f() coroutine.wrap(f)() end\nf()\n" GROUPS;
 static const char *CORESUME =
     "local function f() local ok, e = coroutine.resume(coroutine.create(f)) if not ok then error(e, 0) end end\n"
@@ -53,7 +56,8 @@ static const char *CORESUME =
 typedef struct {
     const char *cfg;
     int trusted;
-    int step; /* 1: also add a parameter and step; 2: then step again (see run_job) */
+    int step;         /* 1: also add a parameter and step; 2: then step again (see run_job) */
+    const char *want; /* open's message names it (NULL: "stack"), and the code may be any */
 } job;
 
 /* In the child: open (and step) job j; exit 0 when every call failed or
@@ -65,9 +69,11 @@ static int run_job(const job *j)
     int rc = mu_engine_open_ex(&e, j->cfg, &o);
     if (!j->step) {
         /* a config that recursed until the stack ran out does not open:
-         * a failure status and a message */
+         * a failure status and a message about the stack (LuaJIT's "stack
+         * overflow", or the sandbox's limit on nested library calls) */
         if (rc == MU_OK) return 10;
-        if (e || !mu_last_error()[0]) return 11;
+        if (e || !contains(mu_last_error(), j->want ? j->want : "stack")) return 11;
+        if (pending && !j->want && rc != MU_ENOMEM) return 20;
         printf("# %s: %.160s\n", mu_errname(rc), mu_last_error());
         return 0;
     }
@@ -84,6 +90,7 @@ static int run_job(const job *j)
     mu_engine_get(e, "step", &step);
     printf("# step: %s: %.*s\n", mu_errname(rc), (int)strcspn(mu_engine_error(e), "\n"), mu_engine_error(e));
     if (rc == MU_OK || !mu_engine_error(e)[0]) return 14;
+    if (pending && (rc != MU_ENOMEM || !contains(mu_engine_error(e), "stack"))) return 21;
     if (memcmp(w, w0, sizeof w) != 0 || step != 0) return 15; /* a failed step changes nothing */
     if (j->step == 1) {
         mu_engine_close(e);
@@ -172,6 +179,7 @@ int main(int argc, char **argv)
     /* one Newton-Schulz worker: a forked child starts no worker threads
      * (valgrind would count their thread blocks at the child's exit) */
     setenv("MU_NS_THREADS", "1", 1);
+    pending = getenv("MUON_TEST_PENDING") != NULL;
     snprintf(dir, sizeof dir, "/tmp/muon_cstack_test.XXXXXX");
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
@@ -185,12 +193,12 @@ int main(int argc, char **argv)
     if (slash) snprintf(slash, cli + sizeof cli - slash, "/muon");
     else snprintf(cli, sizeof cli, "../muon");
 
-    job gsub = {tap_write(dir, "gsub.lua", GSUB), 0, 0};
-    job gsub_trusted = {gsub.cfg, 1, 0};
-    job gsub_table = {tap_write(dir, "gsub_table.lua", GSUB_TABLE), 0, 0};
-    job sort = {tap_write(dir, "sort.lua", SORT), 0, 0};
-    job hook = {tap_write(dir, "hook.lua", HOOK), 0, 1};
-    job hook_again = {hook.cfg, 0, 2};
+    job gsub = {tap_write(dir, "gsub.lua", GSUB), 0, 0, NULL};
+    job gsub_trusted = {gsub.cfg, 1, 0, "stack"}; /* unsandboxed: LuaJIT's error, whatever code the loader gives it */
+    job gsub_table = {tap_write(dir, "gsub_table.lua", GSUB_TABLE), 0, 0, NULL};
+    job sort = {tap_write(dir, "sort.lua", SORT), 0, 0, NULL};
+    job hook = {tap_write(dir, "hook.lua", HOOK), 0, 1, NULL};
+    job hook_again = {hook.cfg, 0, 2, NULL};
     for (int small = 0; small <= 1; small++) {
         check("mu_engine_open: gsub replacement calling gsub", &gsub, small);
         check("mu_engine_open (trusted): gsub replacement calling gsub", &gsub_trusted, small);
@@ -217,21 +225,20 @@ int main(int argc, char **argv)
     check_cli("muon check: gsub replacement calling gsub", gsub.cfg);
     check_cli("muon check: sort comparator that sorts", sort.cfg);
 
-    /* PENDING (the sandbox helper's depth limits for re-entrant calls,
-     * lua/muon/sandbox.lua): coroutine nesting has no Lua-stack bound
-     * (each coroutine has its own), so these still end in SIGSEGV until the
-     * sandbox limits how deep configs nest coroutines. Enable them (remove
-     * the skip) when that lands. */
-    job cowrap = {tap_write(dir, "cowrap.lua", COWRAP), 0, 0};
-    job coresume = {tap_write(dir, "coresume.lua", CORESUME), 0, 0};
-    if (getenv("MUON_TEST_PENDING")) {
-        check("mu_engine_open: coroutine.wrap nesting", &cowrap, 0);
-        check("mu_engine_open: coroutine.resume nesting", &coresume, 0);
-        check_cli("muon check: coroutine.wrap nesting", cowrap.cfg);
-    } else {
-        ok(1, "mu_engine_open: coroutine.wrap nesting # SKIP pending the sandbox's depth limits");
-        ok(1, "mu_engine_open: coroutine.resume nesting # SKIP pending the sandbox's depth limits");
-    }
+    job cowrap = {tap_write(dir, "cowrap.lua", COWRAP), 0, 0, "coroutine"};
+    job coresume = {tap_write(dir, "coresume.lua", CORESUME), 0, 0, "coroutine"};
+    check("mu_engine_open: coroutine.wrap nesting (refused by the sandbox)", &cowrap, 0);
+    check("mu_engine_open: coroutine.resume nesting (refused by the sandbox)", &coresume, 0);
+    check_cli("muon check: coroutine.wrap nesting", cowrap.cfg);
+    /* PENDING (the sandbox's limit on nested library calls and its stack
+     * and memory errors as MU_ENOMEM objects, lua/muon/sandbox.lua and
+     * lua/muon/errors.lua; MUON_TEST_PENDING=1 checks them): the open and
+     * step failures above are MU_ENOMEM naming the stack. Today a hook's
+     * overflow reaches C as "(error object is a nil value)": the hook's
+     * xpcall handler itself runs out of stack, and errors.lua indexes the
+     * string that xpcall then returns as if it were the handler's table.
+     * Make these checks unconditional when that lands. */
+    if (!pending) ok(1, "open and step failures are MU_ENOMEM naming the stack # SKIP pending the sandbox");
 
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
