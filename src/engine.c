@@ -362,6 +362,7 @@ static void mu__lua_scope_init(void)
     void *ours = (void *)lua_checkstack;
     void *global = dlopen(NULL, RTLD_LAZY); /* dlsym on it: the global scope only */
     void *seen = global ? dlsym(global, "lua_checkstack") : NULL;
+    if (global) dlclose(global);
     if (seen == ours) return; /* a host linked it, or loaded it globally */
     Dl_info info;
     if (!seen && dladdr(ours, &info) && info.dli_fname && dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_GLOBAL))

@@ -45,10 +45,11 @@ end
 -- runs it (src/engine.c records it in the registry: a path, or true for
 -- the host program's own symbols), so a host never gets a second copy;
 -- MUON_LIB; the host's own symbols; the source tree or install prefix of
--- these modules; the system's search path.
+-- these modules; the system's search path. (A host that linked libmuon.a
+-- without exporting its symbols gets a second copy from the search.)
 local function load_library()
   local embedded = debug.getregistry()["muon.library"]
-  if embedded == true then return ffi.C, "(host)" end
+  if embedded == true and host_has_library() then return ffi.C, "(host)" end
   if type(embedded) == "string" then
     local lib, err = try_load(embedded)
     if not lib then error("cannot load the host's libmuon " .. embedded .. " (" .. tostring(err) .. ")", 0) end
