@@ -544,6 +544,17 @@ MU_API int mu_comm_world_size(void);
  * Use an engine from one thread at a time: a call made while another call
  * on the same engine runs returns MU_ESTATE.
  *
+ * Running out of memory or of Lua stack anywhere in the engine's Lua (a
+ * hook, the config) is MU_ENOMEM with a message naming what ran out. The
+ * engine's Lua runs on a C stack of its own (128 MB reserved, pages used
+ * only as deep as a call goes), on the calling thread, whatever stack that
+ * thread has: a config that re-enters C library functions without end
+ * (a string.gsub replacement that calls gsub) meets LuaJIT's Lua-stack
+ * limit, a clean error, before that stack runs out (x86-64; elsewhere the
+ * caller's stack is used). A host that loaded libmuon with
+ * dlopen(RTLD_LOCAL) works too: the first engine makes libmuon's LuaJIT
+ * symbols global, so that the Lua C modules it loads find them.
+ *
  * The Lua modules are found through, in order: opts->lua_path, the
  * environment variable MUON_LUA_PATH (a directory holding muon/init.lua, or
  * a package.path template containing '?'), the install prefix of the code
@@ -629,8 +640,13 @@ MU_API void mu_engine_close(mu_engine *eng);
  * require("mod").fn(args)) in a fresh LuaJIT state set
  * up like an engine's; argv[0..argc-1] become the global arg[1..argc] (arg[0]
  * is the script) or main's args table. *status gets the script's exit status:
- * 0, or the integer it returns, or 1 on a Lua error (then MU_ELUA is returned
- * and the message and traceback are in mu_last_error()). With flags
+ * what it returns, read as LuaJIT's os.exit reads its argument (nothing, nil
+ * or true: 0; false: 1; an integer 0..255, or a string holding one: itself),
+ * or 1 on an error (the message and traceback in mu_last_error()): a Lua
+ * error (MU_ELUA, or the code of muon's error object: MU_EIO for a missing
+ * script), memory or Lua stack exhausted (MU_ENOMEM), a return value that
+ * os.exit would refuse or truncate, such as 256, -1, 3.5, NaN or a table
+ * (MU_EINVAL, naming it), an empty path (MU_EINVAL). With flags
  * MU_SCRIPT_MPI: on error print the message to stderr and abort the MPI job
  * if it runs more than one rank (mu_comm_abort), and finalize MPI at the end
  * (mu_comm_finalize). With MU_SCRIPT_TRUSTED, engines the script opens load
