@@ -826,36 +826,48 @@ typedef struct mu__open {
     int rc;
 } mu__open;
 
-static int mu__open_body(lua_State *L)
+/* Loads muon.host (left on the stack) and records the metatable of muon's
+ * error objects, as muon.core makes them, in the registry under
+ * mu__errmt_key. Message handler at index 1; returns the lua_pcall status
+ * (a string error when the metatable is missing). */
+static int mu__load_host(lua_State *L)
 {
-    mu__open *o = lua_touserdata(L, 1);
-    lua_settop(L, 0);
-    lua_pushcfunction(L, mu__msgh);
     int status = mu__require(L, "muon.host");
-    if (status == 0) {
-        o->eng->host_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-        lua_getglobal(L, "require");
-        lua_pushliteral(L, "muon.core");
-        status = lua_pcall(L, 1, 1, 1);
-    }
+    if (status != 0) return status;
+    int host = lua_gettop(L);
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "muon.core");
+    status = lua_pcall(L, 1, 1, 1);
     if (status == 0) {
         lua_getfield(L, -1, "error_object");
         lua_pushinteger(L, MU_ELUA);
         lua_pushliteral(L, "");
         status = lua_pcall(L, 2, 1, 1);
     }
+    if (status != 0) return status;
+    lua_pushlightuserdata(L, (void *)&mu__errmt_key);
+    if (!lua_getmetatable(L, -2)) {
+        lua_pushliteral(L, "muon.core made an error object without a metatable");
+        return LUA_ERRRUN;
+    }
+    lua_rawset(L, LUA_REGISTRYINDEX);
+    lua_settop(L, host);
+    return 0;
+}
+
+static int mu__open_body(lua_State *L)
+{
+    mu__open *o = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    lua_pushcfunction(L, mu__msgh);
+    int status = mu__load_host(L);
     if (status != 0) {
         o->rc = mu__lua_fail(L, NULL, status, MU_ELUA,
                              "mu_engine_open: loading muon.host (set MUON_LUA_PATH to the directory that holds "
                              "muon/init.lua, or pass mu_engine_opts.lua_path)");
         return 0;
     }
-    lua_pushlightuserdata(L, (void *)&mu__errmt_key);
-    if (!lua_getmetatable(L, -2)) {
-        o->rc = mu__fail(MU_ELUA, "mu_engine_open: muon.core made an error object without a metatable");
-        return 0;
-    }
-    lua_rawset(L, LUA_REGISTRYINDEX);
+    o->eng->host_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_settop(L, 1);
     lua_rawgeti(L, LUA_REGISTRYINDEX, o->eng->host_ref);
     lua_getfield(L, -1, "open");
@@ -1233,7 +1245,7 @@ static int mu__script_body(lua_State *L)
     mu__script_job *j = lua_touserdata(L, 1);
     lua_settop(L, 0);
     lua_pushcfunction(L, mu__msgh_script);
-    int st = mu__require(L, "muon.host");
+    int st = mu__load_host(L);
     const char *hint = st != 0 ? "set MUON_LUA_PATH to the directory that holds muon/init.lua: " : "";
     if (st == 0) {
         lua_getfield(L, -1, j->entry);
