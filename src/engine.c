@@ -165,10 +165,12 @@ static int mu__msgh_ex(lua_State *L, int always_tb)
      * grows no further): whatever was raised, that is the failure, and
      * there is no room for a traceback. Decided by the stack, not by the
      * message. */
-    if (lua_cpcall(L, mu__probe_stack, NULL) != 0) {
+    int probe = lua_cpcall(L, mu__probe_stack, NULL);
+    if (probe != 0) {
         const char *what = lua_type(L, 1) == LUA_TSTRING ? lua_tostring(L, 1) : "stack overflow";
         lua_createtable(L, 0, 2);
-        lua_pushfstring(L, "out of Lua stack: calls nested too deeply (%s)", what);
+        lua_pushfstring(L, probe == LUA_ERRMEM ? "out of memory in the Lua state (%s)"
+                                               : "out of Lua stack: calls nested too deeply (%s)", what);
         lua_setfield(L, -2, "msg");
         lua_pushinteger(L, MU_ENOMEM);
         lua_setfield(L, -2, "code");
