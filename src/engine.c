@@ -391,9 +391,25 @@ static void mu__push_library(lua_State *L)
         lua_pushboolean(L, 1);
 }
 
-/* A fresh state (*out) with the standard libraries, package.path set, and
- * the message handler at stack index 1; on failure a status code (and
- * mu_last_error), *out NULL. */
+/* The standard libraries, the registry's "muon.library" and package.path
+ * (templ, the light userdata argument, prepended). Protected (lua_cpcall). */
+static int mu__setup_body(lua_State *L)
+{
+    const char *templ = lua_touserdata(L, 1);
+    luaL_openlibs(L);
+    mu__push_library(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, "muon.library");
+    if (templ[0]) {
+        lua_getglobal(L, "package");
+        lua_getfield(L, -1, "path");
+        lua_pushfstring(L, "%s%s", templ, lua_tostring(L, -1));
+        lua_setfield(L, -3, "path");
+    }
+    return 0;
+}
+
+/* A fresh state (*out) set up by mu__setup_body, its stack empty; on
+ * failure a status code (and mu_last_error), *out NULL. */
 static int mu__new_state(const char *explicit_dir, lua_State **out)
 {
     char templ[2 * PATH_MAX + 64];
@@ -402,16 +418,10 @@ static int mu__new_state(const char *explicit_dir, lua_State **out)
     if (mu__lua_scope_err[0]) return mu__fail(MU_ESTATE, "%s", mu__lua_scope_err);
     lua_State *L = luaL_newstate();
     if (!L) return mu__fail(MU_ENOMEM, "cannot create a Lua state");
-    luaL_openlibs(L);
-    mu__push_library(L);
-    lua_setfield(L, LUA_REGISTRYINDEX, "muon.library");
     mu__lua_path(explicit_dir, templ, sizeof templ);
-    if (templ[0]) {
-        lua_getglobal(L, "package");
-        lua_getfield(L, -1, "path");
-        lua_pushfstring(L, "%s%s", templ, lua_tostring(L, -1));
-        lua_setfield(L, -3, "path");
-        lua_pop(L, 2);
+    if (lua_cpcall(L, mu__setup_body, templ) != 0) {
+        lua_close(L);
+        return mu__fail(MU_ENOMEM, "cannot set up a Lua state: out of memory");
     }
     lua_settop(L, 0);
     *out = L;
