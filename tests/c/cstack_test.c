@@ -303,10 +303,12 @@ int main(int argc, char **argv)
     /* PENDING (the sandbox's limit on nested library calls and its stack
      * and memory errors as MU_ENOMEM objects, lua/muon/sandbox.lua and
      * lua/muon/errors.lua; MUON_TEST_PENDING=1 checks them): the open and
-     * step failures above are MU_ENOMEM naming the stack. Today a hook's
-     * overflow reaches C as "(error object is a nil value)": the hook's
-     * xpcall handler itself runs out of stack, and errors.lua indexes the
-     * string that xpcall then returns as if it were the handler's table.
+     * step failures above are MU_ENOMEM naming the stack, and the hook that
+     * runs out of memory MU_ENOMEM naming memory. Today a hook's overflow or
+     * memory failure reaches C as "(error object is a nil value)": the
+     * hook's xpcall handler runs out of stack itself (or, for memory, is not
+     * run), and errors.lua indexes the string that xpcall then returns as
+     * if it were the handler's table.
      * Make these checks unconditional when that lands. */
     if (!pending) ok(1, "open and step failures are MU_ENOMEM naming the stack # SKIP pending the sandbox");
 
