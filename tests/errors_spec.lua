@@ -315,17 +315,6 @@ describe("E.blame", function()
 end)
 
 describe("the Lua sources", function()
-  -- Files of the `kind` branch (issue 18, items 1-2), converted there at the
-  -- same time as this check was written: excluded until it lands (the lead
-  -- removes this list at the merge).
-  local PENDING = {
-    ["lua/muon/step.lua"] = true, ["lua/muon/engine.lua"] = true, ["lua/muon/check.lua"] = true,
-    ["lua/muon/router.lua"] = true, ["lua/muon/optim/"] = true,
-  }
-  local function pending(path)
-    return PENDING[path] or PENDING[path:match("^(.*/)[^/]*$")]
-  end
-
   -- level + 1 threaded through calls; a position pattern (":%d+: ")
   -- matched or stripped; error(msg, N) blaming a fixed frame
   local function offending(line)
@@ -355,12 +344,10 @@ describe("the Lua sources", function()
     assert.truthy(#files > 15, #files)
     local bad = {}
     for _, f in ipairs(files) do
-      if not pending(f) then
-        local n = 0
-        for line in io.lines(H.root .. "/" .. f) do
-          n = n + 1
-          if offending(line) then bad[#bad + 1] = f .. ":" .. n .. ": " .. line end
-        end
+      local n = 0
+      for line in io.lines(H.root .. "/" .. f) do
+        n = n + 1
+        if offending(line) then bad[#bad + 1] = f .. ":" .. n .. ": " .. line end
       end
     end
     assert.same({}, bad)

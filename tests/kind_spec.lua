@@ -176,7 +176,7 @@ describe("errors blamed on the caller's line", function()
   it("a constructor's bad option names this file's line, with a code; add_param_group's has no position", function()
     local p = muon.param("w", T.zeros({ 3, 4 }), T.zeros({ 3, 4 }))
     local line = debug.getinfo(1, "l").currentline + 1
-    local ok, err = pcall(function() return muon.optim.Muon({ p }, { lr = -1 }) end)
+    local ok, err = pcall(function() local o = muon.optim.Muon({ p }, { lr = -1 }) return o end) -- (no tail call: its frame names the line)
     assert.is_false(ok)
     assert.equal(E.EINVAL, E.code(err))
     assert.equal(("tests/kind_spec.lua:%d: lr must be >= 0, got -1"):format(line), tostring(err))

@@ -126,9 +126,8 @@ function kind.resolve(g)
     steps = g.ns_steps, variant = g.ns_variant, eps = g.ns_epsilon,
     coefficients = g.ns_coefficients, path = g.ns_path, method = g.ns_method,
   })
-  -- (until muon.ns raises position-free error objects: its string carries
-  -- the position of this call)
-  if not ok2 then E.raise(E.code(resolved) or E.EINVAL, "%s", (E.message(resolved):gsub("^[^:]*:%d+: ", ""))) end
+  -- (under pcall muon.ns blames no line: the group's checks name the option)
+  if not ok2 then E.reraise(resolved, E.EINVAL) end
   g._ns = resolved
 end
 
