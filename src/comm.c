@@ -97,15 +97,20 @@ static void mu__account_nb(mu_comm *c, int64_t sent, int64_t recv, double t0, in
     mu__account(c, sent, recv, t0);
 }
 
+/* The moves (all-to-all, gather, broadcast) carry any dtype's elements;
+ * bfloat16 ones travel as 16-bit words. */
 static int mu__esize(int dtype, size_t *es) {
-    if (dtype == MU_F32) *es = 4;
-    else if (dtype == MU_F64) *es = 8;
-    else return mu__fail(MU_EDTYPE, "comm: dtype %d is not MU_F32 or MU_F64", dtype);
+    if (!mu_dtype_size(dtype))
+        return mu__fail(MU_EDTYPE, "comm: dtype %d is not MU_F32, MU_F64 or MU_BF16", dtype);
+    *es = mu_dtype_size(dtype);
     return MU_OK;
 }
 
 #ifdef MU_HAVE_MPI
-static MPI_Datatype mu__mpi_type(int dtype) { return dtype == MU_F64 ? MPI_DOUBLE : MPI_FLOAT; }
+static MPI_Datatype mu__mpi_type(int dtype)
+{
+    return dtype == MU_F64 ? MPI_DOUBLE : dtype == MU_BF16 ? MPI_UINT16_T : MPI_FLOAT;
+}
 
 static int mu__mpi_fail(int err, const char *what) {
     char msg[MPI_MAX_ERROR_STRING];

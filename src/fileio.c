@@ -243,3 +243,92 @@ void mu__tmp_abort(char *tmp, int fd)
     if (tmp) unlink(tmp);
     free(tmp);
 }
+
+/* ------------------------------------------------------ element types */
+
+static const struct file_type {
+    const char *name, *npy;
+    size_t bytes;
+} FILE_TYPES[MU__FT_COUNT] = {
+#define MU__FILE_TYPE_ROW(name, npy, bytes) [MU__FT_##name] = { #name, npy, bytes },
+    MU__FILE_TYPES(MU__FILE_TYPE_ROW)
+#undef MU__FILE_TYPE_ROW
+};
+
+int mu__file_type(const char *name)
+{
+    for (int ft = 0; name && ft < MU__FT_COUNT; ft++)
+        if (strcmp(FILE_TYPES[ft].name, name) == 0) return ft;
+    return -1;
+}
+
+int mu__file_type_npy(const char *descr)
+{
+    for (int ft = 0; descr && ft < MU__FT_COUNT; ft++)
+        if (FILE_TYPES[ft].npy && strcmp(FILE_TYPES[ft].npy, descr) == 0) return ft;
+    return -1;
+}
+
+size_t mu__file_type_size(int ft) { return ft >= 0 && ft < MU__FT_COUNT ? FILE_TYPES[ft].bytes : 0; }
+
+const char *mu__file_type_name(int ft) { return ft >= 0 && ft < MU__FT_COUNT ? FILE_TYPES[ft].name : "?"; }
+
+int mu__file_type_of(int dtype)
+{
+    return dtype == MU_F32 ? MU__FT_F32 : dtype == MU_F64 ? MU__FT_F64 : dtype == MU_BF16 ? MU__FT_BF16 : -1;
+}
+
+/* IEEE half to float, exactly (NaN payloads kept). */
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0) {
+        float f = (float)m * 0x1p-24f; /* zero or subnormal: m * 2^-24 */
+        return sign ? -f : f;
+    }
+    u = sign | (e == 0x1f ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* One element of type T at p (unaligned) as a float and as a double. */
+#define MU__LD(T, p) (*(T *)memcpy(&(T){ 0 }, (p), sizeof(T)))
+#define MU__CONVERT_CASES(X)                                                                       \
+    X(F32, float, v, v)                                                                            \
+    X(F64, double, (float)v, v)                                                                    \
+    X(BF16, uint16_t, mu__f32_from_bf16(v), mu__f32_from_bf16(v))                                  \
+    X(F16, uint16_t, f16_to_f32(v), f16_to_f32(v))                                                 \
+    X(I8, int8_t, (float)v, (double)v)                                                             \
+    X(I16, int16_t, (float)v, (double)v)                                                           \
+    X(I32, int32_t, (float)v, (double)v)                                                           \
+    X(I64, int64_t, (float)v, (double)v)                                                           \
+    X(U8, uint8_t, (float)v, (double)v)                                                            \
+    X(U16, uint16_t, (float)v, (double)v)                                                          \
+    X(U32, uint32_t, (float)v, (double)v)                                                          \
+    X(U64, uint64_t, (float)v, (double)v)                                                          \
+    X(BOOL, uint8_t, (float)(v != 0), (double)(v != 0))
+
+void mu__file_convert(int ft, const void *src, int64_t n, void *dst, int dtype)
+{
+    const char *s = src;
+    float *f = dst;
+    double *d = dst;
+    uint16_t *b = dst;
+    switch (ft) {
+#define MU__CONVERT_CASE(name, T, TO_F32, TO_F64)                                                  \
+    case MU__FT_##name:                                                                            \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            T v = MU__LD(T, s + i * (int64_t)sizeof(T));                                           \
+            if (dtype == MU_F32) f[i] = TO_F32;                                                    \
+            else if (dtype == MU_F64) d[i] = TO_F64;                                               \
+            else if (ft == MU__FT_F64) b[i] = mu__bf16_from_f64((double)v);                        \
+            else b[i] = mu__bf16_from_f32(TO_F32);                                                 \
+        }                                                                                          \
+        break;
+        MU__CONVERT_CASES(MU__CONVERT_CASE)
+#undef MU__CONVERT_CASE
+    }
+}
+#undef MU__LD
+#undef MU__CONVERT_CASES

@@ -80,7 +80,24 @@ MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
 
 /* --------------------------------------------------------------- tensors */
 
-typedef enum { MU_F32 = 0, MU_F64 = 1 } mu_dtype;
+/*
+ * The dtypes, in one table: X(name, value, bytes, lua name, safetensors
+ * name). It generates the enum (MU_F32, ...), mu_dtype_size, mu_dtype_name
+ * and mu_dtype_file_name (src/tensor.c); the Lua side builds its dtype
+ * tables from those. MU_BF16 (bfloat16: the upper half of a float32) is a
+ * storage dtype: tensors of it are made, viewed, copied and converted
+ * (round to nearest even, as torch), saved and loaded, and foreach state
+ * arrays may hold it; the maths, Newton-Schulz and collectives take float32
+ * and float64 only (MU_EDTYPE otherwise).
+ */
+#define MU_DTYPES(X)                                                                            \
+    X(F32, 0, 4, "float32", "F32")                                                              \
+    X(F64, 1, 8, "float64", "F64")                                                              \
+    X(BF16, 2, 2, "bfloat16", "BF16")
+
+#define MU__DTYPE_ENUM(name, value, bytes, lname, fname) MU_##name = value,
+typedef enum { MU_DTYPES(MU__DTYPE_ENUM) MU_DTYPE_COUNT } mu_dtype;
+#undef MU__DTYPE_ENUM
 enum { MU_MAX_DIMS = 8 };
 
 typedef struct mu_storage mu_storage; /* refcounted buffer, opaque */
@@ -111,7 +128,12 @@ MU_API void mu_tensor_free(mu_tensor *t);
 
 MU_API int64_t mu_tensor_numel(const mu_tensor *t);
 MU_API int mu_tensor_is_contiguous(const mu_tensor *t);
+/* Bytes per element of a dtype (0 for a value outside MU_DTYPES). */
 MU_API size_t mu_dtype_size(int dtype);
+/* The dtype's Lua name ("float32", "float64", "bfloat16") and its
+ * safetensors name ("F32", "F64", "BF16"); NULL outside MU_DTYPES. */
+MU_API const char *mu_dtype_name(int dtype);
+MU_API const char *mu_dtype_file_name(int dtype);
 /* Whether two tensors share the same storage. */
 MU_API int mu_tensor_same_storage(const mu_tensor *a, const mu_tensor *b);
 
@@ -260,6 +282,12 @@ MU_API int mu_tensor_gather(const mu_tensor *t, int dim, const mu_tensor *index,
 
 /* NumPy .npy, versions 1.0/2.0/3.0, '<f4' or '<f8', C order. */
 MU_API int mu_npy_load(const char *path, mu_tensor **out);
+/* As mu_npy_load, into a tensor of dtype (MU_F32, MU_F64, MU_BF16; -1: as
+ * stored), converting '<f2', '<f4', '<f8', integer ('|i1'..'<i8',
+ * '|u1'..'<u8') and '|b1' data as mu_st_reader_read_as does. Without a
+ * dtype, data that is not '<f4' or '<f8' is refused (MU_EDTYPE naming the
+ * file and its dtype). */
+MU_API int mu_npy_load_as(const char *path, int dtype, mu_tensor **out);
 MU_API int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out);
 MU_API int mu_npy_save(const mu_tensor *t, const char *path);
 
@@ -280,6 +308,17 @@ MU_API int64_t mu_st_reader_data_size(const mu_st_reader *r);
 /* Copy data bytes [begin, end) into contiguous dst after checking
  * 0 <= begin <= end <= data size and end - begin == numel * element size. */
 MU_API int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *dst);
+/* Bytes per element of a safetensors dtype muon reads: "F32", "F64",
+ * "BF16", "F16", "I8".."I64", "U8".."U64", "BOOL"; 0 for any other name. */
+MU_API size_t mu_st_dtype_size(const char *name);
+/* As mu_st_reader_read for data stored as `dtype` (a name above), each
+ * element converted into dst's dtype: exact where it holds every value,
+ * else rounded to nearest even as torch's .to() (integers straight to the
+ * float type, float64 to bfloat16 through float32). */
+MU_API int mu_st_reader_read_as(mu_st_reader *r, int64_t begin, int64_t end, const char *dtype,
+                                mu_tensor *dst);
+/* XXH64 (seed 0) of the file's whole data section, read from the file. */
+MU_API int mu_st_reader_checksum(mu_st_reader *r, uint64_t *out);
 MU_API void mu_st_reader_close(mu_st_reader *r);
 
 /* Atomic write: a new temporary file in path's directory (a unique
@@ -381,13 +420,19 @@ MU_API int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, do
 /* ------------------------------------------------- fused multi-tensor ops */
 
 /* All mu_foreach_* calls take arrays of n contiguous tensors of one dtype
- * (MU_F32 or MU_F64; else MU_EDTYPE, non-contiguous MU_EINVAL); tensors of
+ * (MU_F32 or MU_F64; else MU_EDTYPE, non-contiguous MU_EINVAL), except that
+ * optimizer state (momentum's bufs/new_bufs, AdamW's and Lion's moments, and
+ * all_finite's xs) may be MU_BF16 beside MU_F32 tensors: loaded exactly,
+ * computed in float32, rounded once to nearest even when stored (as
+ * mu_tensor_copy does); the other arrays stay MU_F32. Tensors of
  * index i have the same numel (else MU_ESHAPE naming the index). Everything
  * is validated before any memory is touched. Tensors of one index are the
  * same memory or disjoint (partial overlap is MU_EINVAL). Float32 results
  * reproduce the rounding of the torch sequences they replace (see
- * src/foreach.c); results do not depend on the thread count. Large calls
- * run on the process's CPUs (env MU_FOREACH_THREADS overrides). */
+ * src/foreach.c); results do not depend on the thread count or on the
+ * kernel variant (portable C, AVX2, AVX-512: picked per op from the CPU;
+ * env MU_FOREACH_SIMD=portable|avx2|avx512 asks for one). Large calls run
+ * on the process's CPUs (env MU_FOREACH_THREADS overrides). */
 
 /* Muon momentum as the seed: u = g + m1*buf; buf' = m2*buf + g;
  * nesterov: u = m1*u + g (float32: u = fma(m1, buf, g) as torch's
@@ -464,7 +509,7 @@ MU_API int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor
 /* Collectives for distributed steps (src/comm.c). A mu_comm wraps a private
  * duplicate of an MPI communicator; without MPI every communicator is a
  * single process (size 1) and collectives are local copies. Counts and
- * displacements are in elements of the dtype (MU_F32/MU_F64). Each handle
+ * displacements are in elements of the dtype (MU_F32/MU_F64; the moves carry MU_BF16 too). Each handle
  * counts its calls, the logical payload bytes it sent to / received from
  * OTHER ranks (self copies count nothing), and seconds spent in calls. */
 typedef struct mu_comm mu_comm;

@@ -5,6 +5,7 @@
 #include "muon.h"
 
 #include <stdatomic.h>
+#include <string.h>
 
 #define MU__UNUSED(x) ((void)(x))
 
@@ -20,6 +21,30 @@ struct mu_storage {
  * computed from caller or file input goes through these. */
 static inline int mu__mul_i64(int64_t a, int64_t b, int64_t *r) { return __builtin_mul_overflow(a, b, r); }
 static inline int mu__add_i64(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }
+
+/* bfloat16 <-> float32/float64, bit for bit as torch 1.13 on CPU: to
+ * bfloat16 rounds to nearest even (subnormals kept, overflow to Inf); a
+ * float32 NaN becomes 0xffff (torch's vectorized conversion), a float64
+ * one 0x7fc0 (torch's scalar path, which goes through float32 first, as
+ * this does). Widening is exact. */
+static inline uint16_t mu__bf16_from_f32(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if (f != f) return 0xffff;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline uint16_t mu__bf16_from_f64(double d)
+{
+    return d != d ? (uint16_t)0x7fc0 : mu__bf16_from_f32((float)d);
+}
+static inline float mu__f32_from_bf16(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 /* Record a detail message for mu_last_error() and return code. */
 int mu__fail(int code, const char *fmt, ...)
@@ -38,6 +63,39 @@ int mu__tensor_over(mu_storage *s, int dtype, int64_t offset, int ndim, const in
 /* Element pointer for a flat row-major position of a strided tensor. */
 void *mu__tensor_ptr(const mu_tensor *t, const int64_t *index);
 
+/* Element types of files (src/fileio.c), in one table: X(safetensors name,
+ * .npy descr or NULL, bytes). Data of any of them converts into float32,
+ * float64 and bfloat16 tensors (mu__file_convert). */
+#define MU__FILE_TYPES(X)                                                                          \
+    X(F32, "<f4", 4)                                                                               \
+    X(F64, "<f8", 8)                                                                               \
+    X(BF16, NULL, 2)                                                                               \
+    X(F16, "<f2", 2)                                                                               \
+    X(I8, "|i1", 1)                                                                                \
+    X(I16, "<i2", 2)                                                                               \
+    X(I32, "<i4", 4)                                                                               \
+    X(I64, "<i8", 8)                                                                               \
+    X(U8, "|u1", 1)                                                                                \
+    X(U16, "<u2", 2)                                                                               \
+    X(U32, "<u4", 4)                                                                               \
+    X(U64, "<u8", 8)                                                                               \
+    X(BOOL, "|b1", 1)
+#define MU__FILE_TYPE_ENUM(name, npy, bytes) MU__FT_##name,
+enum { MU__FILE_TYPES(MU__FILE_TYPE_ENUM) MU__FT_COUNT };
+#undef MU__FILE_TYPE_ENUM
+/* The file type of a safetensors name / an .npy descr; -1 if none. */
+int mu__file_type(const char *name);
+int mu__file_type_npy(const char *descr);
+size_t mu__file_type_size(int ft);
+const char *mu__file_type_name(int ft);
+/* The file type that holds dtype's elements as they are (F32, F64, BF16). */
+int mu__file_type_of(int dtype);
+/* n little-endian elements of file type ft at src into dst, contiguous, of
+ * dtype (MU_F32/MU_F64/MU_BF16): exact where dtype holds every value, else
+ * rounded to nearest even as torch's conversion (integers straight to the
+ * float type; to bfloat16 through float32). */
+void mu__file_convert(int ft, const void *src, int64_t n, void *dst, int dtype);
+
 /* Files (src/fileio.c). Open path for reading only if it is a regular file
  * (never blocking on a FIFO or device): fd and size, or MU_EIO naming the
  * path. */
@@ -55,7 +113,9 @@ int mu__tmp_commit(const char *path, char *tmp, int fd);
 void mu__tmp_abort(char *tmp, int fd);
 /* ------------------------------------------------ Newton-Schulz (ns*.c) */
 
-enum { MU__NS_MAX_SLOTS = 16 };
+#include "pool.h"
+
+enum { MU__NS_MAX_SLOTS = MU__POOL_MAX };
 
 /* One worker's buffers. */
 typedef struct mu__ns_slot {
@@ -93,13 +153,9 @@ int mu__ns_check_opts(const mu_ns_opts *o);
 /* Estimated cost in flops of one rows x cols matrix with the iteration
  * mu_ns_method_for picks (a scheduler's weight). */
 double mu__ns_cost(int64_t rows, int64_t cols, const mu_ns_opts *opts);
-/* One matrix in -> out (may alias) on workspace slot `slot` (allocated:
- * see mu__ns_slots), one worker, dispatching on opts->method (checked).
- * norm: ||in||_F (finite; 0 only with eps > 0). With OpenBLAS set to one
- * thread, the bits are those of the same matrix in any mu_ns_zeropower call.
- * Fails only with MU_ENOMEM (the Gram buffers, allocated on first use). */
-int mu__ns_matrix(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols, const void *in,
-                  void *out, double norm, mu_ns_workspace *ws, int slot);
+/* The worker team of a Newton-Schulz call (src/pool.c): `workers` of them,
+ * on the host's OpenMP runtime when it has one, unless MU_NS_OPENMP=0. */
+mu__pool_cfg mu__ns_pool_cfg(int workers);
 /* The standard iteration on one matrix (src/ns.c), one worker. */
 void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols,
                          const void *in, void *out, double norm, const mu__ns_slot *s);

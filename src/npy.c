@@ -84,7 +84,8 @@ static int parse_shape(cursor *c, int *ndim, int64_t *shape)
 }
 
 typedef struct {
-    int scalar, ndim, have_descr, have_order, have_shape;
+    int ft, ndim, have_descr, have_order, have_shape; /* ft: the file type (MU__FT_*) */
+    char descr[32];
     int64_t shape[MU_MAX_DIMS];
 } npy_header;
 
@@ -111,11 +112,11 @@ static int parse_header(const char *text, size_t len, npy_header *h)
         if (strcmp(key, "descr") == 0) {
             if (!parse_str(&c, val, sizeof val))
                 return mu__fail(MU_EFORMAT, "npy header: descr is not a string");
-            if (strcmp(val, "<f4") == 0) h->scalar = MU_F32;
-            else if (strcmp(val, "<f8") == 0) h->scalar = MU_F64;
-            else
-                return mu__fail(MU_EDTYPE,
-                                "npy dtype '%s' is not supported (only '<f4' and '<f8')", val);
+            h->ft = mu__file_type_npy(val);
+            if (h->ft < 0)
+                return mu__fail(MU_EDTYPE, "npy dtype '%s' is not supported (floats, integers and "
+                                "booleans, little-endian)", val);
+            snprintf(h->descr, sizeof h->descr, "%s", val);
             h->have_descr = 1;
         } else if (strcmp(key, "fortran_order") == 0) {
             if (parse_word(&c, "True"))
@@ -147,7 +148,7 @@ static int parse_header(const char *text, size_t len, npy_header *h)
     return MU_OK;
 }
 
-int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out)
+static int load_mem(const void *buf, size_t len, int dtype, mu_tensor **out)
 {
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
@@ -173,7 +174,13 @@ int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out)
     int rc = parse_header((const char *)b + start, hlen, &h);
     if (rc) return rc;
     int64_t numel = mu__shape_numel(h.ndim, h.shape);
-    size_t es = mu_dtype_size(h.scalar), avail = len - start - hlen;
+    if (dtype < 0) dtype = h.ft == MU__FT_F32 ? MU_F32 : h.ft == MU__FT_F64 ? MU_F64 : -1;
+    if (dtype < 0)
+        return mu__fail(MU_EDTYPE, "npy dtype '%s' (%s) is not float32 or float64: ask for a "
+                        "conversion (T.load(path, { dtype = \"float32\" }), mu_npy_load_as)",
+                        h.descr, mu__file_type_name(h.ft));
+    if (!mu_dtype_size(dtype)) return mu__fail(MU_EDTYPE, "unsupported dtype %d", dtype);
+    size_t es = mu__file_type_size(h.ft), avail = len - start - hlen;
     if (numel < 0 || (uint64_t)numel > avail / es)
         return mu__fail(MU_EFORMAT, "npy header claims %lld elements but the file holds %zu bytes",
                         (long long)numel, avail);
@@ -181,14 +188,19 @@ int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out)
         return mu__fail(MU_EFORMAT, "npy file has %zu trailing bytes after the data",
                         avail - (size_t)numel * es);
     mu_tensor *t;
-    rc = mu_tensor_new(h.scalar, h.ndim, h.shape, &t);
+    rc = mu_tensor_new(dtype, h.ndim, h.shape, &t);
     if (rc) return rc;
-    memcpy(t->data, b + start + hlen, (size_t)numel * es);
+    if (h.ft == mu__file_type_of(dtype)) memcpy(t->data, b + start + hlen, (size_t)numel * es);
+    else mu__file_convert(h.ft, b + start + hlen, numel, t->data, dtype);
     *out = t;
     return MU_OK;
 }
 
-int mu_npy_load(const char *path, mu_tensor **out)
+int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out) { return load_mem(buf, len, -1, out); }
+
+int mu_npy_load(const char *path, mu_tensor **out) { return mu_npy_load_as(path, -1, out); }
+
+int mu_npy_load_as(const char *path, int dtype, mu_tensor **out)
 {
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = NULL;
@@ -212,7 +224,7 @@ int mu_npy_load(const char *path, mu_tensor **out)
     close(fd);
     rc = bad ? mu__fail(MU_EIO, "cannot read '%s': %s", path, strerror(err))
              : got != (size_t)size ? mu__fail(MU_EIO, "short read on '%s'", path)
-                                   : mu_npy_load_mem(buf, got, out);
+                                   : load_mem(buf, got, dtype, out);
     free(buf);
     if (rc && rc != MU_EIO) {
         char msg[900];
@@ -227,6 +239,9 @@ int mu_npy_save(const mu_tensor *t, const char *path)
     if (!t || !path || !*path) return mu__fail(MU_EINVAL, "tensor or path is NULL");
     int rc = mu__tensor_check(t, "tensor");
     if (rc) return rc;
+    if (t->scalar != MU_F32 && t->scalar != MU_F64)
+        return mu__fail(MU_EDTYPE, "cannot save '%s': .npy has no %s type (save a float32 copy, "
+                        "or use safetensors)", path, mu_dtype_name(t->scalar));
     char dict[512];
     int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
                      t->scalar == MU_F32 ? "<f4" : "<f8");

@@ -27,19 +27,17 @@
  *   mu_ns_zeropower_many: a whole optimizer step). Large split matrices
  *   run first, tile by tile on all workers; then the others whole, each
  *   worker with its own workspace slot, largest first (see "scheduling").
- *   In a process with an OpenMP runtime the workers are a parallel region
- *   of it, so an OpenMP host shares its thread team with the engine.
+ *   The workers are a team of src/pool.c: in a process with an OpenMP
+ *   runtime a parallel region of it, so an OpenMP host shares its thread
+ *   team with the engine.
  * - opts->method: the Gram iteration (src/ns_gram.c) takes over the
  *   matrices whose shape mu_ns_method_for sends to it, after the checks
  *   below (one tensor at a time, before the scheduler runs the others).
  */
-#define _GNU_SOURCE /* RTLD_DEFAULT */
 #include "tensor_internal.h"
 
 #include <cblas.h>
-#include <dlfcn.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -833,35 +831,8 @@ typedef struct ns_pool {
     atomic_llong next;      /* whole: next unit */
     atomic_llong ticket;    /* shared: next ticket */
     atomic_llong done;      /* shared: tickets done */
-    atomic_int ids;         /* OpenMP: worker numbers handed out */
     ns_iter it;             /* shared: the current matrix (set by its prologue) */
-    pthread_mutex_t mu;     /* with cv: sleeping until a counter is reached */
-    pthread_cond_t cv;
 } ns_pool;
-
-typedef struct ns_worker {
-    ns_pool *pool;
-    int slot;
-} ns_worker;
-
-/* Wait until *counter >= target: a short spin (workers usually arrive
- * within microseconds of each other), then sleep until ns_wake. */
-static void ns_wait(ns_pool *p, atomic_llong *counter, int64_t target)
-{
-    for (int spin = 0; spin < 4096 && atomic_load(counter) < target; spin++) {
-    }
-    if (atomic_load(counter) >= target) return;
-    pthread_mutex_lock(&p->mu);
-    while (atomic_load(counter) < target) pthread_cond_wait(&p->cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
-}
-
-static void ns_wake(ns_pool *p)
-{
-    pthread_mutex_lock(&p->mu);
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-}
 
 /* The shared unit a ticket belongs to (binary search of tstart). */
 static int64_t ns_shared_unit(const ns_pool *p, int64_t ticket)
@@ -891,10 +862,10 @@ static void ns_stage_of(const ns_pool *p, int64_t k, int64_t ticket, int64_t *st
     *end = *start + pl->tiles[st];
 }
 
-static void *ns_worker_main(void *arg)
+/* A worker of the team (src/pool.c): its rank is its workspace slot. */
+static void ns_worker(mu__pool *team, int rank, void *arg)
 {
-    ns_worker *w = arg;
-    ns_pool *p = w->pool;
+    ns_pool *p = arg;
     const int64_t count = p->tstart[p->nshared];
     for (;;) { /* shared */
         const long long ticket = atomic_fetch_add(&p->ticket, 1);
@@ -902,22 +873,21 @@ static void *ns_worker_main(void *arg)
         const int64_t k = ns_shared_unit(p, ticket);
         int64_t start, end;
         ns_stage_of(p, k, ticket, &start, &end);
-        ns_wait(p, &p->done, start);
+        mu__pool_wait(team, &p->done, start);
         const ns_unit *un = &p->unit[k];
         const int64_t u = ticket - p->tstart[k];
         if (u == 0) ns_begin(&p->it, &p->jobs[un->job], &p->ws->slot[0], un->index);
         else ns_tile(&p->it, u - 1);
-        if (atomic_fetch_add(&p->done, 1) + 1 == end) ns_wake(p);
+        if (atomic_fetch_add(&p->done, 1) + 1 == end) mu__pool_wake(team);
     }
-    if (w->slot >= p->ws->nslots) return NULL; /* no slot of its own */
-    if (w->slot == 0 && count > 0) ns_wait(p, &p->done, count);
+    if (rank >= p->ws->nslots) return; /* no slot of its own */
+    if (rank == 0 && count > 0) mu__pool_wait(team, &p->done, count);
     for (;;) { /* whole */
         const long long i = atomic_fetch_add(&p->next, 1);
         if (i >= p->nunits) break;
         const ns_unit *un = &p->unit[i];
-        ns_one(&p->jobs[un->job], &p->ws->slot[w->slot], un->index);
+        ns_one(&p->jobs[un->job], &p->ws->slot[rank], un->index);
     }
-    return NULL;
 }
 
 /* Workers: the OpenBLAS thread count when the call starts, or
@@ -936,58 +906,12 @@ static int ns_workers(void)
     return w < MU__NS_MAX_SLOTS ? w : MU__NS_MAX_SLOTS;
 }
 
-/* The host's OpenMP runtime, when the process has one: GOMP_parallel, the
- * entry point GCC-compiled parallel regions call (libgomp; LLVM's libomp
- * exports it too). Looked up, never linked: a host without OpenMP does not
- * get an OpenMP runtime from us. MU_NS_OPENMP=0 declines it. */
-typedef void (*ns_gomp_parallel)(void (*fn)(void *), void *data, unsigned threads,
-                                 unsigned flags);
-
-static ns_gomp_parallel ns_host_openmp(void)
+/* The team for `workers` workers: in a host with an OpenMP runtime, a
+ * parallel region of it (src/pool.c), unless MU_NS_OPENMP=0 declines. */
+mu__pool_cfg mu__ns_pool_cfg(int workers)
 {
     const char *env = getenv("MU_NS_OPENMP");
-    if (env && strcmp(env, "0") == 0) return NULL;
-    ns_gomp_parallel f;
-    void *sym = dlsym(RTLD_DEFAULT, "GOMP_parallel");
-    memcpy(&f, &sym, sizeof f); /* object pointer -> function pointer */
-    return f;
-}
-
-/* A thread of the host's OpenMP team: the next worker number. */
-static void ns_openmp_worker(void *arg)
-{
-    ns_pool *p = arg;
-    ns_worker w = {.pool = p, .slot = (int)atomic_fetch_add(&p->ids, 1)};
-    if (w.slot < MU__NS_MAX_SLOTS) ns_worker_main(&w);
-}
-
-/* Run the pool on `threads` workers. In a host with an OpenMP runtime the
- * workers are a parallel region of it: a host whose own loops use OpenMP
- * shares one thread team with the engine, so its threads (which spin a
- * while after each of its regions) run the engine's work instead of
- * competing with other threads for the cores. Otherwise threads of our
- * own, the caller being worker 0 (fewer if a thread cannot be created:
- * the work is shared dynamically, as it is with a smaller OpenMP team). */
-static void ns_run(ns_pool *pool, int threads)
-{
-    const ns_gomp_parallel omp = ns_host_openmp();
-    if (omp) {
-        omp(ns_openmp_worker, pool, (unsigned)threads, 0);
-        return;
-    }
-    ns_worker wk[MU__NS_MAX_SLOTS];
-    pthread_t tid[MU__NS_MAX_SLOTS];
-    int started = 0;
-    for (int t = 1; t < threads; t++) {
-        wk[t].pool = pool;
-        wk[t].slot = t;
-        if (pthread_create(&tid[t], NULL, ns_worker_main, &wk[t]) != 0) break;
-        started = t;
-    }
-    wk[0].pool = pool;
-    wk[0].slot = 0;
-    ns_worker_main(&wk[0]);
-    for (int t = 1; t <= started; t++) pthread_join(tid[t], NULL);
+    return (mu__pool_cfg){.workers = workers, .openmp = !(env && strcmp(env, "0") == 0)};
 }
 
 /* Shared first; then by decreasing cost; ties in call order. */
@@ -1060,25 +984,17 @@ static void ns_schedule(const ns_job *jobs, int64_t njobs, ns_unit *unit, int64_
     /* Every BLAS call runs single-threaded (the count is process-wide). */
     const int saved = openblas_get_num_threads();
     if (saved != 1) openblas_set_num_threads(1);
-    int ran = 0;
     if (threads > 1) {
         ns_pool pool = {.jobs = jobs, .unit = unit, .tstart = tstart, .ws = ws,
                         .nshared = nshared, .nunits = total};
         atomic_init(&pool.next, nshared);
         atomic_init(&pool.ticket, 0);
         atomic_init(&pool.done, 0);
-        atomic_init(&pool.ids, 0);
-        if (pthread_mutex_init(&pool.mu, NULL) == 0) {
-            if (pthread_cond_init(&pool.cv, NULL) == 0) {
-                ns_run(&pool, threads);
-                pthread_cond_destroy(&pool.cv);
-                ran = 1;
-            }
-            pthread_mutex_destroy(&pool.mu);
-        }
-    }
-    if (!ran) /* one worker, or no mutex: the same tiles in order */
+        const mu__pool_cfg cfg = mu__ns_pool_cfg(threads);
+        mu__pool_run(&cfg, ns_worker, &pool);
+    } else { /* one worker: the same tiles in order */
         for (int64_t u = 0; u < total; u++) ns_one(&jobs[unit[u].job], &ws->slot[0], unit[u].index);
+    }
     if (saved != 1) openblas_set_num_threads(saved);
 }
 

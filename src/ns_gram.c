@@ -34,8 +34,6 @@
 
 #include <cblas.h>
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -199,25 +197,20 @@ static void gram_plan_init(gram_plan *p, int dt, int64_t rows, int64_t cols, con
 
 /* ---------------------------------------------------------------- team */
 
-/* The workers sharing one matrix: every one runs the same control flow;
- * tile t of a product runs on rank t % size, and a barrier ends each
- * product and pass. */
-typedef struct gram_team {
-    int size;
-    pthread_barrier_t bar;
-    int verdict; /* the guard's decision, written by rank 0 */
-} gram_team;
-
+/* The workers sharing one matrix (ranks 0 .. size-1 of a src/pool.c team):
+ * every one runs the same control flow; tile t of a product runs on rank
+ * t % size, and a barrier ends each product and pass. */
 typedef struct gram_ctx {
-    gram_team *team; /* NULL: one worker */
-    int rank;
+    mu__pool *team; /* NULL: one worker */
+    int rank, size;
+    atomic_int *verdict; /* the guard's decision, written by rank 0 */
 } gram_ctx;
 
-static int mine(const gram_ctx *c, int t) { return !c->team || t % c->team->size == c->rank; }
+static int mine(const gram_ctx *c, int t) { return !c->team || t % c->size == c->rank; }
 
 static void sync_team(const gram_ctx *c)
 {
-    if (c->team && c->team->size > 1) pthread_barrier_wait(&c->team->bar);
+    if (c->team) mu__pool_sync(c->team, c->size);
 }
 
 /* ------------------------------------------------------------ products */
@@ -441,11 +434,11 @@ static int gram_one(const gram_plan *p, const gram_ctx *c, const gram_bufs *gb,
             double got = 0.0;
             int ok = mu__ns_norm(dt, base, len, &got) && got <= p->band_hi && got >= p->band_lo &&
                      !guard_forced();
-            if (c->team) c->team->verdict = ok;
+            if (c->team) atomic_store(c->verdict, ok);
             fallback = !ok;
         }
         sync_team(c);
-        if (c->team) fallback = !c->team->verdict;
+        if (c->team) fallback = !atomic_load(c->verdict);
         if (!fallback && inplace && (!c->team || c->rank == 0)) memcpy(dst, base, (size_t)len * es);
     }
     if (fallback && (!c->team || c->rank == 0))
@@ -454,49 +447,21 @@ static int gram_one(const gram_plan *p, const gram_ctx *c, const gram_bufs *gb,
     return fallback;
 }
 
-/* ------------------------------------------------------------ per matrix */
-
-int mu__ns_matrix(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols, const void *in,
-                  void *out, double norm, mu_ns_workspace *ws, int slot)
-{
-    if (slot < 0 || slot >= ws->nslots)
-        return mu__fail(MU_EINVAL, "ns: workspace slot %d of %d", slot, ws->nslots);
-    mu__ns_slot *s = &ws->slot[slot];
-    if (mu_ns_method_for(rows, cols, opts) != MU_NS_GRAM) {
-        mu__ns_standard_one(opts, dt, rows, cols, in, out, norm, s);
-        return MU_OK;
-    }
-    gram_bufs gb;
-    int rc = gram_slot_bufs(ws, s, &gb);
-    if (rc != MU_OK) return rc;
-    gram_plan p;
-    gram_plan_init(&p, dt, rows, cols, opts);
-    const gram_ctx c = {NULL, 0};
-    gram_one(&p, &c, &gb, s, in, out, norm);
-    return MU_OK;
-}
-
 /* ---------------------------------------------------------------- batch
  *
  * As src/ns.c: batches of small matrices run whole matrices per worker
  * (head); a lone split matrix and the last batch % workers of a split
  * batch run on a team of two (tail), on slot 0. */
 
-typedef struct gram_pool_run {
+typedef struct gram_run {
     const mu__ns_batch *b;
     const gram_plan *plan;
     gram_bufs bufs[MU__NS_MAX_SLOTS];
     int64_t head;
     atomic_llong next;
-    atomic_int ready; /* the team is set up (after the threads started) */
-    int team_size;
-    gram_team team;
-} gram_pool_run;
-
-typedef struct gram_worker {
-    gram_pool_run *run;
-    int rank;
-} gram_worker;
+    int team; /* workers sharing a tail matrix (at most the pool's size) */
+    atomic_int verdict;
+} gram_run;
 
 static double norm_of(const mu__ns_batch *b, int64_t i, const void *src, int64_t len)
 {
@@ -506,33 +471,30 @@ static double norm_of(const mu__ns_batch *b, int64_t i, const void *src, int64_t
     return v;
 }
 
-static void *gram_worker_main(void *arg)
+static void gram_worker(mu__pool *pool, int rank, void *arg)
 {
-    gram_worker *w = arg;
-    gram_pool_run *r = w->run;
+    gram_run *r = arg;
     const mu__ns_batch *b = r->b;
     const int64_t len = b->rows * b->cols;
     const int64_t bytes = len * (int64_t)mu_dtype_size(b->dt);
-    const gram_ctx solo = {NULL, 0};
+    const gram_ctx solo = {NULL, 0, 1, NULL};
     for (;;) {
         long long i = atomic_fetch_add(&r->next, 1);
         if (i >= r->head) break;
         const char *src = b->in + i * bytes;
-        gram_one(r->plan, &solo, &r->bufs[w->rank], &b->ws->slot[w->rank], src, b->out + i * bytes,
+        gram_one(r->plan, &solo, &r->bufs[rank], &b->ws->slot[rank], src, b->out + i * bytes,
                  norm_of(b, i, src, len));
     }
-    if (r->head == b->batch) return NULL;
-    while (!atomic_load(&r->ready))
-        sched_yield();
-    if (w->rank >= r->team_size) return NULL;
-    const gram_ctx c = {r->team_size > 1 ? &r->team : NULL, w->rank};
+    if (r->head == b->batch) return;
+    const int size = r->team < mu__pool_size(pool) ? r->team : mu__pool_size(pool);
+    if (rank >= size) return;
+    const gram_ctx c = {size > 1 ? pool : NULL, rank, size, &r->verdict};
     sync_team(&c); /* slot 0 is free once rank 0 left the head */
     for (int64_t i = r->head; i < b->batch; i++) {
         const char *src = b->in + i * bytes;
         gram_one(r->plan, &c, &r->bufs[0], &b->ws->slot[0], src, b->out + i * bytes,
                  norm_of(b, i, src, len));
     }
-    return NULL;
 }
 
 int mu__ns_gram_batch(const mu__ns_batch *b)
@@ -555,42 +517,17 @@ int mu__ns_gram_batch(const mu__ns_batch *b)
     if (head == 0) threads = team;
     if (team > threads) team = threads;
 
-    gram_pool_run *r = calloc(1, sizeof *r);
-    if (!r) return mu__fail(MU_ENOMEM, "ns gram: out of memory");
-    r->b = b;
-    r->plan = &plan;
-    r->head = head;
-    atomic_init(&r->next, 0);
-    atomic_init(&r->ready, 0);
+    gram_run r = {.b = b, .plan = &plan, .head = head, .team = team};
+    atomic_init(&r.next, 0);
+    atomic_init(&r.verdict, 0);
     for (int t = 0; t < (head > 0 ? threads : 1); t++) {
-        int rc = gram_slot_bufs(b->ws, &b->ws->slot[t], &r->bufs[t]);
-        if (rc != MU_OK) {
-            free(r);
-            return rc;
-        }
+        int rc = gram_slot_bufs(b->ws, &b->ws->slot[t], &r.bufs[t]);
+        if (rc != MU_OK) return rc;
     }
-
     const int saved = openblas_get_num_threads();
     if (saved != 1) openblas_set_num_threads(1);
-    gram_worker wk[MU__NS_MAX_SLOTS];
-    pthread_t tid[MU__NS_MAX_SLOTS];
-    int started = 0;
-    for (int t = 1; t < threads; t++) {
-        wk[t] = (gram_worker){r, t};
-        if (pthread_create(&tid[t], NULL, gram_worker_main, &wk[t]) != 0) break;
-        started = t;
-    }
-    r->team_size = team < started + 1 ? team : started + 1;
-    if (r->team_size > 1 && pthread_barrier_init(&r->team.bar, NULL, (unsigned)r->team_size) != 0)
-        r->team_size = 1;
-    r->team.size = r->team_size;
-    atomic_store(&r->ready, 1);
-    wk[0] = (gram_worker){r, 0};
-    gram_worker_main(&wk[0]);
-    for (int t = 1; t <= started; t++)
-        pthread_join(tid[t], NULL);
-    if (r->team_size > 1) pthread_barrier_destroy(&r->team.bar);
+    const mu__pool_cfg cfg = mu__ns_pool_cfg(threads);
+    mu__pool_run(&cfg, gram_worker, &r);
     if (saved != 1) openblas_set_num_threads(saved);
-    free(r);
     return MU_OK;
 }

@@ -294,11 +294,11 @@ int64_t mu_st_reader_data_size(const mu_st_reader *r)
     return r ? (int64_t)(r->file_size - r->data_start) : -1;
 }
 
-int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *dst)
+/* Check [begin, end) against the data section and dst (contiguous, numel
+ * elements of es bytes filling the span exactly). */
+static int check_span(const mu_st_reader *r, int64_t begin, int64_t end, const mu_tensor *dst,
+                      size_t es)
 {
-    if (!r || !dst) return mu__fail(MU_EINVAL, "reader or dst is NULL");
-    int vrc = mu__tensor_check(dst, "dst");
-    if (vrc) return vrc;
     const char *path = r->path;
     uint64_t dsize = r->file_size - r->data_start;
     if (begin < 0 || end < begin)
@@ -312,7 +312,6 @@ int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *ds
     if (!mu_tensor_is_contiguous(dst))
         return mu__fail(MU_EINVAL, "safetensors '%s': destination tensor is not contiguous", path);
     int64_t numel = mu_tensor_numel(dst);
-    size_t es = mu_dtype_size(dst->scalar);
     uint64_t span = (uint64_t)(end - begin);
     if (numel < 0 || es == 0 || (uint64_t)numel > span / es || (uint64_t)numel * es != span)
         return mu__fail(MU_ESHAPE,
@@ -320,13 +319,71 @@ int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *ds
                         "tensor needs %lld elements of %zu bytes",
                         path, (long long)begin, (long long)end, (unsigned long long)span,
                         (long long)numel, es);
-    if (span == 0) return MU_OK;
-    size_t got;
-    if (mu__read_full(r->fd, dst->data, (size_t)span, (int64_t)(r->data_start + (uint64_t)begin), &got) != 0)
-        return mu__fail(MU_EIO, "cannot read '%s': %s", path, strerror(errno));
-    if (got != span)
-        return mu__fail(MU_EFORMAT, "safetensors '%s': file truncated while reading data", path);
     return MU_OK;
+}
+
+static int read_bytes(mu_st_reader *r, void *buf, size_t len, uint64_t off)
+{
+    size_t got;
+    if (mu__read_full(r->fd, buf, len, (int64_t)(r->data_start + off), &got) != 0)
+        return mu__fail(MU_EIO, "cannot read '%s': %s", r->path, strerror(errno));
+    if (got != len)
+        return mu__fail(MU_EFORMAT, "safetensors '%s': file truncated while reading data", r->path);
+    return MU_OK;
+}
+
+int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *dst)
+{
+    if (!r || !dst) return mu__fail(MU_EINVAL, "reader or dst is NULL");
+    int rc = mu__tensor_check(dst, "dst");
+    if (rc || (rc = check_span(r, begin, end, dst, mu_dtype_size(dst->scalar)))) return rc;
+    if (end == begin) return MU_OK;
+    return read_bytes(r, dst->data, (size_t)(end - begin), (uint64_t)begin);
+}
+
+size_t mu_st_dtype_size(const char *name) { return mu__file_type_size(mu__file_type(name)); }
+
+int mu_st_reader_read_as(mu_st_reader *r, int64_t begin, int64_t end, const char *dtype,
+                         mu_tensor *dst)
+{
+    if (!r || !dst || !dtype) return mu__fail(MU_EINVAL, "reader, dtype or dst is NULL");
+    int rc = mu__tensor_check(dst, "dst");
+    if (rc) return rc;
+    int ft = mu__file_type(dtype);
+    if (ft < 0) return mu__fail(MU_EDTYPE, "safetensors '%s': dtype '%s' is not one muon reads", r->path, dtype);
+    if (ft == mu__file_type_of(dst->scalar)) return mu_st_reader_read(r, begin, end, dst);
+    size_t es = mu__file_type_size(ft), ds = mu_dtype_size(dst->scalar);
+    if ((rc = check_span(r, begin, end, dst, es))) return rc;
+    enum { CHUNK = 1 << 16 }; /* elements per read */
+    char *buf = malloc(CHUNK * es);
+    if (!buf) return mu__fail(MU_ENOMEM, "safetensors '%s': no memory for a read buffer", r->path);
+    int64_t numel = mu_tensor_numel(dst);
+    for (int64_t k = 0; k < numel && !rc; k += CHUNK) {
+        int64_t m = numel - k < CHUNK ? numel - k : CHUNK;
+        rc = read_bytes(r, buf, (size_t)m * es, (uint64_t)begin + (uint64_t)k * es);
+        if (!rc) mu__file_convert(ft, buf, m, (char *)dst->data + k * (int64_t)ds, dst->scalar);
+    }
+    free(buf);
+    return rc;
+}
+
+int mu_st_reader_checksum(mu_st_reader *r, uint64_t *out)
+{
+    if (!r || !out) return mu__fail(MU_EINVAL, "reader or out is NULL");
+    enum { CHUNK = 1 << 20 };
+    char *buf = malloc(CHUNK);
+    if (!buf) return mu__fail(MU_ENOMEM, "safetensors '%s': no memory for a read buffer", r->path);
+    xxh64_state st;
+    xxh64_init(&st);
+    uint64_t dsize = r->file_size - r->data_start;
+    int rc = MU_OK;
+    for (uint64_t k = 0; k < dsize && !rc; k += CHUNK) {
+        size_t m = dsize - k < CHUNK ? (size_t)(dsize - k) : CHUNK;
+        if (!(rc = read_bytes(r, buf, m, k))) xxh64_update(&st, buf, m);
+    }
+    free(buf);
+    if (!rc) *out = xxh64_digest(&st);
+    return rc;
 }
 
 /* -------------------------------------------------------------- writer */

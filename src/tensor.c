@@ -10,9 +10,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t mu_dtype_size(int dtype)
+/* The dtypes, from the one table in muon.h (MU_DTYPES). */
+static const struct dtype_row {
+    size_t bytes;
+    const char *name, *file_name;
+} DTYPES[MU_DTYPE_COUNT] = {
+#define MU__DTYPE_ROW(name, value, bytes, lname, fname) [MU_##name] = { bytes, lname, fname },
+    MU_DTYPES(MU__DTYPE_ROW)
+#undef MU__DTYPE_ROW
+};
+
+static const struct dtype_row *dtype_row(int dtype)
 {
-    return dtype == MU_F32 ? 4 : dtype == MU_F64 ? 8 : 0;
+    return dtype >= 0 && dtype < MU_DTYPE_COUNT ? &DTYPES[dtype] : NULL;
+}
+
+size_t mu_dtype_size(int dtype) { return dtype_row(dtype) ? dtype_row(dtype)->bytes : 0; }
+const char *mu_dtype_name(int dtype) { return dtype_row(dtype) ? dtype_row(dtype)->name : NULL; }
+const char *mu_dtype_file_name(int dtype)
+{
+    return dtype_row(dtype) ? dtype_row(dtype)->file_name : NULL;
 }
 
 /* Checked int64 arithmetic (src/muon_internal.h). */
@@ -453,7 +470,10 @@ int mu_tensor_get(const mu_tensor *t, const int64_t *index, double *out)
     int rc = check_index(t, index);
     if (rc) return rc;
     const void *p = mu__tensor_ptr(t, index);
-    *out = t->scalar == MU_F32 ? *(const float *)p : *(const double *)p;
+    *out = t->scalar == MU_F32   ? *(const float *)p
+           : t->scalar == MU_F64 ? *(const double *)p
+                                 : mu__f32_from_bf16(*(const uint16_t *)p);
+    if (*out != *out) *out = NAN; /* one NaN: a LuaJIT number cannot hold every bit pattern */
     return MU_OK;
 }
 
@@ -463,7 +483,8 @@ int mu_tensor_set(mu_tensor *t, const int64_t *index, double value)
     if (rc) return rc;
     void *p = mu__tensor_ptr(t, index);
     if (t->scalar == MU_F32) *(float *)p = (float)value;
-    else *(double *)p = value;
+    else if (t->scalar == MU_F64) *(double *)p = value;
+    else *(uint16_t *)p = mu__bf16_from_f64(value);
     return MU_OK;
 }
 

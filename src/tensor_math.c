@@ -84,7 +84,7 @@ static double reduce_finish(int op, double acc, int64_t n)
 
 typedef struct kernels {
     const mu__loop_fn *map;  /* by mu_map_op */
-    mu__loop_fn copy_from[2]; /* by source dtype */
+    mu__loop_fn copy_from[MU_DTYPE_COUNT]; /* by source dtype */
     mu__loop_fn reduce_dim, reduce_all, finite, softmax, gather;
     void (*gemm)(const gemm_plan *g);
 } kernels;
@@ -117,7 +117,64 @@ typedef struct kernels {
 #undef GEMM
 #undef KATTR
 
-static const kernels *const KERNELS[2] = { [MU_F32] = &kernels_f32, [MU_F64] = &kernels_f64 };
+/* bfloat16 is a storage dtype: conversions, the finite scan and whole-tensor
+ * reductions (each element widened to float, exactly); no map, reduce_dim
+ * or gemm (callers check arith_dtype first). */
+#define TO_BF16(name, src_t, CONV)                                                                 \
+    static int name(void *vc, int64_t n, char *const *p, const int64_t *s)                         \
+    {                                                                                              \
+        (void)vc;                                                                                  \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            *(uint16_t *)(p[0] + i * s[0]) = CONV(*(const src_t *)(p[1] + i * s[1]));              \
+        return 0;                                                                                  \
+    }
+TO_BF16(bf16_from_f32, float, mu__bf16_from_f32)
+TO_BF16(bf16_from_f64, double, mu__bf16_from_f64)
+TO_BF16(bf16_from_bf16, uint16_t, )
+#undef TO_BF16
+
+/* Widen up to 256 elements (start x, byte stride st) into buf. */
+static int64_t bf16_widen(float *buf, int64_t n, const char *x, int64_t st)
+{
+    int64_t m = n < 256 ? n : 256;
+    for (int64_t i = 0; i < m; i++) buf[i] = mu__f32_from_bf16(*(const uint16_t *)(x + i * st));
+    return m;
+}
+
+/* Chunks widened to float, reduced by the float kernel (argmax included). */
+static int bf16_reduce_all(void *vc, int64_t n, char *const *p, const int64_t *s)
+{
+    float buf[256];
+    char *q[1] = { (char *)buf };
+    const int64_t st[1] = { 4 };
+    for (int64_t i = 0; i < n;) {
+        int64_t m = bf16_widen(buf, n - i, p[0] + i * s[0], s[0]);
+        reduce_all_f32(vc, m, q, st);
+        i += m;
+    }
+    return 0;
+}
+
+static int bf16_finite(void *vc, int64_t n, char *const *p, const int64_t *s)
+{
+    reduce_ctx *c = vc;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(mu__f32_from_bf16(*(const uint16_t *)(p[0] + i * s[0])))) {
+            c->count += i;
+            return 1;
+        }
+    c->count += n;
+    return 0;
+}
+
+static const kernels kernels_bf16 = {
+    .copy_from = { [MU_F32] = bf16_from_f32, [MU_F64] = bf16_from_f64, [MU_BF16] = bf16_from_bf16 },
+    .reduce_all = bf16_reduce_all,
+    .finite = bf16_finite,
+};
+
+static const kernels *const KERNELS[MU_DTYPE_COUNT] = {
+    [MU_F32] = &kernels_f32, [MU_F64] = &kernels_f64, [MU_BF16] = &kernels_bf16 };
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define MU__MATH_SIMD 1
@@ -143,8 +200,8 @@ static const kernels *const KERNELS[2] = { [MU_F32] = &kernels_f32, [MU_F64] = &
 #undef GEMM
 #undef KATTR
 
-static const kernels *const KERNELS_AVX2[2] = { [MU_F32] = &kernels_f32_avx2,
-                                                [MU_F64] = &kernels_f64_avx2 };
+static const kernels *const KERNELS_AVX2[MU_DTYPE_COUNT] = {
+    [MU_F32] = &kernels_f32_avx2, [MU_F64] = &kernels_f64_avx2, [MU_BF16] = &kernels_bf16 };
 #else
 #define MU__MATH_SIMD 0
 #endif
@@ -164,7 +221,19 @@ static const kernels *pick_kernels(int dtype)
     return KERNELS[dtype];
 }
 
-static const char *dtype_name(int dtype) { return dtype == MU_F64 ? "float64" : "float32"; }
+static const char *dtype_name(int dtype)
+{
+    const char *s = mu_dtype_name(dtype);
+    return s ? s : "unknown";
+}
+
+/* MU_EDTYPE unless t's dtype is one the maths compute in. */
+static int arith_dtype(const mu_tensor *t, const char *what)
+{
+    if (t->scalar == MU_F32 || t->scalar == MU_F64) return MU_OK;
+    return mu__fail(MU_EDTYPE, "%s is %s, a storage dtype: convert it first (clone(\"float32\"))",
+                    what, dtype_name(t->scalar));
+}
 
 /* ------------------------------------------------------------ elementwise */
 
@@ -222,7 +291,7 @@ int mu_tensor_map(const mu_map_args *args, mu_tensor *out)
     char what[64];
     snprintf(what, sizeof what, "%s: output", op->name);
     int rc = check_out(out, what);
-    if (rc) return rc;
+    if (rc || (rc = arith_dtype(out, what))) return rc;
     for (int i = 0; i < op->arity; i++) {
         const mu_tensor *x = args->x[i];
         if (!x) continue;
@@ -350,6 +419,7 @@ int mu_tensor_reduce_all(const mu_tensor *t, int op, double *out)
     if ((op == MU_REDUCE_AMAX || op == MU_REDUCE_ARGMAX) && ctx.count == 0)
         return mu__fail(MU_ESHAPE, "%s of an empty tensor (no identity)", REDUCE_NAMES[op]);
     *out = op == MU_REDUCE_ARGMAX ? (double)ctx.index : reduce_finish(op, ctx.acc, ctx.count);
+    if (*out != *out) *out = NAN; /* one NaN, as mu_tensor_get */
     return MU_OK;
 }
 
@@ -366,6 +436,7 @@ int mu_tensor_reduce(const mu_tensor *t, int op, int dim, mu_tensor *out)
     snprintf(what, sizeof what, "%s: tensor", name);
     int rc = mu__tensor_check(t, what);
     if (rc) return rc;
+    if ((rc = arith_dtype(t, what))) return rc;
     snprintf(what, sizeof what, "%s: output", name);
     if ((rc = check_out(out, what))) return rc;
     if (dim < 0 || dim >= t->ndim)
@@ -438,7 +509,7 @@ int mu_tensor_softmax(const mu_tensor *t, int dim, int log, mu_tensor *out)
     char what[64];
     snprintf(what, sizeof what, "%s: tensor", name);
     int rc = mu__tensor_check(t, what);
-    if (rc) return rc;
+    if (rc || (rc = arith_dtype(t, what))) return rc;
     snprintf(what, sizeof what, "%s: output", name);
     if ((rc = check_out(out, what)) || (rc = check_dim(t, dim, name))) return rc;
     if (!same_shape(out, t)) {
@@ -500,7 +571,8 @@ int mu_tensor_gather(const mu_tensor *t, int dim, const mu_tensor *index, int64_
 {
     int rc;
     if ((rc = mu__tensor_check(t, "gather: tensor")) || (rc = mu__tensor_check(index, "gather: index")) ||
-        (rc = check_out(out, "gather: output")) || (rc = check_dim(t, dim, "gather")))
+        (rc = check_out(out, "gather: output")) || (rc = check_dim(t, dim, "gather")) ||
+        (rc = arith_dtype(t, "gather: tensor")))
         return rc;
     char b1[160], b2[160];
     if (index->scalar != MU_F32 && index->scalar != MU_F64)
@@ -612,6 +684,7 @@ int mu_tensor_matmul(const mu_tensor *a, const mu_tensor *b, mu_tensor *out)
     if ((nd != 2 && nd != 3) || b->ndim != nd || out->ndim != nd)
         return mu__fail(MU_ESHAPE, "matmul: a %s, b %s and output %s must be all 2-D or all 3-D",
                         sa, sb, so);
+    if ((rc = arith_dtype(a, "matmul: a"))) return rc;
     if (a->scalar != b->scalar || out->scalar != a->scalar)
         return mu__fail(MU_EDTYPE, "matmul: a is %s, b %s and the output %s", dtype_name(a->scalar),
                         dtype_name(b->scalar), dtype_name(out->scalar));

@@ -170,32 +170,23 @@ static KATTR int R(map_pow)(void *vc, int64_t n, char *const *p, const int64_t *
     return ((const map_ctx *)vc)->scalar_exponent ? R(pow_number)(vc, n, p, s) : R(pow_tensor)(vc, n, p, s);
 }
 
-/* copy with conversion: out real, input float or double */
-static KATTR int R(copy_from_f32)(void *vc, int64_t n, char *const *p, const int64_t *s)
-{
-    (void)vc;
-    if (s[0] == E && s[1] == 4) {
-        real *o = (real *)p[0];
-        const float *a = (const float *)p[1];
-        for (int64_t i = 0; i < n; i++) o[i] = (real)a[i];
-    } else {
-        for (int64_t i = 0; i < n; i++) OUT(i) = (real) * (const float *)(p[1] + i * s[1]);
+/* copy with conversion: out real, input float, double or bfloat16 */
+#define COPY_FROM(name, src_t, CONV)                                                               \
+    static KATTR int R(name)(void *vc, int64_t n, char *const *p, const int64_t *s)                \
+    {                                                                                              \
+        (void)vc;                                                                                  \
+        if (s[0] == E && s[1] == (int64_t)sizeof(src_t)) {                                         \
+            real *o = (real *)p[0];                                                                \
+            const src_t *a = (const src_t *)p[1];                                                  \
+            for (int64_t i = 0; i < n; i++) o[i] = (real)CONV(a[i]);                               \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++) OUT(i) = (real)CONV(*(const src_t *)(p[1] + i * s[1])); \
+        }                                                                                          \
+        return 0;                                                                                  \
     }
-    return 0;
-}
-
-static KATTR int R(copy_from_f64)(void *vc, int64_t n, char *const *p, const int64_t *s)
-{
-    (void)vc;
-    if (s[0] == E && s[1] == 8) {
-        real *o = (real *)p[0];
-        const double *a = (const double *)p[1];
-        for (int64_t i = 0; i < n; i++) o[i] = (real)a[i];
-    } else {
-        for (int64_t i = 0; i < n; i++) OUT(i) = (real) * (const double *)(p[1] + i * s[1]);
-    }
-    return 0;
-}
+COPY_FROM(copy_from_f32, float, )
+COPY_FROM(copy_from_f64, double, )
+COPY_FROM(copy_from_bf16, uint16_t, mu__f32_from_bf16)
 
 /* ----------------------------------------------------------- reductions */
 
@@ -353,7 +344,8 @@ static const mu__loop_fn R(map_table)[MU_MAP_COUNT] = {
 
 static const kernels R(kernels) = {
     .map = R(map_table),
-    .copy_from = { [MU_F32] = R(copy_from_f32), [MU_F64] = R(copy_from_f64) },
+    .copy_from = { [MU_F32] = R(copy_from_f32), [MU_F64] = R(copy_from_f64),
+                   [MU_BF16] = R(copy_from_bf16) },
     .reduce_dim = R(reduce_dim),
     .reduce_all = R(reduce_all),
     .finite = R(finite),
@@ -372,3 +364,4 @@ static const kernels R(kernels) = {
 #undef UNARY
 #undef BINARY
 #undef TERNARY
+#undef COPY_FROM

@@ -207,7 +207,7 @@ describe("E.blame", function()
       { here(), function() local r = x + {} return r end, "add: other must be a tensor or a number, got table" },
       { here(), function() local r = x:sum(3) return r end, "sum: dim 3 out of range for a 2-D tensor (1..2 or -2..-1)" },
       { here(), function() local r = T.zeros({ 2 }, "float16") return r end,
-        "dtype must be 'float32' or 'float64', got float16" },
+        "dtype must be 'float32', 'float64' or 'bfloat16', got float16" },
       -- found three calls deep inside muon (the old fixed level named tensor.lua)
       { here(), function() local r = T.from({ { { 1 }, { 2 } }, { { 1 }, { 2, 3 } } }) return r end,
         "ragged nested table at dim 3" },

@@ -530,20 +530,27 @@ describe("foreach threading", function()
   end)
 end)
 
-describe("foreach portable kernels", function()
-  -- MU_FOREACH_NOSIMD=1 selects the scalar kernels (libm fmaf/fma), used on
-  -- CPUs without AVX2+FMA: they must give the same bits as the vector ones.
-  after_each(function() ffi.C.setenv("MU_FOREACH_NOSIMD", "", 1) end)
+describe("foreach kernel variants", function()
+  -- MU_FOREACH_SIMD selects the portable kernels (libm fmaf/fma, used on
+  -- CPUs without AVX2+FMA), the AVX2 or the AVX-512 ones (where the CPU has
+  -- them; else the widest it has), MU_FOREACH_NOSIMD=1 the portable ones:
+  -- all must give the bits of the default choice, on sizes that leave tails.
+  after_each(function()
+    ffi.C.setenv("MU_FOREACH_NOSIMD", "", 1)
+    ffi.C.setenv("MU_FOREACH_SIMD", "", 1)
+  end)
+  local VARIANTS = { { "SIMD", "" }, { "SIMD", "portable" }, { "SIMD", "avx2" }, { "SIMD", "avx512" }, { "NOSIMD", "1" } }
 
-  it("momentum, apply, adamw, scale and all_finite equal the vector kernels bitwise", function()
+  it("momentum, apply, adamw, scale and all_finite equal the default kernels bitwise", function()
     for _, dt in ipairs({ "float32", "float64" }) do
       local res = {}
-      for pass, flag in ipairs({ "", "1" }) do
-        ffi.C.setenv("MU_FOREACH_NOSIMD", flag, 1)
+      for pass, var in ipairs(VARIANTS) do
+        ffi.C.setenv("MU_FOREACH_" .. var[1], var[2], 1)
         local grads, bufs, params = rand_list(80, dt), rand_list(81, dt), rand_list(82, dt)
         local ups = zeros_like(grads)
         F.momentum(grads, bufs, nil, ups, 0.9, 0.8, true)
         F.apply(params, ups, { 1, 2, 3, 4, 5, 6 }, 0.99, -0.1)
+        F.apply_cautious(params, bufs, { 1, 2, 3, 4, 5, 6 }, 0.9, 0.1)
         local m, v = zeros_like(params), zeros_like(params)
         for step = 1, 3 do
           F.adamw(params, grads, m, v, { lr = 0.01, beta1 = 0.9, beta2 = 0.95, weight_decay = 0.1, step = step })
@@ -554,10 +561,27 @@ describe("foreach portable kernels", function()
         local ok, bad = F.all_finite(grads)
         assert.is_false(ok)
         assert.are.equal(4, bad)
-        res[pass] = { ups, bufs, params, m, v }
+        for _, at in ipairs({ { 1, 1 }, { 2, 5 }, { 64, 33 } }) do -- vector steps and the tail
+          local x = grads[6]:clone()
+          assert.is_true((F.all_finite({ x })))
+          x:set(-1 / 0, at[1], at[2])
+          ok, bad = F.all_finite({ grads[1], x })
+          assert.are.same({ false, 2 }, { ok, bad })
+        end
+        local nm, nv, du = zeros_like(params), zeros_like(params), zeros_like(params)
+        F.adamw_update(grads, m, v, nm, nv, du, { lr = 0.01, beta1 = 0.8, beta2 = 0.9, step = 2 })
+        local lm, lu = clones(bufs), zeros_like(params)
+        lm[2]:set(0, 3)
+        F.lion_update(grads, lm, lm, lu, 0.9, 0.99)
+        res[pass] = { ups, bufs, params, m, v, nm, nv, du, lm, lu }
+        ffi.C.setenv("MU_FOREACH_" .. var[1], "", 1)
       end
-      for k = 1, 5 do
-        for i = 1, #SHAPES do H.assert_equal_bits(res[1][k][i], res[2][k][i], dt .. " result " .. k) end
+      for pass = 2, #VARIANTS do
+        for k = 1, #res[1] do
+          for i = 1, #SHAPES do
+            H.assert_equal_bits(res[pass][k][i], res[1][k][i], ("%s %s result %d"):format(dt, VARIANTS[pass][2], k))
+          end
+        end
       end
     end
   end)

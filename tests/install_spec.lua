@@ -68,6 +68,12 @@ describe("make install DESTDIR=... / make uninstall DESTDIR=...", function()
     out, status = run(env .. " " .. q(d .. "/bin/muon") .. " info", run_dir)
     assert.are.equal(0, status, out)
     assert.truthy(out:find("lua modules%s+" .. (d .. "/share/lua/5.1"):gsub("%p", "%%%0")), out)
+    -- errors from the staged modules blame the script's line, never a staged muon file
+    R.write(run_dir .. "/blame.lua", "local T = require('muon').tensor\nlocal r = T.zeros({ 2 }):add({})\nreturn r\n")
+    out, status = run(env .. " " .. q(d .. "/bin/muon") .. " run blame.lua", run_dir)
+    assert.are.equal(1, status, out)
+    assert.are.equal("muon: blame.lua:2: add: other must be a tensor or a number, got table", out:match("^[^\n]*"))
+    assert.falsy(out:find("muon/[%w_/]+%.lua:%d"), out)
 
     -- the staged Lua loader asks the staged CPU probe (lib/libmuon-cpu.so,
     -- beside the library) for the OpenBLAS core before it loads the library:

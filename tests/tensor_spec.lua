@@ -133,7 +133,7 @@ describe("tensor", function()
     ok, err = pcall(function() T.from({ 1, 2, 3 }, { 2, 2 }) end)
     assert.truthy(err:find("values has 3 elements but shape 2x2 needs 4", 1, true))
     ok, err = pcall(function() T.zeros({ 2 }, "int8") end)
-    assert.truthy(err:find("dtype must be 'float32' or 'float64'", 1, true))
+    assert.truthy(err:find("dtype must be 'float32', 'float64' or 'bfloat16'", 1, true))
   end)
 
   it("views with huge or overflowing sizes are errors, never out-of-bounds views", function()
@@ -245,7 +245,7 @@ describe("npy", function()
       { "too short", good:sub(1, 5), "bad magic" },
       { "more data than file", npy_bytes(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000, 1000000), }", ""), "claims" },
       { "fortran order", npy_bytes(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", bytes_of("float", { 1, 2, 3, 4 })), "Fortran order" },
-      { "int dtype", npy_bytes(1, "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", "\0\0\0\0\0\0\0\0"), "'<i4' is not supported" },
+      { "int dtype", npy_bytes(1, "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", "\0\0\0\0\0\0\0\0"), "'<i4' (I32) is not float32 or float64: ask for a conversion" },
       { "big endian", npy_bytes(1, "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", "\0\0\0\0\0\0\0\0"), "'>f4' is not supported" },
       { "bad version", "\147NUMPY" .. string.char(9, 0) .. good:sub(9), "version 9.0" },
       { "garbage dict", npy_bytes(1, "{'descr': '<f4', 'shape': (2,2", ""), "npy header" },

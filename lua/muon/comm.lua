@@ -85,8 +85,7 @@ local function buf(x, what)
     if C.mu_tensor_is_contiguous(x) ~= 1 then E.blame(E.EINVAL, what .. " must be contiguous") end
     return x.data, x.scalar
   elseif type(x) == "table" and x.ptr then
-    local dt = x.dtype == "float64" and C.MU_F64 or C.MU_F32
-    return x.ptr, dt
+    return x.ptr, T.dtype_code(x.dtype)
   end
   E.blame(E.EINVAL, what .. " must be a contiguous tensor or { ptr=, dtype= }")
 end

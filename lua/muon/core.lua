@@ -148,13 +148,16 @@ local OWN = debug.getinfo(1, "S").source:match("^(@.*/)[^/]*$")
 -- function (pcall or xpcall, inside muon or around it; a C host's
 -- lua_pcall) or there is none, nobody's line called muon: "". No level is
 -- passed: whatever depth inside muon the misuse is found at, the first
--- frame that is not muon's is the caller. Only called on failure.
+-- frame that is not muon's is the caller. Only called on failure. (The
+-- string library itself, not strings' methods: inside a sandboxed config
+-- those are the sandbox's, lua/muon/sandbox.lua.)
+local sub, getinfo = string.sub, debug.getinfo
 function core.position()
   if OWN == nil then return "" end
   for level = 2, math.huge do
-    local info = debug.getinfo(level, "Sl")
+    local info = getinfo(level, "Sl")
     if info == nil or info.what == "C" then return "" end
-    if info.source:sub(1, #OWN) ~= OWN then
+    if sub(info.source, 1, #OWN) ~= OWN then
       if info.currentline > 0 then return info.short_src .. ":" .. info.currentline .. ": " end
       return ""
     end

@@ -213,7 +213,7 @@ end
 
 D.DEFAULT_MAX_BATCH_NUMEL = 512 * 1024 * 1024
 
-local ESIZE = { float32 = 4, float64 = 8 }
+local ESIZE = require("muon.tensor").DTYPE_SIZES -- bytes per element, from C's dtype table
 
 -- Global box -> view of t, where t holds the global region `region`.
 function D.box_view(t, box, region)

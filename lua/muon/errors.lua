@@ -39,6 +39,7 @@ local core = require("muon.core")
 local C = core.C
 
 local E = {}
+local format = string.format -- (not the strings' method: a sandboxed caller's may differ)
 
 -- The codes, from the C header's one table (MU_ERRORS in src/muon.h):
 -- E.OK = 0, E.EINVAL = -1, ... and back, E.name(-1) = "EINVAL". Codes are
@@ -73,7 +74,7 @@ end
 
 -- Raise a coded error; fmt is formatted with the extra arguments, if any.
 function E.raise(code, fmt, ...)
-  local msg = select("#", ...) > 0 and fmt:format(...) or fmt
+  local msg = select("#", ...) > 0 and format(fmt, ...) or fmt
   error(E.new(code, msg), 0)
 end
 
@@ -87,7 +88,7 @@ E.position = core.position
 -- shape), wherever inside muon it is found; no level to pass along. Called
 -- under a pcall inside muon, or from a C host, the message has no position.
 function E.blame(code, fmt, ...)
-  local msg = select("#", ...) > 0 and fmt:format(...) or fmt
+  local msg = select("#", ...) > 0 and format(fmt, ...) or fmt
   error(E.new(code, E.position() .. msg), 0)
 end
 

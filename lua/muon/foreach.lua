@@ -15,7 +15,10 @@ local is_tensor = T.is_tensor
 
 local F = {}
 
-local DT = { [0] = "float32", [1] = "float64" }
+local DT = setmetatable({}, { __index = function(_, code) -- dtype names from C's table
+  local s = C.mu_dtype_name(code)
+  return s ~= nil and ffi.string(s) or nil
+end })
 
 local ptr_arr = ffi.typeof("mu_tensor *[?]")
 local dbl_arr = ffi.typeof("double[?]")
@@ -58,11 +61,12 @@ local function tensors(slot, list, what)
 end
 
 -- Per-index numel and dtype agreement, with 1-based names (the C side checks
--- again, with 0-based indices, before touching memory).
+-- again, with 0-based indices, before touching memory, and knows which
+-- arrays are state, which may be bfloat16 beside float32).
 local function match(arr0, what0, arrk, whatk, n)
   for i = 0, n - 1 do
     local a, b = arr0[i], arrk[i]
-    if b.scalar ~= a.scalar then
+    if b.scalar ~= a.scalar and not (b.scalar == C.MU_BF16 and a.scalar == C.MU_F32) then
       blame(E.EDTYPE, ("%s[%d] is %s but %s[%d] is %s"):format(whatk, i + 1, DT[b.scalar], what0, i + 1,
         DT[a.scalar]))
     end

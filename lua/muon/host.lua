@@ -4,13 +4,17 @@
 -- tensors. Errors are raised as error objects (lua/muon/errors.lua) whose
 -- code is the status the C call returns; a plain string error gets the
 -- call's fallback code (src/engine.c).
-local ffi = require("ffi")
 local E = require("muon.errors")
 
 local host = {}
 
-local DTYPE_BY_CODE = { [0] = "float32", [1] = "float64" }
-local PTR_TYPE = { float32 = ffi.typeof("float *"), float64 = ffi.typeof("double *") }
+-- A trainer's parameter dtype by code: float32 or float64 (names from C's
+-- dtype table); nil for any other.
+local function param_dtype(code)
+  local T = require("muon.tensor")
+  local name = T.DTYPE_NAMES[tonumber(code)]
+  return (name == "float32" or name == "float64") and name or nil
+end
 
 local raise = E.raise
 
@@ -29,11 +33,11 @@ end
 -- (the engine holds the tensors it is given; the buffers belong to C).
 function host.add_param(eng, name, dtype_code, shape, data, grad)
   local T = require("muon.tensor")
-  local dtype = DTYPE_BY_CODE[dtype_code]
+  local dtype = param_dtype(dtype_code)
   if not dtype then raise(E.EDTYPE, "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
-  local value = T.wrap(ffi.cast(PTR_TYPE[dtype], data), shape, dtype)
+  local value = T.wrap(data, shape, dtype)
   local g = nil
-  if grad ~= nil then g = T.wrap(ffi.cast(PTR_TYPE[dtype], grad), shape, dtype) end
+  if grad ~= nil then g = T.wrap(grad, shape, dtype) end
   eng:add_param(name, value, g)
 end
 
@@ -48,7 +52,7 @@ end
 -- is empty; grad NULL means no gradient, on every rank alike).
 function host.add_param_sharded(eng, name, dtype_code, shape, placements, data, grad)
   local T = require("muon.tensor")
-  local dtype = DTYPE_BY_CODE[dtype_code]
+  local dtype = param_dtype(dtype_code)
   if not dtype then raise(E.EDTYPE, "parameter '" .. name .. "': unsupported dtype " .. tostring(dtype_code)) end
   if not eng.dist then raise(E.ESTATE, "add_param_sharded: parameter '" .. name .. "': the config has no dist section") end
   local pl = { shape = shape }
@@ -69,7 +73,7 @@ function host.add_param_sharded(eng, name, dtype_code, shape, placements, data, 
       if n > 0 then raise(E.EINVAL, ("parameter '%s': %s is NULL but the local shard has %d elements"):format(name, what, n)) end
       return T.zeros(local_shape, dtype)
     end
-    return T.wrap(ffi.cast(PTR_TYPE[dtype], ptr), local_shape, dtype)
+    return T.wrap(ptr, local_shape, dtype)
   end
   local value = wrap(data, "local_data")
   local g = nil

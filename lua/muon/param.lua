@@ -25,7 +25,7 @@ end
 local function overlap(grad, value)
   local n = value:numel()
   if n == 0 or not grad:is_contiguous() then return false end
-  local es = value:dtype() == "float64" and 8 or 4
+  local es = T.DTYPE_SIZES[value:dtype()]
   local a = tonumber(ffi.cast("uintptr_t", value:ptr()))
   local b = tonumber(ffi.cast("uintptr_t", grad:ptr()))
   return a < b + n * es and b < a + n * es

@@ -31,8 +31,8 @@ end
 function Router:scratch_bytes()
   local n = 0
   for _, b in pairs(self.bufs) do
-    n = n + b.send:numel() * (b.send:dtype() == "float64" and 8 or 4)
-    n = n + b.recv:numel() * (b.recv:dtype() == "float64" and 8 or 4)
+    n = n + b.send:numel() * T.DTYPE_SIZES[b.send:dtype()]
+    n = n + b.recv:numel() * T.DTYPE_SIZES[b.recv:dtype()]
   end
   return n
 end

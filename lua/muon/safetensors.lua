@@ -1,10 +1,13 @@
 -- safetensors files: the format of Hugging Face's `safetensors` package
 -- (u64 little-endian header length N, N bytes of JSON, raw little-endian
--- data), F32 and F64 tensors only.
+-- data). Tensors are saved as F32, F64 or BF16 (their dtype); load() reads
+-- those as they are and, on request, F16, integer and BOOL tensors (and the
+-- others) converted: st.load(path, { dtype = "float32" }).
 --
 --   local st = require("muon.safetensors")
 --   st.save(path, { {name = "w", tensor = w}, ... } or { w = w, ... }, { key = "value" })
---   local f = st.load(path)    --> { tensors = {name -> tensor}, order = {names in file order},
+--   local f = st.load(path [, { dtype =, checksum = }])
+--                              --> { tensors = {name -> tensor}, order = {names in file order},
 --                              --    metadata = {string -> string} }
 --   local h = st.inspect(path) --> { entries = { {name, dtype, shape, offsets = {b, e}}, ... },
 --                              --    order, metadata, data_size }   (no data read)
@@ -41,9 +44,17 @@ M.FORMAT_VERSION = "1"
 M.MAX_DIMS = 8
 local MAX_INT = 2 ^ 53 -- integers in the header must be exact doubles
 
-local DTYPE_OF = { F32 = "float32", F64 = "float64" }
-local ST_DTYPE = { float32 = "F32", float64 = "F64" }
-local ELSIZE = { F32 = 4, F64 = 8 }
+-- safetensors name <-> muon dtype, from C's one table (MU_DTYPES); the
+-- element size of every name muon reads, from C (mu_st_dtype_size).
+local DTYPE_OF, ST_DTYPE = {}, {}
+for code = 0, C.MU_DTYPE_COUNT - 1 do
+  local f, n = ffi.string(C.mu_dtype_file_name(code)), ffi.string(C.mu_dtype_name(code))
+  DTYPE_OF[f], ST_DTYPE[n] = n, f
+end
+local function elsize(st_dtype)
+  local n = tonumber(C.mu_st_dtype_size(st_dtype))
+  return n > 0 and n or nil
+end
 local RESERVED_META = { ["muon.checksum"] = true, ["muon.format"] = true }
 
 local reader_box = ffi.typeof("mu_st_reader *[1]")
@@ -236,8 +247,8 @@ local function parse_header(path, text, data_size)
       end
       local dtype = info.dtype
       if type(dtype) ~= "string" then badt("dtype is missing or not a string") end
-      local es = ELSIZE[dtype]
-      if not es then badt("dtype '%s' is not supported (only F32 and F64)", dtype) end
+      local es = elsize(dtype)
+      if not es then badt("dtype '%s' is not supported (F32, F64, BF16, F16, I8-I64, U8-U64, BOOL are)", dtype) end
       local shape = info.shape
       if not is_array(shape) then badt("shape is missing or not a list") end
       if #shape > M.MAX_DIMS then badt("shape has %d dims; at most %d are supported", #shape, M.MAX_DIMS) end
@@ -346,33 +357,50 @@ function M.inspect(path)
 end
 
 -- The options of a load: { checksum = false } accepts a file without
--- checksums or with stale ones (written or edited in Python). Returns
--- whether to verify them.
+-- checksums or with stale ones (written or edited in Python); { dtype =
+-- "float32" | "float64" | "bfloat16" } converts every tensor to it. Returns
+-- whether to verify the checksums, and the dtype (nil: as stored).
 function M.load_options(opts)
   if opts == nil then return true end
   if type(opts) ~= "table" then E.raise(E.EINVAL, "load: options must be a table { checksum = false }, got %s", type(opts)) end
   for k in pairs(opts) do
-    if k ~= "checksum" then E.raise(E.EINVAL, "load: %s", E.unknown("option", tostring(k), { "checksum" })) end
+    if k ~= "checksum" and k ~= "dtype" then
+      E.raise(E.EINVAL, "load: %s", E.unknown("option", tostring(k), { "checksum", "dtype" }))
+    end
   end
   if opts.checksum ~= nil and type(opts.checksum) ~= "boolean" then
     E.raise(E.EINVAL, "load: checksum must be a boolean, got %s", type(opts.checksum))
   end
-  return opts.checksum ~= false
+  if opts.dtype ~= nil and not ST_DTYPE[opts.dtype] then
+    E.raise(E.EINVAL, "load: dtype must be 'float32', 'float64' or 'bfloat16', got %s", tostring(opts.dtype))
+  end
+  return opts.checksum ~= false, opts.dtype
 end
 
 --- Load every tensor (new contiguous tensors) of a safetensors file.
 --- opts.checksum = false: do not verify "muon.checksum" (a file written or
 --- edited by another program); everything else is validated as always.
 function M.load(path, opts)
-  local verify = M.load_options(opts)
+  local verify, dtype = M.load_options(opts)
   local r, text, data_size = open_reader(path)
   local ok, res = pcall(function()
     local entries, metadata = parse_header(path, text, data_size)
     local tensors, order = {}, {}
     local arr = tensor_arr(math.max(#entries, 1))
+    local converted = false
     for i, en in ipairs(entries) do
-      local t = T.zeros(en.shape, en.dtype)
-      local rc = C.mu_st_reader_read(r, en.offsets[1], en.offsets[2], t)
+      local want = dtype or en.dtype
+      if not want then
+        E.raise(E.EDTYPE, "safetensors '%s': tensor '%s' is %s, which muon does not store: "
+                .. "load(path, { dtype = \"float32\" }) converts it", path, en.name, en.st_dtype)
+      end
+      local t = T.zeros(en.shape, want)
+      local rc
+      if want == en.dtype then
+        rc = C.mu_st_reader_read(r, en.offsets[1], en.offsets[2], t)
+      else
+        rc, converted = C.mu_st_reader_read_as(r, en.offsets[1], en.offsets[2], en.st_dtype, t), true
+      end
       if rc ~= 0 then E.raise(tonumber(rc), "tensor '%s': %s", en.name, ffi.string(C.mu_last_error())) end
       tensors[en.name] = t
       order[i] = en.name
@@ -385,7 +413,14 @@ function M.load(path, opts)
         E.raise(E.EFORMAT, "safetensors '%s': unsupported checksum '%s' in __metadata__ (expected xxh64:<16 hex>)",
                 path, want)
       end
-      local got = checksum_hex(#entries, arr)
+      local got
+      if converted then -- the file's bytes, not the converted tensors'
+        local out = u64_box()
+        check(C.mu_st_reader_checksum(r, out), "checksum")
+        got = "xxh64:" .. bit.tohex(out[0], 16)
+      else
+        got = checksum_hex(#entries, arr)
+      end
       if got ~= want:lower() then
         E.raise(E.EFORMAT, "safetensors '%s': checksum mismatch (header says %s, data gives %s): the file is corrupted "
                 .. "(or edited by another program: load(path, { checksum = false }) skips the checksums)",
@@ -483,7 +518,7 @@ function M.save(path, entries, metadata)
     local dt = ST_DTYPE[t:dtype()]
     local dims = {}
     for d = 0, t.ndim - 1 do dims[d + 1] = json_int(tonumber(t.dims[d])) end
-    local nbytes = t:numel() * ELSIZE[dt]
+    local nbytes = t:numel() * elsize(dt)
     out[#out + 1] = ("%s:{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%s,%s]}")
       :format(json_string(e.name), dt, table.concat(dims, ","), json_int(pos), json_int(pos + nbytes))
     pos = pos + nbytes

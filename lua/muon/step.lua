@@ -65,7 +65,7 @@ local Stepper = {}
 Stepper.__index = Stepper
 M.Stepper = Stepper
 
-local ESIZE = { float32 = 4, float64 = 8 }
+local ESIZE = T.DTYPE_SIZES -- bytes per element, from C's dtype table
 
 local make_io, kind_context -- (below)
 
@@ -158,7 +158,19 @@ end
 -- Register a parameter of group gi: param.value / param.grad are this
 -- rank's part, param.logical_shape the global shape; placement: one entry
 -- per mesh axis (muon.dist normalized), nil for replicated.
+-- The dtype of parameter p's kind state in group gi (hook state keeps the
+-- parameter's): the group's state_dtype for float32 parameters.
+function Stepper:state_dtype_of(gi, p)
+  local want, dt = self.groups[gi].options.state_dtype, p.value:dtype()
+  if want == nil or want == "float32" then return dt end
+  if dt ~= "float32" then
+    E.raise(E.EDTYPE, "parameter '%s' is %s: state_dtype = '%s' needs float32 parameters", p.name, dt, want)
+  end
+  return want
+end
+
 function Stepper:add(gi, p, placement)
+  self:state_dtype_of(gi, p) -- (fails now, naming the parameter)
   if self.built and self.W > 1 then
     E.raise(E.ESTATE, "add_param '%s': parameters are fixed after the first step of a distributed run", p.name)
   end
@@ -240,7 +252,7 @@ function Stepper:build()
     local g = self.groups[w.gi]
     records[i] = { name = p.name, shape = p.logical_shape, placement = w.placement, group = w.gi,
       dtype = p.value:dtype(), ns = g.kind.ns, whole = K.whole(g.kind, g.options), nd_mode = g.options.nd_mode,
-      state_count = #g.kind.state_keys, param = p,
+      state_count = #g.kind.state_keys, param = p, state_dtype = self:state_dtype_of(w.gi, p),
       hooks = g.kind.hook_shapes and g.kind.hook_shapes(g.options, p.logical_shape) or nil }
   end
   if self.W > 1 then
@@ -568,15 +580,16 @@ local function direction_phase(self, run)
             for i = 1, nk + #r.hooks_list do
               local k = i <= nk and keys[i] or r.hooks_list[i - nk].key
               local shape = i <= nk and r.mine.len or r.hook_records[k].mine.len
+              local dt = i <= nk and r.state_dtype or r.dtype
               local spare = sc.spare[k]
               if spare == nil then
-                spare = T.zeros(shape, r.dtype)
+                spare = T.zeros(shape, dt)
                 sc.spare[k] = spare
               end
               if st then
                 e.old[k], e.new[k] = st[k], spare
               else -- first step: zeros in, a fresh buffer out (becomes the state)
-                e.old[k], e.new[k] = spare:zero(), T.zeros(shape, r.dtype)
+                e.old[k], e.new[k] = spare:zero(), T.zeros(shape, dt)
               end
             end
             entries[#entries + 1] = e

@@ -23,9 +23,16 @@ local T = {}
 local methods = {}
 T.methods = methods
 
-local DTYPES = { float32 = C.MU_F32, float64 = C.MU_F64 }
-local DTYPE_NAMES = { [tonumber(C.MU_F32)] = "float32", [tonumber(C.MU_F64)] = "float64" }
-local CTYPES = { [tonumber(C.MU_F32)] = ffi.typeof("float *"), [tonumber(C.MU_F64)] = ffi.typeof("double *") }
+-- The dtypes from C's one table (MU_DTYPES): name -> code, code -> name,
+-- bytes per element; ptr() types (a bfloat16 element is its raw uint16_t).
+local DTYPES, DTYPE_NAMES, DTYPE_SIZES = {}, {}, {}
+for code = 0, C.MU_DTYPE_COUNT - 1 do
+  local name = ffi.string(C.mu_dtype_name(code))
+  DTYPES[name], DTYPE_NAMES[code], DTYPE_SIZES[name] = code, name, tonumber(C.mu_dtype_size(code))
+end
+T.DTYPE_SIZES, T.DTYPE_NAMES = DTYPE_SIZES, DTYPE_NAMES
+local CTYPES = { [tonumber(C.MU_F32)] = ffi.typeof("float *"), [tonumber(C.MU_F64)] = ffi.typeof("double *"),
+                 [tonumber(C.MU_BF16)] = ffi.typeof("uint16_t *") }
 
 local out_box = ffi.typeof("mu_tensor *[1]")
 local i64_arr = ffi.typeof("int64_t[?]")
@@ -36,7 +43,7 @@ local function dtype_code(dtype)
   if dtype == nil then return C.MU_F32 end
   local code = DTYPES[dtype]
   if not code then
-    blame(E.EINVAL, "dtype must be 'float32' or 'float64', got " .. tostring(dtype))
+    blame(E.EINVAL, "dtype must be 'float32', 'float64' or 'bfloat16', got " .. tostring(dtype))
   end
   return code
 end
@@ -152,10 +159,16 @@ function T.wrap(ptr, shape, dtype, strides)
   return adopt(box)
 end
 
-function T.load(path)
+-- T.load(path [, { dtype = "float32" | "float64" | "bfloat16" }]): a .npy
+-- file; with a dtype, float16, integer and boolean data convert to it.
+function T.load(path, opts)
   if type(path) ~= "string" then blame(E.EINVAL, "path must be a string") end
+  if opts ~= nil and type(opts) ~= "table" then blame(E.EINVAL, "load: options must be a table { dtype = ... }") end
+  for k in pairs(opts or {}) do
+    if k ~= "dtype" then blame(E.EINVAL, "load: " .. E.unknown("option", tostring(k), { "dtype" })) end
+  end
   local box = out_box()
-  check(C.mu_npy_load(path, box), "load")
+  check(C.mu_npy_load_as(path, opts and opts.dtype and dtype_code(opts.dtype) or -1, box), "load")
   return adopt(box)
 end
 
@@ -420,9 +433,21 @@ function methods:set(v, ...)
   return self
 end
 
+-- self, contiguous, in a dtype Lua reads: bfloat16 as float32, its NaNs made
+-- the canonical one (a LuaJIT number cannot hold every NaN bit pattern).
+local function readable(t)
+  if t.scalar ~= C.MU_BF16 then return t:contiguous() end
+  local c = t:clone("float32")
+  local p = ffi.cast("uint32_t *", c.data)
+  for i = 0, c:numel() - 1 do
+    if p[i] % 0x80000000 > 0x7f800000 then p[i] = 0x7fc00000 end
+  end
+  return c
+end
+
 -- Nested Lua tables (a number for a 0-dim tensor).
 function methods:totable()
-  local c = self:contiguous()
+  local c = readable(self)
   local p = ffi.cast(CTYPES[c.scalar], c.data)
   local shape = c:size()
   if #shape == 0 then return p[0] end
@@ -444,7 +469,7 @@ end
 
 -- Flat Lua array of the elements in row-major order.
 function methods:flat()
-  local c = self:contiguous()
+  local c = readable(self)
   local p = ffi.cast(CTYPES[c.scalar], c.data)
   local t = {}
   for i = 1, c:numel() do t[i] = p[i - 1] end

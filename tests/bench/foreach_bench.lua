@@ -3,6 +3,10 @@
 -- against the machine's triad bandwidth (a[i] = b[i] + s*c[i], same threads)
 -- and, when /usr/bin/python3 has torch, the seed's torch._foreach sequence.
 --   luajit tests/bench/foreach_bench.lua [LAYERS]   (default 12)
+--   luajit tests/bench/foreach_bench.lua --measure [LAYERS]   (the op table only, machine-readable)
+-- With MU_BENCH_BASELINE=<git revision> it also times that revision, built
+-- from git into /tmp, against this tree: interleaved rounds of --measure,
+-- medians and new/old ratios per op.
 -- Times: best of 7 runs. Bytes counted per element (float32), reads + writes, no write-allocate:
 --   triad 12, momentum 16 (g, buf in; buf', u out), apply 12 (p, u in; p out),
 --   adamw 28 (p, g, m, v in; p, m, v out), scale 8, all_finite 4, pack 8.
@@ -19,9 +23,12 @@ ffi.cdef [[
 int setenv(const char *name, const char *value, int overwrite);
 int unsetenv(const char *name);
 ]]
-local now = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua").now
+local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua")
+local now = B.now
 
-local LAYERS = tonumber(arg[1] or "12")
+local MEASURE = arg[1] == "--measure"
+local LAYERS = tonumber(arg[MEASURE and 2 or 1] or "12")
+local OPS = { "triad", "momentum", "apply", "adamw", "scale", "all_finite", "pack" }
 local REPS = 7
 
 -- Best of reps runs, as STREAM reports (the 2 cores are shared with other
@@ -87,10 +94,50 @@ results[1] = measure(1)
 results[2] = measure(nil)
 ffi.C.unsetenv("MU_FOREACH_THREADS")
 
+if MEASURE then
+  for _, op in ipairs(OPS) do print(("RESULT %s %.6f %.6f"):format(op, results[1][op], results[2][op])) end
+  return
+end
+
 print(("%-11s %10s %10s %10s"):format("op", "1 thr GB/s", "2 thr GB/s", "% triad"))
-for _, op in ipairs({ "triad", "momentum", "apply", "adamw", "scale", "all_finite", "pack" }) do
+for _, op in ipairs(OPS) do
   local r1, r2 = results[1][op], results[2][op]
   print(("%-11s %10.1f %10.1f %9.0f%%"):format(op, r1, r2, 100 * r2 / results[2].triad))
+end
+
+-- The same table for a baseline revision, interleaved with this tree.
+local rev = os.getenv("MU_BENCH_BASELINE")
+local base = rev and rev ~= "" and B.baseline(rev, "foreach_bench")
+if base then
+  local ROUNDS = tonumber(os.getenv("MU_BENCH_ROUNDS") or "5")
+  local function run_tree(dir)
+    local env = ("LUA_PATH=%s MUON_LIB=%s"):format(B.sh(dir .. "/lua/?.lua;" .. dir .. "/lua/?/init.lua;;"),
+      B.sh(dir .. "/build/libmuon.so"))
+    local out = B.capture(("env %s luajit %s --measure %d"):format(env, B.sh(arg[0]), LAYERS))
+    local r = {}
+    for op, a, b in out:gmatch("RESULT (%S+) (%S+) (%S+)") do r[op] = { tonumber(a), tonumber(b) } end
+    if not r.pack then error("foreach_bench: a measurement failed:\n" .. out) end
+    return r
+  end
+  local here = io.popen("pwd"):read("*l")
+  local new, old = {}, {}
+  for r = 1, ROUNDS do
+    new[r], old[r] = run_tree(here), run_tree(base)
+  end
+  print(("vs %s, same run, medians of %d interleaved rounds (GB/s; new/old > 1 is faster):"):format(rev, ROUNDS))
+  print(("%-11s %8s %8s %7s %8s %8s %7s"):format("op", "1 new", "1 old", "ratio", "2 new", "2 old", "ratio"))
+  for _, op in ipairs(OPS) do
+    local row = {}
+    for t = 1, 2 do
+      local a, b = {}, {}
+      for r = 1, ROUNDS do a[r], b[r] = new[r][op][t], old[r][op][t] end
+      local ma, mb = B.median(a), B.median(b)
+      row[#row + 1] = ("%8.1f %8.1f %7.3f"):format(ma, mb, ma / mb)
+    end
+    print(("%-11s %s %s"):format(op, row[1], row[2]))
+  end
+elseif rev and rev ~= "" then
+  print("foreach_bench: baseline " .. rev .. " not found in git history; comparison skipped")
 end
 
 -- Calls around the threading threshold (1<<21 elements): momentum on one

@@ -8,8 +8,8 @@
 -- step; <= 10 us per tiny parameter.
 --   luajit tests/bench/optim_bench.lua            (compare; skips the baseline without git)
 --   luajit tests/bench/optim_bench.lua --measure  (one measurement, machine-readable)
-local BASELINE = "ceab6d5"
-local ROUNDS = 5
+local BASELINE = os.getenv("MU_BENCH_BASELINE") or "ceab6d5" -- (any revision; env to override)
+local ROUNDS = tonumber(os.getenv("MU_BENCH_ROUNDS") or "5")
 
 local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua")
 local now, median, sh, capture = B.now, B.median, B.sh, B.capture

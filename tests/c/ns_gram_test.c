@@ -1,7 +1,7 @@
 /*
- * The per-matrix Newton-Schulz entry a scheduler uses (mu__ns_matrix, in
- * src/ns_gram.c) against mu_ns_zeropower, bit for bit, for both
- * iterations; mu__ns_cost against the cost model; mu_ns_method_for.
+ * Newton-Schulz, both iterations: a matrix of a batch, in place, with one
+ * or two workers, against the same matrix alone, bit for bit; mu__ns_cost
+ * against the cost model; mu_ns_method_for.
  * TAP output; exit 1 on any failure.
  */
 #include "muon_internal.h"
@@ -36,31 +36,47 @@ int main(void)
     mu_ns_opts o = {.steps = steps, .coeffs = coeffs, .eps = 1e-7, .norm_scale = scale};
     openblas_set_num_threads(1);
 
+    /* Each matrix of a batch of 3, run in place with 1 and with 2 workers,
+     * has the bits of the same matrix alone (out of place, 1 worker). */
     const int64_t shapes[][2] = {{40, 160}, {160, 40}, {48, 48}};
     for (int si = 0; si < 3; si++) {
-        const int64_t r = shapes[si][0], c = shapes[si][1];
+        const int64_t r = shapes[si][0], c = shapes[si][1], len = r * c;
         for (int method = MU_NS_STANDARD; method <= MU_NS_AUTO; method++) {
             o.method = method;
-            mu_tensor *x = random_matrix(r, c, 7u + (unsigned)si), *want = NULL, *got = NULL;
-            mu_tensor_clone(x, MU_F32, &want);
-            mu_tensor_clone(x, MU_F32, &got);
-            int rc = mu_ns_zeropower(x, want, &o, NULL);
-            mu_ns_workspace *ws = NULL;
-            mu_ns_workspace_new(MU_F32, r, c, &ws);
-            double norm = 0.0;
-            mu_tensor_norm(x, &norm);
-            /* in place, as a scheduler's slot would run it */
-            int rc2 = mu__ns_matrix(&o, MU_F32, r, c, got->data, got->data, norm, ws, 0);
-            ok(rc == MU_OK && rc2 == MU_OK &&
-                   memcmp(want->data, got->data, (size_t)(r * c) * sizeof(float)) == 0,
-               "mu__ns_matrix %lldx%lld method %d: the bits of mu_ns_zeropower", (long long)r,
-               (long long)c, method);
-            ok(mu__ns_matrix(&o, MU_F32, r, c, x->data, got->data, norm, ws, 1) == MU_EINVAL,
-               "an unallocated slot is refused");
-            mu_ns_workspace_free(ws);
-            mu_tensor_free(x);
+            const int64_t shape3[3] = {3, r, c};
+            mu_tensor *batch = NULL, *want = NULL;
+            if (mu_tensor_new(MU_F32, 3, shape3, &batch) != MU_OK) return 1;
+            for (int k = 0; k < 3; k++) {
+                mu_tensor *x = random_matrix(r, c, 7u + (unsigned)(si * 3 + k));
+                memcpy((float *)batch->data + k * len, x->data, (size_t)len * sizeof(float));
+                mu_tensor_free(x);
+            }
+            mu_tensor_clone(batch, MU_F32, &want);
+            int rc = MU_OK;
+            setenv("MU_NS_THREADS", "1", 1);
+            for (int k = 0; k < 3 && rc == MU_OK; k++) {
+                const int64_t shape2[2] = {r, c};
+                mu_tensor *in = NULL, *out = NULL;
+                mu_tensor_wrap(MU_F32, 2, shape2, NULL, (float *)batch->data + k * len, &in);
+                mu_tensor_wrap(MU_F32, 2, shape2, NULL, (float *)want->data + k * len, &out);
+                rc = mu_ns_zeropower(in, out, &o, NULL);
+                mu_tensor_free(in);
+                mu_tensor_free(out);
+            }
+            for (int workers = 1; workers <= 2; workers++) {
+                mu_tensor *got = NULL;
+                mu_tensor_clone(batch, MU_F32, &got);
+                setenv("MU_NS_THREADS", workers == 1 ? "1" : "2", 1);
+                int rc2 = mu_ns_zeropower(got, got, &o, NULL);
+                ok(rc == MU_OK && rc2 == MU_OK &&
+                       memcmp(want->data, got->data, (size_t)(3 * len) * sizeof(float)) == 0,
+                   "a batch of 3 %lldx%lld, method %d, in place, %d worker(s): the bits of each "
+                   "matrix alone", (long long)r, (long long)c, method, workers);
+                mu_tensor_free(got);
+            }
+            unsetenv("MU_NS_THREADS");
+            mu_tensor_free(batch);
             mu_tensor_free(want);
-            mu_tensor_free(got);
         }
     }
 

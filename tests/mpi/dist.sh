@@ -21,6 +21,13 @@ mpi_case "dist np=2 mesh shard:2 resume from np=4" 2 $RUN $S resume "shard:2" "$
 mpi_case "dist np=1 resume from np=4" 1 $RUN $S resume "shard:1" "$ck/opt.safetensors"
 mpi_case "dist np=3 mesh replicate:3 resume from np=4" 3 $RUN $S resume "replicate:3" "$ck/opt.safetensors"
 mpi_case "dist np=4 mesh shard:2,shard2:2 resume from np=4" 4 $RUN $S resume "shard:2,shard2:2" "$ck/opt.safetensors"
+# bfloat16 state (state_dtype): bitwise as one process, checkpoints gathered and resharded
+for c in "2 shard:2" "3 replicate:3" "4 replicate:2,shard:2"; do
+  set -- $c
+  MU_TEST_STATE_DTYPE=bfloat16 mpi_case "dist np=$1 mesh $2 bfloat16 state" "$1" $RUN $S equal "$2"
+done
+MU_TEST_STATE_DTYPE=bfloat16 mpi_case "dist np=4 bfloat16 state save" 4 $RUN $S save "replicate:2,shard:2" "$ck/bf16.safetensors"
+MU_TEST_STATE_DTYPE=bfloat16 mpi_case "dist np=2 bfloat16 state resume from np=4" 2 $RUN $S resume "shard:2" "$ck/bf16.safetensors"
 for c in "1 shard:1" "2 shard:2" "2 replicate:2" "3 shard:3" "4 replicate:2,shard:2" "4 shard:2,shard2:2"; do
   set -- $c
   mpi_case "variants np=$1 mesh $2" "$1" $RUN $S variants "$2" "$ck/variants.safetensors"

@@ -18,6 +18,7 @@
 --   variants NorMuon (hook state), cautious decay, spectral scale, conv
 --            flattening, QK-clip (signals): 10 steps bitwise vs one process
 --   nothing  a step where no rank has a grad steps nothing (on every rank);
+-- MU_TEST_STATE_DTYPE=bfloat16 runs the float32 groups with bfloat16 state.
 --            empty shards without a grad step with their parameter; a grad
 --            on some holding ranks only fails everywhere
 --   overlap  small batches (many pipelined waves): every data exchange is
@@ -126,6 +127,11 @@ local function make_config(dist, here, variant)
     { name = "f64", optimizer = "muon", lr = 0.03, weight_decay = 0.05 },
   }
   if variant == "lr" then groups[1].lr = 0.021 end
+  -- MU_TEST_STATE_DTYPE=bfloat16: the float32 groups keep bfloat16 state
+  local sd = os.getenv("MU_TEST_STATE_DTYPE")
+  if sd and sd ~= "" then
+    for i = 1, 3 do groups[i].state_dtype = sd end
+  end
   if mode == "overlap" then
     groups[1].post_ortho_fn = function(_, _, ctx)
       if CUR == INJECT.ortho and ctx.param_fqn == "same.2" then error("boom in post_ortho_fn on same.2", 0) end
@@ -214,6 +220,10 @@ local function compare(tag, ref, eng, locals)
         if s[k] then
           local g2, why2 = bits_equal(s[k], D.box_view(rs[k], l.box))
           if not g2 then ok, first = false, first or (name .. " " .. k .. " " .. why2) end
+          local want = l.value:dtype() == "float32" and os.getenv("MU_TEST_STATE_DTYPE") or ""
+          if want ~= "" and s[k]:dtype() ~= want then
+            ok, first = false, first or (("%s %s is %s, not %s"):format(name, k, s[k]:dtype(), want))
+          end
         end
       end
       if s.step ~= rs.step then ok, first = false, first or (name .. " step count") end

@@ -190,6 +190,11 @@ K.COMMON_OPTIONS = setmetatable({}, { __tostring = function() return "K.COMMON_O
 K.COMMON = {
   -- NaN/Inf gradient: "error" (the step fails, nothing changes) or "skip" (the group skips the step)
   { "nonfinite", "error", O.oneof({ "error", "skip" }) },
+  -- the dtype of the kind's state tensors: "float32" (the parameters' own
+  -- dtype) or "bfloat16" (float32 parameters: half the bytes; the maths stay
+  -- float32, each new state rounded once). Layout, not a value: not saved
+  -- (a checkpoint's tensors are converted to it on load).
+  { "state_dtype", "float32", O.oneof({ "float32", "bfloat16" }), saved = false },
 }
 
 local ENTRY_KEYS = { [1] = true, [2] = true, [3] = true, schedulable = true, show = true, saved = true,

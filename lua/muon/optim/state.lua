@@ -163,12 +163,21 @@ end
 -- mesh: boxes and holders) }.
 local function tensor_specs(stepper, kind, e)
   local list = {}
-  local r = stepper:size() > 1 and stepper:record(e.p) or nil
-  for _, k in ipairs(tensor_keys(kind)) do list[#list + 1] = { key = k, shape = e.p.logical_shape, record = r } end
+  local rec = stepper:record(e.p)
+  local r = stepper:size() > 1 and rec or nil
+  for _, k in ipairs(tensor_keys(kind)) do
+    list[#list + 1] = { key = k, shape = e.p.logical_shape, record = r, dtype = rec.state_dtype }
+  end
   for _, h in ipairs(e.hooks) do
-    list[#list + 1] = { key = h.key, shape = h.shape, record = r and r.hook_records[h.key] }
+    list[#list + 1] = { key = h.key, shape = h.shape, record = r and r.hook_records[h.key], dtype = rec.dtype }
   end
   return list
+end
+
+-- Whether a checkpoint's state tensor of dtype `have` loads as `want`
+-- (converted): float32 and bfloat16 state are interchangeable.
+local function convertible(have, want)
+  return have == want or (have == "float32" or have == "bfloat16") and (want == "float32" or want == "bfloat16")
 end
 
 ------------------------------------------------------------- state dicts
@@ -199,15 +208,15 @@ function S.state_dict(stepper, kind)
       else
         for _, t in ipairs(tensor_specs(stepper, kind, e)) do
           local k, r = t.key, t.record
-          local full = me == 0 and T.zeros(t.shape, r.dtype) or nil
+          local full = me == 0 and T.zeros(t.shape, t.dtype) or nil
           entry[k] = full
           for _, id in ipairs(r.box_order) do
             local h, b = r.holder[id], r.box_of[id]
-            local piece = pieces[r.dtype]
+            local piece = pieces[t.dtype]
             if not piece then
               piece = { sends = {}, recvs = {} }
               for q = 1, W do piece.sends[q], piece.recvs[q] = {}, {} end
-              pieces[r.dtype] = piece
+              pieces[t.dtype] = piece
             end
             if me == 0 then
               local dst = D.box_view(full, b)
@@ -224,7 +233,8 @@ function S.state_dict(stepper, kind)
   end
   if W > 1 then
     -- One exchange per dtype, in a fixed order (the same on every rank).
-    for _, dt in ipairs({ "float32", "float64" }) do
+    for code = 0, #T.DTYPE_NAMES do
+      local dt = T.DTYPE_NAMES[code]
       local piece = pieces[dt]
       if piece then stepper:exchange_control(dt, piece.sends, piece.recvs) end
     end
@@ -275,9 +285,9 @@ function S.mismatches(stepper, kind, d)
         local x = entry[t.key]
         if x == nil then
           add("state of '%s' has no '%s' tensor in the checkpoint", name, t.key)
-        elseif fmt_shape(x:size()) ~= fmt_shape(t.shape) or x:dtype() ~= c.p.value:dtype() then
+        elseif fmt_shape(x:size()) ~= fmt_shape(t.shape) or not convertible(x:dtype(), t.dtype) then
           add("state '%s/%s': %s %s in the checkpoint, this optimizer keeps %s %s", name, t.key, x:dtype(),
-            fmt_shape(x:size()), c.p.value:dtype(), fmt_shape(t.shape))
+            fmt_shape(x:size()), t.dtype, fmt_shape(t.shape))
         end
       end
       for k, x in pairs(entry) do
@@ -337,7 +347,7 @@ local function stage(stepper, kind, d, what, hyper)
     E.raise(E.EINVAL, "%s does not match this optimizer:\n  %s", what or "state dict", table.concat(problems, "\n  "))
   end
   local groups, params = of_kind(stepper, kind)
-  local staged = { groups = {}, params = {}, notes = {} }
+  local staged = { groups = {}, params = {}, notes = {}, converted = {} }
   for li, g in ipairs(d.groups) do
     local options, notes = staged_options(groups[li], g.options, li, what or "state dict", hyper or "restore")
     staged.groups[li] = { options = groups[li].options, step = g.step, restore = options }
@@ -357,7 +367,11 @@ local function stage(stepper, kind, d, what, hyper)
         one.state = {}
         for _, t in ipairs(tensor_specs(stepper, kind, e)) do
           local v = entry[t.key]
-          one.state[t.key] = W == 1 and v:clone() or D.box_view(v, t.record.mine):clone()
+          one.state[t.key] = (W == 1 and v or D.box_view(v, t.record.mine)):clone(t.dtype)
+          if v:dtype() ~= t.dtype then
+            local c = staged.converted[v:dtype() .. " to " .. t.dtype] or 0
+            staged.converted[v:dtype() .. " to " .. t.dtype] = c + 1
+          end
         end
         if entry.step ~= nil and scalar_keys(kind).step then one.state.step = entry.step end
       end
@@ -656,12 +670,21 @@ function S.load(stepper, path, parts, check, opts)
     end
   end)
   stepper:agree_failure(not ok and err or nil)
+  local converted = {}
   for _, s in ipairs(staged) do
     commit(stepper, s)
     if #s.notes > 0 and stepper:rank() == 0 then
       io.stderr:write(("muon: checkpoint '%s': the config's values are kept:\n  %s\n")
         :format(path, table.concat(s.notes, "\n  ")))
     end
+    for what, n in pairs(s.converted) do converted[what] = (converted[what] or 0) + n end
+  end
+  local conv = {}
+  for what, n in pairs(converted) do conv[#conv + 1] = ("%d from %s"):format(n, what) end
+  if #conv > 0 and stepper:rank() == 0 then -- one note for the whole load
+    table.sort(conv)
+    io.stderr:write(("muon: checkpoint '%s': state tensors converted to the groups' state_dtype: %s\n")
+      :format(path, table.concat(conv, ", ")))
   end
   return meta
 end
