@@ -119,7 +119,6 @@ local function exit_status(v, who)
   error(E.new(E.EINVAL, ("%s returned %s: an exit status is nothing, true, false or an integer 0..255")
     :format(who, shown), ""), 0)
 end
-host.exit_status = exit_status
 
 -- `muon run script.lua args...`: arg = { [0] = script, args... } as in the
 -- standalone interpreter; the chunk also gets the args as `...`. What it
