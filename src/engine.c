@@ -458,23 +458,16 @@ static int mu__require(lua_State *L, const char *module)
  *
  * The switch keeps the thread: thread-locals, the caller's MPI and OpenMP
  * identity stay as they are. It is a call on another stack (x86-64 only;
- * elsewhere calls run on the caller's stack), annotated for AddressSanitizer
- * (fibers) and valgrind (a registered stack).
+ * elsewhere calls run on the caller's stack), announced to valgrind (a
+ * registered stack) and to AddressSanitizer (fibers) whenever its runtime
+ * is in the process, this library instrumented or not (a host built with
+ * ASan, or libasan preloaded): its functions are looked up once, so that
+ * it never mistakes LuaJIT's error unwinding on this stack for a corrupt one.
  */
 enum { MU__STACK_BYTES = 128 << 20, MU__GUARD_BYTES = 64 << 10 };
 
 #if defined(__x86_64__) && defined(__linux__)
 #define MU__SWITCH_STACKS 1
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define MU__ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MU__ASAN 1
-#endif
-#endif
-#ifdef MU__ASAN
-#include <sanitizer/common_interface_defs.h>
 #endif
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
@@ -526,6 +519,22 @@ typedef struct mu__switch {
 } mu__switch;
 
 #ifdef MU__SWITCH_STACKS
+/* AddressSanitizer's fiber calls (sanitizer/common_interface_defs.h), when
+ * its runtime is loaded; NULL otherwise. Set once. */
+static void (*mu__asan_start)(void **fake, const void *bottom, size_t size);
+static void (*mu__asan_finish)(void *fake, const void **bottom, size_t *size);
+static pthread_once_t mu__asan_once = PTHREAD_ONCE_INIT;
+
+static void mu__asan_init(void)
+{
+    void *s = dlsym(RTLD_DEFAULT, "__sanitizer_start_switch_fiber");
+    void *f = dlsym(RTLD_DEFAULT, "__sanitizer_finish_switch_fiber");
+    if (s && f) {
+        memcpy(&mu__asan_start, &s, sizeof s);
+        memcpy(&mu__asan_finish, &f, sizeof f);
+    }
+}
+
 /* fn(arg) with the stack pointer at top (16-byte aligned); the caller's
  * frame pointer keeps the way back, described for unwinders (CFI). */
 __attribute__((visibility("hidden"))) void mu__call_on_stack(void (*fn)(void *), void *arg, void *top);
@@ -555,13 +564,9 @@ __asm__(".text\n"
 static void mu__switched(void *p)
 {
     mu__switch *sw = p;
-#ifdef MU__ASAN
-    __sanitizer_finish_switch_fiber(NULL, &sw->caller_lo, &sw->caller_size);
-#endif
+    if (mu__asan_finish) mu__asan_finish(NULL, &sw->caller_lo, &sw->caller_size);
     sw->fn(sw->arg);
-#ifdef MU__ASAN
-    __sanitizer_start_switch_fiber(NULL, sw->caller_lo, sw->caller_size); /* these frames are done */
-#endif
+    if (mu__asan_start) mu__asan_start(NULL, sw->caller_lo, sw->caller_size); /* these frames are done */
 }
 #endif
 
@@ -570,13 +575,10 @@ static void mu__on_stack(const mu__stack *s, void (*fn)(void *), void *arg)
 #ifdef MU__SWITCH_STACKS
     if (s && s->base) {
         mu__switch sw = {.fn = fn, .arg = arg};
-#ifdef MU__ASAN
-        __sanitizer_start_switch_fiber(&sw.fake, s->base + MU__GUARD_BYTES, MU__STACK_BYTES);
-#endif
+        pthread_once(&mu__asan_once, mu__asan_init);
+        if (mu__asan_start) mu__asan_start(&sw.fake, s->base + MU__GUARD_BYTES, MU__STACK_BYTES);
         mu__call_on_stack(mu__switched, &sw, s->base + MU__GUARD_BYTES + MU__STACK_BYTES);
-#ifdef MU__ASAN
-        __sanitizer_finish_switch_fiber(sw.fake, NULL, NULL);
-#endif
+        if (mu__asan_finish) mu__asan_finish(sw.fake, NULL, NULL);
         return;
     }
 #else
