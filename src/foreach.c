@@ -38,16 +38,17 @@
  * on up to the CPUs in the process affinity mask (capped at
  * MU__FOREACH_MAX_THREADS; the environment variable MU_FOREACH_THREADS
  * overrides the count, e.g. 1 for MPI ranks that fill the cores, and
- * MU_FOREACH_MT_MIN the threshold), through parallel_for. Each element is
+ * MU_FOREACH_MT_MIN the threshold), through parallel_for on the shared
+ * worker pool (src/pool.c). Each element is
  * computed by the same code whatever the split, so results are bitwise
  * independent of the thread count.
  */
 #define _GNU_SOURCE
+#include "pool.h"
 #include "tensor_internal.h"
 
 #include <math.h>
 #include <stdio.h>
-#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,44 +276,28 @@ static void run_range(void *arg, int tid)
 
 /* ------------------------------------------------------------- threading */
 
-typedef struct worker_arg {
+typedef struct for_range {
+    int n;
     void (*fn)(void *, int);
     void *arg;
-    int t;
-} worker_arg;
+} for_range;
 
-static void *worker(void *p)
+static void for_range_worker(mu__pool *team, int rank, void *p)
 {
-    worker_arg *w = p;
-    w->fn(w->arg, w->t);
-    return NULL;
+    const for_range *r = p;
+    for (int t = rank; t < r->n; t += mu__pool_size(team)) r->fn(r->arg, t);
 }
 
-/* fn(arg, t) for t = 0..n-1, on up to n threads, the calling thread taking
- * part: the one place foreach meets threads. It spawns the extra threads
- * per call (measured: ~25-50 us for one thread, small next to the >= 1 ms
- * of a pass that is split), so no idle threads steal cycles from OpenBLAS;
- * the t that could not get a thread run on the calling thread (results do
- * not depend on who computes them). */
+/* fn(arg, t) for t = 0..n-1 on a team of the one worker pool (src/pool.c:
+ * threads made per call, or the host's OpenMP team; 64 KiB stacks where the
+ * process allows them), the calling thread taking part: the one place
+ * foreach meets threads. A smaller team runs several t per worker
+ * (results do not depend on who computes them). */
 static void parallel_for(int n, void (*fn)(void *, int), void *arg)
 {
-    pthread_t th[MU__FOREACH_MAX_THREADS];
-    worker_arg args[MU__FOREACH_MAX_THREADS];
-    int started = 0;
-    if (n > 1) {
-        pthread_attr_t attr;
-        int attr_ok = pthread_attr_init(&attr) == 0;
-        if (attr_ok) pthread_attr_setstacksize(&attr, 1 << 16);
-        for (int t = 1; t < n; t++) {
-            args[t] = (worker_arg){ fn, arg, t };
-            if (pthread_create(&th[t], attr_ok ? &attr : NULL, worker, &args[t]) != 0) break;
-            started = t;
-        }
-        if (attr_ok) pthread_attr_destroy(&attr);
-    }
-    fn(arg, 0);
-    for (int t = started + 1; t < n; t++) fn(arg, t);
-    for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
+    for_range r = { n, fn, arg };
+    mu__pool_cfg cfg = { .workers = n, .openmp = 1, .stack = 1 << 16 };
+    mu__pool_run(&cfg, for_range_worker, &r);
 }
 
 /* Threads for a large call: MU_FOREACH_THREADS if set (e.g. 1 for MPI ranks

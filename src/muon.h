@@ -263,9 +263,10 @@ MU_API int mu_tensor_matmul(const mu_tensor *a, const mu_tensor *b, mu_tensor *o
 /* Softmax of t along dim (0-based) into out (t's shape and dtype):
  * exp(x - max) / sum(exp(x - max)) over each slice along dim, or with log
  * non-zero the log-softmax (x - max) - log(sum(exp(x - max))). Computed in
- * double and rounded once (float32 too); a slice holding NaN, or only
- * -inf, gives NaN, as torch. out may be t itself (in place) but must not
- * overlap it otherwise. */
+ * double (the sum in order); a float32 softmax rounds exp(x - max) to
+ * float32 before the division, so it is within 1 ulp of the double
+ * result. A slice holding NaN, or only -inf, gives NaN, as torch. out may
+ * be t itself (in place) but must not overlap it otherwise. */
 MU_API int mu_tensor_softmax(const mu_tensor *t, int dim, int log, mu_tensor *out);
 
 /* torch.gather: out[i][j] = t[index[i][j] - base][j] for dim 0, likewise

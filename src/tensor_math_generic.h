@@ -288,7 +288,9 @@ static KATTR int R(finite)(void *vc, int64_t n, char *const *p, const int64_t *s
 /* ------------------------------------------------------ along one dim */
 
 /* Softmax of one slice (p[1], n elements) into p[0], in double: the max
- * (NaN sticks), the sum of exp(x - max) in order, then each element. */
+ * (NaN sticks), then exp(x - max) (kept in the output) and their sum in
+ * order, then each one divided by the sum. (In place, p[0] == p[1]: each
+ * element is read before it is written.) */
 static KATTR int R(softmax)(void *vc, int64_t n, char *const *p, const int64_t *s)
 {
     const softmax_ctx *c = vc;
@@ -297,12 +299,17 @@ static KATTR int R(softmax)(void *vc, int64_t n, char *const *p, const int64_t *
         double e = (double)AT(1, i);
         if (e > mx || e != e) mx = e;
     }
-    for (int64_t i = 0; i < n; i++) sum += exp((double)AT(1, i) - mx);
     if (c->log) {
+        for (int64_t i = 0; i < n; i++) sum += exp((double)AT(1, i) - mx);
         double ls = log(sum);
         for (int64_t i = 0; i < n; i++) OUT(i) = (real)(((double)AT(1, i) - mx) - ls);
     } else {
-        for (int64_t i = 0; i < n; i++) OUT(i) = (real)(exp((double)AT(1, i) - mx) / sum);
+        for (int64_t i = 0; i < n; i++) {
+            double e = exp((double)AT(1, i) - mx);
+            sum += e;
+            OUT(i) = (real)e;
+        }
+        for (int64_t i = 0; i < n; i++) OUT(i) = (real)((double)OUT(i) / sum);
     }
     return 0;
 }

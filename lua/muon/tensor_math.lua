@@ -20,10 +20,11 @@
 --                                               (x*x, x*x*x, 1/(x*x), sqrt,
 --                                               1/sqrt, 1/x)
 --   x:softmax(dim), x:log_softmax(dim)          along dim (required), in
---                                               double, rounded once: exp(x -
---                                               max) / sum, (x - max) -
---                                               log(sum); NaN in a slice, or
---                                               a slice of only -inf, gives NaN
+--                                               double: exp(x - max) / sum,
+--                                               (x - max) - log(sum); within
+--                                               1 ulp (float32) of the double
+--                                               result; NaN in a slice, or a
+--                                               slice of only -inf, gives NaN
 --   x:argmax(), x:argmax(dim, keepdim)          the 1-based index of the first
 --                                               largest element (a NaN counts
 --                                               as largest), torch's rule:
@@ -31,7 +32,9 @@
 --                                               index (a Lua number), with dim
 --                                               a tensor of indices in x's
 --                                               dtype (float32: dims up to
---                                               2^24 long)
+--                                               2^24 long); dim nil with
+--                                               keepdim true: a tensor of
+--                                               size-1 dims, as x:sum()
 --   x:gather(dim, index)                        torch.gather with 1-based
 --                                               indices: out[i][j] =
 --                                               x[index[i][j]][j] for dim 1;
