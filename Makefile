@@ -16,8 +16,9 @@ PKGCONF  += ompi-c
 MPIFLAG  := -DMU_HAVE_MPI
 endif
 CC       ?= cc
-# SAN=1 (ASan + UBSan) builds into its own tree so objects never mix.
-BUILD    := $(if $(filter 1,$(SAN)),build-san,build)
+# SAN=1 (ASan + UBSan) and TSAN=1 (ThreadSanitizer) build into their own
+# trees so objects never mix.
+BUILD    := $(if $(filter 1,$(SAN)),build-san,$(if $(filter 1,$(TSAN)),build-tsan,build))
 OPT      ?= -O2
 CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -D_POSIX_C_SOURCE=200809L -DMU_BUILDING $(MPIFLAG)
@@ -26,6 +27,10 @@ DEPLIBS   = $(shell pkg-config --libs $(PKGCONF) 2>/dev/null) -lm -lpthread
 ifeq ($(SAN),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer
 LDSAN    := -fsanitize=address,undefined
+endif
+ifeq ($(TSAN),1)
+CFLAGS   += -fsanitize=thread -fno-omit-frame-pointer
+LDSAN    := -fsanitize=thread
 endif
 
 SRCS     := $(wildcard src/*.c)
@@ -39,6 +44,11 @@ SONAME   := libmuon.so.$(SOMAJOR)
 LIB_REAL := $(BUILD)/libmuon.so.$(VERSION)
 LIB_SO   := $(BUILD)/libmuon.so
 LIB_A    := $(BUILD)/libmuon.a
+# The CPU probe: the OpenBLAS core table (src/blas_core.c) and the status
+# codes, needing nothing but libc, so a host can load and ask it before
+# libmuon and OpenBLAS (mu_blas_preset_core in src/muon.h).
+PROBE    := $(BUILD)/libmuon-cpu.so
+PROBE_OBJS := $(BUILD)/obj/blas_core.o $(BUILD)/obj/error.o
 CDEF     := $(BUILD)/gen/cdef.inc
 
 # C test programs (tests/c/*.c -> build/tests/*), each printing TAP lines.
@@ -52,7 +62,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)
 HOSTLINK  = -Wl,--whole-archive $(LIB_A) -Wl,--no-whole-archive -Wl,--export-dynamic $(LDSAN) $(DEPLIBS)
 
 .PHONY: all deps test demo bench clean install uninstall fuzz
-all: $(LIB_SO) $(LIB_A) $(if $(CLI_SRCS),$(CLI)) $(CTESTS) $(EXAMPLES)
+all: $(LIB_SO) $(LIB_A) $(PROBE) $(if $(CLI_SRCS),$(CLI)) $(CTESTS) $(EXAMPLES)
 
 deps:
 	@missing=""; for p in $(PKGS); do \
@@ -90,6 +100,9 @@ $(BUILD)/obj/tensor_math.o: CFLAGS += $(VECTFLAG)
 $(LIB_REAL): $(OBJS)
 	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $(OBJS) $(LDSAN) $(DEPLIBS)
 
+$(PROBE): $(PROBE_OBJS)
+	$(CC) -shared -Wl,-soname,libmuon-cpu.so -o $@ $(PROBE_OBJS) $(LDSAN)
+
 $(LIB_SO): $(LIB_REAL)
 	ln -sf $(notdir $(LIB_REAL)) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $@
@@ -120,10 +133,12 @@ $(BUILD)/bench/omp_host: tests/bench/omp_host.c $(LIB_A) src/muon.h
 # read when make starts, which on a fresh machine is before deps installed
 # the packages they look for.
 # make test SAN=1: the whole suite on the ASan+UBSan build (build-san/);
-# make test VALGRIND=1: the C embedding tests under valgrind as well.
+# make test VALGRIND=1: the C embedding tests under valgrind as well;
+# make test TSAN=1: the C tests that run threads, on a ThreadSanitizer build
+# (build-tsan/).
 test: deps
 	@$(MAKE) --no-print-directory all
-	@MUON_BUILD=$(BUILD) SAN=$(SAN) VALGRIND=$(VALGRIND) bash tests/run.sh
+	@MUON_BUILD=$(BUILD) SAN=$(SAN) TSAN=$(TSAN) VALGRIND=$(VALGRIND) bash tests/run.sh
 
 # make fuzz [FUZZ_SECONDS=60] [FUZZ_TARGETS="npy safetensors config"]:
 # libFuzzer harnesses (tests/fuzz/) built with clang into build/fuzz/.
@@ -149,7 +164,7 @@ demo: deps
 # files, then the directories that are left empty: muon's own always, the
 # standard ones (lib, bin, include, share, ...) only under a DESTDIR.
 PREFIX   ?= /usr/local
-INSTALL_FILES := lib/libmuon.a lib/libmuon.so.$(VERSION) lib/$(SONAME) lib/libmuon.so \
+INSTALL_FILES := lib/libmuon.a lib/libmuon.so.$(VERSION) lib/$(SONAME) lib/libmuon.so lib/libmuon-cpu.so \
                  include/muon.h bin/muon lib/pkgconfig/muon.pc
 install: all
 	@set -e; d="$(DESTDIR)$(PREFIX)"; \
@@ -158,6 +173,7 @@ install: all
 	install -m 755 $(LIB_REAL) "$$d/lib/libmuon.so.$(VERSION)"; \
 	ln -sf libmuon.so.$(VERSION) "$$d/lib/$(SONAME)"; \
 	ln -sf $(SONAME) "$$d/lib/libmuon.so"; \
+	install -m 755 $(PROBE) "$$d/lib/libmuon-cpu.so"; \
 	install -m 644 src/muon.h "$$d/include/muon.h"; \
 	install -m 755 $(CLI) "$$d/bin/muon"; \
 	for f in $$(cd lua && find muon -name '*.lua' | sort); do \

@@ -9,22 +9,32 @@
 #include "muon_internal.h"
 
 #include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
 
+/* The C stack that an engine's Lua runs on ("C stacks" below). */
+typedef struct mu__stack {
+    char *base;    /* mmap'd: guard region, then the stack; NULL: the caller's stack */
+    unsigned vgid; /* valgrind's id of the stack */
+} mu__stack;
+
 /* The engine behind a handle (the handle itself is a token, see
  * "handles" below). */
 typedef struct mu__eng {
     lua_State *L;
+    mu__stack stack;
     int host_ref;   /* registry: the muon.host module table */
     int engine_ref; /* registry: the Lua engine object */
     char *err;      /* detail of the last failure, "" if none */
@@ -139,8 +149,33 @@ static void mu__user_traceback(lua_State *L)
     lua_pushnil(L);
 }
 
+/* Fails when the Lua stack cannot grow by 64 slots (LuaJIT 2.1 raises from
+ * lua_checkstack then: called under lua_cpcall). */
+static int mu__probe_stack(lua_State *L)
+{
+    lua_pushboolean(L, lua_checkstack(L, 64));
+    if (!lua_toboolean(L, -1)) lua_error(L);
+    return 0;
+}
+
 static int mu__msgh_ex(lua_State *L, int always_tb)
 {
+    /* The Lua stack is exhausted when the handler runs with no room to grow
+     * (LuaJIT gives a handler a few extra slots after a "stack overflow" and
+     * grows no further): whatever was raised, that is the failure, and
+     * there is no room for a traceback. Decided by the stack, not by the
+     * message. */
+    int probe = lua_cpcall(L, mu__probe_stack, NULL);
+    if (probe != 0) {
+        const char *what = lua_type(L, 1) == LUA_TSTRING ? lua_tostring(L, 1) : "stack overflow";
+        lua_createtable(L, 0, 2);
+        lua_pushfstring(L, probe == LUA_ERRMEM ? "out of memory in the Lua state (%s)"
+                                               : "out of Lua stack: calls nested too deeply (%s)", what);
+        lua_setfield(L, -2, "msg");
+        lua_pushinteger(L, MU_ENOMEM);
+        lua_setfield(L, -2, "code");
+        return 1;
+    }
     const char *msg = NULL;
     const char *tb = NULL;
     int code = mu__code_of(L, 1);
@@ -183,18 +218,7 @@ static int mu__msgh_ex(lua_State *L, int always_tb)
     return 1;
 }
 
-static void mu__set_err(mu__eng *eng, const char *s)
-{
-    if (!eng) return;
-    size_t n = strlen(s);
-    char *p = realloc(eng->err, n + 1);
-    if (!p) { /* keep the old buffer; at least cut it */
-        if (eng->err) eng->err[0] = '\0';
-        return;
-    }
-    memcpy(p, s, n + 1);
-    eng->err = p;
-}
+static void mu__set_err(mu__eng *eng, const char *s);
 
 /* After a failed lua_pcall (status != 0, error value on top): record the
  * message in mu_last_error() ("what: msg") and, with the traceback, in the
@@ -206,7 +230,10 @@ static int mu__lua_fail(lua_State *L, mu__eng *eng, int status, int fallback, co
     int rc = fallback; /* for plain errors; an error object brings its code */
     if (status == LUA_ERRMEM) {
         rc = MU_ENOMEM;
-        msg = "not enough memory in the Lua state";
+        msg = "out of memory in the Lua state";
+    } else if (status == LUA_ERRERR) { /* the message handler itself failed: no stack or memory left */
+        rc = MU_ENOMEM;
+        msg = "out of Lua stack or memory while handling an error";
     } else if (lua_istable(L, -1)) { /* made by mu__msgh */
         lua_getfield(L, -1, "msg");
         lua_getfield(L, -2, "code");
@@ -218,13 +245,6 @@ static int mu__lua_fail(lua_State *L, mu__eng *eng, int status, int fallback, co
         msg = lua_tostring(L, -1);
     }
     if (!msg) msg = "unknown Lua error";
-    /* drop the position prefix that error(msg, 2) adds when the engine
-     * blames its caller, the glue in muon/host.lua */
-    const char *glue = strstr(msg, "muon/host.lua:");
-    if (glue && !memchr(msg, '\n', (size_t)(glue - msg))) {
-        const char *rest = strstr(glue, ": ");
-        if (rest) msg = rest + 2;
-    }
     mu__fail(rc, "%s: %s", what, msg);
     if (eng) {
         luaL_Buffer b;
@@ -325,31 +345,91 @@ static void mu__lua_path(const char *explicit_dir, char *templ, size_t cap)
     snprintf(templ, cap, "%s/?.lua;%s/?/init.lua;", dir, dir);
 }
 
-/* A fresh state with the standard libraries, package.path set, and the
- * message handler at stack index 1. NULL on failure (mu_last_error set). */
-static lua_State *mu__new_state(const char *explicit_dir)
+/*
+ * Lua C modules (lua-cjson, which muon's checkpoints use) take the Lua API
+ * from the process's global symbols: Debian builds them without a link to
+ * any Lua library. A host that loaded libmuon with dlopen(RTLD_LOCAL), as
+ * Python's ctypes does, keeps the LuaJIT that libmuon links out of that
+ * scope, and loading cjson fails ("undefined symbol: lua_checkstack"). So,
+ * once per process, the LuaJIT library that this code calls is promoted to
+ * the global scope (dlopen RTLD_NOLOAD | RTLD_GLOBAL: the object already
+ * loaded, nothing new). When another Lua runtime's symbols are global
+ * first, C modules would bind to that one: refused (mu__lua_scope_err).
+ */
+static pthread_once_t mu__lua_scope_once = PTHREAD_ONCE_INIT;
+static char mu__lua_scope_err[512]; /* written once, by mu__lua_scope_init */
+
+static void mu__lua_scope_init(void)
 {
-    char templ[2 * PATH_MAX + 64];
-    lua_State *L = luaL_newstate();
-    if (!L) {
-        mu__fail(MU_ENOMEM, "cannot create a Lua state");
-        return NULL;
-    }
+    void *ours = (void *)lua_checkstack;
+    void *global = dlopen(NULL, RTLD_LAZY); /* dlsym on it: the global scope only */
+    void *seen = global ? dlsym(global, "lua_checkstack") : NULL;
+    if (global) dlclose(global);
+    if (seen == ours) return; /* a host linked it, or loaded it globally */
+    Dl_info info;
+    if (!seen && dladdr(ours, &info) && info.dli_fname && dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_GLOBAL))
+        return;
+    Dl_info other;
+    snprintf(mu__lua_scope_err, sizeof mu__lua_scope_err,
+             seen ? "another Lua runtime (%s) provides the global Lua symbols of this process: Lua C modules "
+                    "such as cjson would bind to it, not to muon's LuaJIT"
+                  : "cannot make muon's LuaJIT symbols global (%s): Lua C modules such as cjson cannot load",
+             seen ? (dladdr(seen, &other) && other.dli_fname ? other.dli_fname : "?") : dlerror());
+}
+
+/* The object holding this code, for the Lua loader (lua/muon/core.lua) so
+ * that it uses this very library instead of finding another copy: its
+ * name as the dynamic linker knows it (dlopen of that name returns this
+ * object), or true when it is the host program itself (a static link). */
+static void mu__push_library(lua_State *L)
+{
+    Dl_info info;
+    struct link_map *map = NULL;
+    if (dladdr1((void *)&mu_cdef, &info, (void **)&map, RTLD_DL_LINKMAP) && map && map->l_name && map->l_name[0])
+        lua_pushstring(L, map->l_name);
+    else
+        lua_pushboolean(L, 1);
+}
+
+/* The standard libraries, the registry's "muon.library" and package.path
+ * (templ, the light userdata argument, prepended). Protected (lua_cpcall). */
+static int mu__setup_body(lua_State *L)
+{
+    const char *templ = lua_touserdata(L, 1);
     luaL_openlibs(L);
-    mu__lua_path(explicit_dir, templ, sizeof templ);
+    mu__push_library(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, "muon.library");
     if (templ[0]) {
         lua_getglobal(L, "package");
         lua_getfield(L, -1, "path");
         lua_pushfstring(L, "%s%s", templ, lua_tostring(L, -1));
         lua_setfield(L, -3, "path");
-        lua_pop(L, 2);
     }
-    lua_settop(L, 0);
-    lua_pushcfunction(L, mu__msgh);
-    return L;
+    return 0;
 }
 
-/* Calls require(module) protected; leaves the module on the stack. */
+/* A fresh state (*out) set up by mu__setup_body, its stack empty; on
+ * failure a status code (and mu_last_error), *out NULL. */
+static int mu__new_state(const char *explicit_dir, lua_State **out)
+{
+    char templ[2 * PATH_MAX + 64];
+    *out = NULL;
+    pthread_once(&mu__lua_scope_once, mu__lua_scope_init);
+    if (mu__lua_scope_err[0]) return mu__fail(MU_ESTATE, "%s", mu__lua_scope_err);
+    lua_State *L = luaL_newstate();
+    if (!L) return mu__fail(MU_ENOMEM, "cannot create a Lua state");
+    mu__lua_path(explicit_dir, templ, sizeof templ);
+    if (lua_cpcall(L, mu__setup_body, templ) != 0) {
+        lua_close(L);
+        return mu__fail(MU_ENOMEM, "cannot set up a Lua state: out of memory");
+    }
+    lua_settop(L, 0);
+    *out = L;
+    return MU_OK;
+}
+
+/* Calls require(module) protected (message handler at index 1); leaves
+ * the module on the stack. */
 static int mu__require(lua_State *L, const char *module)
 {
     lua_getglobal(L, "require");
@@ -357,24 +437,245 @@ static int mu__require(lua_State *L, const char *module)
     return lua_pcall(L, 1, 1, 1);
 }
 
-/* ------------------------------------------------------------- engines */
+/* ------------------------------------------------------------ C stacks */
 
-/* Pushes host[fn] and the engine object; returns the stack base. */
-static void mu__push_call(mu__eng *eng, const char *fn)
+/*
+ * Every call into an engine's or a script's Lua runs on a C stack of its
+ * own, whatever stack the calling thread has (a host thread may have a
+ * small one). LuaJIT has no C-stack check: a Lua function that re-enters a
+ * C library function (a string.gsub replacement function that calls gsub,
+ * a table.sort comparator that sorts, a load reader that loads) nests C
+ * frames until they run out, and the process dies (SIGSEGV). Each such
+ * level also takes Lua stack slots, and LuaJIT stops at its limit of 65500
+ * slots with a clean "stack overflow" error. Measured on LuaJIT 2.1 (x86-64),
+ * the costliest level, gsub's, takes 8.8 KB of C stack for 10 slots, so it
+ * needs about 58 MB to reach that limit: with MU__STACK_BYTES = 128 MB the
+ * Lua limit always comes first. (Coroutines are the exception: each has
+ * its own Lua stack. The sandbox bounds how deep configs nest them, and
+ * every re-entrant call.) The stack is reserved, not committed: pages are
+ * used only as deep as a call goes. A guard region below it faults instead
+ * of writing into other memory.
+ *
+ * The switch keeps the thread: thread-locals, the caller's MPI and OpenMP
+ * identity stay as they are. It is a call on another stack (x86-64 only;
+ * elsewhere calls run on the caller's stack), announced to valgrind (a
+ * registered stack) and to AddressSanitizer (fibers) whenever its runtime
+ * is in the process, this library instrumented or not (a host built with
+ * ASan, or libasan preloaded): its functions are looked up once, so that
+ * it never mistakes LuaJIT's error unwinding on this stack for a corrupt one.
+ */
+enum { MU__STACK_BYTES = 128 << 20, MU__GUARD_BYTES = 64 << 10 };
+
+#if defined(__x86_64__) && defined(__linux__)
+#define MU__SWITCH_STACKS 1
+#endif
+#if defined(__has_include)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#endif
+#endif
+#ifndef VALGRIND_STACK_REGISTER
+#define VALGRIND_STACK_REGISTER(lo, hi) 0u
+#define VALGRIND_STACK_DEREGISTER(id) ((void)(id))
+#endif
+
+static int mu__stack_new(mu__stack *s, const char *what)
 {
-    lua_State *L = eng->L;
-    lua_settop(L, 1); /* keep the message handler */
-    lua_rawgeti(L, LUA_REGISTRYINDEX, eng->host_ref);
-    lua_getfield(L, -1, fn);
-    lua_remove(L, -2);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, eng->engine_ref);
+    s->base = NULL;
+#ifdef MU__SWITCH_STACKS
+    void *p = mmap(NULL, (size_t)MU__GUARD_BYTES + MU__STACK_BYTES, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (p == MAP_FAILED)
+        return mu__fail(MU_ENOMEM, "%s: cannot reserve the %d MB C stack that muon's Lua runs on: %s", what,
+                        MU__STACK_BYTES >> 20, strerror(errno));
+    if (mprotect(p, MU__GUARD_BYTES, PROT_NONE) != 0) {
+        int e = errno;
+        munmap(p, (size_t)MU__GUARD_BYTES + MU__STACK_BYTES);
+        return mu__fail(MU_ENOMEM, "%s: cannot protect the guard page of muon's C stack: %s", what, strerror(e));
+    }
+    s->base = p;
+    s->vgid = VALGRIND_STACK_REGISTER(s->base + MU__GUARD_BYTES, s->base + MU__GUARD_BYTES + MU__STACK_BYTES);
+#else
+    (void)what;
+#endif
+    return MU_OK;
 }
 
-static int mu__call(mu__eng *eng, int nargs, int nres, int fallback, const char *what)
+static void mu__stack_free(mu__stack *s)
 {
-    int status = lua_pcall(eng->L, nargs + 1, nres, 1);
-    if (status != 0) return mu__lua_fail(eng->L, eng, status, fallback, what);
-    return MU_OK;
+    if (!s->base) return;
+    VALGRIND_STACK_DEREGISTER(s->vgid);
+    munmap(s->base, (size_t)MU__GUARD_BYTES + MU__STACK_BYTES);
+    s->base = NULL;
+}
+
+/* fn(arg) on stack s (on the caller's stack when s has none). */
+typedef struct mu__switch {
+    void (*fn)(void *);
+    void *arg;
+    void *fake;            /* ASan: the caller's fake stack */
+    const void *caller_lo; /* ASan: the caller's stack */
+    size_t caller_size;
+} mu__switch;
+
+#ifdef MU__SWITCH_STACKS
+/* AddressSanitizer's fiber calls (sanitizer/common_interface_defs.h), when
+ * its runtime is loaded; NULL otherwise. Set once. */
+static void (*mu__asan_start)(void **fake, const void *bottom, size_t size);
+static void (*mu__asan_finish)(void *fake, const void **bottom, size_t *size);
+static pthread_once_t mu__asan_once = PTHREAD_ONCE_INIT;
+
+static void mu__asan_init(void)
+{
+    void *s = dlsym(RTLD_DEFAULT, "__sanitizer_start_switch_fiber");
+    void *f = dlsym(RTLD_DEFAULT, "__sanitizer_finish_switch_fiber");
+    if (s && f) {
+        memcpy(&mu__asan_start, &s, sizeof s);
+        memcpy(&mu__asan_finish, &f, sizeof f);
+    }
+}
+
+/* fn(arg) with the stack pointer at top (16-byte aligned); the caller's
+ * frame pointer keeps the way back, described for unwinders (CFI). */
+__attribute__((visibility("hidden"))) void mu__call_on_stack(void (*fn)(void *), void *arg, void *top);
+__asm__(".text\n"
+        ".globl mu__call_on_stack\n"
+        ".hidden mu__call_on_stack\n"
+        ".type mu__call_on_stack, @function\n"
+        ".p2align 4\n"
+        "mu__call_on_stack:\n"
+        ".cfi_startproc\n"
+        "    pushq %rbp\n"
+        ".cfi_def_cfa_offset 16\n"
+        ".cfi_offset %rbp, -16\n"
+        "    movq %rsp, %rbp\n"
+        ".cfi_def_cfa_register %rbp\n"
+        "    movq %rdx, %rsp\n"
+        "    movq %rdi, %rax\n"
+        "    movq %rsi, %rdi\n"
+        "    callq *%rax\n"
+        "    movq %rbp, %rsp\n"
+        "    popq %rbp\n"
+        ".cfi_def_cfa %rsp, 8\n"
+        "    ret\n"
+        ".cfi_endproc\n"
+        ".size mu__call_on_stack, .-mu__call_on_stack\n");
+
+static void mu__switched(void *p)
+{
+    mu__switch *sw = p;
+    if (mu__asan_finish) mu__asan_finish(NULL, &sw->caller_lo, &sw->caller_size);
+    sw->fn(sw->arg);
+    if (mu__asan_start) mu__asan_start(NULL, sw->caller_lo, sw->caller_size); /* these frames are done */
+}
+#endif
+
+static void mu__on_stack(const mu__stack *s, void (*fn)(void *), void *arg)
+{
+#ifdef MU__SWITCH_STACKS
+    if (s && s->base) {
+        mu__switch sw = {.fn = fn, .arg = arg};
+        pthread_once(&mu__asan_once, mu__asan_init);
+        if (mu__asan_start) mu__asan_start(&sw.fake, s->base + MU__GUARD_BYTES, MU__STACK_BYTES);
+        mu__call_on_stack(mu__switched, &sw, s->base + MU__GUARD_BYTES + MU__STACK_BYTES);
+        if (mu__asan_finish) mu__asan_finish(sw.fake, NULL, NULL);
+        return;
+    }
+#else
+    (void)s;
+#endif
+    fn(arg);
+}
+
+/* A protected call on stack s: body(L) with ud as its light userdata
+ * argument, by lua_cpcall, so even an allocation failure while pushing
+ * arguments is a status, not a panic. Returns lua_cpcall's status. */
+typedef struct mu__cpcall {
+    lua_State *L;
+    lua_CFunction body;
+    void *ud;
+    int status;
+} mu__cpcall;
+
+static void mu__cpcall_thunk(void *p)
+{
+    mu__cpcall *c = p;
+    c->status = lua_cpcall(c->L, c->body, c->ud);
+}
+
+static int mu__protected(const mu__stack *s, lua_State *L, lua_CFunction body, void *ud)
+{
+    mu__cpcall c = {L, body, ud, 0};
+    mu__on_stack(s, mu__cpcall_thunk, &c);
+    return c.status;
+}
+
+/* lua_close runs finalizers, Lua code too: on the state's stack. */
+static void mu__close_thunk(void *L) { lua_close(L); }
+
+/* ------------------------------------------------------------- engines */
+
+/*
+ * One call of the host glue, host[fn](engine, args...), made by body
+ * mu__call_body under mu__protected on the engine's stack: push(L, args)
+ * pushes the arguments; a numeric result goes to *out when out is set.
+ */
+typedef struct mu__call {
+    mu__eng *eng;
+    const char *fn;   /* the muon.host function */
+    const char *what; /* "mu_engine_step": the call, in messages */
+    int fallback;     /* the status of a plain (string) error */
+    int (*push)(lua_State *L, const void *args); /* returns how many it pushed */
+    const void *args;
+    double *out;
+    int rc;
+} mu__call;
+
+static int mu__call_body(lua_State *L)
+{
+    mu__call *c = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    lua_pushcfunction(L, mu__msgh);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, c->eng->host_ref);
+    lua_getfield(L, -1, c->fn);
+    lua_remove(L, -2);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, c->eng->engine_ref);
+    int n = c->push ? c->push(L, c->args) : 0;
+    int status = lua_pcall(L, n + 1, c->out ? 1 : 0, 1);
+    if (status != 0) {
+        c->rc = mu__lua_fail(L, c->eng, status, c->fallback, c->what);
+    } else if (c->out && !lua_isnumber(L, -1)) {
+        c->rc = MU__EFAIL(c->eng, MU_EINVAL, "%s: the result is not a number", c->what);
+    } else {
+        if (c->out) *c->out = (double)lua_tonumber(L, -1);
+        c->rc = MU_OK;
+    }
+    return 0;
+}
+
+/* Failure of a protected body itself (not of the Lua it called, which the
+ * body reports): out of memory or stack while pushing arguments or
+ * recording a failure. No Lua allocation here. */
+static int mu__body_fail(lua_State *L, mu__eng *eng, int status, const char *what)
+{
+    lua_settop(L, 0);
+    int rc = status == LUA_ERRRUN ? MU_ELUA : MU_ENOMEM;
+    mu__fail(rc, "%s: %s", what,
+             status == LUA_ERRMEM ? "out of memory in the Lua state"
+             : status == LUA_ERRERR ? "out of Lua stack or memory while reporting an error"
+                                    : "the Lua state failed while preparing the call");
+    mu__set_err(eng, mu_last_error());
+    return rc;
+}
+
+static int mu__call_run(mu__eng *eng, const char *fn, const char *what, int fallback,
+                        int (*push)(lua_State *L, const void *args), const void *args, double *out)
+{
+    mu__call c = {eng, fn, what, fallback, push, args, out, MU_OK};
+    int status = mu__protected(&eng->stack, eng->L, mu__call_body, &c);
+    if (status != 0) return mu__body_fail(eng->L, eng, status, what);
+    lua_settop(eng->L, 0);
+    return c.rc;
 }
 
 /* -------------------------------------------------------------- handles */
@@ -403,10 +704,10 @@ static int mu__call(mu__eng *eng, int nargs, int nres, int fallback, const char 
  * generation exactly (it is that engine); generations repeat after 2^32
  * opens, so a handle kept across four billion later opens may name a new
  * engine; the string returned by mu_engine_error is valid until the next
- * call on the engine from any thread.
+ * call on the engine from any thread (mu_engine_error_copy is the safe
+ * form: it copies under the registry lock, which also guards each swap of
+ * the message).
  */
-#include <pthread.h>
-
 enum { MU__SLOT_BITS = 20, MU__GEN_BITS = 32 };
 #define MU__HANDLE_TAG ((uint64_t)0xA5B << (MU__SLOT_BITS + MU__GEN_BITS))
 #define MU__HANDLE_TAG_MASK (~(uint64_t)0 << (MU__SLOT_BITS + MU__GEN_BITS))
@@ -470,9 +771,25 @@ static void mu__reg_remove(mu__slot *slot)
     }
 }
 
+/* Replace the engine's detail message. The swap happens under the
+ * registry lock, so mu_engine_error_copy on another thread reads either
+ * the old message or the new one, never freed memory. */
+static void mu__set_err(mu__eng *eng, const char *s)
+{
+    if (!eng) return;
+    char *p = strdup(s);
+    pthread_mutex_lock(&mu__reg_lock);
+    char *old = eng->err;
+    if (p) eng->err = p;
+    else if (old) old[0] = '\0'; /* out of memory: keep the buffer, cut it */
+    pthread_mutex_unlock(&mu__reg_lock);
+    if (p) free(old);
+}
+
 static void mu__eng_free(mu__eng *eng)
 {
-    if (eng->L) lua_close(eng->L);
+    if (eng->L) mu__on_stack(&eng->stack, mu__close_thunk, eng->L);
+    mu__stack_free(&eng->stack);
     free(eng->err);
     free(eng);
 }
@@ -513,20 +830,75 @@ int mu_engine_open(mu_engine **out, const char *config_path)
     return mu_engine_open_ex(out, config_path, NULL);
 }
 
-/* Pushes the metatable of muon's error objects (as muon.core makes them)
- * into the registry under mu__errmt_key. Protected (called by lua_pcall). */
-static int mu__capture_errmt(lua_State *L)
+/* mu_engine_open's Lua part, protected on the engine's stack: load
+ * muon.host, capture the metatable of muon's error objects (as muon.core
+ * makes them) into the registry under mu__errmt_key, and open the config. */
+typedef struct mu__open {
+    mu__eng *eng;
+    const char *config_path;
+    const mu_engine_opts *opts;
+    int rc;
+} mu__open;
+
+/* Loads muon.host (left on the stack) and records the metatable of muon's
+ * error objects, as muon.core makes them, in the registry under
+ * mu__errmt_key. Message handler at index 1; returns the lua_pcall status
+ * (a string error when the metatable is missing). */
+static int mu__load_host(lua_State *L)
 {
+    int status = mu__require(L, "muon.host");
+    if (status != 0) return status;
+    int host = lua_gettop(L);
     lua_getglobal(L, "require");
     lua_pushliteral(L, "muon.core");
-    lua_call(L, 1, 1);
-    lua_getfield(L, -1, "error_object");
-    lua_pushinteger(L, MU_ELUA);
-    lua_pushliteral(L, "");
-    lua_call(L, 2, 1);
+    status = lua_pcall(L, 1, 1, 1);
+    if (status == 0) {
+        lua_getfield(L, -1, "error_object");
+        lua_pushinteger(L, MU_ELUA);
+        lua_pushliteral(L, "");
+        status = lua_pcall(L, 2, 1, 1);
+    }
+    if (status != 0) return status;
     lua_pushlightuserdata(L, (void *)&mu__errmt_key);
-    if (!lua_getmetatable(L, -2)) return luaL_error(L, "muon.core made an error object without a metatable");
+    if (!lua_getmetatable(L, -2)) {
+        lua_pushliteral(L, "muon.core made an error object without a metatable");
+        return LUA_ERRRUN;
+    }
     lua_rawset(L, LUA_REGISTRYINDEX);
+    lua_settop(L, host);
+    return 0;
+}
+
+static int mu__open_body(lua_State *L)
+{
+    mu__open *o = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    lua_pushcfunction(L, mu__msgh);
+    int status = mu__load_host(L);
+    if (status != 0) {
+        o->rc = mu__lua_fail(L, NULL, status, MU_ELUA,
+                             "mu_engine_open: loading muon.host (set MUON_LUA_PATH to the directory that holds "
+                             "muon/init.lua, or pass mu_engine_opts.lua_path)");
+        return 0;
+    }
+    o->eng->host_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_settop(L, 1);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, o->eng->host_ref);
+    lua_getfield(L, -1, "open");
+    lua_remove(L, -2);
+    lua_pushstring(L, o->config_path);
+    lua_createtable(L, 0, 1);
+    if (o->opts) {
+        lua_pushboolean(L, o->opts->trusted != 0);
+        lua_setfield(L, -2, "trusted");
+    }
+    status = lua_pcall(L, 2, 1, 1);
+    if (status != 0) {
+        o->rc = mu__lua_fail(L, NULL, status, MU_EINVAL, "mu_engine_open");
+        return 0;
+    }
+    o->eng->engine_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    o->rc = MU_OK;
     return 0;
 }
 
@@ -547,45 +919,19 @@ int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_
     mu__eng *eng = calloc(1, sizeof *eng);
     if (!eng) return mu__fail(MU_ENOMEM, "mu_engine_open: out of memory");
     eng->host_ref = eng->engine_ref = LUA_NOREF;
-    eng->L = mu__new_state(opts ? opts->lua_path : NULL);
-    if (!eng->L) {
-        free(eng);
-        return MU_ENOMEM;
-    }
-    lua_State *L = eng->L;
-    int status = mu__require(L, "muon.host");
-    if (status == 0) {
-        lua_pushcfunction(L, mu__capture_errmt);
-        status = lua_pcall(L, 0, 0, 1);
-    }
-    if (status != 0) {
-        int rc = mu__lua_fail(L, NULL, status, MU_ELUA,
-                              "mu_engine_open: loading muon.host (set MUON_LUA_PATH to the directory that holds "
-                              "muon/init.lua, or pass mu_engine_opts.lua_path)");
+    int rc = mu__stack_new(&eng->stack, "mu_engine_open");
+    if (rc == MU_OK) rc = mu__new_state(opts ? opts->lua_path : NULL, &eng->L);
+    if (rc != MU_OK) {
         mu__eng_free(eng);
         return rc;
     }
-    eng->host_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_settop(L, 1);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, eng->host_ref);
-    lua_getfield(L, -1, "open");
-    lua_remove(L, -2);
-    lua_pushstring(L, config_path);
-    lua_createtable(L, 0, 1);
-    if (opts) {
-        lua_pushboolean(L, opts->trusted != 0);
-        lua_setfield(L, -2, "trusted");
-    }
-    status = lua_pcall(L, 2, 1, 1);
-    if (status != 0) {
-        int rc = mu__lua_fail(L, NULL, status, MU_EINVAL, "mu_engine_open");
-        mu__eng_free(eng);
-        return rc;
-    }
-    eng->engine_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    lua_settop(L, 1);
-    int rc = mu__reg_add(eng, out);
-    if (rc) mu__eng_free(eng);
+    mu__open o = {eng, config_path, opts, MU_OK};
+    int status = mu__protected(&eng->stack, eng->L, mu__open_body, &o);
+    if (status != 0) o.rc = mu__body_fail(eng->L, NULL, status, "mu_engine_open");
+    lua_settop(eng->L, 0);
+    rc = o.rc;
+    if (rc == MU_OK) rc = mu__reg_add(eng, out);
+    if (rc != MU_OK) mu__eng_free(eng);
     return rc;
 }
 
@@ -620,6 +966,73 @@ const char *mu_engine_error(const mu_engine *h)
         return mu_last_error();
     }
     return err;
+}
+
+/* n bytes of src into buf (n > 0), cut at a UTF-8 character boundary. */
+static void mu__copy_cut(char *buf, size_t n, const char *src)
+{
+    size_t len = strlen(src);
+    if (len >= n) {
+        len = n - 1;
+        while (len > 0 && ((unsigned char)src[len] & 0xC0) == 0x80) len--; /* src[len] continues a character */
+    }
+    memcpy(buf, src, len);
+    buf[len] = '\0';
+}
+
+int mu_engine_error_copy(const mu_engine *h, char *buf, size_t n)
+{
+    if (!buf && n > 0) return mu__fail(MU_EINVAL, "mu_engine_error_copy: buf is NULL and n = %zu", n);
+    if (!h) {
+        if (n > 0) mu__copy_cut(buf, n, mu_last_error());
+        return MU_OK;
+    }
+    pthread_mutex_lock(&mu__reg_lock);
+    mu__slot *slot = mu__reg_find(h);
+    if (slot && n > 0) mu__copy_cut(buf, n, slot->eng->err ? slot->eng->err : "");
+    pthread_mutex_unlock(&mu__reg_lock);
+    if (!slot) {
+        mu__fail(MU_ESTATE, "mu_engine_error_copy: eng is not an open engine (closed, or not a handle "
+                 "from mu_engine_open)");
+        if (n > 0) mu__copy_cut(buf, n, mu_last_error());
+        return MU_ESTATE;
+    }
+    return MU_OK;
+}
+
+/* The arguments of mu_engine_add_param and _sharded, as the glue takes them. */
+typedef struct mu__param_args {
+    const char *name;
+    int dtype, ndim, naxes;
+    const int64_t *shape;
+    const mu_placement *placements; /* NULL: mu_engine_add_param */
+    void *data, *grad;
+} mu__param_args;
+
+static int mu__push_param(lua_State *L, const void *p)
+{
+    const mu__param_args *a = p;
+    lua_pushstring(L, a->name);
+    lua_pushinteger(L, a->dtype);
+    lua_createtable(L, a->ndim, 0);
+    for (int i = 0; i < a->ndim; i++) {
+        lua_pushnumber(L, (lua_Number)a->shape[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    if (a->placements) {
+        lua_createtable(L, a->naxes, 0);
+        for (int i = 0; i < a->naxes; i++) {
+            lua_createtable(L, 2, 0);
+            lua_pushinteger(L, a->placements[i].kind);
+            lua_rawseti(L, -2, 1);
+            lua_pushinteger(L, a->placements[i].dim);
+            lua_rawseti(L, -2, 2);
+            lua_rawseti(L, -2, i + 1);
+        }
+    }
+    if (a->data) lua_pushlightuserdata(L, a->data); else lua_pushnil(L);
+    if (a->grad) lua_pushlightuserdata(L, a->grad); else lua_pushnil(L);
+    return a->placements ? 6 : 5;
 }
 
 static int eng_add_param(mu__eng *eng, const char *name, int dtype, int ndim,
@@ -657,27 +1070,21 @@ static int eng_add_param(mu__eng *eng, const char *name, int dtype, int ndim,
                              (unsigned long long)bytes);
     }
 
-    lua_State *L = eng->L;
-    mu__push_call(eng, "add_param");
-    lua_pushstring(L, name);
-    lua_pushinteger(L, dtype);
-    lua_createtable(L, ndim, 0);
-    for (int i = 0; i < ndim; i++) {
-        lua_pushnumber(L, (lua_Number)shape[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
-    lua_pushlightuserdata(L, data);
-    if (grad) lua_pushlightuserdata(L, grad); else lua_pushnil(L);
-    return mu__call(eng, 5, 0, MU_EINVAL, "mu_engine_add_param");
+    mu__param_args a = {name, dtype, ndim, 0, shape, NULL, data, grad};
+    return mu__call_run(eng, "add_param", "mu_engine_add_param", MU_EINVAL, mu__push_param, &a, NULL);
+}
+
+static int mu__push_ptr(lua_State *L, const void *p)
+{
+    lua_pushlightuserdata(L, (void *)p);
+    return 1;
 }
 
 static int eng_set_comm(mu__eng *eng, void *mpi_comm_ptr)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_set_comm: eng is NULL");
     if (!mpi_comm_ptr) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_comm: mpi_comm_ptr is NULL");
-    mu__push_call(eng, "set_comm");
-    lua_pushlightuserdata(eng->L, mpi_comm_ptr);
-    return mu__call(eng, 1, 0, MU_ESTATE, "mu_engine_set_comm");
+    return mu__call_run(eng, "set_comm", "mu_engine_set_comm", MU_ESTATE, mu__push_ptr, mpi_comm_ptr, NULL);
 }
 
 static int eng_add_param_sharded(mu__eng *eng, const char *name, int dtype, int ndim,
@@ -699,44 +1106,51 @@ static int eng_add_param_sharded(mu__eng *eng, const char *name, int dtype, int 
     if (local_grad && local_grad == local_data)
         return MU__EFAIL(eng, MU_EINVAL,
                          "mu_engine_add_param_sharded: parameter '%s': grad is the same buffer as data", name);
-    lua_State *L = eng->L;
-    mu__push_call(eng, "add_param_sharded");
-    lua_pushstring(L, name);
-    lua_pushinteger(L, dtype);
-    lua_createtable(L, ndim, 0);
-    for (int i = 0; i < ndim; i++) {
-        lua_pushnumber(L, (lua_Number)global_shape[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
-    lua_createtable(L, naxes, 0);
-    for (int i = 0; i < naxes; i++) {
-        lua_createtable(L, 2, 0);
-        lua_pushinteger(L, placements[i].kind);
-        lua_rawseti(L, -2, 1);
-        lua_pushinteger(L, placements[i].dim);
-        lua_rawseti(L, -2, 2);
-        lua_rawseti(L, -2, i + 1);
-    }
-    if (local_data) lua_pushlightuserdata(L, local_data); else lua_pushnil(L);
-    if (local_grad) lua_pushlightuserdata(L, local_grad); else lua_pushnil(L);
-    return mu__call(eng, 6, 0, MU_EINVAL, "mu_engine_add_param_sharded");
+    static const mu_placement none[1] = {{0, 0}}; /* naxes = 0: an empty list, not NULL */
+    mu__param_args a = {name, dtype, ndim, naxes, global_shape, naxes > 0 ? placements : none, local_data, local_grad};
+    return mu__call_run(eng, "add_param_sharded", "mu_engine_add_param_sharded", MU_EINVAL, mu__push_param, &a,
+                        NULL);
 }
 
 static int eng_step(mu__eng *eng)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_step: eng is NULL");
-    mu__push_call(eng, "step");
-    return mu__call(eng, 0, 0, MU_ELUA, "mu_engine_step");
+    return mu__call_run(eng, "step", "mu_engine_step", MU_ELUA, NULL, NULL, NULL);
+}
+
+/* A key (or name, or path) and a number, or a boolean (flag >= 0). */
+typedef struct mu__key_args {
+    const char *key;
+    double value;
+    int nvalues; /* 0: the key alone; 1: value; 2: flag as a boolean */
+    int flag;
+    const double *values; /* mu_engine_set_signal: a list of n */
+    int64_t n;
+} mu__key_args;
+
+static int mu__push_key(lua_State *L, const void *p)
+{
+    const mu__key_args *a = p;
+    lua_pushstring(L, a->key);
+    if (a->values || a->nvalues == 3) {
+        lua_createtable(L, (int)a->n, 0);
+        for (int64_t i = 0; i < a->n; i++) {
+            lua_pushnumber(L, (lua_Number)a->values[i]);
+            lua_rawseti(L, -2, (int)(i + 1));
+        }
+        return 2;
+    }
+    if (a->nvalues == 1) lua_pushnumber(L, a->value);
+    if (a->nvalues == 2) lua_pushboolean(L, a->flag);
+    return a->nvalues ? 2 : 1;
 }
 
 static int eng_set(mu__eng *eng, const char *key, double value)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_set: eng is NULL");
     if (!key) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set: key is NULL");
-    mu__push_call(eng, "set");
-    lua_pushstring(eng->L, key);
-    lua_pushnumber(eng->L, value);
-    return mu__call(eng, 2, 0, MU_EINVAL, "mu_engine_set");
+    mu__key_args a = {.key = key, .value = value, .nvalues = 1};
+    return mu__call_run(eng, "set", "mu_engine_set", MU_EINVAL, mu__push_key, &a, NULL);
 }
 
 static int eng_get(mu__eng *eng, const char *key, double *out)
@@ -744,17 +1158,8 @@ static int eng_get(mu__eng *eng, const char *key, double *out)
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_get: eng is NULL");
     if (!key) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_get: key is NULL");
     if (!out) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_get: out is NULL");
-    mu__push_call(eng, "get");
-    lua_pushstring(eng->L, key);
-    int rc = mu__call(eng, 1, 1, MU_EINVAL, "mu_engine_get");
-    if (rc != MU_OK) return rc;
-    if (!lua_isnumber(eng->L, -1)) {
-        lua_settop(eng->L, 1);
-        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_get: key '%s' has no numeric value", key);
-    }
-    *out = (double)lua_tonumber(eng->L, -1);
-    lua_settop(eng->L, 1);
-    return MU_OK;
+    mu__key_args a = {.key = key};
+    return mu__call_run(eng, "get", "mu_engine_get", MU_EINVAL, mu__push_key, &a, out);
 }
 
 static int eng_set_signal(mu__eng *eng, const char *name, const double *values, int64_t n)
@@ -766,24 +1171,16 @@ static int eng_set_signal(mu__eng *eng, const char *name, const double *values, 
                          (long long)n, 1 << 24);
     if (n > 0 && !values)
         return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_signal: signal '%s': values is NULL", name);
-    lua_State *L = eng->L;
-    mu__push_call(eng, "set_signal");
-    lua_pushstring(L, name);
-    lua_createtable(L, (int)n, 0);
-    for (int64_t i = 0; i < n; i++) {
-        lua_pushnumber(L, (lua_Number)values[i]);
-        lua_rawseti(L, -2, (int)(i + 1));
-    }
-    return mu__call(eng, 2, 0, MU_EINVAL, "mu_engine_set_signal");
+    mu__key_args a = {.key = name, .nvalues = 3, .values = values, .n = n};
+    return mu__call_run(eng, "set_signal", "mu_engine_set_signal", MU_EINVAL, mu__push_key, &a, NULL);
 }
 
 static int eng_save(mu__eng *eng, const char *path)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_save: eng is NULL");
     if (!path || !*path) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_save: path is NULL or empty");
-    mu__push_call(eng, "save");
-    lua_pushstring(eng->L, path);
-    return mu__call(eng, 1, 0, MU_EIO, "mu_engine_save");
+    mu__key_args a = {.key = path};
+    return mu__call_run(eng, "save", "mu_engine_save", MU_EIO, mu__push_key, &a, NULL);
 }
 
 static int eng_load(mu__eng *eng, const char *path, int flags)
@@ -792,10 +1189,8 @@ static int eng_load(mu__eng *eng, const char *path, int flags)
     if (!path || !*path) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_load: path is NULL or empty");
     if (flags & ~MU_LOAD_NO_CHECKSUM)
         return MU__EFAIL(eng, MU_EINVAL, "mu_engine_load_ex: unknown flags 0x%x", (unsigned)flags);
-    mu__push_call(eng, "load");
-    lua_pushstring(eng->L, path);
-    lua_pushboolean(eng->L, (flags & MU_LOAD_NO_CHECKSUM) != 0);
-    return mu__call(eng, 2, 0, MU_EFORMAT, "mu_engine_load");
+    mu__key_args a = {.key = path, .nvalues = 2, .flag = (flags & MU_LOAD_NO_CHECKSUM) != 0};
+    return mu__call_run(eng, "load", "mu_engine_load", MU_EFORMAT, mu__push_key, &a, NULL);
 }
 
 /* The public calls: look the handle up, run, release. */
@@ -849,59 +1244,97 @@ int mu_engine_load_ex(mu_engine *h, const char *path, int flags) { MU__ENGINE_CA
 
 /* ------------------------------------------------------------- scripts */
 
+/* mu_script_run's Lua part, protected on the script's stack. */
+typedef struct mu__script_job {
+    const char *entry;  /* muon.host function: run_script or run_module */
+    const char *target;
+    int argc;
+    char **argv;
+    int trusted;
+    int rc, status;
+} mu__script_job;
+
+static int mu__script_body(lua_State *L)
+{
+    mu__script_job *j = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    lua_pushcfunction(L, mu__msgh_script);
+    int st = mu__load_host(L);
+    const char *hint = st != 0 ? "set MUON_LUA_PATH to the directory that holds muon/init.lua: " : "";
+    if (st == 0) {
+        lua_getfield(L, -1, j->entry);
+        lua_remove(L, -2);
+        lua_pushstring(L, j->target);
+        lua_createtable(L, j->argc, 0);
+        for (int i = 0; i < j->argc; i++) {
+            lua_pushstring(L, j->argv[i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_pushboolean(L, j->trusted);
+        st = lua_pcall(L, 3, 1, 1);
+    }
+    if (st == 0) {
+        /* muon.host gives the exit status, 0..255 (exit_status) */
+        lua_Number v = lua_tonumber(L, -1);
+        j->status = lua_isnumber(L, -1) && v >= 0 && v <= 255 ? (int)v : 1;
+        j->rc = MU_OK;
+        return 0;
+    }
+    /* message + traceback into mu_last_error() */
+    const char *msg = NULL, *tb = NULL;
+    int code = MU_ELUA;
+    if (st == LUA_ERRMEM || st == LUA_ERRERR) {
+        code = MU_ENOMEM;
+        msg = st == LUA_ERRMEM ? "out of memory in the Lua state"
+                               : "out of Lua stack or memory while handling an error";
+    } else if (lua_istable(L, -1)) { /* made by mu__msgh_ex */
+        lua_getfield(L, -1, "msg");
+        lua_getfield(L, -2, "tb");
+        lua_getfield(L, -3, "code");
+        msg = lua_tostring(L, -3);
+        tb = lua_tostring(L, -2);
+        if (lua_isnumber(L, -1)) code = (int)lua_tointeger(L, -1);
+    } else {
+        msg = lua_tostring(L, -1);
+    }
+    /* an empty traceback: a clean one-line error (a script that cannot be loaded) */
+    if (tb && !*tb) tb = NULL;
+    j->rc = mu__fail(code, "%s%s%s%s", hint, msg ? msg : "unknown Lua error", tb ? "\n" : "", tb ? tb : "");
+    j->status = 1;
+    return 0;
+}
+
 static int mu__script(const char *fn, const char *target, int argc, char **argv, int flags,
                       int *status)
 {
     int dummy;
     if (!status) status = &dummy;
     *status = 1;
-    if (!target || !*target) return mu__fail(MU_EINVAL, "%s: script or module name is empty", fn);
-    if (argc < 0 || (argc > 0 && !argv)) return mu__fail(MU_EINVAL, "%s: bad argc/argv", fn);
-    lua_State *L = mu__new_state(NULL);
-    if (!L) return MU_ENOMEM;
     int rc = MU_OK;
-    lua_pushcfunction(L, mu__msgh_script);
-    lua_replace(L, 1);
-    int st = mu__require(L, "muon.host");
-    const char *hint = st != 0 ? "set MUON_LUA_PATH to the directory that holds muon/init.lua: " : "";
-    if (st == 0) {
-        const char *entry = strcmp(fn, "mu_script_run") == 0 ? "run_script" : "run_module";
-        lua_getfield(L, -1, entry);
-        lua_remove(L, -2);
-        lua_pushstring(L, target);
-        lua_createtable(L, argc, 0);
-        for (int i = 0; i < argc; i++) {
-            lua_pushstring(L, argv[i]);
-            lua_rawseti(L, -2, i + 1);
-        }
-        lua_pushboolean(L, (flags & MU_SCRIPT_TRUSTED) != 0);
-        st = lua_pcall(L, 3, 1, 1);
+    if (!target || !*target)
+        rc = mu__fail(MU_EINVAL, "%s: the %s is empty", fn,
+                      strcmp(fn, "mu_script_run") == 0 ? "script path" : "module name");
+    else if (argc < 0 || (argc > 0 && !argv))
+        rc = mu__fail(MU_EINVAL, "%s: bad argc/argv", fn);
+    mu__stack stack = {NULL, 0};
+    lua_State *L = NULL;
+    if (rc == MU_OK) rc = mu__stack_new(&stack, fn);
+    if (rc == MU_OK) rc = mu__new_state(NULL, &L);
+    if (rc == MU_OK) {
+        mu__script_job j = {strcmp(fn, "mu_script_run") == 0 ? "run_script" : "run_module", target, argc, argv,
+                            (flags & MU_SCRIPT_TRUSTED) != 0, MU_OK, 1};
+        int st = mu__protected(&stack, L, mu__script_body, &j);
+        if (st != 0) j.rc = mu__body_fail(L, NULL, st, fn);
+        rc = j.rc;
+        *status = j.status;
+        mu__on_stack(&stack, mu__close_thunk, L);
     }
-    if (st != 0) {
-        /* message + traceback into mu_last_error() */
-        const char *msg = NULL, *tb = NULL;
-        if (lua_istable(L, -1)) {
-            lua_getfield(L, -1, "msg");
-            lua_getfield(L, -2, "tb");
-            msg = lua_tostring(L, -2);
-            tb = lua_tostring(L, -1);
-        } else {
-            msg = lua_tostring(L, -1);
-        }
-        /* an empty traceback: a clean one-line error (a script that cannot be loaded) */
-        if (tb && !*tb) tb = NULL;
-        rc = mu__fail(st == LUA_ERRMEM ? MU_ENOMEM : MU_ELUA, "%s%s%s%s", hint, msg ? msg : "unknown Lua error",
-                      tb ? "\n" : "", tb ? tb : "");
-        if (flags & MU_SCRIPT_MPI) {
-            fprintf(stderr, "muon: %s\n", mu_last_error());
-            fflush(stderr);
-            mu_comm_abort(1); /* returns when not running under MPI with > 1 rank */
-        }
-    } else {
-        *status = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1)
-                  : (lua_isboolean(L, -1) && !lua_toboolean(L, -1)) ? 1 : 0;
+    mu__stack_free(&stack);
+    if (rc != MU_OK && (flags & MU_SCRIPT_MPI)) {
+        fprintf(stderr, "muon: %s\n", mu_last_error());
+        fflush(stderr);
+        mu_comm_abort(1); /* returns when not running under MPI with > 1 rank */
     }
-    lua_close(L);
     if (flags & MU_SCRIPT_MPI) mu_comm_finalize();
     return rc;
 }
@@ -918,41 +1351,36 @@ int mu_script_run_module(const char *module, int argc, char **argv, int flags, i
 
 /* ------------------------------------------------------- OpenBLAS core */
 
-/* OpenBLAS core for this CPU's flags, as lua/muon/core.lua cpu_core_type. */
-static const char *mu__cpu_core_type(void)
-{
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return NULL;
-    char line[8192];
-    const char *core = NULL;
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "flags", 5) != 0) continue;
-        char *colon = strchr(line, ':');
-        if (!colon) break;
-        /* whole-word matches: pad with spaces */
-        char *nl = strchr(colon, '\n');
-        if (nl) *nl = ' ';
-        int f512 = strstr(colon, " avx512f ") && strstr(colon, " avx512bw ") && strstr(colon, " avx512vl ");
-        if (f512) core = "SkylakeX";
-        else if (strstr(colon, " avx2 ")) core = "Haswell";
-        break;
-    }
-    fclose(f);
-    return core;
-}
+extern char **environ;
 
+/* Re-executes the program with OPENBLAS_CORETYPE set in a copy of the
+ * environment (execve): the process's own environment is never changed,
+ * so the OpenBLAS threads that already run (and any other) read it safely. */
 int mu_blas_fix_core(char **argv)
 {
     if (!argv || !argv[0]) return mu__fail(MU_EINVAL, "mu_blas_fix_core: argv is NULL or empty");
     const char *cur = getenv("OPENBLAS_CORETYPE");
     if ((cur && *cur) || getenv("MUON_BLAS_REEXEC")) return MU_OK;
-    const char *want = mu__cpu_core_type();
-    if (!want) return MU_OK;
+    const char *want = mu_blas_cpu_core();
+    if (!*want) return MU_OK;
     mu_blas_info info;
     if (mu_blas_get_info(&info) == MU_OK && strcasecmp(info.core, want) == 0) return MU_OK;
-    setenv("OPENBLAS_CORETYPE", want, 1);
-    setenv("MUON_BLAS_REEXEC", "1", 1);
-    execv("/proc/self/exe", argv);
+    size_t n = 0;
+    while (environ && environ[n]) n++;
+    char **env = malloc((n + 3) * sizeof *env);
+    char *core = malloc(strlen("OPENBLAS_CORETYPE=") + strlen(want) + 1);
+    if (env && core) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) /* an empty OPENBLAS_CORETYPE= is replaced */
+            if (strncmp(environ[i], "OPENBLAS_CORETYPE=", 18) != 0) env[k++] = environ[i];
+        sprintf(core, "OPENBLAS_CORETYPE=%s", want);
+        env[k++] = core;
+        env[k++] = "MUON_BLAS_REEXEC=1";
+        env[k] = NULL;
+        execve("/proc/self/exe", argv, env);
+    }
     /* exec failed: continue with the current core */
+    free(env);
+    free(core);
     return MU_OK;
 }

@@ -113,8 +113,8 @@ typedef struct mu_tensor {
     int64_t offset;
     int32_t scalar;     /* mu_dtype */
     int32_t ndim;
-    int64_t dims[8];   /* sizes */
-    int64_t strides[8]; /* in elements */
+    int64_t dims[MU_MAX_DIMS];    /* sizes */
+    int64_t strides[MU_MAX_DIMS]; /* in elements */
 } mu_tensor;
 
 /* New zero-filled contiguous tensor owning its storage. ndim may be 0. */
@@ -633,6 +633,17 @@ MU_API int mu_comm_world_size(void);
  * Use an engine from one thread at a time: a call made while another call
  * on the same engine runs returns MU_ESTATE.
  *
+ * Running out of memory or of Lua stack anywhere in the engine's Lua (a
+ * hook, the config) is MU_ENOMEM with a message naming what ran out. The
+ * engine's Lua runs on a C stack of its own (128 MB reserved, pages used
+ * only as deep as a call goes), on the calling thread, whatever stack that
+ * thread has: a config that re-enters C library functions without end
+ * (a string.gsub replacement that calls gsub) meets LuaJIT's Lua-stack
+ * limit, a clean error, before that stack runs out (x86-64; elsewhere the
+ * caller's stack is used). A host that loaded libmuon with
+ * dlopen(RTLD_LOCAL) works too: the first engine makes libmuon's LuaJIT
+ * symbols global, so that the Lua C modules it loads find them.
+ *
  * The Lua modules are found through, in order: opts->lua_path, the
  * environment variable MUON_LUA_PATH (a directory holding muon/init.lua, or
  * a package.path template containing '?'), the install prefix of the code
@@ -695,8 +706,17 @@ MU_API int mu_engine_load(mu_engine *eng, const char *path);
 enum { MU_LOAD_NO_CHECKSUM = 1 };
 MU_API int mu_engine_load_ex(mu_engine *eng, const char *path, int flags);
 /* Detail of the last failed call on eng ("" if none); NULL eng gives
- * mu_last_error(). Valid until the next call on eng. */
+ * mu_last_error(). Valid until the next call on eng (from any thread): a
+ * host whose other threads may call eng meanwhile uses
+ * mu_engine_error_copy. */
 MU_API const char *mu_engine_error(const mu_engine *eng);
+/* The detail of mu_engine_error copied into buf (n bytes; cut to n - 1 at
+ * a UTF-8 character boundary; always NUL-terminated when n > 0). Safe while
+ * other threads call eng, close it included: the copy is the message
+ * before or after any such call, never freed memory. NULL eng copies this
+ * thread's mu_last_error(). MU_OK; MU_ESTATE for a closed or foreign handle
+ * (buf gets that message); MU_EINVAL for a NULL buf with n > 0. */
+MU_API int mu_engine_error_copy(const mu_engine *eng, char *buf, size_t n);
 /* Free the engine and its Lua state (the trainer's buffers are untouched).
  * NULL is a no-op. A handle is a token checked on every call: after close,
  * every call on it (close included) returns MU_ESTATE, as does a value
@@ -709,8 +729,13 @@ MU_API void mu_engine_close(mu_engine *eng);
  * require("mod").fn(args)) in a fresh LuaJIT state set
  * up like an engine's; argv[0..argc-1] become the global arg[1..argc] (arg[0]
  * is the script) or main's args table. *status gets the script's exit status:
- * 0, or the integer it returns, or 1 on a Lua error (then MU_ELUA is returned
- * and the message and traceback are in mu_last_error()). With flags
+ * what it returns, read as LuaJIT's os.exit reads its argument (nothing, nil
+ * or true: 0; false: 1; an integer 0..255, or a string holding one: itself),
+ * or 1 on an error (the message and traceback in mu_last_error()): a Lua
+ * error (MU_ELUA, or the code of muon's error object: MU_EIO for a missing
+ * script), memory or Lua stack exhausted (MU_ENOMEM), a return value that
+ * os.exit would refuse or truncate, such as 256, -1, 3.5, NaN or a table
+ * (MU_EINVAL, naming it), an empty path (MU_EINVAL). With flags
  * MU_SCRIPT_MPI: on error print the message to stderr and abort the MPI job
  * if it runs more than one rank (mu_comm_abort), and finalize MPI at the end
  * (mu_comm_finalize). With MU_SCRIPT_TRUSTED, engines the script opens load
@@ -719,12 +744,34 @@ enum { MU_SCRIPT_MPI = 1, MU_SCRIPT_TRUSTED = 2 };
 MU_API int mu_script_run(const char *path, int argc, char **argv, int flags, int *status);
 MU_API int mu_script_run_module(const char *module, int argc, char **argv, int flags, int *status);
 
-/* (argv NULL: MU_EINVAL.) When OPENBLAS_CORETYPE is unset or empty and the CPU supports a faster
- * OpenBLAS core than the one running (SkylakeX: avx512f+bw+vl; Haswell:
- * avx2), set the variable and re-execute /proc/self/exe with argv (once,
- * guarded by MUON_BLAS_REEXEC). Returns MU_OK when nothing needed doing (or
- * the re-exec failed: the program continues on the slower core). */
+/*
+ * OpenBLAS picks its kernels once, when it is loaded, from the variable
+ * OPENBLAS_CORETYPE (or its own CPU detection, which picks a generic core on
+ * some recent CPUs). The choice is made in one place (src/blas_core.c):
+ *
+ * mu_blas_cpu_core: the fastest core this CPU supports by muon's table
+ * ("SkylakeX" for AVX-512 F+BW+VL, "Haswell" for AVX2; "" for none), as
+ * this process sees the CPU. Pure; safe from any thread.
+ *
+ * mu_blas_fix_core (hosts that link OpenBLAS, first thing in main; argv
+ * NULL: MU_EINVAL): when OPENBLAS_CORETYPE is unset or empty and the running
+ * core is not mu_blas_cpu_core(), re-execute /proc/self/exe with argv and
+ * the variable set in a copy of the environment (the process's own is not
+ * changed); once, guarded by MUON_BLAS_REEXEC. MU_OK when nothing needed
+ * doing or the exec failed (the program goes on with the running core).
+ *
+ * mu_blas_preset_core (hosts that load libmuon at run time, before they
+ * load it: the Lua loader, Python): when OPENBLAS_CORETYPE is unset or
+ * empty, set it to mu_blas_cpu_core(), the library's only setenv. It
+ * refuses (MU_ESTATE, nothing changed) when that is too late or unsafe:
+ * OpenBLAS is already loaded, or the process runs more than one thread.
+ * MU_OK otherwise (a value you set always stays). build/libmuon-cpu.so
+ * (installed as <prefix>/lib/libmuon-cpu.so) exports these two alone and
+ * needs nothing but libc, so it can be loaded and asked before libmuon.
+ */
+MU_API const char *mu_blas_cpu_core(void);
 MU_API int mu_blas_fix_core(char **argv);
+MU_API int mu_blas_preset_core(void);
 
 /* ------------------------------------------------- distributed engines */
 

@@ -261,6 +261,51 @@ describe("muon CLI", function()
     os.execute("rm -rf " .. sh_quote(d))
   end)
 
+  it("run: the exit status is what the script returns, read as os.exit reads it; other values fail naming them", function()
+    local d = tmpdir()
+    -- returned value -> exit status; nil means the value is refused (exit 1 with a message naming it)
+    local cases = {
+      { "", 0 }, { "return", 0 }, { "return nil", 0 }, { "return true", 0 }, { "return false", 1 },
+      { "return 0", 0 }, { "return 3", 3 }, { "return 255", 255 }, { "return '7'", 7 },
+      { "return 256", nil, "256" }, { "return -1", nil, "-1" }, { "return 3.5", nil, "3.5" },
+      { "return 0/0", nil, "nan" }, { "return 1/0", nil, "inf" }, { "return -1/0", nil, "-inf" },
+      { "return 'abc'", nil, "'abc'" }, { "return {}", nil, "a table" }, { "return print", nil, "a function" },
+    }
+    for i, c in ipairs(cases) do
+      local path = ("%s/r%d.lua"):format(d, i)
+      write(path, c[1] .. "\n")
+      local out, status = run(MUON .. " run " .. path)
+      if c[2] then
+        assert.are.equal(c[2], status, c[1] .. ": " .. out)
+        assert.are.equal("", out, c[1])
+      else
+        assert.are.equal(1, status, c[1] .. ": " .. out)
+        assert.are.equal(("muon: %s returned %s: an exit status is nothing, true, false or an integer 0..255\n")
+          :format(path, c[3]), out:gsub("%-nan", "nan"), c[1])
+      end
+    end
+    -- an empty path is a usage error with a message, as a missing one
+    local out, status = run(MUON .. " run ''")
+    assert.are.equal(2, status, out)
+    assert.truthy(out:find("^muon: run: the script path is empty\n"), out)
+    os.execute("rm -rf " .. sh_quote(d))
+  end)
+
+  it("run: recursion until the Lua or the C stack runs out ends in a clean error, exit 1", function()
+    local d = tmpdir()
+    write(d .. "/deep.lua", "local function f() return 1 + f() end\nf()\n")
+    local out, status = run(MUON .. " run " .. d .. "/deep.lua")
+    assert.are.equal(1, status, out)
+    assert.truthy(out:find("^muon: out of Lua stack: calls nested too deeply %(.*deep%.lua:1: stack overflow%)"), out)
+    -- gsub's replacement calling gsub nests C frames: on the script's own C
+    -- stack, LuaJIT's Lua-stack limit comes first (no SIGSEGV)
+    write(d .. "/gsub.lua", "local function f() return (('ab'):gsub('.', f)) end\nf()\n")
+    out, status = run(MUON .. " run " .. d .. "/gsub.lua")
+    assert.are.equal(1, status, out)
+    assert.truthy(out:find("^muon: out of Lua stack: calls nested too deeply %(stack overflow%)"), out)
+    os.execute("rm -rf " .. sh_quote(d))
+  end)
+
   it("check: table of parameter -> group, optimizer, options; problems exit 1", function()
     local out, status = run(MUON .. " check " .. CONFIGS .. "muon.lua --params " .. EX .. "demo_shapes.txt")
     assert.are.equal(0, status, out)

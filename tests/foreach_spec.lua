@@ -5,6 +5,8 @@ local ffi = require("ffi")
 local H = require("helpers")
 local T = H.T
 local F = require("muon.foreach")
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+pcall(ffi.cdef, "int unsetenv(const char *name);")
 
 -- float32 rounding and fma mirrors (shared with the tensor maths spec).
 local f32, fmaf = H.f32, H.fmaf
@@ -461,7 +463,7 @@ describe("foreach threading", function()
   -- With MU_FOREACH_MT_MIN=65536 and MU_FOREACH_THREADS=3 (an uneven split),
   -- calls of >= 65536 elements run on 3 threads; chunks of 30000 elements
   -- (narrow views) run on one. Results must be bitwise equal.
-  -- (core.lua declares setenv; an empty value means unset to the C side.)
+  -- (An empty value means unset to the C side.)
   before_each(function()
     ffi.C.setenv("MU_FOREACH_MT_MIN", "65536", 1)
     ffi.C.setenv("MU_FOREACH_THREADS", "3", 1)
@@ -636,7 +638,6 @@ describe("foreach.apply_cautious", function()
     ffi.C.unsetenv("MU_FOREACH_NOSIMD")
     return p
   end
-  pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
   it("matches a float32 mirror, in both kernels", function()
     local p0, u = T.randn({ n }, 1):flat(), T.randn({ n }, 2):flat()
     local decay, alpha, s = H.f32(1 - 0.05 * 0.3), H.f32(-0.05), H.f32(0.7)

@@ -23,7 +23,7 @@ describe("make install DESTDIR=... / make uninstall DESTDIR=...", function()
     local out, status = run("env " .. R.clean_env .. " make -s install DESTDIR=" .. q(stage), R.root)
     assert.are.equal(0, status, out)
     local d = stage .. "/usr/local"
-    for _, f in ipairs({ "lib/libmuon.so." .. VERSION, "lib/libmuon.a", "include/muon.h", "bin/muon",
+    for _, f in ipairs({ "lib/libmuon.so." .. VERSION, "lib/libmuon.a", "lib/libmuon-cpu.so", "include/muon.h", "bin/muon",
                          "lib/pkgconfig/muon.pc", "share/lua/5.1/muon/init.lua",
                          "share/lua/5.1/muon/engine.lua", "share/lua/5.1/muon/optim/muon.lua",
                          "share/muon/configs/muon.lua" }) do
@@ -74,6 +74,21 @@ describe("make install DESTDIR=... / make uninstall DESTDIR=...", function()
     assert.are.equal(1, status, out)
     assert.are.equal("muon: blame.lua:2: add: other must be a tensor or a number, got table", out:match("^[^\n]*"))
     assert.falsy(out:find("muon/[%w_/]+%.lua:%d"), out)
+
+    -- the staged Lua loader asks the staged CPU probe (lib/libmuon-cpu.so,
+    -- beside the library) for the OpenBLAS core before it loads the library:
+    -- OpenBLAS then runs that core (the table's, as the probe reports it)
+    local lua = "env " .. R.clean_env .. " -u OPENBLAS_CORETYPE LUA_PATH=" .. q(d .. "/share/lua/5.1/?.lua;"
+      .. d .. "/share/lua/5.1/?/init.lua;;") .. " luajit -e " .. q("local m = require('muon') local b = m.blas_info() "
+      .. "print(b.library, tostring(b.expected), b.core, os.getenv('OPENBLAS_CORETYPE'))")
+    out, status = run(lua, run_dir)
+    assert.are.equal(0, status, out)
+    local lib, expected, running, env_core = out:match("^(%S+)%s+(%S+)%s+(%S+)%s+(%S+)")
+    assert.are.equal(R.capture("realpath " .. q(d .. "/lib/libmuon.so")), R.capture("realpath " .. q(lib or "")), out)
+    if expected ~= "nil" then
+      assert.are.equal(expected, env_core, out)
+      assert.are.equal(expected:lower(), running:lower(), out)
+    end
 
     out, status = run("env " .. R.clean_env .. " make -s uninstall DESTDIR=" .. q(stage), R.root)
     assert.are.equal(0, status, out)

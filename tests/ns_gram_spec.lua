@@ -9,6 +9,7 @@ local muon = require("muon")
 local C = require("muon.core").C
 local ffi = require("ffi")
 
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
 pcall(ffi.cdef, [[
   int unsetenv(const char *name);
   int memcmp(const void *a, const void *b, size_t n);

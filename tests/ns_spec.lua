@@ -460,6 +460,7 @@ describe("ns results are a function of the inputs only (bitwise)", function()
   -- whole matrices, so the two schemes are compared too.
   local muon = require("muon")
   local C = require("muon.core").C
+  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
   pcall(ffi.cdef, [[
     int unsetenv(const char *name);
     int memcmp(const void *a, const void *b, size_t n);

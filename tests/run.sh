@@ -45,6 +45,21 @@ run_tap() { # name command...
 # under valgrind (suppressions: tests/valgrind.supp).
 BUILD=${MUON_BUILD:-build}
 export MUON_BUILD=$BUILD
+# TSAN=1: only the C tests, on the ThreadSanitizer build (build-tsan/): the
+# Lua specs would need an instrumented luajit, MPI an instrumented Open MPI.
+# ns_openmp_test is left out: libgomp is not instrumented, so TSan cannot
+# see its barriers and reports the parallel regions' hand-over as races.
+if [ "${TSAN:-}" = 1 ]; then
+  export TSAN_OPTIONS=halt_on_error=1:exitcode=66
+  for t in "$BUILD"/tests/*; do
+    [ -x "$t" ] || continue
+    [ "$(basename "$t")" = ns_openmp_test ] && { echo "# $t skipped under TSAN=1 (see above)"; continue; }
+    run_tap "c-$(basename "$t")-tsan" "$t"
+  done
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+  exit
+fi
 if [ "${SAN:-}" = 1 ]; then
   export MUON_LIB=$PWD/$BUILD/libmuon.so
   asan_rt=$(${CC:-cc} -print-file-name=libasan.so)

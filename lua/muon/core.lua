@@ -4,27 +4,9 @@ local ffi = require("ffi")
 
 local core = {}
 
--- OpenBLAS reads OPENBLAS_CORETYPE once, when it is loaded. Debian's 0.3.21
--- picks a generic core on recent AMD CPUs, so choose from the CPU flags
--- before the library (and OpenBLAS with it) is loaded; a user's value wins.
-local function cpu_core_type()
-  local f = io.open("/proc/cpuinfo", "r")
-  if not f then return nil end
-  local text = f:read("*a")
-  f:close()
-  local flags = text:match("\nflags%s*:([^\n]*)") or text:match("^flags%s*:([^\n]*)") or ""
-  if flags:find(" avx512f") and flags:find(" avx512bw") and flags:find(" avx512vl") then
-    return "SkylakeX"
-  elseif flags:find(" avx2") then
-    return "Haswell"
-  end
-  return nil
-end
-core.cpu_core_type = cpu_core_type
-
 ffi.cdef [[
-int setenv(const char *name, const char *value, int overwrite);
 const char *mu__boot_cdef(void) __asm__("mu_cdef");
+int mu__boot_preset_core(void) __asm__("mu_blas_preset_core");
 ]]
 
 local function here_dir()
@@ -38,14 +20,44 @@ local function try_load(path)
   return nil, lib
 end
 
+-- OpenBLAS picks its kernels once, when it is loaded (Debian's 0.3.21 picks
+-- a generic core on some recent CPUs). So before this loader loads a
+-- library file, and OpenBLAS with it, it asks the CPU probe beside that file
+-- (libmuon-cpu.so: the one core table, src/blas_core.c) to set
+-- OPENBLAS_CORETYPE for this CPU. The probe refuses when that is too late
+-- or unsafe (OpenBLAS loaded, another thread running); a value you set
+-- always stays. A missing probe changes nothing.
+local function preset_core(libpath)
+  local probe = try_load((libpath:match("^(.*/)") or "") .. "libmuon-cpu.so")
+  if probe then pcall(function() return probe.mu__boot_preset_core() end) end
+end
+
+local function load_file(path)
+  preset_core(path)
+  return try_load(path)
+end
+
 local function host_has_library()
   return pcall(function() return ffi.C.mu__boot_cdef ~= nil end)
 end
 
+-- The library, in order: the one that made this Lua state when a C host
+-- runs it (src/engine.c records it in the registry: a path, or true for
+-- the host program's own symbols), so a host never gets a second copy;
+-- MUON_LIB; the host's own symbols; the source tree or install prefix of
+-- these modules; the system's search path. (A host that linked libmuon.a
+-- without exporting its symbols gets a second copy from the search.)
 local function load_library()
+  local embedded = debug.getregistry()["muon.library"]
+  if embedded == true and host_has_library() then return ffi.C, "(host)" end
+  if type(embedded) == "string" then
+    local lib, err = try_load(embedded)
+    if not lib then error("cannot load the host's libmuon " .. embedded .. " (" .. tostring(err) .. ")", 0) end
+    return lib, embedded
+  end
   local env = os.getenv("MUON_LIB")
   if env and env ~= "" then
-    local lib, err = try_load(env)
+    local lib, err = load_file(env)
     if not lib then
       error("MUON_LIB=" .. env .. " could not be loaded (" .. tostring(err) .. "); set MUON_LIB to the path of "
         .. "libmuon.so (build/libmuon.so after `make`, or <prefix>/lib/libmuon.so when installed), or unset it", 0)
@@ -61,7 +73,7 @@ local function load_library()
   }
   local errs = {}
   for _, path in ipairs(candidates) do
-    local lib, err = try_load(path)
+    local lib, err = load_file(path)
     if lib then return lib, path end
     errs[#errs + 1] = path .. ": " .. tostring(err)
   end
@@ -69,15 +81,18 @@ local function load_library()
     .. "tried:\n  " .. table.concat(errs, "\n  "), 0)
 end
 
-if (os.getenv("OPENBLAS_CORETYPE") or "") == "" then
-  local ct = cpu_core_type()
-  if ct then ffi.C.setenv("OPENBLAS_CORETYPE", ct, 1) end
-end
-
 local C, path = load_library()
 ffi.cdef(ffi.string(C.mu__boot_cdef()))
 core.C = C
 core.path = path
+
+-- The fastest OpenBLAS core this CPU supports ("SkylakeX", "Haswell"), or
+-- nil: the C side's table (mu_blas_cpu_core).
+function core.cpu_core_type()
+  local s = ffi.string(C.mu_blas_cpu_core())
+  if s == "" then return nil end
+  return s
+end
 
 -- Error objects: { code = <MU_E* number>, msg = <string> }, raised instead
 -- of bare strings wherever muon knows what went wrong, so that the C

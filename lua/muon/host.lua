@@ -102,9 +102,27 @@ function host.load(eng, path, no_checksum)
   eng:load(path, no_checksum and { checksum = false } or nil)
 end
 
+-- The exit status for what a script (or a module's function) returns, read
+-- the way LuaJIT's os.exit reads its argument: nothing, nil or true 0,
+-- false 1, an integer 0..255 itself, a string holding one as that number.
+-- A value os.exit would refuse (another string, a table, ...) or silently
+-- truncate (256 would exit 0, -1 255, 3.5 3, NaN and inf 0) is an error
+-- naming it instead, so that no failure reads as success. (The standalone
+-- interpreters ignore a script's return value; `muon run` gives it a use.)
+local function exit_status(v, who)
+  if v == nil or v == true then return 0 end
+  if v == false then return 1 end
+  local n = v
+  if type(v) == "string" then n = tonumber(v) end
+  if type(n) == "number" and n == math.floor(n) and n >= 0 and n <= 255 then return n end
+  local shown = type(v) == "string" and ("'" .. v .. "'") or type(v) == "number" and tostring(v) or ("a " .. type(v))
+  error(E.new(E.EINVAL, ("%s returned %s: an exit status is nothing, true, false or an integer 0..255")
+    :format(who, shown), ""), 0)
+end
+
 -- `muon run script.lua args...`: arg = { [0] = script, args... } as in the
--- standalone interpreter; the chunk also gets the args as `...`. A numeric
--- return value is the exit status.
+-- standalone interpreter; the chunk also gets the args as `...`. What it
+-- returns is the exit status (exit_status).
 -- trusted: engines opened by the script default to trusted configs.
 local function trust_configs()
   local engine = require("muon.engine")
@@ -127,10 +145,7 @@ function host.run_script(path, args, trusted)
   local a = { [0] = path }
   for i = 1, #args do a[i] = args[i] end
   rawset(_G, "arg", a)
-  local ret = chunk(unpack(args))
-  if type(ret) == "number" then return ret end
-  if ret == false then return 1 end
-  return 0
+  return exit_status((chunk(unpack(args))), path)
 end
 
 -- "module" calls require(module).main(args); "module:fn" calls .fn(args).
@@ -142,10 +157,7 @@ function host.run_module(target, args, trusted)
   if type(m) ~= "table" or type(m[fn]) ~= "function" then
     raise(E.EINVAL, "module '%s' has no function '%s'", mod, fn)
   end
-  local ret = m[fn](args)
-  if type(ret) == "number" then return ret end
-  if ret == false then return 1 end
-  return 0
+  return exit_status((m[fn](args)), mod .. "." .. fn)
 end
 
 -- `muon info`: version, library, BLAS core and threads, MPI.

@@ -37,9 +37,11 @@ static const char usage_text[] =
 static const char run_usage[] =
     "usage: muon run [--trust] SCRIPT.lua [ARGS...]\n"
     "  Run a Lua script with the muon modules on package.path; arg[0] is the script,\n"
-    "  arg[1..] (and ...) are ARGS. Exit status: a number the script returns, 1 if it\n"
-    "  raises an error (message and traceback on stderr), else 0. Under mpirun an error\n"
-    "  on one rank aborts the job.\n"
+    "  arg[1..] (and ...) are ARGS. Exit status: what the script returns, read as\n"
+    "  os.exit reads it (nothing or true: 0, false: 1, an integer 0..255 itself); any\n"
+    "  other value (256, -1, 3.5, NaN, a table) is an error naming it: 1. A Lua error\n"
+    "  exits 1 (message and traceback on stderr). Under mpirun an error on one rank\n"
+    "  aborts the job.\n"
     "  --trust   engines the script opens run their configs with full Lua (default: sandboxed)\n";
 
 static const char info_usage[] =
@@ -98,6 +100,7 @@ int main(int argc, char **argv)
             first++;
         }
         if (argc <= first) return usage_error("%s", "run: missing script");
+        if (argv[first][0] == '\0') return usage_error("%s", "run: the script path is empty");
         if (argv[first][0] == '-')
             return usage_error("run: unknown option '%s' (the script's options go after the script)",
                                argv[first]);

@@ -601,6 +601,17 @@ int main(void)
     ok(rc != MU_OK && status == 1 && contains(mu_last_error(), "nope.lua") &&
            contains(mu_last_error(), "No such file or directory") && !strchr(mu_last_error(), '\n'),
        "mu_script_run on a missing script: one line, the path and the reason: %s", mu_last_error());
+    ok(rc == MU_EIO, "mu_script_run on a missing script: MU_EIO, the code of muon's error object (%s)", mu_errname(rc));
+    rc = mu_script_run(tap_write(dir, "r256.lua", "return 256\n"), 0, NULL, 0, &status);
+    ok(rc == MU_EINVAL && status == 1 && contains(mu_last_error(), "returned 256"),
+       "mu_script_run: a return value os.exit would truncate (256) is MU_EINVAL, status 1: %s", mu_last_error());
+    rc = mu_script_run(tap_write(dir, "r7.lua", "return '7'\n"), 0, NULL, 0, &status);
+    ok(rc == MU_OK && status == 7, "mu_script_run: a string holding an integer is that status (%d)", status);
+    rc = mu_script_run(tap_write(dir, "deep.lua", "local function f() return 1 + f() end\nf()\n"), 0, NULL, 0, &status);
+    ok(rc == MU_ENOMEM && status == 1 && contains(mu_last_error(), "out of Lua stack"),
+       "mu_script_run: endless recursion is MU_ENOMEM naming the Lua stack: %s", line1(mu_last_error()));
+    rc = mu_script_run("", 0, NULL, 0, &status);
+    ok(rc == MU_EINVAL && status == 1 && contains(mu_last_error(), "empty"), "mu_script_run(\"\"): MU_EINVAL");
     rc = mu_script_run(valid_bc, 0, NULL, MU_SCRIPT_TRUSTED, &status);
     ok(rc != MU_OK && status == 1 && contains(mu_last_error(), "bytecode is not accepted") &&
            !strchr(mu_last_error(), '\n'),
