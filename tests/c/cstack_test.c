@@ -10,9 +10,9 @@
  * with a status and a message (MU_ENOMEM naming the stack: the sandbox's
  * limit on nested library calls, or LuaJIT's "stack overflow"), from the
  * main thread and from a thread with a 256 KB stack, and a failed step
- * changes nothing; a hook that runs out of memory is MU_ENOMEM naming it. Each case runs in a
- * forked child, so a crash is one failed line. TAP output; exit 1 on
- * failure.
+ * changes nothing; a hook that runs out of memory is MU_ENOMEM naming it.
+ * Each case runs in a forked child, so a crash is one failed line. TAP
+ * output; exit 1 on failure.
  */
 #include "muon.h"
 #include "tap.h"
