@@ -186,7 +186,7 @@ describe("engine", function()
       { { groups = { { optimizer = "sgd" } } }, "group 1: unknown optimizer 'sgd'; valid optimizers: adamw, muon" },
       { { groups = {} }, "'groups' must be a non-empty list" },
       { { groups = { { optimizer = "adamw", lr = -3 } } }, "lr must be >= 0" },
-      { { groups = { {} }, extra = 1 }, "unknown top-level key 'extra'; valid top-level keys: dist, groups, hooks, " },
+      { { groups = { {} }, extra = 1 }, "unknown top-level key 'extra'; valid top-level keys: dist, groups, hook_budget, hooks, " },
       { { groups = { {} }, hooks = { reshape = function() end } }, "unknown hook 'reshape' (did you mean 'reshape_fn'?)" },
     }
     for _, c in ipairs(cases) do

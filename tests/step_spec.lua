@@ -1,7 +1,7 @@
 -- The step protocol (lua/muon/step.lua) on one process: every per-step
 -- value is checked before anything changes, a failed step changes nothing
--- and later steps continue as if it had not happened, post_update_fn
--- failures still count the step, parameters can stop having a grad, the
+-- and later steps continue as if it had not happened (post_update_fn
+-- failures too: the commit is undone), parameters can stop having a grad, the
 -- status code of each failure, replica-free memory accounting, and
 -- checkpoints whose values were tampered with (checksums recomputed).
 package.path = "tests/fuzz/?.lua;" .. package.path
@@ -110,22 +110,27 @@ describe("step: per-step values are checked before anything changes", function()
 end)
 
 describe("step: post_update_fn failures, nil grads, closures, codes", function()
-  it("a raising post_update_fn fails with ELUA after the commit: the step counts", function()
+  it("a raising post_update_fn fails with ELUA and undoes the step: nothing changed", function()
     local inject = { post = { step = 2, name = "w2" } }
     local eng, _, grads = build(inject)
     local ref, _, rgrads = build(nil)
     for step = 1, 4 do
       inject.now = step
       grads(step); rgrads(step)
+      local before = D.snapshot(eng)
       local ok, err = pcall(eng.step, eng)
-      ref:step()
       if step == 2 then
         assert.is_false(ok)
         assert.are.equal(E.ELUA, E.code(err))
         assert.are.equal("post_update_fn: post hook failed", tostring(err))
+        assert.are.equal(before, D.snapshot(eng))
+        assert.are.equal(1, eng:get("step"))
+        inject.now = nil
+        assert.is_true(pcall(eng.step, eng)) -- (the same step again, now passing)
       else
         assert.is_true(ok, tostring(err))
       end
+      ref:step()
       assert.are.equal(ref:get("step"), eng:get("step"))
     end
     assert.are.equal(D.snapshot(ref), D.snapshot(eng))

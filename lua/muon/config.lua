@@ -36,10 +36,17 @@ local function copy(lib)
   return t
 end
 
+-- The environment of a sandboxed config; box (sandbox.new_box()): where
+-- the limits of its calls at step time go.
+local BOX = setmetatable({}, { __mode = "k" }) -- env -> its box
+
 function config.sandbox(path)
   local env = {
     assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs,
-    select = select, tonumber = tonumber, tostring = tostring, type = type, print = print,
+    select = select, tonumber = tonumber, type = type,
+    -- (these and pcall, xpcall, string.gsub, string.format, table.sort count
+    -- how deep library calls nest: lua/muon/sandbox.lua)
+    tostring = sandbox.tostring, print = sandbox.print,
     setmetatable = setmetatable,
     -- pcall/xpcall that never catch the load budget's error; unpack charged
     pcall = sandbox.pcall, xpcall = sandbox.xpcall, unpack = sandbox.unpack,
@@ -47,7 +54,8 @@ function config.sandbox(path)
     getmetatable = function(x) if type(x) == "table" then return getmetatable(x) end return nil end,
     rawget = rawget, rawset = rawset, rawequal = rawequal,
     math = copy(math), string = copy(sandbox.SAFE_STRING), table = sandbox.safe_table(), bit = copy(bit),
-    os = guarded("os", os, { "time", "clock", "date", "getenv", "difftime" }, path),
+    os = guarded("os", { time = sandbox.os_time, clock = os.clock, date = os.date, getenv = os.getenv,
+      difftime = os.difftime }, { "time", "clock", "date", "getenv", "difftime" }, path),
     io = guarded("io", {}, {}, path),
     debug = guarded("debug", {}, {}, path),
     ffi = guarded("ffi", {}, {}, path),
@@ -64,22 +72,27 @@ function config.sandbox(path)
   env.load = sandbox.text_load(env, function(what) blocked(what, path)() end)
   env.require = sandbox.new_require(path)
   env._G = env
+  BOX[env] = sandbox.new_box()
   return env
 end
 
--- VM instructions a sandboxed config may run while it loads (its hooks,
--- called later, are not bounded; see lua/muon/sandbox.lua). About a second
--- of interpreted Lua; and at most LOAD_SECONDS of CPU time.
+-- VM instructions a sandboxed config may run while it loads (about a
+-- second of interpreted Lua), at most LOAD_SECONDS of CPU time and
+-- LOAD_MEMORY bytes of Lua heap growth. Its calls at step time have their
+-- own limits, the config's hook_budget (config.hook_limits).
 config.LOAD_BUDGET = 1e9
 config.LOAD_SECONDS = 10
+config.LOAD_MEMORY = 2 ^ 31
 
 -- Run a sandboxed chunk with the load budget (lua/muon/sandbox.lua,
 -- S.run_bounded: interpreted, in its own coroutine, the budget cannot be
 -- caught). LuaJIT has one hook per VM, so when the host already runs a hook
 -- (a profiler, a debugger, a coverage tool) it is left alone and the load
--- is not bounded. Returns ok, result (a message on failure).
+-- is not bounded. Returns ok, result; or false, message, code (MU_ENOMEM
+-- when memory or stack ran out, else nil).
 function config.run_bounded(chunk)
-  return sandbox.run_bounded(chunk, config.LOAD_BUDGET, config.LOAD_SECONDS, "load")
+  return sandbox.run_bounded(chunk, { instructions = config.LOAD_BUDGET, seconds = config.LOAD_SECONDS,
+    memory = config.LOAD_MEMORY, what = "load" }, BOX[getfenv(chunk)])
 end
 
 local fail = E.raise
@@ -115,22 +128,74 @@ function config.compile(text, name, env, what)
   return chunk
 end
 
+-- The limits of one call of a config function at step time (hook,
+-- schedule, match function), from the config's top-level hook_budget =
+-- { instructions = n, seconds = s, memory = bytes }: each a number > 0
+-- (math.huge: no limit); a missing one takes its default,
+-- sandbox.HOOK_BUDGET (10^10 instructions, 300 CPU seconds, 1 GiB of Lua
+-- heap). Sandboxed configs always run with them (and with the nesting
+-- limit, sandbox.MAX_NESTING); trusted ones only when they set hook_budget.
+-- Returns the limits, or nil (trusted, none set); raises EINVAL naming a
+-- bad key or value.
+local BUDGET_KEYS = { instructions = true, seconds = true, memory = true }
+function config.hook_limits(budget, trusted, where)
+  if budget == nil and trusted then return nil end
+  if budget ~= nil and type(budget) ~= "table" then
+    fail(E.EINVAL, "config %s: hook_budget must be a table { instructions = n, seconds = s, memory = bytes }, got %s",
+      where, type(budget))
+  end
+  budget = budget or {}
+  E.check_keys(budget, BUDGET_KEYS, "hook_budget key", ("config %s: hook_budget"):format(where))
+  local limits = { what = "hook" }
+  for k, v in pairs(sandbox.HOOK_BUDGET) do limits[k] = v end
+  for k, v in pairs(budget) do
+    if type(v) ~= "number" or v ~= v or v <= 0 then
+      fail(E.EINVAL, "config %s: hook_budget.%s must be a number > 0 (math.huge: no limit), got %s", where, k, tostring(v))
+    end
+    limits[k] = v
+  end
+  return limits
+end
+
+-- A trusted config's functions under limits: every function in its plain
+-- tables (groups, hooks, schedule, match lists; not in tables with a
+-- metatable) replaced by one that calls it as one bounded run, never
+-- JIT-compiled (compiled code does not see the instruction count). The
+-- tables are copied (the caller's stay as they are).
+local function bound_functions(v, limits, seen)
+  if type(v) == "function" then
+    jit.off(v, true)
+    return function(...) return sandbox.call_bounded(limits, v, ...) end
+  end
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return v end
+  if seen[v] then return seen[v] end
+  local c = {}
+  seen[v] = c
+  for k, x in pairs(v) do c[k] = bound_functions(x, limits, seen) end
+  return c
+end
+
 -- Load a config: a path (string) or an already-built table. Returns the
 -- table; raises an error object (EIO: the file cannot be read; EFORMAT:
 -- syntax error or bytecode; else the code of what the config raised, or
 -- EINVAL) naming the path and the reason.
 function config.load(src, trusted)
-  if type(src) == "table" then return src, "(table)" end
+  if type(src) == "table" then
+    -- (built by the host: trusted)
+    local limits = config.hook_limits(src.hook_budget, true, "(table)")
+    if limits then src = bound_functions(src, limits, {}) end
+    return src, "(table)"
+  end
   if type(src) ~= "string" then E.blame(E.EINVAL, "config must be a file path or a table, got %s", type(src)) end
   local text = config.read_file(src, "config")
   local env = trusted and setmetatable({}, { __index = _G }) or config.sandbox(src)
   local chunk = config.compile(text, src, env, "config")
-  local ok, result
-  local code = E.EINVAL
+  local ok, result, code
   if trusted then
-    ok, result = pcall(chunk)
+    ok, result = xpcall(chunk, E.capture)
     if not ok then
-      code = E.code(result) or code
+      result = E.caught(result)
+      code = E.code(result)
       if type(result) ~= "string" and not E.is(result) then
         local okm, m = pcall(tostring, result) -- a trusted config's own error value
         result = okm and type(m) == "string" and m or E.message(result)
@@ -138,17 +203,24 @@ function config.load(src, trusted)
     end
   else
     -- (a message: nothing of the config's runs once it has returned)
-    ok, result = config.run_bounded(chunk)
+    ok, result, code = config.run_bounded(chunk)
   end
-  if not ok then fail(code, "config '%s': error while running: %s", src, E.message(result)) end
+  if not ok then fail(code or E.EINVAL, "config '%s': error while running: %s", src, E.message(result)) end
   if type(result) ~= "table" then
     fail(E.EINVAL, "config '%s' must return a table, got %s", src, type(result))
   end
+  local where = "'" .. src .. "'"
   if not trusted then
-    -- hooks, schedules and match functions run behind the membrane
-    local okx, exported = pcall(sandbox.export, result)
+    -- hooks, schedules and match functions run behind the membrane, under
+    -- the limits of the config's hook_budget
+    local box = BOX[env]
+    local okx, exported = pcall(sandbox.export, result, box)
     if not okx then fail(E.code(exported) or E.EINVAL, "config '%s': %s", src, E.message(exported)) end
     result = exported
+    box.limits = config.hook_limits(result.hook_budget, false, where)
+  else
+    local limits = config.hook_limits(result.hook_budget, true, where)
+    if limits then result = bound_functions(result, limits, {}) end
   end
   return result, src
 end

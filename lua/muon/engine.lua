@@ -56,7 +56,7 @@ end
 local function matches_any(list, name, shape)
   for _, m in ipairs(list) do
     if type(m) == "function" then
-      if E.call_hook("match function", m, name, shape) then return true end
+      if E.call_hook_on("parameter '" .. name .. "'", "match function", m, name, shape) then return true end
     elseif sandbox.bounded_find(name, m, "match") then -- (a backtracking pattern is refused, not run)
       return true
     end
@@ -376,7 +376,7 @@ function Engine:_scheduled(step)
   for _, g in ipairs(self.groups) do
     local v = { lr = g.base.lr }
     if sched then
-      local r = E.call_hook("schedule", sched, step,
+      local r = E.call_hook_on(g.label, "schedule", sched, step,
         { index = g.index, name = g.name, optimizer = g.kind.name, base_lr = g.base.lr, base = g.base })
       if type(r) == "number" then
         v.lr = r
@@ -400,8 +400,8 @@ function Engine:_scheduled(step)
   return values
 end
 
--- One step of every group; atomic across all of them (and across ranks).
--- The step counts once its commit happened, even if post_update_fn then fails.
+-- One step of every group; atomic across all of them (and across ranks):
+-- a step that fails (a post_update_fn too) changes nothing.
 -- closure (optional, as torch's): called first (it may compute the
 -- gradients); its value is returned. Returns (closure value, stepped):
 -- stepped is false when no parameter has a grad, and then nothing changed

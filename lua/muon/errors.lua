@@ -285,15 +285,50 @@ function E.trim_traceback(tb)
   return head .. "\n" .. table.concat(kept, "\n")
 end
 
--- xpcall handler: { err, traceback where err was first raised, cut to the
--- user's frames (E.trim_traceback) }.
-function E.capture(err)
+local function capture(err)
   local tb = E.traceback(err)
   if tb == nil then
-    tb = E.trim_traceback((debug.traceback("", 2):gsub("^\n", "")))
+    tb = E.trim_traceback((debug.traceback("", 4):gsub("^\n", ""))) -- (above capture, pcall, E.capture)
     if type(err) == "string" then last_string.msg, last_string.tb = err, tb end
   end
   return { err, tb }
+end
+
+-- xpcall handler: { err, traceback where err was first raised, cut to the
+-- user's frames (E.trim_traceback) }. Read what xpcall gave back with
+-- E.caught: when the VM itself ran out of Lua stack or memory, the handler
+-- (which needs both) fails too, and xpcall returns a string instead.
+function E.capture(err)
+  local ok, c = pcall(capture, err)
+  if ok then return c end
+  return { err, exhausted = true } -- (no stack or memory left for a traceback)
+end
+
+-- An MU_ENOMEM object for the VM's own out-of-stack or out-of-memory error
+-- err (LuaJIT raises them as strings: "...: stack overflow", "not enough
+-- memory"), naming the limit.
+function E.exhausted(err)
+  if E.is(err) and err.code == E.ENOMEM then return err end
+  local m = E.message(err)
+  local e
+  if string.find(m, "stack overflow", 1, true) then -- (the string library: this may run in a sandbox's string context)
+    e = E.new(E.ENOMEM, "Lua stack overflow: calls nested deeper than the Lua stack allows "
+      .. "(65500 slots; endless recursion?)")
+  elseif m == "not enough memory" then
+    e = E.new(E.ENOMEM, "out of memory (Lua heap)")
+  else
+    e = E.new(E.ENOMEM, "out of Lua stack or memory while handling an error (" .. m .. ")")
+  end
+  e.limit = "Lua VM" -- (a limit: E.call_hook_on names the parameter)
+  return e
+end
+
+-- The error and its traceback from what a failed xpcall(f, E.capture)
+-- returned (the VM's own stack and memory errors as MU_ENOMEM objects).
+function E.caught(caught)
+  if type(caught) ~= "table" then return E.exhausted(caught), nil end -- the handler itself failed
+  if rawget(caught, "exhausted") then return E.exhausted(caught[1]), nil end
+  return caught[1], caught[2]
 end
 
 -- The message of what a hook raised: E.message, or for a table without a
@@ -311,26 +346,35 @@ local function hook_message(err)
   return E.message(err)
 end
 
-local function hook_result(what, ok, ...)
+local function hook_result(what, subject, ok, ...)
   if ok then return ... end
-  local caught = ...
-  local err, tb = caught[1], caught[2]
+  local err, tb = E.caught((...))
   last_string.msg, last_string.tb = nil, nil -- used: now on the object
-  if E.is(err) and err.code == E.ELUA and rawget(err, "hook") then -- named by an inner call_hook
-    err.tb = tb
+  if E.is(err) and rawget(err, "hook") then -- named by an inner call_hook
+    err.tb = tb or rawget(err, "tb")
     error(err, 0)
   end
-  local e = E.new(E.ELUA, what .. ": " .. hook_message(err), tb)
+  local msg = hook_message(err)
+  -- (a limit of the hook budget, lua/muon/sandbox.lua: which parameter's call hit it)
+  if subject and E.is(err) and rawget(err, "limit") then msg = subject .. ": " .. msg end
+  local e = E.new(E.code(err) == E.ENOMEM and E.ENOMEM or E.ELUA, what .. ": " .. msg, tb or rawget(err, "tb"))
   e.hook = what
   error(e, 0)
 end
 
 -- Call a user hook (a function of the config: hook, schedule, match
 -- function) and return its results. Whatever it raises comes back as an
--- MU_ELUA object "<what>: <message>", carrying the traceback down to the
--- line that raised.
+-- MU_ELUA object "<what>: <message>" (MU_ENOMEM when memory or stack ran
+-- out), carrying the traceback down to the line that raised.
 function E.call_hook(what, fn, ...)
-  return hook_result(what, xpcall(fn, E.capture, ...))
+  return hook_result(what, nil, xpcall(fn, E.capture, ...))
+end
+
+-- E.call_hook for a hook that runs on one parameter or group: subject
+-- ("parameter 'w'", "group 1 ('hidden')") is named in the message when
+-- the call exceeds a limit of the hook budget.
+function E.call_hook_on(subject, what, fn, ...)
+  return hook_result(what, subject, xpcall(fn, E.capture, ...))
 end
 
 -- Raise an error object for a failed C status code (core.check).

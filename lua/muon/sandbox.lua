@@ -34,11 +34,16 @@ local E = require("muon.errors")
 
 local S = {}
 
+-- (The host's string functions, called as functions: while sandboxed code
+-- runs, string methods are the sandbox's, SAFE_STRING, which charge the
+-- budget.)
+local sformat, sbyte, sfind, ssub, smatch = string.format, string.byte, string.find, string.sub, string.match
+
 S.HOW_TO_ALLOW = "trusted = true (muon run --trust SCRIPT / muon check --trust CONFIG, "
   .. "engine.new(path, { trusted = true }) in Lua, or mu_engine_opts.trusted = 1 with mu_engine_open_ex in C)"
 
 local function blocked_message(what)
-  return ("%s is blocked in sandboxed configs; to allow it load the config with %s"):format(what, S.HOW_TO_ALLOW)
+  return sformat("%s is blocked in sandboxed configs; to allow it load the config with %s", what, S.HOW_TO_ALLOW)
 end
 
 -- The config's own line used something blocked (a member, a function, an
@@ -49,42 +54,69 @@ local REAL = setmetatable({}, { __mode = "k" })        -- proxy -> host value
 local PROXY = setmetatable({}, { __mode = "kv" })      -- host value -> proxy
 local EXPORTED = setmetatable({}, { __mode = "k" })    -- host wrapper -> sandbox function
 local IMPORTED = setmetatable({}, { __mode = "k" })    -- sandbox wrapper -> host function
-local EXPORT_OF = setmetatable({}, { __mode = "kv" })  -- sandbox function -> host wrapper
 local IMPORT_OF = setmetatable({}, { __mode = "kv" })  -- host function -> sandbox wrapper
 
 local import, export
 
-local function map_all(f, n, ...)
+local function map_all(f, box, n, ...)
   if n == 0 then return end
   local t = { ... }
-  for i = 1, n do t[i] = f(t[i]) end
+  for i = 1, n do t[i] = f(t[i], nil, box) end
   return unpack(t, 1, n)
 end
-local function import_all(...) return map_all(import, select("#", ...), ...) end
-local function export_all(...) return map_all(export, select("#", ...), ...) end
+local function import_all(...) return map_all(import, nil, select("#", ...), ...) end
+-- (box: the sandbox whose functions these are; see S.new_box)
+local function export_all(box, ...) return map_all(export, box, select("#", ...), ...) end
 
 -- ------------------------------------------------------- budget and strings
 --
 -- What bounds sandboxed code, and how (config.lua runs a config's load
--- through S.run_bounded; hooks at step time are called through the
--- membrane, call_config below):
+-- through S.run_bounded; every call of the host into a config function at
+-- step time, hooks, schedules, match functions, goes through the membrane,
+-- call_config below, which runs it with S.call_bounded):
 --
--- * Instruction budget (load time only). A count hook (debug.sethook) fires
---   every BUDGET_STEP VM instructions of the coroutine the config runs in
---   and takes them off the budget; the string and table functions whose C
---   work grows with their arguments (patterns, rep, concat, sort, unpack...)
---   charge their worst case (patterns: before the call) or their output
---   (after the call) to the same budget. Once the budget is spent it stays
---   spent: the hook is reset to fire on every instruction and raises each
---   time until the bounded call returns, and the sandbox's pcall/xpcall
---   re-raise the budget error (an xpcall handler is not run for it). The
---   host reports the budget error whatever the config raised or returned.
---   A CPU-time limit (os.clock) is checked on every hook call as well, and
---   a GC probe makes the hook run after every GC cycle (see arm_gc_probe).
--- * Host work. Every host function the config calls (tensor maths, an
---   optimizer step...) is charged its CPU time afterwards, and the ones
---   whose time grows faster than their arguments (matmuls, Newton-Schulz,
---   optimizer steps) an estimate before they run ("host work" below).
+-- * Limits per run: a load, or one call of the host into the config (a
+--   hook call; calls nested in it count towards it). `limits` =
+--   { instructions, seconds, memory, what = "load" | "hook" }:
+--   - instructions: a count hook (debug.sethook) fires every BUDGET_STEP VM
+--     instructions of the coroutine the run uses and takes them off the
+--     budget; the string and table functions whose C work grows with their
+--     arguments (patterns, rep, concat, sort, unpack...) charge their worst
+--     case (patterns: before the call) or their output (after the call) to
+--     the same budget. At load time host functions are charged too (their
+--     CPU time, and an estimate first for matmuls, Newton-Schulz and
+--     optimizer steps: "host work" below); at step time they are not (a
+--     hook's tensor maths is the step's own work) and count in `seconds`.
+--   - seconds: CPU time (os.clock, the whole process), checked with the
+--     instruction count and after host calls.
+--   - memory: growth of the Lua heap (collectgarbage("count")) since the
+--     run began, checked with the instruction count, after every GC cycle
+--     (the GC probe, arm_gc_probe) and before string.rep; over the limit,
+--     a full collection runs first, so that only what the run keeps counts.
+--     (Tensor data is C memory outside the Lua heap: a failed allocation
+--     there is MU_ENOMEM from the tensor call itself.)
+--   Once a limit is exceeded the run's error stays: the sandbox's pcall and
+--   xpcall re-raise it (an xpcall handler is not run for it), and so do a
+--   host function's return and any later call into the config, until the
+--   run returns. A host function the config called is never
+--   stopped halfway (it may be in a collective with other ranks, or halfway
+--   through its own state): the error is raised when it returns. The host
+--   reports the limit's error, an error object (MU_ELUA for instructions
+--   and time, MU_ENOMEM for memory) naming the limit, whatever the config
+--   raised or returned.
+-- * Nesting (the C stack). LuaJIT runs metamethods reached from bytecode,
+--   pcall and xpcall in the VM itself (their depth is bounded by the Lua
+--   stack: "stack overflow", MU_ENOMEM), but a few library functions call
+--   back into Lua from C, each nesting a C frame: string.gsub (a function
+--   replacement, or a table's __index), table.sort (the comparator, or the
+--   elements' __lt), string.format (%s of a value with __tostring), print
+--   (tostring of its arguments), os.time (its table's __index), the xpcall
+--   message handler, and load with a reader function (refused). In the
+--   sandbox every such callback runs through a shim counting the nesting;
+--   pcall, xpcall, tostring and the membrane's crossings (a config calling
+--   a host function, the host calling a config function) count too. Deeper
+--   than MAX_NESTING, the call raises MU_ENOMEM "C stack: nested library
+--   calls deeper than N (<function>)" before the C stack can overflow.
 -- * No JIT. The count hook does not fire inside compiled traces, so every
 --   function of a sandboxed chunk (jit.off(chunk, true): nested functions
 --   too), and every chunk the sandbox's own load() makes, runs
@@ -103,68 +135,130 @@ local function export_all(...) return map_all(export, select("#", ...), ...) end
 --   (__gc on tables is not run by LuaJIT in Lua 5.1 mode; the sandbox has
 --   no newproxy, ffi or collectgarbage.)
 --
--- Limits: hooks at step time (reshape_fn, post_update_fn, schedules, match
--- functions) have no instruction budget (an endless loop in a hook hangs
--- the step; their patterns are still capped at PATTERN_LIMIT steps per
--- call, and so are groups' match patterns, S.bounded_find). When the host
--- already runs a debug hook (profiler, debugger, coverage) LuaJIT's single
--- hook slot is left alone and the load is not bounded. One VM instruction
--- can still do work proportional to the size of its operands (the ..
--- operator on a huge string): such work is bounded by memory and by the
--- CPU-time limit, which is checked every BUDGET_STEP instructions and
--- after every GC cycle, not instruction by instruction. A budget error can stop a host function the
--- config called halfway; whatever it built belongs to the failed load.
+-- Limits: when the host already runs a debug hook (profiler, debugger,
+-- coverage) LuaJIT's single hook slot is left alone and nothing is
+-- bounded but the nesting (patterns at step time are then still capped at
+-- PATTERN_LIMIT steps per call, and so are groups' match patterns,
+-- S.bounded_find). One VM instruction can still do work proportional to the
+-- size of its operands (the .. operator on a huge string): such work is
+-- bounded by the memory limit and by the CPU-time limit, which are checked
+-- every BUDGET_STEP instructions and after every GC cycle, not instruction
+-- by instruction. A load's budget error can stop a host function the config
+-- called only once it returns; whatever it built belongs to the failed load.
 local BUDGET_STEP = 10000
--- Worst-case pattern steps allowed in one call when no budget is running.
+-- The GC's step multiplier during a bounded run (LuaJIT's default: 200).
+local GC_STEPMUL = 2 ^ 30
+-- Worst-case pattern steps allowed in one call at step time.
 S.PATTERN_LIMIT = 1e8
+-- Library calls that call back into Lua, nested deeper than this, raise.
+-- (A string.gsub frame takes about 9 KB of C stack: 100 fit in 1 MB.)
+S.MAX_NESTING = 100
+-- The limits of one hook call at step time, unless the config's hook_budget
+-- says otherwise (lua/muon/config.lua): far above what a sane hook takes.
+S.HOOK_BUDGET = { instructions = 1e10, seconds = 300, memory = 2 ^ 30 }
 
-local budget = { active = false, co = nil, remaining = 0, limit = 0, exhausted = false, deadline = math.huge,
-  what = "load", seconds = 0 }
-
-local function budget_message()
-  if budget.timed_out then
-    return ("exceeded the %s time limit of %g CPU seconds (endless loop?)"):format(budget.what, budget.seconds)
-  end
-  return ("exceeded the %s budget of %.0f Lua instructions (endless loop?)"):format(budget.what, budget.limit)
-end
+local budget = {
+  active = false, co = nil, what = "load",
+  limit = 0, remaining = 0, step = BUDGET_STEP, forced = false,
+  seconds = math.huge, deadline = math.huge,
+  memory = math.huge, heap0 = 0,
+  host = false, -- a host function the config called is running (a limit waits for its return)
+  err = nil,    -- the error object, once a limit is exceeded
+}
 
 local function in_budget()
   return budget.active and coroutine.running() == budget.co
 end
 
-local hook
--- From here on every instruction of the bounded coroutine raises again.
-local function exhaust()
-  budget.exhausted, budget.remaining = true, 0
-  debug.sethook(budget.co, hook, "", 1)
-  error(budget_message(), 0)
+local function heap_bytes() return collectgarbage("count") * 1024 end
+
+-- The Lua heap after the last full collection seen (ours, or a GC cycle's
+-- end: the GC probe). A run whose heap has grown well past it starts with a
+-- full collection, so that garbage left by the host does not hide what the
+-- run allocates (at most one collection each time the heap doubles, as
+-- LuaJIT's own GC does).
+local live = { bytes = 0 }
+
+local function collect()
+  collectgarbage("collect")
+  live.bytes = heap_bytes()
 end
 
-hook = function()
-  if coroutine.running() ~= budget.co or not budget.active then return end
-  if budget.exhausted then error(budget_message(), 0) end
+-- The error for the exceeded limit ("instructions", "seconds", "memory").
+local function limit_error(which)
+  local load = budget.what == "load"
+  local msg, code
+  if which == "seconds" then
+    msg = sformat("exceeded the %s time limit of %g CPU seconds (%sendless loop?)", budget.what, budget.seconds,
+      load and "" or "hook_budget.seconds; ")
+    code = E.ELUA
+  elseif which == "memory" then
+    msg = sformat("exceeded the %s memory limit of %.0f bytes of Lua heap%s", budget.what, budget.memory,
+      load and "" or " (hook_budget.memory)")
+    code = E.ENOMEM
+  else
+    msg = sformat("exceeded the %s budget of %.0f Lua instructions (%sendless loop?)", budget.what, budget.limit,
+      load and "" or "hook_budget.instructions; ")
+    code = E.ELUA
+  end
+  local err = E.new(code, msg)
+  err.limit = load and which or ("hook_budget." .. which)
+  return err
+end
+
+-- Raise the run's error in sandboxed code (while a host function runs,
+-- nothing: it raises when that function returns, in imported_results).
+-- Once raised it is raised again wherever sandboxed code could go on: the
+-- sandbox's pcall and xpcall, a host function's return, the host's next
+-- call into the config (the hook itself stays quiet from then on: it could
+-- fire inside an error handler).
+local function raise_spent()
+  if budget.host then return end
+  error(budget.err.msg, 0)
+end
+
+local function exceed(which)
+  budget.err, budget.remaining = limit_error(which), 0
+  raise_spent()
+end
+
+-- The memory limit, with `extra` bytes about to be allocated.
+local function check_memory(extra)
+  if budget.memory == math.huge then return end
+  if heap_bytes() + (extra or 0) - budget.heap0 <= budget.memory then return end
+  collect() -- (only what the run keeps counts, not its garbage)
+  if heap_bytes() + (extra or 0) - budget.heap0 > budget.memory then exceed("memory") end
+end
+
+local function hook()
+  if coroutine.running() ~= budget.co or not budget.active or budget.err then return end
   if budget.forced then -- (by the GC probe: back to the usual interval, a full one charged)
     budget.forced = false
     debug.sethook(budget.co, hook, "", budget.step)
   end
   budget.remaining = budget.remaining - budget.step
-  if budget.remaining <= 0 then exhaust() end
-  if os.clock() > budget.deadline then
-    budget.timed_out = true
-    exhaust()
-  end
+  if budget.remaining <= 0 then return exceed("instructions") end
+  if os.clock() > budget.deadline then return exceed("seconds") end
+  check_memory()
 end
 
 -- The GC probe: a garbage object whose finalizer, at the end of every GC
 -- cycle during a bounded run, makes the hook fire at the next instruction
 -- (and arms the next probe). Instructions that copy huge strings (s .. s)
 -- allocate a lot in few instructions; GC cycles follow the allocation, so
--- the CPU-time limit is checked within a cycle's worth of allocation rather
--- than after BUDGET_STEP such instructions.
+-- the CPU-time and memory limits are checked within a cycle's worth of
+-- allocation rather than after BUDGET_STEP such instructions.
+-- (One probe at a time: a run that finds one armed, by an earlier run
+-- whose cycle has not ended yet, uses it.)
+local probe = { armed = false }
 local arm_gc_probe
 arm_gc_probe = function()
+  if probe.armed then return end
+  probe.armed = true
   ffi.gc(ffi.new("char[1]"), function()
-    if budget.active and not budget.exhausted then
+    probe.armed = false
+    live.bytes = heap_bytes()
+    if budget.active and not budget.err then
       budget.forced = true
       debug.sethook(budget.co, hook, "", 1)
       arm_gc_probe()
@@ -176,23 +270,118 @@ end
 -- outside a bounded run); raises the budget error when it is spent.
 function S.charge(n)
   if not in_budget() then return end
-  if budget.exhausted then error(budget_message(), 0) end
+  if budget.err then return raise_spent() end
   budget.remaining = budget.remaining - n
-  if budget.remaining <= 0 then exhaust() end
+  if budget.remaining <= 0 then exceed("instructions") end
 end
 
-local function after_pcall(ok, ...)
-  if not ok and budget.exhausted and in_budget() then error(budget_message(), 0) end
+-- S.charge for host work (time in host calls, estimates of big ones): at
+-- load time only.
+local function charge_host(n)
+  if budget.what == "load" then S.charge(n) end
+end
+
+-- About to allocate n bytes of Lua heap (a string): within the memory limit?
+local function charge_memory(n)
+  if in_budget() and not budget.err then check_memory(n) end
+end
+
+-- -------------------------------------------------------------- nesting
+
+local nest = { depth = 0 }
+
+-- Host error objects handed to the config (as copies: the config may
+-- change a copy's fields) -> the original, given back when the copy leaves
+-- (export_error).
+local ORIGINAL = setmetatable({}, { __mode = "k" })
+
+-- Raise err (a host error object) inside the sandbox, as a copy.
+local function raise_in_sandbox(err)
+  local copy = E.new(err.code, err.msg)
+  ORIGINAL[copy] = err
+  error(copy, 0)
+end
+
+-- One more nested library call (what: its name); returns the depth before
+-- it, which the caller restores when the call returns (and every place
+-- that catches errors restores its own: S.pcall, the membrane, the runs).
+local function enter(what)
+  local d = nest.depth
+  if d >= S.MAX_NESTING then
+    local err = E.new(E.ENOMEM, sformat("C stack: nested library calls deeper than %d (%s)", S.MAX_NESTING, what))
+    err.limit = "nesting"
+    raise_in_sandbox(err)
+  end
+  nest.depth = d + 1
+  return d
+end
+
+local function leave(d, ...)
+  nest.depth = d
+  return ...
+end
+
+-- f as a callback of the library function `what`: counted while it runs.
+local function counted(f, what)
+  return function(...) return leave(enter(what), f(...)) end
+end
+
+-- A table whose reads go to t, counted (for string.gsub's table
+-- replacement, whose missing keys go to t's __index from C).
+local function counted_table(t, what)
+  return setmetatable({}, { __index = function(_, k) return leave(enter(what), t[k]) end })
+end
+
+local function has_tostring(v)
+  local mt = debug.getmetatable(v)
+  return type(mt) == "table" and rawget(mt, "__tostring") ~= nil
+end
+
+-- v, or when tostring(v) would call its __tostring, a stand-in whose
+-- __tostring makes that call counted.
+local function counted_tostring(v, what)
+  if type(v) ~= "table" or not has_tostring(v) then return v end
+  return setmetatable({}, { __tostring = function() return leave(enter(what), tostring(v)) end })
+end
+
+local function after_pcall(d, ok, ...)
+  nest.depth = d
+  if not ok and budget.err and in_budget() then raise_spent() end
   return ok, ...
 end
 
 -- pcall and xpcall for sandboxed code: they never catch the budget error.
-function S.pcall(f, ...) return after_pcall(pcall(f, ...)) end
+function S.pcall(f, ...) return after_pcall(enter("pcall"), pcall(f, ...)) end
 function S.xpcall(f, handler, ...)
-  return after_pcall(xpcall(f, function(e)
-    if budget.exhausted and in_budget() then return e end
-    return handler(e)
+  return after_pcall(enter("xpcall"), xpcall(f, function(e)
+    if budget.err and in_budget() then return e end
+    return leave(enter("xpcall handler"), handler(e))
   end, ...))
+end
+
+-- tostring and print for sandboxed code (print converts its arguments
+-- first, so that the C function never calls back).
+function S.tostring(...)
+  local v = ...
+  if select("#", ...) == 0 or type(v) ~= "table" then return tostring(...) end
+  return leave(enter("tostring"), tostring(v))
+end
+function S.print(...)
+  local n = select("#", ...)
+  local t = { ... }
+  for i = 1, n do t[i] = S.tostring(t[i]) end
+  return print(unpack(t, 1, n))
+end
+
+-- os.time for sandboxed code: a table argument is read in Lua (its
+-- __index, if any, runs counted), the C function gets a plain copy.
+local TIME_FIELDS = { "sec", "min", "hour", "day", "month", "year", "isdst" }
+function S.os_time(t)
+  if type(t) ~= "table" then return os.time(t) end
+  local plain, d = {}, enter("os.time")
+  for _, k in ipairs(TIME_FIELDS) do plain[k] = t[k] end
+  nest.depth = d
+  return os.time(plain)
 end
 
 -- Worst-case work of Lua pattern p on a subject of n characters. lstrlib's
@@ -205,19 +394,19 @@ end
 local function pattern_cost(p, n)
   local len = #p
   local i, starts, factor, items = 1, n + 1, 1, 1
-  if p:byte(1) == 94 then starts, i = 1, 2 end -- ^
+  if sbyte(p, 1) == 94 then starts, i = 1, 2 end -- ^
   while i <= len do
-    local c = p:byte(i)
+    local c = sbyte(p, i)
     local single = true
     if c == 40 or c == 41 then -- ( )
       single, i = false, i + 1
     elseif c == 37 then -- %
-      local d = p:byte(i + 1)
+      local d = sbyte(p, i + 1)
       if d == 98 then -- %bxy
         factor, single, i = factor * (n + 1), false, i + 4
       elseif d == 102 then -- %f[set]
         single, i = false, i + 2
-        local close = p:find("]", i + (p:byte(i + 1) == 94 and 2 or 1) + 1, true)
+        local close = sfind(p, "]", i + (sbyte(p, i + 1) == 94 and 2 or 1) + 1, true)
         i = (close or len) + 1
       elseif d and d >= 49 and d <= 57 then -- %1-%9
         factor, single, i = factor * (n + 1), false, i + 2
@@ -226,10 +415,10 @@ local function pattern_cost(p, n)
       end
     elseif c == 91 then -- [set]
       local j = i + 1
-      if p:byte(j) == 94 then j = j + 1 end
-      if p:byte(j) == 93 then j = j + 1 end -- a leading ] is literal
-      while j <= len and p:byte(j) ~= 93 do
-        j = j + (p:byte(j) == 37 and 2 or 1)
+      if sbyte(p, j) == 94 then j = j + 1 end
+      if sbyte(p, j) == 93 then j = j + 1 end -- a leading ] is literal
+      while j <= len and sbyte(p, j) ~= 93 do
+        j = j + (sbyte(p, j) == 37 and 2 or 1)
       end
       i = j + 1
     else
@@ -237,7 +426,7 @@ local function pattern_cost(p, n)
     end
     if single then
       items = items + 1
-      local q = p:byte(i)
+      local q = sbyte(p, i)
       if q == 42 or q == 43 or q == 45 then factor, i = factor * (n + 1), i + 1 -- * + -
       elseif q == 63 then factor, i = factor * 2, i + 1 end -- ?
     end
@@ -257,13 +446,14 @@ local function check_pattern(name, s, p, init)
     if init > 1 then n = math.max(0, n - init + 1) end
   end
   local cost = pattern_cost(p, n)
-  if in_budget() then
-    S.charge(4 * cost) -- (a matching step costs a few VM instructions' time)
-  elseif cost > S.PATTERN_LIMIT then
-    E.blame(E.EINVAL, ("string.%s: pattern '%s' on a subject of %d characters may take %.3g matching steps, more than "
-      .. "the %.3g a sandboxed config may use in one call"):format(name, #p > 40 and p:sub(1, 40) .. "..." or p,
+  -- (at load time the budget alone bounds patterns; at step time, a call
+  -- over PATTERN_LIMIT is refused as well, whatever the hook budget)
+  if cost > S.PATTERN_LIMIT and not (in_budget() and budget.what == "load") then
+    E.blame(E.EINVAL, sformat("string.%s: pattern '%s' on a subject of %d characters may take %.3g matching steps, "
+      .. "more than the %.3g a sandboxed config may use in one call", name, #p > 40 and ssub(p, 1, 40) .. "..." or p,
       #s, cost, S.PATTERN_LIMIT))
   end
+  S.charge(4 * cost) -- (a matching step costs a few VM instructions' time)
 end
 
 -- string.find(s, p) for a pattern the host got from a config (a group's
@@ -301,13 +491,17 @@ do
   local gsub = string.gsub
   SAFE_STRING.gsub = function(s, p, repl, n)
     check_pattern("gsub", s, p)
+    if type(repl) == "function" then repl = counted(repl, "string.gsub")
+    elseif type(repl) == "table" then repl = counted_table(repl, "string.gsub") end
     local r, count = gsub(s, p, repl, n)
     return charged_result(r), count
   end
   local rep = string.rep
   SAFE_STRING.rep = function(s, k, sep)
     if type(k) == "number" and k > 0 and (type(s) == "string" or type(s) == "number") then
-      S.charge(k * (#tostring(s) + (type(sep) == "string" and #sep or 0)))
+      local n = k * (#tostring(s) + (type(sep) == "string" and #sep or 0))
+      S.charge(n)
+      charge_memory(n)
     end
     return rep(s, k, sep)
   end
@@ -341,14 +535,25 @@ do
     return char(...)
   end
   SAFE_STRING.format = function(fmt, ...)
+    local nargs = select("#", ...)
     if in_budget() then
       local n = len(fmt)
-      for k = 1, select("#", ...) do n = n + len((select(k, ...))) end
+      for k = 1, nargs do n = n + len((select(k, ...))) end
       S.charge(n)
+    end
+    for k = 1, nargs do -- (%s of a value with __tostring calls it from C: counted)
+      local v = select(k, ...)
+      if type(v) == "table" and has_tostring(v) then
+        local args = { ... }
+        for j = k, nargs do args[j] = counted_tostring(args[j], "string.format") end
+        return format(fmt, unpack(args, 1, nargs))
+      end
     end
     return format(fmt, ...)
   end
 end
+
+local function less(a, b) return a < b end
 
 -- table functions with C work that grows with their arguments.
 function S.safe_table()
@@ -363,6 +568,7 @@ function S.safe_table()
         n = n + (type(v) == "string" and #v or 24) + step
       end
       S.charge(n)
+      charge_memory(n)
     end
     return concat(list, sep, i, j)
   end
@@ -370,6 +576,18 @@ function S.safe_table()
     if type(list) == "table" then
       local n = #list
       S.charge(8 * n * math.max(1, math.log(n + 1) / math.log(2))) -- (8: a comparison's worth of instructions)
+      -- (the comparator, or without one the elements' __lt, is called from C: counted)
+      if type(cmp) == "function" then
+        cmp = counted(cmp, "table.sort")
+      elseif cmp == nil then
+        for i = 1, n do
+          local tv = type(rawget(list, i))
+          if tv ~= "number" and tv ~= "string" then
+            cmp = counted(less, "table.sort")
+            break
+          end
+        end
+      end
     end
     return sort(list, cmp)
   end
@@ -409,38 +627,140 @@ local function set_strings(index)
   return prev
 end
 
--- Run f() (a sandboxed chunk, without arguments) in its own coroutine with
--- an instruction budget of `limit` and a CPU-time limit of `seconds`
--- (what: the word in the message, "load"). Returns ok, result as pcall;
--- on failure result is a message (the budget's, or E.message of what f
--- raised: no metamethod of the config's runs).
-function S.run_bounded(f, limit, seconds, what)
+-- ------------------------------------------------------------ bounded runs
+
+-- The sandbox a running config function belongs to (its box: see
+-- S.new_box), for functions it hands to the host.
+local cur = { box = nil }
+
+local function start(co, limits)
+  budget.active, budget.co, budget.err, budget.forced, budget.host = true, co, nil, false, false
+  budget.what = limits.what or "hook"
+  budget.limit = limits.instructions or math.huge
+  budget.remaining = budget.limit
+  budget.seconds = limits.seconds or math.huge
+  budget.deadline = os.clock() + budget.seconds
+  budget.memory = limits.memory or math.huge
+  if budget.memory < math.huge and heap_bytes() > 2 * live.bytes + 2 ^ 20 then collect() end
+  budget.heap0 = heap_bytes()
+  budget.step = math.max(1, math.min(BUDGET_STEP, math.floor(budget.limit)))
+  -- (GC cycles that finish within an allocation or two, not after many:
+  -- the GC probe then fires each time a huge string doubles)
+  budget.stepmul = collectgarbage("setstepmul", GC_STEPMUL)
+  debug.sethook(co, hook, "", budget.step)
+  arm_gc_probe()
+end
+
+-- End the run; its limit error, if one was exceeded.
+local function stop(co)
+  debug.sethook(co)
+  collectgarbage("setstepmul", budget.stepmul)
+  live.bytes = math.min(live.bytes, budget.heap0) -- (what the run made is garbage now, mostly)
+  local err = budget.err
+  budget.active, budget.co, budget.err, budget.host = false, nil, nil, false
+  return err
+end
+
+-- The xpcall handler of the sandbox's own calls: E.capture as host code
+-- (the host's string methods, no limit raised inside it; whoever called
+-- xpcall restores both, also when this handler fails).
+local function capture(e)
+  local prev, host = set_strings(HOST_STRING), budget.host
+  budget.host = true
+  local c = E.capture(e)
+  budget.host = host
+  set_strings(prev)
+  return c
+end
+
+-- (Was what xpcall(f, capture) gave the VM's own out-of-stack or
+-- out-of-memory error? E.caught makes it an MU_ENOMEM object, which
+-- crosses as it is.)
+local function exhausted(caught) return type(caught) ~= "table" or rawget(caught, "exhausted") end
+
+-- (in the run's coroutine: tracebacks are taken there)
+local function run_captured(f, ...) return xpcall(f, capture, ...) end
+
+-- May the host's own debug hook be there (then nothing is bounded)?
+local function unbounded() return budget.active or debug.gethook() ~= nil end
+
+-- Run f() (a sandboxed chunk, without arguments) in its own coroutine
+-- under limits { instructions, seconds, memory, what = "load" } (box: the
+-- sandbox's, S.new_box). Returns true, result; or false, message, code: the
+-- message of the exceeded limit or E.message of what f raised (no
+-- metamethod of the config's runs); code MU_ENOMEM when memory, the Lua
+-- stack or the nesting ran out (else nil: the config cannot choose it).
+function S.run_bounded(f, limits, box)
   jit.off(f, true)
-  local co = coroutine.create(f)
+  local co = coroutine.create(run_captured)
   local prev = set_strings(SAFE_STRING)
-  local bounded = debug.gethook() == nil and not budget.active
+  local bounded = not unbounded()
   local jit_on = jit.status()
+  local d, prev_box = nest.depth, cur.box
+  cur.box = box
   if bounded then
     jit.off()
     jit.flush()
-    budget.active, budget.co, budget.exhausted, budget.timed_out = true, co, false, false
-    budget.limit, budget.remaining, budget.what, budget.seconds = limit, limit, what or "load", seconds or math.huge
-    budget.deadline = os.clock() + (seconds or math.huge)
-    budget.step = math.max(1, math.min(BUDGET_STEP, math.floor(limit)))
-    debug.sethook(co, hook, "", budget.step)
-    arm_gc_probe()
+    start(co, limits)
   end
-  local ok, result = coroutine.resume(co)
-  if bounded then
-    debug.sethook(co)
-    budget.active, budget.co = false, nil
-    if jit_on then jit.on() end
-  end
+  local resumed, ok, result = coroutine.resume(co, f)
+  local err = bounded and stop(co)
+  if bounded and jit_on then jit.on() end
   set_strings(prev)
-  if bounded and budget.exhausted then return false, budget_message() end
-  if not ok then return false, E.message(result) end
+  nest.depth, cur.box = d, prev_box
+  if err then return false, err.msg, err.code == E.ENOMEM and E.ENOMEM or nil end
+  if not resumed then return false, E.message(ok) end
   if coroutine.status(co) ~= "dead" then return false, "coroutine.yield is not allowed in a config" end
-  return true, result
+  if ok then return true, result end
+  local e = E.caught(result)
+  local orig = ORIGINAL[e] -- (a host error: never a field of the config's own value is read)
+  local nomem = exhausted(result) or (orig and orig.code == E.ENOMEM)
+  return false, E.message(orig or e), nomem and E.ENOMEM or nil
+end
+
+local function finish_call(co, d, resumed, ok, ...)
+  local err = stop(co)
+  nest.depth = d
+  if err then
+    if not ok then err.tb = select(2, E.caught((...))) end -- (where the limit was hit)
+    error(err, 0)
+  end
+  if not resumed then error(E.exhausted(ok), 0) end
+  if ok then return ... end
+  local e, tb = E.caught((...))
+  if E.is(e) and rawget(e, "tb") == nil then rawset(e, "tb", tb) end
+  error(e, 0)
+end
+
+-- f(...) as one bounded run (limits as for S.run_bounded, what = "hook"):
+-- its results, or raises what it raised; an exceeded limit raises an error
+-- object naming it (field `limit`: "hook_budget.instructions", ...). Inside
+-- a bounded run (a call nested in another) or under the host's own debug
+-- hook, f(...) runs as it is.
+function S.call_bounded(limits, f, ...)
+  if unbounded() then return f(...) end
+  local co = coroutine.create(run_captured)
+  local d = nest.depth
+  start(co, limits)
+  return finish_call(co, d, coroutine.resume(co, f, ...))
+end
+
+-- A sandbox's box: the limits of its calls at step time (box.limits, set
+-- by the loader once the config has returned; S.HOOK_BUDGET until then)
+-- and the host wrappers of its functions.
+function S.new_box()
+  return { limits = nil, exported = setmetatable({}, { __mode = "kv" }) }
+end
+
+local DEFAULT_BOX = S.new_box()
+
+local function limits_of(box)
+  local l = box.limits
+  if l == nil then
+    l = { what = "hook" }
+    for k, v in pairs(S.HOOK_BUDGET) do l[k] = v end
+  end
+  return l
 end
 
 -- Does text hold a precompiled chunk (ESC first, or after a '#' first
@@ -448,8 +768,8 @@ end
 -- line it refuses bytecode as "malformed" by itself); this gives the
 -- clearer message.
 function S.is_bytecode(text)
-  if text:byte(1) == 35 then text = text:match("^[^\n]*\n(.*)$") or "" end -- a #! line
-  return text:byte(1) == 27
+  if sbyte(text, 1) == 35 then text = smatch(text, "^[^\n]*\n(.*)$") or "" end -- a #! line
+  return sbyte(text, 1) == 27
 end
 
 -- load() for sandboxed code: source text only, in env (or the given
@@ -469,7 +789,7 @@ end
 
 -- ------------------------------------------------------------------ errors
 
--- Calls across the membrane run under xpcall with E.capture, which keeps
+-- Calls across the membrane run under xpcall with E.capture (capture), which keeps
 -- the traceback of the first raise (on error objects, and on the side for
 -- strings), so that what the C embedding shows still reaches down to the
 -- config's lines.
@@ -478,9 +798,6 @@ local function with_tb(obj, tb)
   return obj
 end
 
--- Host error objects handed to the config (as copies: the config may
--- change a copy's fields) -> the original, given back when the copy leaves.
-local ORIGINAL = setmetatable({}, { __mode = "k" })
 
 -- A host function raised err inside a call from the config: a string as it
 -- is; a muon error object as a copy (code and message; its metatable is
@@ -489,7 +806,7 @@ local ORIGINAL = setmetatable({}, { __mode = "k" })
 -- one).
 local function import_error(err, tb)
   if type(err) == "string" then return err end
-  local obj = E.is(err) and err or E.wrap(err)
+  local obj = ORIGINAL[err] or (E.is(err) and err or E.wrap(err)) -- (a copy of ours: its original)
   if not E.is(obj) then return obj end -- a message
   with_tb(obj, tb)
   local copy = E.new(obj.code, obj.msg)
@@ -507,23 +824,32 @@ local function export_error(err, tb)
   local t = type(err)
   if t == "string" or t == "number" then return err end
   local orig = t == "table" and ORIGINAL[err]
-  if orig then return orig end
+  if orig then return with_tb(orig, tb) end
   return E.new(E.ELUA, E.message(err), tb)
 end
 
-local function imported_results(prev, t0, ok, ...)
+local function imported_results(prev, d, host, t0, ok, ...)
   set_strings(prev)
-  if t0 then S.charge((os.clock() - t0) * S.HOST_RATE) end
+  nest.depth, budget.host = d, host
+  if t0 then
+    charge_host((os.clock() - t0) * S.HOST_RATE)
+    if budget.err then raise_spent() end
+    if os.clock() > budget.deadline then exceed("seconds") end
+    check_memory()
+  end
   if ok then return import_all(...) end
-  local caught = ...
-  error(import_error(caught[1], caught[2]), 0)
+  local err, tb = E.caught((...))
+  error(import_error(err, tb), 0)
 end
 
-local function exported_results(prev, ok, ...)
+local function exported_results(prev, d, host, prev_box, box, ok, ...)
   set_strings(prev)
-  if ok then return export_all(...) end
+  nest.depth, budget.host, cur.box = d, host, prev_box
+  if ok then return export_all(box, ...) end
   local caught = ...
-  error(export_error(caught[1], caught[2]), 0)
+  local err, tb = E.caught(caught)
+  if exhausted(caught) then error(err, 0) end
+  error(export_error(err, tb), 0)
 end
 
 -- The config calls host function f: arguments exported, results and
@@ -531,22 +857,38 @@ end
 -- (The arguments are converted before the switch: a conversion error
 -- must not leave the strings switched.)
 local function call_host_args(f, ...)
+  local d = enter("a call into muon")
+  local host = budget.host
   local prev = set_strings(HOST_STRING)
+  budget.host = true
   local t0 = in_budget() and os.clock()
-  return imported_results(prev, t0, xpcall(f, E.capture, ...))
+  return imported_results(prev, d, host, t0, xpcall(f, capture, ...))
 end
 local function call_host(f, ...)
-  return call_host_args(f, export_all(...))
+  return call_host_args(f, export_all(cur.box, ...))
 end
 
--- The host calls config function f: arguments imported, results and errors
--- exported; the sandbox's string methods while f runs.
-local function call_config_args(f, ...)
+local function spent() raise_spent() end
+
+-- The host calls config function f (of the sandbox `box`): arguments
+-- imported, results and errors exported; the sandbox's string methods
+-- while f runs.
+local function call_config_args(f, box, ...)
+  local d = enter("a call into the config")
+  local host, prev_box = budget.host, cur.box
   local prev = set_strings(SAFE_STRING)
-  return exported_results(prev, xpcall(f, E.capture, ...))
+  budget.host, cur.box = false, box
+  if budget.err and in_budget() then f = spent end -- (the run's limit was exceeded in a host call)
+  return exported_results(prev, d, host, prev_box, box, xpcall(f, capture, ...))
 end
-local function call_config(f, ...)
-  return call_config_args(f, import_all(...))
+local function call_config_now(f, box, ...)
+  return call_config_args(f, box, import_all(...))
+end
+-- (a call from the host outside any bounded run, at step time: one run
+-- under the box's limits)
+local function call_config(f, box, ...)
+  if unbounded() then return call_config_now(f, box, ...) end
+  return S.call_bounded(limits_of(box), call_config_now, f, box, ...)
 end
 
 -- ------------------------------------------------------------ host work
@@ -629,7 +971,7 @@ for _, name in ipairs(SAFE_METHODS) do
       local other = REAL[(...)]
       if other == nil or not T.is_tensor(other) then E.blame(E.EINVAL, "tensor:%s: argument is not a tensor", name) end
     end
-    if MATMULS[name] then S.charge(matmul_cost(real, REAL[(...)])) end
+    if MATMULS[name] then charge_host(matmul_cost(real, REAL[(...)])) end
     return call_host(m, real, ...)
   end
 end
@@ -678,14 +1020,14 @@ local object_mt = {
   __index = function(self, k)
     local real = REAL[self]
     local v = real[k]
-    if type(k) == "string" and (k:sub(1, 1) == "_" or (type(v) == "function" and not OBJECT_METHODS[k])) then
-      S.blocked_error(("object member '%s' %s"):format(k, OBJECT_BLOCKED[k] or "(internal)"))
+    if type(k) == "string" and (ssub(k, 1, 1) == "_" or (type(v) == "function" and not OBJECT_METHODS[k])) then
+      S.blocked_error(sformat("object member '%s' %s", k, OBJECT_BLOCKED[k] or "(internal)"))
     end
     local cost = k == "step" and STEP_COST[real]
     if cost then
       local step = import(v)
       return function(...)
-        S.charge(cost)
+        charge_host(cost)
         return step(...)
       end
     end
@@ -709,13 +1051,13 @@ local function proxy_of(v, mt)
   return p
 end
 
-local function copy_table(t, f, seen)
+local function copy_table(t, f, seen, box)
   local c = seen[t]
   if c then return c end
   c = {}
   seen[t] = c
   for k, v in pairs(t) do
-    c[f(k, seen)] = f(v, seen)
+    c[f(k, seen, box)] = f(v, seen, box)
   end
   return c
 end
@@ -746,22 +1088,25 @@ function import(v, seen)
   E.raise(E.EINVAL, blocked_message("passing a " .. tv .. " into the config"))
 end
 
-function export(v, seen)
+-- (box: the sandbox v comes from; its functions get wrappers that call
+-- them under its limits)
+function export(v, seen, box)
   local tv = type(v)
   if tv == "nil" or tv == "number" or tv == "string" or tv == "boolean" then return v end
   if tv == "table" then
     local real = REAL[v]
     if real ~= nil then return real end
-    return copy_table(v, export, seen or {})
+    return copy_table(v, export, seen or {}, box)
   end
   if tv == "function" then
     local orig = IMPORTED[v]
     if orig then return orig end -- a host function going back
-    local w = EXPORT_OF[v]
+    box = box or DEFAULT_BOX
+    local w = box.exported[v]
     if w == nil then
-      w = function(...) return call_config(v, ...) end
+      w = function(...) return call_config(v, box, ...) end
       EXPORTED[w] = v
-      EXPORT_OF[v] = w
+      box.exported[v] = w
     end
     return w
   end
@@ -769,7 +1114,10 @@ function export(v, seen)
   E.raise(E.EINVAL, "a sandboxed config returned a %s, which cannot leave the sandbox", tv)
 end
 
-S.import, S.export = import, export
+S.import = import
+-- v (a value of the sandbox `box`, S.new_box; default: S.HOOK_BUDGET's
+-- limits) as the host sees it.
+function S.export(v, box) return export(v, nil, box) end
 
 function S.is_proxy(v) return REAL[v] ~= nil end
 
@@ -806,7 +1154,7 @@ BUILDERS["muon.tensor"] = function()
   for name in pairs(MATMULS) do
     local f = Tf[name]
     Tf[name] = function(a, b, ...)
-      S.charge(matmul_cost(REAL[a], REAL[b]))
+      charge_host(matmul_cost(REAL[a], REAL[b]))
       return f(a, b, ...)
     end
   end
@@ -821,7 +1169,7 @@ BUILDERS["muon.ns"] = function()
   local zp = f.zeropower
   f.zeropower = function(x, opts)
     if type(opts) == "table" and opts.workspace ~= nil then S.blocked_error("muon.ns.zeropower's workspace option") end
-    S.charge(ns_cost(REAL[x], type(opts) == "table" and rawget(opts, "steps") or nil))
+    charge_host(ns_cost(REAL[x], type(opts) == "table" and rawget(opts, "steps") or nil))
     return zp(x, opts)
   end
   return facade_of(f, "muon.ns.", { workspace = "(raw workspace handle)",
@@ -900,9 +1248,9 @@ function S.new_require(path)
   end
   req = function(name)
     if type(name) == "string" and BUILDERS[name] then return get(name) end
-    E.blame(E.EINVAL, ("config '%s': require('%s') is blocked in sandboxed configs (allowed: muon, muon.tensor, muon.ns, "
-      .. "muon.param, muon.optim, muon.foreach, muon.schedules); to allow it load the config with %s")
-      :format(path, tostring(name), S.HOW_TO_ALLOW))
+    E.blame(E.EINVAL, sformat("config '%s': require('%s') is blocked in sandboxed configs (allowed: muon, muon.tensor, "
+      .. "muon.ns, muon.param, muon.optim, muon.foreach, muon.schedules); to allow it load the config with %s",
+      path, tostring(name), S.HOW_TO_ALLOW))
   end
   return req
 end

@@ -18,8 +18,9 @@
 --               failing rank's error is raised everywhere, nothing changes)
 --   6. commit   state buffers swap in, p = p * decay + alpha * update; no
 --               error can happen from the first write to the end of this
---   7. post     post_update_fn (after the commit; a failure is raised on
---               every rank, the step still counts)
+--   7. post     post_update_fn (after the commit; a failure on any rank
+--               undoes the commit on every rank, undo_commit, and raises:
+--               nothing changed, as for a failure before the commit)
 --
 -- Kinds (the contract: muon.optim.kind) supply their parts and see the
 -- step through a narrow context (kind_context below), never the Stepper.
@@ -378,6 +379,7 @@ function Stepper:memory()
   end
   for _, s in pairs(self.scratch) do
     if s.u then scratch = scratch + tensor_bytes(s.u) end
+    if s.before then scratch = scratch + tensor_bytes(s.before) end -- (post_update_fn's undo)
     for _, v in pairs(s.spare) do scratch = scratch + tensor_bytes(v) end
   end
   for _, b in pairs(self.full) do scratch = scratch + tensor_bytes(b) end
@@ -770,8 +772,17 @@ local function finish_phase(self, run)
   end
 end
 
--- Phase 6: nothing below raises (everything was checked above).
-local function commit_phase(self, run)
+local function apply_group(gr)
+  for _, a in ipairs(gr.applies) do
+    if a[5] then foreach.apply_cautious(a[1], a[2], nil, a[3], a[4])
+    else foreach.apply(a[1], a[2], nil, a[3], a[4]) end
+  end
+end
+
+-- Phase 6: nothing below raises (everything was checked above). The
+-- parameters of the groups in held are left for apply_held (after the
+-- post_update_fn calls).
+local function commit_phase(self, run, held)
   for gi, G in ipairs(self.groups) do
     local gr = run.g[gi]
     local opts = G.options
@@ -801,14 +812,88 @@ local function commit_phase(self, run)
         end
         if G.kind.counts_steps then st.step = e.count end
       end
-      for _, a in ipairs(gr.applies) do
-        if a[5] then foreach.apply_cautious(a[1], a[2], nil, a[3], a[4])
-        else foreach.apply(a[1], a[2], nil, a[3], a[4]) end
-      end
+      if not held[gi] then apply_group(gr) end
     end
   end
   for _, ks in ipairs(self.kind_stats) do ks.steps = ks.steps + 1 end
   self.counters.steps = self.counters.steps + 1
+end
+
+local function runs_post(G, gr)
+  return not gr.skip and G.kind.post_update ~= nil and G.options.post_update_fn ~= nil
+end
+
+-- What the commit and post_update_fn change, kept when a group runs
+-- post_update_fn (nil otherwise): the values of such groups' parameters on
+-- this rank (copies into buffers kept across steps), every group's
+-- options, the step counts and the state tables as they were. The other
+-- groups' parameters are not written before the post_update_fn calls have
+-- passed on every rank (j.held: commit_phase leaves them to apply_held).
+local function journal(self, run)
+  local held, any = {}, false
+  for gi, G in ipairs(self.groups) do
+    if runs_post(G, run.g[gi]) then any = true else held[gi] = true end
+  end
+  if not any then return nil, {} end
+  local j = { options = {}, pstep = {}, state = {}, values = {}, kinds = {}, held = held,
+    steps = self.counters.steps, skipped = self.counters.skipped_nonfinite }
+  for p, n in pairs(self.pstep) do j.pstep[p] = n end
+  for name, ks in pairs(self.counters.kinds) do j.kinds[name] = { ks.steps, ks.skipped_nonfinite } end
+  for gi, G in ipairs(self.groups) do
+    local o = {}
+    for k, v in pairs(G.options) do o[k] = v end
+    j.options[gi] = o
+    local gr = run.g[gi]
+    if not gr.skip then
+      for _, e in ipairs(gr.entries) do
+        local st = self.state[e.p]
+        local was = false
+        if st then
+          was = {}
+          for k, v in pairs(st) do was[k] = v end
+        end
+        j.state[e] = was
+      end
+      if not held[gi] then
+        for _, p in ipairs(self:params(gi)) do
+          local sc = self.scratch[p] or { spare = {} }
+          self.scratch[p] = sc
+          if sc.before == nil then sc.before = T.zeros(p.value:size(), p.value:dtype()) end
+          sc.before:copy(p.value)
+          j.values[p] = sc.before
+        end
+      end
+    end
+  end
+  return j, held
+end
+
+-- Undo commit_phase (and what post_update_fn wrote to the parameters).
+local function undo_commit(self, run, j)
+  for p, before in pairs(j.values) do p.value:copy(before) end
+  for gi, G in ipairs(self.groups) do
+    local opts, o = G.options, j.options[gi]
+    for k in pairs(opts) do if o[k] == nil then opts[k] = nil end end
+    for k, v in pairs(o) do opts[k] = v end
+    local gr = run.g[gi]
+    if not gr.skip then
+      for _, e in ipairs(gr.entries) do
+        local was = j.state[e]
+        if was == false then
+          self.state[e.p] = nil -- (its first step: the fresh buffers go)
+        else
+          local st, spare = self.state[e.p], self.scratch[e.p].spare
+          for k, t in pairs(e.new) do spare[k] = t end -- (back where the step found them)
+          for k in pairs(st) do st[k] = nil end
+          for k, v in pairs(was) do st[k] = v end
+        end
+      end
+    end
+  end
+  for k in pairs(self.pstep) do self.pstep[k] = nil end
+  for p, n in pairs(j.pstep) do self.pstep[p] = n end
+  for name, ks in pairs(self.counters.kinds) do ks.steps, ks.skipped_nonfinite = j.kinds[name][1], j.kinds[name][2] end
+  self.counters.steps, self.counters.skipped_nonfinite = j.steps, j.skipped
 end
 
 -- One step (collective on a mesh). values[gi]: this step's scheduled
@@ -844,7 +929,8 @@ function Stepper:step(values, pre_err)
   end
   attempt(run, finish_phase, self, run)
   self:agree_failure(run.failure, run)
-  commit_phase(self, run)
+  local undo, held = journal(self, run)
+  commit_phase(self, run, held)
   local post_failure
   local sess
   if W > 1 and post_reductions(self, run) then
@@ -871,7 +957,12 @@ function Stepper:step(values, pre_err)
     local ok, e = pcall(sess.finish, sess, post_failure ~= nil)
     if not ok and post_failure == nil then post_failure = e end
   end
-  self:agree_failure(post_failure)
+  local ok, e = pcall(self.agree_failure, self, post_failure)
+  if not ok then
+    if undo then undo_commit(self, run, undo) end
+    error(e, 0)
+  end
+  for gi in pairs(held) do apply_group(run.g[gi]) end
   return true
 end
 

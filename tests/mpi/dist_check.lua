@@ -264,7 +264,8 @@ H.main(function()
       [INJECT.wd_nan] = { E.EINVAL, "group 1 ('hidden'), step 3: ", "weight_decay must be a finite number, got nan" },
       [INJECT.betas] = { E.EINVAL, "group 3 ('adamw'), step 4: ", "betas[2] must be in [0, 1), got 1.5" },
       [INJECT.eps] = { E.EINVAL, "group 3 ('adamw'), step 5: ", "eps must be >= 0, got -1" },
-      [INJECT.post] = { E.ELUA, "post_update_fn: boom in post_update_fn on w_col", committed = true },
+      -- (after the routing and the commit: undone everywhere)
+      [INJECT.post] = { E.ELUA, "post_update_fn: boom in post_update_fn on w_col", routed = true },
       [INJECT.nan_grad] = { E.ENONFINITE, "parameter 'w_uneven': gradient holds NaN or Inf" },
     }
     if W > 1 then
@@ -302,12 +303,9 @@ H.main(function()
         if not want.ref_skips and (rok or E.code(rerr) ~= want[1]) then
           all_ok, first = false, first or ("step " .. step .. " one process: " .. tostring(rerr))
         end
-        if not want.committed then
-          local same, which = unchanged(locals, snap)
-          if not same then all_ok, first = false, first or ("step " .. step .. " changed " .. which) end
-        else
-          moved = moved + bytes_of_step(step)
-        end
+        local same, which = unchanged(locals, snap)
+        if not same then all_ok, first = false, first or ("step " .. step .. " changed " .. which) end
+        if want.routed then moved = moved + bytes_of_step(step) end
       else
         if not ok or not rok then all_ok, first = false, first or ("step " .. step .. ": " .. tostring(err or rerr)) end
         moved = moved + bytes_of_step(step)

@@ -348,6 +348,7 @@ K.CONFIG_KEYS = {
   { "name", "a label for the config (a string; `muon check` prints it)" },
   { "nil_grad_warning", "steps (default 1; 0: never): a parameter without a grad for its first that many steps "
     .. "gets one warning naming it" },
+  { "hook_budget", "{ instructions, seconds, memory }: the limits of one hook call (config.hook_limits)" },
 }
 K.GROUP_KEYS = {
   { "name", "the group's name (messages, get('lr:<name>'), schedules' group.name)" },

@@ -239,7 +239,12 @@ function kind.direction(_, group, hp, entries)
   if group.momentum_update_fn then
     -- The hook may update buffers in place: give it the new ones (copies).
     for i = 1, #entries do new_bufs[i]:copy(bufs[i]) end
-    local result = E.call_hook("momentum_update_fn", group.momentum_update_fn, grads, new_bufs, m1, m2, hp.nesterov)
+    local names = {}
+    for i = 1, math.min(#entries, 3) do names[i] = "'" .. entries[i].p.name .. "'" end
+    local subject = (#entries == 1 and "parameter " or "parameters ") .. table.concat(names, ", ")
+      .. (#entries > 3 and (" and %d more"):format(#entries - 3) or "")
+    local result = E.call_hook_on(subject, "momentum_update_fn", group.momentum_update_fn, grads, new_bufs, m1, m2,
+      hp.nesterov)
     if type(result) ~= "table" or #result ~= #entries then
       E.raise(E.EINVAL, "momentum_update_fn must return one update tensor per input gradient, got %s updates for %d gradients",
         type(result) == "table" and tostring(#result) or type(result), #entries)
@@ -261,7 +266,8 @@ end
 local function zeropower(ctx, group, merged, dtype, a, b)
   if group.zeropower_fn then
     local x = merged:size(1) == 1 and merged:select(1, 1) or merged
-    local y = E.call_hook("zeropower_fn", group.zeropower_fn, x, group.ns_steps)
+    local y = E.call_hook_on(("%d matrices of %dx%d"):format(merged:size(1), a, b), "zeropower_fn", group.zeropower_fn,
+      x, group.ns_steps)
     if not T.is_tensor(y) or not P.same_shape(y, x) then
       E.raise(E.EINVAL, "zeropower_fn must return a tensor of shape %s", P.shape_string(x))
     end
@@ -333,15 +339,18 @@ end
 -- updates back (seed: _prepare_ns_transform / _reshape_ns_input).
 local function prepare(group, name, working)
   if group.ns_transform_fn and name then
-    local tr = E.call_hook("ns_transform_fn", group.ns_transform_fn, name, working)
+    local subject = "parameter '" .. name .. "'"
+    local tr = E.call_hook_on(subject, "ns_transform_fn", group.ns_transform_fn, name, working)
     if tr ~= nil then
       validate_transform(name, tr, working)
-      return tr.tensors, function(updates, output) E.call_hook("NSInputTransform.restore", tr.restore, updates, output) end
+      return tr.tensors, function(updates, output)
+        E.call_hook_on(subject, "NSInputTransform.restore", tr.restore, updates, output)
+      end
     end
   end
   local views = { working }
   if group.reshape_fn and name then
-    local r = E.call_hook("reshape_fn", group.reshape_fn, name, working)
+    local r = E.call_hook_on("parameter '" .. name .. "'", "reshape_fn", group.reshape_fn, name, working)
     if r ~= nil and #r > 0 then
       for i, v in ipairs(r) do
         if not T.is_tensor(v) or not v:shares_storage(working) then
@@ -367,13 +376,15 @@ end
 -- A hook that changes its first argument in place returns nothing (or
 -- that argument): anything else would be ignored, so it raises, naming
 -- the hook.
-local function call_in_place(hook, fn, what, x, ...)
-  local r = E.call_hook(hook, fn, x, ...)
+-- (subject: what the hook runs on, for the budget's messages: E.call_hook_on)
+local function call_in_place_on(subject, hook, fn, what, x, ...)
+  local r = E.call_hook_on(subject, hook, fn, x, ...)
   if r ~= nil and r ~= x then
     E.raise(E.EINVAL, "%s returned %s, which would be ignored: it changes %s in place and returns nothing",
       hook, T.is_tensor(r) and "a tensor" or ("a " .. type(r)), what)
   end
 end
+local function call_in_place(hook, fn, what, x, ...) return call_in_place_on(nil, hook, fn, what, x, ...) end
 M.call_in_place = call_in_place
 
 -- pre_ortho_fn(G, state, ctx) / post_ortho_fn(O, state, ctx) on one item:
@@ -391,7 +402,7 @@ local function ortho_hook(hook, group, hp, it, x, a, b)
     state[name] = it.state[name]:view({ k, rule_dim(r[2], a, b), rule_dim(r[3], a, b) })
   end
   local red = Rd.whole(hook)
-  call_in_place(hook, group[hook], hook == "pre_ortho_fn" and "G" or "O", x, state, {
+  call_in_place_on("parameter '" .. it.name .. "'", hook, group[hook], hook == "pre_ortho_fn" and "G" or "O", x, state, {
     param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
     lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
     allreduce = red.allreduce, global_norm = red.global_norm,
@@ -577,7 +588,7 @@ function kind.post_update(group, hp, params, boxes, signals, reducers)
   if not fn then return end
   for i, p in ipairs(params) do
     local red = reducers and reducers[i] or Rd.whole("post_update_fn", p.value:size())
-    call_in_place("post_update_fn", fn, "the parameter", p, p.value, {
+    call_in_place_on("parameter '" .. p.name .. "'", "post_update_fn", fn, "the parameter", p, p.value, {
       param_fqn = p.name,
       logical_shape = p.logical_shape or p.value:size(),
       lr = hp.lr,
