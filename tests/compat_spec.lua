@@ -217,7 +217,7 @@ describe("unknown module names raise", function()
   it("muon.<typo>, muon.optim.<typo>, muon.ns.<typo> list the valid names", function()
     local cases = {
       { function() return muon.optm end, "muon has no field 'optm'", "optim" },
-      { function() return muon.optim.Adam end, "muon.optim has no field 'Adam'", "AdamW, Muon" },
+      { function() return muon.optim.Adam end, "muon.optim has no field 'Adam'", "AdamW, Lion, Muon" },
       { function() return muon.ns.zeropowr end, "muon.ns has no field 'zeropowr'", "zeropower" },
     }
     for _, c in ipairs(cases) do

@@ -183,7 +183,7 @@ describe("engine", function()
     assert.truthy(err:find("'w2' is already registered", 1, true), err)
     local cases = {
       { { groups = { { optimizer = "muon", lrr = 1 } } }, "group 1: unknown muon option 'lrr' (did you mean 'lr'?)" },
-      { { groups = { { optimizer = "sgd" } } }, "group 1: unknown optimizer 'sgd'; valid optimizers: adamw, muon" },
+      { { groups = { { optimizer = "sgd" } } }, "group 1: unknown optimizer 'sgd'; valid optimizers: adamw, lion, muon" },
       { { groups = {} }, "'groups' must be a non-empty list" },
       { { groups = { { optimizer = "adamw", lr = -3 } } }, "lr must be >= 0" },
       { { groups = { {} }, extra = 1 }, "unknown top-level key 'extra'; valid top-level keys: dist, groups, hook_budget, hooks, " },

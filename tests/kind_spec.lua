@@ -175,6 +175,55 @@ describe("the config's own keys", function()
   end)
 end)
 
+local function stderr_of(fn)
+  local lines, saved = {}, io.stderr
+  io.stderr = { write = function(_, ...) for _, x in ipairs({ ... }) do lines[#lines + 1] = x end end } -- luacheck: ignore 122
+  local ok, err = pcall(fn)
+  io.stderr = saved -- luacheck: ignore 122
+  if not ok then error(err, 0) end
+  return table.concat(lines)
+end
+
+describe("what an engine's checkpoint load restores and what the config keeps (kind.LOAD)", function()
+  local function eng_of(wd, ns_steps)
+    local e = muon.engine.new({
+      groups = { { name = "m", optimizer = "muon", lr = 0.1, weight_decay = wd, ns_steps = ns_steps } },
+      schedule = function(step, g) return g.base_lr * (1 - 0.1 * step) end,
+    })
+    local w = T.randn({ 3, 2 }, 1)
+    e:add_param("w", w, T.randn({ 3, 2 }, 2))
+    return e, w
+  end
+  local path
+  setup(function()
+    path = H.tmpname(".safetensors")
+    local a = eng_of(0.1, 5)
+    for _ = 1, 3 do a:step() end
+    a:save(path)
+  end)
+  teardown(function() os.remove(path) end)
+
+  it("the same config: no note, whatever the schedule did", function()
+    local b = eng_of(0.1, 5)
+    assert.equal("", stderr_of(function() b:load(path) end))
+    assert.equal(3, b:get("step"))
+    assert.is_true(math.abs(b:get("lr") - 0.07) < 1e-15) -- the last step's (step 3) value
+  end)
+
+  it("a changed config: every value the file and the config disagree on is a note; the config wins", function()
+    local c = eng_of(0.2, 4)
+    local text = stderr_of(function() c:load(path) end)
+    assert.truthy(text:find("ns_steps = 5 in the checkpoint, 4 in the config\n", 1, true), text)
+    assert.truthy(text:find("weight_decay = 0.10000000000000001 in the checkpoint, 0.20000000000000001 in the config at step 3 "
+      .. "(the checkpoint's until the next step)", 1, true), text)
+    assert.falsy(text:find("lr =", 1, true), text) -- the schedule's lr at step 3 is the checkpoint's
+    assert.equal(4, c.groups[1].options.ns_steps)
+    assert.equal(0.1, c.groups[1].options.weight_decay)
+    c:step()
+    assert.equal(0.2, c.groups[1].options.weight_decay) -- the next step computes every schedulable value from the config
+  end)
+end)
+
 describe("errors blamed on the caller's line", function()
   it("a constructor's bad option names this file's line, with a code; add_param_group's has no position", function()
     local p = muon.param("w", T.zeros({ 3, 4 }), T.zeros({ 3, 4 }))

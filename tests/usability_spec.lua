@@ -132,7 +132,7 @@ describe("unknown optimizer and bad values name the group and option", function(
   it("unknown optimizer", function()
     local err = raised(engine.new, cfg({ { name = "hidden", optimizer = "muom" } }))
     assert.equal(E.EINVAL, E.code(err))
-    has(err, "group 1 ('hidden'): unknown optimizer 'muom' (did you mean 'muon'?); valid optimizers: adamw, muon")
+    has(err, "group 1 ('hidden'): unknown optimizer 'muom' (did you mean 'muon'?); valid optimizers: adamw, lion, muon")
   end)
 
   it("negative lr", function()

@@ -23,9 +23,7 @@ local engine = {}
 local Engine = {}
 Engine.__index = Engine
 
-local TOP_KEYS = K.set(K.CONFIG_KEYS)
 local ROUTING_KEYS = K.set(K.GROUP_KEYS)
-local DIST_KEYS = K.set(K.DIST_KEYS)
 local OPEN_KEYS = { trusted = true }
 
 -- The kinds that take hooks, and their class names ("Muon"): hook options
@@ -71,20 +69,7 @@ end
 -- The dist section: mesh, balance, max_batch_numel, comm (a muon.comm).
 local function resolve_dist(dcfg, where)
   if type(dcfg) ~= "table" then E.raise(E.EINVAL, "config %s: 'dist' must be a table { mesh = {...} }", where) end
-  E.check_keys(dcfg, DIST_KEYS, "dist key", ("config %s: dist"):format(where))
-  if dcfg.mesh ~= nil then
-    local ok, err = pcall(D.mesh, dcfg.mesh)
-    if not ok then E.raise(E.EINVAL, "config %s: dist: %s", where, E.message(err)) end
-  end
-  if dcfg.balance ~= nil and dcfg.balance ~= "flops" and dcfg.balance ~= "numel" then
-    E.raise(E.EINVAL, "config %s: dist: balance must be 'flops' or 'numel', got %s", where, tostring(dcfg.balance))
-  end
-  if dcfg.max_batch_numel ~= nil and (type(dcfg.max_batch_numel) ~= "number" or dcfg.max_batch_numel < 1) then
-    E.raise(E.EINVAL, "config %s: dist: max_batch_numel must be a number >= 1", where)
-  end
-  if dcfg.comm ~= nil and not commlib.is_comm(dcfg.comm) then
-    E.raise(E.EINVAL, "config %s: dist: comm must be a muon.comm communicator", where)
-  end
+  K.check_keys(dcfg, K.DIST_KEYS, "dist key", ("config %s: dist"):format(where))
   local d = {}
   for k, v in pairs(dcfg) do d[k] = v end
   return d
@@ -93,23 +78,8 @@ end
 -- Check the config table and build the groups (option tables of the kinds,
 -- torch-like: params, step, options) and their routing rules.
 local function resolve_config(cfg, where)
-  E.check_keys(cfg, TOP_KEYS, "top-level key", "config " .. where)
-  if type(cfg.groups) ~= "table" or #cfg.groups == 0 then
-    E.raise(E.EINVAL, "config %s: 'groups' must be a non-empty list of groups", where)
-  end
-  if cfg.name ~= nil and type(cfg.name) ~= "string" then
-    E.raise(E.EINVAL, "config %s: 'name' must be a string (a label), got %s", where, type(cfg.name))
-  end
-  if cfg.schedule ~= nil and type(cfg.schedule) ~= "function" then
-    E.raise(E.EINVAL, "config %s: 'schedule' must be a function(step, group)", where)
-  end
-  local nw = cfg.nil_grad_warning
-  if nw ~= nil and (type(nw) ~= "number" or nw < 0 or nw ~= math.floor(nw)) then
-    E.raise(E.EINVAL, "config %s: 'nil_grad_warning' must be an integer >= 0 (steps; 0: never warn), got %s",
-      where, tostring(nw))
-  end
+  K.check_keys(cfg, K.CONFIG_KEYS, "top-level key", "config " .. where)
   local hooks = cfg.hooks or {}
-  if type(hooks) ~= "table" then E.raise(E.EINVAL, "config %s: 'hooks' must be a table", where) end
   E.check_keys(hooks, K.HOOK_NAMES, "hook", ("config %s: hooks"):format(where))
   for k, v in pairs(hooks) do
     if type(v) ~= "function" then E.raise(E.EINVAL, "config %s: hook '%s' must be a function", where, k) end
@@ -369,12 +339,15 @@ function Engine:state(name)
   return self.stepper and self.stepper:state_of(p)
 end
 
--- This step's values per group, from the config's schedule, times lr_scale.
-function Engine:_scheduled(step)
+-- This step's values per group: every schedulable option (the kind's
+-- schema) from the config, the group's value unless the schedule returns
+-- one for this step; the lr times lr_scale (default: the engine's).
+function Engine:_scheduled(step, lr_scale)
   local values = {}
   local sched = self.config.schedule
   for _, g in ipairs(self.groups) do
-    local v = { lr = g.base.lr }
+    local v = {}
+    for _, k in ipairs(g.kind.SCHEDULE_ORDER) do v[k] = g.base[k] end
     if sched then
       local r = E.call_hook_on(g.label, "schedule", sched, step,
         { index = g.index, name = g.name, optimizer = g.kind.name, base_lr = g.base.lr, base = g.base })
@@ -394,7 +367,7 @@ function Engine:_scheduled(step)
         E.raise(E.EINVAL, "schedule must return a number (lr) or a table, got %s", type(r))
       end
     end
-    if type(v.lr) == "number" then v.lr = v.lr * self.lr_scale end
+    if type(v.lr) == "number" then v.lr = v.lr * (lr_scale or self.lr_scale) end
     values[g.index] = v
   end
   return values
@@ -549,11 +522,31 @@ end
 -- Load a checkpoint saved by save(); checks everything before changing anything.
 -- opts: { checksum = false } accepts a file without checksums (or with stale
 -- ones), e.g. written or edited in Python; everything else is still checked.
+-- What a load restores and what the config keeps (one rule, from the
+-- kinds' schemas, kind.LOAD): the state, the step counts and lr_scale are
+-- the checkpoint's; an option the config keeps ("config") stays the
+-- config's; a schedulable one ("restore") is the checkpoint's (the value
+-- its last step used) until the next step computes it from the config.
+-- Every saved value that differs from the config's (for a schedulable one:
+-- what the config gives at the checkpoint's step) is a note on stderr.
 function Engine:load(path, opts)
   if type(path) ~= "string" then E.raise(E.EINVAL, "load: path must be a string, got %s", type(path)) end
   local values
-  local ok, err = pcall(S.load, self:_stepper(), path, parts(self), function(meta)
+  local ps = parts(self)
+  local ok, err = pcall(S.load, self:_stepper(), path, ps, function(meta)
     values = { engine_meta(meta) }
+    -- the config's values at the checkpoint's step, per kind's groups
+    local okv, sched = false, nil
+    if values[1] > 0 then okv, sched = pcall(self._scheduled, self, values[1], values[2]) end
+    for _, part in ipairs(ps) do
+      part.expected = nil
+      if okv then
+        part.expected = { step = values[1] }
+        for _, g in ipairs(self.groups) do
+          if g.kind.name == part.kind then part.expected[#part.expected + 1] = sched[g.index] end
+        end
+      end
+    end
   end, opts)
   if not ok then E.reraise(err, E.EFORMAT) end
   self.step_count, self.lr_scale = values[1], values[2]

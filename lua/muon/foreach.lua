@@ -255,16 +255,16 @@ end
 -- its new moment beta2*m + (1-beta2)*g into new_exp_avgs (may be exp_avgs):
 -- mu_foreach_lion_update; then F.apply(params, updates, nil, 1 - lr*wd, -lr).
 function F.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2)
-  local g, n = tensors("a", grads, "grads", 2)
+  local g, n = tensors("a", grads, "grads")
   local lists = { { "b", exp_avgs, "exp_avgs" }, { "c", new_exp_avgs, "new_exp_avgs" }, { "d", updates, "updates" } }
   local arrs = {}
   for i, l in ipairs(lists) do
-    same_count(l[3], n, l[2], 2)
-    arrs[i] = tensors(l[1], l[2], l[3], 2)
-    match(g, "grads", arrs[i], l[3], n, 2)
+    same_count(l[3], n, l[2])
+    arrs[i] = tensors(l[1], l[2], l[3])
+    match(g, "grads", arrs[i], l[3], n)
   end
-  check(C.mu_foreach_lion_update(n, g, arrs[1], arrs[2], arrs[3], number(beta1, "beta1", 2), number(beta2, "beta2", 2)),
-    "foreach.lion_update", 2)
+  check(C.mu_foreach_lion_update(n, g, arrs[1], arrs[2], arrs[3], number(beta1, "beta1"), number(beta2, "beta2")),
+    "foreach.lion_update")
 end
 
 -- true, nil when every element is finite; else false and the 1-based index

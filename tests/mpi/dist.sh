@@ -5,7 +5,8 @@
 # 2 threads, including the steps after failed ones; failures that reach
 # every rank; configs that differ; batch-sharded experts that move nothing;
 # replicated state; checkpoints resharded across world sizes; the pipelined
-# (overlapped) exchanges and a failure in the middle of them.
+# (overlapped) exchanges and a failure in the middle of them. Every kind
+# (Muon, AdamW, Lion) is in the meshes.
 . "$(dirname "$0")/lib.bash"
 S=tests/mpi/dist_check.lua
 for c in "1 shard:1" "2 shard:2" "2 replicate:2" "3 shard:3" "3 replicate:3" "4 shard:4" "4 replicate:4" \
@@ -37,6 +38,7 @@ for c in "1 shard:1" "2 shard:2" "3 replicate:3" "4 replicate:2,shard:2" "4 shar
   mpi_case "overlap np=$1 mesh $2" "$1" $RUN $S overlap "$2"
 done
 mpi_case "dist np=3 config differs on rank 2" 3 $RUN $S config "shard:3"
+mpi_case "dist np=3 hook_state (a nested table) differs on rank 2" 3 $RUN $S config "shard:3" hook_state
 mpi_case "dist np=4 experts sharded on dim 1" 4 $RUN $S experts "shard:4"
 mpi_case "dist np=2 replicated state" 2 $RUN $S memory "replicate:2,shard:1"
 for c in "1 shard:1" "3 shard:3" "4 replicate:2,shard:2"; do

@@ -13,6 +13,7 @@
 --            data bytes = the plan's formula
 --   save PATH / resume PATH   5 steps then save; load, 5 more, == 10 steps
 --   config   one rank's config differs: every rank fails naming key and ranks
+--            (PATH "hook_state": a nested table option, hook_state, differs)
 --   experts  a (4, 32, 48) expert stack sharded on dim 1: 0 bytes moved
 --   memory   state bytes per rank against one process (replicated state)
 --   variants NorMuon (hook state), cautious decay, spectral scale, conv
@@ -56,6 +57,8 @@ local PARAMS = {
   { "w_f64", { 6, 5 }, { 2, 1 }, 4, dtype = "float64" },
   { "embed", { 9, 4 }, { 2, 1 }, 3 },       -- AdamW, sharded
   { "bias", { 10 }, { 1 }, 3 },             -- AdamW, 1-D
+  { "lion.w", { 8, 6 }, { 1, 2 }, 5 },      -- Lion, sharded
+  { "lion.b", { 10 }, { 1 }, 5 },           -- Lion, 1-D
 }
 if mode == "experts" then PARAMS = { { "experts", { 4, 32, 48 }, { 1 }, 1 } } end
 if mode == "variants" then
@@ -125,12 +128,18 @@ local function make_config(dist, here, variant)
       end },
     { name = "adamw", optimizer = "adamw", lr = 3e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.01 },
     { name = "f64", optimizer = "muon", lr = 0.03, weight_decay = 0.05 },
+    { name = "lion", optimizer = "lion", lr = 1e-3, betas = { 0.9, 0.99 }, weight_decay = 0.1 },
   }
   if variant == "lr" then groups[1].lr = 0.021 end
+  if variant then
+    -- a nested table: hook_state's keys and rules are compared too
+    groups[1].post_ortho_fn = function() end
+    groups[1].hook_state = { a = "rows", b = variant == "hook_state" and "cols" or "rows" }
+  end
   -- MU_TEST_STATE_DTYPE=bfloat16: the float32 groups keep bfloat16 state
   local sd = os.getenv("MU_TEST_STATE_DTYPE")
   if sd and sd ~= "" then
-    for i = 1, 3 do groups[i].state_dtype = sd end
+    for _, i in ipairs({ 1, 2, 3, 5 }) do groups[i].state_dtype = sd end
   end
   if mode == "overlap" then
     groups[1].post_ortho_fn = function(_, _, ctx)
@@ -141,6 +150,9 @@ local function make_config(dist, here, variant)
   local cfg = { groups = groups }
   cfg.schedule = function(step, g)
     local v = { lr = g.base_lr * (1 - 0.03 * step) }
+    if g.optimizer == "lion" then -- every Lion option scheduled
+      v.betas, v.weight_decay = { 0.9 - 0.01 * step, 0.99 - 0.001 * step }, 0.1 + 0.01 * step
+    end
     if mode == "equal" then
       if CUR == INJECT.wd_nan and g.index == 1 and here.wd_nan then v.weight_decay = 0 / 0 end
       if CUR == INJECT.betas and g.index == 3 and here.betas then v.betas = { 0.9, 1.5 } end
@@ -380,13 +392,14 @@ H.main(function()
       compare("resume-bitwise", ref, eng, locals)
     end
   elseif mode == "config" then
-    local _, eng, locals = setup({}, me == W - 1 and "lr" or nil)
+    local key = path or "lr"
+    local _, eng, locals = setup({}, me == W - 1 and key or "same")
     for _, l in pairs(locals) do if l.grad then l.grad:fill(0.5) end end
     local ok, err = pcall(eng.step, eng)
     local msg = tostring(err)
     local ranks = W > 1 and ("ranks that differ from rank 0: " .. (W - 1)) or ""
     H.check("config-mismatch-fails-everywhere", W == 1 and ok or (not ok and E.code(err) == E.EINVAL
-      and msg:find("configs differ across ranks at group 1 ('hidden').lr", 1, true) ~= nil
+      and msg:find("configs differ across ranks at group 1 ('hidden')." .. key, 1, true) ~= nil
       and msg:find(ranks, 1, true) ~= nil), msg)
   elseif mode == "experts" then
     local ref, eng, locals = setup({})

@@ -30,7 +30,7 @@ local K = {}
 K.KINDS = {
   { name = "muon", class = "Muon", module = "muon.optim.muon" },
   { name = "adamw", class = "AdamW", module = "muon.optim.adamw" },
-  -- LION
+  { name = "lion", class = "Lion", module = "muon.optim.lion" },
 }
 -- The kind of a config group without `optimizer`.
 K.DEFAULT = "muon"
@@ -338,16 +338,38 @@ end
 
 ---------------------------------------------- the config's own keys
 
--- A config's top-level keys, and the keys of a group besides its kind's
--- options (they route parameters to it), and of its dist section.
+local function config_fail(fmt, ...) E.raise(E.EINVAL, fmt, ...) end
+
+-- A config's top-level keys, the keys of a group besides its kind's
+-- options (they route parameters to it), and the keys of its dist section:
+-- { name, doc, check = function(v, name) (raises; run when the key is set,
+-- or always when required) }. The engine checks them (K.check_keys) in
+-- this order; groups, hooks and dist have more checks in muon.engine.
 K.CONFIG_KEYS = {
-  { "groups", "a non-empty list of groups, each { name, optimizer, match, ..., options }" },
-  { "schedule", "function(step, group) -> an lr or a table of schedulable values ({}: the config's)" },
-  { "hooks", "hooks for every group whose kind takes hooks" },
-  { "dist", "{ mesh, balance, max_batch_numel, comm }: the distributed layout" },
-  { "name", "a label for the config (a string; `muon check` prints it)" },
+  { "groups", "a non-empty list of groups, each { name, optimizer, match, ..., options }", required = true,
+    check = function(v)
+      if type(v) ~= "table" or #v == 0 then config_fail("'groups' must be a non-empty list of groups") end
+    end },
+  { "schedule", "function(step, group) -> an lr or a table of schedulable values ({}: the config's)",
+    check = function(v)
+      if type(v) ~= "function" then config_fail("'schedule' must be a function(step, group)") end
+    end },
+  { "hooks", "hooks for every group whose kind takes hooks (K.HOOKS)",
+    check = function(v)
+      if type(v) ~= "table" then config_fail("'hooks' must be a table") end
+    end },
+  { "dist", "{ mesh, balance, max_batch_numel, comm }: the distributed layout (K.DIST_KEYS)" },
+  { "name", "a label for the config (a string; `muon check` prints it)",
+    check = function(v)
+      if type(v) ~= "string" then config_fail("'name' must be a string (a label), got %s", type(v)) end
+    end },
   { "nil_grad_warning", "steps (default 1; 0: never): a parameter without a grad for its first that many steps "
-    .. "gets one warning naming it" },
+    .. "gets one warning naming it",
+    check = function(v)
+      if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
+        config_fail("'nil_grad_warning' must be an integer >= 0 (steps; 0: never warn), got %s", tostring(v))
+      end
+    end },
   { "hook_budget", "{ instructions, seconds, memory }: the limits of one hook call (config.hook_limits)" },
 }
 K.GROUP_KEYS = {
@@ -359,10 +381,23 @@ K.GROUP_KEYS = {
   { "max_dim", "a parameter's dims <= max_dim" },
 }
 K.DIST_KEYS = {
-  { "mesh", "{ { axis name, size }, ... }" },
-  { "balance", "'flops' or 'numel': how owners are balanced" },
-  { "max_batch_numel", "elements per Newton-Schulz batch" },
-  { "comm", "a muon.comm communicator (default: the world)" },
+  { "mesh", "{ { axis name, size }, ... }",
+    check = function(v)
+      local ok, err = pcall(require("muon.dist").mesh, v)
+      if not ok then E.raise(E.code(err) or E.EINVAL, "%s", E.message(err)) end
+    end },
+  { "balance", "'flops' or 'numel': how owners are balanced",
+    check = function(v)
+      if v ~= "flops" and v ~= "numel" then config_fail("balance must be 'flops' or 'numel', got %s", tostring(v)) end
+    end },
+  { "max_batch_numel", "elements per Newton-Schulz batch",
+    check = function(v)
+      if type(v) ~= "number" or v < 1 then config_fail("max_batch_numel must be a number >= 1") end
+    end },
+  { "comm", "a muon.comm communicator (default: the world)",
+    check = function(v)
+      if not require("muon.comm").is_comm(v) then config_fail("comm must be a muon.comm communicator") end
+    end },
 }
 
 -- A list of { name, ... } as a set.
@@ -370,6 +405,20 @@ function K.set(list)
   local s = {}
   for _, e in ipairs(list) do s[e[1]] = true end
   return s
+end
+
+-- Check table t against a key list (K.CONFIG_KEYS, K.DIST_KEYS): unknown
+-- keys (E.check_keys: what, where), then each entry's check in order;
+-- errors are EINVAL objects "<where>: <message>".
+function K.check_keys(t, list, what, where)
+  E.check_keys(t, K.set(list), what, where)
+  for _, e in ipairs(list) do
+    local v = t[e[1]]
+    if e.check and (v ~= nil or e.required) then
+      local ok, err = pcall(e.check, v, e[1])
+      if not ok then E.raise(E.code(err) or E.EINVAL, "%s: %s", where, E.message(err)) end
+    end
+  end
 end
 
 ------------------------------------------------- canonical serialization

@@ -303,10 +303,13 @@ end
 
 -- The hyperparameters a state dict holds for group li, applied: returns the
 -- group's new options (validated by its kind, as the constructor does) and
--- notes on saved values this load does not take (hyper = "config": the
--- kind's schema says per option, kind.LOAD: "restore" takes the file's,
--- "config" keeps the config's; hyper = "restore": every saved one is taken).
-local function staged_options(g, saved, li, what, hyper)
+-- notes on saved values that differ from the config's. hyper = "restore":
+-- every saved value is taken (torch's load_state_dict). hyper = "config"
+-- (an engine): the kind's schema says per option (kind.LOAD): "config"
+-- keeps the config's (noted when the file differs), "restore" takes the
+-- file's (noted when it differs from expected[k], the config's value at
+-- the checkpoint's step expected.step).
+local function staged_options(g, saved, li, what, hyper, expected)
   if saved == nil then return nil, {} end
   local kind, current = g.kind, g.options
   local new, notes = {}, {}
@@ -326,6 +329,11 @@ local function staged_options(g, saved, li, what, hyper)
       end
     else
       new[k] = copy_plain(v)
+      local want = hyper == "config" and expected and expected[li] and expected[li][k]
+      if want ~= nil and want ~= false and is_plain(want, 0) and canonical_json(v) ~= canonical_json(want) then
+        notes[#notes + 1] = ("%s = %s in the checkpoint, %s in the config at step %d (the checkpoint's until the next step)")
+          :format(k, canonical_json(v), canonical_json(want), expected.step)
+      end
     end
   end
   local ok, err = pcall(K.validate, kind, new)
@@ -337,7 +345,7 @@ end
 -- changing nothing). Returns what commit() installs. hyper: "restore" (the
 -- group hyperparameters d holds replace the current ones, as torch's
 -- load_state_dict) or "config" (see staged_options).
-local function stage(stepper, kind, d, what, hyper)
+local function stage(stepper, kind, d, what, hyper, expected)
   if type(d) ~= "table" or type(d.groups) ~= "table" or type(d.params) ~= "table" or type(d.state) ~= "table" then
     E.raise(E.EINVAL, "%s must be a table { groups = {...}, params = {...}, state = {...} } as state_dict() returns, got %s",
       what or "state dict", type(d) == "table" and "a table without them" or type(d))
@@ -349,7 +357,7 @@ local function stage(stepper, kind, d, what, hyper)
   local groups, params = of_kind(stepper, kind)
   local staged = { groups = {}, params = {}, notes = {}, converted = {} }
   for li, g in ipairs(d.groups) do
-    local options, notes = staged_options(groups[li], g.options, li, what or "state dict", hyper or "restore")
+    local options, notes = staged_options(groups[li], g.options, li, what or "state dict", hyper or "restore", expected)
     staged.groups[li] = { options = groups[li].options, step = g.step, restore = options }
     for _, n in ipairs(notes) do
       staged.notes[#staged.notes + 1] = ("%s group %d: %s"):format(kind, li, n)
@@ -630,7 +638,8 @@ end
 S.load_options = st.load_options
 
 -- Load a checkpoint saved by S.save for the kinds in parts (each
--- { prefix, kind, hyper = "restore" | "config", see stage }): validates
+-- { prefix, kind, hyper = "restore" | "config", expected = the config's values at the
+-- checkpoint's step per group of the kind, see stage }): validates
 -- everything first (check(meta) may reject the extra metadata, raising),
 -- changes nothing on any error (on every rank of a mesh). opts: see
 -- S.load_options. Returns the file's metadata.
@@ -666,7 +675,8 @@ function S.load(stepper, path, parts, check, opts)
     end
     if check then check(meta) end
     for _, part in ipairs(parts) do
-      staged[#staged + 1] = stage(stepper, part.kind, by_prefix[part.prefix].dict, "checkpoint '" .. path .. "'", part.hyper)
+      staged[#staged + 1] = stage(stepper, part.kind, by_prefix[part.prefix].dict, "checkpoint '" .. path .. "'", part.hyper,
+        part.expected)
     end
   end)
   stepper:agree_failure(not ok and err or nil)
