@@ -22,6 +22,10 @@
           a field of its objects.
       (and a line holding only two closing square brackets)
 
+    A block whose text holds two closing square brackets in a row opens
+    with a level, as Lua's long comments do: "--[=[ reference muon.foo",
+    closed by a line holding "]=]".
+
     An entry line starts in column 1 with the module's name or one of its
     classes, then "." or ":", then the public name; the rest of the line is
     the signature. Public names are the string keys of the table the module
@@ -151,11 +155,11 @@ end
 function R.extract(text, where)
   local lines = split_lines(text)
   for i, l in ipairs(lines) do
-    local mod = l:match("^%-%-%[%[ reference ([%w_%.]+)%s*$")
+    local eq, mod = l:match("^%-%-%[(=*)%[ reference ([%w_%.]+)%s*$")
     if mod then
       local block = { module = mod, lines = {}, line = i }
       for j = i + 1, #lines do
-        if lines[j]:match("^%]%]%s*$") then return block end
+        if lines[j]:match("^%]" .. eq .. "%]%s*$") then return block end
         block.lines[#block.lines + 1] = { text = lines[j], line = j }
       end
       return nil, ("%s:%d: the reference block is not closed (a line holding only ']]')"):format(where, i)
