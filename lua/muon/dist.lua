@@ -14,6 +14,82 @@
 -- are 1-based like the rest of the Lua API. Ranks map to mesh coordinates in
 -- row-major order (the last axis varies fastest), as torch's DeviceMesh
 -- built from arange(world).view(sizes).
+--[[ reference muon.dist
+    Distributed planning (HSDP), pure Lua, computed once at setup: the
+    device mesh, placements, local shards, Newton-Schulz owners, the batch
+    schedule, communication volumes, and the cross-rank agreement. Ranks
+    and mesh coordinates are 0-based (MPI); tensor dims 1-based. Ranks map
+    to mesh coordinates in row-major order (the last axis fastest), as
+    torch's DeviceMesh.
+## Meshes and placements
+muon.dist.mesh(spec, world)
+    A mesh from { {name, size}, ... } (e.g. { {"replicate", 2}, {"shard",
+    2} }); world (optional): the number of ranks, which the sizes must
+    multiply to (EINVAL naming both).
+Mesh:coords(rank)
+    The 0-based coordinates of rank.
+Mesh:rank_of(coords)
+    The rank at coordinates.
+Mesh:describe()
+    "(replicate=2, shard=2)".
+muon.dist.placement(spec, mesh, ndim)
+    A normalized placement: a list with one entry per axis ("R",
+    "replicate", "Replicate()"; "S(d)", "S1", "shard(d)", "Shard(d)" or
+    {"shard", d}) or a map axis name -> entry (missing axes replicate); nil
+    replicates on every axis. ndim bounds the sharded dims.
+muon.dist.placement_string(pl)
+    A normalized placement as text ("(R,S(1))").
+muon.dist.chunk(n, k, i)
+    torch.chunk(n, k)'s piece i (0-based): start (0-based) and length; the
+    pieces have ceil(n/k) elements, the last ones fewer or none.
+muon.dist.local_box(shape, pl, mesh, rank)
+    The box of the global tensor rank holds: { start = {0-based}, len = {}
+    } per dim; axes sharding the same dim nest in mesh order (DTensor).
+muon.dist.local_shape(shape, pl, mesh, rank)
+    local_box(...).len.
+muon.dist.hook_box(hshape, pshape, pl, mesh, rank)
+    The box of a hook state tensor (shape hshape; the parameter's pshape)
+    rank holds: placed like the parameter, except a dim of another size is
+    held whole by the ranks at coordinate 0 of the axes sharding it.
+muon.dist.numel(shape)
+    The product of the sizes.
+muon.dist.box_view(t, box, region)
+    The view of tensor t (holding the global region) at a global box.
+## Plan
+muon.dist.build_owner_by_size(costs, ncoords)
+    The seed's build_owner_by_size: costs taken largest first (ties:
+    order), each to the least-loaded coordinate (ties: the smallest).
+    Returns the owners (0-based) and the loads.
+muon.dist.is_source(pl, mesh, rank, owner)
+    Whether rank sends owner the Newton-Schulz input piece of its box (the
+    holder sharing the owner's coordinates on replicate axes).
+muon.dist.plan(records, mesh, opts)
+    The step plan of registered records: items (owner, sources, dests,
+    attached hook state) and batches per group, split like the seed's
+    _split_into_memory_safe_batches.
+muon.dist.DEFAULT_MAX_BATCH_NUMEL
+    512M elements per Newton-Schulz batch (divided by a parameter's shard
+    count).
+muon.dist.step_elements(plan, rank, stepping)
+    Elements rank sends and receives in one step of plan (records for which
+    stepping(record) is true; all when nil).
+muon.dist.seed_step_elements(plan, rank)
+    What the seed's scheme would receive for the same owners (for
+    comparison).
+## Agreement
+muon.dist.agree(comm, records, extra)
+    Collective: do all ranks hold the same records (names, shapes,
+    placements, groups, dtypes) and settings? nil, or the same message on
+    every rank naming the first difference.
+muon.dist.agree_entries(comm, entries, what, known_count)
+    Collective over a list of { key, value } strings: nil if every rank
+    has the same, else one message naming the first key that differs and
+    the ranks that differ from rank 0.
+muon.dist.hash(s)
+    FNV-1a of a string, 31 bits.
+muon.dist.describe_record(r)
+    A record as text (messages).
+]]
 local bit = require("bit")
 local E = require("muon.errors")
 local ns = require("muon.ns")

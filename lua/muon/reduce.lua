@@ -42,6 +42,28 @@
 --   sess:reset()                                   -- the next step's (buffers kept)
 --   local f2 = sess:reducer("post_update_fn", i, name, shape, counts)
 --   sess:finish(failed)                            -- the last collective; raises on a mismatch
+--[[ reference muon.reduce
+    The hooks' ctx.allreduce(x, "sum" | "max" | "min") and
+    ctx.global_norm(x); their semantics are in the comment above.
+muon.reduce.whole(hook, shape)
+    { allreduce = function(x, op), global_norm = function(x) } for a hook
+    that holds the whole parameter (pre_ortho_fn, post_ortho_fn; and
+    post_update_fn on one process, where x must have shape).
+muon.reduce.session(comm)
+    The reductions of one step's post_update_fn calls over comm (a
+    collective: every rank makes one session per step and finishes it
+    once).
+Session:reset()
+    The same session for the next step (buffers kept).
+Session:reducer(hook, idx, name, shape, counts)
+    { allreduce, global_norm } of hook on parameter number idx (the same
+    numbering on every rank) named name: x has this rank's piece's shape;
+    counts: whether this rank contributes its piece (replicas count once).
+Session:finish(failed)
+    The session's last collective (failed: a hook of this rank raised);
+    raises on every rank, naming the parameter, the hook and what each
+    side did, when the ranks' calls differed.
+]]
 local ffi = require("ffi")
 local core = require("muon.core")
 local T = require("muon.tensor")
