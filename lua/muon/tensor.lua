@@ -28,7 +28,7 @@ muon.tensor.wrap(ptr, shape, dtype, strides)
     A tensor over memory the caller keeps alive (a cdata pointer), without
     copying or owning it. strides (in elements) default to C order.
 muon.tensor.load(path, opts)
-    Read a NumPy .npy file (<f4, <f8, bfloat16 as written by muon; C order;
+    Read a NumPy .npy file (<f4 or <f8, C order;
     v1/v2/v3 headers). opts.dtype = nil: with a dtype, <f2, integer and
     boolean data are converted to it (refused otherwise). A truncated or
     malformed file is EFORMAT, a missing one EIO.
