@@ -503,7 +503,8 @@ MU_API int mu_foreach_apply_cautious(int n, mu_tensor *const *params, mu_tensor 
 /* x *= scales[i] (or scale when scales is NULL). */
 MU_API int mu_foreach_scale(int n, mu_tensor *const *xs, const double *scales, double scale);
 
-/* torch.optim.AdamW (bias-corrected, decoupled decay), step >= 1 (the
+/* torch 2.x's torch.optim.AdamW (bias-corrected, decoupled decay; 1 ulp
+ * from torch 1.13's form), step >= 1 (the
  * step number after incrementing); 0 <= beta < 1. */
 MU_API int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *grads,
                             mu_tensor *const *exp_avgs, mu_tensor *const *exp_avg_sqs,
