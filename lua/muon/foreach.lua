@@ -255,7 +255,7 @@ local function adamw_opts(opts)
   return opts.lr, b1, b2, eps, wd, step
 end
 
--- torch.optim.AdamW step over the arrays; opts = {lr=, beta1=0.9, beta2=0.999
+-- torch 2.x's torch.optim.AdamW step over the arrays; opts = {lr=, beta1=0.9, beta2=0.999
 -- (or betas={b1, b2}), eps=1e-8, weight_decay=1e-2, step=} (step >= 1, the
 -- step number after incrementing, as torch's state["step"]).
 function F.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)

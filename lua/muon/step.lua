@@ -31,6 +31,7 @@
 --   local st = S.new({ groups = { { kind = K, options = g, label = "param group 1" }, ... },
 --                      comm = c, mesh = m, balance = "flops", max_batch_numel = n })
 --   st:add(gi, param, placement)     -- param.logical_shape: the global shape
+--   st:check_buffers(params)         -- raises if their memory overlaps a registered one's
 --   st:add_group(spec) --> gi        -- one more group (before its parameters)
 --   st:step(values, pre_err)         -- values[gi] = { lr = ..., ... } this step's schedule;
 --                                    -- false when no parameter has a grad (nothing changed)
@@ -48,6 +49,7 @@
 --   st:install(p, state, count)      -- a loaded state (the caller checked it)
 --   st:agree_failure(err)            -- raise err everywhere if any rank has one (collective)
 --   st:exchange_control(dt, s, r)    -- an all-to-all-v on the control communicator
+--   st:control()                     -- that communicator (muon.grads' global norm)
 local T = require("muon.tensor")
 local P = require("muon.param")
 local E = require("muon.errors")
@@ -60,6 +62,7 @@ local core = require("muon.core")
 local K = require("muon.optim.kind")
 local U = require("muon.optim.util")
 local Rd = require("muon.reduce")
+local B = require("muon.buffers")
 local ffi = require("ffi")
 
 local M = {}
@@ -104,6 +107,7 @@ function M.new(opts)
     signals = {},   -- name -> list of numbers, for hooks (ctx.signals)
     nil_grad_warning = opts.nil_grad_warning or 1, nograd = {}, warned = {},
     built = false,
+    buffers = B.new(), -- the registered values' and grads' memory
   }, Stepper)
   -- Separate communicators: data carries only NS routing (its counters are
   -- the bytes the plan moves), ctrl the agreements and failure messages.
@@ -145,6 +149,7 @@ function Stepper:mesh() return self.dmesh end
 function Stepper:rank() return self.me end
 function Stepper:size() return self.W end
 function Stepper:step_count(p) return self.pstep[p] or 0 end
+function Stepper:control() return self.ctrl end
 
 -- Install a loaded state (tensors this rank holds; nil for none) and step
 -- count of a parameter (checkpoints: the caller checked both).
@@ -160,9 +165,6 @@ function Stepper:exchange_control(dtype, sends, recvs)
   R.new(self.ctrl):exchange(dtype, sends, recvs) -- (its staging goes with it)
 end
 
--- Register a parameter of group gi: param.value / param.grad are this
--- rank's part, param.logical_shape the global shape; placement: one entry
--- per mesh axis (muon.dist normalized), nil for replicated.
 -- The dtype of parameter p's kind state in group gi (hook state keeps the
 -- parameter's): the group's state_dtype for float32 parameters.
 function Stepper:state_dtype_of(gi, p)
@@ -174,15 +176,30 @@ function Stepper:state_dtype_of(gi, p)
   return want
 end
 
+-- Register a parameter of group gi: param.value / param.grad are this
+-- rank's part, param.logical_shape the global shape; placement: one entry
+-- per mesh axis (muon.dist normalized), nil for replicated. Memory that
+-- overlaps a registered value or grad is refused (muon.buffers).
 function Stepper:add(gi, p, placement)
   self:state_dtype_of(gi, p) -- (fails now, naming the parameter)
   if self.built and self.W > 1 then
     E.raise(E.ESTATE, "add_param '%s': parameters are fixed after the first step of a distributed run", p.name)
   end
+  if not p.stand_in then self.buffers:claim({ p }) end -- (last check: nothing is registered on failure)
   p.logical_shape = p.logical_shape or p.value:size()
   self.order[#self.order + 1] = p
   self.where[p] = { gi = gi, placement = placement or D.placement(nil, self.dmesh, #p.logical_shape) }
   self.built = false
+end
+
+-- Raise (EINVAL, naming both) when the values or grads of params overlap
+-- each other or a registered parameter's; registers nothing.
+function Stepper:check_buffers(params)
+  local list = {}
+  for _, p in ipairs(params) do
+    if not p.stand_in then list[#list + 1] = p end
+  end
+  self.buffers:check(list)
 end
 
 function Stepper:params(gi)
