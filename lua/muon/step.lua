@@ -126,6 +126,7 @@ end
 -- One more group (spec: { kind, options, label }); returns its index.
 -- Its parameters follow with add.
 function Stepper:add_group(spec)
+  self:check_idle("add_param_group")
   local gi = #self.groups + 1
   self.groups[gi] = spec
   local name = spec.kind.name
@@ -135,6 +136,26 @@ function Stepper:add_group(spec)
   end
   self.built = false
   return gi
+end
+
+-- Refuse a call made while another call of this optimizer runs (a hook
+-- calling back into its own engine or optimizer, as the C API refuses it:
+-- MU_ESTATE); nothing is changed. what: the refused call.
+function Stepper:check_idle(what)
+  if self.running then
+    E.raise(E.ESTATE, "%s: refused: the optimizer is already in a call (%s), so this comes from inside one of its "
+      .. "hooks; nothing was changed", what, self.running)
+  end
+end
+
+-- f(...) as the call `what` (check_idle refuses calls until it returns).
+function Stepper:exclusive(what, f, ...)
+  self:check_idle(what)
+  self.running = what
+  local r = { pcall(f, ...) }
+  self.running = nil
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, table.maxn(r))
 end
 
 function Stepper:group_specs() return self.groups end
@@ -175,6 +196,7 @@ function Stepper:state_dtype_of(gi, p)
 end
 
 function Stepper:add(gi, p, placement)
+  self:check_idle("add_param")
   self:state_dtype_of(gi, p) -- (fails now, naming the parameter)
   if self.built and self.W > 1 then
     E.raise(E.ESTATE, "add_param '%s': parameters are fixed after the first step of a distributed run", p.name)
@@ -397,6 +419,7 @@ end
 -- Values the trainer passes to hooks (ctx.signals[name]), kept until set
 -- again; on a mesh they are part of the step's agreed values.
 function Stepper:set_signal(name, values)
+  self:check_idle("set_signal")
   local copy = {}
   for i, v in ipairs(values) do copy[i] = v end
   self.signals[name] = copy
@@ -566,13 +589,24 @@ end
 local function direction_phase(self, run)
   for gi, G in ipairs(self.groups) do
     local gr = run.g[gi]
-    local entries = {}
-    gr.entries = entries
+    local entries, empties = {}, {}
+    gr.entries, gr.empties = entries, empties
     if not gr.skip then
       local keys = G.kind.state_keys
       for _, p in ipairs(gr.params) do
         local r = self.rec[p]
-        if r.mine_n > 0 then
+        if r.mine_n == 0 and self.W == 1 then
+          -- an empty parameter: nothing to compute, but it has state from
+          -- its first step on, as any other (zero elements; hook state has
+          -- its own shape). (On a mesh no rank holds an empty box's state.)
+          local st, new = self.state[p], nil
+          if st == nil then
+            new = {}
+            for _, k in ipairs(keys) do new[k] = T.zeros(r.mine.len, r.state_dtype) end
+            for _, h in ipairs(r.hooks_list) do new[h.key] = T.zeros(h.shape, r.dtype) end
+          end
+          empties[#empties + 1] = { p = p, new = new, count = (self.pstep[p] or 0) + 1, was = st and st.step }
+        elseif r.mine_n > 0 then
           local sc = self:_scratch(p, r)
           if r.holds then
             local st = self.state[p]
@@ -812,6 +846,10 @@ local function commit_phase(self, run, held)
         end
         if G.kind.counts_steps then st.step = e.count end
       end
+      for _, e in ipairs(gr.empties) do
+        if e.new then self.state[e.p] = e.new end
+        if G.kind.counts_steps then self.state[e.p].step = e.count end
+      end
       if not held[gi] then apply_group(gr) end
     end
   end
@@ -888,6 +926,9 @@ local function undo_commit(self, run, j)
           for k, v in pairs(was) do st[k] = v end
         end
       end
+      for _, e in ipairs(gr.empties) do
+        if e.new then self.state[e.p] = nil else self.state[e.p].step = e.was end
+      end
     end
   end
   for k in pairs(self.pstep) do self.pstep[k] = nil end
@@ -900,7 +941,11 @@ end
 -- values for group gi (they become the group's values when it commits);
 -- pre_err: see check_phase. Returns true, or false when no parameter has a
 -- grad (then nothing changed: parameters, state, step counts).
-function Stepper:step(values, pre_err)
+local step_body
+
+function Stepper:step(values, pre_err) return self:exclusive("step", step_body, self, values, pre_err) end
+
+function step_body(self, values, pre_err)
   self:build_once()
   local W = self.W
   local run
