@@ -28,6 +28,7 @@ local T = require("muon.tensor")
 local E = require("muon.errors")
 local D = require("muon.dist")
 local K = require("muon.optim.kind")
+local U = require("muon.optim.util")
 
 local S = {}
 
@@ -640,6 +641,14 @@ function S_save_body(stepper, path, parts, extra_meta)
   if stepper:rank() == 0 then
     local ok, e = pcall(function()
       local entries, meta = S.encode(dicts, extra_meta)
+      -- a file whose load would refuse it is not written
+      local tensors = {}
+      for i, en in ipairs(entries) do tensors[i] = en.tensor end
+      local bad = U.first_nonfinite(tensors)
+      if bad then
+        E.raise(E.ENONFINITE, "save '%s': state tensor '%s' holds NaN or Inf (a load would refuse the file); "
+          .. "nothing was written", path, entries[bad].name)
+      end
       st.save(path, entries, meta)
     end)
     if not ok then err = e end
