@@ -544,6 +544,17 @@ MU_API int mu_foreach_apply(int n, mu_tensor *const *params, mu_tensor *const *u
 MU_API int mu_foreach_apply_cautious(int n, mu_tensor *const *params, mu_tensor *const *updates,
                                      const double *scales, double decay, double alpha);
 
+/* Whether mu_foreach_apply (cautious = 0) or mu_foreach_apply_cautious
+ * (cautious != 0) with these arguments would write only finite values,
+ * writing nothing: the same operations, one read of params and updates.
+ * Returns 1 when every result is finite; 0 when one is NaN or Inf, with
+ * *bad (when not NULL) the index of the first such parameter; a negative
+ * status on a bad argument (as mu_foreach_apply). The engine checks its
+ * commit with it. */
+MU_API int mu_foreach_apply_finite(int n, mu_tensor *const *params, mu_tensor *const *updates,
+                                   const double *scales, double decay, double alpha, int cautious,
+                                   int *bad);
+
 /* x *= scales[i] (or scale when scales is NULL). */
 MU_API int mu_foreach_scale(int n, mu_tensor *const *xs, const double *scales, double scale);
 

@@ -418,6 +418,7 @@ function Engine:param(name) return self.by_name[name] end
 function Engine:state(name)
   local p = self.by_name[name]
   if not p then E.raise(E.EINVAL, "state: no parameter '%s'", tostring(name)) end
+  if self.stepper then self.stepper:check_idle("state") end -- (the live buffers: not while a step runs)
   return self.stepper and self.stepper:state_of(p)
 end
 
@@ -551,6 +552,7 @@ function Engine:set(key, value)
     E.raise(E.EINVAL, "set: %s", msg)
   end
   if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, tostring(value)) end
+  if self.stepper then self.stepper:check_idle("set") end
   self[key] = value
 end
 
