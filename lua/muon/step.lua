@@ -305,25 +305,17 @@ function Stepper:build()
     problem = D.agree_entries(self.ctrl, self:config_entries(), "configs")
     if problem then E.raise(E.EINVAL, problem) end
   end
-  self.plan = D.plan(records, self.dmesh, { balance = self.balance, max_batch_numel = self.max_batch_numel })
+  self.plan = D.plan(records, self.dmesh, { rank = self.me, balance = self.balance,
+    max_batch_numel = self.max_batch_numel })
   self.rec = {}
   for _, r in ipairs(records) do
-    local id = r.id_of[self.me]
-    r.mine = r.boxes[self.me]
-    r.mine_n = D.numel(r.mine.len)
-    r.holds = id ~= nil and r.holder[id] == self.me
     r.hooks_list = r.hooks or {}
-    for _, hr in pairs(r.hook_records) do hr.mine = hr.boxes[self.me] end
     self.rec[r.param] = r
   end
   self.gparams, self.index_of = {}, {}
   for i, p in ipairs(self.order) do self.index_of[p] = i end
   for gi = 1, #self.groups do self.gparams[gi] = {} end
   for _, p in ipairs(self.order) do table.insert(self.gparams[self.where[p].gi], p) end
-  for _, b in ipairs(self.plan.batches) do
-    b.group = b[1].record.group
-    b.dtypes, b.moves_in, b.moves_out = R.describe_batch(b)
-  end
   self.built = true
 end
 
@@ -668,17 +660,10 @@ local function direction_phase(self, run)
 end
 
 -- Whether a batch's items run where they are, in place (no routing): the
--- same on every rank (static properties of the plan).
+-- same on every rank (the plan's flags: nothing moves in or out, so every
+-- item's owner is its only source and holds its whole region).
 local function local_batch(batch)
-  if batch.is_local == nil then
-    local inplace = not batch.moves_in and not batch.moves_out
-    for _, it in ipairs(batch) do
-      inplace = inplace and R.in_place(it)
-      for _, a in ipairs(it.attached or {}) do inplace = inplace and R.in_place(a) end
-    end
-    batch.is_local = inplace
-  end
-  return batch.is_local
+  return not batch.moves_in and not batch.moves_out
 end
 
 -- Newton-Schulz of the local batches (nothing to route) in one scheduler
@@ -732,20 +717,20 @@ local function route_phase(self, run)
     local gr, G = run.g[gi], self.groups[gi]
     -- Items that neither move nor run Newton-Schulz need no routing.
     if not gr.skip and (G.kind.ns or batch.moves_in or batch.moves_out) then
-      local items = {}
-      for _, it in ipairs(batch) do
-        local r = it.record
+      local recs, items = {}, {}
+      for _, r in ipairs(batch.records) do
         if run.stepping[r] then
-          items[#items + 1] = it
+          recs[#recs + 1] = r
+          for _, it in ipairs(r.items) do items[#items + 1] = it end
           if r.mine_n > 0 then self:_scratch(r.param, r) end
         end
       end
-      if #items == #batch then items = batch end -- a stable list (the router caches by it)
-      if #items > 0 then
+      if #recs == #batch.records then recs, items = batch.records, batch.items end -- stable lists (the router caches by them)
+      if #recs > 0 then
         if G.kind.ns and local_batch(batch) then
           locals[#locals + 1] = { batch = batch, gi = gi, items = items }
         else
-          routed[#routed + 1] = { items = items, dtypes = batch.dtypes, moves_in = batch.moves_in,
+          routed[#routed + 1] = { records = recs, items = items, dtypes = batch.dtypes, moves_in = batch.moves_in,
             moves_out = batch.moves_out, group = gi }
         end
       end
