@@ -5,7 +5,6 @@
 -- inputs. Fixture: tests/fixtures/ns_bf16/cases.safetensors, written once by
 -- tests/fixtures/ns_bf16/make.py with Debian's torch 1.13 (no torch here).
 local H = require("helpers")
-local T = H.T
 local ns = require("muon.ns")
 local st = require("muon.safetensors")
 
