@@ -187,6 +187,26 @@ describe("state_dtype (the other kinds, hooks, readers)", function()
     assert.are.equal(2 * 15 + 4 * 25, eng:memory().state_bytes)
   end)
 
+  it("AdamW's one-process class: bfloat16 moments, half the bytes, state_dict loads convert either way", function()
+    local p = muon.param("w", T.randn({ 4, 6 }, 1), T.randn({ 4, 6 }, 2))
+    local a = muon.optim.AdamW({ p }, { state_dtype = "bfloat16" })
+    a:step()
+    assert.are.equal("bfloat16", a.state[p].exp_avg:dtype())
+    assert.are.equal("bfloat16", a.state[p].exp_avg_sq:dtype())
+    assert.are.equal(2 * 2 * 24, a:memory().state_bytes)
+    -- after one step: exp_avg = (1 - beta1) g, rounded once
+    H.assert_equal_bits(a.state[p].exp_avg, p.grad:clone():mul_(1 - 0.9):clone("bfloat16"), "exp_avg")
+    local q = muon.param("w", T.randn({ 4, 6 }, 1), T.randn({ 4, 6 }, 2))
+    local b = muon.optim.AdamW({ q }, {})
+    b:load_state_dict(a:state_dict())
+    assert.are.equal("float32", b.state[q].exp_avg:dtype())
+    H.assert_equal_bits(b.state[q].exp_avg_sq, a.state[p].exp_avg_sq:clone("float32"), "widened")
+    assert.are.equal(4 * 2 * 24, b:memory().state_bytes)
+    local c = muon.optim.AdamW({ q }, { state_dtype = "bfloat16" })
+    c:load_state_dict(b:state_dict())
+    H.assert_equal_bits(c.state[q].exp_avg, a.state[p].exp_avg, "narrowed back")
+  end)
+
   it("writes BF16 checkpoint tensors that an independent reader (python + torch) decodes to the state", function()
     local py = "/usr/bin/python3"
     if os.execute(py .. " -c 'import torch' >/dev/null 2>&1") ~= 0 then
