@@ -330,6 +330,10 @@ MU_API void mu_xsum_zero(mu_xsum *s);
  * with squares != 0 every element's square (float32, bfloat16: exact;
  * float64: rounded to double, +Inf when it overflows). */
 MU_API int mu_xsum_add_tensor(mu_xsum *s, const mu_tensor *x, int squares);
+/* mu_xsum_add_tensor over the n tensors xs[0..n-1] (any dtypes of those,
+ * any shapes), in one call: every tensor is checked before any is added.
+ * MU_EINVAL (a NULL argument, n < 0) or MU_EDTYPE, naming the index. */
+MU_API int mu_xsum_add_tensors(mu_xsum *s, int n, mu_tensor *const *xs, int squares);
 /* s += other (both are normalized; other is not changed). */
 MU_API int mu_xsum_merge(mu_xsum *s, const mu_xsum *other);
 /* Propagate the carries: afterwards limb[0 .. MU_XSUM_LIMBS-2] are in
@@ -544,10 +548,22 @@ MU_API int mu_foreach_apply(int n, mu_tensor *const *params, mu_tensor *const *u
 MU_API int mu_foreach_apply_cautious(int n, mu_tensor *const *params, mu_tensor *const *updates,
                                      const double *scales, double decay, double alpha);
 
+/* Whether mu_foreach_apply (cautious = 0) or mu_foreach_apply_cautious
+ * (cautious != 0) with these arguments would write only finite values,
+ * writing nothing: the same operations, one read of params and updates.
+ * Returns 1 when every result is finite; 0 when one is NaN or Inf, with
+ * *bad (when not NULL) the index of the first such parameter; a negative
+ * status on a bad argument (as mu_foreach_apply). The engine checks its
+ * commit with it. */
+MU_API int mu_foreach_apply_finite(int n, mu_tensor *const *params, mu_tensor *const *updates,
+                                   const double *scales, double decay, double alpha, int cautious,
+                                   int *bad);
+
 /* x *= scales[i] (or scale when scales is NULL). */
 MU_API int mu_foreach_scale(int n, mu_tensor *const *xs, const double *scales, double scale);
 
-/* torch.optim.AdamW (bias-corrected, decoupled decay), step >= 1 (the
+/* torch 2.x's torch.optim.AdamW (bias-corrected, decoupled decay; 1 ulp
+ * from torch 1.13's form), step >= 1 (the
  * step number after incrementing); 0 <= beta < 1. */
 MU_API int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *grads,
                             mu_tensor *const *exp_avgs, mu_tensor *const *exp_avg_sqs,
@@ -769,6 +785,31 @@ MU_API int mu_engine_get(mu_engine *eng, const char *key, double *out);
  * value must be finite (else MU_EINVAL). On a mesh every rank must pass the
  * same values: they are agreed at each step like the schedule's. */
 MU_API int mu_engine_set_signal(mu_engine *eng, const char *name, const double *values, int64_t n);
+/* Set every registered gradient buffer to 0, in place (parameters
+ * registered without a grad are skipped). MU_OK, or MU_EINVAL for a NULL
+ * eng. (The Lua side's eng:zero_grad.) */
+MU_API int mu_engine_zero_grad(mu_engine *eng);
+/* Clip the registered gradients by their global L2 norm, as
+ * torch.nn.utils.clip_grad_norm_: total_norm = sqrt(sum of g^2 over every
+ * element of every grad), computed exactly (each float32 square is exact,
+ * the sum is rounded once) and the same bits on any mesh; then with
+ * clip_coef = max_norm / (total_norm + 1e-6), every grad is multiplied
+ * by clip_coef when clip_coef < 1 (grads are untouched otherwise, and when
+ * total_norm is NaN or Inf). *norm receives total_norm before clipping
+ * (norm may be NULL). On a mesh every rank calls it (a collective): the
+ * norm is over the whole parameters, each piece counted once (by the rank
+ * that keeps its optimizer state: replicas must hold the same grads, i.e.
+ * reduce them first).
+ * MU_EINVAL for max_norm not a finite number >= 0 (nothing changes). */
+MU_API int mu_engine_clip_grad_norm(mu_engine *eng, double max_norm, double *norm);
+/* Set the lr of a group (its index "1", "2", ... or its name in the
+ * config): it replaces the config's lr, the group's base value. A schedule
+ * still runs on top of it: a schedule returning an lr overrides it (it
+ * sees it as base_lr), and lr_scale multiplies the result. Takes effect at
+ * the next step; mu_engine_get "lr:<group>" shows it until then. On a mesh
+ * every rank sets the same value. MU_EINVAL for an unknown group (the
+ * message lists them) or lr not a finite number >= 0 (nothing changes). */
+MU_API int mu_engine_set_lr(mu_engine *eng, const char *group, double lr);
 /* Optimizer state as safetensors (save is atomic; load checks names and
  * shapes against the registered parameters and changes nothing on error). */
 MU_API int mu_engine_save(mu_engine *eng, const char *path);

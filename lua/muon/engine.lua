@@ -6,6 +6,9 @@
 --
 --   local eng = require("muon.engine").new("configs/muon.lua")
 --   eng:add_param("layers.0.w", value, grad)
+--   eng:zero_grad()                    -- every registered grad := 0
+--   local norm = eng:clip_grad_norm(1.0) -- torch.nn.utils.clip_grad_norm_
+--   eng:set_lr("hidden", 0.01)         -- a group's base lr (by name or index)
 --   eng:step()
 --[[ reference muon.engine
     The config-driven engine (what mu_engine_* run): parameters routed by
@@ -96,6 +99,7 @@ local K = require("muon.optim.kind")
 local S = require("muon.optim.state")
 local commlib = require("muon.comm")
 local U = require("muon.optim.util")
+local G = require("muon.grads")
 
 local engine = {}
 local Engine = {}
@@ -414,6 +418,7 @@ function Engine:param(name) return self.by_name[name] end
 function Engine:state(name)
   local p = self.by_name[name]
   if not p then E.raise(E.EINVAL, "state: no parameter '%s'", tostring(name)) end
+  if self.stepper then self.stepper:check_idle("state") end -- (the live buffers: not while a step runs)
   return self.stepper and self.stepper:state_of(p)
 end
 
@@ -494,6 +499,49 @@ function Engine:set_signal(name, values)
   self:_stepper():set_signal(name, values)
 end
 
+-- Set every registered grad to 0, in place (parameters registered without
+-- a grad are skipped): torch's zero_grad(set_to_none=False), since the
+-- buffers are the trainer's.
+function Engine:zero_grad()
+  G.zero(self:_stepper())
+end
+
+-- Clip the registered grads by their global L2 norm, as
+-- torch.nn.utils.clip_grad_norm_(params, max_norm): returns the total norm
+-- before clipping; the grads are multiplied by max_norm / (norm + 1e-6)
+-- when that is < 1. Exact, so the same bits on any mesh; there it is a
+-- collective over the whole parameters (muon.grads).
+function Engine:clip_grad_norm(max_norm)
+  local ok, norm = pcall(G.clip, self:_stepper(), max_norm, "clip_grad_norm")
+  if not ok then E.reraise(norm, E.EINVAL) end
+  return norm
+end
+
+-- The group of a name or index (a number or its string), or an error
+-- listing the groups.
+function Engine:_group(which, who)
+  for _, g in ipairs(self.groups) do
+    if tostring(g.index) == tostring(which) or (g.name ~= nil and g.name == which) then return g end
+  end
+  local names = {}
+  for _, g in ipairs(self.groups) do names[#names + 1] = g.name or tostring(g.index) end
+  E.raise(E.EINVAL, "%s: %s", who, E.unknown("group", tostring(which), names))
+end
+
+-- Set the lr of a group (its index or its name): it replaces the config's
+-- lr (the group's base value) from the next step on. A schedule still runs
+-- on top of it: one that returns an lr overrides it (the schedule sees it
+-- as base_lr), and lr_scale multiplies the result. eng:get("lr:<group>")
+-- shows it until the next step. On a mesh every rank sets the same value.
+function Engine:set_lr(group, lr)
+  local g = self:_group(group, "set_lr")
+  if not O.is_finite(lr) or lr < 0 then
+    E.raise(E.EINVAL, "set_lr: %s: lr must be a finite number >= 0, got %s", g.label, tostring(lr))
+  end
+  g.base.lr = lr
+  g.options.lr = lr
+end
+
 local SETTABLE = { lr_scale = true }
 local GETTABLE = { "lr", "lr:<group>", "step", "stepped", "lr_scale", "state_bytes", "scratch_bytes" }
 
@@ -504,6 +552,7 @@ function Engine:set(key, value)
     E.raise(E.EINVAL, "set: %s", msg)
   end
   if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, tostring(value)) end
+  if self.stepper then self.stepper:check_idle("set") end
   self[key] = value
 end
 
@@ -515,14 +564,7 @@ function Engine:get(key)
   if key == "state_bytes" or key == "scratch_bytes" then return self:memory()[key] end
   if type(key) == "string" then
     local which = key:match("^lr:(.+)$")
-    if which then
-      for _, g in ipairs(self.groups) do
-        if tostring(g.index) == which or g.name == which then return g.options.lr end
-      end
-      local names = {}
-      for _, g in ipairs(self.groups) do names[#names + 1] = g.name or tostring(g.index) end
-      E.raise(E.EINVAL, "get: %s", E.unknown("group", which, names))
-    end
+    if which then return self:_group(which, "get").options.lr end
   end
   E.raise(E.EINVAL, "get: %s", E.unknown("key", tostring(key), GETTABLE))
 end

@@ -30,6 +30,8 @@
 --   --> "train.lua:12: values must be a table"
 --   E.check_keys(opts, { lr = true, momentum = true }, "option", "Muon")
 --   --> "Muon: unknown option 'momentm' (did you mean 'momentum'?); valid options: lr, momentum"
+--   E.unexpected("Muon", { "momentm" }, { lr = true, momentum = true })  -- constructors: the seed's text
+--   --> "Muon got unexpected keyword arguments: momentm (did you mean 'momentum' for 'momentm'?); valid options: lr, momentum"
 --   local ok, err = pcall(f); E.code(err)   --> MU_E* number (nil for a plain string)
 --   E.name(E.ENONFINITE)                    --> "ENONFINITE"
 --
@@ -305,6 +307,26 @@ function E.unknown(what, bad, valid)
   end
   return ("unknown %s%s %s; valid %ss: %s"):format(what, #bad > 1 and "s" or "", table.concat(parts, ", "),
     what, table.concat(names, ", "))
+end
+
+-- The seed's message for unknown constructor options of the class cls
+-- ("Muon got unexpected keyword arguments: a, b": its text, names sorted),
+-- then our suggestions and the valid names:
+--
+--   E.unexpected("Muon", { "momentm", "zz" }, { "lr", "momentum" })
+--   --> "Muon got unexpected keyword arguments: momentm, zz (did you mean
+--        'momentum' for 'momentm'?); valid options: lr, momentum"
+function E.unexpected(cls, bad, valid)
+  local names = sorted_names(valid)
+  local list, near = {}, {}
+  for i, b in ipairs(bad) do list[i] = tostring(b) end
+  table.sort(list)
+  for _, b in ipairs(list) do
+    local n = E.closest(b, names)
+    if n then near[#near + 1] = ("'%s' for '%s'"):format(n, b) end
+  end
+  return ("%s got unexpected keyword arguments: %s%s; valid options: %s"):format(cls, table.concat(list, ", "),
+    #near > 0 and (" (did you mean " .. table.concat(near, ", ") .. "?)") or "", table.concat(names, ", "))
 end
 
 -- Raise EINVAL "<where>: unknown ..." when t has keys outside valid (a set);

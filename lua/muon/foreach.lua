@@ -185,7 +185,7 @@ end
 
 -- p = p*decay + alpha*(update*scale_i); scales nil, a number or an array.
 -- cautious: the decay only where the subtracted update has p's sign.
-local function apply(params, updates, scales, decay, alpha, cautious)
+local function apply(params, updates, scales, decay, alpha, cautious, check_only)
   local p, n = tensors("a", params, "params")
   same_count("updates", n, updates)
   local u = tensors("b", updates, "updates")
@@ -197,7 +197,13 @@ local function apply(params, updates, scales, decay, alpha, cautious)
     sarr = slot_array("s", dbl_arr, n)
     for i = 0, n - 1 do sarr[i] = s1 end
   end
-  if cautious then
+  if check_only then
+    local bad = int_box()
+    local rc = C.mu_foreach_apply_finite(n, p, u, sarr, decay, alpha, cautious and 1 or 0, bad)
+    if rc < 0 then check(rc, "foreach.apply_finite") end
+    if rc == 1 then return true, nil end
+    return false, bad[0] + 1
+  elseif cautious then
     check(C.mu_foreach_apply_cautious(n, p, u, sarr, decay, alpha), "foreach.apply_cautious")
   else
     check(C.mu_foreach_apply(n, p, u, sarr, decay, alpha), "foreach.apply")
@@ -212,6 +218,13 @@ end
 -- (the update moves p towards zero), p + alpha*u*s elsewhere.
 function F.apply_cautious(params, updates, scales, decay, alpha)
   return apply(params, updates, scales, decay, alpha, true)
+end
+
+-- Whether F.apply (or F.apply_cautious when cautious) would write only
+-- finite values, writing nothing: true, nil; or false and the 1-based index
+-- of the first parameter that would hold NaN or Inf.
+function F.apply_finite(params, updates, scales, decay, alpha, cautious)
+  return apply(params, updates, scales, decay, alpha, cautious == true, true)
 end
 
 -- x = x * s (s a number or an array of per-tensor numbers).
@@ -255,7 +268,7 @@ local function adamw_opts(opts)
   return opts.lr, b1, b2, eps, wd, step
 end
 
--- torch.optim.AdamW step over the arrays; opts = {lr=, beta1=0.9, beta2=0.999
+-- torch 2.x's torch.optim.AdamW step over the arrays; opts = {lr=, beta1=0.9, beta2=0.999
 -- (or betas={b1, b2}), eps=1e-8, weight_decay=1e-2, step=} (step >= 1, the
 -- step number after incrementing, as torch's state["step"]).
 function F.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)

@@ -91,7 +91,7 @@ end
 -- A parameter whose tensors only stand for a shape (`muon check`'s
 -- zero-stride views over one element): never stepped, so not checked.
 local function shape_only(name, value)
-  return setmetatable({ name = name, value = value }, Param)
+  return setmetatable({ name = name, value = value, stand_in = true }, Param)
 end
 
 local M = setmetatable({ new = new, shape_only = shape_only, Param = Param, same_shape = same_shape, check = check, shape_string = shape_string }, {
