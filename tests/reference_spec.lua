@@ -78,6 +78,8 @@ describe("the checker reports what is missing (a fake module)", function()
       "    A method.",
       "Thing:gone()",
       "    No such method.",
+      "fake.mod.documented(x, y)",
+      "    Twice.",
       "fake.mod.bare()",
       "not an entry line",
       "]]",
@@ -97,8 +99,10 @@ describe("the checker reports what is missing (a fake module)", function()
   it("an entry naming nothing, an entry without a description, a stray line", function()
     assert.is_true(has(problems, "entry 'fake.mod.ghost' (line 5) names nothing"), table.concat(problems, "\n"))
     assert.is_true(has(problems, "entry 'Thing:gone' (line 9) names nothing"), table.concat(problems, "\n"))
-    assert.is_true(has(problems, "fake/mod.lua:11: entry 'fake.mod.bare()' has no description"), table.concat(problems, "\n"))
-    assert.is_true(has(problems, "fake/mod.lua:12: 'not an entry line' is not an entry"), table.concat(problems, "\n"))
+    assert.is_true(has(problems, "fake/mod.lua:13: entry 'fake.mod.bare()' has no description"), table.concat(problems, "\n"))
+    assert.is_true(has(problems, "fake/mod.lua:14: 'not an entry line' is not an entry"), table.concat(problems, "\n"))
+    assert.is_true(has(problems, "'fake.mod.documented' has two entries (fake/mod.lua:3 and fake/mod.lua:11): keep one"),
+      table.concat(problems, "\n"))
   end)
 
   it("a block that is missing or comes after code", function()

@@ -43,6 +43,7 @@ muon.reference.extract(text, where)
     line =} } }, or nil and a problem ("where: no reference block ...").
 muon.reference.parse(block, spec)
     The entries of a block: a list of { heads = { {key =, prefix =, sep =,
+    where = the file,
     name =, text =, line =} }, desc = { lines }, section = heading } and a
     list of problems (a line naming nothing of the module, an entry without
     a description). key is "muon.foo.bar" or "Class:name".
@@ -211,7 +212,7 @@ function R.parse(block, spec)
       for _, p in ipairs(pre) do
         local sep, name, rest = s:match("^" .. plain(p[1]) .. "([%.:])([%a_][%w_]*)(.*)$")
         if sep and (rest == "" or not rest:match("^[%w_]")) then
-          head = { prefix = p[1], sep = sep, name = name, text = s, line = l.line,
+          head = { prefix = p[1], sep = sep, name = name, text = s, line = l.line, where = where,
             key = p[1] .. (p[2] and ":" or ".") .. name }
           break
         end
@@ -327,10 +328,12 @@ function R.check_module(spec, mod)
   for _, n in ipairs(strict_names(mod)) do strict[n] = true end
   for _, e in ipairs(entries) do
     for _, h in ipairs(e.heads) do
-      if documented[h.key] then
-        problems[#problems + 1] = ("%s: '%s' has two entries (line %d and another)"):format(spec.name, h.key, h.line)
+      local first = documented[h.key]
+      if first then
+        problems[#problems + 1] = ("%s: '%s' has two entries (%s:%d and %s:%d): keep one"):format(spec.name, h.key,
+          first.where, first.line, h.where, h.line)
       end
-      documented[h.key] = true
+      documented[h.key] = h
       if not exists(spec, mod, h.key, class_members, strict) then
         problems[#problems + 1] = ("%s: entry '%s' (line %d) names nothing the module has"):format(spec.name, h.key, h.line)
       end
