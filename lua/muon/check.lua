@@ -3,11 +3,65 @@
 -- Newton-Schulz shape and cost of each Muon parameter, totals per group,
 -- warnings for matrices that rarely belong in Muon, and every problem
 -- found, without training anything (engine.check builds a dry engine).
---
---   check.read_params(path)   --> shapes, problems, notes (text or safetensors: by content)
---   check.ns_shape(shape, nd_mode) --> "192 x 3x3 (...)": how Newton-Schulz sees a parameter
---   check.totals(rows)        --> per group: parameters, elements, state bytes, NS flops per step
---   check.warnings(rows)      --> 1xN, Nx1 and embedding-like matrices routed to Muon
+--[[ reference muon.check
+    `muon check CONFIG --params SHAPES|MODEL.safetensors [--trust]` as
+    functions: route parameter shapes through a config without allocating
+    them; Newton-Schulz shapes and costs, totals per group, warnings.
+muon.check.main(args)
+    The CLI entry: prints the report, notes and warnings, then "no problems
+    found" (exit status 0) or the problems (1); usage errors exit 2.
+    Warnings do not change the exit status.
+muon.check.run(config_path, shapes_path, opts)
+    The report text (with "config: <name>" first when the config has one:
+    the routing table, the Newton-Schulz table, the totals per group), the
+    list of problems (unmatched parameters, 1-D parameters in a Muon group,
+    unreadable lines, a broken config, an unreadable params file), the
+    warnings (check.warnings) and notes (tensors a checkpoint left out).
+    opts as muon.engine.new's.
+muon.check.read_params(path)
+    The parameters of a params file, told apart by content (never by the
+    file's name): a safetensors file (a u64 header length that fits the
+    file, then '{') is read with read_safetensors_shapes, any other file
+    with a control byte (NUL, ...) is refused (nil and a message: binary
+    content is never read as names), else read_shapes. Returns shapes,
+    problems, notes, or nil and a message.
+muon.check.read_safetensors_shapes(path)
+    Names and shapes of the floating-point tensors of a safetensors file
+    from its header (no data read), in file order; integer and bool
+    tensors (buffers: position ids, masks) are left out, each named in a
+    note. Returns shapes, {}, notes, or nil and a message.
+muon.check.read_shapes(path)
+    A shapes file (lines "name dim1 dim2 ...", # comments) as { {name =,
+    shape = {...}}, ... } and the list of problems, or nil and a message
+    (a line with a control byte: not a text file).
+muon.check.ns_shape(shape, nd_mode)
+    How Newton-Schulz sees a parameter (muon.ns.core, the step's rule):
+    "96x32"; "16x8 (conv-like 16x1x8)"; "192 x (3x3): dims 1..2 batched;
+    nd_mode=flatten gives 64x27"; "64x27 (dims 2..4 flattened:
+    nd_mode=flatten)"; "-" for a 1-D shape.
+muon.check.totals(rows)
+    Per group of engine.check's rows (in group order), then "all": {
+    label, optimizer, params, elements, state_bytes (the kind's state in
+    its state_dtype and the hook state in float32, for float32 parameters
+    on one process), flops (Newton-Schulz flops per step: muon.ns.flops
+    times ns_steps; nil when a zeropower_fn hook replaces it) }.
+muon.check.warnings(rows)
+    Messages for matrices routed to a Newton-Schulz kind that usually
+    belong in AdamW: 1xN and Nx1 (as Newton-Schulz sees them),
+    embedding-like (a name with embed, wte, wpe, lm_head or tok_emb, or a
+    side > 10x the other and > 32768), and N-D parameters batched into
+    small matrices (nd_mode = "batch", a side <= 8).
+muon.check.format_report(rows)
+    The Newton-Schulz table and the totals table run prints after the
+    routing table.
+muon.check.write_list(what, list)
+    Writes "N <what>s:" and the items to stdout (nothing for an empty list).
+muon.check.format_options(options, defaults, hooks, order)
+    "lr=0.02 weight_decay=0.1 ...": the kind's usual keys in order, the
+    other options that differ from the defaults (sorted), then hooks=....
+muon.check.format_table(header, rows)
+    A text table with a header row, columns padded to the widest cell.
+]]
 local check = {}
 
 local USAGE = "usage: muon check [--trust] CONFIG.lua --params SHAPES.txt|MODEL.safetensors\n"

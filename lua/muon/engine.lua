@@ -10,6 +10,103 @@
 --   local norm = eng:clip_grad_norm(1.0) -- torch.nn.utils.clip_grad_norm_
 --   eng:set_lr("hidden", 0.01)         -- a group's base lr (by name or index)
 --   eng:step()
+--[[ reference muon.engine
+    The config-driven engine (what mu_engine_* run): parameters routed by
+    name to the config's groups, each step's values from the schedule, one
+    atomic step over every group (and every rank of a mesh), one checkpoint
+    of every group's state. A config returns a table with the keys groups
+    (required: a list of { name, optimizer = "muon" | "adamw" | "lion",
+    match, exclude, min_dim, max_dim, <the optimizer's options> }; the first
+    group that matches takes a parameter), schedule (function(step, group)
+    -> an lr or a table of schedulable values), hooks (for every group
+    whose kind takes hooks), dist ({ mesh, balance, max_batch_numel, comm }),
+    name, nil_grad_warning (steps, default 1) and
+    hook_budget ({ instructions, seconds, memory }). Unknown keys are
+    errors.
+muon.engine.new(config, opts)
+    An engine on a config file path (run sandboxed) or a config table.
+    opts.trusted = false: true runs a config file with full Lua. A missing
+    or unreadable file is EIO, a syntax error EFORMAT, a bad config EINVAL
+    (the message names the key or option).
+muon.engine.check(config, shapes, opts)
+    Dry run (muon check): route { {name =, shape =}, ... } without
+    allocating the parameters; returns the rows of describe() and a list
+    of problems (never raises for a bad config: it is a problem).
+muon.engine.Engine
+    The engines' metatable.
+Engine:add_param(name, value, grad, placement)
+    Register a parameter (tensors; grad may be nil: skipped by steps),
+    routed by name and shape. A name already registered, no matching group,
+    or a 1-D parameter in a Muon group is EINVAL naming it. placement (a
+    config with dist only): one entry per mesh axis ("R", "S(d)") with
+    shape = the global shape; value and grad then hold this rank's shard.
+Engine:step(closure)
+    One atomic step of every group: on failure nothing changed (parameters,
+    state, step count). Calls closure() first when given; returns its value
+    and whether it stepped (false when no parameter has a grad: the step
+    count, hence the schedule, stays).
+Engine:set(key, v)
+    Set "lr_scale" (a finite number >= 0, multiplies every group's lr).
+Engine:get(key)
+    "lr" (group 1's), "lr:<group name or index>", "step", "stepped" (1 if
+    the last step stepped), "lr_scale", "state_bytes", "scratch_bytes". An
+    unknown key or group is EINVAL listing the valid ones.
+Engine:set_signal(name, values)
+    Per-step values (a list of finite numbers) for the hooks, read as
+    ctx.signals[name]; kept until set again. On a mesh every rank sets the
+    same values.
+Engine:zero_grad()
+    Every registered grad := 0, in place (NaN too; parameters registered
+    without a grad are skipped): torch's zero_grad(set_to_none=False), the
+    buffers being the trainer's.
+Engine:clip_grad_norm(max_norm)
+    torch.nn.utils.clip_grad_norm_(params, max_norm) (L2) over every
+    registered grad: returns total_norm = sqrt(sum of g^2), computed
+    exactly (the same bits on any mesh); multiplies every grad by clip_coef
+    = max_norm / (total_norm + 1e-6) when clip_coef < 1 (not for a NaN or
+    Inf norm: then the grads stay as they are). max_norm: a finite number
+    >= 0 (EINVAL). On a mesh a collective over the whole parameters, each
+    piece counted once (replicas must hold the same grads).
+Engine:set_lr(group, lr)
+    The lr of a group (its name, or its index as a number or string): it
+    replaces the config's lr from the next step on. A schedule still runs:
+    it sees the new value as base_lr, and an lr it returns wins; lr_scale
+    multiplies the result. get("lr:<group>") shows it until the next step.
+    EINVAL for an unknown group (listed) or lr not a finite number >= 0.
+    On a mesh every rank sets the same value.
+Engine:param(name)
+    The registered muon.param of that name, or nil.
+Engine:state(name)
+    The parameter's optimizer state on this rank (nil before its first
+    step, or when another replica holds it).
+Engine:memory()
+    { state_bytes = n, scratch_bytes = n } this rank holds.
+Engine:stats()
+    { steps = n, <kind> = { steps, skipped_nonfinite }, comm = ... (with
+    dist) }.
+Engine:comm_stats()
+    Bytes and seconds per communicator of a distributed engine ({}
+    without dist).
+Engine:save(path)
+    One safetensors checkpoint of every group's state, the step count and
+    lr_scale (atomic write, checksummed).
+Engine:load(path, opts)
+    Load a checkpoint of save(): everything is checked before anything
+    changes. State, step counts and lr_scale are the checkpoint's; options
+    the config keeps stay the config's; every saved value that differs is a
+    note on stderr. opts.checksum = true: false loads a file without (or
+    with stale) checksums, written in Python.
+Engine:describe()
+    Rows { name, shape, group, group_name, optimizer, options, defaults,
+    hooks, order } per parameter: what muon check prints.
+Engine:route(name, shape)
+    The group a parameter of that name and shape would go to, or nil.
+Engine:set_comm(c)
+    Use communicator c (a muon.comm) instead of the world; a config with
+    dist only, before the first add_param (ESTATE otherwise).
+Engine:local_shape_of(name, shape, placement)
+    This rank's shard shape of a parameter of global shape and placement.
+]]
 local config = require("muon.config")
 local sandbox = require("muon.sandbox")
 local T = require("muon.tensor")
@@ -340,6 +437,7 @@ function Engine:param(name) return self.by_name[name] end
 function Engine:state(name)
   local p = self.by_name[name]
   if not p then E.raise(E.EINVAL, "state: no parameter '%s'", tostring(name)) end
+  if self.stepper then self.stepper:check_idle("state") end -- (the live buffers: not while a step runs)
   return self.stepper and self.stepper:state_of(p)
 end
 
@@ -473,6 +571,7 @@ function Engine:set(key, value)
     E.raise(E.EINVAL, "set: %s", msg)
   end
   if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, tostring(value)) end
+  if self.stepper then self.stepper:check_idle("set") end
   self[key] = value
 end
 

@@ -44,6 +44,37 @@
 --   sess:finish(failed)                            -- the last collective; raises on a mismatch
 --   local acc = Rd.squares({ g1, g2 })             -- exact sum of squares of tensors (one C call)
 --   Rd.sqrt_value(Rd.merge_all(comm, acc))         -- merged over comm's ranks (collective): a global norm
+--[[ reference muon.reduce
+    The hooks' ctx.allreduce(x, "sum" | "max" | "min") and
+    ctx.global_norm(x); their semantics are in the comment above.
+muon.reduce.whole(hook, shape)
+    { allreduce = function(x, op), global_norm = function(x) } for a hook
+    that holds the whole parameter (pre_ortho_fn, post_ortho_fn; and
+    post_update_fn on one process, where x must have shape).
+muon.reduce.squares(xs)
+    An exact accumulator (mu_xsum) of the squares of every element of the
+    tensors in the list xs (one C call: mu_xsum_add_tensors).
+muon.reduce.merge_all(comm, acc)
+    The accumulators of every rank of comm merged (a collective): the same
+    exact total on every rank, whatever the order; acc itself on one
+    process.
+muon.reduce.sqrt_value(acc)
+    The square root of the accumulator's sum, rounded once: a global norm.
+muon.reduce.session(comm)
+    The reductions of one step's post_update_fn calls over comm (a
+    collective: every rank makes one session per step and finishes it
+    once).
+Session:reset()
+    The same session for the next step (buffers kept).
+Session:reducer(hook, idx, name, shape, counts)
+    { allreduce, global_norm } of hook on parameter number idx (the same
+    numbering on every rank) named name: x has this rank's piece's shape;
+    counts: whether this rank contributes its piece (replicas count once).
+Session:finish(failed)
+    The session's last collective (failed: a hook of this rank raised);
+    raises on every rank, naming the parameter, the hook and what each
+    side did, when the ranks' calls differed.
+]]
 local ffi = require("ffi")
 local core = require("muon.core")
 local T = require("muon.tensor")
