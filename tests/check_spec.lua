@@ -1,9 +1,11 @@
 -- `muon check CONFIG --params X` (lua/muon/check.lua): X is a shapes text
 -- file or a safetensors checkpoint, told apart by content; the report's
 -- Newton-Schulz shapes, totals per group and warnings, against values
--- computed here by hand. The checkpoint fixture was written by torch 1.13
--- (tests/fixtures/safetensors/make_gpt_tiny.py): a tiny GPT-like model in
--- bfloat16 with an int64 buffer.
+-- computed here by hand. The checkpoint fixture is the state_dict of a
+-- tiny GPT-like torch 1.13 model in bfloat16, with an int64 buffer, in the
+-- file layout of safetensors.torch.save_file (written by
+-- tests/fixtures/safetensors/make_gpt_tiny.py: torch without the
+-- safetensors package, which is not installed here).
 local H = require("helpers")
 local check = require("muon.check")
 
