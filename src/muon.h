@@ -795,8 +795,8 @@ MU_API int mu_engine_zero_grad(mu_engine *eng);
  * the sum is rounded once) and the same bits on any mesh; then with
  * clip_coef = max_norm / (total_norm + 1e-6), every grad is multiplied
  * by clip_coef when clip_coef < 1 (grads are untouched otherwise, and when
- * total_norm is NaN or Inf). *norm receives total_norm before clipping
- * (norm may be NULL). On a mesh every rank calls it (a collective): the
+ * total_norm is NaN or Inf). *norm receives total_norm before clipping,
+ * 0 on failure (norm may be NULL). On a mesh every rank calls it (a collective): the
  * norm is over the whole parameters, each piece counted once (by the rank
  * that keeps its optimizer state: replicas must hold the same grads, i.e.
  * reduce them first).
