@@ -659,11 +659,25 @@ local function parts(self)
   return list
 end
 
+-- A bad path fails on every rank of a mesh (the call's gate, muon.step).
+local function path_error(fn, path)
+  if type(path) ~= "string" then return E.new(E.EINVAL, ("%s: path must be a string, got %s"):format(fn, type(path))) end
+  if path == "" then return E.new(E.EINVAL, fn .. ": path is empty") end
+end
+
 function Engine:save(path)
-  if type(path) ~= "string" then E.raise(E.EINVAL, "save: path must be a string, got %s", type(path)) end
   local ok, err = pcall(S.save, self:_stepper(), path, parts(self),
-    { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) })
+    { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) },
+    path_error("save", path))
   if not ok then E.reraise(err, E.EIO) end
+end
+
+-- A C host's argument error in a collective call (mu_engine_save, _load):
+-- on a mesh it fails that call on every rank, not on this one only.
+function Engine:_fail_collective(op, err)
+  if self.dist == nil then error(err, 0) end
+  local st = self:_stepper()
+  if op == "save" then S.save(st, nil, parts(self), nil, err) else S.load(st, nil, parts(self), nil, nil, err) end
 end
 
 -- The engine's values in a checkpoint's metadata, checked like config values.
@@ -690,7 +704,6 @@ end
 -- Every saved value that differs from the config's (for a schedulable one:
 -- what the config gives at the checkpoint's step) is a note on stderr.
 function Engine:load(path, opts)
-  if type(path) ~= "string" then E.raise(E.EINVAL, "load: path must be a string, got %s", type(path)) end
   local values
   local ps = parts(self)
   local ok, err = pcall(S.load, self:_stepper(), path, ps, function(meta)
@@ -707,7 +720,7 @@ function Engine:load(path, opts)
         end
       end
     end
-  end, opts)
+  end, opts, path_error("load", path))
   if not ok then E.reraise(err, E.EFORMAT) end
   self.step_count, self.lr_scale = values[1], values[2]
 end
