@@ -127,18 +127,23 @@ local function torch_times(shapes)
   return out, versions
 end
 
--- Whether this build's Newton-Schulz takes dtype = "bfloat16", and the
--- workspace its calls take (a float32 one when it serves, else none).
+-- Whether this build's Newton-Schulz takes dtype = "bfloat16", and how the
+-- bench calls it: zeropower_into with a float32 or a bfloat16 workspace,
+-- or none ("none"), or else ns.zeropower itself ("call").
 local function bf16_support()
   local x, out = T.randn({ 8, 12 }, 1), T.zeros({ 8, 12 })
-  local ok, ro = pcall(ns.resolve, { steps = STEPS, variant = "asym5", dtype = "bfloat16" })
-  if not ok then return nil, tostring(ro) end
-  for _, dt in ipairs({ "float32", "bfloat16" }) do
-    local okw, ws = pcall(ns.workspace, dt, 8, 12)
-    if okw and pcall(ns.zeropower_into, out, x, ro, ws) then return dt end
+  local o = { steps = STEPS, variant = "asym5", dtype = "bfloat16" }
+  local ok, ro = pcall(ns.resolve, o)
+  if ok then
+    for _, dt in ipairs({ "float32", "bfloat16" }) do
+      local okw, ws = pcall(ns.workspace, dt, 8, 12)
+      if okw and pcall(ns.zeropower_into, out, x, ro, ws) then return dt end
+    end
+    if pcall(ns.zeropower_into, out, x, ro, nil) then return "none" end
   end
-  if pcall(ns.zeropower_into, out, x, ro, nil) then return "none" end
-  return nil, "zeropower_into refuses dtype = 'bfloat16'"
+  local okc, err = pcall(ns.zeropower, x, o)
+  if okc then return "call" end
+  return nil, tostring(err)
 end
 
 local info = muon.blas_info()
@@ -191,14 +196,18 @@ for _, s in ipairs(SHAPES) do
     fns[#fns + 1] = function() ns.zeropower_into(out, x, ro, ws) end
     labels[#labels + 1] = name
   end
-  local bws = bf16_ws and bf16_ws ~= "none" and ns.workspace(bf16_ws, r, c) or nil
+  local bws = (bf16_ws == "float32" or bf16_ws == "bfloat16") and ns.workspace(bf16_ws, r, c) or nil
   if bf16_ws then
     for _, name in ipairs(BF16) do
       local o = {}
       for k, v in pairs(opts[name]) do o[k] = v end
       o.dtype = "bfloat16"
-      local ro = ns.resolve(o)
-      fns[#fns + 1] = function() ns.zeropower_into(out, x, ro, bws) end
+      if bf16_ws == "call" then
+        fns[#fns + 1] = function() ns.zeropower(x, o) end
+      else
+        local ro = ns.resolve(o)
+        fns[#fns + 1] = function() ns.zeropower_into(out, x, ro, bws) end
+      end
       labels[#labels + 1] = "bf16 " .. name
     end
   end
