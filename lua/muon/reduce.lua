@@ -64,17 +64,6 @@ muon.reduce.session(comm)
     The reductions of one step's post_update_fn calls over comm (a
     collective: every rank makes one session per step and finishes it
     once).
-muon.reduce.squares(xs)
-    The exact sum of the squares of every element of a list of tensors
-    (any float dtypes, one C call) as an accumulator (mu_xsum): this
-    rank's part of a global norm.
-muon.reduce.merge_all(comm, acc)
-    The accumulators of every rank of comm merged (a collective; every
-    rank gets the same exact total, whatever the rank order); acc itself on
-    one process.
-muon.reduce.sqrt_value(acc)
-    The square root of an accumulator's sum, rounded once (a norm from
-    squares).
 Session:reset()
     The same session for the next step (buffers kept).
 Session:reducer(hook, idx, name, shape, counts)
