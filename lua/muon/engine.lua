@@ -48,8 +48,8 @@ Engine:step(closure)
     and whether it stepped (false when no parameter has a grad: the step
     count, hence the schedule, stays).
 Engine:zero_grad()
-    Set every registered grad to 0 in place (parameters without a grad are
-    skipped): torch's zero_grad(set_to_none=False), the buffers being the
+    Set every registered grad to 0 in place (NaN too; parameters without a
+    grad are skipped): torch's zero_grad(set_to_none=False), the buffers being the
     trainer's.
 Engine:clip_grad_norm(max_norm)
     torch.nn.utils.clip_grad_norm_ over the registered grads: returns the
