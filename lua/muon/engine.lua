@@ -47,6 +47,25 @@ Engine:step(closure)
     state, step count). Calls closure() first when given; returns its value
     and whether it stepped (false when no parameter has a grad: the step
     count, hence the schedule, stays).
+Engine:zero_grad()
+    Set every registered grad to 0 in place (NaN too; parameters without a
+    grad are skipped): torch's zero_grad(set_to_none=False), the buffers being the
+    trainer's.
+Engine:clip_grad_norm(max_norm)
+    torch.nn.utils.clip_grad_norm_ over the registered grads: returns the
+    total L2 norm before clipping and, when max_norm / (norm + 1e-6) < 1,
+    multiplies every grad by it (not when the norm is NaN or Inf). Exact
+    (one rounding), so the same bits on any mesh, where it is a collective
+    over the whole parameters, each piece counted once (replicas must hold
+    the same grads: reduce them first). max_norm: a finite number >= 0
+    (EINVAL otherwise, nothing changed).
+Engine:set_lr(group, lr)
+    Set a group's lr (group: its index or name; lr a finite number >= 0):
+    it replaces the config's lr from the next step on. A schedule that
+    returns an lr still overrides it (it sees it as base_lr), and lr_scale
+    multiplies the result; get("lr:<group>") shows it until the next step.
+    On a mesh every rank sets the same value. An unknown group is EINVAL
+    listing the groups.
 Engine:set(key, v)
     Set "lr_scale" (a finite number >= 0, multiplies every group's lr).
 Engine:get(key)
@@ -57,25 +76,6 @@ Engine:set_signal(name, values)
     Per-step values (a list of finite numbers) for the hooks, read as
     ctx.signals[name]; kept until set again. On a mesh every rank sets the
     same values.
-Engine:zero_grad()
-    Every registered grad := 0, in place (NaN too; parameters registered
-    without a grad are skipped): torch's zero_grad(set_to_none=False), the
-    buffers being the trainer's.
-Engine:clip_grad_norm(max_norm)
-    torch.nn.utils.clip_grad_norm_(params, max_norm) (L2) over every
-    registered grad: returns total_norm = sqrt(sum of g^2), computed
-    exactly (the same bits on any mesh); multiplies every grad by clip_coef
-    = max_norm / (total_norm + 1e-6) when clip_coef < 1 (not for a NaN or
-    Inf norm: then the grads stay as they are). max_norm: a finite number
-    >= 0 (EINVAL). On a mesh a collective over the whole parameters, each
-    piece counted once (replicas must hold the same grads).
-Engine:set_lr(group, lr)
-    The lr of a group (its name, or its index as a number or string): it
-    replaces the config's lr from the next step on. A schedule still runs:
-    it sees the new value as base_lr, and an lr it returns wins; lr_scale
-    multiplies the result. get("lr:<group>") shows it until the next step.
-    EINVAL for an unknown group (listed) or lr not a finite number >= 0.
-    On a mesh every rank sets the same value.
 Engine:param(name)
     The registered muon.param of that name, or nil.
 Engine:state(name)

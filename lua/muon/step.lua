@@ -1100,9 +1100,9 @@ function step_body(self, values, pre_err)
       if post_failure == nil and runs_post(G, gr) then
         -- what it left in the parameters is committed: finite, under
         -- either policy (it ran after the commit: the step is undone)
-        local values = {}
-        for i, p in ipairs(gr.params) do values[i] = p.value end
-        local bad = U.first_nonfinite(values)
+        local written = {}
+        for i, p in ipairs(gr.params) do written[i] = p.value end
+        local bad = U.first_nonfinite(written)
         if bad then
           post_failure = E.new(E.ENONFINITE, ("parameter '%s': post_update_fn left NaN or Inf in the parameter (%s); "
             .. "the step was undone"):format(gr.params[bad].name, G.label))

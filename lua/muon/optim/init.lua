@@ -67,15 +67,16 @@ Optimizer:add_param_group(group)
     in a group is an error.
 Optimizer:params()
     Every parameter of every group, in order.
-Optimizer:memory()
-    { state_bytes = n, scratch_bytes = n }.
 Optimizer:zero_grad()
-    Every parameter's grad := 0, in place (parameters without one are
-    skipped).
+    Set every parameter's grad to 0 in place (parameters without a grad
+    are skipped): torch's zero_grad(set_to_none=False).
 Optimizer:clip_grad_norm(max_norm)
     torch.nn.utils.clip_grad_norm_ over every parameter's grad: returns the
-    total L2 norm before clipping (exact); grads times max_norm / (norm +
-    1e-6) when that is < 1 (see Engine:clip_grad_norm).
+    total L2 norm before clipping (exact: one rounding) and, when max_norm /
+    (norm + 1e-6) < 1, multiplies the grads by it (not when the norm is
+    NaN or Inf). max_norm: a finite number >= 0 (EINVAL otherwise).
+Optimizer:memory()
+    { state_bytes = n, scratch_bytes = n }.
 Optimizer:state_dict()
     The state as a table of tensors and values (d.groups[i] holds step and
     the options that are data).
