@@ -250,16 +250,25 @@ end
 
 -- Agree on the registrations and config (collective on a mesh) and make
 -- the plan; done by the first step, or earlier by whoever needs the plan.
-function Stepper:build()
+-- The plan's records of the registered parameters (muon.dist's D.plan),
+-- in registration order, placed by placement_of(p) (default: as
+-- registered). `muon check --world` plans a virtual mesh with them.
+function Stepper:plan_records(placement_of)
   local records = {}
   for i, p in ipairs(self.order) do
     local w = self.where[p]
     local g = self.groups[w.gi]
-    records[i] = { name = p.name, shape = p.logical_shape, placement = w.placement, group = w.gi,
-      dtype = p.value:dtype(), ns = g.kind.ns, whole = K.whole(g.kind, g.options), nd_mode = g.options.nd_mode,
-      state_count = #g.kind.state_keys, param = p, state_dtype = self:state_dtype_of(w.gi, p),
+    records[i] = { name = p.name, shape = p.logical_shape, placement = placement_of and placement_of(p) or w.placement,
+      group = w.gi, dtype = p.value:dtype(), ns = g.kind.ns, whole = K.whole(g.kind, g.options),
+      nd_mode = g.options.nd_mode, state_count = #g.kind.state_keys, param = p,
+      state_dtype = self:state_dtype_of(w.gi, p),
       hooks = g.kind.hook_shapes and g.kind.hook_shapes(g.options, p.logical_shape) or nil }
   end
+  return records
+end
+
+function Stepper:build()
+  local records = self:plan_records()
   if self.W > 1 then
     local problem = D.agree(self.ctrl, records, nil)
     if problem then E.raise(E.EINVAL, problem) end
