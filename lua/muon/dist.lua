@@ -340,6 +340,8 @@ local function set_class(r, mesh, c, coords)
   end
 end
 
+D.set_class = set_class
+
 -- Calls fn(coords) for every combination of coordinates on `axes`, the
 -- other entries of coords kept (last axis fastest).
 local function each_coords(mesh, axes, coords, fn)

@@ -6,6 +6,7 @@
 --
 --   local eng = require("muon.engine").new("configs/muon.lua")
 --   eng:add_param("layers.0.w", value, grad)
+--   eng:reduce_grads({ op = "mean" })   -- on a mesh: average grads over replicas first
 --   eng:step()
 local config = require("muon.config")
 local sandbox = require("muon.sandbox")
@@ -394,6 +395,26 @@ function Engine:step(closure)
   if not ok then E.reraise(stepped, E.ELUA) end
   self.last_stepped = stepped
   return loss, stepped
+end
+
+-- Average (opts.op = "mean", the default) or sum ("sum") every registered
+-- gradient over the ranks holding the same box (the replicate axes of its
+-- placement), in place and in a fixed order (every replica gets the same
+-- bits): what an HSDP trainer does after its backward pass and before
+-- step. Collective on a mesh; without a dist section nothing changes.
+-- Returns the number of gradients reduced on this rank.
+function Engine:reduce_grads(opts)
+  opts = opts == nil and {} or opts
+  if type(opts) ~= "table" then E.raise(E.EINVAL, "reduce_grads: opts must be a table ({ op = 'mean' | 'sum' }), got %s", type(opts)) end
+  for k in pairs(opts) do
+    if k ~= "op" then E.raise(E.EINVAL, "reduce_grads: unknown option '%s' (known: op)", tostring(k)) end
+  end
+  local op = opts.op == nil and "mean" or opts.op
+  if op ~= "mean" and op ~= "sum" then
+    E.raise(E.EINVAL, "reduce_grads: op must be 'mean' or 'sum', got %s", tostring(op))
+  end
+  if not self.dist then return 0 end
+  return self:_stepper():reduce_grads(op)
 end
 
 -- Per-step values from the trainer for the config's hooks, which read them

@@ -39,6 +39,7 @@
 --   st:state_of(p)                   -- one parameter's state table, or nil
 --   st:stats()                       -- { steps, skipped_nonfinite, kinds = { name -> {...} } } (live)
 --   st:memory(), st:comm_stats()     -- bytes held; communicator counters
+--   st:reduce_grads(op)              -- "mean"/"sum" of the grads over replicas (collective)
 --   st:mesh(), st:rank(), st:size()  -- the mesh and this process in it
 --   -- checkpoints:
 --   st:build_once()                  -- agree on the registrations, make the plan (collective)
@@ -1004,6 +1005,133 @@ end
 function Stepper:record(p)
   self:build_once()
   return self.rec[p]
+end
+
+-- Average (op "mean") or sum (op "sum") every registered gradient over
+-- the ranks that hold the same box (the replicate axes of its placement),
+-- in place, before a step (collective over the mesh). Every replica gets
+-- the same bits: each box is cut into as many flat pieces as it has
+-- replicas; the replica of class k adds piece k of every replica in rank
+-- order (g_0 + g_1 + ... left to right, then / n for "mean") and sends the
+-- result back to the others (a reduce-scatter and an all-gather, two
+-- all-to-all-v per dtype on the data communicator: comm_stats counts
+-- them). A parameter whose grad is missing on some ranks that hold
+-- elements of it fails on every rank, naming it and those ranks, before
+-- any grad changes. Returns the number of gradients reduced.
+function Stepper:reduce_grads(op)
+  if op ~= "mean" and op ~= "sum" then E.raise(E.EINVAL, "reduce_grads: op must be 'mean' or 'sum', got %s", tostring(op)) end
+  self:build_once()
+  if self.W == 1 then return 0 end
+  local mesh, me = self.dmesh, self.me
+  local mc = mesh:coords(me)
+  -- Which gradients every holder has (one all-reduce): hi = some holder
+  -- has it, lo = every holder has it (ranks with an empty box count as both).
+  local recs = {}
+  for i, p in ipairs(self.order) do recs[i] = self.rec[p] end
+  local n = #recs
+  local vec = {}
+  for i, r in ipairs(recs) do
+    local has = r.param.grad ~= nil and 1 or 0
+    local empty = r.mine_n == 0
+    vec[i], vec[n + i] = empty and 0 or has, empty and -1 or -has
+  end
+  local red = self.ctrl:allreduce(vec, "max")
+  local bad
+  for i = 1, n do
+    if red[i] == 1 and -red[n + i] == 0 then bad = i break end
+  end
+  if bad then
+    local flags = {}
+    for q = 1, self.W do flags[q] = 0 end
+    if recs[bad].mine_n > 0 and recs[bad].param.grad == nil then flags[me + 1] = 1 end
+    flags = self.ctrl:allreduce(flags, "max")
+    local ranks = {}
+    for q = 1, self.W do if flags[q] == 1 then ranks[#ranks + 1] = q - 1 end end
+    E.raise(E.EINVAL, "reduce_grads: parameter '%s' has no grad on rank%s %s and a grad on others holding the same box",
+      recs[bad].name, #ranks == 1 and "" or "s", table.concat(ranks, ", "))
+  end
+  -- The pieces, per dtype, in registration order (the same on every rank).
+  local todo, dtypes, seen = {}, {}, {}
+  for i, r in ipairs(recs) do
+    if red[i] == 1 and r.nrep > 1 and r.mine_n > 0 then
+      local g = r.param.grad
+      local flat = g:is_contiguous() and g:view({ r.mine_n }) or g:contiguous():view({ r.mine_n })
+      local k = D.class_of(r, mesh, mc)
+      local peers, cc = {}, {}
+      for a = 1, #mc do cc[a] = mc[a] end
+      for c = 0, r.nrep - 1 do
+        D.set_class(r, mesh, c, cc)
+        peers[c] = mesh:rank_of(cc)
+      end
+      local rs, rl = D.chunk(r.mine_n, r.nrep, k)
+      self.rg_bufs = self.rg_bufs or setmetatable({}, { __mode = "k" })
+      local buf = self.rg_bufs[r]
+      if buf == nil or buf:size(1) ~= r.nrep or buf:size(2) ~= math.max(rl, 1) or buf:dtype() ~= g:dtype() then
+        buf = T.zeros({ r.nrep, math.max(rl, 1) }, g:dtype())
+        self.rg_bufs[r] = buf
+      end
+      todo[#todo + 1] = { r = r, g = g, flat = flat, k = k, peers = peers, rs = rs, rl = rl, buf = buf }
+      local dt = g:dtype()
+      if not seen[dt] then
+        seen[dt] = true
+        dtypes[#dtypes + 1] = dt
+      end
+    end
+  end
+  table.sort(dtypes)
+  local W = self.W
+  local function lists()
+    local s, r = {}, {}
+    for q = 1, W do s[q], r[q] = {}, {} end
+    return s, r
+  end
+  for _, dt in ipairs(dtypes) do
+    -- Reduce-scatter: piece c of this box to the replica of class c.
+    local sends, recvs = lists()
+    for _, t in ipairs(todo) do
+      if t.g:dtype() == dt then
+        for c = 0, t.r.nrep - 1 do
+          local s, l = D.chunk(t.r.mine_n, t.r.nrep, c)
+          if c ~= t.k and l > 0 then
+            table.insert(sends[t.peers[c] + 1], { n = l, src = t.flat:narrow(1, s + 1, l) })
+          end
+          if c ~= t.k and t.rl > 0 then
+            table.insert(recvs[t.peers[c] + 1], { n = t.rl, dst = t.buf:select(1, c + 1):narrow(1, 1, t.rl) })
+          end
+        end
+      end
+    end
+    self.router:exchange(dt, sends, recvs)
+    -- Sum in rank order (classes are in rank order), then the all-gather.
+    sends, recvs = lists()
+    for _, t in ipairs(todo) do
+      if t.g:dtype() == dt then
+        if t.rl > 0 then
+          local mine = t.flat:narrow(1, t.rs + 1, t.rl)
+          local function piece(c) return c == t.k and mine or t.buf:select(1, c + 1):narrow(1, 1, t.rl) end
+          local sum = t.buf:select(1, t.k + 1):narrow(1, 1, t.rl) -- (row k receives nothing)
+          sum:copy(piece(0))
+          for c = 1, t.r.nrep - 1 do sum:add_(piece(c)) end
+          if op == "mean" then sum:div_(t.r.nrep) end
+          mine:copy(sum)
+        end
+        for c = 0, t.r.nrep - 1 do
+          local s, l = D.chunk(t.r.mine_n, t.r.nrep, c)
+          if c ~= t.k and t.rl > 0 then
+            table.insert(sends[t.peers[c] + 1], { n = t.rl, src = t.flat:narrow(1, t.rs + 1, t.rl) })
+          end
+          if c ~= t.k and l > 0 then
+            table.insert(recvs[t.peers[c] + 1], { n = l, dst = t.flat:narrow(1, s + 1, l) })
+          end
+        end
+      end
+    end
+    self.router:exchange(dt, sends, recvs)
+    for _, t in ipairs(todo) do
+      if t.g:dtype() == dt and not t.g:is_contiguous() then t.g:copy(t.flat:view(t.g:size())) end
+    end
+  end
+  return #todo
 end
 
 function Stepper:comm_stats()
