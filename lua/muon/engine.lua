@@ -209,7 +209,7 @@ function Engine:_stepper()
   local specs = {}
   for gi, g in ipairs(self.groups) do specs[gi] = { kind = g.kind, options = g.options, label = g.label } end
   self.stepper = require("muon.step").new({ groups = specs, comm = comm, mesh = mesh,
-    balance = d and d.balance, max_batch_numel = d and d.max_batch_numel,
+    balance = d and d.balance, max_batch_numel = d and d.max_batch_numel, check_replicas = d and d.check_replicas,
     nil_grad_warning = self.config.nil_grad_warning })
   return self.stepper
 end

@@ -40,6 +40,7 @@
 --   st:stats()                       -- { steps, skipped_nonfinite, kinds = { name -> {...} } } (live)
 --   st:memory(), st:comm_stats()     -- bytes held; communicator counters
 --   st:reduce_grads(op)              -- "mean"/"sum" of the grads over replicas (collective)
+--   st:check_replicas(what)          -- "grads"/"params": replicas bitwise equal, else raise (collective)
 --   st:mesh(), st:rank(), st:size()  -- the mesh and this process in it
 --   -- checkpoints:
 --   st:build_once()                  -- agree on the registrations, make the plan (collective)
@@ -48,6 +49,7 @@
 --   st:step_count(p)                 -- steps a parameter took
 --   st:install(p, state, count)      -- a loaded state (the caller checked it)
 --   st:agree_failure(err)            -- raise err everywhere if any rank has one (collective)
+--   st:agree_entries(entries, what)  -- nil, or the message naming the first entry that differs (collective)
 --   st:exchange_control(dt, s, r)    -- an all-to-all-v on the control communicator
 local T = require("muon.tensor")
 local P = require("muon.param")
@@ -95,6 +97,7 @@ function M.new(opts)
     groups = opts.groups,
     comm = comm, W = W, me = comm:rank(), dmesh = mesh,
     balance = opts.balance or "flops", max_batch_numel = opts.max_batch_numel,
+    check_replicas_mode = opts.check_replicas or "off",
     order = {}, where = {},
     state = {},     -- param -> { momentum_buffer } / { step, exp_avg, exp_avg_sq } (on its holder)
     scratch = {},   -- param -> { u = update buffer, spare = { key -> tensor } }
@@ -106,8 +109,9 @@ function M.new(opts)
     nil_grad_warning = opts.nil_grad_warning or 1, nograd = {}, warned = {},
     built = false,
   }, Stepper)
-  -- Separate communicators: data carries only NS routing (its counters are
-  -- the bytes the plan moves), ctrl the agreements and failure messages.
+  -- Separate communicators: data carries NS routing (its counters are the
+  -- bytes the plan moves) and reduce_grads, ctrl the agreements, replica
+  -- checks and failure messages.
   if W > 1 then
     self.data = comm:split(0, comm:rank())
     self.ctrl = comm:split(0, comm:rank())
@@ -216,6 +220,15 @@ function Stepper:agree_failure(err, run)
   local r = self.ctrl:allreduce(vec, "max")
   if r[1] ~= 0 then self:_raise_from(W - r[1], err) end
   for gi = 1, ng do run.g[gi].skip = run.g[gi].skip or r[1 + gi] == 1 end
+end
+
+-- Collective on a mesh: nil if every rank has the same entries ({ key,
+-- value } strings, the same count everywhere), else the same message on
+-- every rank naming the first that differs (muon.dist's D.agree_entries on
+-- the control communicator).
+function Stepper:agree_entries(entries, what)
+  if self.W == 1 then return nil end
+  return D.agree_entries(self.ctrl, entries, what, #entries)
 end
 
 -- Raise on every rank the error of rank src (its code and message).
@@ -898,6 +911,7 @@ end
 function Stepper:step(values, pre_err)
   self:build_once()
   local W = self.W
+  if self.check_replicas_mode == "grads" and W > 1 then self:check_replicas("grads") end
   local run
   if W == 1 then
     run = check_phase(self, values, pre_err)
@@ -958,6 +972,7 @@ function Stepper:step(values, pre_err)
     error(e, 0)
   end
   for gi in pairs(held) do apply_group(run.g[gi]) end
+  if self.check_replicas_mode == "params" and W > 1 then self:check_replicas("params") end
   return true
 end
 
@@ -1132,6 +1147,78 @@ function Stepper:reduce_grads(op)
     end
   end
   return #todo
+end
+
+-- XXH64 of a tensor's bytes, folded to 48 bits (exact in a double).
+local u64 = require("ffi").typeof("uint64_t[1]")
+local tarr = require("ffi").typeof("mu_tensor *[1]")
+local function hash48(t)
+  local out, arr = u64(), tarr()
+  arr[0] = t
+  core.check(core.C.mu_st_checksum(1, arr, out), "check_replicas: hash")
+  return tonumber(out[0] % 281474976710656ULL)
+end
+
+-- Whether every replica of every box holds the same bits of its gradients
+-- (what = "grads") or parameter values ("params"); collective. Per set of
+-- replicate axes, one all-reduce over the ranks that hold the same boxes
+-- (a communicator split once) of two 48-bit hashes per parameter, then one
+-- of a flag over every rank; on a difference every rank raises EINVAL
+-- naming the first parameter that differs and the ranks of the replica
+-- groups where it does.
+function Stepper:check_replicas(what)
+  self:build_once()
+  if self.W == 1 then return end
+  local mesh, me = self.dmesh, self.me
+  local mc = mesh:coords(me)
+  self.rep_comms = self.rep_comms or {}
+  local by, order = {}, {}
+  for i, p in ipairs(self.order) do
+    local r = self.rec[p]
+    if r.nrep > 1 then
+      local key = table.concat(r.raxes, ",")
+      if not by[key] then
+        by[key] = { raxes = r.raxes, list = {} }
+        order[#order + 1] = key
+      end
+      table.insert(by[key].list, { i = i, r = r })
+    end
+  end
+  local NONE = 2 ^ 40
+  local bad_here = NONE
+  for _, key in ipairs(order) do
+    local g = by[key]
+    local sub = self.rep_comms[key]
+    if not sub then
+      local isr, color = {}, 0
+      for _, a in ipairs(g.raxes) do isr[a] = true end
+      for a = 1, #mc do if not isr[a] then color = color * mesh.sizes[a] + mc[a] end end
+      sub = self.ctrl:split(color, me)
+      self.rep_comms[key] = sub
+    end
+    local vec, n = {}, #g.list
+    for j, e in ipairs(g.list) do
+      local t = what == "grads" and e.r.param.grad or e.r.param.value
+      local h = (e.r.mine_n > 0 and t ~= nil) and hash48(t) or -1
+      vec[j], vec[n + j] = h, -h
+    end
+    local red = sub:allreduce(vec, "max")
+    for j, e in ipairs(g.list) do
+      if red[j] ~= -red[n + j] and e.i < bad_here then bad_here = e.i end
+    end
+  end
+  local bad = self.ctrl:allreduce({ bad_here }, "min")[1]
+  if bad == NONE then return end
+  local flags = {}
+  for q = 1, self.W do flags[q] = 0 end
+  if bad_here == bad then flags[me + 1] = 1 end
+  flags = self.ctrl:allreduce(flags, "max")
+  local ranks = {}
+  for q = 1, self.W do if flags[q] == 1 then ranks[#ranks + 1] = q - 1 end end
+  local p = self.order[bad]
+  E.raise(E.EINVAL, "check_replicas: parameter '%s': its %s differ across replicas of the same box (ranks %s)%s",
+    p.name, what == "grads" and "gradients" or "values", table.concat(ranks, ", "),
+    what == "grads" and "; an HSDP trainer reduces them first: eng:reduce_grads({ op = 'mean' })" or "")
 end
 
 function Stepper:comm_stats()

@@ -144,5 +144,68 @@ H.main(function()
     local okb, errb = pcall(eng.reduce_grads, eng, { op = "max" })
     H.check("reduce-bad-op", not okb and tostring(errb):find("op must be 'mean' or 'sum', got max", 1, true) ~= nil, tostring(errb))
   end
+  if mode == "replicas" then
+    local eng, _, l = setup({ check_replicas = "grads" })
+    set_own(l, 1)
+    local before = {}
+    for i, x in ipairs(l) do before[i] = x.v:clone() end
+    local ok, err = pcall(eng.step, eng)
+    local msg = tostring(err)
+    -- l.w1's boxes are replicated over the replicate axis: every replica
+    -- group differs (each rank has its own data)
+    H.check("grads-unreduced-fails-everywhere", not ok and E.code(err) == E.EINVAL
+      and msg:find("check_replicas: parameter 'l.w1': its gradients differ across replicas of the same box (ranks 0, 1", 1, true) ~= nil
+      and msg:find("reduce_grads", 1, true) ~= nil, msg)
+    local same = true
+    for i, x in ipairs(l) do if not bits_equal(x.v, before[i]) then same = false end end
+    H.check("grads-unreduced-changes-nothing", same and eng:get("step") == 0)
+    eng:reduce_grads({ op = "mean" })
+    local ok2, err2 = pcall(eng.step, eng)
+    H.check("grads-reduced-steps", ok2 and eng:get("step") == 1, tostring(err2))
+    -- "params": a healthy run passes; a replica whose value drifted fails
+    -- on every rank, naming it.
+    local e2, _, l2 = setup({ check_replicas = "params" })
+    local okp = true
+    for t = 1, 2 do
+      set_own(l2, t)
+      e2:reduce_grads()
+      local o, e = pcall(e2.step, e2)
+      okp = okp and o
+      if not o then H.check("params-healthy", false, tostring(e)) end
+    end
+    H.check("params-healthy", okp)
+    if me == W - 1 then l2[2].v:fill(0.5) end -- drift on one replica of l.w2's box
+    set_own(l2, 3)
+    e2:reduce_grads()
+    local o3, e3 = pcall(e2.step, e2)
+    local m3 = tostring(e3)
+    H.check("params-drift-fails-everywhere", not o3 and m3:find("parameter 'l.w2': its values differ across replicas", 1, true) ~= nil
+      and m3:find("ranks ", 1, true) ~= nil and m3:find(tostring(W - 1), 1, true) ~= nil, m3)
+    local off, eoff = pcall(engine.new, config(true, { check_replicas = "yes" }))
+    H.check("check-replicas-bad-value", not off and tostring(eoff):find("check_replicas must be 'off', 'grads' or 'params', got yes", 1, true) ~= nil,
+      tostring(eoff))
+  end
+  if mode == "load" then
+    local eng, _, l = setup()
+    for t = 1, 2 do
+      set_own(l, t)
+      eng:reduce_grads()
+      eng:step()
+    end
+    eng:save(dir .. "/a.safetensors")
+    set_own(l, 3)
+    eng:reduce_grads()
+    eng:step()
+    eng:save(dir .. "/b.safetensors")
+    local e2 = setup()
+    local ok, err = pcall(e2.load, e2, dir .. (me == 0 and "/a.safetensors" or "/b.safetensors"))
+    local msg = tostring(err)
+    H.check("load-different-files-fails-everywhere", not ok and E.code(err) == E.EINVAL
+      and msg:find("checkpoints loaded from", 1, true) ~= nil and msg:find("differ across ranks at step: rank 0 has 2", 1, true) ~= nil
+      and msg:find("every rank must load the same file", 1, true) ~= nil, msg)
+    H.check("load-different-files-changes-nothing", e2:get("step") == 0)
+    local ok2, err2 = pcall(e2.load, e2, dir .. "/b.safetensors")
+    H.check("load-same-file", ok2 and e2:get("step") == 3, tostring(err2))
+  end
   w:barrier()
 end)
