@@ -1190,10 +1190,70 @@ static int eng_set_signal(mu__eng *eng, const char *name, const double *values, 
     return mu__call_run(eng, "set_signal", "mu_engine_set_signal", MU_EINVAL, mu__push_key, &a, NULL);
 }
 
+static int eng_zero_grad(mu__eng *eng, int unused)
+{
+    (void)unused;
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_zero_grad: eng is NULL");
+    return mu__call_run(eng, "zero_grad", "mu_engine_zero_grad", MU_EINVAL, NULL, NULL, NULL);
+}
+
+static int mu__push_number(lua_State *L, const void *p)
+{
+    lua_pushnumber(L, *(const double *)p);
+    return 1;
+}
+
+static int eng_clip_grad_norm(mu__eng *eng, double max_norm, double *norm)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_clip_grad_norm: eng is NULL");
+    double v = 0;
+    int rc = mu__call_run(eng, "clip_grad_norm", "mu_engine_clip_grad_norm", MU_EINVAL, mu__push_number,
+                          &max_norm, &v);
+    if (norm) *norm = rc == MU_OK ? v : 0;
+    return rc;
+}
+
+static int eng_set_lr(mu__eng *eng, const char *group, double lr)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_set_lr: eng is NULL");
+    if (!group || !*group) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_lr: group is NULL or empty");
+    mu__key_args a = {.key = group, .value = lr, .nvalues = 1};
+    return mu__call_run(eng, "set_lr", "mu_engine_set_lr", MU_EINVAL, mu__push_key, &a, NULL);
+}
+
+/* An argument error of a collective call (op "save" or "load"), already
+ * recorded by mu__fail: raised through the Lua side (host.fail_collective)
+ * so that on a distributed engine every rank fails the call with it instead
+ * of the others waiting in it. */
+typedef struct mu__fail_args {
+    const char *op;
+    int code;
+    const char *msg;
+} mu__fail_args;
+
+static int mu__push_fail(lua_State *L, const void *p)
+{
+    const mu__fail_args *a = p;
+    lua_pushstring(L, a->op);
+    lua_pushinteger(L, a->code);
+    lua_pushstring(L, a->msg);
+    return 3;
+}
+
+static int mu__fail_collective(mu__eng *eng, const char *op, const char *what, int code)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", mu_last_error());
+    mu__fail_args a = {op, code, msg};
+    return mu__call_run(eng, "fail_collective", what, code, mu__push_fail, &a, NULL);
+}
+
 static int eng_save(mu__eng *eng, const char *path)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_save: eng is NULL");
-    if (!path || !*path) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_save: path is NULL or empty");
+    if (!path || !*path)
+        return mu__fail_collective(eng, "save", "mu_engine_save",
+                                   mu__fail(MU_EINVAL, "mu_engine_save: path is NULL or empty"));
     mu__key_args a = {.key = path};
     return mu__call_run(eng, "save", "mu_engine_save", MU_EIO, mu__push_key, &a, NULL);
 }
@@ -1201,9 +1261,12 @@ static int eng_save(mu__eng *eng, const char *path)
 static int eng_load(mu__eng *eng, const char *path, int flags)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_load: eng is NULL");
-    if (!path || !*path) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_load: path is NULL or empty");
+    if (!path || !*path)
+        return mu__fail_collective(eng, "load", "mu_engine_load",
+                                   mu__fail(MU_EINVAL, "mu_engine_load: path is NULL or empty"));
     if (flags & ~MU_LOAD_NO_CHECKSUM)
-        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_load_ex: unknown flags 0x%x", (unsigned)flags);
+        return mu__fail_collective(eng, "load", "mu_engine_load_ex",
+                                   mu__fail(MU_EINVAL, "mu_engine_load_ex: unknown flags 0x%x", (unsigned)flags));
     mu__key_args a = {.key = path, .nvalues = 2, .flag = (flags & MU_LOAD_NO_CHECKSUM) != 0};
     return mu__call_run(eng, "load", "mu_engine_load", MU_EFORMAT, mu__push_key, &a, NULL);
 }
@@ -1254,6 +1317,12 @@ int mu_engine_set_signal(mu_engine *h, const char *name, const double *values, i
     MU__ENGINE_CALL(set_signal, name, values, n);
 }
 
+int mu_engine_zero_grad(mu_engine *h) { MU__ENGINE_CALL(zero_grad, 0); }
+int mu_engine_clip_grad_norm(mu_engine *h, double max_norm, double *norm)
+{
+    MU__ENGINE_CALL(clip_grad_norm, max_norm, norm);
+}
+int mu_engine_set_lr(mu_engine *h, const char *group, double lr) { MU__ENGINE_CALL(set_lr, group, lr); }
 int mu_engine_save(mu_engine *h, const char *path) { MU__ENGINE_CALL(save, path); }
 int mu_engine_load(mu_engine *h, const char *path) { MU__ENGINE_CALL(load, path, 0); }
 int mu_engine_load_ex(mu_engine *h, const char *path, int flags) { MU__ENGINE_CALL(load, path, flags); }

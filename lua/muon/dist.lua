@@ -14,6 +14,113 @@
 -- are 1-based like the rest of the Lua API. Ranks map to mesh coordinates in
 -- row-major order (the last axis varies fastest), as torch's DeviceMesh
 -- built from arange(world).view(sizes).
+--[[ reference muon.dist
+    Distributed planning (HSDP), pure Lua, computed once at setup: the
+    device mesh, placements, local shards, Newton-Schulz owners, the batch
+    schedule, communication volumes, and the cross-rank agreement. Ranks
+    and mesh coordinates are 0-based (MPI); tensor dims 1-based. Ranks map
+    to mesh coordinates in row-major order (the last axis fastest), as
+    torch's DeviceMesh.
+## Meshes and placements
+muon.dist.mesh(spec, world)
+    A mesh from { {name, size}, ... } (e.g. { {"replicate", 2}, {"shard",
+    2} }); world (optional): the number of ranks, which the sizes must
+    multiply to (EINVAL naming both).
+Mesh:coords(rank)
+    The 0-based coordinates of rank.
+Mesh:rank_of(coords)
+    The rank at coordinates.
+Mesh:describe()
+    "(replicate=2, shard=2)".
+muon.dist.placement(spec, mesh, ndim)
+    A normalized placement: a list with one entry per axis ("R",
+    "replicate", "Replicate()"; "S(d)", "S1", "shard(d)", "Shard(d)" or
+    {"shard", d}) or a map axis name -> entry (missing axes replicate); nil
+    replicates on every axis. ndim bounds the sharded dims.
+muon.dist.placement_string(pl)
+    A normalized placement as text ("(R,S(1))").
+muon.dist.chunk(n, k, i)
+    torch.chunk(n, k)'s piece i (0-based): start (0-based) and length; the
+    pieces have ceil(n/k) elements, the last ones fewer or none.
+muon.dist.local_box(shape, pl, mesh, rank)
+    The box of the global tensor rank holds: { start = {0-based}, len = {}
+    } per dim; axes sharding the same dim nest in mesh order (DTensor).
+muon.dist.local_shape(shape, pl, mesh, rank)
+    local_box(...).len.
+muon.dist.hook_box(hshape, pshape, pl, mesh, rank)
+    The box of a hook state tensor (shape hshape; the parameter's pshape)
+    rank holds: placed like the parameter, except a dim of another size is
+    held whole by the ranks at coordinate 0 of the axes sharding it.
+muon.dist.numel(shape)
+    The product of the sizes.
+muon.dist.box_view(t, box, region)
+    The view of tensor t (holding the global region) at a global box.
+muon.dist.box_within(box, region)
+    Whether box lies inside region (both { start, len }).
+muon.dist.each_coords(mesh, axes, coords, fn)
+    Call fn(coords) for every combination of coordinates on axes (the
+    other entries of coords kept; last axis fastest).
+## Plan
+muon.dist.build_owner_by_size(costs, ncoords)
+    The seed's build_owner_by_size: costs taken largest first (ties:
+    order), each to the least-loaded coordinate (ties: the smallest).
+    Returns the owners (0-based) and the loads.
+muon.dist.is_source(pl, mesh, rank, owner)
+    Whether rank sends owner the Newton-Schulz input piece of its box (the
+    holder sharing the owner's coordinates on replicate axes).
+muon.dist.analyse(r, mesh)
+    What the plan's rules need of a record from its shape and placement
+    alone (the same on every rank): its replicate axes, its shard axes
+    split into core axes (a dim Newton-Schulz needs whole) and batch axes,
+    whether items span several boxes, whether there are several items.
+muon.dist.class_of(r, mesh, coords)
+    The replica class of coordinates for a record: their mixed-radix index
+    over its replicate axes.
+muon.dist.set_class(r, mesh, c, coords)
+    Set coords' entries on the record's replicate axes from class c (the
+    inverse of class_of; the other entries kept).
+muon.dist.plan(records, mesh, opts)
+    The step plan (the same rules on every rank): where each parameter's
+    optimizer state lives and where each matrix is orthogonalized, and the
+    items this rank takes part in. records: registration order, { name,
+    shape (global), placement (normalized), group, dtype, ns, whole,
+    nd_mode, state_count, hooks }; opts.rank, opts.balance = "flops" |
+    "numel", opts.max_batch_numel = 512M. Sets mine, mine_n, holds, c,
+    owner, items, hook_records on each record; returns { mesh, rank,
+    records, batches, ns_load, balance }. O(P log W + W) plus this rank's
+    own items.
+muon.dist.batch(recs, group, shard)
+    A batch of records (the same on every rank): this rank's items, the
+    dtypes (sorted), whether any item moves data in or out.
+muon.dist.boxes_of(rec, mesh)
+    Every distinct non-empty box of a record (or hook record) with its
+    state holder: { {box, holder} } in shard-coordinate order.
+muon.dist.imbalance(plan)
+    The job's Newton-Schulz imbalance: the largest rank's cost over the
+    mean (1 without Newton-Schulz work).
+muon.dist.DEFAULT_MAX_BATCH_NUMEL
+    512M elements per Newton-Schulz batch (divided by a parameter's shard
+    count).
+muon.dist.step_elements(plan, rank, stepping)
+    Elements plan.rank sends and receives in one step of plan (records for
+    which stepping(record) is true; all when nil); rank must be the plan's.
+muon.dist.seed_step_elements(plan, rank)
+    What the seed's scheme would receive for the same owners (for
+    comparison).
+## Agreement
+muon.dist.agree(comm, records, extra)
+    Collective: do all ranks hold the same records (names, shapes,
+    placements, groups, dtypes) and settings? nil, or the same message on
+    every rank naming the first difference.
+muon.dist.agree_entries(comm, entries, what, known_count)
+    Collective over a list of { key, value } strings: nil if every rank
+    has the same, else one message naming the first key that differs and
+    the ranks that differ from rank 0.
+muon.dist.hash(s)
+    FNV-1a of a string, 31 bits.
+muon.dist.describe_record(r)
+    A record as text (messages).
+]]
 local bit = require("bit")
 local E = require("muon.errors")
 local ns = require("muon.ns")
