@@ -53,7 +53,8 @@ muon.reduce.whole(hook, shape)
     post_update_fn on one process, where x must have shape).
 muon.reduce.squares(xs)
     An exact accumulator (mu_xsum) of the squares of every element of the
-    tensors in the list xs (one C call: mu_xsum_add_tensors).
+    tensors in the list xs (one C call: mu_xsum_add_tensors): this rank's
+    part of a global norm.
 muon.reduce.merge_all(comm, acc)
     The accumulators of every rank of comm merged (a collective): the same
     exact total on every rank, whatever the order; acc itself on one
