@@ -53,6 +53,7 @@ extern "C" {
     X(ELUA, -9, "lua error")                         /* raised by the user's Lua (hook) */      \
     X(ECOMM, -10, "communication error")             /* MPI failure */
 
+/* The status codes: MU_OK = 0, MU_EINVAL = -1, ... MU_ECOMM = -10. */
 #define MU__ERROR_ENUM(name, value, desc) MU_##name = value,
 enum { MU_ERRORS(MU__ERROR_ENUM) };
 #undef MU__ERROR_ENUM
@@ -96,9 +97,12 @@ MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
     X(F64, 1, 8, "float64", "F64")                                                              \
     X(BF16, 2, 2, "bfloat16", "BF16")
 
+/* The dtypes: MU_F32 = 0, MU_F64 = 1, MU_BF16 = 2; MU_DTYPE_COUNT after
+ * the last. */
 #define MU__DTYPE_ENUM(name, value, bytes, lname, fname) MU_##name = value,
 typedef enum { MU_DTYPES(MU__DTYPE_ENUM) MU_DTYPE_COUNT } mu_dtype;
 #undef MU__DTYPE_ENUM
+/* The most dims a tensor has. */
 enum { MU_MAX_DIMS = 8 };
 
 typedef struct mu_storage mu_storage; /* refcounted buffer, opaque */
@@ -616,6 +620,7 @@ MU_API int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor
  * OTHER ranks (self copies count nothing), and seconds spent in calls. */
 typedef struct mu_comm mu_comm;
 typedef struct mu_comm_request mu_comm_request;
+/* All-reduce ops (mu_comm_allreduce_*). */
 enum { MU_COMM_SUM = 0, MU_COMM_MAX = 1, MU_COMM_MIN = 2 };
 
 typedef struct mu_comm_stats {
@@ -790,8 +795,8 @@ MU_API int mu_engine_zero_grad(mu_engine *eng);
  * the sum is rounded once) and the same bits on any mesh; then with
  * clip_coef = max_norm / (total_norm + 1e-6), every grad is multiplied
  * by clip_coef when clip_coef < 1 (grads are untouched otherwise, and when
- * total_norm is NaN or Inf). *norm receives total_norm before clipping
- * (norm may be NULL). On a mesh every rank calls it (a collective): the
+ * total_norm is NaN or Inf). *norm receives total_norm before clipping,
+ * 0 on failure (norm may be NULL). On a mesh every rank calls it (a collective): the
  * norm is over the whole parameters, each piece counted once (by the rank
  * that keeps its optimizer state: replicas must hold the same grads, i.e.
  * reduce them first).

@@ -37,7 +37,9 @@ muon.engine.Engine
 Engine:add_param(name, value, grad, placement)
     Register a parameter (tensors; grad may be nil: skipped by steps),
     routed by name and shape. A name already registered, no matching group,
-    or a 1-D parameter in a Muon group is EINVAL naming it. placement (a
+    a 1-D parameter in a Muon group, or a value or grad whose memory
+    overlaps one already registered (tied weights are one parameter) is
+    EINVAL naming it (and the other). placement (a
     config with dist only): one entry per mesh axis ("R", "S(d)") with
     shape = the global shape; value and grad then hold this rank's shard.
 Engine:step(closure)
@@ -45,6 +47,25 @@ Engine:step(closure)
     state, step count). Calls closure() first when given; returns its value
     and whether it stepped (false when no parameter has a grad: the step
     count, hence the schedule, stays).
+Engine:zero_grad()
+    Set every registered grad to 0 in place (parameters without a grad are
+    skipped): torch's zero_grad(set_to_none=False), the buffers being the
+    trainer's.
+Engine:clip_grad_norm(max_norm)
+    torch.nn.utils.clip_grad_norm_ over the registered grads: returns the
+    total L2 norm before clipping and, when max_norm / (norm + 1e-6) < 1,
+    multiplies every grad by it (not when the norm is NaN or Inf). Exact
+    (one rounding), so the same bits on any mesh, where it is a collective
+    over the whole parameters, each piece counted once (replicas must hold
+    the same grads: reduce them first). max_norm: a finite number >= 0
+    (EINVAL otherwise, nothing changed).
+Engine:set_lr(group, lr)
+    Set a group's lr (group: its index or name; lr a finite number >= 0):
+    it replaces the config's lr from the next step on. A schedule that
+    returns an lr still overrides it (it sees it as base_lr), and lr_scale
+    multiplies the result; get("lr:<group>") shows it until the next step.
+    On a mesh every rank sets the same value. An unknown group is EINVAL
+    listing the groups.
 Engine:set(key, v)
     Set "lr_scale" (a finite number >= 0, multiplies every group's lr).
 Engine:get(key)
@@ -55,6 +76,25 @@ Engine:set_signal(name, values)
     Per-step values (a list of finite numbers) for the hooks, read as
     ctx.signals[name]; kept until set again. On a mesh every rank sets the
     same values.
+Engine:zero_grad()
+    Every registered grad := 0, in place (NaN too; parameters registered
+    without a grad are skipped): torch's zero_grad(set_to_none=False), the
+    buffers being the trainer's.
+Engine:clip_grad_norm(max_norm)
+    torch.nn.utils.clip_grad_norm_(params, max_norm) (L2) over every
+    registered grad: returns total_norm = sqrt(sum of g^2), computed
+    exactly (the same bits on any mesh); multiplies every grad by clip_coef
+    = max_norm / (total_norm + 1e-6) when clip_coef < 1 (not for a NaN or
+    Inf norm: then the grads stay as they are). max_norm: a finite number
+    >= 0 (EINVAL). On a mesh a collective over the whole parameters, each
+    piece counted once (replicas must hold the same grads).
+Engine:set_lr(group, lr)
+    The lr of a group (its name, or its index as a number or string): it
+    replaces the config's lr from the next step on. A schedule still runs:
+    it sees the new value as base_lr, and an lr it returns wins; lr_scale
+    multiplies the result. get("lr:<group>") shows it until the next step.
+    EINVAL for an unknown group (listed) or lr not a finite number >= 0.
+    On a mesh every rank sets the same value.
 Engine:param(name)
     The registered muon.param of that name, or nil.
 Engine:state(name)
@@ -619,11 +659,25 @@ local function parts(self)
   return list
 end
 
+-- A bad path fails on every rank of a mesh (the call's gate, muon.step).
+local function path_error(fn, path)
+  if type(path) ~= "string" then return E.new(E.EINVAL, ("%s: path must be a string, got %s"):format(fn, type(path))) end
+  if path == "" then return E.new(E.EINVAL, fn .. ": path is empty") end
+end
+
 function Engine:save(path)
-  if type(path) ~= "string" then E.raise(E.EINVAL, "save: path must be a string, got %s", type(path)) end
   local ok, err = pcall(S.save, self:_stepper(), path, parts(self),
-    { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) })
+    { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) },
+    path_error("save", path))
   if not ok then E.reraise(err, E.EIO) end
+end
+
+-- A C host's argument error in a collective call (mu_engine_save, _load):
+-- on a mesh it fails that call on every rank, not on this one only.
+function Engine:_fail_collective(op, err)
+  if self.dist == nil then error(err, 0) end
+  local st = self:_stepper()
+  if op == "save" then S.save(st, nil, parts(self), nil, err) else S.load(st, nil, parts(self), nil, nil, err) end
 end
 
 -- The engine's values in a checkpoint's metadata, checked like config values.
@@ -650,7 +704,6 @@ end
 -- Every saved value that differs from the config's (for a schedulable one:
 -- what the config gives at the checkpoint's step) is a note on stderr.
 function Engine:load(path, opts)
-  if type(path) ~= "string" then E.raise(E.EINVAL, "load: path must be a string, got %s", type(path)) end
   local values
   local ps = parts(self)
   local ok, err = pcall(S.load, self:_stepper(), path, ps, function(meta)
@@ -667,7 +720,7 @@ function Engine:load(path, opts)
         end
       end
     end
-  end, opts)
+  end, opts, path_error("load", path))
   if not ok then E.reraise(err, E.EFORMAT) end
   self.step_count, self.lr_scale = values[1], values[2]
 end

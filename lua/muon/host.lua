@@ -102,6 +102,10 @@ function host.set_lr(eng, group, lr) eng:set_lr(group, lr) end
 
 function host.save(eng, path) eng:save(path) end
 
+-- A C-side argument error of mu_engine_save / mu_engine_load (op "save" or
+-- "load"; code and message): raised on every rank of a distributed engine.
+function host.fail_collective(eng, op, code, msg) eng:_fail_collective(op, E.new(code, msg)) end
+
 function host.load(eng, path, no_checksum)
   eng:load(path, no_checksum and { checksum = false } or nil)
 end

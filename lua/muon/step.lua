@@ -256,6 +256,32 @@ function Stepper:agree_failure(err, run)
   for gi = 1, ng do run.g[gi].skip = run.g[gi].skip or r[1 + gi] == 1 end
 end
 
+-- The engine's collective calls, each with its tag in the gate.
+local OPS = { "step", "save", "load" }
+local OP_TAG = {}
+for i, op in ipairs(OPS) do OP_TAG[op] = i end
+
+-- The start of every collective call (op: "step", "save" or "load"), on a
+-- mesh one all-reduce of the call's tag and of whether this rank already
+-- failed (err: an argument error, raised here on every rank, lowest
+-- failing rank's): ranks in different calls (save on one, step on
+-- another) fail on every rank naming both calls instead of entering
+-- collectives that cannot match. On one process err raises at once.
+function Stepper:gate(op, err)
+  if self.W == 1 then
+    if err ~= nil then error(err, 0) end
+    return
+  end
+  local tag = OP_TAG[op]
+  local r = self.ctrl:allreduce({ tag, -tag, err ~= nil and (self.W - self.me) or 0 }, "max")
+  if r[1] ~= -r[2] then
+    local other = OPS[r[1] ~= tag and r[1] or -r[2]]
+    E.raise(E.ESTATE, "%s: the ranks are not in the same call: rank %d called %s while another rank called %s "
+      .. "(every rank must call step, save and load in the same order); nothing was changed", op, self.me, op, other)
+  end
+  if r[3] ~= 0 then self:_raise_from(self.W - r[3], err) end
+end
+
 -- Raise on every rank the error of rank src (its code and message).
 function Stepper:_raise_from(src, err)
   local code = self.ctrl:allreduce({ self.me == src and -(E.code(err) or E.ELUA) or 0 }, "max")[1]
@@ -1020,6 +1046,7 @@ local step_body
 function Stepper:step(values, pre_err) return self:exclusive("step", step_body, self, values, pre_err) end
 
 function step_body(self, values, pre_err)
+  self:gate("step")
   self:build_once()
   local W = self.W
   local run

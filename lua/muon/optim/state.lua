@@ -629,12 +629,15 @@ end
 
 -- Save the state of the kinds in parts (list of { prefix, kind }) to path,
 -- with extra metadata. Collective on a mesh (rank 0 writes the file).
+-- pre_err: an error the caller met checking its arguments (raised on every
+-- rank of a mesh: Stepper:gate).
 local S_save_body
-function S.save(stepper, path, parts, extra_meta)
-  return stepper:exclusive("save", S_save_body, stepper, path, parts, extra_meta)
+function S.save(stepper, path, parts, extra_meta, pre_err)
+  return stepper:exclusive("save", S_save_body, stepper, path, parts, extra_meta, pre_err)
 end
 
-function S_save_body(stepper, path, parts, extra_meta)
+function S_save_body(stepper, path, parts, extra_meta, pre_err)
+  stepper:gate("save", pre_err)
   local dicts = {}
   for _, part in ipairs(parts) do dicts[#dicts + 1] = { prefix = part.prefix, dict = S.state_dict(stepper, part.kind) } end
   local err
@@ -664,13 +667,14 @@ S.load_options = st.load_options
 -- checkpoint's step per group of the kind, see stage }): validates
 -- everything first (check(meta) may reject the extra metadata, raising),
 -- changes nothing on any error (on every rank of a mesh). opts: see
--- S.load_options. Returns the file's metadata.
+-- S.load_options; pre_err: as for S.save. Returns the file's metadata.
 local S_load_body
-function S.load(stepper, path, parts, check, opts)
-  return stepper:exclusive("load", S_load_body, stepper, path, parts, check, opts)
+function S.load(stepper, path, parts, check, opts, pre_err)
+  return stepper:exclusive("load", S_load_body, stepper, path, parts, check, opts, pre_err)
 end
 
-function S_load_body(stepper, path, parts, check, opts)
+function S_load_body(stepper, path, parts, check, opts, pre_err)
+  stepper:gate("load", pre_err)
   stepper:build_once() -- (collective on a mesh: before anything that can fail)
   local staged, meta = {}, nil
   local ok, err = pcall(function()
