@@ -1118,6 +1118,21 @@ static int eng_step(mu__eng *eng)
     return mu__call_run(eng, "step", "mu_engine_step", MU_ELUA, NULL, NULL, NULL);
 }
 
+static int mu__push_op(lua_State *L, const void *p)
+{
+    lua_pushstring(L, *(const int *)p == MU_REDUCE_SUM ? "sum" : "mean");
+    return 1;
+}
+
+static int eng_reduce_grads(mu__eng *eng, int op)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_reduce_grads: eng is NULL");
+    if (op != MU_REDUCE_MEAN && op != MU_REDUCE_SUM)
+        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_reduce_grads: op %d is neither MU_REDUCE_MEAN nor MU_REDUCE_SUM",
+                         op);
+    return mu__call_run(eng, "reduce_grads", "mu_engine_reduce_grads", MU_EINVAL, mu__push_op, &op, NULL);
+}
+
 /* A key (or name, or path) and a number, or a boolean (flag >= 0). */
 typedef struct mu__key_args {
     const char *key;
@@ -1293,6 +1308,7 @@ int mu_engine_step(mu_engine *h)
     return rc;
 }
 
+int mu_engine_reduce_grads(mu_engine *h, int op) { MU__ENGINE_CALL(reduce_grads, op); }
 int mu_engine_set(mu_engine *h, const char *key, double value) { MU__ENGINE_CALL(set, key, value); }
 int mu_engine_get(mu_engine *h, const char *key, double *out) { MU__ENGINE_CALL(get, key, out); }
 

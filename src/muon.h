@@ -756,7 +756,8 @@ MU_API int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_
 /* Register a parameter: data (and grad, NULL = no gradient, the parameter
  * is skipped) point at C-contiguous buffers of shape[0..ndim-1] elements of
  * dtype (MU_F32 or MU_F64) that stay valid until mu_engine_close. The
- * engine updates data in place at each step and only reads grad. */
+ * engine updates data in place at each step and only reads grad (except
+ * mu_engine_reduce_grads, which writes it). */
 MU_API int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
                                const int64_t *shape, void *data, void *grad);
 /* One optimizer step over every registered parameter. Atomic: every value
@@ -770,6 +771,20 @@ MU_API int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int 
  * nothing to step: MU_OK, and nothing changes (the "step" count, hence the
  * schedule, stays; get "stepped" gives 0). */
 MU_API int mu_engine_step(mu_engine *eng);
+/* Gradient reduction for HSDP trainers, after the backward pass and before
+ * mu_engine_step: every registered gradient becomes the mean (op
+ * MU_REDUCE_MEAN) or the sum (MU_REDUCE_SUM; the mu_reduce_op values, other
+ * ops are refused) of that gradient over the ranks
+ * holding the same box of its parameter (the replicate axes of its
+ * placement), in place, in a fixed order: replica gradients g_0, g_1, ...
+ * (rank order) are added left to right and, for the mean, divided by their
+ * count, so every replica gets the same bits. Collective: every rank of the
+ * mesh calls it. Its bytes show in the data counters (comm_stats). Without a
+ * dist section nothing changes (MU_OK). MU_EINVAL for an unknown op, or
+ * when a parameter has a grad on some ranks holding a box of it and none on
+ * others (every rank fails, naming the parameter and the ranks; no grad
+ * changes). The grad buffers are written (mu_engine_add_param's grad). */
+MU_API int mu_engine_reduce_grads(mu_engine *eng, int op);
 /* Runtime values: set "lr_scale" (multiplies every group's lr); get "lr",
  * "step", "stepped" (1 if the last mu_engine_step stepped, 0 if it had
  * nothing to step or none ran yet), "lr_scale", "lr:<group index or name>", and "state_bytes" /

@@ -64,10 +64,13 @@ muon.check.format_table(header, rows)
 ]]
 local check = {}
 
-local USAGE = "usage: muon check [--trust] CONFIG.lua --params SHAPES.txt|MODEL.safetensors\n"
+local USAGE = "usage: muon check [--trust] CONFIG.lua --params SHAPES.txt|MODEL.safetensors [--world N --rank R [--mesh SPEC]]\n"
   .. "  SHAPES.txt: one parameter per line, 'name dim1 dim2 ...' ('#' starts a comment)\n"
   .. "  MODEL.safetensors: names and shapes from its header (the data is not read; integer\n"
   .. "    and bool tensors are buffers, not parameters, and are left out)\n"
+  .. "  --world N --rank R: print rank R's plan at world size N (no MPI); --mesh axis:size,...\n"
+  .. "    (e.g. replicate:2,shard:2048; default: the config's dist.mesh); a SHAPES line may end\n"
+  .. "    with a placement '@R,S(1)' (default: R on replicate axes, S(1) on shard axes)\n"
   .. "  --trust: run the config with full Lua (io, os, require); default: sandboxed\n"
 
 -- Parse a shapes text file: returns list of { name=, shape={...} } and a
@@ -94,7 +97,12 @@ function check.read_shapes(path)
     local fields = {}
     for w in text:gmatch("%S+") do fields[#fields + 1] = w end
     if #fields > 0 then
-      local shape, bad = {}, nil
+      local shape, bad, placement = {}, nil, nil
+      if #fields > 1 and fields[#fields]:sub(1, 1) == "@" then -- a placement (muon check --world)
+        placement = {}
+        for e in fields[#fields]:sub(2):gmatch("[^,]+") do placement[#placement + 1] = e end
+        fields[#fields] = nil
+      end
       for i = 2, #fields do
         local d = tonumber(fields[i])
         if not d or d ~= math.floor(d) or d < 0 then bad = fields[i] break end
@@ -103,7 +111,7 @@ function check.read_shapes(path)
       if bad then
         problems[#problems + 1] = ("%s:%d: bad dimension '%s' for parameter '%s'"):format(path, n, bad, fields[1])
       else
-        shapes[#shapes + 1] = { name = fields[1], shape = shape }
+        shapes[#shapes + 1] = { name = fields[1], shape = shape, placement = placement }
       end
     end
   end
@@ -438,7 +446,7 @@ function check.write_list(what, list)
 end
 
 function check.main(args)
-  local config, params, trusted
+  local config, params, trusted, world
   local i = 1
   while i <= #args do
     local a = args[i]
@@ -452,6 +460,16 @@ function check.main(args)
     elseif a:match("^%-%-params=") then
       params = a:sub(10)
       i = i + 1
+    elseif a == "--world" or a == "--rank" or a == "--mesh" then
+      local v = args[i + 1]
+      if not v or (a ~= "--mesh" and not (tonumber(v) and tonumber(v) == math.floor(tonumber(v)))) then
+        io.stderr:write(("muon check: %s needs %s\n"):format(a, a == "--mesh" and "a spec (axis:size,...)" or "an integer")
+          .. USAGE)
+        return 2
+      end
+      world = world or {}
+      world[a:sub(3)] = a == "--mesh" and v or tonumber(v)
+      i = i + 2
     elseif a == "--trust" then
       trusted = true
       i = i + 1
@@ -473,7 +491,23 @@ function check.main(args)
     io.stderr:write("muon check: " .. (config and "missing --params SHAPES.txt or MODEL.safetensors" or "missing CONFIG.lua") .. "\n" .. USAGE)
     return 2
   end
-  local text, problems, warnings, notes = check.run(config, params, trusted and { trusted = true } or nil)
+  local text, problems, warnings, notes
+  if world then -- rank R's plan at world size N (muon.check_world)
+    if not world.world or not world.rank or world.world < 1 or world.rank < 0 or world.rank >= world.world then
+      io.stderr:write("muon check: --world N and --rank R (0 <= R < N) go together\n" .. USAGE)
+      return 2
+    end
+    local shapes, bad, rnotes = check.read_params(params)
+    notes, warnings = rnotes or {}, {}
+    if not shapes then text, problems = "", { bad }
+    else
+      text, problems = require("muon.check_world").run(config, shapes, { world = world.world, rank = world.rank,
+        mesh = world.mesh, trusted = trusted })
+      for _, p in ipairs(bad) do problems[#problems + 1] = p end
+    end
+  else
+    text, problems, warnings, notes = check.run(config, params, trusted and { trusted = true } or nil)
+  end
   io.write(text)
   check.write_list("note", notes)
   check.write_list("warning", warnings)

@@ -76,6 +76,9 @@ muon.dist.analyse(r, mesh)
 muon.dist.class_of(r, mesh, coords)
     The replica class of coordinates for a record: their mixed-radix index
     over its replicate axes.
+muon.dist.set_class(r, mesh, c, coords)
+    Set coords' entries on the record's replicate axes from class c (the
+    inverse of class_of; the other entries kept).
 muon.dist.plan(records, mesh, opts)
     The step plan (the same rules on every rank): where each parameter's
     optimizer state lives and where each matrix is orthogonalized, and the
@@ -443,6 +446,8 @@ local function set_class(r, mesh, c, coords)
     c = math.floor(c / mesh.sizes[a])
   end
 end
+
+D.set_class = set_class
 
 -- Calls fn(coords) for every combination of coordinates on `axes`, the
 -- other entries of coords kept (last axis fastest).

@@ -7,6 +7,7 @@
 --   local eng = require("muon.engine").new("configs/muon.lua")
 --   eng:add_param("layers.0.w", value, grad)
 --   eng:zero_grad()                    -- every registered grad := 0
+--   eng:reduce_grads({ op = "mean" })  -- on a mesh: average grads over replicas first
 --   local norm = eng:clip_grad_norm(1.0) -- torch.nn.utils.clip_grad_norm_
 --   eng:set_lr("hidden", 0.01)         -- a group's base lr (by name or index)
 --   eng:step()
@@ -19,7 +20,8 @@
     match, exclude, min_dim, max_dim, <the optimizer's options> }; the first
     group that matches takes a parameter), schedule (function(step, group)
     -> an lr or a table of schedulable values), hooks (for every group
-    whose kind takes hooks), dist ({ mesh, balance, max_batch_numel, comm }),
+    whose kind takes hooks), dist ({ mesh, balance, max_batch_numel,
+    check_replicas = "off" | "grads" | "params", comm }),
     name, nil_grad_warning (steps, default 1) and
     hook_budget ({ instructions, seconds, memory }). Unknown keys are
     errors.
@@ -48,9 +50,18 @@ Engine:step(closure)
     and whether it stepped (false when no parameter has a grad: the step
     count, hence the schedule, stays).
 Engine:zero_grad()
-    Set every registered grad to 0 in place (parameters without a grad are
-    skipped): torch's zero_grad(set_to_none=False), the buffers being the
+    Set every registered grad to 0 in place (NaN too; parameters without a
+    grad are skipped): torch's zero_grad(set_to_none=False), the buffers being the
     trainer's.
+Engine:reduce_grads(opts)
+    On a mesh: every registered grad becomes the mean (opts.op = "mean",
+    the default) or sum ("sum") of that grad over the ranks holding the
+    same box (the replicate axes of its placement), in place, added in
+    rank order ((g_0 + g_1 + ...) / n): every replica gets the same bits.
+    Collective; its bytes count in comm_stats().data. A grad missing on
+    some ranks of a box is EINVAL on every rank naming the parameter and
+    the ranks (no grad changed). Without dist: nothing changes. Returns the
+    number of grads reduced on this rank.
 Engine:clip_grad_norm(max_norm)
     torch.nn.utils.clip_grad_norm_ over the registered grads: returns the
     total L2 norm before clipping and, when max_norm / (norm + 1e-6) < 1,
@@ -76,25 +87,6 @@ Engine:set_signal(name, values)
     Per-step values (a list of finite numbers) for the hooks, read as
     ctx.signals[name]; kept until set again. On a mesh every rank sets the
     same values.
-Engine:zero_grad()
-    Every registered grad := 0, in place (NaN too; parameters registered
-    without a grad are skipped): torch's zero_grad(set_to_none=False), the
-    buffers being the trainer's.
-Engine:clip_grad_norm(max_norm)
-    torch.nn.utils.clip_grad_norm_(params, max_norm) (L2) over every
-    registered grad: returns total_norm = sqrt(sum of g^2), computed
-    exactly (the same bits on any mesh); multiplies every grad by clip_coef
-    = max_norm / (total_norm + 1e-6) when clip_coef < 1 (not for a NaN or
-    Inf norm: then the grads stay as they are). max_norm: a finite number
-    >= 0 (EINVAL). On a mesh a collective over the whole parameters, each
-    piece counted once (replicas must hold the same grads).
-Engine:set_lr(group, lr)
-    The lr of a group (its name, or its index as a number or string): it
-    replaces the config's lr from the next step on. A schedule still runs:
-    it sees the new value as base_lr, and an lr it returns wins; lr_scale
-    multiplies the result. get("lr:<group>") shows it until the next step.
-    EINVAL for an unknown group (listed) or lr not a finite number >= 0.
-    On a mesh every rank sets the same value.
 Engine:param(name)
     The registered muon.param of that name, or nil.
 Engine:state(name)
@@ -330,7 +322,7 @@ function Engine:_stepper()
   local specs = {}
   for gi, g in ipairs(self.groups) do specs[gi] = { kind = g.kind, options = g.options, label = g.label } end
   self.stepper = require("muon.step").new({ groups = specs, comm = comm, mesh = mesh,
-    balance = d and d.balance, max_batch_numel = d and d.max_batch_numel,
+    balance = d and d.balance, max_batch_numel = d and d.max_batch_numel, check_replicas = d and d.check_replicas,
     nil_grad_warning = self.config.nil_grad_warning })
   return self.stepper
 end
@@ -517,6 +509,26 @@ function Engine:step(closure)
   if not ok then E.reraise(stepped, E.ELUA) end
   self.last_stepped = stepped
   return loss, stepped
+end
+
+-- Average (opts.op = "mean", the default) or sum ("sum") every registered
+-- gradient over the ranks holding the same box (the replicate axes of its
+-- placement), in place and in a fixed order (every replica gets the same
+-- bits): what an HSDP trainer does after its backward pass and before
+-- step. Collective on a mesh; without a dist section nothing changes.
+-- Returns the number of gradients reduced on this rank.
+function Engine:reduce_grads(opts)
+  opts = opts == nil and {} or opts
+  if type(opts) ~= "table" then E.raise(E.EINVAL, "reduce_grads: opts must be a table ({ op = 'mean' | 'sum' }), got %s", type(opts)) end
+  for k in pairs(opts) do
+    if k ~= "op" then E.raise(E.EINVAL, "reduce_grads: unknown option '%s' (known: op)", tostring(k)) end
+  end
+  local op = opts.op == nil and "mean" or opts.op
+  if op ~= "mean" and op ~= "sum" then
+    E.raise(E.EINVAL, "reduce_grads: op must be 'mean' or 'sum', got %s", tostring(op))
+  end
+  if not self.dist then return 0 end
+  return self:_stepper():reduce_grads(op)
 end
 
 -- Per-step values from the trainer for the config's hooks, which read them

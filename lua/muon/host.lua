@@ -83,6 +83,9 @@ end
 
 function host.step(eng) eng:step() end
 
+-- mu_engine_reduce_grads: op "mean" (MU_REDUCE_MEAN) or "sum" (MU_REDUCE_SUM).
+function host.reduce_grads(eng, op) eng:reduce_grads({ op = op }) end
+
 -- mu_engine_set_signal: values is a Lua list of the n doubles.
 function host.set_signal(eng, name, values) eng:set_signal(name, values) end
 

@@ -53,7 +53,8 @@ muon.reduce.whole(hook, shape)
     post_update_fn on one process, where x must have shape).
 muon.reduce.squares(xs)
     An exact accumulator (mu_xsum) of the squares of every element of the
-    tensors in the list xs (one C call: mu_xsum_add_tensors).
+    tensors in the list xs (one C call: mu_xsum_add_tensors): this rank's
+    part of a global norm.
 muon.reduce.merge_all(comm, acc)
     The accumulators of every rank of comm merged (a collective): the same
     exact total on every rank, whatever the order; acc itself on one
@@ -64,17 +65,6 @@ muon.reduce.session(comm)
     The reductions of one step's post_update_fn calls over comm (a
     collective: every rank makes one session per step and finishes it
     once).
-muon.reduce.squares(xs)
-    The exact sum of the squares of every element of a list of tensors
-    (any float dtypes, one C call) as an accumulator (mu_xsum): this
-    rank's part of a global norm.
-muon.reduce.merge_all(comm, acc)
-    The accumulators of every rank of comm merged (a collective; every
-    rank gets the same exact total, whatever the rank order); acc itself on
-    one process.
-muon.reduce.sqrt_value(acc)
-    The square root of an accumulator's sum, rounded once (a norm from
-    squares).
 Session:reset()
     The same session for the next step (buffers kept).
 Session:reducer(hook, idx, name, shape, counts)

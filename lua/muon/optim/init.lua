@@ -77,13 +77,6 @@ Optimizer:clip_grad_norm(max_norm)
     NaN or Inf). max_norm: a finite number >= 0 (EINVAL otherwise).
 Optimizer:memory()
     { state_bytes = n, scratch_bytes = n }.
-Optimizer:zero_grad()
-    Every parameter's grad := 0, in place (parameters without one are
-    skipped).
-Optimizer:clip_grad_norm(max_norm)
-    torch.nn.utils.clip_grad_norm_ over every parameter's grad: returns the
-    total L2 norm before clipping (exact); grads times max_norm / (norm +
-    1e-6) when that is < 1 (see Engine:clip_grad_norm).
 Optimizer:state_dict()
     The state as a table of tensors and values (d.groups[i] holds step and
     the options that are data).

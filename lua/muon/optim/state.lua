@@ -710,6 +710,18 @@ function S_load_body(stepper, path, parts, check, opts, pre_err)
         part.expected)
     end
   end)
+  if stepper:size() > 1 then
+    -- Every rank must load the same file: its step and checksums agree
+    -- (one all-reduce when they do; a rank that failed above compares as
+    -- failed, and its error is the one raised).
+    local entries = ok and {
+      { "step", tostring(meta["muon.engine.step"] or "(none)") },
+      { "data checksum", tostring(meta["muon.checksum"] or "(none)") },
+      { "metadata checksum", tostring(meta_checksum(meta)) },
+    } or { { "step", "(the load failed)" }, { "data checksum", "(the load failed)" }, { "metadata checksum", "(the load failed)" } }
+    local msg = stepper:agree_entries(entries, ("checkpoints loaded from '%s'"):format(path))
+    if ok and msg then ok, err = false, E.new(E.EINVAL, msg .. ": every rank must load the same file") end
+  end
   stepper:agree_failure(not ok and err or nil)
   local converted = {}
   for _, s in ipairs(staged) do
