@@ -874,8 +874,6 @@ local function finish_phase(self, run)
           values[n], updates[n], names[n] = p.value, self.scratch[p].u, p.name
         end
       end
-      local bad = U.first_nonfinite(updates)
-      if bad then nonfinite(G, gr, "parameter '%s': update holds NaN or Inf (%s)", names[bad], G.label) end
       local decay, alpha, cautious = G.kind.apply_coeffs(G.options, gr.hp)
       if not (finite(decay) and finite(alpha)) then
         E.raise(E.EINVAL, "%s: the step's decay (%s) or alpha (%s) is not finite", G.label, tostring(decay), tostring(alpha))
@@ -885,18 +883,25 @@ local function finish_phase(self, run)
           E.raise(E.EINVAL, "parameter '%s': value is not contiguous", names[i])
         end
       end
+      -- One read of the parameters and updates: the values the commit
+      -- writes, computed without writing them. A NaN/Inf update makes its
+      -- result NaN/Inf too (alpha * u with alpha finite, 0 * Inf = NaN), so
+      -- this is also the updates' check; which one it was is looked up only
+      -- on a failure.
       for _, part in ipairs(U.split_dtype(values, updates)) do
         gr.applies[#gr.applies + 1] = { part[1], part[2], decay, alpha, cautious }
-        -- the values the commit writes, computed without writing them
-        -- (skipped when the group skips anyway)
-        if not bad and not gr.skip_derived then
+        if not gr.skip_derived then
           local ok, i = foreach.apply_finite(part[1], part[2], nil, decay, alpha, cautious)
           if not ok then
             local name
             for n, v in ipairs(values) do if v == part[1][i] then name = names[n] end end
-            nonfinite(G, gr, "parameter '%s': the step would leave NaN or Inf in the parameter (value * %.17g + "
-              .. "%.17g * update overflows, or the value holds NaN or Inf) (%s); nothing was changed",
-              name, decay, alpha, G.label)
+            if not part[2][i]:all_finite() then
+              nonfinite(G, gr, "parameter '%s': update holds NaN or Inf (%s)", name, G.label)
+            else
+              nonfinite(G, gr, "parameter '%s': the step would leave NaN or Inf in the parameter (value * %.17g + "
+                .. "%.17g * update overflows, or the value holds NaN or Inf) (%s); nothing was changed",
+                name, decay, alpha, G.label)
+            end
           end
         end
       end
