@@ -14,8 +14,15 @@
 --               run there (kind.orthogonalize); every update slice comes back.
 --               Batches with nothing to route (all on one process) run
 --               first, their Newton-Schulz in one scheduler call (compute_local)
---   5. check    updates are finite; on a mesh every rank agrees (the lowest
---               failing rank's error is raised everywhere, nothing changes)
+--   5. check    what the commit writes is finite (updates, state a hook
+--               wrote, hook state, the parameters' new values: computed
+--               without writing them); on a mesh every rank agrees (the
+--               lowest failing rank's error is raised everywhere, nothing
+--               changes). Hooks see hook state in buffers of their own,
+--               copied into the state here: no alias reaches the state
+-- (Before 1, a gate agrees that every rank is in the same call: step, save
+-- or load, Stepper:gate. No call of the optimizer runs from inside one of
+-- its hooks: Stepper:exclusive.)
 --   6. commit   state buffers swap in, p = p * decay + alpha * update; no
 --               error can happen from the first write to the end of this
 --   7. post     post_update_fn (after the commit; a failure on any rank
@@ -32,6 +39,8 @@
 --                      comm = c, mesh = m, balance = "flops", max_batch_numel = n })
 --   st:add(gi, param, placement)     -- param.logical_shape: the global shape
 --   st:add_group(spec) --> gi        -- one more group (before its parameters)
+--   st:gate(op, err)                 -- the start of a collective call (step, save, load)
+--   st:exclusive(what, f, ...)       -- f(...) as a call no hook may re-enter; st:check_idle(what)
 --   st:step(values, pre_err)         -- values[gi] = { lr = ..., ... } this step's schedule;
 --                                    -- false when no parameter has a grad (nothing changed)
 --   st:set_signal(name, values)      -- ctx.signals[name] for hooks
