@@ -1118,6 +1118,21 @@ static int eng_step(mu__eng *eng)
     return mu__call_run(eng, "step", "mu_engine_step", MU_ELUA, NULL, NULL, NULL);
 }
 
+static int mu__push_op(lua_State *L, const void *p)
+{
+    lua_pushstring(L, *(const int *)p == MU_REDUCE_SUM ? "sum" : "mean");
+    return 1;
+}
+
+static int eng_reduce_grads(mu__eng *eng, int op)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_reduce_grads: eng is NULL");
+    if (op != MU_REDUCE_MEAN && op != MU_REDUCE_SUM)
+        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_reduce_grads: op %d is neither MU_REDUCE_MEAN nor MU_REDUCE_SUM",
+                         op);
+    return mu__call_run(eng, "reduce_grads", "mu_engine_reduce_grads", MU_EINVAL, mu__push_op, &op, NULL);
+}
+
 /* A key (or name, or path) and a number, or a boolean (flag >= 0). */
 typedef struct mu__key_args {
     const char *key;
@@ -1173,6 +1188,37 @@ static int eng_set_signal(mu__eng *eng, const char *name, const double *values, 
         return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_signal: signal '%s': values is NULL", name);
     mu__key_args a = {.key = name, .nvalues = 3, .values = values, .n = n};
     return mu__call_run(eng, "set_signal", "mu_engine_set_signal", MU_EINVAL, mu__push_key, &a, NULL);
+}
+
+static int eng_zero_grad(mu__eng *eng, int unused)
+{
+    (void)unused;
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_zero_grad: eng is NULL");
+    return mu__call_run(eng, "zero_grad", "mu_engine_zero_grad", MU_EINVAL, NULL, NULL, NULL);
+}
+
+static int mu__push_number(lua_State *L, const void *p)
+{
+    lua_pushnumber(L, *(const double *)p);
+    return 1;
+}
+
+static int eng_clip_grad_norm(mu__eng *eng, double max_norm, double *norm)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_clip_grad_norm: eng is NULL");
+    double v = 0;
+    int rc = mu__call_run(eng, "clip_grad_norm", "mu_engine_clip_grad_norm", MU_EINVAL, mu__push_number,
+                          &max_norm, &v);
+    if (norm) *norm = rc == MU_OK ? v : 0;
+    return rc;
+}
+
+static int eng_set_lr(mu__eng *eng, const char *group, double lr)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_set_lr: eng is NULL");
+    if (!group || !*group) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_lr: group is NULL or empty");
+    mu__key_args a = {.key = group, .value = lr, .nvalues = 1};
+    return mu__call_run(eng, "set_lr", "mu_engine_set_lr", MU_EINVAL, mu__push_key, &a, NULL);
 }
 
 /* An argument error of a collective call (op "save" or "load"), already
@@ -1262,6 +1308,7 @@ int mu_engine_step(mu_engine *h)
     return rc;
 }
 
+int mu_engine_reduce_grads(mu_engine *h, int op) { MU__ENGINE_CALL(reduce_grads, op); }
 int mu_engine_set(mu_engine *h, const char *key, double value) { MU__ENGINE_CALL(set, key, value); }
 int mu_engine_get(mu_engine *h, const char *key, double *out) { MU__ENGINE_CALL(get, key, out); }
 
@@ -1270,6 +1317,12 @@ int mu_engine_set_signal(mu_engine *h, const char *name, const double *values, i
     MU__ENGINE_CALL(set_signal, name, values, n);
 }
 
+int mu_engine_zero_grad(mu_engine *h) { MU__ENGINE_CALL(zero_grad, 0); }
+int mu_engine_clip_grad_norm(mu_engine *h, double max_norm, double *norm)
+{
+    MU__ENGINE_CALL(clip_grad_norm, max_norm, norm);
+}
+int mu_engine_set_lr(mu_engine *h, const char *group, double lr) { MU__ENGINE_CALL(set_lr, group, lr); }
 int mu_engine_save(mu_engine *h, const char *path) { MU__ENGINE_CALL(save, path); }
 int mu_engine_load(mu_engine *h, const char *path) { MU__ENGINE_CALL(load, path, 0); }
 int mu_engine_load_ex(mu_engine *h, const char *path, int flags) { MU__ENGINE_CALL(load, path, flags); }

@@ -22,7 +22,8 @@
  *                                           update.mul_(s); p.mul_(decay);
  *                                           p.add_(update, alpha=alpha)
  *   scale     x  = x * s
- *   adamw     see foreach_generic.h (torch.optim.AdamW single-tensor path).
+ *   adamw     see foreach_generic.h (torch 2.x's torch.optim.AdamW single-tensor
+ *             path; 1 ulp from torch 1.13).
  *   lion      c = fma(1-b1, g, m*b1); u = sign(c); m' = fma(1-b2, g, m*b2)
  *                                           lion-pytorch's m.mul(b1).add(g, alpha=1-b1)
  * Scalars are rounded to the tensor dtype first, as torch does for a Python

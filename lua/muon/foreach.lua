@@ -4,6 +4,51 @@
 -- validates everything before touching memory, so a failed call changes
 -- nothing. Pointer arrays are cached per argument slot and reused, so a call
 -- allocates nothing per tensor.
+--[[ reference muon.foreach
+    Fused multi-tensor ops over Lua lists of tensors (mu_foreach_* in
+    src/foreach.c): one threaded pass per call, every tensor of a call of
+    one dtype and contiguous, everything checked before anything is written
+    (a failed call changes nothing); no allocation per tensor.
+muon.foreach.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
+    The seed's momentum: u = g + m1 buf; buf' = m2 buf + g; nesterov:
+    u = m1 u + g. new_bufs nil writes bufs in place; m2 nil means m1.
+    Returns updates.
+muon.foreach.apply(params, updates, scales, decay, alpha)
+    p = p decay + alpha (u s); scales nil (1), a number, or one number per
+    tensor.
+muon.foreach.apply_cautious(params, updates, scales, decay, alpha)
+    Cautious weight decay: p = p decay + alpha u s where (alpha u s) p < 0
+    (the update moves p towards zero), p + alpha u s elsewhere.
+muon.foreach.apply_finite(params, updates, scales, decay, alpha, cautious)
+    Whether apply (apply_cautious when cautious is true) would write only
+    finite values, writing nothing: true; or false and the 1-based index of
+    the first parameter that would hold NaN or Inf.
+muon.foreach.scale(xs, scales)
+    x = x s (s a number or one per tensor).
+muon.foreach.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)
+    torch.optim.AdamW's step in place. opts.lr, opts.beta1 = 0.9,
+    opts.beta2 = 0.999 (or opts.betas = {b1, b2}), opts.eps = 1e-8,
+    opts.weight_decay = 1e-2, opts.step (>= 1: the step number after
+    incrementing, as torch's state["step"]).
+muon.foreach.adamw_update(grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs, updates, opts)
+    AdamW's new moments (into new_*, which may be the old ones) and update
+    direction, without touching the parameters; apply(params, updates, nil,
+    1 - lr wd, 1) then gives adamw's bits. opts as adamw.
+muon.foreach.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2)
+    Lion's direction sign(beta1 m + (1 - beta1) g) (sign(0) = 0) into
+    updates and its new moment beta2 m + (1 - beta2) g into new_exp_avgs
+    (may be exp_avgs); then apply(params, updates, nil, 1 - lr wd, -lr).
+muon.foreach.all_finite(xs)
+    true when every element is finite; else false and the 1-based index of
+    the first tensor holding NaN or Inf.
+muon.foreach.pack(srcs, dst, offsets)
+muon.foreach.unpack(src, dsts, offsets)
+    Copy tensors into / out of one contiguous batch tensor at element
+    offsets (default: one after another); returns the offsets used and the
+    total.
+muon.foreach.numel(xs)
+    The total number of elements of a list of tensors.
+]]
 local ffi = require("ffi")
 local core = require("muon.core")
 local E = require("muon.errors")
@@ -227,7 +272,7 @@ local function adamw_opts(opts)
   return opts.lr, b1, b2, eps, wd, step
 end
 
--- torch.optim.AdamW step over the arrays; opts = {lr=, beta1=0.9, beta2=0.999
+-- torch 2.x's torch.optim.AdamW step over the arrays; opts = {lr=, beta1=0.9, beta2=0.999
 -- (or betas={b1, b2}), eps=1e-8, weight_decay=1e-2, step=} (step >= 1, the
 -- step number after incrementing, as torch's state["step"]).
 function F.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)

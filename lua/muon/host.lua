@@ -83,6 +83,9 @@ end
 
 function host.step(eng) eng:step() end
 
+-- mu_engine_reduce_grads: op "mean" (MU_REDUCE_MEAN) or "sum" (MU_REDUCE_SUM).
+function host.reduce_grads(eng, op) eng:reduce_grads({ op = op }) end
+
 -- mu_engine_set_signal: values is a Lua list of the n doubles.
 function host.set_signal(eng, name, values) eng:set_signal(name, values) end
 
@@ -95,6 +98,10 @@ function host.get(eng, key)
   end
   return v
 end
+
+function host.zero_grad(eng) eng:zero_grad() end
+function host.clip_grad_norm(eng, max_norm) return eng:clip_grad_norm(max_norm) end
+function host.set_lr(eng, group, lr) eng:set_lr(group, lr) end
 
 function host.save(eng, path) eng:save(path) end
 

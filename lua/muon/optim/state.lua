@@ -212,23 +212,23 @@ function S.state_dict(stepper, kind)
           local k, r = t.key, t.record
           local full = me == 0 and T.zeros(t.shape, t.dtype) or nil
           entry[k] = full
-          for _, id in ipairs(r.box_order) do
-            local h, b = r.holder[id], r.box_of[id]
-            if h == nil then goto next_box end -- (hook state of an empty parameter: no holder, zeros)
-            local piece = pieces[t.dtype]
-            if not piece then
-              piece = { sends = {}, recvs = {} }
-              for q = 1, W do piece.sends[q], piece.recvs[q] = {}, {} end
-              pieces[t.dtype] = piece
-            end
-            if me == 0 then
+          local piece = pieces[t.dtype]
+          if not piece then
+            piece = { sends = {}, recvs = {} }
+            for q = 1, W do piece.sends[q], piece.recvs[q] = {}, {} end
+            pieces[t.dtype] = piece
+          end
+          if me == 0 then
+            -- rank 0 receives every non-empty box (O(shard count) per
+            -- parameter; an empty parameter's state stays zeros)
+            for _, hb in ipairs(D.boxes_of(r, stepper:mesh())) do
+              local h, b = hb.holder, hb.box
               local dst = D.box_view(full, b)
               if h == 0 then dst:copy(stepper:state_of(p)[k])
               else table.insert(piece.recvs[h + 1], { n = D.numel(b.len), dst = dst }) end
-            elseif h == me then
-              table.insert(piece.sends[1], { n = D.numel(b.len), src = stepper:state_of(p)[k] })
             end
-            ::next_box::
+          elseif r.holds and D.numel(r.mine.len) > 0 then
+            table.insert(piece.sends[1], { n = D.numel(r.mine.len), src = stepper:state_of(p)[k] })
           end
         end
       end
@@ -710,6 +710,18 @@ function S_load_body(stepper, path, parts, check, opts, pre_err)
         part.expected)
     end
   end)
+  if stepper:size() > 1 then
+    -- Every rank must load the same file: its step and checksums agree
+    -- (one all-reduce when they do; a rank that failed above compares as
+    -- failed, and its error is the one raised).
+    local entries = ok and {
+      { "step", tostring(meta["muon.engine.step"] or "(none)") },
+      { "data checksum", tostring(meta["muon.checksum"] or "(none)") },
+      { "metadata checksum", tostring(meta_checksum(meta)) },
+    } or { { "step", "(the load failed)" }, { "data checksum", "(the load failed)" }, { "metadata checksum", "(the load failed)" } }
+    local msg = stepper:agree_entries(entries, ("checkpoints loaded from '%s'"):format(path))
+    if ok and msg then ok, err = false, E.new(E.EINVAL, msg .. ": every rank must load the same file") end
+  end
   stepper:agree_failure(not ok and err or nil)
   local converted = {}
   for _, s in ipairs(staged) do
