@@ -529,3 +529,54 @@ return { groups = {
     assert.are.equal(D.snapshot(ref), D.snapshot(eng))
   end)
 end)
+
+describe("a load keeps the config the source of truth for every schedulable key of every kind", function()
+  local K = require("muon.optim.kind")
+  local function stderr_of(fn)
+    local lines, saved = {}, io.stderr
+    io.stderr = { write = function(_, ...) for _, x in ipairs({ ... }) do lines[#lines + 1] = x end end } -- luacheck: ignore 122
+    local ok, err = pcall(fn)
+    io.stderr = saved -- luacheck: ignore 122
+    if not ok then error(err, 0) end
+    return table.concat(lines)
+  end
+  -- another valid value of an option
+  local function other(v)
+    if type(v) == "table" then return { v[1] * 0.5, v[2] } end
+    if v == 0 then return 0.05 end
+    return v * 0.5
+  end
+  for _, kind in ipairs(K.names()) do
+    local k = K.get(kind)
+    for _, key in ipairs(k.SCHEDULE_ORDER) do
+      if key ~= "lr" then -- (lr: the schedule's, tests/kind_spec.lua)
+        it(("%s.%s: the file's value until the next step, a note naming it, then the config's"):format(kind, key), function()
+          local function make(v)
+            local g = { optimizer = kind, match = ".", [key] = v }
+            local eng = engine.new({ groups = { g } })
+            eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
+            return eng
+          end
+          local base = k.DEFAULTS[key]
+          local a = make(base)
+          a:step()
+          local path = tmp()
+          a:save(path)
+          local b = make(other(base))
+          local text = stderr_of(function() b:load(path) end)
+          os.remove(path)
+          assert.truthy(text:find(key .. " = ", 1, true) and text:find("in the checkpoint", 1, true), text)
+          assert.are.same(base, b.groups[1].options[key]) -- the checkpoint's, until the next step
+          b:step()
+          assert.are.same(other(base), b.groups[1].options[key])
+          -- the same config: no note
+          local c = make(base)
+          local p2 = tmp()
+          a:save(p2)
+          assert.are.equal("", stderr_of(function() c:load(p2) end))
+          os.remove(p2)
+        end)
+      end
+    end
+  end
+end)
