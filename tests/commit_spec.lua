@@ -580,3 +580,46 @@ describe("a load keeps the config the source of truth for every schedulable key 
     end
   end
 end)
+
+describe("foreach.apply_finite (the commit's check of the values it writes)", function()
+  local foreach = require("muon.foreach")
+  -- (sizes around the vector widths and the threads' split: every kernel
+  -- variant and the portable tail see the bad element)
+  local SIZES = { 1, 7, 16, 17, 33, 1000, 4099, 70001 }
+  for _, dtype in ipairs({ "float32", "float64" }) do
+    it(dtype .. ": writes nothing, finds the first tensor whose result would overflow or be NaN", function()
+      local big = dtype == "float32" and 3.4e38 or 1.797e308
+      for _, cautious in ipairs({ false, true }) do
+        for si, n in ipairs(SIZES) do
+          local ps, us = {}, {}
+          for i = 1, 3 do
+            ps[i] = T.randn({ n }, 10 * si + i, dtype)
+            us[i] = T.randn({ n }, 100 * si + i, dtype)
+          end
+          local copies = {}
+          for i = 1, 3 do copies[i] = ps[i]:clone() end
+          local ok, bad = foreach.apply_finite(ps, us, nil, 0.99, -0.01, cautious)
+          assert.is_true(ok)
+          assert.is_nil(bad)
+          for _, at in ipairs({ 1, n, math.max(1, n - 3) }) do
+            for _, case in ipairs({ "overflow", "nan-update", "nan-param" }) do
+              local q = ps[2]:view({ n }):narrow(1, at, 1)
+              local v = us[2]:view({ n }):narrow(1, at, 1)
+              local q0, v0 = q:flat()[1], v:flat()[1]
+              if case == "overflow" then q:fill(big); v:fill(-big) -- p * 0.99 - 0.01 * (-big) > max
+              elseif case == "nan-update" then v:fill(0 / 0)
+              else q:fill(0 / 0) end
+              local ok2, bad2 = foreach.apply_finite(ps, us, nil, case == "overflow" and 1.0 or 0.99,
+                case == "overflow" and -0.5 or -0.01, cautious)
+              assert.is_false(ok2, ("%s n=%d at=%d cautious=%s"):format(case, n, at, tostring(cautious)))
+              assert.are.equal(2, bad2)
+              q:fill(q0)
+              v:fill(v0)
+            end
+          end
+          for i = 1, 3 do H.assert_equal_bits(ps[i], copies[i], "apply_finite wrote nothing") end
+        end
+      end
+    end)
+  end
+end)
