@@ -350,21 +350,45 @@ describe("every tensor the commit writes is checked", function()
     end
   end)
 
-  it("post_update_fn leaving NaN or Inf in a parameter fails the step; the commit is undone", function()
+  it("post_update_fn leaving NaN or Inf in a parameter: error undoes the step; skip undoes its group", function()
     for bi, bad in ipairs(BAD) do
-      local n = 0
-      local eng = pair({ post_update_fn = function(_, x)
-        n = n + 1
-        if n == 2 then poison(x, bad, bi) end
-      end })
-      grads(eng, 1)
-      eng:step()
-      local before = D.snapshot(eng)
-      grads(eng, 2)
-      local code, msg = fails(eng.step, eng)
-      assert.are.equal("ENONFINITE", code)
-      assert.truthy(msg:find("parameter 'w': post_update_fn left NaN or Inf in the parameter", 1, true), msg)
-      assert.are.equal(before, D.snapshot(eng))
+      for _, policy in ipairs({ "error", "skip" }) do
+        local n = 0
+        local eng = pair({ nonfinite = policy, post_update_fn = function(_, x)
+          n = n + 1
+          if n == 2 then poison(x, bad, bi) end
+        end })
+        grads(eng, 1)
+        eng:step()
+        local before = D.snapshot(eng)
+        local b_before = eng:param("b").value:clone()
+        local w_state = eng:state("w").momentum_buffer:clone()
+        grads(eng, 2)
+        if policy == "error" then
+          local code, msg = fails(eng.step, eng)
+          assert.are.equal("ENONFINITE", code)
+          assert.truthy(msg:find("parameter 'w': post_update_fn left NaN or Inf in the parameter", 1, true), msg)
+          assert.are.equal(before, D.snapshot(eng))
+        else
+          eng:step()
+          assert.are.equal(1, eng:stats().muon.skipped_nonfinite)
+          assert.are.equal(0, eng:stats().adamw.skipped_nonfinite)
+          assert.is_true(eng:param("w").value:all_finite())
+          H.assert_equal_bits(eng:state("w").momentum_buffer, w_state, "w's state as before the step")
+          assert.is_false(H.max_abs_diff(eng:param("b").value, b_before) == 0, "b stepped")
+          -- w goes on from its state before the skipped step: as a run
+          -- without that step (Muon's step does not depend on the count)
+          local ref = pair({ nonfinite = policy, post_update_fn = function() end })
+          grads(ref, 1)
+          ref:step()
+          grads(ref, 3)
+          ref:step()
+          grads(eng, 3)
+          eng:step()
+          H.assert_equal_bits(eng:state("w").momentum_buffer, ref:state("w").momentum_buffer, "w's momentum")
+          H.assert_equal_bits(eng:param("w").value, ref:param("w").value, "w")
+        end
+      end
     end
   end)
 

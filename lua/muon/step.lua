@@ -1044,6 +1044,38 @@ local function journal(self, run)
 end
 
 -- Undo commit_phase (and what post_update_fn wrote to the parameters).
+-- A committed group's state tables as the journal found them.
+local function undo_state(self, gr, j)
+  for _, e in ipairs(gr.entries) do
+    local was = j.state[e]
+    if was == false then
+      self.state[e.p] = nil -- (its first step: the fresh buffers go)
+    else
+      local st, spare = self.state[e.p], self.scratch[e.p].spare
+      for k, t in pairs(e.new) do spare[k] = t end -- (back where the step found them)
+      for k in pairs(st) do st[k] = nil end
+      for k, v in pairs(was) do st[k] = v end
+    end
+  end
+  for _, e in ipairs(gr.empties) do
+    if e.new then self.state[e.p] = nil else self.state[e.p].step = e.was end
+  end
+end
+
+-- One group whose post_update_fn left NaN/Inf under nonfinite = "skip":
+-- its parameters, state and step counts as before the step, counted as
+-- skipped (its options keep the step's values, as for any skipped group).
+local function skip_after_post(self, gi, gr, j)
+  for _, p in ipairs(self:params(gi)) do
+    if j.values[p] then p.value:copy(j.values[p]) end
+  end
+  undo_state(self, gr, j)
+  for _, p in ipairs(gr.params) do self.pstep[p] = j.pstep[p] end
+  local ks = self.counters.kinds[self.groups[gi].kind.name]
+  ks.skipped_nonfinite = ks.skipped_nonfinite + 1
+  self.counters.skipped_nonfinite = self.counters.skipped_nonfinite + 1
+end
+
 local function undo_commit(self, run, j)
   for p, before in pairs(j.values) do p.value:copy(before) end
   for gi, G in ipairs(self.groups) do
@@ -1051,22 +1083,7 @@ local function undo_commit(self, run, j)
     for k in pairs(opts) do if o[k] == nil then opts[k] = nil end end
     for k, v in pairs(o) do opts[k] = v end
     local gr = run.g[gi]
-    if not gr.skip then
-      for _, e in ipairs(gr.entries) do
-        local was = j.state[e]
-        if was == false then
-          self.state[e.p] = nil -- (its first step: the fresh buffers go)
-        else
-          local st, spare = self.state[e.p], self.scratch[e.p].spare
-          for k, t in pairs(e.new) do spare[k] = t end -- (back where the step found them)
-          for k in pairs(st) do st[k] = nil end
-          for k, v in pairs(was) do st[k] = v end
-        end
-      end
-      for _, e in ipairs(gr.empties) do
-        if e.new then self.state[e.p] = nil else self.state[e.p].step = e.was end
-      end
-    end
+    if not gr.skip then undo_state(self, gr, j) end
   end
   for k in pairs(self.pstep) do self.pstep[k] = nil end
   for p, n in pairs(j.pstep) do self.pstep[p] = n end
@@ -1116,6 +1133,10 @@ function step_body(self, values, pre_err)
   local undo, held = journal(self, run)
   commit_phase(self, run, held)
   local post_failure
+  -- groups whose post_update_fn left NaN/Inf under "skip" (agreed with
+  -- the failure flag below)
+  local post_skip = { g = {} }
+  for gi = 1, #self.groups do post_skip.g[gi] = {} end
   local sess
   if W > 1 and post_reductions(self, run) then
     self.post_session = self.post_session or Rd.session(self.ctrl)
@@ -1136,12 +1157,14 @@ function step_body(self, values, pre_err)
       local ok, e = pcall(G.kind.post_update, G.options, gr.hp, gr.params, boxes, run.signals, reducers)
       if not ok then post_failure = e end
       if post_failure == nil and runs_post(G, gr) then
-        -- what it left in the parameters is committed: finite, under
-        -- either policy (it ran after the commit: the step is undone)
+        -- what it left in the parameters is committed: finite (it ran
+        -- after the commit: "error" undoes the step, "skip" the group's)
         local written = {}
         for i, p in ipairs(gr.params) do written[i] = p.value end
         local bad = U.first_nonfinite(written)
-        if bad then
+        if bad and G.options.nonfinite == "skip" then
+          post_skip.g[gi].skip_derived = true
+        elseif bad then
           post_failure = E.new(E.ENONFINITE, ("parameter '%s': post_update_fn left NaN or Inf in the parameter (%s); "
             .. "the step was undone"):format(gr.params[bad].name, G.label))
         end
@@ -1152,10 +1175,13 @@ function step_body(self, values, pre_err)
     local ok, e = pcall(sess.finish, sess, post_failure ~= nil)
     if not ok and post_failure == nil then post_failure = e end
   end
-  local ok, e = pcall(self.agree_failure, self, post_failure)
+  local ok, e = pcall(self.agree_failure, self, post_failure, post_skip)
   if not ok then
     if undo then undo_commit(self, run, undo) end
     error(e, 0)
+  end
+  for gi, pg in ipairs(post_skip.g) do
+    if pg.skip then skip_after_post(self, gi, run.g[gi], undo) end
   end
   for gi in pairs(held) do apply_group(run.g[gi]) end
   if self.check_replicas_mode == "params" and W > 1 then self:check_replicas("params") end

@@ -4,6 +4,8 @@
 -- parameter whose part on rank 0 only holds NaN.
 --   build/muon run tests/mpi/commit_check.lua hook error|skip
 --   build/muon run tests/mpi/commit_check.lua param error
+--   build/muon run tests/mpi/commit_check.lua post error|skip   (post_update_fn
+--            leaving NaN in rank 0's piece of w)
 -- error: every rank fails with MU_ENONFINITE naming the parameter and the
 -- tensor, nothing changed; skip: every rank skips the group (counted),
 -- nothing of it changed, and the next step is bitwise one process's.
@@ -17,17 +19,23 @@ local what, policy = arg[1], arg[2]
 local SHAPES = { w = { 8, 6 }, v = { 6, 6 } }
 
 local function config(dist)
-  local n = 0
+  local n, m = 0, 0
+  local w = { optimizer = "muon", match = "^w", nonfinite = policy, hook_state = { s = "matrix" },
+    post_ortho_fn = function(x, state)
+      n = n + 1
+      state.s:mul(0.5):add(x)
+      if n == 2 and what == "hook" then state.s:view({ 48 }):narrow(1, 48, 1):fill(0 / 0) end
+    end }
+  if what == "post" then -- NaN in the first element of w, on the rank holding it
+    w.post_update_fn = function(_, x, ctx)
+      m = m + 1
+      if m == 2 and x:numel() > 0 and ctx.box.start[1] == 1 and ctx.box.start[2] == 1 then
+        x:view({ x:numel() }):narrow(1, 1, 1):fill(0 / 0)
+      end
+    end
+  end
   return {
-    groups = {
-      { optimizer = "muon", match = "^w", nonfinite = policy, hook_state = { s = "matrix" },
-        post_ortho_fn = function(x, state)
-          n = n + 1
-          state.s:mul(0.5):add(x)
-          if n == 2 and what == "hook" then state.s:view({ 48 }):narrow(1, 48, 1):fill(0 / 0) end
-        end },
-      { optimizer = "muon", match = "^v", nonfinite = policy },
-    },
+    groups = { w, { optimizer = "muon", match = "^v", nonfinite = policy } },
     dist = dist and { mesh = { { "shard", H.size } } } or nil,
   }
 end
@@ -90,8 +98,9 @@ H.main(function()
   set_grads(2)
   local ok, err = pcall(eng.step, eng)
   local rok, rerr = pcall(ref.step, ref)
-  local want = what == "hook" and "parameter 'w': hook state 's' (pre_ortho_fn / post_ortho_fn) would hold NaN or Inf"
-    or "parameter 'v': the step would leave NaN or Inf in the parameter"
+  local want = ({ hook = "parameter 'w': hook state 's' (pre_ortho_fn / post_ortho_fn) would hold NaN or Inf",
+    param = "parameter 'v': the step would leave NaN or Inf in the parameter",
+    post = "parameter 'w': post_update_fn left NaN or Inf in the parameter" })[what]
   if policy == "error" then
     local msg = tostring(err)
     H.check(what .. "-error-everywhere", not ok and E.code(err) == E.ENONFINITE and msg:find(want, 1, true) ~= nil, msg)
