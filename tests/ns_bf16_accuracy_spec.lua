@@ -1,11 +1,8 @@
--- bfloat16 Newton-Schulz accuracy against the seed's: on the random inputs
--- and on the low-rank (rank 4) inputs, the max-abs and RMS errors of
+-- bfloat16 Newton-Schulz accuracy against the seed's: on random and on
+-- low-rank (rank 4) inputs, the max-abs and RMS errors of
 -- muon.ns.zeropower(x, { dtype = "bfloat16" }) from the float64 standard
 -- iteration are at most 1.25x those of the seed's function run in bfloat16
--- by torch on the same inputs: RMS per input and over each set, max-abs over
--- each set (5 shapes). The max-abs of one low-rank input is one draw of the
--- rounding noise that the iteration grows in the null space (the seed's own
--- swings 0.11-0.18 between shapes), so per input it is held to 1.5x only.
+-- by torch on the same inputs: per input, and over each set of inputs.
 -- Fixture: tests/fixtures/ns_bf16/cases.safetensors, written once by
 -- tests/fixtures/ns_bf16/make.py with Debian's torch 1.13 (no torch here).
 local H = require("helpers")
@@ -16,8 +13,7 @@ local FIX = st.load(H.fixtures .. "/ns_bf16/cases.safetensors")
 local CASES = { "random_64x96", "random_128x128", "random_96x64", "random_64x160", "random_160x64", "lowrank_64x96",
   "lowrank_128x128", "lowrank_96x64", "lowrank_64x160", "lowrank_160x64" }
 local OPTS = { steps = 5, variant = "asym5", eps = 1e-10 }
-local RATIO = 1.25    -- the sets' max-abs and RMS, and each input's RMS
-local RATIO_ONE = 1.5 -- one input's max-abs
+local RATIO = 1.25
 
 -- max |a - ref| and sqrt(mean (a - ref)^2), in float64.
 local function errors(a, ref)
@@ -81,7 +77,7 @@ describe("bfloat16 Newton-Schulz accuracy (fixture of the seed's torch bf16)", f
         local ma32 = errors(ns.zeropower(x, OPTS), ref)
         assert.is_true(ma > 4 * ma32, line)
         assert.is_true(rms <= RATIO * srms, line)
-        assert.is_true(ma <= RATIO_ONE * sma, line)
+        assert.is_true(ma <= RATIO * sma, line)
         local kind = c:match("^(%a+)_")
         local set = sets[kind] or { ma = 0, sma = 0, ss = 0, sss = 0, n = 0, lines = {} }
         sets[kind] = set

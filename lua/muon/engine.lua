@@ -518,17 +518,25 @@ end
 -- step. Collective on a mesh; without a dist section nothing changes.
 -- Returns the number of gradients reduced on this rank.
 function Engine:reduce_grads(opts)
+  -- (a bad argument on one rank fails every rank: the stepper's gate)
+  local op, err = nil, nil
   opts = opts == nil and {} or opts
-  if type(opts) ~= "table" then E.raise(E.EINVAL, "reduce_grads: opts must be a table ({ op = 'mean' | 'sum' }), got %s", type(opts)) end
-  for k in pairs(opts) do
-    if k ~= "op" then E.raise(E.EINVAL, "reduce_grads: unknown option '%s' (known: op)", tostring(k)) end
+  if type(opts) ~= "table" then
+    err = E.new(E.EINVAL, ("reduce_grads: opts must be a table ({ op = 'mean' | 'sum' }), got %s"):format(type(opts)))
+  else
+    for k in pairs(opts) do
+      if k ~= "op" then err = E.new(E.EINVAL, ("reduce_grads: unknown option '%s' (known: op)"):format(tostring(k))) end
+    end
+    op = opts.op == nil and "mean" or opts.op
   end
-  local op = opts.op == nil and "mean" or opts.op
-  if op ~= "mean" and op ~= "sum" then
-    E.raise(E.EINVAL, "reduce_grads: op must be 'mean' or 'sum', got %s", tostring(op))
+  if not self.dist then
+    if err == nil and op ~= "mean" and op ~= "sum" then
+      err = E.new(E.EINVAL, ("reduce_grads: op must be 'mean' or 'sum', got %s"):format(tostring(op)))
+    end
+    if err ~= nil then error(err, 0) end
+    return 0
   end
-  if not self.dist then return 0 end
-  return self:_stepper():reduce_grads(op)
+  return self:_stepper():reduce_grads(op, err)
 end
 
 -- Per-step values from the trainer for the config's hooks, which read them

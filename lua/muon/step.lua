@@ -280,11 +280,12 @@ function Stepper:agree_entries(entries, what)
 end
 
 -- The engine's collective calls, each with its tag in the gate.
-local OPS = { "step", "save", "load" }
+local OPS = { "step", "save", "load", "reduce_grads" }
 local OP_TAG = {}
 for i, op in ipairs(OPS) do OP_TAG[op] = i end
 
--- The start of every collective call (op: "step", "save" or "load"), on a
+-- The start of every collective call (op: "step", "save", "load" or
+-- "reduce_grads"), on a
 -- mesh one all-reduce of the call's tag and of whether this rank already
 -- failed (err: an argument error, raised here on every rank, lowest
 -- failing rank's): ranks in different calls (save on one, step on
@@ -1245,8 +1246,15 @@ end
 -- them). A parameter whose grad is missing on some ranks that hold
 -- elements of it fails on every rank, naming it and those ranks, before
 -- any grad changes. Returns the number of gradients reduced.
-function Stepper:reduce_grads(op)
-  if op ~= "mean" and op ~= "sum" then E.raise(E.EINVAL, "reduce_grads: op must be 'mean' or 'sum', got %s", tostring(op)) end
+-- pre_err: an argument error of this rank's call, raised on every rank.
+local reduce_body
+function Stepper:reduce_grads(op, pre_err) return self:exclusive("reduce_grads", reduce_body, self, op, pre_err) end
+
+function reduce_body(self, op, pre_err)
+  if pre_err == nil and op ~= "mean" and op ~= "sum" then
+    pre_err = E.new(E.EINVAL, ("reduce_grads: op must be 'mean' or 'sum', got %s"):format(tostring(op)))
+  end
+  self:gate("reduce_grads", pre_err)
   self:build_once()
   if self.W == 1 then return 0 end
   local mesh, me = self.dmesh, self.me

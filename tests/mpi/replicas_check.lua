@@ -143,6 +143,12 @@ H.main(function()
     H.check("reduce-missing-grad-changes-nothing", same)
     local okb, errb = pcall(eng.reduce_grads, eng, { op = "max" })
     H.check("reduce-bad-op", not okb and tostring(errb):find("op must be 'mean' or 'sum', got max", 1, true) ~= nil, tostring(errb))
+    -- rank 0 saves while the others reduce: every rank fails, none hangs
+    local okg, errg
+    if me == 0 then okg, errg = pcall(eng.save, eng, os.tmpname())
+    else okg, errg = pcall(eng.reduce_grads, eng, { op = "mean" }) end
+    H.check("reduce-against-save-fails-everywhere", not okg and tostring(errg):find("the ranks are not in the same call", 1, true) ~= nil,
+      tostring(errg))
   end
   if mode == "replicas" then
     local eng, _, l = setup({ check_replicas = "grads" })
