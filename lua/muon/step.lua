@@ -40,7 +40,7 @@
 --   st:add(gi, param, placement)     -- param.logical_shape: the global shape
 --   st:check_buffers(params)         -- raises if their memory overlaps a registered one's
 --   st:add_group(spec) --> gi        -- one more group (before its parameters)
---   st:gate(op, err)                 -- the start of a collective call (step, save, load)
+--   st:gate(op, err)                 -- the start of a collective call (step, save, load, reduce_grads)
 --   st:exclusive(what, f, ...)       -- f(...) as a call no hook may re-enter; st:check_idle(what)
 --   st:step(values, pre_err)         -- values[gi] = { lr = ..., ... } this step's schedule;
 --                                    -- false when no parameter has a grad (nothing changed)
@@ -285,8 +285,7 @@ local OP_TAG = {}
 for i, op in ipairs(OPS) do OP_TAG[op] = i end
 
 -- The start of every collective call (op: "step", "save", "load" or
--- "reduce_grads"), on a
--- mesh one all-reduce of the call's tag and of whether this rank already
+-- "reduce_grads"), on a mesh one all-reduce of the call's tag and of whether this rank already
 -- failed (err: an argument error, raised here on every rank, lowest
 -- failing rank's): ranks in different calls (save on one, step on
 -- another) fail on every rank naming both calls instead of entering
@@ -301,7 +300,8 @@ function Stepper:gate(op, err)
   if r[1] ~= -r[2] then
     local other = OPS[r[1] ~= tag and r[1] or -r[2]]
     E.raise(E.ESTATE, "%s: the ranks are not in the same call: rank %d called %s while another rank called %s "
-      .. "(every rank must call step, save and load in the same order); nothing was changed", op, self.me, op, other)
+      .. "(every rank must make the same collective calls, %s, in the same order); nothing was changed", op, self.me,
+      op, other, table.concat(OPS, ", "))
   end
   if r[3] ~= 0 then self:_raise_from(self.W - r[3], err) end
 end
