@@ -1343,7 +1343,7 @@ int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *c
     int dt = -1;
     for (int64_t j = 0; j < count; j++) {
         ns_job job;
-        snprintf(pre, sizeof pre, "ns many: tensor %lld: ", (long long)j);
+        mu__name_index(pre, sizeof pre, "ns many: tensor ", "", (long long)j, ": ");
         if (!in[j] || !out[j])
             return mu__fail(MU_EINVAL, "%sin[%lld] and out[%lld] must not be NULL", pre,
                             (long long)j, (long long)j);
@@ -1373,7 +1373,7 @@ int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *c
     int rc = ns_lists_get(ws, count, total, &l);
     /* Second pass: every job with its norms, then aliasing, before any write. */
     for (int64_t j = 0, off = 0; rc == MU_OK && j < count; j++) {
-        snprintf(pre, sizeof pre, "ns many: tensor %lld: ", (long long)j);
+        mu__name_index(pre, sizeof pre, "ns many: tensor ", "", (long long)j, ": ");
         rc = ns_job_init(pre, in[j], out[j], opts[j], &l.jobs[j]);
         if (rc == MU_OK) rc = ns_ws_fits(pre, ws, &l.jobs[j]);
         if (rc == MU_OK) rc = ns_job_norms(pre, &l.jobs[j], l.norms + off);
