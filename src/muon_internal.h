@@ -54,6 +54,12 @@ int mu__fail(int code, const char *fmt, ...)
     ;
 /* Clear the thread's detail message (successful public calls need not). */
 void mu__clear_error(void);
+/* buf = head, open, i in decimal, then close, cut to cap - 1 bytes as
+ * snprintf(buf, cap, "%s%s%lld%s", ...) would: the name a message gives an
+ * element of a list, built without printf's cost (the checks of every
+ * tensor of a list name it before they know whether it is bad). Returns buf. */
+const char *mu__name_index(char *buf, size_t cap, const char *head, const char *open, long long i,
+                           const char *close);
 
 /* Contiguous element count with overflow check; -1 on overflow/negative. */
 int64_t mu__shape_numel(int ndim, const int64_t *shape);

@@ -1145,7 +1145,7 @@ function step_body(self, values, pre_err)
   end
   for gi, G in ipairs(self.groups) do
     local gr = run.g[gi]
-    if G.kind.post_update and not gr.skip and post_failure == nil and #gr.params > 0 then
+    if runs_post(G, gr) and post_failure == nil and #gr.params > 0 then -- (boxes only for a hook that runs)
       local boxes, reducers = {}, sess and {}
       for i, p in ipairs(gr.params) do
         local r = self.rec[p]
