@@ -10,6 +10,11 @@
  * load it (nor its OpenMP runtime and OpenCL loader); without it, bfloat16
  * calls fail with MU_EIO naming the library.
  *
+ * Below AVX-512 (e.g. ONEDNN_MAX_CPU_ISA=AVX2), oneDNN 2.x has no bfloat16
+ * matmul: each product then widens its bfloat16 tiles to float32 (exact)
+ * and runs OpenBLAS sgemm, the same maths (float32 accumulation of exact
+ * products), slower, allocating its copies per call.
+ *
  * Reproducible bits: every product here runs on one thread (the calling
  * worker's; its OpenMP thread count is set to 1 around the call, and the
  * primitive cache keys on that count), on a tile whose sizes, strides and
@@ -19,6 +24,7 @@
  */
 #include "muon_internal.h"
 
+#include <cblas.h>
 #include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -54,6 +60,7 @@ struct mu__dnnl {
     int (*omp_get_max_threads)(void);
     void (*omp_set_num_threads)(int);
     dnnl_engine_t engine;
+    int widen;         /* oneDNN has no bfloat16 matmul on this CPU (below AVX-512) */
     atomic_int failed; /* a product failed (set by any worker) */
 };
 #undef MU__DNNL_FIELD
@@ -101,8 +108,39 @@ int mu__dnnl_open(mu__dnnl **out)
         return mu__fail(MU_EIO, "ns: oneDNN: no CPU engine");
     }
     atomic_init(&d->failed, 0);
+    /* Whether oneDNN has a bfloat16 matmul here (a 16 x 16 one). */
+    dnnl_memory_desc_t md;
+    const dnnl_dims_t dims = {16, 16}, st = {16, 1};
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_desc_t pd = NULL;
+    d->dnnl_memory_desc_init_by_strides(&md, 2, dims, dnnl_bf16, st);
+    dnnl_memory_desc_t mc;
+    d->dnnl_memory_desc_init_by_strides(&mc, 2, dims, dnnl_f32, st);
+    d->widen = d->dnnl_matmul_desc_init(&desc, &md, &md, NULL, &mc) != dnnl_success ||
+               d->dnnl_primitive_desc_create(&pd, &desc, NULL, d->engine, NULL) != dnnl_success;
+    if (pd) d->dnnl_primitive_desc_destroy(pd);
     *out = d;
     return MU_OK;
+}
+
+/* The widened product (no bfloat16 matmul in oneDNN on this CPU). */
+static void dnnl_widened(mu__dnnl *d, int transb, int64_t M, int64_t N, int64_t K,
+                         const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c,
+                         int64_t ldc)
+{
+    float *wa = malloc((size_t)(M * K + K * N + 1) * sizeof(float)), *wb = wa + M * K;
+    if (!wa) {
+        atomic_store(&d->failed, 1);
+        return;
+    }
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k++) wa[i * K + k] = mu__f32_from_bf16(a[i * lda + k]);
+    const int64_t br = transb ? N : K, bc = transb ? K : N;
+    for (int64_t i = 0; i < br; i++)
+        for (int64_t k = 0; k < bc; k++) wb[i * bc + k] = mu__f32_from_bf16(b[i * ldb + k]);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, transb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                (int)K, 1.0f, wa, (int)K, wb, (int)bc, 0.0f, c, (int)ldc);
+    free(wa);
 }
 
 int mu__dnnl_threads(const mu__dnnl *d) { return d->omp_get_max_threads(); }
@@ -128,6 +166,10 @@ void mu__dnnl_gemm(mu__dnnl *d, int transb, int64_t M, int64_t N, int64_t K, con
     if (transb) {
         sb[0] = 1;
         sb[1] = ldb;
+    }
+    if (d->widen) {
+        dnnl_widened(d, transb, M, N, K, a, lda, b, ldb, c, ldc);
+        return;
     }
     dnnl_primitive_desc_t pd = NULL;
     dnnl_primitive_t prim = NULL;
@@ -171,11 +213,12 @@ void mu__dnnl_describe(char *buf, size_t cap)
     }
     const dnnl_version_t *v = d->dnnl_version();
     const dnnl_cpu_isa_t isa = d->dnnl_get_effective_cpu_isa();
-    const char *how = (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx
+    const char *how = d->widen ? "no bf16 kernels here: widened to float32, OpenBLAS sgemm"
+                      : (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx
                           ? "AMX"
-                          : (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16
-                                ? "AVX512_BF16 instructions"
-                                : "emulated, no bf16 instructions";
+                      : (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16
+                          ? "AVX512_BF16 instructions"
+                          : "emulated on AVX-512, no bf16 instructions";
     snprintf(buf, cap, "oneDNN %d.%d.%d %s (%s)", v->major, v->minor, v->patch,
              d->dnnl_cpu_isa2str(isa), how);
     mu__dnnl_close(d);
