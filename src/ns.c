@@ -785,6 +785,42 @@ static inline uint16_t ns_rb(float f) { return mu__bf16_from_f32(f); }
 /* a bfloat16 scalar as torch makes it from a Python float */
 static inline float ns_bfc(double v) { return ns_bf(mu__bf16_from_f64(v)); }
 
+/* The elementwise rows of the bfloat16 iteration, written once (NS_BF16_ROWS)
+ * and compiled twice: for the build's baseline and, dispatched at run time,
+ * for AVX-512 (vectorized); both compute the same roundings bit for bit.
+ *   round: d = bf16(f)
+ *   poly:  d = bf16(bf16(b' a) + bf16(c' bf16(f)))
+ *   apply: x = bf16(bf16(a' x) + bf16(f)); o = float32(x) unless o is NULL */
+#define NS_BF16_ROWS(SFX, ATTR)                                                             \
+    ATTR static void ns_row_round##SFX(uint16_t *restrict d, const float *restrict f,         \
+                                       int64_t len)                                          \
+    {                                                                                       \
+        for (int64_t i = 0; i < len; i++) d[i] = ns_rb(f[i]);                                \
+    }                                                                                       \
+    ATTR static void ns_row_poly##SFX(uint16_t *restrict d, const uint16_t *restrict a,       \
+                                      const float *restrict f, int64_t len, float bc, float cc) \
+    {                                                                                       \
+        for (int64_t i = 0; i < len; i++)                                                   \
+            d[i] = ns_rb(ns_bf(ns_rb(bc * ns_bf(a[i]))) + ns_bf(ns_rb(cc * ns_bf(ns_rb(f[i]))))); \
+    }                                                                                       \
+    ATTR static void ns_row_apply##SFX(uint16_t *restrict x, const float *restrict f,         \
+                                       float *restrict o, int64_t len, float ac)             \
+    {                                                                                       \
+        for (int64_t i = 0; i < len; i++) x[i] = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i]))); \
+        if (o)                                                                              \
+            for (int64_t i = 0; i < len; i++) o[i] = ns_bf(x[i]);                            \
+    }
+
+NS_BF16_ROWS(_base, )
+#if defined(__x86_64__) && defined(__GNUC__)
+NS_BF16_ROWS(_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), optimize("O3"))))
+#define NS_ROW(name, ...)                                                                    \
+    (__builtin_cpu_supports("avx512bw") ? ns_row_##name##_avx512(__VA_ARGS__)                \
+                                        : ns_row_##name##_base(__VA_ARGS__))
+#else
+#define NS_ROW(name, ...) ns_row_##name##_base(__VA_ARGS__)
+#endif
+
 /* The buffers of a slot for the bfloat16 iteration: X (n x m bfloat16) in
  * x, the float32 products in a (n x n), A and B (bfloat16) in b. */
 #define NS_BF16_BUFS(it, n)                                                                 \
@@ -822,13 +858,10 @@ static void ns_bf16_begin(ns_iter *it, const char *src, double scale)
 
 /* Write v at (r, c) of an n x n matrix and at its mirror (c, r), for the
  * positions of block rectangle r (c >= r on a diagonal block). */
-#define NS_BF16_SYM(M, n, rc, EXPR)                                                          \
+#define NS_BF16_SYM(M, n, rc, ROW)                                                           \
     for (int64_t r = (rc).r0; r < (rc).r1; r++) {                                            \
-        const int64_t cs = (rc).c0 > r ? (rc).c0 : r;                                        \
-        for (int64_t c = cs; c < (rc).c1; c++) {                                             \
-            const int64_t at = r * (n) + c;                                                  \
-            (M)[at] = (EXPR);                                                                \
-        }                                                                                    \
+        const int64_t cs = (rc).c0 > r ? (rc).c0 : r, at = r * (n) + cs, len = (rc).c1 - cs; \
+        if (len > 0) ROW;                                                                    \
     }                                                                                        \
     for (int64_t c0_ = (rc).c0; c0_ < (rc).c1; c0_ += NS_BLK)                                \
         for (int64_t r0_ = (rc).r0; r0_ < (rc).r1; r0_ += NS_BLK) {                          \
@@ -855,12 +888,10 @@ static void ns_bf16_tile(const ns_iter *it, int k, int stage, int t)
         mu__dnnl_gemm(job->dnnl, 1, rr.r1 - rr.r0, rr.c1 - rr.c0, kk, P + (int64_t)rr.r0 * kk, kk,
                       P + (int64_t)rr.c0 * kk, kk, c, n);
         if (stage == NS_GRAM_A) {
-            NS_BF16_SYM(Ab, n, rr, ns_rb(F[at]));
+            NS_BF16_SYM(Ab, n, rr, NS_ROW(round, Ab + at, F + at, len));
         } else {
             const float bc = ns_bfc(co[1]), cc = ns_bfc(co[2]);
-            NS_BF16_SYM(Bb, n, rr,
-                        ns_rb(ns_bf(ns_rb(bc * ns_bf(Ab[at]))) +
-                              ns_bf(ns_rb(cc * ns_bf(ns_rb(F[at]))))));
+            NS_BF16_SYM(Bb, n, rr, NS_ROW(poly, Bb + at, Ab + at, F + at, len, bc, cc));
         }
         return;
     }
@@ -874,15 +905,8 @@ static void ns_bf16_tile(const ns_iter *it, int k, int stage, int t)
     mu__dnnl_gemm(job->dnnl, 0, n, nj, n, Bb, n, X + j0, m, C, ldc);
     const float ac = ns_bfc(co[0]);
     const int last = k == job->opts->steps - 1;
-    for (int64_t i = 0; i < n; i++) {
-        uint16_t *x = X + i * m + j0;
-        float *cr = C + i * ldc;
-        for (int64_t j = 0; j < nj; j++) {
-            const uint16_t v = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[j]))) + ns_bf(ns_rb(cr[j])));
-            x[j] = v;
-            if (last && !p->tall) cr[j] = ns_bf(v);
-        }
-    }
+    for (int64_t i = 0; i < n; i++)
+        NS_ROW(apply, X + i * m + j0, C + i * ldc, last && !p->tall ? C + i * ldc : NULL, nj, ac);
     if (last && p->tall) /* out rows j0:j1 = X[:, j0:j1]^T */
         for (int64_t i0 = 0; i0 < n; i0 += NS_BLK)
             for (int64_t jb = 0; jb < nj; jb += NS_BLK) {
