@@ -61,7 +61,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)
 # running inside them finds the API through ffi.C.
 HOSTLINK  = -Wl,--whole-archive $(LIB_A) -Wl,--no-whole-archive -Wl,--export-dynamic $(LDSAN) $(DEPLIBS)
 
-.PHONY: all deps test demo bench clean install uninstall fuzz
+.PHONY: all deps test demo bench clean install uninstall fuzz reference
 all: $(LIB_SO) $(LIB_A) $(PROBE) $(if $(CLI_SRCS),$(CLI)) $(CTESTS) $(EXAMPLES)
 
 deps:
@@ -139,6 +139,12 @@ $(BUILD)/bench/omp_host: tests/bench/omp_host.c $(LIB_A) src/muon.h
 test: deps
 	@$(MAKE) --no-print-directory all
 	@MUON_BUILD=$(BUILD) SAN=$(SAN) TSAN=$(TSAN) VALGRIND=$(VALGRIND) bash tests/run.sh
+
+# build/REFERENCE.md: the API reference, generated from the reference blocks
+# at the top of the Lua modules and the comments of src/muon.h (the same
+# text `muon help API` prints; lua/muon/reference.lua reads both).
+reference: all
+	$(BUILD)/muon help API --markdown $(BUILD)/REFERENCE.md
 
 # make fuzz [FUZZ_SECONDS=60] [FUZZ_TARGETS="npy safetensors config"]:
 # libFuzzer harnesses (tests/fuzz/) built with clang into build/fuzz/.

@@ -1175,6 +1175,37 @@ static int eng_set_signal(mu__eng *eng, const char *name, const double *values, 
     return mu__call_run(eng, "set_signal", "mu_engine_set_signal", MU_EINVAL, mu__push_key, &a, NULL);
 }
 
+static int eng_zero_grad(mu__eng *eng, int unused)
+{
+    (void)unused;
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_zero_grad: eng is NULL");
+    return mu__call_run(eng, "zero_grad", "mu_engine_zero_grad", MU_EINVAL, NULL, NULL, NULL);
+}
+
+static int mu__push_number(lua_State *L, const void *p)
+{
+    lua_pushnumber(L, *(const double *)p);
+    return 1;
+}
+
+static int eng_clip_grad_norm(mu__eng *eng, double max_norm, double *norm)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_clip_grad_norm: eng is NULL");
+    double v = 0;
+    int rc = mu__call_run(eng, "clip_grad_norm", "mu_engine_clip_grad_norm", MU_EINVAL, mu__push_number,
+                          &max_norm, &v);
+    if (norm) *norm = rc == MU_OK ? v : 0;
+    return rc;
+}
+
+static int eng_set_lr(mu__eng *eng, const char *group, double lr)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_set_lr: eng is NULL");
+    if (!group || !*group) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_lr: group is NULL or empty");
+    mu__key_args a = {.key = group, .value = lr, .nvalues = 1};
+    return mu__call_run(eng, "set_lr", "mu_engine_set_lr", MU_EINVAL, mu__push_key, &a, NULL);
+}
+
 static int eng_save(mu__eng *eng, const char *path)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_save: eng is NULL");
@@ -1238,6 +1269,12 @@ int mu_engine_set_signal(mu_engine *h, const char *name, const double *values, i
     MU__ENGINE_CALL(set_signal, name, values, n);
 }
 
+int mu_engine_zero_grad(mu_engine *h) { MU__ENGINE_CALL(zero_grad, 0); }
+int mu_engine_clip_grad_norm(mu_engine *h, double max_norm, double *norm)
+{
+    MU__ENGINE_CALL(clip_grad_norm, max_norm, norm);
+}
+int mu_engine_set_lr(mu_engine *h, const char *group, double lr) { MU__ENGINE_CALL(set_lr, group, lr); }
 int mu_engine_save(mu_engine *h, const char *path) { MU__ENGINE_CALL(save, path); }
 int mu_engine_load(mu_engine *h, const char *path) { MU__ENGINE_CALL(load, path, 0); }
 int mu_engine_load_ex(mu_engine *h, const char *path, int flags) { MU__ENGINE_CALL(load, path, flags); }

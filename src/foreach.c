@@ -22,7 +22,8 @@
  *                                           update.mul_(s); p.mul_(decay);
  *                                           p.add_(update, alpha=alpha)
  *   scale     x  = x * s
- *   adamw     see foreach_generic.h (torch.optim.AdamW single-tensor path).
+ *   adamw     see foreach_generic.h (torch 2.x's torch.optim.AdamW single-tensor
+ *             path; 1 ulp from torch 1.13).
  *   lion      c = fma(1-b1, g, m*b1); u = sign(c); m' = fma(1-b2, g, m*b2)
  *                                           lion-pytorch's m.mul(b1).add(g, alpha=1-b1)
  * Scalars are rounded to the tensor dtype first, as torch does for a Python
@@ -91,6 +92,7 @@ typedef struct apply_args { /* params, updates */
     const double *scales; /* per tensor, or NULL for 1 */
     double decay, alpha;
     int cautious;
+    int check; /* write nothing, report a non-finite result (mu_foreach_apply_finite) */
 } apply_args;
 typedef struct scale_args { /* xs */
     const double *scales; /* per tensor, or NULL for scale */
@@ -476,8 +478,18 @@ int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
     return MU_OK;
 }
 
+/* The first tensor a job's kernels reported bad (all_finite, apply_finite),
+ * or -1. */
+static int first_bad(const job *J)
+{
+    int first = -1;
+    for (int t = 0; t < J->nthreads; t++)
+        if (J->bad[t] >= 0 && (first < 0 || J->bad[t] < first)) first = J->bad[t];
+    return first;
+}
+
 static int apply_job(int n, mu_tensor *const *params, mu_tensor *const *updates,
-                     const double *scales, double decay, double alpha, int cautious)
+                     const double *scales, double decay, double alpha, int cautious, int *bad)
 {
     mu_tensor *const *arrs[2] = { params, updates };
     const char *names[2] = { "params", "updates" };
@@ -488,22 +500,33 @@ static int apply_job(int n, mu_tensor *const *params, mu_tensor *const *updates,
         for (int i = 0; i < n; i++)
             if (!isfinite(scales[i]))
                 return mu__fail(MU_EINVAL, "scales[%d] = %g is not finite", i, scales[i]);
-    apply_args a = { scales, decay, alpha, cautious };
+    apply_args a = { scales, decay, alpha, cautious, bad != NULL };
     job J;
     run_op(&J, OP_APPLY, dtype, n, 2, arrs, &a);
-    return MU_OK;
+    if (!bad) return MU_OK;
+    *bad = first_bad(&J);
+    return *bad < 0 ? 1 : 0;
 }
 
 int mu_foreach_apply(int n, mu_tensor *const *params, mu_tensor *const *updates,
                      const double *scales, double decay, double alpha)
 {
-    return apply_job(n, params, updates, scales, decay, alpha, 0);
+    return apply_job(n, params, updates, scales, decay, alpha, 0, NULL);
 }
 
 int mu_foreach_apply_cautious(int n, mu_tensor *const *params, mu_tensor *const *updates,
                               const double *scales, double decay, double alpha)
 {
-    return apply_job(n, params, updates, scales, decay, alpha, 1);
+    return apply_job(n, params, updates, scales, decay, alpha, 1, NULL);
+}
+
+int mu_foreach_apply_finite(int n, mu_tensor *const *params, mu_tensor *const *updates,
+                            const double *scales, double decay, double alpha, int cautious, int *bad)
+{
+    int none;
+    if (!bad) bad = &none;
+    *bad = -1;
+    return apply_job(n, params, updates, scales, decay, alpha, cautious != 0, bad);
 }
 
 int mu_foreach_scale(int n, mu_tensor *const *xs, const double *scales, double scale)
@@ -620,9 +643,7 @@ int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad)
     if ((rc = check_arrays(n, 1, arrs, names, 0x1u, &dtype))) return rc; /* any dtype */
     job J;
     run_op(&J, OP_FINITE, dtype, n, 1, arrs, NULL);
-    int first = -1;
-    for (int t = 0; t < J.nthreads; t++)
-        if (J.bad[t] >= 0 && (first < 0 || J.bad[t] < first)) first = J.bad[t];
+    int first = first_bad(&J);
     if (bad) *bad = first;
     return first < 0 ? 1 : 0;
 }

@@ -47,7 +47,9 @@ static KATTR int R(momentum)(const void *va, int i, int64_t k0, int64_t len, cha
 }
 
 #if !FE_BF16
-/* cautious: q = p * decay only where (alpha * us) * p < 0, else q = p. */
+/* cautious: q = p * decay only where (alpha * us) * p < 0, else q = p.
+ * check: nothing is written; 0 if a result would be NaN or Inf (the same
+ * operations, so exactly the values the apply would write). */
 static KATTR int R(apply)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
 {
     const apply_args *a = va;
@@ -55,15 +57,21 @@ static KATTR int R(apply)(const void *va, int i, int64_t k0, int64_t len, char *
     const real *u = (const real *)p[1];
     const vec dec = VSET((real)a->decay), al = VSET((real)a->alpha), zero = VSET((real)0);
     const vec s = VSET((real)(a->scales ? a->scales[i] : 1.0));
+    facc acc = FACC0;
     (void)k0;
     for (int64_t k = 0; k < len; k += W) {
         vec pv = VLD(x + k);
         vec t = VMUL(pv, dec);
         vec us = VMUL(VLD(u + k), s);
         if (a->cautious) t = VSEL_LT(VMUL(VMUL(al, us), pv), zero, t, pv);
-        VST(x + k, VFMA(al, us, t));
+        if (a->check) {
+            acc = FACC_ADD(acc, VFMA(al, us, t));
+            if ((k & 1023) == 0 && FACC_ANY(acc)) return 0;
+        } else {
+            VST(x + k, VFMA(al, us, t));
+        }
     }
-    return 1;
+    return !FACC_ANY(acc);
 }
 
 static KATTR int R(scale)(const void *va, int i, int64_t k0, int64_t len, char *const *p)

@@ -67,6 +67,7 @@ MU_API const char *mu_errname(int code);
 MU_API const char *mu_last_error(void);
 /* FFI declarations of this header, for LuaJIT's ffi.cdef. */
 MU_API const char *mu_cdef(void);
+/* The library's version ("0.1.0"), a static string. */
 MU_API const char *mu_version(void);
 /* Is path a regular file that can be opened for reading? Decided without
  * blocking: a directory, FIFO, socket or device is refused without being
@@ -108,12 +109,12 @@ typedef struct mu_storage mu_storage; /* refcounted buffer, opaque */
  * data points at element (0,...,0), i.e. storage base + offset elements.
  */
 typedef struct mu_tensor {
-    void *data;
-    mu_storage *storage;
-    int64_t offset;
-    int32_t scalar;     /* mu_dtype */
-    int32_t ndim;
-    int64_t dims[MU_MAX_DIMS];    /* sizes */
+    void *data;                   /* element (0, ..., 0) */
+    mu_storage *storage;          /* the buffer viewed (shared by views) */
+    int64_t offset;               /* of data from the storage base, in elements */
+    int32_t scalar;               /* mu_dtype */
+    int32_t ndim;                 /* 0 .. MU_MAX_DIMS */
+    int64_t dims[MU_MAX_DIMS];    /* sizes (the first ndim are used) */
     int64_t strides[MU_MAX_DIMS]; /* in elements */
 } mu_tensor;
 
@@ -126,13 +127,19 @@ MU_API int mu_tensor_wrap(int dtype, int ndim, const int64_t *shape, const int64
 /* Release one tensor handle (storage freed with its last view). NULL is ok. */
 MU_API void mu_tensor_free(mu_tensor *t);
 
+/* The number of elements (the product of the sizes; 1 for 0 dims); -1 for
+ * NULL or a bad ndim. */
 MU_API int64_t mu_tensor_numel(const mu_tensor *t);
+/* 1 if t is C-contiguous (size-1 dims may have any stride; an empty tensor
+ * is contiguous), 0 otherwise or for NULL. */
 MU_API int mu_tensor_is_contiguous(const mu_tensor *t);
 /* Bytes per element of a dtype (0 for a value outside MU_DTYPES). */
 MU_API size_t mu_dtype_size(int dtype);
 /* The dtype's Lua name ("float32", "float64", "bfloat16") and its
  * safetensors name ("F32", "F64", "BF16"); NULL outside MU_DTYPES. */
 MU_API const char *mu_dtype_name(int dtype);
+/* The dtype's safetensors name ("F32", "F64", "BF16"); NULL outside
+ * MU_DTYPES. */
 MU_API const char *mu_dtype_file_name(int dtype);
 /* Whether two tensors share the same storage. */
 MU_API int mu_tensor_same_storage(const mu_tensor *a, const mu_tensor *b);
@@ -142,13 +149,21 @@ MU_API int mu_tensor_same_storage(const mu_tensor *a, const mu_tensor *b);
  * arithmetic). Every call taking tensors makes this check first. */
 MU_API int mu_tensor_check(const mu_tensor *t);
 
-/* Views sharing storage. view: contiguous input only; one dim may be -1. */
+/* Views sharing storage: each *out is a new handle (free it with
+ * mu_tensor_free) on t's storage; MU_EINVAL for bad dims or ranges (the
+ * message names them), and *out is NULL on failure. view: contiguous input
+ * only; one dim may be -1; the element count must not change. */
 MU_API int mu_tensor_view(const mu_tensor *t, int ndim, const int64_t *shape, mu_tensor **out);
+/* A view with dims d0 and d1 (0-based) swapped. */
 MU_API int mu_tensor_transpose(const mu_tensor *t, int d0, int d1, mu_tensor **out);
+/* A view of length elements of dim from start (0-based): start + length
+ * <= the size. */
 MU_API int mu_tensor_narrow(const mu_tensor *t, int dim, int64_t start, int64_t length,
                             mu_tensor **out);
-/* Drop a size-1 dim / insert one at position dim (views). */
+/* A view without dim, which must have size 1. */
 MU_API int mu_tensor_squeeze(const mu_tensor *t, int dim, mu_tensor **out);
+/* A view with a size-1 dim inserted at position dim (0 .. ndim; ndim <
+ * MU_MAX_DIMS). */
 MU_API int mu_tensor_unsqueeze(const mu_tensor *t, int dim, mu_tensor **out);
 /* Same storage if already contiguous, else a contiguous copy. */
 MU_API int mu_tensor_contiguous(const mu_tensor *t, mu_tensor **out);
@@ -158,10 +173,15 @@ MU_API int mu_tensor_clone(const mu_tensor *t, int dtype, mu_tensor **out);
 /* dst = src elementwise; same shape, dtypes may differ. Overlap not allowed
  * except dst == src exactly. */
 MU_API int mu_tensor_copy(mu_tensor *dst, const mu_tensor *src);
+/* Set every element of t (any strides) to value, rounded to t's dtype. */
 MU_API int mu_tensor_fill(mu_tensor *t, double value);
 /* Frobenius norm, accumulated in double. */
 MU_API int mu_tensor_norm(const mu_tensor *t, double *out);
+/* One element: index holds ndim 0-based indices (MU_EINVAL naming the
+ * first out of range); *out the value as a double (any NaN as the one
+ * quiet NaN). */
 MU_API int mu_tensor_get(const mu_tensor *t, const int64_t *index, double *out);
+/* Set one element (index as mu_tensor_get) to value rounded to t's dtype. */
 MU_API int mu_tensor_set(mu_tensor *t, const int64_t *index, double value);
 /* 1 if every element is finite, 0 otherwise (first bad flat index in *where);
  * negative (an MU_E* code) for a bad tensor. */
@@ -196,25 +216,25 @@ typedef enum {
                        * : fma(x2 - 1, x1 - x0, x1) */
     MU_MAP_WHERE,     /* x0 != 0 ? x1 : x2 (NaN counts as true) */
     MU_MAP_GT,        /* 1 or 0: x0 > x1 (false for NaN, like every comparison but NE) */
-    MU_MAP_LT,
-    MU_MAP_GE,
-    MU_MAP_LE,
-    MU_MAP_EQ,
-    MU_MAP_NE,
+    MU_MAP_LT,        /* x0 < x1 */
+    MU_MAP_GE,        /* x0 >= x1 */
+    MU_MAP_LE,        /* x0 <= x1 */
+    MU_MAP_EQ,        /* x0 == x1 */
+    MU_MAP_NE,        /* x0 != x1 (true for NaN) */
     MU_MAP_NEG,       /* -x0 */
-    MU_MAP_ABS,
-    MU_MAP_SQRT,
+    MU_MAP_ABS,       /* |x0| */
+    MU_MAP_SQRT,      /* sqrt(x0) */
     MU_MAP_RSQRT,     /* 1 / sqrt(x0), two roundings */
     MU_MAP_SIGN,      /* 1, -1, or 0 for zeros and NaN */
     MU_MAP_CLAMP,     /* min(max(x0, lo), hi); NaN stays NaN, a NaN bound is ignored */
     MU_MAP_EXP,       /* exp(x0) (the C library's, in the dtype: expf / exp) */
     MU_MAP_LOG,       /* natural log(x0): -inf at 0, NaN below */
-    MU_MAP_TANH,
+    MU_MAP_TANH,      /* tanh(x0) (the C library's) */
     MU_MAP_SIGMOID,   /* 1 / (1 + exp(-x0)), torch's formula, each step rounded */
     MU_MAP_POW,       /* pow(x0, x1); a scalar exponent (x[1] NULL) of 2, 3 or -2 is
                        * x*x, x*x*x, 1/(x*x), of 0.5, -0.5, -1 sqrt, 1/sqrt, 1/x,
                        * as torch computes tensor ** scalar */
-    MU_MAP_COUNT
+    MU_MAP_COUNT      /* the number of ops */
 } mu_map_op;
 
 typedef struct mu_map_args {
@@ -226,6 +246,11 @@ typedef struct mu_map_args {
     double lo, hi;         /* CLAMP (-inf / +inf for no bound) */
 } mu_map_args;
 
+/* out = args->op(x0, x1, x2) per element, as described above: the operands
+ * broadcast to out's shape, NULL operands replaced by their scalars. Every
+ * tensor is checked first; MU_ESHAPE for shapes that do not broadcast to
+ * out's, MU_EDTYPE for mixed dtypes or bfloat16, MU_EINVAL for an unknown
+ * op or out overlapping an operand in another layout. */
 MU_API int mu_tensor_map(const mu_map_args *args, mu_tensor *out);
 
 /* Reductions accumulate in double (float32 inputs are rounded once, when
@@ -233,16 +258,16 @@ MU_API int mu_tensor_map(const mu_map_args *args, mu_tensor *out);
  * of nothing is 0, MEAN NaN, NORM 0; AMAX of nothing is MU_ESHAPE. AMAX
  * propagates NaN; NORM is the 2-norm sqrt(sum x^2). */
 typedef enum {
-    MU_REDUCE_SUM = 0,
-    MU_REDUCE_MEAN,
-    MU_REDUCE_AMAX,
-    MU_REDUCE_NORM,
+    MU_REDUCE_SUM = 0, /* sum */
+    MU_REDUCE_MEAN,    /* sum / count */
+    MU_REDUCE_AMAX,    /* largest element */
+    MU_REDUCE_NORM,    /* sqrt(sum x^2) */
     MU_REDUCE_ARGMAX, /* the 0-based index of the first largest element (a NaN
                        * counts as largest: the first NaN), torch's rule; stored
                        * as a number of t's dtype, so the reduced dim must be at
                        * most 2^24 long for float32 (else MU_EINVAL); of
                        * nothing MU_ESHAPE */
-    MU_REDUCE_COUNT
+    MU_REDUCE_COUNT   /* the number of reductions */
 } mu_reduce_op;
 
 /* Reduce t along dim (0-based) into out: t's shape with that dim of size 1
@@ -294,11 +319,17 @@ typedef struct mu_xsum {
     int64_t pending;             /* additions since the carries were propagated */
     double max, min;             /* of the values added (-Inf / +Inf when none; NaN skipped) */
 } mu_xsum;
+/* Make s the empty sum: limbs and counts 0, max -Inf, min +Inf (NULL is a
+ * no-op). */
 MU_API void mu_xsum_zero(mu_xsum *s);
 /* Add every element of x (float32, float64 or bfloat16, any strides), or
  * with squares != 0 every element's square (float32, bfloat16: exact;
  * float64: rounded to double, +Inf when it overflows). */
 MU_API int mu_xsum_add_tensor(mu_xsum *s, const mu_tensor *x, int squares);
+/* mu_xsum_add_tensor over the n tensors xs[0..n-1] (any dtypes of those,
+ * any shapes), in one call: every tensor is checked before any is added.
+ * MU_EINVAL (a NULL argument, n < 0) or MU_EDTYPE, naming the index. */
+MU_API int mu_xsum_add_tensors(mu_xsum *s, int n, mu_tensor *const *xs, int squares);
 /* s += other (both are normalized; other is not changed). */
 MU_API int mu_xsum_merge(mu_xsum *s, const mu_xsum *other);
 /* Propagate the carries: afterwards limb[0 .. MU_XSUM_LIMBS-2] are in
@@ -320,7 +351,12 @@ MU_API int mu_npy_load(const char *path, mu_tensor **out);
  * dtype, data that is not '<f4' or '<f8' is refused (MU_EDTYPE naming the
  * file and its dtype). */
 MU_API int mu_npy_load_as(const char *path, int dtype, mu_tensor **out);
+/* As mu_npy_load, from the len bytes of a .npy file at buf (a new tensor;
+ * buf is not kept). MU_EFORMAT for a malformed or truncated buffer. */
 MU_API int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out);
+/* Write t (MU_F32 as '<f4', MU_F64 as '<f8', any strides; MU_EDTYPE for
+ * other dtypes) as a version 1.0 .npy file, atomically (a temporary file
+ * renamed over path); MU_EIO when it cannot be written. */
 MU_API int mu_npy_save(const mu_tensor *t, const char *path);
 
 /* ---------------------------------------------------------- safetensors */
@@ -351,6 +387,7 @@ MU_API int mu_st_reader_read_as(mu_st_reader *r, int64_t begin, int64_t end, con
                                 mu_tensor *dst);
 /* XXH64 (seed 0) of the file's whole data section, read from the file. */
 MU_API int mu_st_reader_checksum(mu_st_reader *r, uint64_t *out);
+/* Close the file and free the reader (NULL is a no-op). */
 MU_API void mu_st_reader_close(mu_st_reader *r);
 
 /* Atomic write: a new temporary file in path's directory (a unique
@@ -363,23 +400,29 @@ MU_API int mu_st_write(const char *path, const char *header, size_t header_len, 
 /* XXH64 (seed 0) of the concatenated bytes of the tensors in order (= the
  * data section of a file holding them), and of a plain buffer. */
 MU_API int mu_st_checksum(int n, mu_tensor *const *ts, uint64_t *out);
+/* XXH64 (seed 0) of len bytes at data. */
 MU_API int mu_st_checksum_bytes(const void *data, size_t len, uint64_t *out);
 
 /* ----------------------------------------------------------------- BLAS */
 
 typedef struct mu_blas_info {
-    char core[64];   /* OpenBLAS core name, e.g. "SkylakeX" */
-    char config[160];
-    int threads;
-    char bf16[96];   /* the bfloat16 products' path (mu_ns_opts.dtype = MU_BF16):
-                      * "oneDNN 2.6.3 avx512_core_bf16 (AVX512_BF16 instructions)",
-                      * "... (emulated, no bf16 instructions)" or "none (...)" */
+    char core[64];    /* OpenBLAS core name, e.g. "SkylakeX" */
+    char config[160]; /* openblas_get_config(): version and build options */
+    int threads;      /* OpenBLAS's thread count */
+    char bf16[96];    /* the bfloat16 products' path (mu_ns_opts.dtype = MU_BF16):
+                       * "oneDNN 2.6.3 cpu_isa_avx512_core_bf16 (AVX512_BF16
+                       * instructions)", "... (emulated on AVX-512, ...)", "... (no
+                       * bf16 kernels here: widened to float32, OpenBLAS sgemm)" or
+                       * "none (libdnnl.so.2 not loadable)" */
 } mu_blas_info;
 
-/* Fill *out: OpenBLAS's core, config and thread count, and the path of the
- * bfloat16 products (opens and closes oneDNN to ask it). MU_EINVAL for a
- * NULL out. */
+/* The OpenBLAS this process runs: core, configuration and threads, and the
+ * path of the bfloat16 products (it opens and closes oneDNN to ask it),
+ * into *out (MU_EINVAL for NULL). */
 MU_API int mu_blas_get_info(mu_blas_info *out);
+/* Set OpenBLAS's thread count (threads >= 1, else MU_EINVAL); Newton-Schulz
+ * calls that start afterwards use that many workers (unless MU_NS_THREADS
+ * is set). */
 MU_API int mu_blas_set_threads(int threads);
 
 /* -------------------------------------------------------- Newton-Schulz */
@@ -437,6 +480,7 @@ typedef struct mu_ns_workspace mu_ns_workspace;
  * run as a parallel region of that runtime, sharing the host's threads;
  * MU_NS_OPENMP=0 makes them threads of the engine's own instead. */
 MU_API int mu_ns_workspace_new(int dtype, int64_t rows, int64_t cols, mu_ns_workspace **out);
+/* Free a workspace and its buffers (NULL is a no-op). */
 MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
 /* The bytes a workspace holds now (every buffer set of its workers, the
  * Gram iteration's buffers once used, the scheduler's lists) into *out
@@ -523,10 +567,22 @@ MU_API int mu_foreach_apply(int n, mu_tensor *const *params, mu_tensor *const *u
 MU_API int mu_foreach_apply_cautious(int n, mu_tensor *const *params, mu_tensor *const *updates,
                                      const double *scales, double decay, double alpha);
 
+/* Whether mu_foreach_apply (cautious = 0) or mu_foreach_apply_cautious
+ * (cautious != 0) with these arguments would write only finite values,
+ * writing nothing: the same operations, one read of params and updates.
+ * Returns 1 when every result is finite; 0 when one is NaN or Inf, with
+ * *bad (when not NULL) the index of the first such parameter; a negative
+ * status on a bad argument (as mu_foreach_apply). The engine checks its
+ * commit with it. */
+MU_API int mu_foreach_apply_finite(int n, mu_tensor *const *params, mu_tensor *const *updates,
+                                   const double *scales, double decay, double alpha, int cautious,
+                                   int *bad);
+
 /* x *= scales[i] (or scale when scales is NULL). */
 MU_API int mu_foreach_scale(int n, mu_tensor *const *xs, const double *scales, double scale);
 
-/* torch.optim.AdamW (bias-corrected, decoupled decay), step >= 1 (the
+/* torch 2.x's torch.optim.AdamW (bias-corrected, decoupled decay; 1 ulp
+ * from torch 1.13's form), step >= 1 (the
  * step number after incrementing); 0 <= beta < 1. */
 MU_API int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *grads,
                             mu_tensor *const *exp_avgs, mu_tensor *const *exp_avg_sqs,
@@ -564,6 +620,8 @@ MU_API int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad);
  * (unpack). dst/src batch buffers are contiguous, of the tensors' dtype;
  * offsets[i] + numel must fit (else MU_ESHAPE). */
 MU_API int mu_foreach_pack(int n, mu_tensor *const *srcs, mu_tensor *dst, const int64_t *offsets);
+/* Copy src at element offset offsets[i] into each dsts[i] (the inverse of
+ * mu_foreach_pack). */
 MU_API int mu_foreach_unpack(int n, const mu_tensor *src, mu_tensor *const *dsts,
                              const int64_t *offsets);
 
@@ -584,10 +642,10 @@ typedef struct mu_comm_request mu_comm_request;
 enum { MU_COMM_SUM = 0, MU_COMM_MAX = 1, MU_COMM_MIN = 2 };
 
 typedef struct mu_comm_stats {
-    int64_t calls;
-    int64_t bytes_sent;
-    int64_t bytes_recv;
-    double seconds;
+    int64_t calls;            /* collective calls made */
+    int64_t bytes_sent;       /* payload bytes sent to other ranks */
+    int64_t bytes_recv;       /* payload bytes received from other ranks */
+    double seconds;           /* wall time spent in the calls */
     int64_t nonblocking;      /* of calls: non-blocking ones (counted at their wait) */
     int64_t done_before_wait; /* of those: already complete when the wait began */
 } mu_comm_stats;
@@ -603,22 +661,40 @@ MU_API int mu_comm_from_handle(void *mpi_comm_ptr, mu_comm **out);
 /* MPI_Comm_split: ranks with the same color form one communicator, ordered
  * by key (then by rank). Collective over c. */
 MU_API int mu_comm_split(mu_comm *c, int color, int key, mu_comm **out);
+/* Free a communicator (its MPI duplicate too, unless MPI was finalized);
+ * NULL is a no-op. */
 MU_API void mu_comm_free(mu_comm *c);
+/* This process's rank in c (0-based); -1 for NULL. */
 MU_API int mu_comm_rank(const mu_comm *c);
+/* The number of ranks of c; -1 for NULL. */
 MU_API int mu_comm_size(const mu_comm *c);
+/* c's counters into *out (MU_EINVAL for NULL). */
 MU_API int mu_comm_get_stats(const mu_comm *c, mu_comm_stats *out);
+/* Zero c's counters (NULL is a no-op). */
 MU_API void mu_comm_reset_stats(mu_comm *c);
 
+/* All-to-all-v: to each peer i, sendcounts[i] elements of dtype from
+ * sendbuf + sdispls[i]; from it, recvcounts[i] into recvbuf + rdispls[i].
+ * The arrays have size(c) entries, >= 0 (MU_EINVAL naming the peer for a
+ * negative or overflowing one); collective over c; MU_ECOMM for an MPI
+ * failure. */
 MU_API int mu_comm_alltoallv(mu_comm *c, int dtype, const void *sendbuf, const int64_t *sendcounts,
                              const int64_t *sdispls, void *recvbuf, const int64_t *recvcounts,
                              const int64_t *rdispls);
+/* The same, non-blocking: *out is a request to complete with
+ * mu_comm_wait; the buffers stay in use until then. */
 MU_API int mu_comm_ialltoallv(mu_comm *c, int dtype, const void *sendbuf, const int64_t *sendcounts,
                               const int64_t *sdispls, void *recvbuf, const int64_t *recvcounts,
                               const int64_t *rdispls, mu_comm_request **out);
+/* All-gather-v: every rank's sendcount elements land in recvbuf at
+ * displs[r] (recvcounts[r] from rank r). Collective over c. */
 MU_API int mu_comm_allgatherv(mu_comm *c, int dtype, const void *sendbuf, int64_t sendcount,
                               void *recvbuf, const int64_t *recvcounts, const int64_t *displs);
+/* Broadcast n elements of dtype at buf from rank root. Collective over c. */
 MU_API int mu_comm_bcast(mu_comm *c, int dtype, void *buf, int64_t n, int root);
+/* Broadcast nbytes raw bytes at buf from rank root. */
 MU_API int mu_comm_bcast_bytes(mu_comm *c, void *buf, int64_t nbytes, int root);
+/* mu_comm_bcast, non-blocking: *out is a request for mu_comm_wait. */
 MU_API int mu_comm_ibcast(mu_comm *c, int dtype, void *buf, int64_t n, int root,
                           mu_comm_request **out);
 /* Completes and frees a request (NULL is ok). A request must be waited
@@ -630,7 +706,9 @@ MU_API int mu_comm_wait(mu_comm_request *req);
 MU_API int mu_comm_test(mu_comm_request *req, int *done);
 /* In-place all-reduce (op: MU_COMM_SUM / MAX / MIN). */
 MU_API int mu_comm_allreduce_i64(mu_comm *c, int64_t *buf, int64_t n, int op);
+/* In-place all-reduce of n doubles (op as above). */
 MU_API int mu_comm_allreduce_f64(mu_comm *c, double *buf, int64_t n, int op);
+/* Wait until every rank of c has called it (MU_EINVAL for NULL). */
 MU_API int mu_comm_barrier(mu_comm *c);
 /* MPI_Finalize, only if this library initialized MPI, and only once. */
 MU_API int mu_comm_finalize(void);
@@ -678,6 +756,7 @@ MU_API int mu_comm_world_size(void);
  */
 typedef struct mu_engine mu_engine;
 
+/* Options of mu_engine_open_ex (zero-initialize, then set). */
 typedef struct mu_engine_opts {
     int trusted;          /* nonzero: the config runs with full Lua (io, os) */
     const char *lua_path; /* directory holding muon/init.lua; NULL = search */
@@ -688,6 +767,9 @@ typedef struct mu_engine_opts {
  * missing or unreadable file, MU_EFORMAT for a syntax error, MU_EINVAL for
  * a bad config (the message names the option), MU_ELUA otherwise. */
 MU_API int mu_engine_open(mu_engine **out, const char *config_path);
+/* mu_engine_open with options (opts may be NULL: the defaults): trusted
+ * runs the config with full Lua, lua_path names the directory of the Lua
+ * modules. The same return codes. */
 MU_API int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_opts *opts);
 /* Register a parameter: data (and grad, NULL = no gradient, the parameter
  * is skipped) point at C-contiguous buffers of shape[0..ndim-1] elements of
@@ -711,6 +793,9 @@ MU_API int mu_engine_step(mu_engine *eng);
  * nothing to step or none ran yet), "lr_scale", "lr:<group index or name>", and "state_bytes" /
  * "scratch_bytes" (optimizer state and step scratch held by this rank). */
 MU_API int mu_engine_set(mu_engine *eng, const char *key, double value);
+/* Read one of the keys above into *out. MU_EINVAL for an unknown key or
+ * group (the message lists the valid ones); MU_ESTATE for a closed
+ * handle. */
 MU_API int mu_engine_get(mu_engine *eng, const char *key, double *out);
 /* Per-step values from the trainer for the config's hooks (ctx.signals[name],
  * a list of n numbers, e.g. the max attention logit of each head for
@@ -718,15 +803,45 @@ MU_API int mu_engine_get(mu_engine *eng, const char *key, double *out);
  * value must be finite (else MU_EINVAL). On a mesh every rank must pass the
  * same values: they are agreed at each step like the schedule's. */
 MU_API int mu_engine_set_signal(mu_engine *eng, const char *name, const double *values, int64_t n);
+/* Set every registered gradient buffer to 0, in place (parameters
+ * registered without a grad are skipped). MU_OK, or MU_EINVAL for a NULL
+ * eng. (The Lua side's eng:zero_grad.) */
+MU_API int mu_engine_zero_grad(mu_engine *eng);
+/* Clip the registered gradients by their global L2 norm, as
+ * torch.nn.utils.clip_grad_norm_: total_norm = sqrt(sum of g^2 over every
+ * element of every grad), computed exactly (each float32 square is exact,
+ * the sum is rounded once) and the same bits on any mesh; then with
+ * clip_coef = max_norm / (total_norm + 1e-6), every grad is multiplied
+ * by clip_coef when clip_coef < 1 (grads are untouched otherwise, and when
+ * total_norm is NaN or Inf). *norm receives total_norm before clipping
+ * (norm may be NULL). On a mesh every rank calls it (a collective): the
+ * norm is over the whole parameters, each piece counted once (by the rank
+ * that keeps its optimizer state: replicas must hold the same grads, i.e.
+ * reduce them first).
+ * MU_EINVAL for max_norm not a finite number >= 0 (nothing changes). */
+MU_API int mu_engine_clip_grad_norm(mu_engine *eng, double max_norm, double *norm);
+/* Set the lr of a group (its index "1", "2", ... or its name in the
+ * config): it replaces the config's lr, the group's base value. A schedule
+ * still runs on top of it: a schedule returning an lr overrides it (it
+ * sees it as base_lr), and lr_scale multiplies the result. Takes effect at
+ * the next step; mu_engine_get "lr:<group>" shows it until then. On a mesh
+ * every rank sets the same value. MU_EINVAL for an unknown group (the
+ * message lists them) or lr not a finite number >= 0 (nothing changes). */
+MU_API int mu_engine_set_lr(mu_engine *eng, const char *group, double lr);
 /* Optimizer state as safetensors (save is atomic; load checks names and
  * shapes against the registered parameters and changes nothing on error). */
 MU_API int mu_engine_save(mu_engine *eng, const char *path);
+/* Load a checkpoint of mu_engine_save: MU_EIO when the file cannot be
+ * read, MU_EFORMAT for a malformed one (truncated, bad header, checksum
+ * mismatch), MU_EINVAL when it does not match the registered parameters;
+ * nothing changes on failure. */
 MU_API int mu_engine_load(mu_engine *eng, const char *path);
 /* mu_engine_load with flags: MU_LOAD_NO_CHECKSUM accepts a checkpoint
  * without checksums or with stale ones (written or edited by another
  * program, e.g. Python); names, dtypes, shapes, values and the metadata are
  * still validated. */
 enum { MU_LOAD_NO_CHECKSUM = 1 };
+/* mu_engine_load with flags (0 or MU_LOAD_NO_CHECKSUM), the same codes. */
 MU_API int mu_engine_load_ex(mu_engine *eng, const char *path, int flags);
 /* Detail of the last failed call on eng ("" if none); NULL eng gives
  * mu_last_error(). Valid until the next call on eng (from any thread): a
@@ -764,7 +879,10 @@ MU_API void mu_engine_close(mu_engine *eng);
  * (mu_comm_finalize). With MU_SCRIPT_TRUSTED, engines the script opens load
  * their configs with full Lua unless it passes { trusted = false }. */
 enum { MU_SCRIPT_MPI = 1, MU_SCRIPT_TRUSTED = 2 };
+/* Run the script file at path (see above); what `muon run` does. */
 MU_API int mu_script_run(const char *path, int argc, char **argv, int flags, int *status);
+/* Call module.main(args), or module:fn as "mod:fn" (see above); what `muon
+ * check`, `muon info` and `muon help` do. */
 MU_API int mu_script_run_module(const char *module, int argc, char **argv, int flags, int *status);
 
 /*
@@ -793,7 +911,11 @@ MU_API int mu_script_run_module(const char *module, int argc, char **argv, int f
  * needs nothing but libc, so it can be loaded and asked before libmuon.
  */
 MU_API const char *mu_blas_cpu_core(void);
+/* Re-execute once with OPENBLAS_CORETYPE set when the running core is not
+ * mu_blas_cpu_core() (see above); first thing in main. */
 MU_API int mu_blas_fix_core(char **argv);
+/* Set OPENBLAS_CORETYPE before OpenBLAS is loaded (see above); MU_ESTATE
+ * when too late. */
 MU_API int mu_blas_preset_core(void);
 
 /* ------------------------------------------------- distributed engines */
@@ -803,8 +925,8 @@ enum { MU_REPLICATE = 0, MU_SHARD = 1 };
 /* Placement of a parameter on one mesh axis: MU_REPLICATE, or MU_SHARD
  * along tensor dim `dim` (0-based); local shards follow torch.chunk. */
 typedef struct mu_placement {
-    int kind;
-    int dim;
+    int kind; /* MU_REPLICATE or MU_SHARD */
+    int dim;  /* the sharded tensor dim (0-based); ignored for MU_REPLICATE */
 } mu_placement;
 /* Use the caller's communicator (mpi_comm_ptr points at an MPI_Comm; the
  * engine keeps a duplicate) instead of MPI_COMM_WORLD. Call it before the

@@ -19,6 +19,8 @@
  */
 #include "tensor_internal.h"
 
+#include <stdio.h>
+
 #include <math.h>
 #include <string.h>
 
@@ -108,6 +110,25 @@ int mu_xsum_add_tensor(mu_xsum *s, const mu_tensor *x, int squares)
     mu__iter_add(&it, x);
     xsum_ctx c = {s, x->scalar, squares != 0};
     mu__iter_run(&it, xsum_loop, &c);
+    return MU_OK;
+}
+
+int mu_xsum_add_tensors(mu_xsum *s, int n, mu_tensor *const *xs, int squares)
+{
+    if (!s) return mu__fail(MU_EINVAL, "xsum: accumulator is NULL");
+    if (n < 0 || (n > 0 && !xs)) return mu__fail(MU_EINVAL, "xsum: bad tensor count %d or NULL array", n);
+    for (int i = 0; i < n; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "xsum: xs[%d]", i);
+        int rc = mu__tensor_check(xs[i], what);
+        if (rc != MU_OK) return rc;
+        if (xs[i]->scalar != MU_F32 && xs[i]->scalar != MU_F64 && xs[i]->scalar != MU_BF16)
+            return mu__fail(MU_EDTYPE, "xsum: xs[%d] must be float32, float64 or bfloat16", i);
+    }
+    for (int i = 0; i < n; i++) {
+        int rc = mu_xsum_add_tensor(s, xs[i], squares);
+        if (rc != MU_OK) return rc;
+    }
     return MU_OK;
 }
 

@@ -114,94 +114,171 @@ describe("dist NS cost and owners", function()
   end)
   it("plans state holders, owners and batches per group and shard count", function()
     local m = D.mesh({ { "s", 2 } }, 2)
-    local function rec(name, shape, pl, group, ns)
-      return { name = name, shape = shape, placement = D.placement(pl, m, #shape), group = group, ns = ns,
-        dtype = "float32", state_count = ns and 1 or 2 }
+    local function recs_of()
+      local function rec(name, shape, pl, group, ns)
+        return { name = name, shape = shape, placement = D.placement(pl, m, #shape), group = group, ns = ns,
+          dtype = "float32", state_count = ns and 1 or 2 }
+      end
+      return {
+        rec("a", { 4, 4 }, { "S(1)" }, 1, true),
+        rec("b", { 8, 8 }, { "S(1)" }, 2, true),
+        rec("c", { 8, 8 }, { "S(1)" }, 1, true),
+        rec("d", { 8 }, { "S(1)" }, 3, false),
+        rec("e", { 2, 2 }, { "R" }, 1, true),
+      }
     end
-    local recs = {
-      rec("a", { 4, 4 }, { "S(1)" }, 1, true),
-      rec("b", { 8, 8 }, { "S(1)" }, 2, true),
-      rec("c", { 8, 8 }, { "S(1)" }, 1, true),
-      rec("d", { 8 }, { "S(1)" }, 3, false),
-      rec("e", { 2, 2 }, { "R" }, 1, true),
-    }
-    local plan = D.plan(recs, m, { max_batch_numel = 16 })
-    -- Sharded boxes have one holder each; the replicated e goes to the less
-    -- loaded rank (tie: 320 bytes each -> rank 0) and is orthogonalized there.
-    assert.are.same({ 0, 1 }, { recs[1].holder[recs[1].id_of[0]], recs[1].holder[recs[1].id_of[1]] })
-    assert.are.equal(0, recs[5].holder[recs[5].id_of[0]])
-    assert.are.equal(0, recs[5].items[1].owner)
-    -- Owners largest first by flops onto the least loaded rank (e's 48 preloaded on rank 0).
-    assert.are.equal(1, recs[2].items[1].owner)
-    assert.are.equal(0, recs[3].items[1].owner)
-    assert.are.equal(1, recs[1].items[1].owner)
+    local recs = recs_of()
+    local plan = D.plan(recs, m, { max_batch_numel = 16, rank = 0 })
+    -- Owners largest first by flops (4 m^2 n + 2 m^3) onto the least loaded
+    -- rank, ties to the smaller: b (3072) to rank 0, c (3072) to rank 1,
+    -- a (384) to rank 0, then e (48) to rank 1.
+    assert.are.equal(0, recs[2].owner)
+    assert.are.equal(1, recs[3].owner)
+    assert.are.equal(0, recs[1].owner)
+    assert.are.equal(1, recs[5].owner)
+    assert.are.same({ [0] = 3072 + 384, [1] = 3072 + 48 }, plan.ns_load)
+    -- Sharded boxes: every rank holds its own (one class); e: its owner.
+    assert.is_true(recs[1].holds)
+    assert.is_false(recs[5].holds)
+    local p1 = D.plan(recs_of(), m, { max_batch_numel = 16, rank = 1 })
+    assert.is_true(p1.records[5].holds)
+    assert.is_true(p1.records[4].holds)
     -- AdamW: one item per box, computed by its holder.
-    assert.are.equal(2, #recs[4].items)
-    -- Batches: per (group, shard count), 16 / 2 elements but at least 2 items
-    -- per sharded batch, interleaved.
+    assert.are.equal(1, #recs[4].items)
+    assert.are.equal(0, recs[4].items[1].owner)
+    assert.are.equal(1, p1.records[4].items[1].owner)
+    -- Batches: per (group, shard count), 16 / 2 elements but at least 2
+    -- records per sharded batch, interleaved.
     local got = {}
     for i, b in ipairs(plan.batches) do
       local names = {}
-      for j, it in ipairs(b) do names[j] = it.record.name end
+      for j, r in ipairs(b.records) do names[j] = r.name end
       got[i] = table.concat(names, ",")
     end
-    assert.are.same({ "e", "a,c", "b", "d,d" }, got)
+    assert.are.same({ "e", "a,c", "b", "d" }, got)
+    -- e moves only its update (to the other replica); a moves in and out.
+    assert.are.same({ false, true, true, true }, { recs[5].moves_in, recs[5].moves_out, recs[1].moves_in, recs[1].moves_out })
   end)
   it("keeps batch-sharded parameters where their shards live", function()
     local m = D.mesh({ { "s", 4 } }, 4)
-    local r = { name = "experts", shape = { 4, 32, 48 }, placement = D.placement({ "S(1)" }, m, 3), group = 1, ns = true,
-      dtype = "float32", state_count = 1 }
-    local plan = D.plan({ r }, m)
-    assert.are.equal(4, #r.items)
+    local function rec(whole)
+      return { name = "experts", shape = { 4, 32, 48 }, placement = D.placement({ "S(1)" }, m, 3), group = 1, ns = true,
+        dtype = "float32", state_count = 1, whole = whole }
+    end
     for q = 0, 3 do
-      assert.are.equal(q, r.items[q + 1].owner)
+      local r = rec(false)
+      local plan = D.plan({ r }, m, { rank = q })
+      assert.are.equal(1, #r.items)
+      assert.are.equal(q, r.items[1].owner)
       assert.are.same({ 0, 0 }, { D.step_elements(plan, q) })
     end
     -- With a hook that sees the whole parameter it is gathered instead.
-    r.whole = true
-    plan = D.plan({ r }, m)
-    assert.are.equal(1, #r.items)
-    local s, v = D.step_elements(plan, r.items[1].owner)
-    assert.are.same({ 3 * 32 * 48, 3 * 32 * 48 }, { s, v })
+    local r = rec(true)
+    D.plan({ r }, m, { rank = 0 })
+    local o = r.owner
+    local plan = D.plan({ rec(true) }, m, { rank = o })
+    assert.are.same({ 3 * 32 * 48, 3 * 32 * 48 }, { D.step_elements(plan, o) })
+  end)
+end)
+
+describe("dist per-rank plan against the brute-force global planner", function()
+  local Gp = dofile("tests/fixtures/dist/global_plan.lua")
+  -- A small deterministic generator (the same cases on every machine).
+  local seed = 12345
+  local function rnd(n)
+    seed = (seed * 1103515245 + 12345) % 2147483648
+    return math.floor(seed / 65536) % n
+  end
+  local function case()
+    local naxes = 1 + rnd(3)
+    local spec, W = {}, 1
+    for a = 1, naxes do
+      spec[a] = { "a" .. a, 1 + rnd(4) }
+      W = W * spec[a][2]
+    end
+    local mesh = D.mesh(spec, W)
+    local function records()
+      seed = seed -- the same records for every rank: regenerated from a saved seed
+      local recs = {}
+      for i = 1, 1 + rnd(8) do
+        local nd = 1 + rnd(3)
+        local shape = {}
+        for d = 1, nd do shape[d] = rnd(7) == 0 and 0 or 1 + rnd(9) end
+        local pl = {}
+        for a = 1, naxes do pl[a] = rnd(2) == 0 and "R" or ("S(" .. (1 + rnd(nd)) .. ")") end
+        local isns = nd >= 2 and rnd(3) > 0
+        local r = { name = "p" .. i, shape = shape, placement = D.placement(pl, mesh, nd), group = 1 + rnd(2),
+          ns = isns, whole = isns and rnd(4) == 0, nd_mode = rnd(2) == 0 and "flatten" or "batch",
+          dtype = rnd(3) == 0 and "float64" or "float32", state_count = isns and 1 or 2 }
+        if isns and rnd(3) == 0 then
+          local hs = {}
+          for d = 1, nd do hs[d] = d == nd and 1 or shape[d] end
+          r.hooks = { { key = "hook.v", shape = hs } }
+        end
+        recs[i] = r
+      end
+      return recs
+    end
+    return mesh, records
+  end
+  it("gives every rank the boxes, holders, owners, sources and destinations of the global plan", function()
+    local checked = 0
+    for _ = 1, 200 do
+      local mesh, records = case()
+      local s0 = seed
+      local balance = rnd(2) == 0 and "numel" or "flops"
+      s0 = seed
+      local g = Gp.plan(records(), mesh, balance)
+      for q = 0, mesh.size - 1 do
+        seed = s0
+        local plan = D.plan(records(), mesh, { rank = q, balance = balance })
+        assert.are.same(Gp.view(g, q), Gp.view_of(plan))
+        assert.are.same(g.ns_load, plan.ns_load)
+        checked = checked + 1
+      end
+      seed = s0
+      records()
+    end
+    assert.is_true(checked > 400, checked) -- ranks compared
   end)
 end)
 
 describe("dist byte formula", function()
-  local function plan_of(m, shape, spec)
+  local function plan_of(m, shape, spec, q)
     local r = { name = "x", shape = shape, placement = D.placement(spec, m, #shape), group = 1, ns = true,
       dtype = "float32", state_count = 1 }
-    return D.plan({ r }, m), r
+    return D.plan({ r }, m, { rank = q or 0 }), r
   end
   it("moves only what the owner lacks and the slices others hold (2x2 mesh)", function()
     local m = D.mesh({ { "r", 2 }, { "s", 2 } }, 4)
-    local plan, r = plan_of(m, { 4, 6 }, { "R", "S(1)" })
-    -- rows 1..2 are held by ranks 0 and 2 (state on rank 0), rows 3..4 by
-    -- ranks 1 and 3 (state on rank 1); the owner is rank 0: rank 1 sends it
-    -- rows 3..4 (12 elements), it returns 12-element slices to ranks 1, 2, 3.
-    assert.are.equal(0, r.items[1].owner)
+    -- rows 1..2 are held by ranks 0 and 2, rows 3..4 by ranks 1 and 3; the
+    -- owner is rank 0, so class 0 holds the state (ranks 0 and 1): rank 1
+    -- sends it rows 3..4 (12 elements), it returns 12-element slices to
+    -- ranks 1, 2, 3.
     local want = { [0] = { 36, 12 }, [1] = { 12, 12 }, [2] = { 0, 12 }, [3] = { 0, 12 } }
     for q = 0, 3 do
+      local plan, r = plan_of(m, { 4, 6 }, { "R", "S(1)" }, q)
+      assert.are.equal(0, r.owner)
       assert.are.same(want[q], { D.step_elements(plan, q) })
+      -- The seed's all-gather + full broadcast + replica broadcast for the same owner.
+      local seed = { [0] = 12, [1] = 12 + 24, [2] = 12, [3] = 12 }
+      assert.are.equal(seed[q], D.seed_step_elements(plan, q))
     end
-    -- The seed's all-gather + full broadcast + replica broadcast for the same owner.
-    local seed = { [0] = 12, [1] = 12 + 24, [2] = 12, [3] = 12 }
-    for q = 0, 3 do assert.are.equal(seed[q], D.seed_step_elements(plan, q)) end
   end)
   it("replicated params move only the update, from the state holder", function()
     local m = D.mesh({ { "r", 2 } }, 2)
-    local plan = plan_of(m, { 3, 3 }, { "R" })
-    assert.are.same({ 9, 0 }, { D.step_elements(plan, 0) })
-    assert.are.same({ 0, 9 }, { D.step_elements(plan, 1) })
+    assert.are.same({ 9, 0 }, { D.step_elements(plan_of(m, { 3, 3 }, { "R" }, 0), 0) })
+    assert.are.same({ 0, 9 }, { D.step_elements(plan_of(m, { 3, 3 }, { "R" }, 1), 1) })
   end)
   it("empty shards move nothing", function()
     local m = D.mesh({ { "s", 4 } }, 4)
-    local plan, r = plan_of(m, { 2, 9 }, { "S(1)" })
     -- rows on ranks 0 and 1; owner rank 0 gets row 2 from rank 1 and returns it.
-    assert.are.equal(0, r.items[1].owner)
-    assert.are.same({ 9, 9 }, { D.step_elements(plan, 0) })
-    assert.are.same({ 9, 9 }, { D.step_elements(plan, 1) })
-    assert.are.same({ 0, 0 }, { D.step_elements(plan, 2) })
-    assert.are.same({ 0, 0 }, { D.step_elements(plan, 3) })
+    local want = { [0] = { 9, 9 }, [1] = { 9, 9 }, [2] = { 0, 0 }, [3] = { 0, 0 } }
+    for q = 0, 3 do
+      local plan, r = plan_of(m, { 2, 9 }, { "S(1)" }, q)
+      assert.are.equal(0, r.owner)
+      assert.are.same(want[q], { D.step_elements(plan, q) })
+    end
   end)
 end)
 

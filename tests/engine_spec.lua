@@ -50,7 +50,7 @@ describe("AdamW", function()
       { { lr = -1 }, "lr must be >= 0" },
       { { betas = { 0.9 } }, "betas must be a pair" },
       { { betas = { 0.9, 1.5 } }, "betas[2] must be in [0, 1)" },
-      { { momentum = 0.9 }, "AdamW: unknown option 'momentum'; valid options: betas, eps, lr, nonfinite, state_dtype, weight_decay" },
+      { { momentum = 0.9 }, "AdamW got unexpected keyword arguments: momentum; valid options: betas, eps, lr, nonfinite, state_dtype, weight_decay" },
       { { eps = 0 / 0 }, "eps must be a finite number" },
     }
     for _, c in ipairs(cases) do

@@ -138,3 +138,119 @@ describe("state_dtype", function()
     assert.truthy(tostring(err):find("state_dtype", 1, true), tostring(err))
   end)
 end)
+
+describe("state_dtype (the other kinds, hooks, readers)", function()
+  it("keeps Lion's exp_avg in bfloat16: m is the float32 run's within bfloat16 rounding, bytes halved", function()
+    local function run(sd)
+      local eng = engine.new({ groups = { { optimizer = "lion", lr = 1e-3, betas = { 0.9, 0.99 }, weight_decay = 0.1,
+        state_dtype = sd } } })
+      local ps = params(3)
+      for _, p in ipairs(ps) do eng:add_param(p.name, p.value, p.grad) end
+      for _ = 1, 4 do eng:step() end
+      return eng, ps
+    end
+    local e32, p32 = run("float32")
+    local e16, p16 = run("bfloat16")
+    local n = 0
+    for i = 1, #SHAPES do
+      local m32, m16 = e32:state(p32[i].name).exp_avg, e16:state(p16[i].name).exp_avg
+      assert.are.equal("bfloat16", m16:dtype())
+      assert.are.equal("float32", m32:dtype())
+      -- the same gradient every step: m_k = (1 - 0.99^k) g, each rounding at most 2^-9 relative, 4 steps
+      assert.is_true(max_diff(m16, m32) <= 4 * 2 ^ -8 * m32:abs():amax(), p16[i].name)
+      assert.is_true(max_diff(m16, m32) > 0 or i > 1, "bfloat16 rounding shows in m")
+      n = n + m32:numel()
+    end
+    assert.are.equal(4 * n, e32:memory().state_bytes)
+    assert.are.equal(2 * n, e16:memory().state_bytes)
+    -- one-process class
+    local p = muon.param("w", T.randn({ 6, 5 }, 1), T.randn({ 6, 5 }, 2))
+    local opt = muon.optim.Lion({ p }, { lr = 1e-3, state_dtype = "bfloat16" })
+    opt:step()
+    assert.are.equal("bfloat16", opt.state[p].exp_avg:dtype())
+    -- after one step m = (1 - beta2) g, rounded once
+    H.assert_equal_bits(opt.state[p].exp_avg, p.grad:clone():mul_(1 - 0.99):clone("bfloat16"), "m after one step")
+  end)
+
+  it("keeps hook state in the parameter's float32 (hooks write it in place), the kind's state in bfloat16", function()
+    local seen = {}
+    local eng = engine.new({ groups = { { optimizer = "muon", state_dtype = "bfloat16",
+      hook_state = { L = "rows_rows" },
+      pre_ortho_fn = function(_, state) state.L:add_(1 / 3); seen.dtype = state.L:dtype() end } } })
+    eng:add_param("w", T.randn({ 5, 3 }, 1), T.randn({ 5, 3 }, 2))
+    eng:step()
+    eng:step()
+    assert.are.equal("float32", seen.dtype)
+    assert.are.equal("float32", eng:state("w")["hook.L"]:dtype())
+    H.assert_equal_bits(eng:state("w")["hook.L"], T.full({ 5, 5 }, 1 / 3):add_(1 / 3), "L kept in float32")
+    assert.are.equal("bfloat16", eng:state("w").momentum_buffer:dtype())
+    assert.are.equal(2 * 15 + 4 * 25, eng:memory().state_bytes)
+  end)
+
+  it("AdamW's one-process class: bfloat16 moments, half the bytes, state_dict loads convert either way", function()
+    local p = muon.param("w", T.randn({ 4, 6 }, 1), T.randn({ 4, 6 }, 2))
+    local a = muon.optim.AdamW({ p }, { state_dtype = "bfloat16" })
+    a:step()
+    assert.are.equal("bfloat16", a.state[p].exp_avg:dtype())
+    assert.are.equal("bfloat16", a.state[p].exp_avg_sq:dtype())
+    assert.are.equal(2 * 2 * 24, a:memory().state_bytes)
+    -- after one step: exp_avg = (1 - beta1) g, rounded once
+    H.assert_equal_bits(a.state[p].exp_avg, p.grad:clone():mul_(1 - 0.9):clone("bfloat16"), "exp_avg")
+    local q = muon.param("w", T.randn({ 4, 6 }, 1), T.randn({ 4, 6 }, 2))
+    local b = muon.optim.AdamW({ q }, {})
+    b:load_state_dict(a:state_dict())
+    assert.are.equal("float32", b.state[q].exp_avg:dtype())
+    H.assert_equal_bits(b.state[q].exp_avg_sq, a.state[p].exp_avg_sq:clone("float32"), "widened")
+    assert.are.equal(4 * 2 * 24, b:memory().state_bytes)
+    local c = muon.optim.AdamW({ q }, { state_dtype = "bfloat16" })
+    c:load_state_dict(b:state_dict())
+    H.assert_equal_bits(c.state[q].exp_avg, a.state[p].exp_avg, "narrowed back")
+  end)
+
+  it("writes BF16 checkpoint tensors that an independent reader (python + torch) decodes to the state", function()
+    local py = "/usr/bin/python3"
+    if os.execute(py .. " -c 'import torch' >/dev/null 2>&1") ~= 0 then
+      pending("needs /usr/bin/python3 with torch")
+      return
+    end
+    local path = H.tmpname(".safetensors")
+    local eng = new_engine("bfloat16")
+    for _ = 1, 3 do eng:step() end
+    eng:save(path)
+    -- plain header parse + torch.frombuffer; and the safetensors package's
+    -- reader when it is importable (Debian has no python3-safetensors)
+    local out = io.popen(py .. [==[ -c "
+import json, struct, sys, torch
+b = open(sys.argv[1], 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+try:
+    from safetensors.torch import load_file
+    st = load_file(sys.argv[1])
+except ImportError:
+    st = None
+for k in sorted(h):
+    if k == '__metadata__' or h[k]['dtype'] != 'BF16': continue
+    e = h[k]; d = b[8 + n + e['data_offsets'][0]:8 + n + e['data_offsets'][1]]
+    t = torch.frombuffer(bytearray(d), dtype=torch.bfloat16).reshape(e['shape'])
+    if st is not None: assert torch.equal(st[k], t), k
+    print(k, 'x'.join(str(s) for s in e['shape']), ' '.join(repr(v) for v in t.double().flatten().tolist()))
+" ]==] .. path .. " 2>&1")
+    local text = out:read("*a")
+    out:close()
+    local seen = 0
+    for line in text:gmatch("[^\n]+") do
+      local name, shape, vals = line:match("^(%S+) (%S+) (.*)$")
+      assert.truthy(name, text)
+      local pname, key = name:match("([^/]+)/([%w_]+)$")
+      local s = eng:state(pname)[key]
+      assert.truthy(s, name)
+      assert.are.equal("bfloat16", s:dtype())
+      assert.are.equal(table.concat(s:size(), "x"), shape)
+      local got = {}
+      for v in vals:gmatch("%S+") do got[#got + 1] = tonumber(v) end
+      assert.are.same(s:clone("float64"):flat(), got, name)
+      seen = seen + 1
+    end
+    assert.are.equal(4, seen, text)
+    os.remove(path)
+  end)
+end)

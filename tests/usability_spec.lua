@@ -103,7 +103,7 @@ describe("option typos name the valid options and the closest one", function()
       "set: unknown key 'lr_scal' (did you mean 'lr_scale'?); valid keys: lr_scale" },
     { function() engine.new(cfg({ {} })):get("setp") end, "get: unknown key 'setp' (did you mean 'step'?)" },
     { function() Muon({ H.muon.param("w", T.zeros({ 2, 2 })) }, { nesterv = true }) end,
-      "Muon: unknown option 'nesterv' (did you mean 'nesterov'?)" },
+      "Muon got unexpected keyword arguments: nesterv (did you mean 'nesterov' for 'nesterv'?)" },
     { function() H.muon.ns.zeropower(T.zeros({ 2, 2 }), { step = 3 }) end,
       "unknown option 'step' (did you mean 'steps'?)" },
   }

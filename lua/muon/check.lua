@@ -1,6 +1,26 @@
 -- `muon check config.lua --params shapes.txt`: which parameter lands in
 -- which group, with which optimizer and options, and every problem found,
 -- without training anything (engine.check builds a dry engine).
+--[[ reference muon.check
+    `muon check CONFIG --params SHAPES [--trust]` as functions: route
+    parameter shapes through a config without allocating them.
+muon.check.main(args)
+    The CLI entry: prints the table, then "no problems found" (exit status
+    0) or the problems (1); usage errors exit 2.
+muon.check.run(config_path, shapes_path, opts)
+    The table text (with "config: <name>" first when the config has one)
+    and the list of problems (unmatched parameters, 1-D parameters in a
+    Muon group, unreadable lines, a broken config). opts as
+    muon.engine.new's.
+muon.check.read_shapes(path)
+    A shapes file (lines "name dim1 dim2 ...", # comments) as { {name =,
+    shape = {...}}, ... } and the list of problems, or nil and a message.
+muon.check.format_options(options, defaults, hooks, order)
+    "lr=0.02 weight_decay=0.1 ...": the kind's usual keys in order, the
+    other options that differ from the defaults (sorted), then hooks=....
+muon.check.format_table(header, rows)
+    A text table with a header row, columns padded to the widest cell.
+]]
 local check = {}
 
 local USAGE = "usage: muon check [--trust] CONFIG.lua --params SHAPES.txt\n"

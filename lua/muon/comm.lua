@@ -17,6 +17,65 @@
 --
 -- Without MPI (or with libmuon built without it) every communicator has
 -- size 1 and the collectives are local copies.
+--[[ reference muon.comm
+    Communicators (src/comm.c). Ranks are 0-based, as in MPI. Without MPI
+    (or a library built without it) every communicator has size 1 and the
+    collectives are local copies. A buffer argument is a contiguous muon
+    tensor or { ptr = cdata, dtype = "float32" | "float64", n = count };
+    counts are Lua lists per peer (index rank + 1), displacements packed.
+muon.comm.world()
+    MPI_COMM_WORLD (initializes MPI on first use).
+muon.comm.self()
+    This process alone (size 1).
+muon.comm.from_handle(ptr)
+    Wrap a caller's MPI_Comm (ptr: a pointer to it, cdata or
+    lightuserdata); the caller keeps it alive.
+muon.comm.have_mpi()
+    Whether the library was built with MPI.
+muon.comm.world_size()
+    The world's size without initializing MPI (from the launcher's
+    environment, else 1).
+muon.comm.is_comm(x)
+    Whether x is a communicator.
+muon.comm.stats(c)
+Comm:stats()
+    { calls, bytes_sent, bytes_recv, seconds, nonblocking,
+    done_before_wait } of c since it was made or reset.
+muon.comm.finalize()
+    MPI_Finalize, if muon initialized MPI.
+muon.comm.abort(code)
+    Abort the whole job (MPI_Abort, code default 1).
+Comm:rank()
+Comm:size()
+    This process's rank; the number of ranks.
+Comm:split(color, key)
+    A new communicator of the ranks with the same color, ordered by key.
+Comm:reset_stats()
+    Zero the counters.
+Comm:alltoallv(send, sendcounts, recv, recvcounts)
+Comm:ialltoallv(send, sendcounts, recv, recvcounts)
+    Exchange pieces with every rank (element counts per peer); the i form
+    posts it and returns a request.
+Comm:allgatherv(send, recv, recvcounts)
+    Gather every rank's send into recv (recvcounts per rank).
+Comm:bcast(t, root)
+Comm:ibcast(t, root)
+    Broadcast a buffer from root (default 0); the i form returns a request.
+Comm:bcast_string(s, root)
+    Broadcast a Lua string from root; every rank returns it.
+Comm:allreduce(values, op, kind)
+    All-reduce a Lua list of numbers; op "sum" (default), "max" or "min";
+    kind "i64" (default) or "f64". Returns the reduced list.
+Comm:barrier()
+    Wait for every rank.
+Comm:free()
+    Release now (otherwise the garbage collector does).
+Request:wait()
+    Wait for a posted collective to complete (every request must be
+    waited for).
+Request:test()
+    Whether it completed (without waiting).
+]]
 local ffi = require("ffi")
 local core = require("muon.core")
 local E = require("muon.errors")

@@ -14,6 +14,82 @@
 -- are 1-based like the rest of the Lua API. Ranks map to mesh coordinates in
 -- row-major order (the last axis varies fastest), as torch's DeviceMesh
 -- built from arange(world).view(sizes).
+--[[ reference muon.dist
+    Distributed planning (HSDP), pure Lua, computed once at setup: the
+    device mesh, placements, local shards, Newton-Schulz owners, the batch
+    schedule, communication volumes, and the cross-rank agreement. Ranks
+    and mesh coordinates are 0-based (MPI); tensor dims 1-based. Ranks map
+    to mesh coordinates in row-major order (the last axis fastest), as
+    torch's DeviceMesh.
+## Meshes and placements
+muon.dist.mesh(spec, world)
+    A mesh from { {name, size}, ... } (e.g. { {"replicate", 2}, {"shard",
+    2} }); world (optional): the number of ranks, which the sizes must
+    multiply to (EINVAL naming both).
+Mesh:coords(rank)
+    The 0-based coordinates of rank.
+Mesh:rank_of(coords)
+    The rank at coordinates.
+Mesh:describe()
+    "(replicate=2, shard=2)".
+muon.dist.placement(spec, mesh, ndim)
+    A normalized placement: a list with one entry per axis ("R",
+    "replicate", "Replicate()"; "S(d)", "S1", "shard(d)", "Shard(d)" or
+    {"shard", d}) or a map axis name -> entry (missing axes replicate); nil
+    replicates on every axis. ndim bounds the sharded dims.
+muon.dist.placement_string(pl)
+    A normalized placement as text ("(R,S(1))").
+muon.dist.chunk(n, k, i)
+    torch.chunk(n, k)'s piece i (0-based): start (0-based) and length; the
+    pieces have ceil(n/k) elements, the last ones fewer or none.
+muon.dist.local_box(shape, pl, mesh, rank)
+    The box of the global tensor rank holds: { start = {0-based}, len = {}
+    } per dim; axes sharding the same dim nest in mesh order (DTensor).
+muon.dist.local_shape(shape, pl, mesh, rank)
+    local_box(...).len.
+muon.dist.hook_box(hshape, pshape, pl, mesh, rank)
+    The box of a hook state tensor (shape hshape; the parameter's pshape)
+    rank holds: placed like the parameter, except a dim of another size is
+    held whole by the ranks at coordinate 0 of the axes sharding it.
+muon.dist.numel(shape)
+    The product of the sizes.
+muon.dist.box_view(t, box, region)
+    The view of tensor t (holding the global region) at a global box.
+## Plan
+muon.dist.build_owner_by_size(costs, ncoords)
+    The seed's build_owner_by_size: costs taken largest first (ties:
+    order), each to the least-loaded coordinate (ties: the smallest).
+    Returns the owners (0-based) and the loads.
+muon.dist.is_source(pl, mesh, rank, owner)
+    Whether rank sends owner the Newton-Schulz input piece of its box (the
+    holder sharing the owner's coordinates on replicate axes).
+muon.dist.plan(records, mesh, opts)
+    The step plan of registered records: items (owner, sources, dests,
+    attached hook state) and batches per group, split like the seed's
+    _split_into_memory_safe_batches.
+muon.dist.DEFAULT_MAX_BATCH_NUMEL
+    512M elements per Newton-Schulz batch (divided by a parameter's shard
+    count).
+muon.dist.step_elements(plan, rank, stepping)
+    Elements rank sends and receives in one step of plan (records for which
+    stepping(record) is true; all when nil).
+muon.dist.seed_step_elements(plan, rank)
+    What the seed's scheme would receive for the same owners (for
+    comparison).
+## Agreement
+muon.dist.agree(comm, records, extra)
+    Collective: do all ranks hold the same records (names, shapes,
+    placements, groups, dtypes) and settings? nil, or the same message on
+    every rank naming the first difference.
+muon.dist.agree_entries(comm, entries, what, known_count)
+    Collective over a list of { key, value } strings: nil if every rank
+    has the same, else one message naming the first key that differs and
+    the ranks that differ from rank 0.
+muon.dist.hash(s)
+    FNV-1a of a string, 31 bits.
+muon.dist.describe_record(r)
+    A record as text (messages).
+]]
 local bit = require("bit")
 local E = require("muon.errors")
 local ns = require("muon.ns")
@@ -244,218 +320,394 @@ function D.box_view(t, box, region)
   return v
 end
 
-local function box_id(box)
-  return table.concat(box.start, ",") .. "+" .. table.concat(box.len, ",")
-end
-
 local function box_within(b, region)
   for d = 1, #b.len do
     if b.start[d] < region.start[d] or b.start[d] + b.len[d] > region.start[d] + region.len[d] then return false end
   end
   return true
 end
+D.box_within = box_within
 
--- The greedy rule of the seed's build_owner_by_size over (cost, index)
--- pairs with per-rank preloads: largest cost first (ties: lower index), to
--- the least loaded candidate (ties: the smaller rank).
-local function greedy(jobs, candidates_of, load)
-  table.sort(jobs, function(x, y)
-    if x.cost ~= y.cost then return x.cost > y.cost end
-    return x.order < y.order
-  end)
-  for _, j in ipairs(jobs) do
-    local best
-    for _, q in ipairs(candidates_of(j)) do
-      if best == nil or load[q] < load[best] or (load[q] == load[best] and q < best) then best = q end
+-- A binary min-heap of { key, id } entries, least key first (ties: the
+-- smaller id).
+local function hless(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end
+local function hpush(h, e)
+  local n = #h + 1
+  h[n] = e
+  while n > 1 do
+    local p = math.floor(n / 2)
+    if not hless(h[n], h[p]) then break end
+    h[n], h[p] = h[p], h[n]
+    n = p
+  end
+end
+local function hpop(h)
+  local n, top = #h, h[1]
+  h[1] = h[n]
+  h[n] = nil
+  n = n - 1
+  local i = 1
+  while true do
+    local l, m = 2 * i, i
+    if l <= n and hless(h[l], h[m]) then m = l end
+    if l + 1 <= n and hless(h[l + 1], h[m]) then m = l + 1 end
+    if m == i then break end
+    h[i], h[m] = h[m], h[i]
+    i = m
+  end
+  return top
+end
+D._hpush, D._hpop = hpush, hpop
+
+-- What the plan's rules need of a record, from its shape and placement
+-- alone (the same on every rank, O(dims x axes)): its replicate axes (its
+-- replica class is a rank's coordinates there), shard axes split into
+-- core axes (sharding a dim Newton-Schulz needs whole: an item gathers
+-- them) and batch axes (the others: an item per coordinate), whether
+-- items span several boxes, whether there are several items.
+function D.analyse(r, mesh)
+  r.numel = D.numel(r.shape)
+  r.raxes, r.core_axes, r.batch_axes = {}, {}, {}
+  r.shard_count, r.nrep = 1, 1
+  local core = {}
+  if r.ns then
+    local _, _, _, rows, cols = ns.core(r.shape, r.nd_mode)
+    for d = 1, #r.shape do core[d] = r.whole or (rows and rows[d]) or (cols and cols[d]) or false end
+  end
+  for a, p in ipairs(r.placement) do
+    if p.kind == "S" then
+      r.shard_count = r.shard_count * mesh.sizes[a]
+      table.insert(core[p.dim] and r.core_axes or r.batch_axes, a)
+    else
+      r.raxes[#r.raxes + 1] = a
+      r.nrep = r.nrep * mesh.sizes[a]
     end
-    j.assign(best)
-    load[best] = load[best] + j.cost
+  end
+  local box0 = D.local_box(r.shape, r.placement, mesh, 0)
+  r.spanning, r.split = false, false
+  for d = 1, #r.shape do
+    if box0.len[d] < r.shape[d] then
+      if core[d] then r.spanning = true else r.split = true end
+    end
+  end
+  r.box0 = box0
+  -- One item for the whole tensor, its owner chosen by NS cost.
+  r.single = r.ns and not r.split and r.numel > 0
+  r.moves_in = r.numel > 0 and r.spanning
+  r.moves_out = r.numel > 0 and (r.spanning or r.nrep > 1)
+  return r
+end
+
+-- The replica class of coordinates for a record: their mixed-radix index
+-- over its replicate axes (mesh order, last fastest).
+local function class_of(r, mesh, coords)
+  local c = 0
+  for _, a in ipairs(r.raxes) do c = c * mesh.sizes[a] + coords[a] end
+  return c
+end
+D.class_of = class_of
+
+-- Coordinates `coords` with replicate axes set from class c.
+local function set_class(r, mesh, c, coords)
+  for i = #r.raxes, 1, -1 do
+    local a = r.raxes[i]
+    coords[a] = c % mesh.sizes[a]
+    c = math.floor(c / mesh.sizes[a])
   end
 end
 
--- The plan of a mesh step: where each optimizer-state buffer lives and
--- where each matrix is orthogonalized. records (registration order, the
--- same on every rank) are
+-- Calls fn(coords) for every combination of coordinates on `axes`, the
+-- other entries of coords kept (last axis fastest).
+local function each_coords(mesh, axes, coords, fn)
+  local n = #axes
+  for i = 1, n do coords[axes[i]] = 0 end
+  while true do
+    fn(coords)
+    local i = n
+    while i >= 1 do
+      local a = axes[i]
+      coords[a] = coords[a] + 1
+      if coords[a] < mesh.sizes[a] then break end
+      coords[a] = 0
+      i = i - 1
+    end
+    if i < 1 then return end
+  end
+end
+D.each_coords = each_coords
+
+local function copy(t)
+  local c = {}
+  for i = 1, #t do c[i] = t[i] end
+  return c
+end
+
+-- A region: box with the core dims whole.
+local function region_of(r, box)
+  local region = { start = copy(box.start), len = copy(box.len) }
+  for _, a in ipairs(r.core_axes) do
+    local d = r.placement[a].dim
+    region.start[d], region.len[d] = 0, r.shape[d]
+  end
+  return region
+end
+
+-- The rules every rank evaluates identically (no O(W) scan per record;
+-- O(P log W) over P records, plus O(W) heaps):
+--   * state holders: every box of a record is held by the rank of the
+--     record's replica class `c` at the box's shard coordinates.
+--   * single records (Newton-Schulz, one item: the whole tensor), largest
+--     NS cost first (ties: registration order), go to the least loaded rank
+--     (ties: the smaller rank) among the ranks that hold a non-empty box
+--     (all ranks when the item spans boxes); the owner's replica class holds
+--     the state, so the owner holds its own piece (the data bytes are the
+--     owner-free floor).
+--   * the other records (elementwise; Newton-Schulz with batch axes), largest
+--     box state bytes first, choose their class `c` among the replica
+--     classes of their replicate axes by least state bytes (ties: the
+--     smaller class); each item's owner is the holder of its first box
+--     (core coordinates 0); their NS cost is counted before the single
+--     records are placed.
+-- Sets r.c (holder class) on every record, r.owner on single records;
+-- returns the NS load of every rank (0-based array).
+local function assign(records, mesh, balance)
+  local W = mesh.size
+  local function cost(shape, nd_mode) return balance == "flops" and ns.flops(shape, nd_mode) or D.numel(shape) end
+  -- Pass 1: replica classes by state bytes, per set of replicate axes.
+  local jobs = {}
+  for _, r in ipairs(records) do
+    if r.numel > 0 and not r.single then
+      jobs[#jobs + 1] = { cost = D.numel(r.box0.len) * (ESIZE[r.dtype] or 4) * (r.state_count or 1), r = r }
+    elseif r.numel == 0 then
+      r.c = 0
+    end
+  end
+  table.sort(jobs, function(x, y)
+    if x.cost ~= y.cost then return x.cost > y.cost end
+    return x.r.index < y.r.index
+  end)
+  local pheaps = {}
+  for _, j in ipairs(jobs) do
+    local r = j.r
+    local key = table.concat(r.raxes, ",")
+    local h = pheaps[key]
+    if not h then
+      h = {}
+      for c = 0, r.nrep - 1 do h[c + 1] = { 0, c } end -- already a heap (keys equal, ids ascending)
+      pheaps[key] = h
+    end
+    local e = hpop(h)
+    r.c = e[2]
+    hpush(h, { e[1] + j.cost, e[2] })
+  end
+  -- NS loads of the items of split records (owner: the holder of the
+  -- first box of the item).
+  local load = {}
+  for q = 0, W - 1 do load[q] = 0 end
+  local coords = {}
+  for _, r in ipairs(records) do
+    if r.ns and r.split and r.numel > 0 then
+      for a = 1, #mesh.sizes do coords[a] = 0 end
+      set_class(r, mesh, r.c, coords)
+      each_coords(mesh, r.batch_axes, coords, function(cc)
+        local o = mesh:rank_of(cc)
+        local region = region_of(r, D.local_box(r.shape, r.placement, mesh, o))
+        if D.numel(region.len) > 0 then load[o] = load[o] + cost(region.len, r.nd_mode) end
+      end)
+    end
+  end
+  -- Pass 2: single records by NS cost to the least loaded candidate.
+  jobs = {}
+  for _, r in ipairs(records) do
+    if r.single then jobs[#jobs + 1] = { cost = cost(r.shape, r.nd_mode), r = r } end
+  end
+  table.sort(jobs, function(x, y)
+    if x.cost ~= y.cost then return x.cost > y.cost end
+    return x.r.index < y.r.index
+  end)
+  -- Candidate sets: every rank ("*"), or the ranks at coordinate 0 of some
+  -- axes (the holders of a non-spanning record's one box). Lazy heaps over
+  -- the shared loads (stale entries are dropped when they surface).
+  local heaps, hlist = {}, {}
+  local function heap_of(zero_axes)
+    local key = #zero_axes == 0 and "*" or table.concat(zero_axes, ",")
+    local h = heaps[key]
+    if h then return h end
+    h = { zero = zero_axes }
+    local free = {}
+    local isz = {}
+    for _, a in ipairs(zero_axes) do isz[a] = true end
+    for a = 1, #mesh.sizes do if not isz[a] then free[#free + 1] = a end end
+    local cc = {}
+    for a = 1, #mesh.sizes do cc[a] = 0 end
+    each_coords(mesh, free, cc, function(x)
+      local q = mesh:rank_of(x)
+      hpush(h, { load[q], q })
+    end)
+    heaps[key] = h
+    hlist[#hlist + 1] = h
+    return h
+  end
+  for _, j in ipairs(jobs) do
+    local r = j.r
+    local zero = {}
+    if not r.spanning then
+      for _, a in ipairs(r.core_axes) do if mesh.sizes[a] > 1 then zero[#zero + 1] = a end end
+      for _, a in ipairs(r.batch_axes) do if mesh.sizes[a] > 1 then zero[#zero + 1] = a end end
+      table.sort(zero)
+    end
+    local h = heap_of(zero)
+    while load[h[1][2]] ~= h[1][1] do hpop(h) end
+    local q = h[1][2]
+    r.owner = q
+    r.c = class_of(r, mesh, mesh:coords(q))
+    if j.cost > 0 then
+      load[q] = load[q] + j.cost
+      local qc = mesh:coords(q)
+      for _, hh in ipairs(hlist) do
+        local inside = true
+        for _, a in ipairs(hh.zero) do if qc[a] ~= 0 then inside = false end end
+        if inside then hpush(hh, { load[q], q }) end
+      end
+    end
+  end
+  return load
+end
+
+-- The item of record r that rank `me` (coordinates mc) takes part in, or
+-- nil: { record, region (global box), owner, ns, sources = { {rank, box} }
+-- (state holders sending their NS input piece to the owner), dests =
+-- { {rank, box} } (ranks receiving their slice of the update), attached
+-- (hook state moved with it) }. The owner's item lists every piece; any
+-- other rank's only its own.
+local function item_for(r, mesh, me, mc)
+  if r.numel == 0 then return nil end
+  local region, owner
+  local base = copy(mc)
+  if r.single then
+    if me ~= r.owner and r.mine_n == 0 then return nil end
+    region = { start = {}, len = copy(r.shape) }
+    for d = 1, #r.shape do region.start[d] = 0 end
+    owner = r.owner
+    for _, a in ipairs(r.batch_axes) do base[a] = 0 end
+  else
+    if r.mine_n == 0 then return nil end
+    region = r.ns and region_of(r, r.mine) or r.mine
+    set_class(r, mesh, r.c, base)
+    for _, a in ipairs(r.core_axes) do base[a] = 0 end
+    owner = mesh:rank_of(base)
+  end
+  local it = { record = r, region = region, ns = r.ns, owner = owner, sources = {}, dests = {}, attached = {} }
+  local hooks = r.hooks or {}
+  local atts = {}
+  for i, h in ipairs(hooks) do
+    local hreg = { start = {}, len = {} }
+    for d = 1, #h.shape do
+      if h.shape[d] == r.shape[d] then hreg.start[d], hreg.len[d] = region.start[d], region.len[d]
+      else hreg.start[d], hreg.len[d] = 0, h.shape[d] end
+    end
+    atts[i] = { record = r.hook_records[h.key], region = hreg, owner = owner, sources = {}, dests = {} }
+    it.attached[i] = atts[i]
+  end
+  if me == owner then
+    set_class(r, mesh, r.c, base)
+    local cc = copy(base)
+    each_coords(mesh, r.core_axes, cc, function(x)
+      local holder = mesh:rank_of(x)
+      local b = D.local_box(r.shape, r.placement, mesh, holder)
+      if D.numel(b.len) > 0 then
+        it.sources[#it.sources + 1] = { rank = holder, box = b, local_ = holder == owner }
+        local dc = copy(x)
+        for c = 0, r.nrep - 1 do
+          set_class(r, mesh, c, dc)
+          it.dests[#it.dests + 1] = { rank = mesh:rank_of(dc), box = b }
+        end
+        for i, h in ipairs(hooks) do
+          local hb = D.hook_box(h.shape, r.shape, r.placement, mesh, holder)
+          if D.numel(hb.len) > 0 and box_within(hb, atts[i].region) then
+            local piece = { rank = holder, box = hb }
+            atts[i].sources[#atts[i].sources + 1] = piece
+            atts[i].dests[#atts[i].dests + 1] = piece
+          end
+        end
+      end
+    end)
+  else
+    if r.holds then
+      it.sources[1] = { rank = me, box = r.mine, local_ = false }
+      for i in ipairs(hooks) do
+        local hb = atts[i].record.mine
+        if D.numel(hb.len) > 0 then
+          local piece = { rank = me, box = hb }
+          atts[i].sources[1], atts[i].dests[1] = piece, piece
+        end
+      end
+    end
+    if r.mine_n > 0 then it.dests[1] = { rank = me, box = r.mine } end
+  end
+  return it
+end
+
+-- The plan of a mesh step for rank opts.rank (default 0): where each
+-- optimizer-state buffer lives and where each matrix is orthogonalized,
+-- by the rules of `assign` (the same on every rank), and the items this
+-- rank takes part in. records (registration order, the same on every
+-- rank) are
 --   { name, shape (global), placement (normalized), group (index), dtype,
 --     ns (bool: Newton-Schulz), whole (bool: orthogonalize the parameter
 --     whole, for hooks that see it), nd_mode, state_count (state tensors
---     per element: 1 Muon, 2 AdamW) }
--- opts: { balance = "flops" | "numel", max_batch_numel = n }.
--- Sets on each record:
---   boxes[q]   the box rank q holds (0-based start, len per dim)
---   holder     box id -> the one rank (of the replicas holding that box)
---              that keeps the optimizer state for it (greedy by state bytes)
---   items      work items: { record, region (global box), owner, ns,
---              sources = { {rank, box} } (state holders sending their NS
---              input piece to the owner), dests = { {rank, box} } (ranks
---              receiving their slice of the update from the owner),
---              attached = hook state items moved with it (see below) }
--- A record may list hook state tensors (hooks = { {name, key, shape} }:
--- per-parameter state of a post-Newton-Schulz hook, shaped like the
--- parameter with core dims collapsed to 1). Each is placed like the
--- parameter (same placement over its own shape); every box of it is held
--- by one rank, the state holder of the parameter's box there, and it
--- travels with the parameter's item: its pieces go from their holders to
--- the owner and come back to the holders (r.hook_records[key]: its boxes,
--- holders; item.attached: { record, region, owner, sources, dests }).
--- and plan.batches: lists of items of one group each, split like the
--- seed's _split_into_memory_safe_batches (512M elements / the parameter's
--- shard count, at least that many per batch), interleaved across groups.
+--     per element: 1 Muon, 2 AdamW), hooks = { {key, shape} } (hook state,
+--     shaped like the parameter with core dims collapsed to 1) }
+-- opts: { rank, balance = "flops" | "numel", max_batch_numel = n }.
+-- Sets on each record (see D.analyse for the rule fields):
+--   mine, mine_n   this rank's box (0-based start, len per dim), its numel
+--   holds          whether this rank keeps the optimizer state of its box
+--   c, owner       the holder replica class; the NS owner of a single record
+--   items          the item this rank takes part in (at most one; see item_for)
+--   hook_records[key]  { name, key, shape, dtype, parent, mine, holds }
+-- and returns { mesh, rank, records, batches, ns_load (every rank's NS
+-- cost), balance }. plan.batches: { records, items (this rank's),
+-- group, shard, dtypes, moves_in, moves_out } per group and shard count
+-- (split at 512M elements / the shard count, whole records), interleaved
+-- across groups; the same records and flags on every rank.
+-- Time and memory: O(P log W + W) plus this rank's own items.
 function D.plan(records, mesh, opts)
   opts = opts or {}
   local balance = opts.balance or "flops"
   if balance ~= "flops" and balance ~= "numel" then
     E.raise(E.EINVAL, "dist: balance must be 'flops' or 'numel', got " .. tostring(balance))
   end
+  local me = opts.rank or 0
   local maxb = opts.max_batch_numel or D.DEFAULT_MAX_BATCH_NUMEL
-  local W = mesh.size
-  local plan = { mesh = mesh, records = records, batches = {}, balance = balance }
-  -- Boxes, replicas and state holders.
-  local holds, state_load = {}, {}
-  for q = 0, W - 1 do state_load[q] = 0 end
+  local plan = { mesh = mesh, rank = me, records = records, batches = {}, balance = balance }
   for ri, r in ipairs(records) do
     r.index = ri
-    r.numel = D.numel(r.shape)
-    r.boxes, r.replicas, r.holder, r.box_of, r.id_of = {}, {}, {}, {}, {}
-    r.shard_count = 1
-    for a, p in ipairs(r.placement) do
-      if p.kind == "S" then r.shard_count = r.shard_count * mesh.sizes[a] end
-    end
-    local order = {}
-    for q = 0, W - 1 do
-      local b = D.local_box(r.shape, r.placement, mesh, q)
-      local id = box_id(b)
-      r.boxes[q] = b
-      if D.numel(b.len) > 0 then
-        if not r.replicas[id] then
-          r.replicas[id] = {}
-          r.box_of[id] = b
-          order[#order + 1] = id
-        end
-        table.insert(r.replicas[id], q)
-        r.id_of[q] = id
-      end
-    end
-    r.box_order = order
-    for oi, id in ipairs(order) do
-      holds[#holds + 1] = { cost = D.numel(r.box_of[id].len) * (ESIZE[r.dtype] or 4) * (r.state_count or 1),
-        order = ri * 1e6 + oi, record = r, id = id,
-        assign = function(q) r.holder[id] = q end }
-    end
+    D.analyse(r, mesh)
   end
-  greedy(holds, function(j) return j.record.replicas[j.id] end, state_load)
-  plan.state_load = state_load
-  -- Hook state records: boxes over their own shape; the holder of a box is
-  -- the parameter's state holder at the lowest rank that holds the box.
+  plan.ns_load = assign(records, mesh, balance)
+  local mc = mesh:coords(me)
   for _, r in ipairs(records) do
+    r.mine = D.local_box(r.shape, r.placement, mesh, me)
+    r.mine_n = D.numel(r.mine.len)
+    r.holds = r.mine_n > 0 and class_of(r, mesh, mc) == r.c
     r.hook_records = {}
     for _, h in ipairs(r.hooks or {}) do
-      local hr = { name = r.name .. "/" .. h.key, key = h.key, shape = h.shape, placement = r.placement,
-        dtype = r.dtype, parent = r, boxes = {}, box_of = {}, holder = {}, id_of = {}, box_order = {} }
-      for q = 0, W - 1 do
-        local b = D.hook_box(h.shape, r.shape, r.placement, mesh, q)
-        hr.boxes[q] = b
-        if D.numel(b.len) > 0 then
-          local id = box_id(b)
-          hr.id_of[q] = id
-          if not hr.box_of[id] then
-            hr.box_of[id] = b
-            hr.box_order[#hr.box_order + 1] = id
-            hr.holder[id] = r.holder[r.id_of[q]]
-          end
-        end
-      end
-      r.hook_records[h.key] = hr
+      local hb = D.hook_box(h.shape, r.shape, r.placement, mesh, me)
+      r.hook_records[h.key] = { name = r.name .. "/" .. h.key, key = h.key, shape = h.shape, placement = r.placement,
+        dtype = r.dtype, parent = r, mine = hb, holds = r.holds and D.numel(hb.len) > 0 }
     end
-  end
-  -- Work items.
-  local ns_load, jobs = {}, {}
-  for q = 0, W - 1 do ns_load[q] = 0 end
-  local function cost(shape, nd_mode) return balance == "flops" and ns.flops(shape, nd_mode) or D.numel(shape) end
-  for ri, r in ipairs(records) do
-    r.items = {}
-    if r.ns then
-      local _, _, _, rows, cols = ns.core(r.shape, r.nd_mode)
-      local regions, rorder = {}, {}
-      for _, id in ipairs(r.box_order) do
-        local b = r.box_of[id]
-        local region = { start = {}, len = {} }
-        for d = 1, #r.shape do
-          if rows[d] or cols[d] or r.whole then region.start[d], region.len[d] = 0, r.shape[d]
-          else region.start[d], region.len[d] = b.start[d], b.len[d] end
-        end
-        local rid = box_id(region)
-        if not regions[rid] then
-          regions[rid] = { record = r, region = region, ns = true, sources = {}, dests = {} }
-          rorder[#rorder + 1] = rid
-        end
-        local it = regions[rid]
-        it.sources[#it.sources + 1] = { rank = r.holder[id], box = b, id = id }
-      end
-      for ii, rid in ipairs(rorder) do
-        local it = regions[rid]
-        local s1 = it.sources[1]
-        if #it.sources == 1 and box_id(s1.box) == rid then
-          it.owner = s1.rank -- the holder has the whole region: nothing moves in
-          ns_load[it.owner] = ns_load[it.owner] + cost(it.region.len, r.nd_mode)
-        else
-          jobs[#jobs + 1] = { cost = cost(it.region.len, r.nd_mode), order = ri * 1e6 + ii,
-            assign = function(q) it.owner = q end }
-        end
-        r.items[#r.items + 1] = it
-      end
-    else
-      for _, id in ipairs(r.box_order) do
-        local b = r.box_of[id]
-        r.items[#r.items + 1] = { record = r, region = b, ns = false, owner = r.holder[id],
-          sources = { { rank = r.holder[id], box = b, id = id } }, dests = {} }
-      end
-    end
-  end
-  local all = {}
-  for q = 0, W - 1 do all[#all + 1] = q end
-  greedy(jobs, function() return all end, ns_load)
-  plan.ns_load = ns_load
-  -- Destinations: every rank holding a non-empty box inside the region.
-  for _, r in ipairs(records) do
-    for _, it in ipairs(r.items) do
-      for q = 0, W - 1 do
-        local b = r.boxes[q]
-        if D.numel(b.len) > 0 and box_within(b, it.region) then it.dests[#it.dests + 1] = { rank = q, box = b } end
-      end
-      -- Sources the owner holds itself need no transfer (marked local).
-      for _, s in ipairs(it.sources) do s.local_ = s.rank == it.owner end
-      -- Hook state travels with the item: from and back to its holders.
-      it.attached = {}
-      for _, h in ipairs(r.hooks or {}) do
-        local hr = r.hook_records[h.key]
-        local region = { start = {}, len = {} }
-        for d = 1, #h.shape do
-          if h.shape[d] == r.shape[d] then region.start[d], region.len[d] = it.region.start[d], it.region.len[d]
-          else region.start[d], region.len[d] = 0, h.shape[d] end
-        end
-        local a = { record = hr, region = region, owner = it.owner, sources = {}, dests = {} }
-        for _, id in ipairs(hr.box_order) do
-          local b = hr.box_of[id]
-          if box_within(b, region) then
-            local piece = { rank = hr.holder[id], box = b }
-            a.sources[#a.sources + 1] = piece
-            a.dests[#a.dests + 1] = piece
-          end
-        end
-        it.attached[#it.attached + 1] = a
-      end
-    end
+    local it = item_for(r, mesh, me, mc)
+    r.items = it and { it } or {}
   end
   -- Batches per (group, shard count), in registration order.
   local by_key, korder = {}, {}
   for _, r in ipairs(records) do
     local key = (r.group or 1) .. ":" .. r.shard_count
     if not by_key[key] then
-      by_key[key] = { group = r.group or 1, shard = r.shard_count, items = {} }
+      by_key[key] = { group = r.group or 1, shard = r.shard_count, records = {} }
       korder[#korder + 1] = key
     end
-    for _, it in ipairs(r.items) do table.insert(by_key[key].items, it) end
+    table.insert(by_key[key].records, r)
   end
   table.sort(korder, function(x, y)
     local a, b = by_key[x], by_key[y]
@@ -467,16 +719,16 @@ function D.plan(records, mesh, opts)
     local k = by_key[key]
     local limit = math.floor(maxb / k.shard)
     local batches, cur, count = {}, {}, 0
-    for _, it in ipairs(k.items) do
-      local n = D.numel(it.region.len)
-      if #cur >= k.shard and count + n > limit then
+    for _, r in ipairs(k.records) do
+      if #cur >= k.shard and count + r.numel > limit then
         batches[#batches + 1] = cur
         cur, count = {}, 0
       end
-      cur[#cur + 1] = it
-      count = count + n
+      cur[#cur + 1] = r
+      count = count + r.numel
     end
     if #cur > 0 then batches[#batches + 1] = cur end
+    for i, recs in ipairs(batches) do batches[i] = D.batch(recs, k.group, k.shard) end
     per[#per + 1] = batches
   end
   local k = 1
@@ -494,10 +746,60 @@ function D.plan(records, mesh, opts)
   return plan
 end
 
--- Elements rank `rank` sends and receives for one step of `plan` (records
+-- A batch of records (the same on every rank): this rank's items, the
+-- dtypes (sorted), whether any item moves data in or out.
+function D.batch(recs, group, shard)
+  local b = { records = recs, items = {}, group = group, shard = shard, dtypes = {}, moves_in = false,
+    moves_out = false }
+  local seen = {}
+  for _, r in ipairs(recs) do
+    if not seen[r.dtype] then
+      seen[r.dtype] = true
+      b.dtypes[#b.dtypes + 1] = r.dtype
+    end
+    b.moves_in = b.moves_in or r.moves_in
+    b.moves_out = b.moves_out or r.moves_out
+    for _, it in ipairs(r.items) do b.items[#b.items + 1] = it end
+  end
+  table.sort(b.dtypes)
+  return b
+end
+
+-- Every distinct non-empty box of a record (or of a hook record) with its
+-- state holder: { {box, holder} }, in the order of the shard coordinates.
+-- O(shard count): for the rank that gathers or scatters every box.
+function D.boxes_of(rec, mesh)
+  local r = rec.parent or rec
+  local coords = {}
+  for a = 1, #mesh.sizes do coords[a] = 0 end
+  set_class(r, mesh, r.c, coords)
+  local saxes = {}
+  for a, p in ipairs(r.placement) do if p.kind == "S" then saxes[#saxes + 1] = a end end
+  local out = {}
+  each_coords(mesh, saxes, coords, function(x)
+    local q = mesh:rank_of(x)
+    local b = rec.parent and D.hook_box(rec.shape, r.shape, r.placement, mesh, q)
+      or D.local_box(r.shape, r.placement, mesh, q)
+    if D.numel(b.len) > 0 then out[#out + 1] = { box = b, holder = q } end
+  end)
+  return out
+end
+
+-- The job's NS imbalance: the largest rank's NS cost over the mean (1 for
+-- no NS work).
+function D.imbalance(plan)
+  local W, mx, sum = plan.mesh.size, 0, 0
+  for q = 0, W - 1 do
+    local l = plan.ns_load[q]
+    mx, sum = math.max(mx, l), sum + l
+  end
+  return sum > 0 and mx / (sum / W) or 1
+end
+
+-- Elements plan.rank sends and receives for one step of `plan` (records
 -- for which stepping(record) is true; all when nil): NS input pieces from
 -- state holders to owners, then each update slice from the owner to every
--- other rank that holds it.
+-- other rank that holds it. `rank` must be the plan's rank.
 function D.step_elements(plan, rank, stepping)
   local sent, recv = 0, 0
   local function count(it)
@@ -528,7 +830,7 @@ function D.step_elements(plan, rank, stepping)
   return sent, recv
 end
 
--- What the seed's scheme receives per rank for the same owners, in
+-- What the seed's scheme receives on plan.rank for the same owners, in
 -- elements, without its padding: NS records only; all-gather of the NS
 -- input over the owner's replica group, full-update broadcast from the
 -- owner to that group, then the new shard broadcast to the other replicas
@@ -540,8 +842,8 @@ function D.seed_step_elements(plan, rank)
     if r.ns then
       for _, it in ipairs(r.items) do
         local o = it.owner
-        local mine = D.numel(r.boxes[rank].len)
-        if box_within(r.boxes[rank], it.region) and mine > 0 or rank == o then
+        local mine = r.mine_n
+        if box_within(r.mine, it.region) and mine > 0 or rank == o then
           local in_group = rank == o or D.is_source(r.placement, mesh, rank, o)
           local n = D.numel(it.region.len)
           if in_group then

@@ -6,7 +6,88 @@
 --
 --   local eng = require("muon.engine").new("configs/muon.lua")
 --   eng:add_param("layers.0.w", value, grad)
+--   eng:zero_grad()                    -- every registered grad := 0
+--   local norm = eng:clip_grad_norm(1.0) -- torch.nn.utils.clip_grad_norm_
+--   eng:set_lr("hidden", 0.01)         -- a group's base lr (by name or index)
 --   eng:step()
+--[[ reference muon.engine
+    The config-driven engine (what mu_engine_* run): parameters routed by
+    name to the config's groups, each step's values from the schedule, one
+    atomic step over every group (and every rank of a mesh), one checkpoint
+    of every group's state. A config returns a table with the keys groups
+    (required: a list of { name, optimizer = "muon" | "adamw" | "lion",
+    match, exclude, min_dim, max_dim, <the optimizer's options> }; the first
+    group that matches takes a parameter), schedule (function(step, group)
+    -> an lr or a table of schedulable values), hooks (for every group
+    whose kind takes hooks), dist ({ mesh, balance, max_batch_numel, comm }),
+    name, nil_grad_warning (steps, default 1) and
+    hook_budget ({ instructions, seconds, memory }). Unknown keys are
+    errors.
+muon.engine.new(config, opts)
+    An engine on a config file path (run sandboxed) or a config table.
+    opts.trusted = false: true runs a config file with full Lua. A missing
+    or unreadable file is EIO, a syntax error EFORMAT, a bad config EINVAL
+    (the message names the key or option).
+muon.engine.check(config, shapes, opts)
+    Dry run (muon check): route { {name =, shape =}, ... } without
+    allocating the parameters; returns the rows of describe() and a list
+    of problems (never raises for a bad config: it is a problem).
+muon.engine.Engine
+    The engines' metatable.
+Engine:add_param(name, value, grad, placement)
+    Register a parameter (tensors; grad may be nil: skipped by steps),
+    routed by name and shape. A name already registered, no matching group,
+    or a 1-D parameter in a Muon group is EINVAL naming it. placement (a
+    config with dist only): one entry per mesh axis ("R", "S(d)") with
+    shape = the global shape; value and grad then hold this rank's shard.
+Engine:step(closure)
+    One atomic step of every group: on failure nothing changed (parameters,
+    state, step count). Calls closure() first when given; returns its value
+    and whether it stepped (false when no parameter has a grad: the step
+    count, hence the schedule, stays).
+Engine:set(key, v)
+    Set "lr_scale" (a finite number >= 0, multiplies every group's lr).
+Engine:get(key)
+    "lr" (group 1's), "lr:<group name or index>", "step", "stepped" (1 if
+    the last step stepped), "lr_scale", "state_bytes", "scratch_bytes". An
+    unknown key or group is EINVAL listing the valid ones.
+Engine:set_signal(name, values)
+    Per-step values (a list of finite numbers) for the hooks, read as
+    ctx.signals[name]; kept until set again. On a mesh every rank sets the
+    same values.
+Engine:param(name)
+    The registered muon.param of that name, or nil.
+Engine:state(name)
+    The parameter's optimizer state on this rank (nil before its first
+    step, or when another replica holds it).
+Engine:memory()
+    { state_bytes = n, scratch_bytes = n } this rank holds.
+Engine:stats()
+    { steps = n, <kind> = { steps, skipped_nonfinite }, comm = ... (with
+    dist) }.
+Engine:comm_stats()
+    Bytes and seconds per communicator of a distributed engine ({}
+    without dist).
+Engine:save(path)
+    One safetensors checkpoint of every group's state, the step count and
+    lr_scale (atomic write, checksummed).
+Engine:load(path, opts)
+    Load a checkpoint of save(): everything is checked before anything
+    changes. State, step counts and lr_scale are the checkpoint's; options
+    the config keeps stay the config's; every saved value that differs is a
+    note on stderr. opts.checksum = true: false loads a file without (or
+    with stale) checksums, written in Python.
+Engine:describe()
+    Rows { name, shape, group, group_name, optimizer, options, defaults,
+    hooks, order } per parameter: what muon check prints.
+Engine:route(name, shape)
+    The group a parameter of that name and shape would go to, or nil.
+Engine:set_comm(c)
+    Use communicator c (a muon.comm) instead of the world; a config with
+    dist only, before the first add_param (ESTATE otherwise).
+Engine:local_shape_of(name, shape, placement)
+    This rank's shard shape of a parameter of global shape and placement.
+]]
 local config = require("muon.config")
 local sandbox = require("muon.sandbox")
 local T = require("muon.tensor")
@@ -18,6 +99,7 @@ local K = require("muon.optim.kind")
 local S = require("muon.optim.state")
 local commlib = require("muon.comm")
 local U = require("muon.optim.util")
+local G = require("muon.grads")
 
 local engine = {}
 local Engine = {}
@@ -336,6 +418,7 @@ function Engine:param(name) return self.by_name[name] end
 function Engine:state(name)
   local p = self.by_name[name]
   if not p then E.raise(E.EINVAL, "state: no parameter '%s'", tostring(name)) end
+  if self.stepper then self.stepper:check_idle("state") end -- (the live buffers: not while a step runs)
   return self.stepper and self.stepper:state_of(p)
 end
 
@@ -416,6 +499,49 @@ function Engine:set_signal(name, values)
   self:_stepper():set_signal(name, values)
 end
 
+-- Set every registered grad to 0, in place (parameters registered without
+-- a grad are skipped): torch's zero_grad(set_to_none=False), since the
+-- buffers are the trainer's.
+function Engine:zero_grad()
+  G.zero(self:_stepper())
+end
+
+-- Clip the registered grads by their global L2 norm, as
+-- torch.nn.utils.clip_grad_norm_(params, max_norm): returns the total norm
+-- before clipping; the grads are multiplied by max_norm / (norm + 1e-6)
+-- when that is < 1. Exact, so the same bits on any mesh; there it is a
+-- collective over the whole parameters (muon.grads).
+function Engine:clip_grad_norm(max_norm)
+  local ok, norm = pcall(G.clip, self:_stepper(), max_norm, "clip_grad_norm")
+  if not ok then E.reraise(norm, E.EINVAL) end
+  return norm
+end
+
+-- The group of a name or index (a number or its string), or an error
+-- listing the groups.
+function Engine:_group(which, who)
+  for _, g in ipairs(self.groups) do
+    if tostring(g.index) == tostring(which) or (g.name ~= nil and g.name == which) then return g end
+  end
+  local names = {}
+  for _, g in ipairs(self.groups) do names[#names + 1] = g.name or tostring(g.index) end
+  E.raise(E.EINVAL, "%s: %s", who, E.unknown("group", tostring(which), names))
+end
+
+-- Set the lr of a group (its index or its name): it replaces the config's
+-- lr (the group's base value) from the next step on. A schedule still runs
+-- on top of it: one that returns an lr overrides it (the schedule sees it
+-- as base_lr), and lr_scale multiplies the result. eng:get("lr:<group>")
+-- shows it until the next step. On a mesh every rank sets the same value.
+function Engine:set_lr(group, lr)
+  local g = self:_group(group, "set_lr")
+  if not O.is_finite(lr) or lr < 0 then
+    E.raise(E.EINVAL, "set_lr: %s: lr must be a finite number >= 0, got %s", g.label, tostring(lr))
+  end
+  g.base.lr = lr
+  g.options.lr = lr
+end
+
 local SETTABLE = { lr_scale = true }
 local GETTABLE = { "lr", "lr:<group>", "step", "stepped", "lr_scale", "state_bytes", "scratch_bytes" }
 
@@ -426,6 +552,7 @@ function Engine:set(key, value)
     E.raise(E.EINVAL, "set: %s", msg)
   end
   if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, tostring(value)) end
+  if self.stepper then self.stepper:check_idle("set") end
   self[key] = value
 end
 
@@ -437,14 +564,7 @@ function Engine:get(key)
   if key == "state_bytes" or key == "scratch_bytes" then return self:memory()[key] end
   if type(key) == "string" then
     local which = key:match("^lr:(.+)$")
-    if which then
-      for _, g in ipairs(self.groups) do
-        if tostring(g.index) == which or g.name == which then return g.options.lr end
-      end
-      local names = {}
-      for _, g in ipairs(self.groups) do names[#names + 1] = g.name or tostring(g.index) end
-      E.raise(E.EINVAL, "get: %s", E.unknown("group", which, names))
-    end
+    if which then return self:_group(which, "get").options.lr end
   end
   E.raise(E.EINVAL, "get: %s", E.unknown("key", tostring(key), GETTABLE))
 end

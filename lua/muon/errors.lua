@@ -30,10 +30,89 @@
 --   --> "train.lua:12: values must be a table"
 --   E.check_keys(opts, { lr = true, momentum = true }, "option", "Muon")
 --   --> "Muon: unknown option 'momentm' (did you mean 'momentum'?); valid options: lr, momentum"
+--   E.unexpected("Muon", { "momentm" }, { lr = true, momentum = true })  -- constructors: the seed's text
+--   --> "Muon got unexpected keyword arguments: momentm (did you mean 'momentum' for 'momentm'?); valid options: lr, momentum"
 --   local ok, err = pcall(f); E.code(err)   --> MU_E* number (nil for a plain string)
 --   E.name(E.ENONFINITE)                    --> "ENONFINITE"
 --
 -- The object type itself is in muon.core (core.check raises it).
+--[[ reference muon.errors
+    Error objects { code = MU_E* number, msg = text } that behave like
+    their message (tostring, .., err:find, err:match, err:gsub) and carry a
+    status code across the C/Lua line. Reading an unknown name raises.
+muon.errors.OK
+muon.errors.EINVAL
+muon.errors.ENOMEM
+muon.errors.EIO
+muon.errors.EFORMAT
+muon.errors.EDTYPE
+muon.errors.ESHAPE
+muon.errors.ENONFINITE
+muon.errors.ESTATE
+muon.errors.ELUA
+muon.errors.ECOMM
+    The status codes, from muon.h's MU_ERRORS table (0, -1, -2, ...):
+    bad argument or value; out of memory; file missing or unreadable;
+    malformed file; dtype; shape; NaN/Inf; wrong state; a user's Lua
+    raised; MPI failure.
+muon.errors.new(code, msg, tb)
+    A new error object (code a number or its name; tb an optional
+    traceback shown by the C embedding).
+muon.errors.raise(code, fmt, ...)
+    Raise an error object, fmt formatted with the arguments; no position.
+muon.errors.blame(code, fmt, ...)
+    Raise one for misuse of a public function, its message starting with
+    the position of the user's line that called into muon (none when
+    called from C or under a pcall inside muon).
+muon.errors.position()
+    That position ("file:line: ") or "".
+muon.errors.reraise(err, fallback)
+    Raise a caught error again: an object as it is, anything else as an
+    object with code fallback.
+muon.errors.wrap(err, prefix, fallback)
+    The same error with a prefix on its message (code and traceback kept;
+    without a code: fallback, or a plain string without one).
+muon.errors.is(x)
+    Whether x is an error object.
+muon.errors.code(err)
+    The code an error carries, or nil (a plain string, a table a config
+    raised).
+muon.errors.name(code)
+    The code's name ("EINVAL"), or nil.
+muon.errors.message(err)
+    The message of any error value, without calling anything it holds.
+muon.errors.check(rc, what)
+    Raise an error object for a failed C status (mu_last_error() as the
+    detail, prefixed by what).
+muon.errors.unknown(what, bad, valid)
+    "unknown option 'momentm' (did you mean 'momentum'?); valid options:
+    lr, momentum" for a name or a list of names.
+muon.errors.check_keys(t, valid, what, where)
+    Raise EINVAL "<where>: unknown ..." when t has keys outside the set
+    valid.
+muon.errors.closest(name, valid)
+    The valid name closest to name, or nil when none is close.
+muon.errors.distance(a, b)
+    Edit distance (a swap of neighbours counts once).
+muon.errors.capture(err)
+    xpcall handler keeping the traceback cut to the user's frames.
+muon.errors.caught(caught)
+    The error and traceback from what xpcall(f, E.capture) returned (the
+    VM's own stack and memory errors as ENOMEM objects).
+muon.errors.exhausted(err)
+    An ENOMEM object for the VM's out-of-stack or out-of-memory error.
+muon.errors.traceback(err)
+    The first traceback of err if E.capture saw it, else nil.
+muon.errors.trim_traceback(tb)
+    A traceback cut to the user's frames.
+muon.errors.call_hook(what, fn, ...)
+    Call a config function (hook, schedule, match); what it raises comes
+    back as an ELUA object "<what>: <message>" with its traceback (ENOMEM
+    when memory or stack ran out).
+muon.errors.call_hook_on(subject, what, fn, ...)
+    call_hook naming subject ("parameter 'w'") when the call exceeds the
+    hook budget.
+]]
 local ffi = require("ffi")
 local core = require("muon.core")
 local C = core.C
@@ -228,6 +307,26 @@ function E.unknown(what, bad, valid)
   end
   return ("unknown %s%s %s; valid %ss: %s"):format(what, #bad > 1 and "s" or "", table.concat(parts, ", "),
     what, table.concat(names, ", "))
+end
+
+-- The seed's message for unknown constructor options of the class cls
+-- ("Muon got unexpected keyword arguments: a, b": its text, names sorted),
+-- then our suggestions and the valid names:
+--
+--   E.unexpected("Muon", { "momentm", "zz" }, { "lr", "momentum" })
+--   --> "Muon got unexpected keyword arguments: momentm, zz (did you mean
+--        'momentum' for 'momentm'?); valid options: lr, momentum"
+function E.unexpected(cls, bad, valid)
+  local names = sorted_names(valid)
+  local list, near = {}, {}
+  for i, b in ipairs(bad) do list[i] = tostring(b) end
+  table.sort(list)
+  for _, b in ipairs(list) do
+    local n = E.closest(b, names)
+    if n then near[#near + 1] = ("'%s' for '%s'"):format(n, b) end
+  end
+  return ("%s got unexpected keyword arguments: %s%s; valid options: %s"):format(cls, table.concat(list, ", "),
+    #near > 0 and (" (did you mean " .. table.concat(near, ", ") .. "?)") or "", table.concat(names, ", "))
 end
 
 -- Raise EINVAL "<where>: unknown ..." when t has keys outside valid (a set);

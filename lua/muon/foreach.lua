@@ -4,6 +4,47 @@
 -- validates everything before touching memory, so a failed call changes
 -- nothing. Pointer arrays are cached per argument slot and reused, so a call
 -- allocates nothing per tensor.
+--[[ reference muon.foreach
+    Fused multi-tensor ops over Lua lists of tensors (mu_foreach_* in
+    src/foreach.c): one threaded pass per call, every tensor of a call of
+    one dtype and contiguous, everything checked before anything is written
+    (a failed call changes nothing); no allocation per tensor.
+muon.foreach.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
+    The seed's momentum: u = g + m1 buf; buf' = m2 buf + g; nesterov:
+    u = m1 u + g. new_bufs nil writes bufs in place; m2 nil means m1.
+    Returns updates.
+muon.foreach.apply(params, updates, scales, decay, alpha)
+    p = p decay + alpha (u s); scales nil (1), a number, or one number per
+    tensor.
+muon.foreach.apply_cautious(params, updates, scales, decay, alpha)
+    Cautious weight decay: p = p decay + alpha u s where (alpha u s) p < 0
+    (the update moves p towards zero), p + alpha u s elsewhere.
+muon.foreach.scale(xs, scales)
+    x = x s (s a number or one per tensor).
+muon.foreach.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)
+    torch.optim.AdamW's step in place. opts.lr, opts.beta1 = 0.9,
+    opts.beta2 = 0.999 (or opts.betas = {b1, b2}), opts.eps = 1e-8,
+    opts.weight_decay = 1e-2, opts.step (>= 1: the step number after
+    incrementing, as torch's state["step"]).
+muon.foreach.adamw_update(grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs, updates, opts)
+    AdamW's new moments (into new_*, which may be the old ones) and update
+    direction, without touching the parameters; apply(params, updates, nil,
+    1 - lr wd, 1) then gives adamw's bits. opts as adamw.
+muon.foreach.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2)
+    Lion's direction sign(beta1 m + (1 - beta1) g) (sign(0) = 0) into
+    updates and its new moment beta2 m + (1 - beta2) g into new_exp_avgs
+    (may be exp_avgs); then apply(params, updates, nil, 1 - lr wd, -lr).
+muon.foreach.all_finite(xs)
+    true when every element is finite; else false and the 1-based index of
+    the first tensor holding NaN or Inf.
+muon.foreach.pack(srcs, dst, offsets)
+muon.foreach.unpack(src, dsts, offsets)
+    Copy tensors into / out of one contiguous batch tensor at element
+    offsets (default: one after another); returns the offsets used and the
+    total.
+muon.foreach.numel(xs)
+    The total number of elements of a list of tensors.
+]]
 local ffi = require("ffi")
 local core = require("muon.core")
 local E = require("muon.errors")
@@ -144,7 +185,7 @@ end
 
 -- p = p*decay + alpha*(update*scale_i); scales nil, a number or an array.
 -- cautious: the decay only where the subtracted update has p's sign.
-local function apply(params, updates, scales, decay, alpha, cautious)
+local function apply(params, updates, scales, decay, alpha, cautious, check_only)
   local p, n = tensors("a", params, "params")
   same_count("updates", n, updates)
   local u = tensors("b", updates, "updates")
@@ -156,7 +197,13 @@ local function apply(params, updates, scales, decay, alpha, cautious)
     sarr = slot_array("s", dbl_arr, n)
     for i = 0, n - 1 do sarr[i] = s1 end
   end
-  if cautious then
+  if check_only then
+    local bad = int_box()
+    local rc = C.mu_foreach_apply_finite(n, p, u, sarr, decay, alpha, cautious and 1 or 0, bad)
+    if rc < 0 then check(rc, "foreach.apply_finite") end
+    if rc == 1 then return true, nil end
+    return false, bad[0] + 1
+  elseif cautious then
     check(C.mu_foreach_apply_cautious(n, p, u, sarr, decay, alpha), "foreach.apply_cautious")
   else
     check(C.mu_foreach_apply(n, p, u, sarr, decay, alpha), "foreach.apply")
@@ -171,6 +218,13 @@ end
 -- (the update moves p towards zero), p + alpha*u*s elsewhere.
 function F.apply_cautious(params, updates, scales, decay, alpha)
   return apply(params, updates, scales, decay, alpha, true)
+end
+
+-- Whether F.apply (or F.apply_cautious when cautious) would write only
+-- finite values, writing nothing: true, nil; or false and the 1-based index
+-- of the first parameter that would hold NaN or Inf.
+function F.apply_finite(params, updates, scales, decay, alpha, cautious)
+  return apply(params, updates, scales, decay, alpha, cautious == true, true)
 end
 
 -- x = x * s (s a number or an array of per-tensor numbers).
@@ -214,7 +268,7 @@ local function adamw_opts(opts)
   return opts.lr, b1, b2, eps, wd, step
 end
 
--- torch.optim.AdamW step over the arrays; opts = {lr=, beta1=0.9, beta2=0.999
+-- torch 2.x's torch.optim.AdamW step over the arrays; opts = {lr=, beta1=0.9, beta2=0.999
 -- (or betas={b1, b2}), eps=1e-8, weight_decay=1e-2, step=} (step >= 1, the
 -- step number after incrementing, as torch's state["step"]).
 function F.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)

@@ -96,6 +96,10 @@ function host.get(eng, key)
   return v
 end
 
+function host.zero_grad(eng) eng:zero_grad() end
+function host.clip_grad_norm(eng, max_norm) return eng:clip_grad_norm(max_norm) end
+function host.set_lr(eng, group, lr) eng:set_lr(group, lr) end
+
 function host.save(eng, path) eng:save(path) end
 
 function host.load(eng, path, no_checksum)

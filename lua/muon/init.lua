@@ -1,5 +1,49 @@
 -- muon: the Muon optimizer engine. require("muon") loads the C core
 -- (build/libmuon.so, $MUON_LIB, or the host's own symbols) through the FFI.
+--[[ reference muon
+    The top module. muon.<name> loads a submodule on first use; any other
+    name raises an error listing the valid ones ("muon has no field 'optm'
+    (valid: blas_info, check, comm, ...)"). Each submodule's reference is
+    at the top of its file (`muon help API` prints them all).
+muon._VERSION
+    The version string ("0.1.0"), from mu_version().
+muon.tensor
+    The tensor module (muon.tensor, loaded with muon).
+muon.param
+    muon.param(name, value, grad): a named parameter (see muon.param).
+muon.blas_info()
+    The running OpenBLAS: { core = "SkylakeX", threads = 2, config = "...",
+    expected = the fastest core for this CPU (mu_blas_cpu_core) or nil,
+    library = the path of libmuon.so }. Warns once on stderr when a generic
+    core (Prescott, Core2, Nehalem, Barcelona, Bulldozer) runs on a CPU that has a faster
+    one: export OPENBLAS_CORETYPE=<expected> before starting.
+muon.config_path(name)
+    The path of a shipped config ("muon" or "muon.lua", "normuon",
+    "adamw", ...): configs/ of the source tree, or <prefix>/share/muon/
+    configs/ of an installed muon, found from where the modules live.
+    EINVAL for a name that is not a plain file name, EIO when no such
+    config is shipped (naming the paths tried).
+muon.check
+muon.comm
+muon.dist
+muon.engine
+muon.errors
+muon.foreach
+muon.ns
+muon.optim
+muon.safetensors
+muon.schedules
+    The public submodules, loaded on first use (each documents itself).
+muon.config
+muon.core
+muon.host
+muon.router
+muon.sandbox
+muon.step
+    Internal modules (config loading, the FFI loader, the C hosts' glue,
+    routing, the config sandbox, the step protocol): reachable, but not an
+    API; their functions may change.
+]]
 local ffi = require("ffi")
 local core = require("muon.core")
 local E = require("muon.errors")

@@ -9,6 +9,72 @@
 --   local r = ns.resolve({ steps = 5, variant = "asym5" })
 --   local ws = ns.workspace("float32", rows, cols)
 --   ns.zeropower_into(out, x, r, ws)     -- out, x contiguous, same shape
+--[[ reference muon.ns
+    Newton-Schulz orthogonalization (the seed's zeropower_via_newtonschulz5)
+    in C (src/ns.c): per step A = X X^T, B = b A + c A A, X = a X + B X,
+    after X / (norm_scale ||X||_F + eps), on the wide orientation.
+muon.ns.zeropower(x, opts)
+    A new orthogonalized tensor of x's shape and dtype; x (2-D, or 3-D: a
+    batch of matrices; float32 or float64; contiguous or not) is unchanged.
+    opts.steps = the variant's length (5; deepseekv4 10, polar_express_8 8,
+    aol 4): iterations; 0 only normalizes.
+    opts.variant = "asym5": "legacy", "asym5", "polar_express",
+    "deepseekv4", "cans", "polar_express_8", "aol" or "custom".
+    opts.coefficients = nil: { {a, b, c}, ... } for variant "custom".
+    opts.eps = 1e-10: added to the norm.
+    opts.norm_scale = the variant's (1; polar_express 1.02): the norm's
+    factor.
+    opts.method = "standard": "gram" (the Gram iteration) or "auto" (the
+    faster of the two for the shape, see method_for).
+    opts.path = "symmetric": "plain" computes A A without the symmetric
+    product.
+    opts.workspace = nil: a workspace from ns.workspace to reuse.
+    An unknown option is an error listing the valid ones. Asked for more
+    steps than a fixed schedule defines, it runs the defined ones (as the
+    seed slices its triples), with one warning per (variant, steps).
+muon.ns.resolve(opts)
+    The options of zeropower checked and resolved once (coefficients, norm
+    scale, path, method, the C mu_ns_opts) for zeropower_into and
+    zeropower_many; a resolved table passes through unchanged.
+muon.ns.zeropower_into(out, x, r, ws)
+    The C call with resolved options r, no option checks: x and out
+    contiguous, same shape (2-D or 3-D) and dtype; out may be x; ws (may be
+    nil) a workspace. Returns out.
+muon.ns.zeropower_many(outs, xs, rs, ws, count)
+    count tensors (default #xs) in one C call: outs[i] = Newton-Schulz of
+    xs[i] with rs[i] (or one resolved table for all), the same bits as one
+    zeropower_into each. One dtype; ws holds the largest. Returns outs.
+muon.ns.workspace(dtype, rows, cols)
+    A reusable workspace for matrices up to rows x cols (either
+    orientation), freed by the GC.
+muon.ns.method_for(rows, cols, opts)
+    "standard" or "gram": the iteration opts.method runs for a rows x cols
+    matrix ("auto" resolved by the cost model of src/ns_gram.c).
+muon.ns.coefficients(variant, steps, custom)
+    The { {a, b, c}, ... } triples of a variant (default "asym5") and its
+    norm scale; steps defaults to the variant's length.
+muon.ns.validate(variant, steps, custom)
+    The seed's checks of (variant, steps, custom), raising its messages
+    ("ns_steps=7 exceeds the 5 provided coefficient groups"); returns the
+    custom triples copied (nil for a preset).
+muon.ns.core(shape, nd_mode)
+    The core matrices Newton-Schulz runs on for a parameter shape: rows,
+    cols, their count, and the sets of 1-based dims making rows and cols.
+    2-D (A, B); 3-D (A, 1, B): one (A, B); other N-D: a batch of the last
+    two dims (nd_mode "batch", the default) or one dim-1 x rest matrix
+    (nd_mode "flatten"). nil for 0-D and 1-D shapes.
+muon.ns.flops(shape, nd_mode)
+    Floating-point operations of one standard step over those matrices:
+    count * (4 m^2 n + 2 m^3), m the smaller side (0 without a core).
+muon.ns.VARIANTS
+muon.ns.METHODS
+    The variant names; "standard", "gram", "auto".
+muon.ns.DEFAULT_VARIANT
+muon.ns.DEFAULT_STEPS
+muon.ns.DEFAULT_EPS
+muon.ns.MAX_STEPS
+    "asym5", 5, 1e-10; the most steps accepted (1000).
+]]
 local ffi = require("ffi")
 local core = require("muon.core")
 local E = require("muon.errors")

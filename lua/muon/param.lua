@@ -1,4 +1,31 @@
 -- muon.param(name, value, grad): a named parameter and its gradient.
+--[[ reference muon.param
+    A named parameter: its value tensor and its gradient.
+muon.param.new(name, value, grad)
+    muon.param(name, value, grad) is the same: a parameter { name, value,
+    grad }, checked where it is made: name a non-empty string, value a
+    contiguous tensor (updated in place), grad nil (skipped by steps) or a
+    tensor of the value's dtype and shape that does not share its memory.
+muon.param.shape_only(name, value)
+    A parameter that only stands for a shape (muon check's zero-stride
+    views): never stepped, so not checked.
+muon.param.check(name, value, grad)
+    The checks of new, raising EINVAL / EDTYPE / ESHAPE naming the
+    parameter.
+muon.param.is_param(x)
+    Whether x is a parameter.
+muon.param.same_shape(a, b)
+    Whether tensors a and b have the same sizes.
+muon.param.shape_string(t)
+    A tensor's sizes joined by "x" ("256x128").
+muon.param.Param
+    The parameters' metatable (tostring: "param(name, 256x128)").
+Param.name
+Param.value
+Param.grad
+    The fields of a parameter: its name, value tensor and grad tensor (or
+    nil).
+]]
 local ffi = require("ffi")
 local T = require("muon.tensor")
 local E = require("muon.errors")
@@ -64,7 +91,7 @@ end
 -- A parameter whose tensors only stand for a shape (`muon check`'s
 -- zero-stride views over one element): never stepped, so not checked.
 local function shape_only(name, value)
-  return setmetatable({ name = name, value = value }, Param)
+  return setmetatable({ name = name, value = value, stand_in = true }, Param)
 end
 
 local M = setmetatable({ new = new, shape_only = shape_only, Param = Param, same_shape = same_shape, check = check, shape_string = shape_string }, {

@@ -42,6 +42,30 @@
 --   sess:reset()                                   -- the next step's (buffers kept)
 --   local f2 = sess:reducer("post_update_fn", i, name, shape, counts)
 --   sess:finish(failed)                            -- the last collective; raises on a mismatch
+--   local acc = Rd.squares({ g1, g2 })             -- exact sum of squares of tensors (one C call)
+--   Rd.sqrt_value(Rd.merge_all(comm, acc))         -- merged over comm's ranks (collective): a global norm
+--[[ reference muon.reduce
+    The hooks' ctx.allreduce(x, "sum" | "max" | "min") and
+    ctx.global_norm(x); their semantics are in the comment above.
+muon.reduce.whole(hook, shape)
+    { allreduce = function(x, op), global_norm = function(x) } for a hook
+    that holds the whole parameter (pre_ortho_fn, post_ortho_fn; and
+    post_update_fn on one process, where x must have shape).
+muon.reduce.session(comm)
+    The reductions of one step's post_update_fn calls over comm (a
+    collective: every rank makes one session per step and finishes it
+    once).
+Session:reset()
+    The same session for the next step (buffers kept).
+Session:reducer(hook, idx, name, shape, counts)
+    { allreduce, global_norm } of hook on parameter number idx (the same
+    numbering on every rank) named name: x has this rank's piece's shape;
+    counts: whether this rank contributes its piece (replicas count once).
+Session:finish(failed)
+    The session's last collective (failed: a hook of this rank raised);
+    raises on every rank, naming the parameter, the hook and what each
+    side did, when the ranks' calls differed.
+]]
 local ffi = require("ffi")
 local core = require("muon.core")
 local T = require("muon.tensor")
@@ -80,6 +104,58 @@ local function value(s, op)
 end
 
 local function shape_str(s) return "{" .. table.concat(s, ", ") .. "}" end
+
+-- An accumulator as doubles at sp[0 ..]: nan, +inf, -inf, max, min, then
+-- the normalized limbs (each exact as a double); and back.
+local PACKED = 5 + LIMBS
+local function pack(acc, sp)
+  C.mu_xsum_normalize(acc)
+  sp[0], sp[1], sp[2], sp[3], sp[4] = tonumber(acc.nan), tonumber(acc.pinf), tonumber(acc.ninf), acc.max, acc.min
+  for i = 0, LIMBS - 1 do sp[5 + i] = tonumber(acc.limb[i]) end
+end
+
+local function unpack_into(part, rp)
+  C.mu_xsum_zero(part)
+  part.nan, part.pinf, part.ninf, part.max, part.min = rp[0], rp[1], rp[2], rp[3], rp[4]
+  for i = 0, LIMBS - 1 do part.limb[i] = rp[5 + i] end
+end
+
+-- The accumulators of every rank of comm merged (a collective; every rank
+-- gets the same exact total, whatever the rank order): acc itself on one
+-- process.
+function Rd.merge_all(comm, acc)
+  local W = comm:size()
+  if W == 1 then return acc end
+  local send, recv = T.zeros({ PACKED }, "float64"), T.zeros({ W * PACKED }, "float64")
+  local counts = {}
+  for q = 1, W do counts[q] = PACKED end
+  pack(acc, ffi.cast("double *", send.data))
+  comm:allgatherv(send, recv, counts)
+  local rp = ffi.cast("double *", recv.data)
+  local total, part = new_acc(), ffi.new("mu_xsum")
+  for q = 0, W - 1 do
+    unpack_into(part, rp + q * PACKED)
+    C.mu_xsum_merge(total, part)
+  end
+  return total
+end
+
+-- The exact sum of the squares of every element of the tensors xs (a
+-- list, any float dtypes; one C call) as an accumulator: this rank's part
+-- of a global norm, for merge_all and sqrt_value.
+function Rd.squares(xs)
+  local s = new_acc()
+  local n = #xs
+  if n > 0 then
+    local arr = ffi.new("mu_tensor *[?]", n)
+    for i = 1, n do arr[i - 1] = xs[i] end
+    check(C.mu_xsum_add_tensors(s, n, arr, 1), "reduce")
+  end
+  return s
+end
+
+-- The square root of an accumulator's sum (a norm from squares).
+function Rd.sqrt_value(acc) return value(acc, NORM) end
 
 -- Check a call's arguments; returns the op code.
 local function check_args(fname, hook, x, op, shape)
@@ -165,9 +241,7 @@ function Session:_exchange(kind, idx, seq, op, acc)
   local head = { kind, idx, seq, op }
   for i = 1, 4 do sp[i - 1] = head[i] end
   if acc then
-    C.mu_xsum_normalize(acc)
-    sp[4], sp[5], sp[6], sp[7], sp[8] = tonumber(acc.nan), tonumber(acc.pinf), tonumber(acc.ninf), acc.max, acc.min
-    for i = 0, LIMBS - 1 do sp[HEAD + i] = tonumber(acc.limb[i]) end
+    pack(acc, sp + 4)
   else
     for i = 4, MSG - 1 do sp[i] = 0 end
     sp[7], sp[8] = -math.huge, math.huge
@@ -194,10 +268,7 @@ function Session:_exchange(kind, idx, seq, op, acc)
   local total = new_acc()
   local part = ffi.new("mu_xsum")
   for q = 0, self.W - 1 do
-    local base = q * MSG
-    C.mu_xsum_zero(part)
-    part.nan, part.pinf, part.ninf, part.max, part.min = rp[base + 4], rp[base + 5], rp[base + 6], rp[base + 7], rp[base + 8]
-    for i = 0, LIMBS - 1 do part.limb[i] = rp[base + HEAD + i] end
+    unpack_into(part, rp + q * MSG + 4)
     C.mu_xsum_merge(total, part)
   end
   return total

@@ -6,7 +6,7 @@
 -- on its own buffers.
 --
 --   local router = require("muon.router").new(data_comm)
---   router:run_batches(jobs, io)   -- jobs: { items, dtypes, moves_in, moves_out, group },
+--   router:run_batches(jobs, io)   -- jobs: { records, items, dtypes, moves_in, moves_out, group },
 --                                  -- communication overlapped with the owners' work
 --     io.source(record)    -> what this rank sends for the record (its box):
 --                             the NS input, or a hook state's current value
@@ -229,44 +229,45 @@ end
 -- How many waves a batch is cut into for the pipeline (R.waves).
 R.WAVES = 2
 
--- Cut a batch into up to k waves to pipeline: each rank's owned items, in
--- order, go to wave 1 + floor(k * (midpoint of their cost) / its total
--- cost), so every wave holds about 1/k of every rank's work. The same on
--- every rank (it depends on the plan only); Newton-Schulz results do not
--- depend on how items are batched. Cached per items list (the plan's
--- batch when every item steps).
+-- Cut a batch into up to k waves to pipeline: its records, in order, go
+-- to wave 1 + floor(k * (midpoint of their cost) / the batch's total cost)
+-- (cost: NS flops, or elements), so every wave holds about 1/k of the
+-- batch's work; an item goes with its record. The same waves on every rank
+-- (they depend on the records only); Newton-Schulz results do not depend
+-- on how items are batched. Cached per records list (the plan's batch when
+-- every record steps).
 local wave_cache = setmetatable({}, { __mode = "k" })
 function R.waves(job, k)
-  local items = job.items
-  local c = wave_cache[items]
-  if c and c.k == k then return c.waves end
-  local cost, total, done = {}, {}, {}
-  for i, it in ipairs(items) do
-    cost[i] = it.ns and ns.flops(it.region.len, it.record.nd_mode) or D.numel(it.region.len)
-    total[it.owner] = (total[it.owner] or 0) + cost[i]
+  local recs = job.records
+  local c = wave_cache[recs]
+  if c and c.k == k and c.items == job.items then return c.waves end
+  local cost, total = {}, 0
+  for i, r in ipairs(recs) do
+    cost[i] = r.ns and ns.flops(r.shape, r.nd_mode) or r.numel
+    total = total + cost[i]
+  end
+  local wave_of, before = {}, 0
+  for i, r in ipairs(recs) do
+    wave_of[r] = total > 0 and math.min(k, 1 + math.floor(k * (before + cost[i] / 2) / total)) or 1
+    before = before + cost[i]
   end
   local by = {}
-  for i, it in ipairs(items) do
-    local o = it.owner
-    local before = done[o] or 0
-    done[o] = before + cost[i]
-    local w = total[o] > 0 and math.min(k, 1 + math.floor(k * (before + cost[i] / 2) / total[o])) or 1
-    by[w] = by[w] or {}
-    table.insert(by[w], it)
-  end
+  for w = 1, k do by[w] = { records = {}, items = {} } end
+  for _, r in ipairs(recs) do table.insert(by[wave_of[r]].records, r) end
+  for _, it in ipairs(job.items) do table.insert(by[wave_of[it.record]].items, it) end
   local waves = {}
   for w = 1, k do
-    if by[w] then
-      local dtypes, moves_in, moves_out = R.describe_batch(by[w])
-      waves[#waves + 1] = { items = by[w], dtypes = dtypes, moves_in = moves_in, moves_out = moves_out,
-        group = job.group }
+    if #by[w].records > 0 then
+      local dtypes, moves_in, moves_out = R.describe_records(by[w].records)
+      waves[#waves + 1] = { records = by[w].records, items = by[w].items, dtypes = dtypes, moves_in = moves_in,
+        moves_out = moves_out, group = job.group }
     end
   end
-  wave_cache[items] = { k = k, waves = waves }
+  wave_cache[recs] = { k = k, items = job.items, waves = waves }
   return waves
 end
 
--- Route a list of batches (jobs: { items, dtypes, moves_in, moves_out },
+-- Route a list of batches (jobs: { records, items (this rank's), dtypes, moves_in, moves_out },
 -- the same on every rank), overlapping communication with the owners'
 -- work. Each batch is cut into waves (R.waves); the inputs of the next
 -- `ahead` waves are posted before a wave computes, and a wave's updates
@@ -315,20 +316,18 @@ function Router:run_batches(jobs, io)
   end
 end
 
--- Static properties of a batch: its dtypes (sorted) and whether any of its
--- items moves data in or out. The same on every rank.
-function R.describe_batch(batch)
+-- Static properties of a list of records (muon.dist's plan records): their
+-- dtypes (sorted) and whether any of their items moves data in or out. The
+-- same on every rank.
+function R.describe_records(recs)
   local seen, dtypes, moves_in, moves_out = {}, {}, false, false
-  for _, it in ipairs(batch) do
-    local dt = it.record.dtype
-    if not seen[dt] then
-      seen[dt] = true
-      dtypes[#dtypes + 1] = dt
+  for _, r in ipairs(recs) do
+    if not seen[r.dtype] then
+      seen[r.dtype] = true
+      dtypes[#dtypes + 1] = r.dtype
     end
-    for _, x in ipairs({ it, unpack(it.attached or {}) }) do
-      for _, s in ipairs(x.sources) do if s.rank ~= x.owner then moves_in = true end end
-      for _, d in ipairs(x.dests) do if d.rank ~= x.owner then moves_out = true end end
-    end
+    moves_in = moves_in or r.moves_in
+    moves_out = moves_out or r.moves_out
   end
   table.sort(dtypes)
   return dtypes, moves_in, moves_out

@@ -26,6 +26,40 @@
 -- requires. Errors name the path and the tensor, and are error objects
 -- (lua/muon/errors.lua): EIO when the file cannot be opened or read (or
 -- written), EFORMAT for bad contents, EINVAL for bad arguments.
+--[[ reference muon.safetensors
+    safetensors files (Hugging Face's format). Files are untrusted input:
+    every structure, dtype, shape and offset is validated before anything
+    is allocated. Errors name the path and the tensor: EIO (cannot open,
+    read or write), EFORMAT (bad contents, checksum mismatch), EINVAL (bad
+    arguments).
+muon.safetensors.save(path, entries, metadata)
+    Write tensors atomically (F32, F64 or BF16, their dtype). entries: an
+    ordered list of { name =, tensor = } or a name -> tensor table (stored
+    sorted by name); metadata: string -> string. Adds "muon.format" = "1"
+    and "muon.checksum" = "xxh64:<16 hex digits>" (of the data section).
+    The header is laid out as the reference (Rust) writer does.
+muon.safetensors.load(path, opts)
+    { tensors = { name -> tensor }, order = { names in file order },
+    metadata = { string -> string } }, new contiguous tensors.
+    opts.checksum = true: false does not verify "muon.checksum" (a file
+    written or edited by another program).
+    opts.dtype = nil: "float32" | "float64" | "bfloat16" converts every
+    tensor (F16, integer and BOOL tensors load only so).
+muon.safetensors.load_options(opts)
+    The options of a load, checked: whether to verify checksums, and the
+    dtype (nil: as stored).
+muon.safetensors.inspect(path)
+    The validated header without reading the data: { entries = { {name,
+    dtype, shape, offsets = {b, e}}, ... }, order, metadata, data_size }.
+muon.safetensors.json_string(s)
+    A JSON string literal of s, as the header writer escapes it.
+muon.safetensors.valid_utf8(s)
+    true if s is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF),
+    else false and the byte position of the first bad sequence.
+muon.safetensors.FORMAT_VERSION
+muon.safetensors.MAX_DIMS
+    "1" (the "muon.format" written); the most dims a tensor may have (8).
+]]
 local ffi = require("ffi")
 local bit = require("bit")
 local core = require("muon.core")

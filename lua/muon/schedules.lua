@@ -8,6 +8,23 @@
 --   schedules.warmup_constant(warmup)                linear warmup, then the base lr
 --   schedules.wsd(warmup, stable, decay, min_ratio, shape)
 --                                                    warmup-stable-decay (below)
+--[[ reference muon.schedules
+    Learning-rate schedules for a config's schedule key: each returns a
+    function(step, group) giving { lr = group.base_lr * factor }. Steps
+    count from 1, so no step runs at lr 0. Bad arguments are EINVAL naming
+    them.
+muon.schedules.warmup_cosine(warmup, total, floor)
+    Linear warmup over warmup steps (step / warmup), then a cosine from 1
+    to floor (default 0.1) at step total, constant after.
+muon.schedules.warmup_constant(warmup)
+    Linear warmup over warmup steps, then the base lr.
+muon.schedules.wsd(warmup, stable, decay, min_ratio, shape)
+    Warmup-stable-decay: s / warmup up to warmup; 1 for stable steps (may
+    be math.huge); then min_ratio + (1 - min_ratio) * shape(p),
+    p = (s - warmup - stable) / decay, reaching min_ratio (in [0, 1]) at the
+    last decay step and staying there. shape = "cosine": 0.5 (1 + cos(pi
+    p)); "linear": 1 - p; "sqrt": 1 - sqrt(p).
+]]
 local E = require("muon.errors")
 
 local S = {}

@@ -31,6 +31,7 @@
 --   local st = S.new({ groups = { { kind = K, options = g, label = "param group 1" }, ... },
 --                      comm = c, mesh = m, balance = "flops", max_batch_numel = n })
 --   st:add(gi, param, placement)     -- param.logical_shape: the global shape
+--   st:check_buffers(params)         -- raises if their memory overlaps a registered one's
 --   st:add_group(spec) --> gi        -- one more group (before its parameters)
 --   st:step(values, pre_err)         -- values[gi] = { lr = ..., ... } this step's schedule;
 --                                    -- false when no parameter has a grad (nothing changed)
@@ -48,6 +49,7 @@
 --   st:install(p, state, count)      -- a loaded state (the caller checked it)
 --   st:agree_failure(err)            -- raise err everywhere if any rank has one (collective)
 --   st:exchange_control(dt, s, r)    -- an all-to-all-v on the control communicator
+--   st:control()                     -- that communicator (muon.grads' global norm)
 local T = require("muon.tensor")
 local P = require("muon.param")
 local E = require("muon.errors")
@@ -60,6 +62,7 @@ local core = require("muon.core")
 local K = require("muon.optim.kind")
 local U = require("muon.optim.util")
 local Rd = require("muon.reduce")
+local B = require("muon.buffers")
 local ffi = require("ffi")
 
 local M = {}
@@ -104,6 +107,7 @@ function M.new(opts)
     signals = {},   -- name -> list of numbers, for hooks (ctx.signals)
     nil_grad_warning = opts.nil_grad_warning or 1, nograd = {}, warned = {},
     built = false,
+    buffers = B.new(), -- the registered values' and grads' memory
   }, Stepper)
   -- Separate communicators: data carries only NS routing (its counters are
   -- the bytes the plan moves), ctrl the agreements and failure messages.
@@ -126,6 +130,7 @@ end
 -- One more group (spec: { kind, options, label }); returns its index.
 -- Its parameters follow with add.
 function Stepper:add_group(spec)
+  self:check_idle("add_param_group")
   local gi = #self.groups + 1
   self.groups[gi] = spec
   local name = spec.kind.name
@@ -137,6 +142,26 @@ function Stepper:add_group(spec)
   return gi
 end
 
+-- Refuse a call made while another call of this optimizer runs (a hook
+-- calling back into its own engine or optimizer, as the C API refuses it:
+-- MU_ESTATE); nothing is changed. what: the refused call.
+function Stepper:check_idle(what)
+  if self.running then
+    E.raise(E.ESTATE, "%s: refused: the optimizer is already in a call (%s), so this comes from inside one of its "
+      .. "hooks; nothing was changed", what, self.running)
+  end
+end
+
+-- f(...) as the call `what` (check_idle refuses calls until it returns).
+function Stepper:exclusive(what, f, ...)
+  self:check_idle(what)
+  self.running = what
+  local r = { pcall(f, ...) }
+  self.running = nil
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, table.maxn(r))
+end
+
 function Stepper:group_specs() return self.groups end
 function Stepper:state_table() return self.state end
 function Stepper:state_of(p) return self.state[p] end
@@ -145,6 +170,7 @@ function Stepper:mesh() return self.dmesh end
 function Stepper:rank() return self.me end
 function Stepper:size() return self.W end
 function Stepper:step_count(p) return self.pstep[p] or 0 end
+function Stepper:control() return self.ctrl end
 
 -- Install a loaded state (tensors this rank holds; nil for none) and step
 -- count of a parameter (checkpoints: the caller checked both).
@@ -160,9 +186,6 @@ function Stepper:exchange_control(dtype, sends, recvs)
   R.new(self.ctrl):exchange(dtype, sends, recvs) -- (its staging goes with it)
 end
 
--- Register a parameter of group gi: param.value / param.grad are this
--- rank's part, param.logical_shape the global shape; placement: one entry
--- per mesh axis (muon.dist normalized), nil for replicated.
 -- The dtype of parameter p's kind state in group gi (hook state keeps the
 -- parameter's): the group's state_dtype for float32 parameters.
 function Stepper:state_dtype_of(gi, p)
@@ -174,15 +197,31 @@ function Stepper:state_dtype_of(gi, p)
   return want
 end
 
+-- Register a parameter of group gi: param.value / param.grad are this
+-- rank's part, param.logical_shape the global shape; placement: one entry
+-- per mesh axis (muon.dist normalized), nil for replicated. Memory that
+-- overlaps a registered value or grad is refused (muon.buffers).
 function Stepper:add(gi, p, placement)
+  self:check_idle("add_param")
   self:state_dtype_of(gi, p) -- (fails now, naming the parameter)
   if self.built and self.W > 1 then
     E.raise(E.ESTATE, "add_param '%s': parameters are fixed after the first step of a distributed run", p.name)
   end
+  if not p.stand_in then self.buffers:claim({ p }) end -- (last check: nothing is registered on failure)
   p.logical_shape = p.logical_shape or p.value:size()
   self.order[#self.order + 1] = p
   self.where[p] = { gi = gi, placement = placement or D.placement(nil, self.dmesh, #p.logical_shape) }
   self.built = false
+end
+
+-- Raise (EINVAL, naming both) when the values or grads of params overlap
+-- each other or a registered parameter's; registers nothing.
+function Stepper:check_buffers(params)
+  local list = {}
+  for _, p in ipairs(params) do
+    if not p.stand_in then list[#list + 1] = p end
+  end
+  self.buffers:check(list)
 end
 
 function Stepper:params(gi)
@@ -266,25 +305,17 @@ function Stepper:build()
     problem = D.agree_entries(self.ctrl, self:config_entries(), "configs")
     if problem then E.raise(E.EINVAL, problem) end
   end
-  self.plan = D.plan(records, self.dmesh, { balance = self.balance, max_batch_numel = self.max_batch_numel })
+  self.plan = D.plan(records, self.dmesh, { rank = self.me, balance = self.balance,
+    max_batch_numel = self.max_batch_numel })
   self.rec = {}
   for _, r in ipairs(records) do
-    local id = r.id_of[self.me]
-    r.mine = r.boxes[self.me]
-    r.mine_n = D.numel(r.mine.len)
-    r.holds = id ~= nil and r.holder[id] == self.me
     r.hooks_list = r.hooks or {}
-    for _, hr in pairs(r.hook_records) do hr.mine = hr.boxes[self.me] end
     self.rec[r.param] = r
   end
   self.gparams, self.index_of = {}, {}
   for i, p in ipairs(self.order) do self.index_of[p] = i end
   for gi = 1, #self.groups do self.gparams[gi] = {} end
   for _, p in ipairs(self.order) do table.insert(self.gparams[self.where[p].gi], p) end
-  for _, b in ipairs(self.plan.batches) do
-    b.group = b[1].record.group
-    b.dtypes, b.moves_in, b.moves_out = R.describe_batch(b)
-  end
   self.built = true
 end
 
@@ -294,7 +325,7 @@ end
 function Stepper:_scratch(p, r)
   local s = self.scratch[p]
   if s == nil then
-    s = { spare = {} }
+    s = { spare = {}, hook = {} }
     self.scratch[p] = s
   end
   if s.u == nil then s.u = T.zeros(r.mine.len, r.dtype) end
@@ -381,6 +412,7 @@ function Stepper:memory()
     if s.u then scratch = scratch + tensor_bytes(s.u) end
     if s.before then scratch = scratch + tensor_bytes(s.before) end -- (post_update_fn's undo)
     for _, v in pairs(s.spare) do scratch = scratch + tensor_bytes(v) end
+    for _, v in pairs(s.hook) do scratch = scratch + tensor_bytes(v) end
   end
   for _, b in pairs(self.full) do scratch = scratch + tensor_bytes(b) end
   for _, b in pairs(self.merged) do scratch = scratch + tensor_bytes(b) end
@@ -397,6 +429,7 @@ end
 -- Values the trainer passes to hooks (ctx.signals[name]), kept until set
 -- again; on a mesh they are part of the step's agreed values.
 function Stepper:set_signal(name, values)
+  self:check_idle("set_signal")
   local copy = {}
   for i, v in ipairs(values) do copy[i] = v end
   self.signals[name] = copy
@@ -566,13 +599,24 @@ end
 local function direction_phase(self, run)
   for gi, G in ipairs(self.groups) do
     local gr = run.g[gi]
-    local entries = {}
-    gr.entries = entries
+    local entries, empties = {}, {}
+    gr.entries, gr.empties = entries, empties
     if not gr.skip then
       local keys = G.kind.state_keys
       for _, p in ipairs(gr.params) do
         local r = self.rec[p]
-        if r.mine_n > 0 then
+        if r.mine_n == 0 and self.W == 1 then
+          -- an empty parameter: nothing to compute, but it has state from
+          -- its first step on, as any other (zero elements; hook state has
+          -- its own shape). (On a mesh no rank holds an empty box's state.)
+          local st, new = self.state[p], nil
+          if st == nil then
+            new = {}
+            for _, k in ipairs(keys) do new[k] = T.zeros(r.mine.len, r.state_dtype) end
+            for _, h in ipairs(r.hooks_list) do new[h.key] = T.zeros(h.shape, r.dtype) end
+          end
+          empties[#empties + 1] = { p = p, new = new, count = (self.pstep[p] or 0) + 1, was = st and st.step }
+        elseif r.mine_n > 0 then
           local sc = self:_scratch(p, r)
           if r.holds then
             local st = self.state[p]
@@ -582,6 +626,7 @@ local function direction_phase(self, run)
               sc.entry = e
             end
             e.grad, e.u, e.count = p.grad, sc.u, (self.pstep[p] or 0) + 1
+            e.work = e.work or {}
             -- the kind's state, then hook state (over its own boxes)
             local nk = #keys
             for i = 1, nk + #r.hooks_list do
@@ -598,6 +643,9 @@ local function direction_phase(self, run)
               else -- first step: zeros in, a fresh buffer out (becomes the state)
                 e.old[k], e.new[k] = spare:zero(), T.zeros(shape, dt)
               end
+              -- hooks see hook state in buffers of their own, never the
+              -- state nor what becomes it (copied in at finish_phase)
+              if i > nk and sc.hook[k] == nil then sc.hook[k] = T.zeros(shape, dt) end
             end
             entries[#entries + 1] = e
           end
@@ -612,17 +660,10 @@ local function direction_phase(self, run)
 end
 
 -- Whether a batch's items run where they are, in place (no routing): the
--- same on every rank (static properties of the plan).
+-- same on every rank (the plan's flags: nothing moves in or out, so every
+-- item's owner is its only source and holds its whole region).
 local function local_batch(batch)
-  if batch.is_local == nil then
-    local inplace = not batch.moves_in and not batch.moves_out
-    for _, it in ipairs(batch) do
-      inplace = inplace and R.in_place(it)
-      for _, a in ipairs(it.attached or {}) do inplace = inplace and R.in_place(a) end
-    end
-    batch.is_local = inplace
-  end
-  return batch.is_local
+  return not batch.moves_in and not batch.moves_out
 end
 
 -- Newton-Schulz of the local batches (nothing to route) in one scheduler
@@ -676,20 +717,20 @@ local function route_phase(self, run)
     local gr, G = run.g[gi], self.groups[gi]
     -- Items that neither move nor run Newton-Schulz need no routing.
     if not gr.skip and (G.kind.ns or batch.moves_in or batch.moves_out) then
-      local items = {}
-      for _, it in ipairs(batch) do
-        local r = it.record
+      local recs, items = {}, {}
+      for _, r in ipairs(batch.records) do
         if run.stepping[r] then
-          items[#items + 1] = it
+          recs[#recs + 1] = r
+          for _, it in ipairs(r.items) do items[#items + 1] = it end
           if r.mine_n > 0 then self:_scratch(r.param, r) end
         end
       end
-      if #items == #batch then items = batch end -- a stable list (the router caches by it)
-      if #items > 0 then
+      if #recs == #batch.records then recs, items = batch.records, batch.items end -- stable lists (the router caches by them)
+      if #recs > 0 then
         if G.kind.ns and local_batch(batch) then
           locals[#locals + 1] = { batch = batch, gi = gi, items = items }
         else
-          routed[#routed + 1] = { items = items, dtypes = batch.dtypes, moves_in = batch.moves_in,
+          routed[#routed + 1] = { records = recs, items = items, dtypes = batch.dtypes, moves_in = batch.moves_in,
             moves_out = batch.moves_out, group = gi }
         end
       end
@@ -710,7 +751,7 @@ function make_io(self)
     return self.scratch[r.param].u
   end
   function io.dest(r)
-    if r.parent then return self.scratch[r.parent.param].entry.new[r.key] end
+    if r.parent then return self.scratch[r.parent.param].hook[r.key] end
     return self.scratch[r.param].u
   end
   function io.buffer(it) return self:_full(it) end
@@ -739,12 +780,68 @@ end
 
 local function finite(x) return type(x) == "number" and x == x and x ~= math.huge and x ~= -math.huge end
 
--- Phase 5 (local): updates are finite; the apply lists for the commit.
+-- Whether a hook of the group writes the kind's state (then the update
+-- does not show it: it is checked on its own).
+local function hook_writes_state(G)
+  for _, h in ipairs(G.kind.HOOKS) do
+    if K.HOOK_NAMES[h].writes_state and G.options[h] ~= nil then return true end
+  end
+  return false
+end
+
+-- A non-finite tensor the commit would write: under nonfinite = "skip" the
+-- group skips the step (on a mesh agreed with the failure flag), else the
+-- step fails naming the parameter and the tensor.
+local function nonfinite(G, gr, fmt, ...)
+  if G.options.nonfinite == "skip" then
+    gr.skip_derived = true
+    return
+  end
+  E.raise(E.ENONFINITE, fmt, ...)
+end
+
+-- Phase 5, the state the commit swaps in: the hooks' hook state is copied
+-- into it; then every state tensor the update does not show is checked
+-- (hook state; the kind's state where a hook wrote it; the hidden state
+-- was checked by check_derived).
+local function check_state(self, G, gr)
+  local list, owner, key = {}, {}, {}
+  local kind_keys = {}
+  if hook_writes_state(G) then
+    local hidden = {}
+    for _, k in ipairs(G.kind.hidden_state_keys) do hidden[k] = true end
+    for _, k in ipairs(G.kind.state_keys) do
+      if not hidden[k] then kind_keys[#kind_keys + 1] = k end
+    end
+  end
+  for _, e in ipairs(gr.entries) do
+    local hooks, sc = self.rec[e.p].hooks_list, self.scratch[e.p]
+    for _, k in ipairs(kind_keys) do
+      list[#list + 1], owner[#list + 1], key[#list + 1] = e.new[k], e.p, k
+    end
+    for _, h in ipairs(hooks) do
+      e.new[h.key]:copy(sc.hook[h.key])
+      list[#list + 1], owner[#list + 1], key[#list + 1] = e.new[h.key], e.p, h.key
+    end
+  end
+  local bad = U.first_nonfinite(list)
+  if bad then
+    local k = key[bad]
+    local hook = k:match("^hook%.(.*)$")
+    nonfinite(G, gr, "parameter '%s': %s would hold NaN or Inf after the step (%s); nothing was changed",
+      owner[bad].name, hook and ("hook state '" .. hook .. "' (pre_ortho_fn / post_ortho_fn)")
+        or ("state tensor '" .. k .. "' (written by a hook)"), G.label)
+  end
+end
+
+-- Phase 5 (local): updates are finite; the state the commit swaps in and
+-- the parameters it writes are finite; the apply lists for the commit.
 local function finish_phase(self, run)
   for gi, G in ipairs(self.groups) do
     local gr = run.g[gi]
     gr.applies = {}
     if not gr.skip then
+      check_state(self, G, gr)
       local values, updates, names = {}, {}, {}
       for _, p in ipairs(gr.params) do
         local r = self.rec[p]
@@ -754,8 +851,7 @@ local function finish_phase(self, run)
         end
       end
       local bad = U.first_nonfinite(updates)
-      if bad and G.options.nonfinite == "skip" then gr.skip_derived = true
-      elseif bad then E.raise(E.ENONFINITE, "parameter '%s': update holds NaN or Inf (%s)", names[bad], G.label) end
+      if bad then nonfinite(G, gr, "parameter '%s': update holds NaN or Inf (%s)", names[bad], G.label) end
       local decay, alpha, cautious = G.kind.apply_coeffs(G.options, gr.hp)
       if not (finite(decay) and finite(alpha)) then
         E.raise(E.EINVAL, "%s: the step's decay (%s) or alpha (%s) is not finite", G.label, tostring(decay), tostring(alpha))
@@ -767,6 +863,18 @@ local function finish_phase(self, run)
       end
       for _, part in ipairs(U.split_dtype(values, updates)) do
         gr.applies[#gr.applies + 1] = { part[1], part[2], decay, alpha, cautious }
+        -- the values the commit writes, computed without writing them
+        -- (skipped when the group skips anyway)
+        if not bad and not gr.skip_derived then
+          local ok, i = foreach.apply_finite(part[1], part[2], nil, decay, alpha, cautious)
+          if not ok then
+            local name
+            for n, v in ipairs(values) do if v == part[1][i] then name = names[n] end end
+            nonfinite(G, gr, "parameter '%s': the step would leave NaN or Inf in the parameter (value * %.17g + "
+              .. "%.17g * update overflows, or the value holds NaN or Inf) (%s); nothing was changed",
+              name, decay, alpha, G.label)
+          end
+        end
       end
     end
   end
@@ -812,6 +920,10 @@ local function commit_phase(self, run, held)
         end
         if G.kind.counts_steps then st.step = e.count end
       end
+      for _, e in ipairs(gr.empties) do
+        if e.new then self.state[e.p] = e.new end
+        if G.kind.counts_steps then self.state[e.p].step = e.count end
+      end
       if not held[gi] then apply_group(gr) end
     end
   end
@@ -856,7 +968,7 @@ local function journal(self, run)
       end
       if not held[gi] then
         for _, p in ipairs(self:params(gi)) do
-          local sc = self.scratch[p] or { spare = {} }
+          local sc = self.scratch[p] or { spare = {}, hook = {} }
           self.scratch[p] = sc
           if sc.before == nil then sc.before = T.zeros(p.value:size(), p.value:dtype()) end
           sc.before:copy(p.value)
@@ -888,6 +1000,9 @@ local function undo_commit(self, run, j)
           for k, v in pairs(was) do st[k] = v end
         end
       end
+      for _, e in ipairs(gr.empties) do
+        if e.new then self.state[e.p] = nil else self.state[e.p].step = e.was end
+      end
     end
   end
   for k in pairs(self.pstep) do self.pstep[k] = nil end
@@ -900,7 +1015,11 @@ end
 -- values for group gi (they become the group's values when it commits);
 -- pre_err: see check_phase. Returns true, or false when no parameter has a
 -- grad (then nothing changed: parameters, state, step counts).
-function Stepper:step(values, pre_err)
+local step_body
+
+function Stepper:step(values, pre_err) return self:exclusive("step", step_body, self, values, pre_err) end
+
+function step_body(self, values, pre_err)
   self:build_once()
   local W = self.W
   local run
@@ -951,6 +1070,17 @@ function Stepper:step(values, pre_err)
       end
       local ok, e = pcall(G.kind.post_update, G.options, gr.hp, gr.params, boxes, run.signals, reducers)
       if not ok then post_failure = e end
+      if post_failure == nil and runs_post(G, gr) then
+        -- what it left in the parameters is committed: finite, under
+        -- either policy (it ran after the commit: the step is undone)
+        local values = {}
+        for i, p in ipairs(gr.params) do values[i] = p.value end
+        local bad = U.first_nonfinite(values)
+        if bad then
+          post_failure = E.new(E.ENONFINITE, ("parameter '%s': post_update_fn left NaN or Inf in the parameter (%s); "
+            .. "the step was undone"):format(gr.params[bad].name, G.label))
+        end
+      end
     end
   end
   if sess then

@@ -7,6 +7,265 @@
 -- pointer difference), while arithmetic on a struct reference goes to the
 -- metatype's __add, __sub, ... A reference converts to "mu_tensor *" in
 -- every C call and pointer-array store, as a pointer would.
+--[[ reference muon.tensor
+    Tensors are FFI objects (a reference to the C struct mu_tensor), freed
+    by the GC. Dims and indices are 1-based; a negative dim counts from the
+    end where a maths op says so. dtype is "float32" (the default),
+    "float64" or "bfloat16" (storage only: made, viewed, copied and
+    converted with torch's rounding, saved and loaded; the maths refuse it).
+    Misuse raises an error naming the function and the bad argument. The
+    maths (exp, pow, softmax, gather, cat, the torch constructors) continue
+    in lua/muon/tensor_math.lua.
+## Constructors
+muon.tensor.zeros(shape, dtype)
+    A new zero-filled contiguous tensor. shape is a list of sizes (up to 8
+    dims, each an integer >= 0; {} is a 0-dim tensor).
+muon.tensor.from(values, shape, dtype)
+    A new tensor from a flat list of numbers and a shape, or from nested
+    lists (T.from({{1, 2}, {3, 4}})); T.from(values, dtype) for nested lists
+    of another dtype. The element count must match the shape (ESHAPE).
+muon.tensor.wrap(ptr, shape, dtype, strides)
+    A tensor over memory the caller keeps alive (a cdata pointer), without
+    copying or owning it. strides (in elements) default to C order.
+muon.tensor.load(path, opts)
+    Read a NumPy .npy file (<f4 or <f8, C order;
+    v1/v2/v3 headers). opts.dtype = nil: with a dtype, <f2, integer and
+    boolean data are converted to it (refused otherwise). A truncated or
+    malformed file is EFORMAT, a missing one EIO.
+muon.tensor.randn(shape, seed, dtype)
+    Standard normal values (splitmix64 + Box-Muller). seed: a number (the
+    same tensor every time; |seed| < 2^53), a generator, or nil (the default
+    generator: successive calls differ, reproducible per run).
+muon.tensor.rand(shape, seed, dtype)
+    Uniform on [0, 1): the top 53 bits / 2^53 (float64), 24 bits / 2^24
+    (float32); seeds as for randn.
+muon.tensor.generator(seed)
+    A generator of its own (seed default 0): g:randn(shape, dtype),
+    g:rand(shape, dtype), or pass g in place of a seed.
+muon.tensor.manual_seed(seed)
+    Restart the default generator at seed (as torch.manual_seed); returns it.
+muon.tensor.default_generator
+    The default generator, seed 0 when the module loads.
+muon.tensor.is_generator(x)
+    Whether x is a generator.
+Generator:randn(shape, dtype)
+Generator:rand(shape, dtype)
+    Draw from this generator (normal; uniform on [0, 1)).
+Generator:manual_seed(seed)
+    Restart this generator at seed; returns it.
+## Low level
+muon.tensor.is_tensor(x)
+    Whether x is a tensor (a mu_tensor reference, not a raw pointer).
+muon.tensor.adopt(box)
+    Take ownership of the tensor a C call put in a mu_tensor *[1] out-box
+    (freed by the GC); returns it.
+muon.tensor.dtype_code(dtype)
+    The C code (MU_F32, MU_F64, MU_BF16) of a dtype name; nil gives MU_F32;
+    anything else raises.
+muon.tensor.DTYPE_NAMES
+muon.tensor.DTYPE_SIZES
+    From C's dtype table: code -> name; name -> bytes per element.
+muon.tensor.methods
+    The method table of every tensor (an unknown name raises, naming the
+    closest one: "tensor has no method or field 'expp' (did you mean
+    'exp'?)").
+muon.tensor.math_names
+    The maths that exist both as methods and as module functions
+    (T.add(a, b) is a:add(b)); sandboxed configs get exactly these and
+    T.function_names.
+## Shape and memory
+Tensor:size(d)
+    The sizes as a list, or the size of dim d.
+Tensor:stride(d)
+    The strides in elements, as a list, or of dim d.
+Tensor:numel()
+    The number of elements.
+Tensor:dim()
+    The number of dims.
+Tensor:dtype()
+    "float32", "float64" or "bfloat16".
+Tensor:is_contiguous()
+    Whether the tensor is C-contiguous.
+Tensor:shares_storage(y)
+    Whether x and y view the same storage.
+Tensor:ptr()
+    A float * (double *, uint16_t * for bfloat16) at element (1, 1, ...):
+    indexed from 0 with the strides, valid while x lives, not bounds checked.
+Tensor:view(shape)
+    The same elements in another shape, sharing storage; one size may be -1.
+    Contiguous tensors only (ESTATE: "call :contiguous() first").
+Tensor:reshape(shape)
+    As view, copying first when x is not contiguous.
+Tensor:transpose(d1, d2)
+    A view with dims d1 and d2 swapped.
+Tensor:narrow(d, start, length)
+    A view of length elements of dim d from start (1-based).
+Tensor:select(d, i)
+    A view of index i of dim d, that dim dropped.
+Tensor:squeeze(d)
+Tensor:unsqueeze(d)
+    A view without the size-1 dim d; with a size-1 dim inserted at d
+    (1..dim()+1).
+Tensor:contiguous()
+    x itself (a new handle on the same storage) if contiguous, else a
+    contiguous copy.
+Tensor:clone(dtype)
+    Always a new contiguous copy, converted to dtype if given.
+Tensor:to(dtype)
+    x itself if it has that dtype, else a converted copy.
+Tensor:copy(src)
+    Copy src (same shape, any dtype: converted) into x; returns x.
+Tensor:fill(v)
+Tensor:zero()
+    Set every element to v (a number) or 0; returns x.
+Tensor:get(i, j, ...)
+    One element as a Lua number (one 1-based index per dim).
+Tensor:set(v, i, j, ...)
+    Set one element; returns x.
+Tensor:totable()
+    Nested Lua lists (a number for a 0-dim tensor); bfloat16 read as
+    float32.
+Tensor:flat()
+    One flat Lua list of the elements in row-major order.
+Tensor:all_finite()
+    true if no element is NaN or Inf, else false.
+Tensor:save(path)
+    Write a NumPy .npy file (C order); returns x.
+## Maths
+    Each op is one C loop (mu_tensor_map, mu_tensor_reduce,
+    mu_tensor_matmul). Operands: tensors of one dtype (float32 or float64;
+    a mismatch names both) or Lua numbers (rounded to the dtype first),
+    strided views allowed, shapes broadcast as NumPy and torch do. x:op(...)
+    returns a new contiguous tensor of the broadcast shape; x:op_(...)
+    writes x and returns it (the broadcast shape must be x's own; an operand
+    overlapping x in another layout is an error). T.op(x, ...) is x:op(...).
+    Float32 ops round every step, with a fused multiply-add only where
+    torch's CPU kernels use one (add, sub with alpha, addcmul, lerp).
+Tensor:add(y, alpha)
+Tensor:add_(y, alpha)
+Tensor:sub(y, alpha)
+Tensor:sub_(y, alpha)
+muon.tensor.add(x, y, alpha)
+muon.tensor.add_(x, y, alpha)
+muon.tensor.sub(x, y, alpha)
+muon.tensor.sub_(x, y, alpha)
+    x + alpha*y, x - alpha*y as one fused multiply-add; alpha default 1.
+    Operators: x + y, x - y, n - x (a tensor or a number on either side).
+Tensor:mul(y)
+Tensor:mul_(y)
+Tensor:div(y)
+Tensor:div_(y)
+muon.tensor.mul(x, y)
+muon.tensor.mul_(x, y)
+muon.tensor.div(x, y)
+muon.tensor.div_(x, y)
+    x * y, x / y elementwise (y a tensor or a number); also x * y, x / y,
+    n / x (one true division).
+Tensor:addcmul(t1, t2, value)
+Tensor:addcmul_(t1, t2, value)
+Tensor:addcdiv(t1, t2, value)
+Tensor:addcdiv_(t1, t2, value)
+muon.tensor.addcmul(x, t1, t2, value)
+muon.tensor.addcmul_(x, t1, t2, value)
+muon.tensor.addcdiv(x, t1, t2, value)
+muon.tensor.addcdiv_(x, t1, t2, value)
+    x + value*t1*t2 (as fma(value*t1, t2, x)), x + (value*t1)/t2; value
+    default 1.
+Tensor:lerp(y, weight)
+Tensor:lerp_(y, weight)
+muon.tensor.lerp(x, y, weight)
+muon.tensor.lerp_(x, y, weight)
+    x + weight*(y - x), weight a number or a tensor (torch's two-sided fma
+    form).
+Tensor:neg()
+Tensor:neg_()
+Tensor:abs()
+Tensor:abs_()
+Tensor:sqrt()
+Tensor:sqrt_()
+Tensor:rsqrt()
+Tensor:rsqrt_()
+Tensor:sign()
+Tensor:sign_()
+muon.tensor.neg(x)
+muon.tensor.neg_(x)
+muon.tensor.abs(x)
+muon.tensor.abs_(x)
+muon.tensor.sqrt(x)
+muon.tensor.sqrt_(x)
+muon.tensor.rsqrt(x)
+muon.tensor.rsqrt_(x)
+muon.tensor.sign(x)
+muon.tensor.sign_(x)
+    Elementwise; -x is x:neg(). sign(NaN) and sign(-0) are 0.
+Tensor:clamp(min, max)
+Tensor:clamp_(min, max)
+muon.tensor.clamp(x, min, max)
+muon.tensor.clamp_(x, min, max)
+    Clamp to [min, max]; either bound may be nil (not both, not NaN); NaN
+    stays NaN.
+Tensor:gt(y)
+Tensor:gt_(y)
+Tensor:lt(y)
+Tensor:lt_(y)
+Tensor:ge(y)
+Tensor:ge_(y)
+Tensor:le(y)
+Tensor:le_(y)
+Tensor:eq(y)
+Tensor:eq_(y)
+Tensor:ne(y)
+Tensor:ne_(y)
+muon.tensor.gt(x, y)
+muon.tensor.gt_(x, y)
+muon.tensor.lt(x, y)
+muon.tensor.lt_(x, y)
+muon.tensor.ge(x, y)
+muon.tensor.ge_(x, y)
+muon.tensor.le(x, y)
+muon.tensor.le_(x, y)
+muon.tensor.eq(x, y)
+muon.tensor.eq_(x, y)
+muon.tensor.ne(x, y)
+muon.tensor.ne_(x, y)
+    Comparisons: 1 where true, 0 where false, in x's dtype (methods, not
+    operators). NaN compares false except for ne.
+muon.tensor.where(c, a, b)
+Tensor:where(c, y)
+    c ~= 0 ? a : b per element (a, b tensors or numbers; NaN in c counts as
+    true); x:where(c, y) is T.where(c, x, y), as torch's Tensor.where.
+Tensor:masked_fill(mask, v)
+Tensor:masked_fill_(mask, v)
+muon.tensor.masked_fill(x, mask, v)
+muon.tensor.masked_fill_(x, mask, v)
+    v (a number) where mask ~= 0, x elsewhere.
+Tensor:sum(dim, keepdim)
+Tensor:mean(dim, keepdim)
+Tensor:amax(dim, keepdim)
+muon.tensor.sum(x, dim, keepdim)
+muon.tensor.mean(x, dim, keepdim)
+muon.tensor.amax(x, dim, keepdim)
+    Along dim (1-based, negative from the end), accumulated in double,
+    rounded once. dim nil: over every element, a Lua number (the double
+    itself), or with keepdim = true a tensor of size-1 dims. The sum of
+    nothing is 0, the mean NaN; amax of nothing is an error (ESHAPE) and
+    propagates NaN.
+Tensor:norm(p, dim, keepdim)
+muon.tensor.norm(x, p, dim, keepdim)
+    The 2-norm (p nil, 2 or "fro"; any other p is an error), along dim or
+    over everything (x:norm(): a Lua number), accumulated in double.
+Tensor:mm(y)
+muon.tensor.mm(x, y)
+    (n x k) @ (k x m) through OpenBLAS sgemm/dgemm; a k mismatch is ESHAPE.
+Tensor:bmm(y)
+muon.tensor.bmm(x, y)
+    (b x n x k) @ (b x k x m), the same b.
+Tensor:matmul(y)
+muon.tensor.matmul(x, y)
+    torch.matmul for 1-D to 3-D operands: a 1-D left operand is a row, a
+    1-D right one a column (dropped from the result); a 2-D operand against
+    a 3-D one is used for every batch.
+]]
 local ffi = require("ffi")
 local core = require("muon.core")
 local E = require("muon.errors")

@@ -3,80 +3,87 @@
 -- dims count from the end), new contiguous results unless the name ends in
 -- "_" (in place: writes self and returns it). Installed into muon.tensor
 -- (T) by tensor.lua; use them as methods (x:exp()) or module functions
--- (T.exp(x)) like the rest of the maths.
---
--- Reference (T = muon.tensor; x, y tensors; each error names the function
--- and the bad argument):
---
---   x:exp(), x:log(), x:tanh(), x:sigmoid()     elementwise (C library's
---                                               exp/log/tanh; sigmoid is
---                                               1 / (1 + exp(-x)), torch's
---                                               formula); x:exp_(), ... in place
---   x:pow(e), x:pow_(e), T.pow(a, e), a ^ e     e a tensor (broadcast) or a
---                                               number; a number base too
---                                               (T.pow(2, x), 2 ^ x); a number
---                                               exponent 2, 3, -2, 0.5, -0.5,
---                                               -1 is computed as torch does
---                                               (x*x, x*x*x, 1/(x*x), sqrt,
---                                               1/sqrt, 1/x)
---   x:softmax(dim), x:log_softmax(dim)          along dim (required), in
---                                               double: exp(x - max) / sum,
---                                               (x - max) - log(sum); within
---                                               1 ulp (float32) of the double
---                                               result; NaN in a slice, or a
---                                               slice of only -inf, gives NaN
---   x:argmax(), x:argmax(dim, keepdim)          the 1-based index of the first
---                                               largest element (a NaN counts
---                                               as largest), torch's rule:
---                                               without dim the flat row-major
---                                               index (a Lua number), with dim
---                                               a tensor of indices in x's
---                                               dtype (float32: dims up to
---                                               2^24 long); dim nil with
---                                               keepdim true: a tensor of
---                                               size-1 dims, as x:sum()
---   x:gather(dim, index)                        torch.gather with 1-based
---                                               indices: out[i][j] =
---                                               x[index[i][j]][j] for dim 1;
---                                               index a float32/float64 tensor
---                                               of integers with x's number of
---                                               dims, no larger than x except
---                                               along dim; checked before
---                                               anything is written
---   T.cat(list, dim)                            concatenate along dim (default
---                                               1); sizes must match in the
---                                               other dims, dtypes agree; 1-D
---                                               empty tensors are skipped, as
---                                               torch does
---   T.stack(list, dim)                          a new dim (default 1, up to
---                                               ndim + 1) of same-shape tensors
---   T.ones(shape, dtype), T.full(shape, v, dtype)
---   T.zeros_like(x, dtype), T.ones_like(x, dtype), T.full_like(x, v, dtype)
---   T.rand_like(x, seed, dtype), T.randn_like(x, seed, dtype)
---                                               x's shape, x's dtype unless
---                                               given; seed as for T.randn
---                                               (T.rand: uniform on [0, 1))
---   x:fill_(v), x:zero_(), x:copy_(src)         torch's names of fill, zero,
---                                               copy
---   tostring(x), print(x)                       torch's repr: the values (4
---                                               decimals, or scientific, or
---                                               "1." for integers; over 1000
---                                               elements the first and last
---                                               3 per dim around "..."), then
---                                               size and dtype:
---                                               tensor([[1.5000, -2.0000]], size=[1, 2], dtype=float32)
---   x.nonsense                                  an error naming the closest
---                                               method ("tensor has no method
---                                               or field 'expp' (did you mean
---                                               'exp'?)")
---
--- T.function_names lists the module functions without a method form (the
--- constructors, cat, stack); T.math_names the maths that are both.
+-- (T.exp(x)) like the rest of the maths. Each error names the function and
+-- the bad argument.
 --
 -- C: MU_MAP_EXP, MU_MAP_LOG, MU_MAP_TANH, MU_MAP_SIGMOID, MU_MAP_POW
 -- (mu_tensor_map), MU_REDUCE_ARGMAX (mu_tensor_reduce, 0-based indices),
 -- mu_tensor_softmax, mu_tensor_gather (src/tensor_math.c, documented in
 -- src/muon.h).
+--[=[ reference muon.tensor
+## Maths for ports from torch (lua/muon/tensor_math.lua)
+Tensor:exp()
+Tensor:exp_()
+Tensor:log()
+Tensor:log_()
+Tensor:tanh()
+Tensor:tanh_()
+Tensor:sigmoid()
+Tensor:sigmoid_()
+muon.tensor.exp(x)
+muon.tensor.exp_(x)
+muon.tensor.log(x)
+muon.tensor.log_(x)
+muon.tensor.tanh(x)
+muon.tensor.tanh_(x)
+muon.tensor.sigmoid(x)
+muon.tensor.sigmoid_(x)
+    Elementwise: the C library's exp, log, tanh; sigmoid is
+    1 / (1 + exp(-x)), torch's formula.
+Tensor:pow(e)
+Tensor:pow_(e)
+muon.tensor.pow(a, e)
+muon.tensor.pow_(a, e)
+    x^e (also the operator ^): e a tensor (broadcast) or a number; a number
+    base too (T.pow(2, x), 2 ^ x). A number exponent 2, 3, -2, 0.5, -0.5,
+    -1 is computed as torch does (x*x, x*x*x, 1/(x*x), sqrt, 1/sqrt, 1/x).
+Tensor:softmax(dim)
+Tensor:log_softmax(dim)
+muon.tensor.softmax(x, dim)
+muon.tensor.log_softmax(x, dim)
+    Along dim (required), in double: exp(x - max) / sum, (x - max) -
+    log(sum); within 1 ulp (float32) of the double result. NaN in a slice,
+    or a slice of only -inf, gives NaN.
+Tensor:argmax(dim, keepdim)
+muon.tensor.argmax(x, dim, keepdim)
+    The 1-based index of the first largest element (a NaN counts as
+    largest), torch's rule: without dim the flat row-major index (a Lua
+    number), with dim a tensor of indices in x's dtype (float32: dims up to
+    2^24 long); dim nil with keepdim true: a tensor of size-1 dims, as
+    x:sum().
+Tensor:gather(dim, index)
+muon.tensor.gather(x, dim, index)
+    torch.gather with 1-based indices: out[i][j] = x[index[i][j]][j] for
+    dim 1. index is a float32/float64 tensor of integers with x's number of
+    dims, no larger than x except along dim; checked before anything is
+    written.
+muon.tensor.cat(list, dim)
+    Concatenate along dim (default 1); sizes must match in the other dims,
+    dtypes agree; 1-D empty tensors are skipped, as torch does.
+muon.tensor.stack(list, dim)
+    Stack same-shape tensors along a new dim (default 1, up to ndim + 1).
+muon.tensor.ones(shape, dtype)
+muon.tensor.full(shape, v, dtype)
+    Filled with 1 or v.
+muon.tensor.zeros_like(x, dtype)
+muon.tensor.ones_like(x, dtype)
+muon.tensor.full_like(x, v, dtype)
+muon.tensor.rand_like(x, seed, dtype)
+muon.tensor.randn_like(x, seed, dtype)
+    x's shape, x's dtype unless given; seed as for T.randn (T.rand: uniform
+    on [0, 1)).
+Tensor:fill_(v)
+Tensor:zero_()
+Tensor:copy_(src)
+    torch's names of fill, zero and copy (the same functions).
+muon.tensor.function_names
+    The module functions without a method form (the constructors, cat,
+    stack); T.math_names lists the maths that are both.
+    tostring(x), print(x): torch's repr: the values (4 decimals, or
+    scientific, or "1." for integers; over 1000 elements the first and last
+    3 per dim around "..."), then size and dtype:
+    tensor([[1.5000, -2.0000]], size=[1, 2], dtype=float32).
+]=]
 local ffi = require("ffi")
 local core = require("muon.core")
 local E = require("muon.errors")

@@ -4,6 +4,7 @@
  *   muon run script.lua [args...]           run a Lua script with muon loaded
  *   muon check config.lua --params shapes   show which parameter lands where
  *   muon info                                version, BLAS core, MPI
+ *   muon help API | NAME                     the API reference, or one entry
  *   muon --version, muon --help, muon COMMAND --help
  *
  * The host embeds LuaJIT through the library (mu_script_run*), so this file
@@ -26,6 +27,8 @@ static const char usage_text[] =
     "                                       with optimizer and options, and every problem;\n"
     "                                       SHAPES has lines 'name dim1 dim2 ...'; exit 1 on problems\n"
     "  info                                 version, BLAS core and threads, MPI availability\n"
+    "  help API | NAME                      the API reference (Lua modules and muon.h), or\n"
+    "                                       the entry of one name (Tensor:add, mu_engine_step)\n"
     "\n"
     "options:\n"
     "  -h, --help                           this text (muon COMMAND --help: the command's)\n"
@@ -81,6 +84,10 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     int status = 1;
 
+    if (strcmp(cmd, "help") == 0 && argc > 2) {
+        int rc = mu_script_run_module("muon.reference:main", argc - 2, argv + 2, 0, &status);
+        return report(rc, status, 0);
+    }
     if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
         fputs(usage_text, stdout);
         return 0;

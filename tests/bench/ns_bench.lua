@@ -1,10 +1,13 @@
--- Newton-Schulz benchmark (`make bench`): per shape, ms per call (median of
--- interleaved rounds) of the standard iteration (symmetric and plain
--- paths), the Gram iteration, auto (ns_method "auto": which one it picks),
--- torch (the seed's function, float32, 2 threads, same OpenBLAS core) when
--- /usr/bin/python3 has torch, and the same-run standalone sgemm time for
--- the standard iteration's flops; ratios; auto's max abs difference from
--- the float64 standard iteration.
+-- Newton-Schulz benchmark (`make bench`): per shape, in one run, ms per
+-- call (median of interleaved rounds) of our standard iteration (symmetric
+-- and plain paths), the Gram iteration and auto (ns_method "auto": which one
+-- it picks) in float32, and standard and auto in bfloat16 (dtype =
+-- "bfloat16"; "n/a" on a build without it); the seed's function in torch
+-- (tests/bench/ns_torch.py, 2 threads, same OpenBLAS core) in float32 and in
+-- bfloat16 as the seed runs it; the same-run rates of OpenBLAS sgemm and of
+-- torch's bf16 matmul (oneDNN) on the iteration's largest product; the
+-- ratios seed/ours; max abs errors from the float64 standard iteration. The
+-- first lines name the CPU, its AVX512_BF16/AMX flags and the libraries.
 --   luajit tests/bench/ns_bench.lua [SHAPE ...]   (SHAPE like 768x768, 12x768x768)
 -- Ours runs MU_NS_THREADS workers when set, else one per OpenBLAS thread;
 -- every BLAS call is single-threaded and its tiles are fixed by the shape,
@@ -29,8 +32,8 @@ local function H_max_abs_diff(a, b)
 end
 
 local STEPS = 5
-local SHAPES = { "768x3072", "3072x768", "1024x4096", "768x768", "1024x1024", "2048x2048", "4096x4096",
-  "1024x2048", "12x768x768", "6x768x3072" }
+-- (issue 19's shapes; others on the command line, e.g. 4096x4096 1024x2048 6x768x3072)
+local SHAPES = { "768x768", "2048x2048", "768x3072", "3072x768", "1024x4096", "12x768x768" }
 if #arg > 0 then SHAPES = arg end
 
 local function parse(s)
@@ -99,7 +102,8 @@ local function sgemm_rate(n, m)
   return rate
 end
 
--- Torch timings (one python process for all shapes), or nil + reason.
+-- Torch timings (one python process for all shapes): shape -> { f32 ms,
+-- bf16 ms, bf16 gemm flop/s }, and the versions line; or nil + reason.
 local function torch_times(shapes)
   local py = "/usr/bin/python3"
   local f = io.open(py, "r")
@@ -112,14 +116,29 @@ local function torch_times(shapes)
   local core = muon.blas_info().core
   local cmd = ("OPENBLAS_CORETYPE=%s %s %s/ns_torch.py %s 2>&1"):format(core, py, dir, table.concat(shapes, " "))
   local p = io.popen(cmd)
-  local out = {}
+  local out, versions = {}, nil
   for line in p:lines() do
-    local s, ms = line:match("^(%S+) ([%d%.]+)$")
-    if s then out[s] = tonumber(ms) end
+    local s, f32, bf16, rate = line:match("^(%S+) ([%d%.]+) ([%d%.]+) ([%d%.]+)$")
+    if s then out[s] = { f32 = tonumber(f32), bf16 = tonumber(bf16), gemm = tonumber(rate) * 1e9 } end
+    versions = versions or line:match("^# (torch .*)$")
   end
   p:close()
   if next(out) == nil then return nil, "torch run failed" end
-  return out
+  return out, versions
+end
+
+-- Whether this build's Newton-Schulz takes dtype = "bfloat16", and the
+-- workspace its calls take (a float32 one when it serves, else none).
+local function bf16_support()
+  local x, out = T.randn({ 8, 12 }, 1), T.zeros({ 8, 12 })
+  local ok, ro = pcall(ns.resolve, { steps = STEPS, variant = "asym5", dtype = "bfloat16" })
+  if not ok then return nil, tostring(ro) end
+  for _, dt in ipairs({ "float32", "bfloat16" }) do
+    local okw, ws = pcall(ns.workspace, dt, 8, 12)
+    if okw and pcall(ns.zeropower_into, out, x, ro, ws) then return dt end
+  end
+  if pcall(ns.zeropower_into, out, x, ro, nil) then return "none" end
+  return nil, "zeropower_into refuses dtype = 'bfloat16'"
 end
 
 local info = muon.blas_info()
@@ -128,26 +147,35 @@ local env_workers = tonumber(os.getenv("MU_NS_THREADS") or "")
 if env_workers and env_workers >= 1 and env_workers == math.floor(env_workers) then
   workers = math.min(16, env_workers)
 end
-local cpu = "?"
+local cpu, flags = "?", {}
 local f = io.open("/proc/cpuinfo")
 if f then
   for line in f:lines() do
     local v = line:match("^model name%s*:%s*(.-)%s*$")
-    if v then cpu = v; break end
+    if v and cpu == "?" then cpu = v end
+    local fl = line:match("^flags%s*:%s*(.-)%s*$")
+    if fl and next(flags) == nil then
+      for w in fl:gmatch("%S+") do flags[w] = true end
+    end
   end
   f:close()
 end
-print(("CPU %s; OpenBLAS core %s, %d threads; NS workers %d; %d steps, asym5, float32"):format(cpu, info.core,
-  info.threads, workers, STEPS))
+local bf16_ws, bf16_why = bf16_support()
+print(("CPU %s; AVX512_BF16 %s, AMX %s; OpenBLAS core %s, %d threads; NS workers %d; %d steps, asym5"):format(cpu,
+  flags.avx512_bf16 and "yes" or "no", (flags.amx_bf16 or flags.amx_tile) and "yes" or "no", info.core, info.threads,
+  workers, STEPS))
+print(("libraries: %s; %s; muon bf16 Newton-Schulz: %s"):format(info.config, jit.version,
+  bf16_ws and "yes" or ("n/a (" .. tostring(bf16_why) .. ")")))
 
+-- One run per shape: ours (interleaved rounds), then the same-run sgemm rate.
 local METHODS = { "standard", "plain", "gram", "auto" }
+local BF16 = { "standard", "auto" }
 local rows = {}
 for _, s in ipairs(SHAPES) do
   local shape = parse(s)
   local b = #shape == 3 and shape[1] or 1
   local r, c = shape[#shape - 1], shape[#shape]
   local n, m = math.min(r, c), math.max(r, c)
-  local flops = b * STEPS * (3 * n * n * m + n * n * n) -- the symmetric standard iteration's
   local x = T.randn(shape, 1)
   local out = T.zeros(shape)
   local ws = ns.workspace("float32", r, c)
@@ -157,73 +185,131 @@ for _, s in ipairs(SHAPES) do
     gram = { steps = STEPS, variant = "asym5", method = "gram" },
     auto = { steps = STEPS, variant = "asym5", method = "auto" },
   }
-  local fns = {}
-  for k, name in ipairs(METHODS) do
+  local fns, labels = {}, {}
+  for _, name in ipairs(METHODS) do
     local ro = ns.resolve(opts[name])
-    fns[k] = function() ns.zeropower_into(out, x, ro, ws) end
+    fns[#fns + 1] = function() ns.zeropower_into(out, x, ro, ws) end
+    labels[#labels + 1] = name
+  end
+  local bws = bf16_ws and bf16_ws ~= "none" and ns.workspace(bf16_ws, r, c) or nil
+  if bf16_ws then
+    for _, name in ipairs(BF16) do
+      local o = {}
+      for k, v in pairs(opts[name]) do o[k] = v end
+      o.dtype = "bfloat16"
+      local ro = ns.resolve(o)
+      fns[#fns + 1] = function() ns.zeropower_into(out, x, ro, bws) end
+      labels[#labels + 1] = "bf16 " .. name
+    end
   end
   local med, best, rounds = median_times(fns, 8.0)
   local res, min = {}, {}
-  for k, name in ipairs(METHODS) do res[name], min[name] = med[k], best[k] end
-  -- accuracy of auto against the float64 standard iteration (same input;
-  -- skipped above 2048x2048, where float64 takes long)
-  local err = b * n * m <= 2048 * 2048 and
-    H_max_abs_diff(ns.zeropower(x, opts.auto), ns.zeropower(x:to("float64"), opts.standard)) or nil
+  for k, name in ipairs(labels) do res[name], min[name] = med[k], best[k] end
+  -- accuracy against the float64 standard iteration (same input; skipped
+  -- above 2048x2048, where float64 takes long)
+  local err, err16
+  if b * n * m <= 2048 * 2048 then
+    local ref = ns.zeropower(x:to("float64"), opts.standard)
+    err = H_max_abs_diff(ns.zeropower(x, opts.auto), ref)
+    if bf16_ws then
+      err16 = H_max_abs_diff(ns.zeropower(x, { steps = STEPS, variant = "asym5", method = "auto", dtype = "bfloat16" }),
+        ref)
+    end
+  end
   -- the cost model of src/ns_gram.c: standard flops / gram flops (restarts every 3 steps)
   local phases = 1 + math.floor((STEPS - 1) / 3)
   local model = STEPS * (3 * n * n * m + n * n * n) / (3 * phases * n * n * m + (6 * STEPS - 5 * phases) * n * n * n)
-  rows[#rows + 1] = { s = s, res = res, pick = ns.method_for(r, c, opts.auto), sgemm = flops / sgemm_rate(n, m),
-    err = err, model = model, min = min, rounds = rounds }
+  rows[#rows + 1] = { s = s, res = res, pick = ns.method_for(r, c, opts.auto), sgemm = sgemm_rate(n, m),
+    err = err, err16 = err16, model = model, min = min, rounds = rounds }
 end
 
 local torch, why = torch_times(SHAPES)
+if torch then print("torch: " .. tostring(why) .. " (the seed's function; bf16 matmuls on oneDNN)") end
 
-print(("%-11s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %10s %9s %7s %8s"):format("shape", "std ms", "plain ms",
-  "gram ms", "auto ms", "auto", "torch ms", "sgemm ms", "std/gram", "model", "std/auto", "(best of)", "torch/auto",
-  "auto/sg", "err"))
+local function ms(v) return v and ("%.1f"):format(v * 1e3) or "n/a" end
+local function ratio(a, b) return (a and b) and ("%.2f"):format(a / b) or "n/a" end
+local function tms(row, k) return torch and torch[row.s] and torch[row.s][k] * 1e-3 or nil end
+
+print()
+print("float32 (ms; ratios same run)")
+print(("%-11s %8s %8s %8s %8s %8s %9s %9s %8s %8s %10s %9s %9s %8s"):format("shape", "std", "plain", "gram", "auto",
+  "auto", "seed f32", "sgemm GF", "std/gram", "model", "std/auto", "(best of)", "seed/auto", "err"))
 for _, row in ipairs(rows) do
-  local t = torch and torch[row.s]
   local r = row.res
-  print(("%-11s %8.1f %8.1f %8.1f %8.1f %8s %8s %8.1f %8.2f %8.2f %8.2f %10s %9s %7.2f %8s"):format(row.s,
-    r.standard * 1e3, r.plain * 1e3, r.gram * 1e3, r.auto * 1e3, row.pick, t and ("%.1f"):format(t) or "n/a",
-    row.sgemm * 1e3, r.standard / r.gram, row.model, r.standard / r.auto,
-    ("%.2f (%d)"):format(row.min.standard / row.min.auto, row.rounds),
-    t and ("%.2f"):format(t / (r.auto * 1e3)) or "n/a", r.auto / row.sgemm,
-    row.err and ("%.1e"):format(row.err) or "-"))
+  print(("%-11s %8s %8s %8s %8s %8s %9s %9.0f %8.2f %8.2f %8.2f %10s %9s %8s"):format(row.s, ms(r.standard),
+    ms(r.plain), ms(r.gram), ms(r.auto), row.pick, ms(tms(row, "f32")), row.sgemm / 1e9, r.standard / r.gram,
+    row.model, r.standard / r.auto, ("%.2f (%d)"):format(row.min.standard / row.min.auto, row.rounds),
+    ratio(tms(row, "f32"), r.auto), row.err and ("%.1e"):format(row.err) or "-"))
 end
-print("sgemm ms: the symmetric standard iteration's flops (steps x (3 n^2 m + n^3), n = smaller dim,")
-print("syrk counted at n^2 k) at this run's standalone sgemm rate ((n x n)(n x m) product).")
+print()
+print("bfloat16 (ms; ratios same run)")
+print(("%-11s %8s %8s %9s %9s %9s %11s %11s %10s %8s"):format("shape", "std", "auto", "seed bf16", "seed f32",
+  "bf16 GF", "seed16/std", "seed16/auto", "seed16/f32", "err"))
+for _, row in ipairs(rows) do
+  local r = row.res
+  local t = torch and torch[row.s]
+  print(("%-11s %8s %8s %9s %9s %9s %11s %11s %10s %8s"):format(row.s, ms(r["bf16 standard"]), ms(r["bf16 auto"]),
+    ms(tms(row, "bf16")), ms(tms(row, "f32")), t and ("%.0f"):format(t.gemm / 1e9) or "n/a",
+    ratio(tms(row, "bf16"), r["bf16 standard"]), ratio(tms(row, "bf16"), r["bf16 auto"]),
+    ratio(tms(row, "bf16"), r.auto), row.err16 and ("%.1e"):format(row.err16) or "-"))
+end
+print("sgemm GF: this run's standalone OpenBLAS sgemm rate on the (n x n)(n x m) product (n = smaller dim);")
+print("bf16 GF: torch's bf16 matmul (oneDNN) on the same product. seed f32 / seed bf16: the seed's function in")
+print("torch on float32 / bfloat16 input (2 threads). seed16/f32: seed bf16 over our float32 auto.")
 print("model: standard / gram flops of the cost model (auto picks gram when model > 1.15 and n >= 64).")
 print("ms: medians of interleaved rounds; (best of): std/auto of the fastest round of each, and the rounds.")
-print("err: max abs difference of auto's float32 result from the float64 standard iteration.")
+print("err: max abs difference of auto's result (float32 / bfloat16) from the float64 standard iteration.")
 if not torch then print("torch: n/a (" .. tostring(why) .. ")") end
+if not bf16_ws then print("bfloat16 columns: n/a (" .. tostring(bf16_why) .. ")") end
 
 -- Targets. Issue 3: symmetric >= 1.25x plain on the big/batched shapes;
--- >= 1.4x faster than the seed's torch function on every shape. Issue 12:
--- auto >= 1.4x the standard iteration and >= 2.0x torch on the aspect-4
--- shapes, within 1e-5 of float64; auto no slower than standard (>= 0.98)
--- on square shapes.
-local bad = { sym = {}, torch = {}, auto = {}, auto_torch = {}, square = {}, err = {} }
+-- >= 1.4x faster than the seed's float32 torch function on every shape.
+-- Issue 12: auto >= 1.4x the standard iteration and >= 2.0x torch float32 on
+-- the aspect-4 shapes, within 1e-5 of float64; auto no slower than standard
+-- (>= 0.98) on square shapes. Issue 19: bfloat16 auto >= 1.6x the seed's
+-- bf16 function on the aspect-4 shapes, >= 1.3x on 768^2, 2048^2,
+-- 12x768^2; a lone 768x768 float32 auto no slower than torch float32.
+local ASPECT4 = { ["768x3072"] = true, ["3072x768"] = true, ["1024x4096"] = true }
+local SQUAREISH = { ["768x768"] = true, ["2048x2048"] = true, ["12x768x768"] = true }
+local bad = { sym = {}, torch = {}, auto = {}, auto_torch = {}, square = {}, err = {}, b16a = {}, b16s = {}, lone = {} }
+local ran = {}
 for _, row in ipairs(rows) do
   local r = row.res
+  ran[row.s] = true
   local big = ({ ["2048x2048"] = true, ["4096x4096"] = true, ["12x768x768"] = true })[row.s]
   if big and r.plain / r.standard < 1.25 then bad.sym[#bad.sym + 1] = row.s end
-  local t = torch and torch[row.s]
-  if t and t / (r.auto * 1e3) < 1.4 then bad.torch[#bad.torch + 1] = row.s end
-  if ({ ["768x3072"] = true, ["3072x768"] = true, ["1024x4096"] = true })[row.s] then
+  local t32, t16 = tms(row, "f32"), tms(row, "bf16")
+  if t32 and t32 / r.auto < 1.4 then bad.torch[#bad.torch + 1] = row.s end
+  if ASPECT4[row.s] then
     if r.standard / r.auto < 1.4 then bad.auto[#bad.auto + 1] = row.s end
-    if t and t / (r.auto * 1e3) < 2.0 then bad.auto_torch[#bad.auto_torch + 1] = row.s end
+    if t32 and t32 / r.auto < 2.0 then bad.auto_torch[#bad.auto_torch + 1] = row.s end
     if row.err and row.err > 1e-5 then bad.err[#bad.err + 1] = row.s end
+    if t16 and r["bf16 auto"] and t16 / r["bf16 auto"] < 1.6 then bad.b16a[#bad.b16a + 1] = row.s end
   end
+  if SQUAREISH[row.s] and t16 and r["bf16 auto"] and t16 / r["bf16 auto"] < 1.3 then bad.b16s[#bad.b16s + 1] = row.s end
+  if row.s == "768x768" and t32 and t32 / r.auto < 1.0 then bad.lone[#bad.lone + 1] = row.s end
   local shape = parse(row.s)
   if shape[#shape] == shape[#shape - 1] and r.standard / r.auto < 0.98 then bad.square[#bad.square + 1] = row.s end
 end
-local function verdict(list) return #list == 0 and "met" or ("NOT met on " .. table.concat(list, ", ")) end
-print("target plain/std >= 1.25 (2048^2, 4096^2, 12x768^2): " .. verdict(bad.sym))
-print("target std/auto >= 1.4 (768x3072, 3072x768, 1024x4096): " .. verdict(bad.auto))
-print("target err <= 1e-5 (768x3072, 3072x768, 1024x4096): " .. verdict(bad.err))
+local function verdict(list, shapes)
+  local any = shapes == nil
+  for s in pairs(shapes or {}) do any = any or ran[s] end
+  if not any then return "n/a (shapes not run)" end
+  return #list == 0 and "met" or ("NOT met on " .. table.concat(list, ", "))
+end
+print("target plain/std >= 1.25 (2048^2, 4096^2, 12x768^2): "
+  .. verdict(bad.sym, { ["2048x2048"] = true, ["4096x4096"] = true, ["12x768x768"] = true }))
+print("target std/auto >= 1.4 (768x3072, 3072x768, 1024x4096): " .. verdict(bad.auto, ASPECT4))
+print("target err <= 1e-5 (768x3072, 3072x768, 1024x4096): " .. verdict(bad.err, ASPECT4))
 print("target std/auto >= 0.98 (square shapes): " .. verdict(bad.square))
 if torch then
-  print("target torch/auto >= 1.4 (every shape): " .. verdict(bad.torch))
-  print("target torch/auto >= 2.0 (768x3072, 3072x768, 1024x4096): " .. verdict(bad.auto_torch))
+  print("target seed f32/auto >= 1.4 (every shape): " .. verdict(bad.torch))
+  print("target seed f32/auto >= 2.0 (768x3072, 3072x768, 1024x4096): " .. verdict(bad.auto_torch, ASPECT4))
+  print("target seed f32/auto >= 1.0 (lone 768x768): " .. verdict(bad.lone, { ["768x768"] = true }))
+  if bf16_ws then
+    print("target seed bf16/bf16 auto >= 1.6 (768x3072, 3072x768, 1024x4096): " .. verdict(bad.b16a, ASPECT4))
+    print("target seed bf16/bf16 auto >= 1.3 (768^2, 2048^2, 12x768^2): " .. verdict(bad.b16s, SQUAREISH))
+  else
+    print("target seed bf16/bf16 auto (1.6x aspect-4, 1.3x square): n/a (no bfloat16 Newton-Schulz in this build)")
+  end
 end

@@ -1,8 +1,14 @@
-"""Times the seed's zeropower_via_newtonschulz5 (float32, torch, 2 threads).
+"""Times the seed's zeropower_via_newtonschulz5 in torch (2 threads), in
+float32 and as the seed runs it, in bfloat16 (its Newton-Schulz inputs are
+cast to bfloat16; torch's bf16 matmuls run on oneDNN), and torch's bf16
+matmul rate on the iteration's largest product.
 
 Usage: python3 ns_torch.py SHAPE... where SHAPE is like 768x768 or 12x768x768.
-Prints one line per shape: "<shape> <median ms>". Used by ns_bench.lua.
+Prints "# torch <version> oneDNN <version> threads <n>", then per shape
+"<shape> <f32 median ms> <bf16 median ms> <bf16 gemm GFLOP/s>". Used by
+ns_bench.lua; tests/fixtures/ns_bf16/make.py imports the function.
 """
+import re
 import sys
 import time
 from typing import Optional, Sequence, Tuple
@@ -21,7 +27,7 @@ _NS_ASYM5_COEFFS = (
 )
 
 
-# Copied from the seed (reference/seed_muon.py.txt), indentation restored.
+# The seed's function, as the seed writes it.
 def zeropower_via_newtonschulz5(
     ns_inputs: torch.Tensor,
     steps: int,
@@ -77,27 +83,44 @@ def zeropower_via_newtonschulz5(
     return mat_x
 
 
-def bench(shape, budget=2.0, max_runs=7):
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(*shape, generator=g, dtype=torch.float32)
+def median_ms(fn, budget=2.0, max_runs=7):
     with torch.no_grad():
         t0 = time.perf_counter()
-        zeropower_via_newtonschulz5(x, 5)  # warm-up
+        fn()  # warm-up
         first = time.perf_counter() - t0
         runs = max(2 if first > 3 else 3, min(max_runs, int(budget / max(first, 1e-6))))
         times = []
         for _ in range(runs):
             t0 = time.perf_counter()
-            zeropower_via_newtonschulz5(x, 5)
+            fn()
             times.append(time.perf_counter() - t0)
     times.sort()
     return times[len(times) // 2] * 1e3
 
 
+def bench(shape):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(*shape, generator=g, dtype=torch.float32)
+    xb = x.to(torch.bfloat16)  # the seed's cast (its momentum step), outside the timing
+    f32 = median_ms(lambda: zeropower_via_newtonschulz5(x, 5))
+    bf16 = median_ms(lambda: zeropower_via_newtonschulz5(xb, 5))
+    # bf16 matmul (n x n)(n x m), n the smaller dim: the iteration's largest product
+    n, m = min(shape[-2:]), max(shape[-2:])
+    a = torch.randn(n, n, generator=g).to(torch.bfloat16)
+    b = torch.randn(n, m, generator=g).to(torch.bfloat16)
+    c = torch.empty(n, m, dtype=torch.bfloat16)
+    ms = median_ms(lambda: torch.matmul(a, b, out=c), budget=0.5)
+    return f32, bf16, 2.0 * n * n * m / (ms * 1e-3) / 1e9
+
+
 def main():
+    m = re.search(r"MKL-DNN v([0-9.]+)", torch.__config__.show())
+    onednn = m.group(1) if m and torch.backends.mkldnn.is_available() else "none"
+    print(f"# torch {torch.__version__} oneDNN {onednn} threads {torch.get_num_threads()}", flush=True)
     for arg in sys.argv[1:]:
         shape = tuple(int(v) for v in arg.split("x"))
-        print(f"{arg} {bench(shape):.3f}", flush=True)
+        f32, bf16, rate = bench(shape)
+        print(f"{arg} {f32:.3f} {bf16:.3f} {rate:.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
--- AdamW as torch.optim.AdamW (bias-corrected, decoupled weight decay), for
+-- AdamW in torch 2.x's form of torch.optim.AdamW (bias-corrected, decoupled
+-- weight decay; 1 ulp from torch 1.13's), for
 -- 1-D parameters, embeddings and heads. The math runs in C
 -- (foreach.adamw_update, then the same fused apply as Muon).
 --

@@ -5,14 +5,16 @@
 --
 -- The object: param_groups (torch-like: params, step, options), state
 -- (param -> its state table), stats, defaults; methods step(closure),
--- params(), add_param_group(g), memory(), state_dict(), load_state_dict(d),
--- save(path), load(path, opts).
+-- params(), add_param_group(g), memory(), zero_grad(), clip_grad_norm(max_norm)
+-- (torch.nn.utils.clip_grad_norm_; returns the norm), state_dict(),
+-- load_state_dict(d), save(path), load(path, opts).
 local O = require("muon.optim.options")
 local E = require("muon.errors")
 local K = require("muon.optim.kind")
 local U = require("muon.optim.util")
 local Step = require("muon.step")
 local S = require("muon.optim.state")
+local G = require("muon.grads")
 
 local M = {}
 
@@ -100,6 +102,7 @@ function M.make(kind)
       local g = groups[1]
       check_one_process(kind, g, where, false)
       local st = self._stepper
+      st:check_buffers(g.params) -- (before anything is added)
       st:add_group({ kind = kind, options = g, label = ("param group %d"):format(gi) })
       for _, p in ipairs(g.params) do st:add(gi, p) end
       self.param_groups[gi] = g
@@ -117,6 +120,17 @@ function M.make(kind)
   end
 
   function class:memory() return self._stepper:memory() end
+
+  -- Set every parameter's grad to 0, in place (those without one skipped).
+  function class:zero_grad() G.zero(self._stepper) end
+
+  -- torch.nn.utils.clip_grad_norm_ over every parameter's grad: returns
+  -- the total L2 norm before clipping (muon.grads).
+  function class:clip_grad_norm(max_norm)
+    local ok, norm = pcall(G.clip, self._stepper, max_norm, what .. ".clip_grad_norm")
+    if not ok then E.reraise(norm, E.EINVAL) end
+    return norm
+  end
 
   function class:state_dict() return S.state_dict(self._stepper, kind.name) end
   function class:load_state_dict(d)

@@ -1,5 +1,95 @@
 -- muon.optim: the optimizers, muon.optim.<class> for every kind of the list
 -- in muon.optim.kind (reading another name is an error).
+--[[ reference muon.optim
+    The one-process optimizers, torch-like: param groups over the step
+    protocol (lua/muon/step.lua). params is a list of muon.param or a list
+    of groups { {params = {...}, <option overrides>}, ... }; opts are the
+    defaults of every group. Unknown options are errors listing them (the
+    seed's message). Every option can be overridden per group.
+muon.optim.Muon(params, opts)
+    The seed's Muon. Options (defaults):
+    opts.lr = 0.02
+    opts.weight_decay = 0.1
+    opts.matched_adamw_rms = 0.2: the update RMS matched to AdamW's.
+    opts.momentum = 0.95: or a pair {m1, m2}: u = g + m1 buf;
+    buf = m2 buf + g; nesterov: u = m1 u + g.
+    opts.nesterov = true
+    opts.ns_steps = 5
+    opts.ns_variant = "asym5": see muon.ns.zeropower.
+    opts.ns_coefficients = nil: triples for ns_variant = "custom".
+    opts.ns_epsilon = 1e-10
+    opts.ns_path = "symmetric": or "plain".
+    opts.ns_method = "standard": "gram" or "auto" (muon.ns.method_for).
+    opts.zero_rms_scale_mode = "zero": or "use_lr" (the scale when
+    matched_adamw_rms is 0).
+    opts.apply_lr_in_update = false: the scale takes -lr and the apply
+    uses alpha 1.
+    opts.scale_mode = "matched_adamw_rms": sqrt(max(A, B)) * rms; "keller":
+    max(1, A/B)^0.5; "spectral": sqrt(A/B).
+    opts.weight_decay_mode = "decoupled": p = p (1 - lr wd) - lr u;
+    "cautious": decay only where u * p > 0.
+    opts.nd_mode = "batch": N-D parameters as batches of their last two
+    dims; "flatten": one dim-1 x rest matrix.
+    opts.nonfinite = "error": or "skip" (a NaN/Inf gradient skips the
+    group's step).
+    opts.state_dtype = "float32": or "bfloat16" (momentum in half the bytes,
+    float32 maths).
+    opts.hsdp_replica_count = nil: accepted when 1 (more replicas need an
+    engine with a mesh).
+    opts.hook_state = nil: { name = "rows" | "cols" | "matrix" | "scalar" |
+    "rows_rows" | "cols_cols" }: per-parameter state of the hooks.
+    opts.reshape_fn, opts.ns_transform_fn, opts.zeropower_fn,
+    opts.momentum_update_fn, opts.post_update_fn, opts.pre_ortho_fn,
+    opts.post_ortho_fn = nil: the hooks (contracts in the README).
+    muon.optim.Muon.DEFAULTS and .OPTIONS list them; .new is the
+    constructor, .Muon the class.
+muon.optim.AdamW(params, opts)
+    torch.optim.AdamW (bias correction, decoupled decay, a step count per
+    parameter). opts.lr = 1e-3, opts.betas = {0.9, 0.999}, opts.eps = 1e-8,
+    opts.weight_decay = 0.01, opts.nonfinite = "error",
+    opts.state_dtype = "float32".
+muon.optim.Lion(params, opts)
+    Lion (lion-pytorch's update): c = beta1 m + (1 - beta1) g;
+    p = p (1 - lr wd) - lr sign(c); m = beta2 m + (1 - beta2) g, sign(0) = 0.
+    opts.lr = 1e-4, opts.betas = {0.9, 0.99}, opts.weight_decay = 0,
+    opts.nonfinite = "error", opts.state_dtype = "float32".
+Optimizer:step(closure)
+    One atomic step of every group: on any failure (a bad value, a hook
+    that raises, a NaN/Inf gradient) parameters, state and steps are as
+    they were. Calls closure() first when given; returns its value (nil
+    without one) and whether it stepped (false when no parameter has a
+    grad: then nothing changed). Parameters with a nil grad are skipped.
+Optimizer:add_param_group(group)
+    Add { params = {...}, <options> } as torch does: checked like the
+    constructor, the other options from the defaults; a parameter already
+    in a group is an error.
+Optimizer:params()
+    Every parameter of every group, in order.
+Optimizer:memory()
+    { state_bytes = n, scratch_bytes = n }.
+Optimizer:state_dict()
+    The state as a table of tensors and values (d.groups[i] holds step and
+    the options that are data).
+Optimizer:load_state_dict(d)
+    Load a state_dict; everything is checked first (EFORMAT, nothing
+    changed on failure).
+Optimizer:save(path)
+    The state as a safetensors checkpoint (atomic write, checksummed).
+Optimizer:load(path, opts)
+    Load a checkpoint (names, shapes and options checked first).
+    opts.checksum = true: false loads a file written without muon's
+    checksum (from Python).
+Optimizer.state
+    state[p] (p a parameter): its state table once it stepped (Muon:
+    momentum_buffer; AdamW: exp_avg, exp_avg_sq; Lion: exp_avg). Buffers are swapped at each commit: hold
+    opt.state[p], not the tensor.
+Optimizer.param_groups
+    The groups: { params = {...}, step = n, <options> }, torch-like.
+Optimizer.defaults
+    The defaults every group started from.
+Optimizer.stats
+    Counters of this optimizer's kind: { steps = n, skipped_nonfinite = n }.
+]]
 local K = require("muon.optim.kind")
 local optim = {}
 for _, k in ipairs(K.KINDS) do optim[k.class] = require(k.module) end

@@ -70,8 +70,9 @@ K.MEMBERS = {
   { "counts_steps", "boolean", false, "keeps a step count per parameter (state.step; saved in checkpoints)" },
   { "direction", "function", true, "direction(ctx, group, hp, entries): on each state holder, the new state "
     .. "and the update (or the Newton-Schulz input) into scratch. entry = { p, grad, old = { key -> tensor }, "
-    .. "new = { key -> tensor }, u = update buffer, count = the parameter's step number after this step }; "
-    .. "reads old, writes new and u, changes nothing else" },
+    .. "new = { key -> tensor }, u = update buffer, count = the parameter's step number after this step, "
+    .. "work = a table for the kind's own buffers, kept across steps }; reads old, writes new and u (and its "
+    .. "work buffers), changes nothing else; a hook it calls sees work buffers, never old or new" },
   { "apply_coeffs", "function", true, "apply_coeffs(group, hp) -> decay, alpha, cautious: the commit does "
     .. "p = p * decay + alpha * u (cautious: the decay only where the update moves p towards 0)" },
   { "resolve", "function", false, "resolve(group): checks across options and derived values (fields starting "
@@ -97,10 +98,11 @@ K.MEMBERS = {
 -- whole: a parameter of a group that sets it is orthogonalized whole on
 -- one rank; reshapes: it reshapes the Newton-Schulz input; keeps_state: it
 -- sees the group's hook_state (one table for every such hook of a group);
--- reduces: its ctx has allreduce and global_norm (muon.reduce).
+-- reduces: its ctx has allreduce and global_norm (muon.reduce);
+-- writes_state: it writes the kind's state (checked for NaN/Inf on its own).
 K.HOOKS = {
   { "zeropower_fn", "(x, steps) -> orthogonalized x" },
-  { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates" },
+  { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates", writes_state = true },
   { "reshape_fn", "(name, x) -> views of x", whole = true, reshapes = true },
   { "ns_transform_fn", "(name, x) -> nil or { tensors, restore }", whole = true, reshapes = true },
   { "post_update_fn", "(param, local_tensor, ctx)", reduces = true },

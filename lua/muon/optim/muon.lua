@@ -239,13 +239,23 @@ function kind.direction(_, group, hp, entries)
   end
   local m1, m2 = momentum_pair(hp.momentum)
   if group.momentum_update_fn then
-    -- The hook may update buffers in place: give it the new ones (copies).
-    for i = 1, #entries do new_bufs[i]:copy(bufs[i]) end
+    -- The hook may update buffers in place: it gets copies in buffers of
+    -- its own (e.work), never the state nor what becomes it, so that no
+    -- view it keeps can reach the state; copied into new_bufs on success.
+    local work = {}
+    for i, e in ipairs(entries) do
+      local w = e.work.momentum_buffer
+      if w == nil or w:dtype() ~= new_bufs[i]:dtype() then
+        w = T.zeros(new_bufs[i]:size(), new_bufs[i]:dtype())
+        e.work.momentum_buffer = w
+      end
+      work[i] = w:copy(bufs[i])
+    end
     local names = {}
     for i = 1, math.min(#entries, 3) do names[i] = "'" .. entries[i].p.name .. "'" end
     local subject = (#entries == 1 and "parameter " or "parameters ") .. table.concat(names, ", ")
       .. (#entries > 3 and (" and %d more"):format(#entries - 3) or "")
-    local result = E.call_hook_on(subject, "momentum_update_fn", group.momentum_update_fn, grads, new_bufs, m1, m2,
+    local result = E.call_hook_on(subject, "momentum_update_fn", group.momentum_update_fn, grads, work, m1, m2,
       hp.nesterov)
     if type(result) ~= "table" or #result ~= #entries then
       E.raise(E.EINVAL, "momentum_update_fn must return one update tensor per input gradient, got %s updates for %d gradients",
@@ -258,6 +268,7 @@ function kind.direction(_, group, hp, entries)
       end
       if u ~= e.u then e.u:copy(u:is_contiguous() and u:view(e.u:size()) or u:reshape(e.u:size())) end
     end
+    for i = 1, #entries do new_bufs[i]:copy(work[i]) end
   else
     per_dtype(function(g, b, nb, u) foreach.momentum(g, b, nb, u, m1, m2, hp.nesterov) end,
       { grads, bufs, new_bufs, updates })

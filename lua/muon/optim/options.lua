@@ -127,7 +127,7 @@ function O.build_groups(spec, params, opts)
   if type(opts) ~= "table" then misuse(blame, "%s: options must be a table", spec.what) end
   local unknown = O.unknown_keys(opts, spec.allowed)
   if #unknown > 0 then
-    misuse(blame, "%s: %s", spec.what, E.unknown("option", unknown, spec.allowed))
+    misuse(blame, "%s", E.unexpected(spec.what, unknown, spec.allowed))
   end
   if type(params) ~= "table" then misuse(blame, "%s: params must be a table", spec.what) end
   local defaults = O.merge(spec.defaults, opts)

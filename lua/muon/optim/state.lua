@@ -28,6 +28,7 @@ local T = require("muon.tensor")
 local E = require("muon.errors")
 local D = require("muon.dist")
 local K = require("muon.optim.kind")
+local U = require("muon.optim.util")
 
 local S = {}
 
@@ -203,28 +204,31 @@ function S.state_dict(stepper, kind)
       local entry = {}
       if scalar_keys(kind).step then entry.step = n end
       if W == 1 then
-        local s = stepper:state_of(p)
-        for _, t in ipairs(tensor_specs(stepper, kind, e)) do entry[t.key] = s[t.key] end
+        -- (an empty parameter steps without state: its state is zeros)
+        local s = stepper:state_of(p) or {}
+        for _, t in ipairs(tensor_specs(stepper, kind, e)) do entry[t.key] = s[t.key] or T.zeros(t.shape, t.dtype) end
       else
         for _, t in ipairs(tensor_specs(stepper, kind, e)) do
           local k, r = t.key, t.record
           local full = me == 0 and T.zeros(t.shape, t.dtype) or nil
           entry[k] = full
-          for _, id in ipairs(r.box_order) do
-            local h, b = r.holder[id], r.box_of[id]
-            local piece = pieces[t.dtype]
-            if not piece then
-              piece = { sends = {}, recvs = {} }
-              for q = 1, W do piece.sends[q], piece.recvs[q] = {}, {} end
-              pieces[t.dtype] = piece
-            end
-            if me == 0 then
+          local piece = pieces[t.dtype]
+          if not piece then
+            piece = { sends = {}, recvs = {} }
+            for q = 1, W do piece.sends[q], piece.recvs[q] = {}, {} end
+            pieces[t.dtype] = piece
+          end
+          if me == 0 then
+            -- rank 0 receives every non-empty box (O(shard count) per
+            -- parameter; an empty parameter's state stays zeros)
+            for _, hb in ipairs(D.boxes_of(r, stepper:mesh())) do
+              local h, b = hb.holder, hb.box
               local dst = D.box_view(full, b)
               if h == 0 then dst:copy(stepper:state_of(p)[k])
               else table.insert(piece.recvs[h + 1], { n = D.numel(b.len), dst = dst }) end
-            elseif h == me then
-              table.insert(piece.sends[1], { n = D.numel(b.len), src = stepper:state_of(p)[k] })
             end
+          elseif r.holds and D.numel(r.mine.len) > 0 then
+            table.insert(piece.sends[1], { n = D.numel(r.mine.len), src = stepper:state_of(p)[k] })
           end
         end
       end
@@ -400,7 +404,12 @@ local function commit(stepper, staged)
 end
 
 -- Replace the kind's state by d (tensors are copied) after checking everything.
+local S_load_state_dict_body
 function S.load_state_dict(stepper, kind, d, what)
+  return stepper:exclusive("load_state_dict", S_load_state_dict_body, stepper, kind, d, what)
+end
+
+function S_load_state_dict_body(stepper, kind, d, what)
   stepper:build_once()
   local ok, staged = pcall(stage, stepper, kind, d, what, "restore")
   stepper:agree_failure(not ok and staged or nil)
@@ -620,13 +629,26 @@ end
 
 -- Save the state of the kinds in parts (list of { prefix, kind }) to path,
 -- with extra metadata. Collective on a mesh (rank 0 writes the file).
+local S_save_body
 function S.save(stepper, path, parts, extra_meta)
+  return stepper:exclusive("save", S_save_body, stepper, path, parts, extra_meta)
+end
+
+function S_save_body(stepper, path, parts, extra_meta)
   local dicts = {}
   for _, part in ipairs(parts) do dicts[#dicts + 1] = { prefix = part.prefix, dict = S.state_dict(stepper, part.kind) } end
   local err
   if stepper:rank() == 0 then
     local ok, e = pcall(function()
       local entries, meta = S.encode(dicts, extra_meta)
+      -- a file whose load would refuse it is not written
+      local tensors = {}
+      for i, en in ipairs(entries) do tensors[i] = en.tensor end
+      local bad = U.first_nonfinite(tensors)
+      if bad then
+        E.raise(E.ENONFINITE, "save '%s': state tensor '%s' holds NaN or Inf (a load would refuse the file); "
+          .. "nothing was written", path, entries[bad].name)
+      end
       st.save(path, entries, meta)
     end)
     if not ok then err = e end
@@ -643,7 +665,12 @@ S.load_options = st.load_options
 -- everything first (check(meta) may reject the extra metadata, raising),
 -- changes nothing on any error (on every rank of a mesh). opts: see
 -- S.load_options. Returns the file's metadata.
+local S_load_body
 function S.load(stepper, path, parts, check, opts)
+  return stepper:exclusive("load", S_load_body, stepper, path, parts, check, opts)
+end
+
+function S_load_body(stepper, path, parts, check, opts)
   stepper:build_once() -- (collective on a mesh: before anything that can fail)
   local staged, meta = {}, nil
   local ok, err = pcall(function()

@@ -1,0 +1,531 @@
+-- What a step commits, and what it refuses (issue 22): empty parameters
+-- step, save and load in every kind; calls into the optimizer from inside
+-- its own hooks are refused (nothing changed); every tensor the commit
+-- writes is checked under the group's nonfinite policy, and save refuses
+-- non-finite state; a failed step cannot change hook state through any
+-- alias a hook kept. Snapshots compare every bit of parameters, state and
+-- step counters (tests/fuzz/driver.lua).
+package.path = "tests/fuzz/?.lua;" .. package.path
+local H = require("helpers")
+local T = H.T
+local D = require("driver")
+local E = require("muon.errors")
+local engine = require("muon.engine")
+local muon = require("muon")
+
+local function tmp() return H.tmpname(".safetensors") end
+
+-- pcall(f): the error's code name and message (fails the test if f passed).
+local function fails(f, ...)
+  local ok, err = pcall(f, ...)
+  assert(not ok, "expected an error")
+  return E.name(E.code(err)), E.message(err)
+end
+
+describe("empty parameters", function()
+  -- (Muon takes >= 2-D parameters; AdamW and Lion any)
+  local SHAPES = {
+    muon = { { 0, 4 }, { 4, 0 }, { 2, 0, 3 }, { 0, 0 }, { 3, 0, 0, 2 } },
+    adamw = { { 0 }, { 0, 4 }, { 4, 0 }, { 2, 0, 3 } },
+    lion = { { 0 }, { 0, 4 }, { 4, 0 }, { 2, 0, 3 } },
+  }
+  for _, kind in ipairs({ "muon", "adamw", "lion" }) do
+    for _, shape in ipairs(SHAPES[kind]) do
+      local label = ("%s group, shape (%s)"):format(kind, table.concat(shape, ", "))
+      it(label .. ": steps, saves and loads beside a non-empty parameter", function()
+        local function make()
+          local eng = engine.new({ groups = { { optimizer = kind, match = ".", lr = 0.05, weight_decay = 0.1 } } })
+          eng:add_param("empty", T.zeros(shape), T.zeros(shape))
+          local w = T.randn({ 3, 4 }, 5)
+          eng:add_param("w", w, T.zeros({ 3, 4 }))
+          return eng, w
+        end
+        local a, wa = make()
+        local function grad(eng, s) eng:param("w").grad:copy(T.randn({ 3, 4 }, 100 + s)) end
+        for s = 1, 3 do grad(a, s); a:step() end
+        local st = a:state("empty")
+        assert.is_table(st)
+        for k, v in pairs(st) do
+          if T.is_tensor(v) then
+            assert.are.equal(0, v:numel(), k)
+            assert.are.same(shape, v:size(), k)
+          end
+        end
+        local path = tmp()
+        a:save(path)
+        local b, wb = make()
+        b:load(path)
+        os.remove(path)
+        wb:copy(wa) -- (a load restores the optimizer, not the parameters)
+        assert.are.equal(D.snapshot(a), D.snapshot(b))
+        -- the loaded state goes on as the saved one: same bits after two more steps
+        for s = 4, 5 do
+          grad(a, s); a:step()
+          grad(b, s); b:step()
+        end
+        H.assert_equal_bits(wa, wb, "w after the load")
+        assert.are.equal(D.snapshot(a), D.snapshot(b))
+        assert.are.equal(0, a:param("empty").value:numel())
+      end)
+    end
+  end
+
+  it("Muon hook state of an empty parameter (square preconditioners) saves and loads", function()
+    for _, shape in ipairs({ { 4, 0 }, { 0, 4 }, { 2, 0, 3 } }) do
+      local function make()
+        local eng = engine.new({ groups = { { optimizer = "muon", match = ".", lr = 0.05,
+          hook_state = { K = "cols_cols", R = "rows_rows", v = "matrix" },
+          pre_ortho_fn = function(G, state) state.v:copy(G) end } } })
+        eng:add_param("empty", T.zeros(shape), T.zeros(shape))
+        eng:add_param("w", T.randn({ 3, 4 }, 5), T.randn({ 3, 4 }, 6))
+        return eng
+      end
+      local a = make()
+      a:step()
+      a:step()
+      local path = tmp()
+      a:save(path)
+      local b = make()
+      b:load(path)
+      os.remove(path)
+      assert.are.equal(D.snapshot(a, true), D.snapshot(b, true))
+    end
+  end)
+
+  it("the one-process classes save and load empty parameters", function()
+    for _, cls in ipairs({ "Muon", "AdamW", "Lion" }) do
+      local function make()
+        local ps = { muon.param("e", T.zeros({ 0, 5 }), T.zeros({ 0, 5 })), muon.param("w", T.randn({ 4, 5 }, 1), T.randn({ 4, 5 }, 2)) }
+        return muon.optim[cls](ps, { lr = 0.02 }), ps
+      end
+      local a, pa = make()
+      a:step()
+      local path = tmp()
+      a:save(path)
+      local b, pb = make()
+      b:load(path)
+      os.remove(path)
+      pb[2].value:copy(pa[2].value) -- (a load restores the optimizer, not the parameters)
+      a:step()
+      b:step()
+      H.assert_equal_bits(pa[2].value, pb[2].value, cls)
+      for _, opt in ipairs({ a, b }) do
+        local st = opt.state[pa[1]] or opt.state[pb[1]]
+        for k, v in pairs(st) do
+          if T.is_tensor(v) then assert.are.same({ 0, 5 }, v:size(), cls .. " " .. k) end
+        end
+      end
+    end
+  end)
+end)
+
+describe("calls from inside the optimizer's own hooks", function()
+  local CALLS = {
+    step = function(eng) eng:step() end,
+    save = function(eng) eng:save(H.tmpname(".safetensors")) end,
+    load = function(eng, path) eng:load(path) end,
+    add_param = function(eng) eng:add_param("w_late", T.zeros({ 2, 2 }), T.zeros({ 2, 2 })) end,
+    set = function(eng) eng:set("lr_scale", 3) end,
+    set_signal = function(eng) eng:set_signal("s", { 1 }) end,
+    state = function(eng) eng:state("w") end,
+  }
+  local HOOKS = {
+    post_update_fn = function(f) return function() f() end end,
+    pre_ortho_fn = function(f) return function() f() end end,
+    post_ortho_fn = function(f) return function() f() end end,
+    zeropower_fn = function(f) return function(x) f() return x end end,
+    momentum_update_fn = function(f)
+      return function(grads, bufs)
+        f()
+        local u = {}
+        for i, g in ipairs(grads) do
+          bufs[i]:mul(0.9):add(g)
+          u[i] = bufs[i]:clone()
+        end
+        return u
+      end
+    end,
+  }
+  local HOOK_ORDER = { "post_update_fn", "pre_ortho_fn", "post_ortho_fn", "zeropower_fn", "momentum_update_fn" }
+  local CALL_ORDER = { "step", "save", "load", "add_param", "set", "set_signal", "state" }
+
+  for _, hook in ipairs(HOOK_ORDER) do
+    it(hook .. ": every re-entrant call is refused (MU_ESTATE), the step goes on as a plain one", function()
+      for _, call in ipairs(CALL_ORDER) do
+        local eng, caught
+        local path = tmp()
+        local function make(reenter)
+          local g = { optimizer = "muon", match = "^w", lr = 0.05 }
+          g[hook] = HOOKS[hook](function()
+            if reenter then
+              local ok, err = pcall(CALLS[call], eng, path)
+              caught = caught or { ok = ok, err = err }
+            end
+          end)
+          local e = engine.new({ groups = { g, { optimizer = "adamw", match = "^b", lr = 0.01 } } })
+          e:add_param("w", T.randn({ 3, 4 }, 1), T.randn({ 3, 4 }, 2))
+          e:add_param("b", T.randn({ 4 }, 3), T.randn({ 4 }, 4))
+          return e
+        end
+        local plain = make(false)
+        eng = make(true)
+        eng:save(path) -- (a file for the re-entrant load)
+        plain:step(); plain:step()
+        eng:step(); eng:step()
+        os.remove(path)
+        assert.is_false(caught.ok, call)
+        assert.are.equal("ESTATE", E.name(E.code(caught.err)), call)
+        assert.truthy(E.message(caught.err):find(call .. ": refused: the optimizer is already in a call (step)", 1, true),
+          E.message(caught.err))
+        assert.are.equal(D.snapshot(plain), D.snapshot(eng), hook .. " -> " .. call)
+        assert.are.equal(1, eng:get("lr_scale"))
+        assert.is_nil(eng:param("w_late"))
+      end
+    end)
+  end
+
+  it("an uncaught refusal fails the outer step: nothing changed", function()
+    local eng
+    eng = engine.new({ groups = { { optimizer = "muon", match = ".", lr = 0.05,
+      post_update_fn = function() eng:step() end } } })
+    eng:add_param("w", T.randn({ 3, 4 }, 1), T.randn({ 3, 4 }, 2))
+    local before = D.snapshot(eng)
+    local _, msg = fails(eng.step, eng)
+    assert.truthy(msg:find("step: refused", 1, true), msg)
+    assert.are.equal(before, D.snapshot(eng))
+    assert.are.equal(0, eng:get("step"))
+  end)
+
+  it("the one-process classes refuse their own step from a hook", function()
+    local opt
+    local p = muon.param("w", T.randn({ 3, 4 }, 1), T.randn({ 3, 4 }, 2))
+    local err
+    opt = muon.optim.Muon({ p }, { lr = 0.05, post_update_fn = function()
+      local ok, e = pcall(opt.step, opt)
+      err = not ok and e or nil
+    end })
+    opt:step()
+    assert.are.equal("ESTATE", E.name(E.code(err)))
+  end)
+end)
+
+-- An engine of one Muon group (w, 3x4) and one AdamW group (b, 4); extra
+-- options for the Muon group; grads set from seeds each step.
+local function pair(muon_opts, adamw_opts, dtype)
+  local g = { optimizer = "muon", match = "^w", lr = 0.05 }
+  for k, v in pairs(muon_opts or {}) do g[k] = v end
+  local a = { optimizer = "adamw", match = "^b", lr = 0.01 }
+  for k, v in pairs(adamw_opts or {}) do a[k] = v end
+  local eng = engine.new({ groups = { g, a } })
+  eng:add_param("w", T.randn({ 3, 4 }, 1, dtype), T.zeros({ 3, 4 }, dtype))
+  eng:add_param("b", T.randn({ 4 }, 3, dtype), T.zeros({ 4 }, dtype))
+  return eng
+end
+local function grads(eng, s)
+  eng:param("w").grad:copy(T.randn({ 3, 4 }, 10 + s, eng:param("w").grad:dtype()))
+  eng:param("b").grad:copy(T.randn({ 4 }, 20 + s, eng:param("b").grad:dtype()))
+end
+
+-- A value that fails the check: NaN, +Inf or -Inf at element `at` (the
+-- last by default: the fused check reads the whole tensor).
+local BAD = { 0 / 0, math.huge, -math.huge }
+local function poison(t, v, at)
+  local flat = t:view({ t:numel() })
+  flat:narrow(1, at or t:numel(), 1):fill(v)
+end
+
+describe("every tensor the commit writes is checked", function()
+  for bi, bad in ipairs(BAD) do
+    it(("momentum_update_fn leaving %s in the momentum, finite updates: error names the tensor; skip skips"):format(tostring(bad)), function()
+      for _, policy in ipairs({ "error", "skip" }) do
+        local n = 0
+        local eng = pair({ nonfinite = policy, momentum_update_fn = function(gs, bufs)
+          n = n + 1
+          local u = {}
+          for i, g in ipairs(gs) do
+            bufs[i]:mul(0.9):add(g)
+            u[i] = bufs[i]:clone()
+            if n == 2 then poison(bufs[i], bad, bi) end
+          end
+          return u
+        end })
+        grads(eng, 1)
+        eng:step()
+        local before = D.snapshot(eng)
+        grads(eng, 2)
+        if policy == "error" then
+          local code, msg = fails(eng.step, eng)
+          assert.are.equal("ENONFINITE", code)
+          assert.truthy(msg:find("parameter 'w': state tensor 'momentum_buffer' (written by a hook) would hold NaN or Inf",
+            1, true), msg)
+          assert.are.equal(before, D.snapshot(eng))
+        else
+          eng:step()
+          assert.are.equal(1, eng:stats().muon.skipped_nonfinite)
+          -- the skipped group's parameters and state are as before
+          local s = eng:state("w")
+          assert.is_true(s.momentum_buffer:all_finite())
+        end
+        eng:save(H.tmpname(".safetensors")) -- (what is left saves)
+      end
+    end)
+  end
+
+  for _, hook in ipairs({ "pre_ortho_fn", "post_ortho_fn" }) do
+    for bi, bad in ipairs(BAD) do
+      it(("%s leaving %s in its hook state: error names the hook state; skip skips"):format(hook, tostring(bad)), function()
+        for _, policy in ipairs({ "error", "skip" }) do
+          local n = 0
+          local eng = pair({ nonfinite = policy, hook_state = { v = "matrix", r = "rows" }, [hook] = function(x, state)
+            n = n + 1
+            state.v:mul(0.5):add(x)
+            state.r:add(1)
+            if n == 2 then poison(bi == 1 and state.v or state.r, bad) end
+          end })
+          grads(eng, 1)
+          eng:step()
+          local before = D.snapshot(eng)
+          grads(eng, 2)
+          if policy == "error" then
+            local code, msg = fails(eng.step, eng)
+            assert.are.equal("ENONFINITE", code)
+            local which = bi == 1 and "v" or "r"
+            assert.truthy(msg:find("parameter 'w': hook state '" .. which .. "' (pre_ortho_fn / post_ortho_fn) would hold NaN or Inf",
+              1, true), msg)
+            assert.are.equal(before, D.snapshot(eng))
+          else
+            eng:step()
+            assert.are.equal(1, eng:stats().muon.skipped_nonfinite)
+            assert.is_true(eng:state("w")["hook.v"]:all_finite())
+            assert.is_true(eng:state("w")["hook.r"]:all_finite())
+          end
+          local path = H.tmpname(".safetensors")
+          eng:save(path)
+          pair({ nonfinite = policy, hook_state = { v = "matrix", r = "rows" }, [hook] = function() end }):load(path)
+          os.remove(path)
+        end
+      end)
+    end
+  end
+
+  for _, dtype in ipairs({ "float32", "float64" }) do
+    it(dtype .. ": a commit that would overflow a parameter fails before writing (both kinds, both policies)", function()
+      local big = dtype == "float32" and 3.4e38 or 1.797e308
+      for _, which in ipairs({ "w", "b" }) do
+        for _, policy in ipairs({ "error", "skip" }) do
+          -- a huge lr: AdamW's update is about lr in size, Muon's
+          -- orthogonalized update about lr * 0.2 * sqrt(max dim)
+          local lr = dtype == "float32" and 1e37 or 1e306
+          local eng = pair({ nonfinite = policy, lr = which == "w" and lr or 0.05 },
+            { nonfinite = policy, lr = which == "b" and lr or 0.01 }, dtype)
+          local p = eng:param(which)
+          p.value:fill(big)
+          grads(eng, 1)
+          p.grad:fill(-1) -- (every update pushes p up)
+          local before = D.snapshot(eng)
+          if policy == "error" then
+            local code, msg = fails(eng.step, eng)
+            assert.are.equal("ENONFINITE", code)
+            assert.truthy(msg:find("parameter '" .. which .. "': the step would leave NaN or Inf in the parameter", 1, true), msg)
+            assert.are.equal(before, D.snapshot(eng))
+          else
+            eng:step()
+            assert.are.equal(1, eng:stats()[which == "w" and "muon" or "adamw"].skipped_nonfinite)
+            assert.is_true(p.value:all_finite())
+            H.assert_equal_bits(p.value, T.zeros(p.value:size(), dtype):fill(big), which)
+          end
+        end
+      end
+    end)
+  end
+
+  it("a parameter already holding NaN fails the step under 'error' (cautious decay too)", function()
+    for _, mode in ipairs({ "decoupled", "cautious" }) do
+      local eng = pair({ weight_decay = 0.1, weight_decay_mode = mode })
+      poison(eng:param("w").value, 0 / 0, 5)
+      grads(eng, 1)
+      local code, msg = fails(eng.step, eng)
+      assert.are.equal("ENONFINITE", code)
+      assert.truthy(msg:find("parameter 'w': the step would leave NaN or Inf", 1, true), msg)
+    end
+  end)
+
+  it("post_update_fn leaving NaN or Inf in a parameter fails the step; the commit is undone", function()
+    for bi, bad in ipairs(BAD) do
+      local n = 0
+      local eng = pair({ post_update_fn = function(_, x)
+        n = n + 1
+        if n == 2 then poison(x, bad, bi) end
+      end })
+      grads(eng, 1)
+      eng:step()
+      local before = D.snapshot(eng)
+      grads(eng, 2)
+      local code, msg = fails(eng.step, eng)
+      assert.are.equal("ENONFINITE", code)
+      assert.truthy(msg:find("parameter 'w': post_update_fn left NaN or Inf in the parameter", 1, true), msg)
+      assert.are.equal(before, D.snapshot(eng))
+    end
+  end)
+
+  it("save refuses non-finite state, naming the tensor; nothing is written", function()
+    for _, case in ipairs({ { "w", "momentum_buffer" }, { "b", "exp_avg" }, { "b", "exp_avg_sq" } }) do
+      local eng = pair()
+      grads(eng, 1)
+      eng:step()
+      poison(eng:state(case[1])[case[2]], math.huge, 1)
+      local path = H.tmpname(".safetensors")
+      os.remove(path)
+      local code, msg = fails(eng.save, eng, path)
+      assert.are.equal("ENONFINITE", code)
+      assert.truthy(msg:find("state tensor '" .. ({ w = "muon/", b = "adamw/" })[case[1]] .. case[1] .. "/" .. case[2]
+        .. "' holds NaN or Inf", 1, true), msg)
+      assert.is_nil(io.open(path, "rb"))
+    end
+  end)
+end)
+
+describe("a failed step cannot change state through an alias a hook kept", function()
+  -- Each route: a hook keeps something at step 1 and, at step 3, writes
+  -- through it and fails (raising, or a later hook raising). The state
+  -- must be that of a run whose step 3 never happened: the next step
+  -- gives the same bits as a reference engine without the failure.
+  local function run(opts, fail_at)
+    local eng = pair(opts(fail_at))
+    for s = 1, 4 do
+      grads(eng, s)
+      if s == 3 and fail_at then
+        local before = D.snapshot(eng)
+        fails(eng.step, eng)
+        assert.are.equal(before, D.snapshot(eng), "after the failed step")
+      else
+        eng:step()
+      end
+    end
+    return eng
+  end
+  local function same_as_reference(opts)
+    local ref = pair(opts(nil))
+    for s = 1, 4 do
+      if s ~= 3 then grads(ref, s); ref:step() end
+    end
+    local eng = run(opts, 3)
+    assert.are.equal(D.snapshot(ref), D.snapshot(eng))
+  end
+
+  local function ortho(hook, route)
+    return function(fail_at)
+      local kept, n = nil, 0
+      return { hook_state = { v = "matrix", K = "cols_cols" }, [hook] = function(x, state)
+        n = n + 1
+        state.v:mul(0.5):add(x)
+        state.K:add(0.25)
+        -- (steps 1 and 2: the buffers of the two steps before; "last" only
+        -- the one before)
+        if n <= 2 and (route ~= "last" or n == 2) then
+          kept = kept or {}
+          kept[#kept + 1] = route == "view" and { v = state.v:narrow(2, 1, 2), K = state.K } or state
+        end
+        if fail_at and n == fail_at then
+          for _, k in ipairs(kept) do
+            k.v:fill(1e30)
+            k.K:fill(-7)
+          end
+          error("boom after writing through kept views")
+        end
+      end }
+    end
+  end
+  for _, hook in ipairs({ "pre_ortho_fn", "post_ortho_fn" }) do
+    for _, route in ipairs({ "table", "view", "last" }) do
+      it(hook .. ": hook state kept from an earlier step (" .. route .. ")", function()
+        same_as_reference(ortho(hook, route))
+      end)
+    end
+  end
+
+  it("momentum_update_fn: buffers kept from an earlier step", function()
+    same_as_reference(function(fail_at)
+      local kept, n = nil, 0
+      return { momentum_update_fn = function(gs, bufs)
+        n = n + 1
+        if n <= 2 then
+          kept = kept or {}
+          kept[#kept + 1], kept[#kept + 2] = bufs[1], bufs[1]:view({ 12 })
+        end
+        local u = {}
+        for i, g in ipairs(gs) do
+          bufs[i]:mul(0.9):add(g)
+          u[i] = bufs[i]:clone()
+        end
+        if fail_at and n == fail_at then
+          for i = 1, #kept, 2 do
+            kept[i]:fill(5)
+            kept[i + 1]:narrow(1, 1, 3):fill(-5)
+          end
+          error("boom")
+        end
+        return u
+      end }
+    end)
+  end)
+
+  it("post_ortho_fn writes kept views, then post_update_fn fails (after the commit)", function()
+    same_as_reference(function(fail_at)
+      local kept, n, m = nil, 0, 0
+      return { hook_state = { v = "matrix" }, post_ortho_fn = function(x, state)
+        n = n + 1
+        state.v:mul(0.5):add(x)
+        if n <= 2 then
+          kept = kept or {}
+          kept[n] = state.v
+        end
+        if fail_at and n == fail_at then
+          kept[1]:fill(3)
+          kept[2]:fill(3)
+        end
+      end, post_update_fn = function()
+        m = m + 1
+        if fail_at and m == fail_at then error("post_update_fn fails") end
+      end }
+    end)
+  end)
+
+  it("a sandboxed config: hook state stashed in an upvalue and in a table of the config", function()
+    local path = H.tmpname(".lua")
+    local function write(fail)
+      H.write_file(path, ([[
+local kept, n = {}, 0
+local saved = {}
+return { groups = {
+  { optimizer = "muon", match = "^w", lr = 0.05, hook_state = { v = "matrix" },
+    pre_ortho_fn = function(G, state)
+      n = n + 1
+      state.v:mul(0.5):add(G)
+      if n == 1 then kept[1] = state.v end
+      if n == 2 then saved.s = state end
+      if %s and n == 3 then
+        kept[1]:fill(9); saved.s.v:narrow(1, 1, 1):fill(-9)
+        error("boom")
+      end
+    end },
+  { optimizer = "adamw", match = "^b", lr = 0.01 } } }
+]]):format(fail and "true" or "false"))
+      local eng = engine.new(path)
+      eng:add_param("w", T.randn({ 3, 4 }, 1), T.zeros({ 3, 4 }))
+      eng:add_param("b", T.randn({ 4 }, 3), T.zeros({ 4 }))
+      return eng
+    end
+    local ref = write(false)
+    for s = 1, 4 do
+      if s ~= 3 then grads(ref, s); ref:step() end
+    end
+    local eng = write(true)
+    for s = 1, 4 do
+      grads(eng, s)
+      if s == 3 then fails(eng.step, eng) else eng:step() end
+    end
+    os.remove(path)
+    assert.are.equal(D.snapshot(ref), D.snapshot(eng))
+  end)
+end)

@@ -1,0 +1,186 @@
+-- The API reference lives next to the code: every public Lua name has an
+-- entry in its module's reference block (lua/muon/reference.lua defines the
+-- format), every entry names something that exists, and every MU_API
+-- declaration of src/muon.h has a comment right above it. `muon help` and
+-- `make reference` print that same text.
+local R = require("muon.reference")
+
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function has(list, pattern)
+  for _, s in ipairs(list) do
+    if s:find(pattern, 1, true) then return true end
+  end
+  return false
+end
+
+local BIN = (os.getenv("MUON_BUILD") or "build") .. "/muon"
+
+local function run(cmd)
+  local p = io.popen(cmd .. " 2>&1; echo \"exit=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local status = tonumber(out:match("exit=(%d+)%s*$"))
+  return out:gsub("exit=%d+%s*$", ""), status
+end
+
+describe("reference blocks of the Lua modules", function()
+  for _, spec in ipairs(R.MODULES) do
+    it(spec.name .. ": every public name has an entry, every entry names something", function()
+      local mod = require(spec.name)
+      local problems = R.check_module(spec, mod)
+      assert(#problems == 0, "\n" .. table.concat(problems, "\n"))
+    end)
+  end
+
+  it("the blocks find real names (not an empty check): Tensor:add, muon.engine.new, Optimizer:step", function()
+    local keys = {}
+    for _, spec in ipairs(R.MODULES) do
+      for _, e in ipairs((R.load(spec))) do
+        for _, h in ipairs(e.heads) do keys[h.key] = true end
+      end
+    end
+    assert.is_true(keys["muon.blas_info"])
+    assert.is_true(keys["muon.reference.check_module"])
+    assert.is_true(keys["Tensor:add"])
+    assert.is_true(keys["Tensor:exp_"]) -- from lua/muon/tensor_math.lua's block
+    assert.is_true(keys["muon.engine.new"])
+    assert.is_true(keys["Optimizer:step"])
+    assert.is_true(keys["Engine:step"])
+    assert.is_true(keys["muon.tensor.zeros"])
+  end)
+end)
+
+describe("the checker reports what is missing (a fake module)", function()
+  local fake = {
+    documented = function() end,
+    undocumented = function() end,
+    _private = 1,
+  }
+  local methods = { run = function() end, hidden = function() end }
+  local spec = {
+    name = "fake.mod",
+    files = { "fake/mod.lua" },
+    classes = { Thing = function() return { "run", "hidden" } end },
+    texts = { ["fake/mod.lua"] = table.concat({
+      "-- A fake module.",
+      "--[[ reference fake.mod",
+      "fake.mod.documented(x)",
+      "    Documented.",
+      "fake.mod.ghost()",
+      "    Names nothing.",
+      "Thing:run()",
+      "    A method.",
+      "Thing:gone()",
+      "    No such method.",
+      "fake.mod.bare()",
+      "not an entry line",
+      "]]",
+      "local M = {}",
+    }, "\n") },
+  }
+  local problems = R.check_module(spec, fake)
+
+  it("an undocumented function and method", function()
+    assert.is_true(has(problems, "'fake.mod.undocumented' has no entry"), table.concat(problems, "\n"))
+    assert.is_true(has(problems, "'Thing:hidden' has no entry"), table.concat(problems, "\n"))
+    assert.is_false(has(problems, "'fake.mod.documented' has no entry"))
+    assert.is_false(has(problems, "_private"))
+    assert.is_nil(methods.nope)
+  end)
+
+  it("an entry naming nothing, an entry without a description, a stray line", function()
+    assert.is_true(has(problems, "entry 'fake.mod.ghost' (line 5) names nothing"), table.concat(problems, "\n"))
+    assert.is_true(has(problems, "entry 'Thing:gone' (line 9) names nothing"), table.concat(problems, "\n"))
+    assert.is_true(has(problems, "fake/mod.lua:11: entry 'fake.mod.bare()' has no description"), table.concat(problems, "\n"))
+    assert.is_true(has(problems, "fake/mod.lua:12: 'not an entry line' is not an entry"), table.concat(problems, "\n"))
+  end)
+
+  it("a block that is missing or comes after code", function()
+    local s = { name = "fake.mod", files = { "f.lua" }, texts = { ["f.lua"] = "local M = {}\n--[[ reference fake.mod\n]]\n" } }
+    local p = R.check_module(s, { a = 1 })
+    assert.is_true(has(p, "f.lua:1: no reference block"), table.concat(p, "\n"))
+    assert.is_true(has(p, "'fake.mod.a' has no entry"), table.concat(p, "\n"))
+  end)
+
+  it("a strict module's valid names count as public", function()
+    local strict = setmetatable({}, { __index = function(_, k)
+      error("strict has no field '" .. tostring(k) .. "' (valid: lazy, other)", 0)
+    end })
+    local s = { name = "fake.mod", files = { "f.lua" }, texts = { ["f.lua"] = "--[[ reference fake.mod\nfake.mod.lazy\n    A lazy module.\n]]\n" } }
+    local p = R.check_module(s, strict)
+    assert.is_true(has(p, "'fake.mod.other' has no entry"), table.concat(p, "\n"))
+    assert.is_false(has(p, "'fake.mod.lazy'"))
+  end)
+end)
+
+describe("src/muon.h", function()
+  local text = read("src/muon.h")
+
+  it("every MU_API declaration has a comment right above it", function()
+    local entries = R.header_entries(text)
+    assert.is_true(#entries >= 100, "found only " .. #entries .. " MU_API declarations")
+    local problems = R.check_header(text, "src/muon.h")
+    assert(#problems == 0, "\n" .. table.concat(problems, "\n"))
+  end)
+
+  it("the checker reports an undocumented declaration (and parses multi-line ones)", function()
+    local h = table.concat({
+      "/* Documented. */",
+      "MU_API int mu_a(int x);",
+      "MU_API int mu_b(int x,",
+      "                int y);",
+      "",
+      "/* Not directly above. */",
+      "",
+      "MU_API int mu_c(void);",
+      "/*",
+      " * A block.",
+      " */",
+      "MU_API void mu_d(void);",
+    }, "\n")
+    local e = R.header_entries(h)
+    assert.are.same({ "mu_a", "mu_b", "mu_c", "mu_d" }, { e[1].name, e[2].name, e[3].name, e[4].name })
+    assert.are.equal("MU_API int mu_b(int x,\n                int y);", e[2].decl)
+    local p = R.check_header(h, "x.h")
+    assert.are.same({ "x.h:3: MU_API mu_b has no comment right above it", "x.h:8: MU_API mu_c has no comment right above it" }, p)
+  end)
+end)
+
+describe("muon help and the Markdown reference", function()
+  it("muon help API prints every module and muon.h", function()
+    local out, status = run(BIN .. " help API")
+    assert.are.equal(0, status, out)
+    assert.truthy(out:find("== muon.tensor", 1, true))
+    assert.truthy(out:find("muon.config_path(name)", 1, true))
+    assert.truthy(out:find("MU_API int mu_engine_step(mu_engine *eng);", 1, true))
+  end)
+
+  it("muon help NAME prints one entry; an unknown name exits 1", function()
+    local out, status = run(BIN .. " help muon.blas_info")
+    assert.are.equal(0, status, out)
+    assert.truthy(out:find("muon.blas_info()", 1, true), out)
+    assert.falsy(out:find("muon.config_path(", 1, true), out)
+    out, status = run(BIN .. " help mu_engine_close")
+    assert.are.equal(0, status, out)
+    assert.truthy(out:find("MU_API void mu_engine_close", 1, true), out)
+    out, status = run(BIN .. " help no_such_name_at_all")
+    assert.are.equal(1, status, out)
+    assert.truthy(out:find("no reference entry for 'no_such_name_at_all'", 1, true), out)
+  end)
+
+  it("the Markdown has a section per module and every MU_API function", function()
+    local md = R.markdown()
+    for _, spec in ipairs(R.MODULES) do
+      assert.truthy(md:find("## `" .. spec.name .. "`", 1, true), spec.name)
+    end
+    for _, e in ipairs(R.header_entries(read("src/muon.h"))) do
+      assert.truthy(md:find(e.decl, 1, true), e.name)
+    end
+  end)
+end)
