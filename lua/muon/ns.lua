@@ -15,7 +15,8 @@
     after X / (norm_scale ||X||_F + eps), on the wide orientation.
 muon.ns.zeropower(x, opts)
     A new orthogonalized tensor of x's shape and dtype; x (2-D, or 3-D: a
-    batch of matrices; float32 or float64; contiguous or not) is unchanged.
+    batch of matrices; float32 or float64, float32 with dtype "bfloat16";
+    contiguous or not) is unchanged.
     opts.steps = the variant's length (5; deepseekv4 10, polar_express_8 8,
     aol 4): iterations; 0 only normalizes.
     opts.variant = "asym5": "legacy", "asym5", "polar_express",
@@ -28,6 +29,11 @@ muon.ns.zeropower(x, opts)
     faster of the two for the shape, see method_for).
     opts.path = "symmetric": "plain" computes A A without the symmetric
     product.
+    opts.dtype = "float32": "bfloat16" runs the seed's bfloat16 iteration
+    (bfloat16 products on oneDNN accumulating in float32, every iterate
+    rounded to bfloat16 where the seed's torch code holds one; rounding
+    points: mu_ns_opts in src/muon.h); the standard iteration only
+    (method "auto" resolves to it; "gram" and variant "aol" are errors).
     opts.workspace = nil: a workspace from ns.workspace to reuse.
     An unknown option is an error listing the valid ones. Asked for more
     steps than a fixed schedule defines, it runs the defined ones (as the
@@ -68,7 +74,8 @@ muon.ns.flops(shape, nd_mode)
     count * (4 m^2 n + 2 m^3), m the smaller side (0 without a core).
 muon.ns.VARIANTS
 muon.ns.METHODS
-    The variant names; "standard", "gram", "auto".
+muon.ns.DTYPES
+    The variant names; "standard", "gram", "auto"; "float32", "bfloat16".
 muon.ns.DEFAULT_VARIANT
 muon.ns.DEFAULT_STEPS
 muon.ns.DEFAULT_EPS
