@@ -551,7 +551,7 @@ static int ns_split(int64_t d, int64_t target, int64_t min, int *blk)
  * separate threshold: the one-thread oneDNN calls on these blocks run at
  * the whole-matrix rate, ~400 GFLOP/s on the Zen 4 target). */
 #ifndef MU__NS_BF16_NB
-#define MU__NS_BF16_NB 256
+#define MU__NS_BF16_NB 192
 #endif
 #ifndef MU__NS_BF16_MB
 #define MU__NS_BF16_MB 512

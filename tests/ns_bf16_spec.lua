@@ -149,7 +149,7 @@ describe("ns bfloat16", function()
     end
 
     -- 300x520 and its transpose split into tiles (2 x 2 Gram blocks of
-    -- 160, column blocks of 260): alone shared by the workers, in a batch
+    -- 160, column blocks of 272 and 248): alone shared by the workers, in a batch
     -- one worker each; 40x24 is one tile.
     for _, shape in ipairs({ { 300, 520 }, { 520, 300 }, { 40, 24 } }) do
       it(("%dx%d: the same bits for 1/2 OpenBLAS threads, 1/2/3 workers, alone or batched"):format(
