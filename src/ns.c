@@ -30,6 +30,9 @@
  *   The workers are a team of src/pool.c: in a process with an OpenMP
  *   runtime a parallel region of it, so an OpenMP host shares its thread
  *   team with the engine.
+ * - opts->dtype = MU_BF16: the seed's bfloat16 iteration, its own plan
+ *   (ns_bf16_plan) of oneDNN products (src/ns_bf16.c) under the same
+ *   scheduler.
  * - opts->method: the Gram iteration (src/ns_gram.c) takes over the
  *   matrices whose shape mu_ns_method_for sends to it, after the checks
  *   below (one tensor at a time, before the scheduler runs the others).
@@ -806,7 +809,8 @@ static inline float ns_bfc(double v) { return ns_bf(mu__bf16_from_f64(v)); }
     ATTR static void ns_row_apply##SFX(uint16_t *restrict x, const float *restrict f,         \
                                        float *restrict o, int64_t len, float ac)             \
     {                                                                                       \
-        for (int64_t i = 0; i < len; i++) x[i] = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i]))); \
+        for (int64_t i = 0; i < len; i++)                                                   \
+            x[i] = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i])));               \
         if (o)                                                                              \
             for (int64_t i = 0; i < len; i++) o[i] = ns_bf(x[i]);                            \
     }
@@ -850,7 +854,8 @@ static void ns_bf16_begin(ns_iter *it, const char *src, double scale)
                 const int64_t j1 = j0 + NS_BLK < m ? j0 + NS_BLK : m;
                 const int64_t i1 = i0 + NS_BLK < n ? i0 + NS_BLK : n;
                 for (int64_t j = j0; j < j1; j++)
-                    for (int64_t i = i0; i < i1; i++) X[i * m + j] = ns_rb((float)(scale * x[j * n + i]));
+                    for (int64_t i = i0; i < i1; i++)
+                        X[i * m + j] = ns_rb((float)(scale * x[j * n + i]));
             }
     }
     it->done = 0;
@@ -868,7 +873,8 @@ static void ns_bf16_begin(ns_iter *it, const char *src, double scale)
             const int64_t c1_ = c0_ + NS_BLK < (rc).c1 ? c0_ + NS_BLK : (rc).c1;             \
             const int64_t r1_ = r0_ + NS_BLK < (rc).r1 ? r0_ + NS_BLK : (rc).r1;             \
             for (int64_t c = c0_; c < c1_; c++)                                              \
-                for (int64_t r = r0_; r < r1_ && r < c; r++) (M)[c * (n) + r] = (M)[r * (n) + c]; \
+                for (int64_t r = r0_; r < r1_ && r < c; r++)                                 \
+                    (M)[c * (n) + r] = (M)[r * (n) + c];                                     \
         }
 
 /* Tile t of stage `stage` of step k (bfloat16; see ns_bf16_plan). */
