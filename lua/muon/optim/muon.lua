@@ -139,10 +139,13 @@ function kind.resolve(g)
   g._ns = resolved
 end
 
-function kind.check_param(p)
+function kind.check_param(p, g)
   local shape = p.logical_shape or p.value:size()
   if #shape < 2 then
     fail("parameter '%s' is %d-D: 1D parameters are not supported in Muon (use AdamW)", p.name, #shape)
+  end
+  if g and g.ns_dtype == "bfloat16" and p.value:dtype() ~= "float32" then
+    fail("parameter '%s' is %s: ns_dtype = 'bfloat16' runs on float32 parameters", p.name, p.value:dtype())
   end
 end
 
