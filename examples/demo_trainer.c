@@ -461,6 +461,15 @@ static int train_run(const options *o, const dataset *train, const dataset *held
         for (int i = 0; i < o->batch; i++) idx[i] = (int64_t)rng_below(&r, (uint64_t)train->n);
         double loss = model_run(&m, train, idx, 0, o->batch, 1) / o->batch;
         double to = now_ms();
+        /* A data-parallel (HSDP) trainer averages its gradients over the
+         * replicas before the step; with one process (no dist section in
+         * the config) this changes nothing. */
+        if (check(mu_engine_reduce_grads(eng, MU_REDUCE_MEAN), eng, "mu_engine_reduce_grads")) {
+            free(idx);
+            mu_engine_close(eng);
+            model_free(&m);
+            return 1;
+        }
         if (check(mu_engine_step(eng), eng, "mu_engine_step")) { free(idx); mu_engine_close(eng); model_free(&m); return 1; }
         double te = now_ms();
         opt_ms += te - to;

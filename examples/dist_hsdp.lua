@@ -81,6 +81,11 @@ for step = 1, 30 do
     end
   end
   loss = world:allreduce({ loss }, "sum", "f64")[1]
+  -- HSDP: each replica's backward pass saw its own data, so the trainer
+  -- averages the gradients over the replicate axis before the step (the
+  -- same bits on every replica). Here the replicas compute the same
+  -- gradient, whose mean is itself: every world size prints the same losses.
+  eng:reduce_grads({ op = "mean" })
   eng:step()
   if rank == 0 and (step == 1 or step % 10 == 0) then
     print(("step %2d  loss %.6f  lr %.5f"):format(step, loss, eng:get("lr")))
@@ -90,7 +95,7 @@ end
 local cs = eng:comm_stats()
 local bytes = world:allreduce({ cs.data.bytes_sent }, "sum")[1]
 if rank == 0 then
-  print(("%d ranks, mesh %s: NS routing moved %d bytes in total over 30 steps (%.1f KB per step per rank)")
+  print(("%d ranks, mesh %s: gradient reduction and NS routing moved %d bytes in total over 30 steps (%.1f KB per step per rank)")
     :format(size, mesh:describe(), bytes, bytes / 30 / size / 1024))
 end
 local path = arg and arg[1] or "dist_hsdp.safetensors"

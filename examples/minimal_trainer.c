@@ -1,15 +1,9 @@
 /*
- * The smallest C trainer: fit a 4x3 matrix W to a target T with the loss
- * ||W - T||^2 (gradient 2 (W - T)), the optimizer driven by a config file.
- *
+ * The smallest C trainer: fit a 4x3 matrix W to a target T, loss ||W - T||^2
+ * (gradient 2 (W - T)), the optimizer driven by a config file. It saves the
+ * optimizer state to CHECKPOINT (default: ./minimal_opt.safetensors).
  *   minimal_trainer CONFIG.lua [CHECKPOINT]
- *
- * It saves the optimizer state to CHECKPOINT (default: minimal_opt.safetensors
- * in the current directory). Every muon call is checked: on a failure the
- * program prints the engine's message and exits with status 1.
- *
- *   build/examples/minimal_trainer configs/muon.lua           (in the source tree)
- *   cc minimal_trainer.c $(pkg-config --cflags --libs muon)    (after make install)
+ * Every muon call is checked: on a failure it prints the message, exits 1.
  */
 #include <muon.h>
 #include <stdio.h>

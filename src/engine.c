@@ -1118,6 +1118,21 @@ static int eng_step(mu__eng *eng)
     return mu__call_run(eng, "step", "mu_engine_step", MU_ELUA, NULL, NULL, NULL);
 }
 
+static int mu__push_op(lua_State *L, const void *p)
+{
+    lua_pushstring(L, *(const int *)p == MU_REDUCE_SUM ? "sum" : "mean");
+    return 1;
+}
+
+static int eng_reduce_grads(mu__eng *eng, int op)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_reduce_grads: eng is NULL");
+    if (op != MU_REDUCE_MEAN && op != MU_REDUCE_SUM)
+        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_reduce_grads: op %d is neither MU_REDUCE_MEAN nor MU_REDUCE_SUM",
+                         op);
+    return mu__call_run(eng, "reduce_grads", "mu_engine_reduce_grads", MU_EINVAL, mu__push_op, &op, NULL);
+}
+
 /* A key (or name, or path) and a number, or a boolean (flag >= 0). */
 typedef struct mu__key_args {
     const char *key;
@@ -1206,10 +1221,39 @@ static int eng_set_lr(mu__eng *eng, const char *group, double lr)
     return mu__call_run(eng, "set_lr", "mu_engine_set_lr", MU_EINVAL, mu__push_key, &a, NULL);
 }
 
+/* An argument error of a collective call (op "save" or "load"), already
+ * recorded by mu__fail: raised through the Lua side (host.fail_collective)
+ * so that on a distributed engine every rank fails the call with it instead
+ * of the others waiting in it. */
+typedef struct mu__fail_args {
+    const char *op;
+    int code;
+    const char *msg;
+} mu__fail_args;
+
+static int mu__push_fail(lua_State *L, const void *p)
+{
+    const mu__fail_args *a = p;
+    lua_pushstring(L, a->op);
+    lua_pushinteger(L, a->code);
+    lua_pushstring(L, a->msg);
+    return 3;
+}
+
+static int mu__fail_collective(mu__eng *eng, const char *op, const char *what, int code)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", mu_last_error());
+    mu__fail_args a = {op, code, msg};
+    return mu__call_run(eng, "fail_collective", what, code, mu__push_fail, &a, NULL);
+}
+
 static int eng_save(mu__eng *eng, const char *path)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_save: eng is NULL");
-    if (!path || !*path) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_save: path is NULL or empty");
+    if (!path || !*path)
+        return mu__fail_collective(eng, "save", "mu_engine_save",
+                                   mu__fail(MU_EINVAL, "mu_engine_save: path is NULL or empty"));
     mu__key_args a = {.key = path};
     return mu__call_run(eng, "save", "mu_engine_save", MU_EIO, mu__push_key, &a, NULL);
 }
@@ -1217,9 +1261,12 @@ static int eng_save(mu__eng *eng, const char *path)
 static int eng_load(mu__eng *eng, const char *path, int flags)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_load: eng is NULL");
-    if (!path || !*path) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_load: path is NULL or empty");
+    if (!path || !*path)
+        return mu__fail_collective(eng, "load", "mu_engine_load",
+                                   mu__fail(MU_EINVAL, "mu_engine_load: path is NULL or empty"));
     if (flags & ~MU_LOAD_NO_CHECKSUM)
-        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_load_ex: unknown flags 0x%x", (unsigned)flags);
+        return mu__fail_collective(eng, "load", "mu_engine_load_ex",
+                                   mu__fail(MU_EINVAL, "mu_engine_load_ex: unknown flags 0x%x", (unsigned)flags));
     mu__key_args a = {.key = path, .nvalues = 2, .flag = (flags & MU_LOAD_NO_CHECKSUM) != 0};
     return mu__call_run(eng, "load", "mu_engine_load", MU_EFORMAT, mu__push_key, &a, NULL);
 }
@@ -1261,6 +1308,7 @@ int mu_engine_step(mu_engine *h)
     return rc;
 }
 
+int mu_engine_reduce_grads(mu_engine *h, int op) { MU__ENGINE_CALL(reduce_grads, op); }
 int mu_engine_set(mu_engine *h, const char *key, double value) { MU__ENGINE_CALL(set, key, value); }
 int mu_engine_get(mu_engine *h, const char *key, double *out) { MU__ENGINE_CALL(get, key, out); }
 

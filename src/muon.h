@@ -53,6 +53,7 @@ extern "C" {
     X(ELUA, -9, "lua error")                         /* raised by the user's Lua (hook) */      \
     X(ECOMM, -10, "communication error")             /* MPI failure */
 
+/* The status codes: MU_OK = 0, MU_EINVAL = -1, ... MU_ECOMM = -10. */
 #define MU__ERROR_ENUM(name, value, desc) MU_##name = value,
 enum { MU_ERRORS(MU__ERROR_ENUM) };
 #undef MU__ERROR_ENUM
@@ -96,9 +97,12 @@ MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
     X(F64, 1, 8, "float64", "F64")                                                              \
     X(BF16, 2, 2, "bfloat16", "BF16")
 
+/* The dtypes: MU_F32 = 0, MU_F64 = 1, MU_BF16 = 2; MU_DTYPE_COUNT after
+ * the last. */
 #define MU__DTYPE_ENUM(name, value, bytes, lname, fname) MU_##name = value,
 typedef enum { MU_DTYPES(MU__DTYPE_ENUM) MU_DTYPE_COUNT } mu_dtype;
 #undef MU__DTYPE_ENUM
+/* The most dims a tensor has. */
 enum { MU_MAX_DIMS = 8 };
 
 typedef struct mu_storage mu_storage; /* refcounted buffer, opaque */
@@ -639,6 +643,7 @@ MU_API int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor
  * OTHER ranks (self copies count nothing), and seconds spent in calls. */
 typedef struct mu_comm mu_comm;
 typedef struct mu_comm_request mu_comm_request;
+/* All-reduce ops (mu_comm_allreduce_*). */
 enum { MU_COMM_SUM = 0, MU_COMM_MAX = 1, MU_COMM_MIN = 2 };
 
 typedef struct mu_comm_stats {
@@ -774,7 +779,8 @@ MU_API int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_
 /* Register a parameter: data (and grad, NULL = no gradient, the parameter
  * is skipped) point at C-contiguous buffers of shape[0..ndim-1] elements of
  * dtype (MU_F32 or MU_F64) that stay valid until mu_engine_close. The
- * engine updates data in place at each step and only reads grad. */
+ * engine updates data in place at each step and only reads grad (except
+ * mu_engine_reduce_grads, which writes it). */
 MU_API int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
                                const int64_t *shape, void *data, void *grad);
 /* One optimizer step over every registered parameter. Atomic: every value
@@ -788,6 +794,20 @@ MU_API int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int 
  * nothing to step: MU_OK, and nothing changes (the "step" count, hence the
  * schedule, stays; get "stepped" gives 0). */
 MU_API int mu_engine_step(mu_engine *eng);
+/* Gradient reduction for HSDP trainers, after the backward pass and before
+ * mu_engine_step: every registered gradient becomes the mean (op
+ * MU_REDUCE_MEAN) or the sum (MU_REDUCE_SUM; the mu_reduce_op values, other
+ * ops are refused) of that gradient over the ranks
+ * holding the same box of its parameter (the replicate axes of its
+ * placement), in place, in a fixed order: replica gradients g_0, g_1, ...
+ * (rank order) are added left to right and, for the mean, divided by their
+ * count, so every replica gets the same bits. Collective: every rank of the
+ * mesh calls it. Its bytes show in the data counters (comm_stats). Without a
+ * dist section nothing changes (MU_OK). MU_EINVAL for an unknown op, or
+ * when a parameter has a grad on some ranks holding a box of it and none on
+ * others (every rank fails, naming the parameter and the ranks; no grad
+ * changes). The grad buffers are written (mu_engine_add_param's grad). */
+MU_API int mu_engine_reduce_grads(mu_engine *eng, int op);
 /* Runtime values: set "lr_scale" (multiplies every group's lr); get "lr",
  * "step", "stepped" (1 if the last mu_engine_step stepped, 0 if it had
  * nothing to step or none ran yet), "lr_scale", "lr:<group index or name>", and "state_bytes" /
@@ -813,8 +833,8 @@ MU_API int mu_engine_zero_grad(mu_engine *eng);
  * the sum is rounded once) and the same bits on any mesh; then with
  * clip_coef = max_norm / (total_norm + 1e-6), every grad is multiplied
  * by clip_coef when clip_coef < 1 (grads are untouched otherwise, and when
- * total_norm is NaN or Inf). *norm receives total_norm before clipping
- * (norm may be NULL). On a mesh every rank calls it (a collective): the
+ * total_norm is NaN or Inf). *norm receives total_norm before clipping,
+ * 0 on failure (norm may be NULL). On a mesh every rank calls it (a collective): the
  * norm is over the whole parameters, each piece counted once (by the rank
  * that keeps its optimizer state: replicas must hold the same grads, i.e.
  * reduce them first).

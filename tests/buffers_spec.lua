@@ -106,6 +106,17 @@ describe("one registration per buffer", function()
       buf:narrow(1, 1002, 2), nil)
   end)
 
+  it("the registry stays balanced: 20000 registrations in address order, depth O(log n)", function()
+    local buf = T.zeros({ 20000 * 2 })
+    local set = B.new()
+    for i = 1, 20000 do set:claim({ { name = "p" .. i, value = buf:narrow(1, 2 * i - 1, 2) } }) end
+    assert.equal(20000, set:count())
+    assert.is_true(set:depth() <= 4 * math.log(20000) / math.log(2), tostring(set:depth()))
+    fails("parameter 'q': its value overlaps the value of parameter 'p777'", set.claim, set,
+      { { name = "q", value = buf:narrow(1, 1554, 1) } })
+    assert.equal(20000, set:count())
+  end)
+
   it("C: mu_engine_add_param with overlapping buffers fails naming both, nothing registered", function()
     local path = H.tmpname(".lua")
     H.write_file(path, "return { groups = { { optimizer = 'muon', lr = 0.02 } } }")

@@ -389,7 +389,7 @@ describe("engine with dist (one process)", function()
   it("rejects unknown dist keys and bad meshes", function()
     local c = cfg(false)
     c.dist = { mesh = { { "s", 1 } }, meshes = 1 }
-    assert.has_error(function() engine.new(c) end, "config (table): dist: unknown dist key 'meshes' (did you mean 'mesh'?); valid dist keys: balance, comm, max_batch_numel, mesh")
+    assert.has_error(function() engine.new(c) end, "config (table): dist: unknown dist key 'meshes' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, max_batch_numel, mesh")
     c.dist = { mesh = { { "s", 0 } } }
     assert.has_error(function() engine.new(c) end,
       "config (table): dist: dist.mesh[1] must be {name, size} with a string name and an integer size >= 1")

@@ -68,6 +68,13 @@ describe("make install DESTDIR=... / make uninstall DESTDIR=...", function()
     out, status = run(env .. " " .. q(d .. "/bin/muon") .. " info", run_dir)
     assert.are.equal(0, status, out)
     assert.truthy(out:find("lua modules%s+" .. (d .. "/share/lua/5.1"):gsub("%p", "%%%0")), out)
+    -- the staged reference: the modules' blocks and the staged muon.h
+    out, status = run(env .. " " .. q(d .. "/bin/muon") .. " help mu_engine_step", run_dir)
+    assert.are.equal(0, status, out)
+    assert.truthy(out:find("MU_API int mu_engine_step(mu_engine *eng);", 1, true), out)
+    out, status = run(env .. " " .. q(d .. "/bin/muon") .. " help Engine:step", run_dir)
+    assert.are.equal(0, status, out)
+    assert.truthy(out:find("Engine:step(closure)", 1, true), out)
     -- errors from the staged modules blame the script's line, never a staged muon file
     R.write(run_dir .. "/blame.lua", "local T = require('muon').tensor\nlocal r = T.zeros({ 2 }):add({})\nreturn r\n")
     out, status = run(env .. " " .. q(d .. "/bin/muon") .. " run blame.lua", run_dir)

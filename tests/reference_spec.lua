@@ -78,6 +78,8 @@ describe("the checker reports what is missing (a fake module)", function()
       "    A method.",
       "Thing:gone()",
       "    No such method.",
+      "fake.mod.documented(x, y)",
+      "    Twice.",
       "fake.mod.bare()",
       "not an entry line",
       "]]",
@@ -97,8 +99,10 @@ describe("the checker reports what is missing (a fake module)", function()
   it("an entry naming nothing, an entry without a description, a stray line", function()
     assert.is_true(has(problems, "entry 'fake.mod.ghost' (line 5) names nothing"), table.concat(problems, "\n"))
     assert.is_true(has(problems, "entry 'Thing:gone' (line 9) names nothing"), table.concat(problems, "\n"))
-    assert.is_true(has(problems, "fake/mod.lua:11: entry 'fake.mod.bare()' has no description"), table.concat(problems, "\n"))
-    assert.is_true(has(problems, "fake/mod.lua:12: 'not an entry line' is not an entry"), table.concat(problems, "\n"))
+    assert.is_true(has(problems, "fake/mod.lua:13: entry 'fake.mod.bare()' has no description"), table.concat(problems, "\n"))
+    assert.is_true(has(problems, "fake/mod.lua:14: 'not an entry line' is not an entry"), table.concat(problems, "\n"))
+    assert.is_true(has(problems, "'fake.mod.documented' has two entries (fake/mod.lua:3 and fake/mod.lua:11): keep one"),
+      table.concat(problems, "\n"))
   end)
 
   it("a block that is missing or comes after code", function()
@@ -129,6 +133,28 @@ describe("src/muon.h", function()
     assert(#problems == 0, "\n" .. table.concat(problems, "\n"))
   end)
 
+  it("every struct field and enum is documented", function()
+    local problems = R.check_header_types(text, "src/muon.h")
+    assert(#problems == 0, "\n" .. table.concat(problems, "\n"))
+  end)
+
+  it("the type checker reports an undocumented field and enum", function()
+    local h = table.concat({
+      "typedef struct mu_x {",
+      "    int a; /* documented */",
+      "    /* documented above */",
+      "    int b;",
+      "    int c;",
+      "} mu_x;",
+      "/* Documented. */",
+      "enum { MU_A = 1 };",
+      "",
+      "enum { MU_B = 2 };",
+    }, "\n")
+    assert.are.same({ "x.h:5: field 'c' of mu_x has no comment", "x.h:10: enum 'MU_B' has no comment above it" },
+      R.check_header_types(h, "x.h"))
+  end)
+
   it("the checker reports an undocumented declaration (and parses multi-line ones)", function()
     local h = table.concat({
       "/* Documented. */",
@@ -157,15 +183,18 @@ describe("muon help and the Markdown reference", function()
     local out, status = run(BIN .. " help API")
     assert.are.equal(0, status, out)
     assert.truthy(out:find("== muon.tensor", 1, true))
-    assert.truthy(out:find("muon.config_path(name)", 1, true))
+    assert.truthy(out:find("Engine:step(closure)", 1, true))
     assert.truthy(out:find("MU_API int mu_engine_step(mu_engine *eng);", 1, true))
   end)
 
   it("muon help NAME prints one entry; an unknown name exits 1", function()
-    local out, status = run(BIN .. " help muon.blas_info")
+    local out, status = run(BIN .. " help muon.engine.new")
     assert.are.equal(0, status, out)
-    assert.truthy(out:find("muon.blas_info()", 1, true), out)
-    assert.falsy(out:find("muon.config_path(", 1, true), out)
+    assert.truthy(out:find("muon.engine.new(config, opts)", 1, true), out)
+    assert.falsy(out:find("Engine:step(", 1, true), out)
+    out, status = run(BIN .. " help Tensor:add")
+    assert.are.equal(0, status, out)
+    assert.truthy(out:find("x + alpha*y", 1, true), out)
     out, status = run(BIN .. " help mu_engine_close")
     assert.are.equal(0, status, out)
     assert.truthy(out:find("MU_API void mu_engine_close", 1, true), out)

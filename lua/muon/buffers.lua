@@ -8,9 +8,10 @@
 -- A tensor's bytes are its extent: from its lowest to one past its highest
 -- element (strides taken as they are, so two interleaved strided views of
 -- one buffer count as overlapping). Empty tensors hold no bytes. The
--- extents are kept sorted by start address and never overlap, so a new one
--- is checked against its two neighbours found by binary search: O(log n)
--- per check, whatever the number of registered parameters.
+-- extents never overlap and are kept in a search tree ordered by start
+-- address (a treap: a binary search tree, balanced in expectation by
+-- random priorities), so a new one is checked against its two neighbours
+-- and inserted in O(log n), whatever the number of registered parameters.
 --
 --   local B = require("muon.buffers")
 --   local set = B.new()
@@ -18,6 +19,7 @@
 --                              -- set and each other, then adds them all; on
 --                              -- an overlap raises EINVAL and adds nothing
 --   set:check({ p })           -- the same checks, adding nothing
+--   set:count(), set:depth()   -- extents registered; the depth of their tree
 --   B.extent(t)                -- lo, hi (byte addresses, hi exclusive) or nil
 local ffi = require("ffi")
 local T = require("muon.tensor")
@@ -43,17 +45,44 @@ function B.extent(t)
 end
 
 function B.new()
-  return setmetatable({ lo = {}, hi = {}, who = {} }, Set)
+  -- (seed: the set's own generator of priorities, deterministic)
+  return setmetatable({ root = nil, seed = 12345, n = 0 }, Set)
 end
 
--- The index of the first registered extent whose start is >= lo (#+1 if none).
-local function lower_bound(self, lo)
-  local a, b = 1, #self.lo + 1
-  while a < b do
-    local m = math.floor((a + b) / 2)
-    if self.lo[m] < lo then a = m + 1 else b = m end
+-- The registered extents next to a start address x: the one with the
+-- largest start < x and the one with the smallest start >= x (nil: none).
+local function neighbours(t, x)
+  local before, after
+  while t do
+    if t.lo < x then before, t = t, t.right else after, t = t, t.left end
   end
-  return a
+  return before, after
+end
+
+local function rotate_right(t)
+  local l = t.left
+  t.left, l.right = l.right, t
+  return l
+end
+
+local function rotate_left(t)
+  local r = t.right
+  t.right, r.left = r.left, t
+  return r
+end
+
+-- Insert node into the treap t (ordered by lo, max-heap by prio); returns
+-- the new root.
+local function insert(t, node)
+  if t == nil then return node end
+  if node.lo < t.lo then
+    t.left = insert(t.left, node)
+    if t.left.prio > t.prio then t = rotate_right(t) end
+  else
+    t.right = insert(t.right, node)
+    if t.right.prio > t.prio then t = rotate_left(t) end
+  end
+  return t
 end
 
 -- What a registration names in messages.
@@ -92,10 +121,10 @@ function Set:check(params)
   for i, e in ipairs(list) do
     local prev = list[i - 1]
     if prev and prev.hi > e.lo then refuse(e, prev.p, prev.what) end
-    local k = lower_bound(self, e.lo)
-    -- (the extent before e.lo, then the one starting at or after it)
-    if k > 1 and self.hi[k - 1] > e.lo then refuse(e, self.who[k - 1].p, self.who[k - 1].what) end
-    if k <= #self.lo and self.lo[k] < e.hi then refuse(e, self.who[k].p, self.who[k].what) end
+    -- (the extent that starts before e, then the one that starts at or after it)
+    local before, after = neighbours(self.root, e.lo)
+    if before and before.hi > e.lo then refuse(e, before.p, before.what) end
+    if after and after.lo < e.hi then refuse(e, after.p, after.what) end
   end
   return list
 end
@@ -103,11 +132,19 @@ end
 -- Check params (see check), then register them all.
 function Set:claim(params)
   for _, e in ipairs(self:check(params)) do
-    local k = lower_bound(self, e.lo)
-    table.insert(self.lo, k, e.lo)
-    table.insert(self.hi, k, e.hi)
-    table.insert(self.who, k, { p = e.p, what = e.what })
+    self.seed = self.seed * 16807 % 2147483647 -- (Park-Miller: exact in doubles)
+    self.root = insert(self.root, { lo = e.lo, hi = e.hi, p = e.p, what = e.what, prio = self.seed })
+    self.n = self.n + 1
   end
+end
+
+-- The number of registered extents, and the depth of their tree (about
+-- 2.5 log2(n) whatever the order of registration).
+function Set:count() return self.n end
+
+function Set:depth()
+  local function d(t) return t and 1 + math.max(d(t.left), d(t.right)) or 0 end
+  return d(self.root)
 end
 
 return B

@@ -55,6 +55,11 @@ muon.dist.numel(shape)
     The product of the sizes.
 muon.dist.box_view(t, box, region)
     The view of tensor t (holding the global region) at a global box.
+muon.dist.box_within(box, region)
+    Whether box lies inside region (both { start, len }).
+muon.dist.each_coords(mesh, axes, coords, fn)
+    Call fn(coords) for every combination of coordinates on axes (the
+    other entries of coords kept; last axis fastest).
 ## Plan
 muon.dist.build_owner_by_size(costs, ncoords)
     The seed's build_owner_by_size: costs taken largest first (ties:
@@ -63,16 +68,42 @@ muon.dist.build_owner_by_size(costs, ncoords)
 muon.dist.is_source(pl, mesh, rank, owner)
     Whether rank sends owner the Newton-Schulz input piece of its box (the
     holder sharing the owner's coordinates on replicate axes).
+muon.dist.analyse(r, mesh)
+    What the plan's rules need of a record from its shape and placement
+    alone (the same on every rank): its replicate axes, its shard axes
+    split into core axes (a dim Newton-Schulz needs whole) and batch axes,
+    whether items span several boxes, whether there are several items.
+muon.dist.class_of(r, mesh, coords)
+    The replica class of coordinates for a record: their mixed-radix index
+    over its replicate axes.
+muon.dist.set_class(r, mesh, c, coords)
+    Set coords' entries on the record's replicate axes from class c (the
+    inverse of class_of; the other entries kept).
 muon.dist.plan(records, mesh, opts)
-    The step plan of registered records: items (owner, sources, dests,
-    attached hook state) and batches per group, split like the seed's
-    _split_into_memory_safe_batches.
+    The step plan (the same rules on every rank): where each parameter's
+    optimizer state lives and where each matrix is orthogonalized, and the
+    items this rank takes part in. records: registration order, { name,
+    shape (global), placement (normalized), group, dtype, ns, whole,
+    nd_mode, state_count, hooks }; opts.rank, opts.balance = "flops" |
+    "numel", opts.max_batch_numel = 512M. Sets mine, mine_n, holds, c,
+    owner, items, hook_records on each record; returns { mesh, rank,
+    records, batches, ns_load, balance }. O(P log W + W) plus this rank's
+    own items.
+muon.dist.batch(recs, group, shard)
+    A batch of records (the same on every rank): this rank's items, the
+    dtypes (sorted), whether any item moves data in or out.
+muon.dist.boxes_of(rec, mesh)
+    Every distinct non-empty box of a record (or hook record) with its
+    state holder: { {box, holder} } in shard-coordinate order.
+muon.dist.imbalance(plan)
+    The job's Newton-Schulz imbalance: the largest rank's cost over the
+    mean (1 without Newton-Schulz work).
 muon.dist.DEFAULT_MAX_BATCH_NUMEL
     512M elements per Newton-Schulz batch (divided by a parameter's shard
     count).
 muon.dist.step_elements(plan, rank, stepping)
-    Elements rank sends and receives in one step of plan (records for which
-    stepping(record) is true; all when nil).
+    Elements plan.rank sends and receives in one step of plan (records for
+    which stepping(record) is true; all when nil); rank must be the plan's.
 muon.dist.seed_step_elements(plan, rank)
     What the seed's scheme would receive for the same owners (for
     comparison).
@@ -415,6 +446,8 @@ local function set_class(r, mesh, c, coords)
     c = math.floor(c / mesh.sizes[a])
   end
 end
+
+D.set_class = set_class
 
 -- Calls fn(coords) for every combination of coordinates on `axes`, the
 -- other entries of coords kept (last axis fastest).

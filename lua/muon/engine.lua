@@ -7,6 +7,7 @@
 --   local eng = require("muon.engine").new("configs/muon.lua")
 --   eng:add_param("layers.0.w", value, grad)
 --   eng:zero_grad()                    -- every registered grad := 0
+--   eng:reduce_grads({ op = "mean" })  -- on a mesh: average grads over replicas first
 --   local norm = eng:clip_grad_norm(1.0) -- torch.nn.utils.clip_grad_norm_
 --   eng:set_lr("hidden", 0.01)         -- a group's base lr (by name or index)
 --   eng:step()
@@ -19,7 +20,8 @@
     match, exclude, min_dim, max_dim, <the optimizer's options> }; the first
     group that matches takes a parameter), schedule (function(step, group)
     -> an lr or a table of schedulable values), hooks (for every group
-    whose kind takes hooks), dist ({ mesh, balance, max_batch_numel, comm }),
+    whose kind takes hooks), dist ({ mesh, balance, max_batch_numel,
+    check_replicas = "off" | "grads" | "params", comm }),
     name, nil_grad_warning (steps, default 1) and
     hook_budget ({ instructions, seconds, memory }). Unknown keys are
     errors.
@@ -37,7 +39,9 @@ muon.engine.Engine
 Engine:add_param(name, value, grad, placement)
     Register a parameter (tensors; grad may be nil: skipped by steps),
     routed by name and shape. A name already registered, no matching group,
-    or a 1-D parameter in a Muon group is EINVAL naming it. placement (a
+    a 1-D parameter in a Muon group, or a value or grad whose memory
+    overlaps one already registered (tied weights are one parameter) is
+    EINVAL naming it (and the other). placement (a
     config with dist only): one entry per mesh axis ("R", "S(d)") with
     shape = the global shape; value and grad then hold this rank's shard.
 Engine:step(closure)
@@ -45,6 +49,34 @@ Engine:step(closure)
     state, step count). Calls closure() first when given; returns its value
     and whether it stepped (false when no parameter has a grad: the step
     count, hence the schedule, stays).
+Engine:zero_grad()
+    Set every registered grad to 0 in place (NaN too; parameters without a
+    grad are skipped): torch's zero_grad(set_to_none=False), the buffers being the
+    trainer's.
+Engine:reduce_grads(opts)
+    On a mesh: every registered grad becomes the mean (opts.op = "mean",
+    the default) or sum ("sum") of that grad over the ranks holding the
+    same box (the replicate axes of its placement), in place, added in
+    rank order ((g_0 + g_1 + ...) / n): every replica gets the same bits.
+    Collective; its bytes count in comm_stats().data. A grad missing on
+    some ranks of a box is EINVAL on every rank naming the parameter and
+    the ranks (no grad changed). Without dist: nothing changes. Returns the
+    number of grads reduced on this rank.
+Engine:clip_grad_norm(max_norm)
+    torch.nn.utils.clip_grad_norm_ over the registered grads: returns the
+    total L2 norm before clipping and, when max_norm / (norm + 1e-6) < 1,
+    multiplies every grad by it (not when the norm is NaN or Inf). Exact
+    (one rounding), so the same bits on any mesh, where it is a collective
+    over the whole parameters, each piece counted once (replicas must hold
+    the same grads: reduce them first). max_norm: a finite number >= 0
+    (EINVAL otherwise, nothing changed).
+Engine:set_lr(group, lr)
+    Set a group's lr (group: its index or name; lr a finite number >= 0):
+    it replaces the config's lr from the next step on. A schedule that
+    returns an lr still overrides it (it sees it as base_lr), and lr_scale
+    multiplies the result; get("lr:<group>") shows it until the next step.
+    On a mesh every rank sets the same value. An unknown group is EINVAL
+    listing the groups.
 Engine:set(key, v)
     Set "lr_scale" (a finite number >= 0, multiplies every group's lr).
 Engine:get(key)
@@ -290,7 +322,7 @@ function Engine:_stepper()
   local specs = {}
   for gi, g in ipairs(self.groups) do specs[gi] = { kind = g.kind, options = g.options, label = g.label } end
   self.stepper = require("muon.step").new({ groups = specs, comm = comm, mesh = mesh,
-    balance = d and d.balance, max_batch_numel = d and d.max_batch_numel,
+    balance = d and d.balance, max_batch_numel = d and d.max_batch_numel, check_replicas = d and d.check_replicas,
     nil_grad_warning = self.config.nil_grad_warning })
   return self.stepper
 end
@@ -479,6 +511,34 @@ function Engine:step(closure)
   return loss, stepped
 end
 
+-- Average (opts.op = "mean", the default) or sum ("sum") every registered
+-- gradient over the ranks holding the same box (the replicate axes of its
+-- placement), in place and in a fixed order (every replica gets the same
+-- bits): what an HSDP trainer does after its backward pass and before
+-- step. Collective on a mesh; without a dist section nothing changes.
+-- Returns the number of gradients reduced on this rank.
+function Engine:reduce_grads(opts)
+  -- (a bad argument on one rank fails every rank: the stepper's gate)
+  local op, err = nil, nil
+  opts = opts == nil and {} or opts
+  if type(opts) ~= "table" then
+    err = E.new(E.EINVAL, ("reduce_grads: opts must be a table ({ op = 'mean' | 'sum' }), got %s"):format(type(opts)))
+  else
+    for k in pairs(opts) do
+      if k ~= "op" then err = E.new(E.EINVAL, ("reduce_grads: unknown option '%s' (known: op)"):format(tostring(k))) end
+    end
+    op = opts.op == nil and "mean" or opts.op
+  end
+  if not self.dist then
+    if err == nil and op ~= "mean" and op ~= "sum" then
+      err = E.new(E.EINVAL, ("reduce_grads: op must be 'mean' or 'sum', got %s"):format(tostring(op)))
+    end
+    if err ~= nil then error(err, 0) end
+    return 0
+  end
+  return self:_stepper():reduce_grads(op, err)
+end
+
 -- Per-step values from the trainer for the config's hooks, which read them
 -- as ctx.signals[name] (a list of numbers); kept until set again. On a mesh
 -- every rank must set the same values (they are agreed like the schedule).
@@ -619,11 +679,25 @@ local function parts(self)
   return list
 end
 
+-- A bad path fails on every rank of a mesh (the call's gate, muon.step).
+local function path_error(fn, path)
+  if type(path) ~= "string" then return E.new(E.EINVAL, ("%s: path must be a string, got %s"):format(fn, type(path))) end
+  if path == "" then return E.new(E.EINVAL, fn .. ": path is empty") end
+end
+
 function Engine:save(path)
-  if type(path) ~= "string" then E.raise(E.EINVAL, "save: path must be a string, got %s", type(path)) end
   local ok, err = pcall(S.save, self:_stepper(), path, parts(self),
-    { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) })
+    { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) },
+    path_error("save", path))
   if not ok then E.reraise(err, E.EIO) end
+end
+
+-- A C host's argument error in a collective call (mu_engine_save, _load):
+-- on a mesh it fails that call on every rank, not on this one only.
+function Engine:_fail_collective(op, err)
+  if self.dist == nil then error(err, 0) end
+  local st = self:_stepper()
+  if op == "save" then S.save(st, nil, parts(self), nil, err) else S.load(st, nil, parts(self), nil, nil, err) end
 end
 
 -- The engine's values in a checkpoint's metadata, checked like config values.
@@ -650,7 +724,6 @@ end
 -- Every saved value that differs from the config's (for a schedulable one:
 -- what the config gives at the checkpoint's step) is a note on stderr.
 function Engine:load(path, opts)
-  if type(path) ~= "string" then E.raise(E.EINVAL, "load: path must be a string, got %s", type(path)) end
   local values
   local ps = parts(self)
   local ok, err = pcall(S.load, self:_stepper(), path, ps, function(meta)
@@ -667,7 +740,7 @@ function Engine:load(path, opts)
         end
       end
     end
-  end, opts)
+  end, opts, path_error("load", path))
   if not ok then E.reraise(err, E.EFORMAT) end
   self.step_count, self.lr_scale = values[1], values[2]
 end

@@ -87,6 +87,11 @@ muon.errors.check(rc, what)
 muon.errors.unknown(what, bad, valid)
     "unknown option 'momentm' (did you mean 'momentum'?); valid options:
     lr, momentum" for a name or a list of names.
+muon.errors.unexpected(cls, bad, valid)
+    The seed's message for unknown constructor options, then suggestions
+    and the valid names: "Muon got unexpected keyword arguments: momentm,
+    zz (did you mean 'momentum' for 'momentm'?); valid options: lr,
+    momentum".
 muon.errors.check_keys(t, valid, what, where)
     Raise EINVAL "<where>: unknown ..." when t has keys outside the set
     valid.

@@ -19,6 +19,10 @@ muon.foreach.apply(params, updates, scales, decay, alpha)
 muon.foreach.apply_cautious(params, updates, scales, decay, alpha)
     Cautious weight decay: p = p decay + alpha u s where (alpha u s) p < 0
     (the update moves p towards zero), p + alpha u s elsewhere.
+muon.foreach.apply_finite(params, updates, scales, decay, alpha, cautious)
+    Whether apply (apply_cautious when cautious is true) would write only
+    finite values, writing nothing: true; or false and the 1-based index of
+    the first parameter that would hold NaN or Inf.
 muon.foreach.scale(xs, scales)
     x = x s (s a number or one per tensor).
 muon.foreach.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)

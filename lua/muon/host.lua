@@ -83,6 +83,9 @@ end
 
 function host.step(eng) eng:step() end
 
+-- mu_engine_reduce_grads: op "mean" (MU_REDUCE_MEAN) or "sum" (MU_REDUCE_SUM).
+function host.reduce_grads(eng, op) eng:reduce_grads({ op = op }) end
+
 -- mu_engine_set_signal: values is a Lua list of the n doubles.
 function host.set_signal(eng, name, values) eng:set_signal(name, values) end
 
@@ -101,6 +104,10 @@ function host.clip_grad_norm(eng, max_norm) return eng:clip_grad_norm(max_norm) 
 function host.set_lr(eng, group, lr) eng:set_lr(group, lr) end
 
 function host.save(eng, path) eng:save(path) end
+
+-- A C-side argument error of mu_engine_save / mu_engine_load (op "save" or
+-- "load"; code and message): raised on every rank of a distributed engine.
+function host.fail_collective(eng, op, code, msg) eng:_fail_collective(op, E.new(code, msg)) end
 
 function host.load(eng, path, no_checksum)
   eng:load(path, no_checksum and { checksum = false } or nil)

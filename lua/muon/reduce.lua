@@ -51,6 +51,16 @@ muon.reduce.whole(hook, shape)
     { allreduce = function(x, op), global_norm = function(x) } for a hook
     that holds the whole parameter (pre_ortho_fn, post_ortho_fn; and
     post_update_fn on one process, where x must have shape).
+muon.reduce.squares(xs)
+    An exact accumulator (mu_xsum) of the squares of every element of the
+    tensors in the list xs (one C call: mu_xsum_add_tensors): this rank's
+    part of a global norm.
+muon.reduce.merge_all(comm, acc)
+    The accumulators of every rank of comm merged (a collective): the same
+    exact total on every rank, whatever the order; acc itself on one
+    process.
+muon.reduce.sqrt_value(acc)
+    The square root of the accumulator's sum, rounded once: a global norm.
 muon.reduce.session(comm)
     The reductions of one step's post_update_fn calls over comm (a
     collective: every rank makes one session per step and finishes it

@@ -43,6 +43,7 @@ muon.reference.extract(text, where)
     line =} } }, or nil and a problem ("where: no reference block ...").
 muon.reference.parse(block, spec)
     The entries of a block: a list of { heads = { {key =, prefix =, sep =,
+    where = the file,
     name =, text =, line =} }, desc = { lines }, section = heading } and a
     list of problems (a line naming nothing of the module, an entry without
     a description). key is "muon.foo.bar" or "Class:name".
@@ -62,6 +63,12 @@ muon.reference.header_entries(text)
 muon.reference.check_header(text)
     Problems of a header: every MU_API declaration needs its own comment
     ending on the line right above it.
+muon.reference.check_header_types(text, where)
+    Problems of a header's types: a struct field without a comment on its
+    line or right above it, an enum without a comment above it.
+muon.reference.header_items(text)
+    The header in order for the Markdown: sections, standalone comments,
+    types with their comments, MU_API entries.
 muon.reference.header_path()
     The path of muon.h (the source tree's src/, or <prefix>/include/), or
     nil.
@@ -205,7 +212,7 @@ function R.parse(block, spec)
       for _, p in ipairs(pre) do
         local sep, name, rest = s:match("^" .. plain(p[1]) .. "([%.:])([%a_][%w_]*)(.*)$")
         if sep and (rest == "" or not rest:match("^[%w_]")) then
-          head = { prefix = p[1], sep = sep, name = name, text = s, line = l.line,
+          head = { prefix = p[1], sep = sep, name = name, text = s, line = l.line, where = where,
             key = p[1] .. (p[2] and ":" or ".") .. name }
           break
         end
@@ -321,10 +328,12 @@ function R.check_module(spec, mod)
   for _, n in ipairs(strict_names(mod)) do strict[n] = true end
   for _, e in ipairs(entries) do
     for _, h in ipairs(e.heads) do
-      if documented[h.key] then
-        problems[#problems + 1] = ("%s: '%s' has two entries (line %d and another)"):format(spec.name, h.key, h.line)
+      local first = documented[h.key]
+      if first then
+        problems[#problems + 1] = ("%s: '%s' has two entries (%s:%d and %s:%d): keep one"):format(spec.name, h.key,
+          first.where, first.line, h.where, h.line)
       end
-      documented[h.key] = true
+      documented[h.key] = h
       if not exists(spec, mod, h.key, class_members, strict) then
         problems[#problems + 1] = ("%s: entry '%s' (line %d) names nothing the module has"):format(spec.name, h.key, h.line)
       end
@@ -402,6 +411,39 @@ function R.check_header(text, where)
   return problems
 end
 
+-- Public types of a header: every field of a struct (a line ending in ';'
+-- inside "typedef struct ... {" .. "}") has a comment on its line or a
+-- comment ending on the line above; every enum (enum { ... }, typedef
+-- enum) has a comment ending above it (macro lines that build it, starting
+-- with '#' or ending in a backslash, may come between).
+function R.check_header_types(text, where)
+  local lines = split_lines(text)
+  local problems = {}
+  where = where or "muon.h"
+  local function comment_above(i)
+    local k = i - 1
+    while k >= 1 and (lines[k]:match("^#") or lines[k]:match("\\%s*$")) do k = k - 1 end
+    return k >= 1 and (lines[k]:match("%*/%s*$") ~= nil)
+  end
+  local in_struct = nil
+  for i, l in ipairs(lines) do
+    if in_struct then
+      if l:match("^}") then
+        in_struct = nil
+      elseif l:find(";") and not l:find("/%*") and not lines[i - 1]:match("%*/%s*$") then
+        problems[#problems + 1] = ("%s:%d: field '%s' of %s has no comment"):format(where, i,
+          l:match("([%w_]+)%s*[%[;]") or l, in_struct)
+      end
+    elseif l:match("^typedef struct [%w_]* ?{") then
+      in_struct = l:match("^typedef struct ([%w_]+)") or "a struct"
+    elseif (l:match("^enum%s*{") or l:match("^typedef enum")) and not comment_above(i) then
+      problems[#problems + 1] = ("%s:%d: enum '%s' has no comment above it"):format(where, i,
+        l:match("(MU_[%w_]+)") or l)
+    end
+  end
+  return problems
+end
+
 function R.header_path()
   local self = find_file("muon.reference")
   local lua_dir = self and self:match("^(.*)/muon/reference%.lua$") or "lua"
@@ -444,6 +486,91 @@ local function dedent(lines)
   return out
 end
 
+-- The header as a sequence for the Markdown reference: { kind = "section",
+-- text } for a "/* ---- name */" divider, { kind = "prose", text } for a
+-- comment that stands alone, { kind = "code", text, comment } for a type,
+-- enum or macro with the comment above it, { kind = "api", entry } for an
+-- MU_API declaration (header_entries' entry). The include guard and the
+-- MU_API / extern "C" scaffolding are left out.
+local SCAFFOLD = { "^#ifn?def ", "^#if ", "^#else", "^#endif", "^#include ", "^#define MUON_H",
+  "^#define MU_API", "^extern \"C\"", "^}%s*$", "^#undef " }
+local function scaffold(l)
+  for _, p in ipairs(SCAFFOLD) do
+    if l:match(p) then return true end
+  end
+  return false
+end
+
+function R.header_items(text)
+  local lines = split_lines(text)
+  local apis = {}
+  for _, e in ipairs(R.header_entries(text)) do apis[e.line] = e end
+  local items = {}
+  local i, n = 1, #lines
+  local first_comment = true
+  while i <= n do
+    local l = lines[i]
+    local title = l:match("^/%* %-%-%-+ (.-) %*/%s*$")
+    if title then
+      items[#items + 1] = { kind = "section", text = title }
+      i = i + 1
+    elseif l:match("^/%*") then
+      local c = { l }
+      while not lines[i]:find("%*/") and i < n do
+        i = i + 1
+        c[#c + 1] = lines[i]
+      end
+      i = i + 1
+      local comment = table.concat(c, "\n")
+      local nxt = lines[i] or ""
+      if first_comment then
+        first_comment = false
+        items[#items + 1] = { kind = "prose", text = comment }
+      elseif apis[i] then -- (the API entry carries this comment)
+        items[#items + 1] = { kind = "api", entry = apis[i] }
+        i = i + select(2, apis[i].decl:gsub("\n", "")) + 1
+      elseif nxt:match("^%s*$") or nxt:match("^/%*") or scaffold(nxt) then
+        items[#items + 1] = { kind = "prose", text = comment }
+      else
+        local code = {}
+        while i <= n and not lines[i]:match("^%s*$") and not lines[i]:match("^/%*")
+          and not lines[i]:match("^MU_API") do
+          if not scaffold(lines[i]) then code[#code + 1] = lines[i] end
+          i = i + 1
+        end
+        items[#items + 1] = { kind = "code", text = table.concat(code, "\n"), comment = comment }
+      end
+    elseif apis[i] then
+      local e = apis[i]
+      items[#items + 1] = { kind = "api", entry = e }
+      i = i + select(2, e.decl:gsub("\n", "")) + 1
+    elseif l:match("^%s*$") or scaffold(l) then
+      i = i + 1
+    else
+      local code = {}
+      while i <= n and not lines[i]:match("^%s*$") and not lines[i]:match("^/%*")
+        and not lines[i]:match("^MU_API") do
+        if not scaffold(lines[i]) then code[#code + 1] = lines[i] end
+        i = i + 1
+      end
+      if #code > 0 then items[#items + 1] = { kind = "code", text = table.concat(code, "\n") } end
+    end
+  end
+  return items
+end
+
+-- Markdown text of a description line: *, _, <, > and \ escaped outside
+-- `code` spans, so that formulas (m1*buf) and placeholders (<group>) show
+-- as written.
+local function md_escape(l)
+  local parts, code = {}, false
+  for piece in (l .. "`"):gmatch("(.-)`") do
+    parts[#parts + 1] = code and piece or (piece:gsub("[\\%*_<>]", "\\%0"))
+    code = not code
+  end
+  return table.concat(parts, "`")
+end
+
 function R.markdown()
   local out = { "# muon API reference", "",
     "Generated from the reference blocks at the top of the Lua modules (lua/muon/) and the comments in "
@@ -454,7 +581,7 @@ function R.markdown()
     out[#out + 1] = "## `" .. spec.name .. "`"
     out[#out + 1] = ""
     if #intro > 0 then
-      for _, l in ipairs(dedent(intro)) do out[#out + 1] = l end
+      for _, l in ipairs(dedent(intro)) do out[#out + 1] = md_escape(l) end
       out[#out + 1] = ""
     end
     local section
@@ -465,7 +592,7 @@ function R.markdown()
         out[#out + 1] = ""
       end
       for _, h in ipairs(e.heads) do out[#out + 1] = "- `" .. h.text .. "`" end
-      for _, l in ipairs(dedent(e.desc)) do out[#out + 1] = l == "" and "" or ("  " .. l) end
+      for _, l in ipairs(dedent(e.desc)) do out[#out + 1] = l == "" and "" or ("  " .. md_escape(l)) end
       out[#out + 1] = ""
     end
   end
@@ -474,12 +601,29 @@ function R.markdown()
   if htext then
     out[#out + 1] = "## C: `muon.h`"
     out[#out + 1] = ""
-    for _, e in ipairs(R.header_entries(htext)) do
-      out[#out + 1] = "```c"
-      out[#out + 1] = e.decl
-      out[#out + 1] = "```"
-      if e.comment then out[#out + 1] = uncomment(e.comment) end
+    local function prose(c)
+      for _, l in ipairs(split_lines(uncomment(c))) do out[#out + 1] = md_escape(l) end
       out[#out + 1] = ""
+    end
+    local function code(t)
+      out[#out + 1] = "```c"
+      out[#out + 1] = t
+      out[#out + 1] = "```"
+    end
+    for _, it in ipairs(R.header_items(htext)) do
+      if it.kind == "section" then
+        out[#out + 1] = "### " .. it.text
+        out[#out + 1] = ""
+      elseif it.kind == "prose" then
+        prose(it.text)
+      elseif it.kind == "code" then
+        if it.comment then prose(it.comment) end
+        code(it.text)
+        out[#out + 1] = ""
+      else
+        code(it.entry.decl)
+        if it.entry.comment then prose(it.entry.comment) else out[#out + 1] = "" end
+      end
     end
   end
   return table.concat(out, "\n")

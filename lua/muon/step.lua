@@ -40,6 +40,8 @@
 --   st:state_of(p)                   -- one parameter's state table, or nil
 --   st:stats()                       -- { steps, skipped_nonfinite, kinds = { name -> {...} } } (live)
 --   st:memory(), st:comm_stats()     -- bytes held; communicator counters
+--   st:reduce_grads(op)              -- "mean"/"sum" of the grads over replicas (collective)
+--   st:check_replicas(what)          -- "grads"/"params": replicas bitwise equal, else raise (collective)
 --   st:mesh(), st:rank(), st:size()  -- the mesh and this process in it
 --   -- checkpoints:
 --   st:build_once()                  -- agree on the registrations, make the plan (collective)
@@ -48,6 +50,7 @@
 --   st:step_count(p)                 -- steps a parameter took
 --   st:install(p, state, count)      -- a loaded state (the caller checked it)
 --   st:agree_failure(err)            -- raise err everywhere if any rank has one (collective)
+--   st:agree_entries(entries, what)  -- nil, or the message naming the first entry that differs (collective)
 --   st:exchange_control(dt, s, r)    -- an all-to-all-v on the control communicator
 --   st:control()                     -- that communicator (muon.grads' global norm)
 local T = require("muon.tensor")
@@ -97,6 +100,7 @@ function M.new(opts)
     groups = opts.groups,
     comm = comm, W = W, me = comm:rank(), dmesh = mesh,
     balance = opts.balance or "flops", max_batch_numel = opts.max_batch_numel,
+    check_replicas_mode = opts.check_replicas or "off",
     order = {}, where = {},
     state = {},     -- param -> { momentum_buffer } / { step, exp_avg, exp_avg_sq } (on its holder)
     scratch = {},   -- param -> { u = update buffer, spare = { key -> tensor } }
@@ -109,8 +113,9 @@ function M.new(opts)
     built = false,
     buffers = B.new(), -- the registered values' and grads' memory
   }, Stepper)
-  -- Separate communicators: data carries only NS routing (its counters are
-  -- the bytes the plan moves), ctrl the agreements and failure messages.
+  -- Separate communicators: data carries NS routing (its counters are the
+  -- bytes the plan moves) and reduce_grads, ctrl the agreements, replica
+  -- checks and failure messages.
   if W > 1 then
     self.data = comm:split(0, comm:rank())
     self.ctrl = comm:split(0, comm:rank())
@@ -256,6 +261,42 @@ function Stepper:agree_failure(err, run)
   for gi = 1, ng do run.g[gi].skip = run.g[gi].skip or r[1 + gi] == 1 end
 end
 
+-- Collective on a mesh: nil if every rank has the same entries ({ key,
+-- value } strings, the same count everywhere), else the same message on
+-- every rank naming the first that differs (muon.dist's D.agree_entries on
+-- the control communicator).
+function Stepper:agree_entries(entries, what)
+  if self.W == 1 then return nil end
+  return D.agree_entries(self.ctrl, entries, what, #entries)
+end
+
+-- The engine's collective calls, each with its tag in the gate.
+local OPS = { "step", "save", "load", "reduce_grads" }
+local OP_TAG = {}
+for i, op in ipairs(OPS) do OP_TAG[op] = i end
+
+-- The start of every collective call (op: "step", "save", "load" or
+-- "reduce_grads"), on a
+-- mesh one all-reduce of the call's tag and of whether this rank already
+-- failed (err: an argument error, raised here on every rank, lowest
+-- failing rank's): ranks in different calls (save on one, step on
+-- another) fail on every rank naming both calls instead of entering
+-- collectives that cannot match. On one process err raises at once.
+function Stepper:gate(op, err)
+  if self.W == 1 then
+    if err ~= nil then error(err, 0) end
+    return
+  end
+  local tag = OP_TAG[op]
+  local r = self.ctrl:allreduce({ tag, -tag, err ~= nil and (self.W - self.me) or 0 }, "max")
+  if r[1] ~= -r[2] then
+    local other = OPS[r[1] ~= tag and r[1] or -r[2]]
+    E.raise(E.ESTATE, "%s: the ranks are not in the same call: rank %d called %s while another rank called %s "
+      .. "(every rank must call step, save and load in the same order); nothing was changed", op, self.me, op, other)
+  end
+  if r[3] ~= 0 then self:_raise_from(self.W - r[3], err) end
+end
+
 -- Raise on every rank the error of rank src (its code and message).
 function Stepper:_raise_from(src, err)
   local code = self.ctrl:allreduce({ self.me == src and -(E.code(err) or E.ELUA) or 0 }, "max")[1]
@@ -289,16 +330,25 @@ end
 
 -- Agree on the registrations and config (collective on a mesh) and make
 -- the plan; done by the first step, or earlier by whoever needs the plan.
-function Stepper:build()
+-- The plan's records of the registered parameters (muon.dist's D.plan),
+-- in registration order, placed by placement_of(p) (default: as
+-- registered). `muon check --world` plans a virtual mesh with them.
+function Stepper:plan_records(placement_of)
   local records = {}
   for i, p in ipairs(self.order) do
     local w = self.where[p]
     local g = self.groups[w.gi]
-    records[i] = { name = p.name, shape = p.logical_shape, placement = w.placement, group = w.gi,
-      dtype = p.value:dtype(), ns = g.kind.ns, whole = K.whole(g.kind, g.options), nd_mode = g.options.nd_mode,
-      state_count = #g.kind.state_keys, param = p, state_dtype = self:state_dtype_of(w.gi, p),
+    records[i] = { name = p.name, shape = p.logical_shape, placement = placement_of and placement_of(p) or w.placement,
+      group = w.gi, dtype = p.value:dtype(), ns = g.kind.ns, whole = K.whole(g.kind, g.options),
+      nd_mode = g.options.nd_mode, state_count = #g.kind.state_keys, param = p,
+      state_dtype = self:state_dtype_of(w.gi, p),
       hooks = g.kind.hook_shapes and g.kind.hook_shapes(g.options, p.logical_shape) or nil }
   end
+  return records
+end
+
+function Stepper:build()
+  local records = self:plan_records()
   if self.W > 1 then
     local problem = D.agree(self.ctrl, records, nil)
     if problem then E.raise(E.EINVAL, problem) end
@@ -1020,8 +1070,10 @@ local step_body
 function Stepper:step(values, pre_err) return self:exclusive("step", step_body, self, values, pre_err) end
 
 function step_body(self, values, pre_err)
+  self:gate("step")
   self:build_once()
   local W = self.W
+  if self.check_replicas_mode == "grads" and W > 1 then self:check_replicas("grads") end
   local run
   if W == 1 then
     run = check_phase(self, values, pre_err)
@@ -1073,9 +1125,9 @@ function step_body(self, values, pre_err)
       if post_failure == nil and runs_post(G, gr) then
         -- what it left in the parameters is committed: finite, under
         -- either policy (it ran after the commit: the step is undone)
-        local values = {}
-        for i, p in ipairs(gr.params) do values[i] = p.value end
-        local bad = U.first_nonfinite(values)
+        local written = {}
+        for i, p in ipairs(gr.params) do written[i] = p.value end
+        local bad = U.first_nonfinite(written)
         if bad then
           post_failure = E.new(E.ENONFINITE, ("parameter '%s': post_update_fn left NaN or Inf in the parameter (%s); "
             .. "the step was undone"):format(gr.params[bad].name, G.label))
@@ -1093,6 +1145,7 @@ function step_body(self, values, pre_err)
     error(e, 0)
   end
   for gi in pairs(held) do apply_group(run.g[gi]) end
+  if self.check_replicas_mode == "params" and W > 1 then self:check_replicas("params") end
   return true
 end
 
@@ -1140,6 +1193,212 @@ end
 function Stepper:record(p)
   self:build_once()
   return self.rec[p]
+end
+
+-- Average (op "mean") or sum (op "sum") every registered gradient over
+-- the ranks that hold the same box (the replicate axes of its placement),
+-- in place, before a step (collective over the mesh). Every replica gets
+-- the same bits: each box is cut into as many flat pieces as it has
+-- replicas; the replica of class k adds piece k of every replica in rank
+-- order (g_0 + g_1 + ... left to right, then / n for "mean") and sends the
+-- result back to the others (a reduce-scatter and an all-gather, two
+-- all-to-all-v per dtype on the data communicator: comm_stats counts
+-- them). A parameter whose grad is missing on some ranks that hold
+-- elements of it fails on every rank, naming it and those ranks, before
+-- any grad changes. Returns the number of gradients reduced.
+-- pre_err: an argument error of this rank's call, raised on every rank.
+local reduce_body
+function Stepper:reduce_grads(op, pre_err) return self:exclusive("reduce_grads", reduce_body, self, op, pre_err) end
+
+function reduce_body(self, op, pre_err)
+  if pre_err == nil and op ~= "mean" and op ~= "sum" then
+    pre_err = E.new(E.EINVAL, ("reduce_grads: op must be 'mean' or 'sum', got %s"):format(tostring(op)))
+  end
+  self:gate("reduce_grads", pre_err)
+  self:build_once()
+  if self.W == 1 then return 0 end
+  local mesh, me = self.dmesh, self.me
+  local mc = mesh:coords(me)
+  -- Which gradients every holder has (one all-reduce): hi = some holder
+  -- has it, lo = every holder has it (ranks with an empty box count as both).
+  local recs = {}
+  for i, p in ipairs(self.order) do recs[i] = self.rec[p] end
+  local n = #recs
+  local vec = {}
+  for i, r in ipairs(recs) do
+    local has = r.param.grad ~= nil and 1 or 0
+    local empty = r.mine_n == 0
+    vec[i], vec[n + i] = empty and 0 or has, empty and -1 or -has
+  end
+  local red = self.ctrl:allreduce(vec, "max")
+  local bad
+  for i = 1, n do
+    if red[i] == 1 and -red[n + i] == 0 then bad = i break end
+  end
+  if bad then
+    local flags = {}
+    for q = 1, self.W do flags[q] = 0 end
+    if recs[bad].mine_n > 0 and recs[bad].param.grad == nil then flags[me + 1] = 1 end
+    flags = self.ctrl:allreduce(flags, "max")
+    local ranks = {}
+    for q = 1, self.W do if flags[q] == 1 then ranks[#ranks + 1] = q - 1 end end
+    E.raise(E.EINVAL, "reduce_grads: parameter '%s' has no grad on rank%s %s and a grad on others holding the same box",
+      recs[bad].name, #ranks == 1 and "" or "s", table.concat(ranks, ", "))
+  end
+  -- The pieces, per dtype, in registration order (the same on every rank).
+  local todo, dtypes, seen = {}, {}, {}
+  for i, r in ipairs(recs) do
+    if red[i] == 1 and r.nrep > 1 and r.mine_n > 0 then
+      local g = r.param.grad
+      local flat = g:is_contiguous() and g:view({ r.mine_n }) or g:contiguous():view({ r.mine_n })
+      local k = D.class_of(r, mesh, mc)
+      local peers, cc = {}, {}
+      for a = 1, #mc do cc[a] = mc[a] end
+      for c = 0, r.nrep - 1 do
+        D.set_class(r, mesh, c, cc)
+        peers[c] = mesh:rank_of(cc)
+      end
+      local rs, rl = D.chunk(r.mine_n, r.nrep, k)
+      self.rg_bufs = self.rg_bufs or setmetatable({}, { __mode = "k" })
+      local buf = self.rg_bufs[r]
+      if buf == nil or buf:size(1) ~= r.nrep or buf:size(2) ~= math.max(rl, 1) or buf:dtype() ~= g:dtype() then
+        buf = T.zeros({ r.nrep, math.max(rl, 1) }, g:dtype())
+        self.rg_bufs[r] = buf
+      end
+      todo[#todo + 1] = { r = r, g = g, flat = flat, k = k, peers = peers, rs = rs, rl = rl, buf = buf }
+      local dt = g:dtype()
+      if not seen[dt] then
+        seen[dt] = true
+        dtypes[#dtypes + 1] = dt
+      end
+    end
+  end
+  table.sort(dtypes)
+  local W = self.W
+  local function lists()
+    local s, r = {}, {}
+    for q = 1, W do s[q], r[q] = {}, {} end
+    return s, r
+  end
+  for _, dt in ipairs(dtypes) do
+    -- Reduce-scatter: piece c of this box to the replica of class c.
+    local sends, recvs = lists()
+    for _, t in ipairs(todo) do
+      if t.g:dtype() == dt then
+        for c = 0, t.r.nrep - 1 do
+          local s, l = D.chunk(t.r.mine_n, t.r.nrep, c)
+          if c ~= t.k and l > 0 then
+            table.insert(sends[t.peers[c] + 1], { n = l, src = t.flat:narrow(1, s + 1, l) })
+          end
+          if c ~= t.k and t.rl > 0 then
+            table.insert(recvs[t.peers[c] + 1], { n = t.rl, dst = t.buf:select(1, c + 1):narrow(1, 1, t.rl) })
+          end
+        end
+      end
+    end
+    self.router:exchange(dt, sends, recvs)
+    -- Sum in rank order (classes are in rank order), then the all-gather.
+    sends, recvs = lists()
+    for _, t in ipairs(todo) do
+      if t.g:dtype() == dt then
+        if t.rl > 0 then
+          local mine = t.flat:narrow(1, t.rs + 1, t.rl)
+          local function piece(c) return c == t.k and mine or t.buf:select(1, c + 1):narrow(1, 1, t.rl) end
+          local sum = t.buf:select(1, t.k + 1):narrow(1, 1, t.rl) -- (row k receives nothing)
+          sum:copy(piece(0))
+          for c = 1, t.r.nrep - 1 do sum:add_(piece(c)) end
+          if op == "mean" then sum:div_(t.r.nrep) end
+          mine:copy(sum)
+        end
+        for c = 0, t.r.nrep - 1 do
+          local s, l = D.chunk(t.r.mine_n, t.r.nrep, c)
+          if c ~= t.k and t.rl > 0 then
+            table.insert(sends[t.peers[c] + 1], { n = t.rl, src = t.flat:narrow(1, t.rs + 1, t.rl) })
+          end
+          if c ~= t.k and l > 0 then
+            table.insert(recvs[t.peers[c] + 1], { n = l, dst = t.flat:narrow(1, s + 1, l) })
+          end
+        end
+      end
+    end
+    self.router:exchange(dt, sends, recvs)
+    for _, t in ipairs(todo) do
+      if t.g:dtype() == dt and not t.g:is_contiguous() then t.g:copy(t.flat:view(t.g:size())) end
+    end
+  end
+  return #todo
+end
+
+-- XXH64 of a tensor's bytes, folded to 48 bits (exact in a double).
+local u64 = require("ffi").typeof("uint64_t[1]")
+local tarr = require("ffi").typeof("mu_tensor *[1]")
+local function hash48(t)
+  local out, arr = u64(), tarr()
+  arr[0] = t
+  core.check(core.C.mu_st_checksum(1, arr, out), "check_replicas: hash")
+  return tonumber(out[0] % 281474976710656ULL)
+end
+
+-- Whether every replica of every box holds the same bits of its gradients
+-- (what = "grads") or parameter values ("params"); collective. Per set of
+-- replicate axes, one all-reduce over the ranks that hold the same boxes
+-- (a communicator split once) of two 48-bit hashes per parameter, then one
+-- of a flag over every rank; on a difference every rank raises EINVAL
+-- naming the first parameter that differs and the ranks of the replica
+-- groups where it does.
+function Stepper:check_replicas(what)
+  self:build_once()
+  if self.W == 1 then return end
+  local mesh, me = self.dmesh, self.me
+  local mc = mesh:coords(me)
+  self.rep_comms = self.rep_comms or {}
+  local by, order = {}, {}
+  for i, p in ipairs(self.order) do
+    local r = self.rec[p]
+    if r.nrep > 1 then
+      local key = table.concat(r.raxes, ",")
+      if not by[key] then
+        by[key] = { raxes = r.raxes, list = {} }
+        order[#order + 1] = key
+      end
+      table.insert(by[key].list, { i = i, r = r })
+    end
+  end
+  local NONE = 2 ^ 40
+  local bad_here = NONE
+  for _, key in ipairs(order) do
+    local g = by[key]
+    local sub = self.rep_comms[key]
+    if not sub then
+      local isr, color = {}, 0
+      for _, a in ipairs(g.raxes) do isr[a] = true end
+      for a = 1, #mc do if not isr[a] then color = color * mesh.sizes[a] + mc[a] end end
+      sub = self.ctrl:split(color, me)
+      self.rep_comms[key] = sub
+    end
+    local vec, n = {}, #g.list
+    for j, e in ipairs(g.list) do
+      local t = what == "grads" and e.r.param.grad or e.r.param.value
+      local h = (e.r.mine_n > 0 and t ~= nil) and hash48(t) or -1
+      vec[j], vec[n + j] = h, -h
+    end
+    local red = sub:allreduce(vec, "max")
+    for j, e in ipairs(g.list) do
+      if red[j] ~= -red[n + j] and e.i < bad_here then bad_here = e.i end
+    end
+  end
+  local bad = self.ctrl:allreduce({ bad_here }, "min")[1]
+  if bad == NONE then return end
+  local flags = {}
+  for q = 1, self.W do flags[q] = 0 end
+  if bad_here == bad then flags[me + 1] = 1 end
+  flags = self.ctrl:allreduce(flags, "max")
+  local ranks = {}
+  for q = 1, self.W do if flags[q] == 1 then ranks[#ranks + 1] = q - 1 end end
+  local p = self.order[bad]
+  E.raise(E.EINVAL, "check_replicas: parameter '%s': its %s differ across replicas of the same box (ranks %s)%s",
+    p.name, what == "grads" and "gradients" or "values", table.concat(ranks, ", "),
+    what == "grads" and "; an HSDP trainer reduces them first: eng:reduce_grads({ op = 'mean' })" or "")
 end
 
 function Stepper:comm_stats()

@@ -44,22 +44,21 @@ end
 
 -- Medians (seconds) of the functions fns[k], timed in interleaved rounds
 -- (one call of each per round) after a warm-up; rounds adapt to the budget.
+-- A function that returns a number has timed itself (seconds): the torch
+-- calls, which exclude the pipe.
+local function timed(fn)
+  local t0 = now()
+  local t = fn()
+  return type(t) == "number" and t or now() - t0
+end
 local function median_times(fns, budget)
   local first = 0
-  for _, fn in ipairs(fns) do
-    local t0 = now()
-    fn()
-    first = first + (now() - t0)
-  end
+  for _, fn in ipairs(fns) do first = first + timed(fn) end
   local rounds = math.max(first > 12 and 2 or 3, math.min(9, math.floor(budget / math.max(first, 1e-6))))
   local times = {}
   for k = 1, #fns do times[k] = {} end
   for i = 1, rounds do
-    for k, fn in ipairs(fns) do
-      local t0 = now()
-      fn()
-      times[k][i] = now() - t0
-    end
+    for k, fn in ipairs(fns) do times[k][i] = timed(fn) end
   end
   local med, best = {}, {}
   for k = 1, #fns do
@@ -102,9 +101,12 @@ local function sgemm_rate(n, m)
   return rate
 end
 
--- Torch timings (one python process for all shapes): shape -> { f32 ms,
--- bf16 ms, bf16 gemm flop/s }, and the versions line; or nil + reason.
-local function torch_times(shapes)
+-- The seed's function in torch, served by one python process
+-- (ns_torch.py --serve) that reads requests from a FIFO: server.call(shape,
+-- kind) runs one call ("f32", "bf16" or "gemm") and returns its seconds, so
+-- that torch runs in the same interleaved rounds as ours. nil + reason when
+-- /usr/bin/python3 has no torch.
+local function torch_server()
   local py = "/usr/bin/python3"
   local f = io.open(py, "r")
   if not f then return nil, "no /usr/bin/python3" end
@@ -112,33 +114,55 @@ local function torch_times(shapes)
   local ok = os.execute(py .. " -c 'import torch' >/dev/null 2>&1")
   if ok ~= 0 and ok ~= true then return nil, "python3 cannot import torch" end
   local dir = (debug.getinfo(1, "S").source:sub(2):match("^(.*)/[^/]*$")) or "tests/bench"
+  local fifo = os.tmpname()
+  os.remove(fifo)
+  if os.execute("mkfifo '" .. fifo .. "'") ~= 0 then return nil, "mkfifo failed" end
   -- Same OpenBLAS core as ours (Debian's torch uses the system OpenBLAS).
   local core = muon.blas_info().core
-  local cmd = ("OPENBLAS_CORETYPE=%s %s %s/ns_torch.py %s 2>&1"):format(core, py, dir, table.concat(shapes, " "))
-  local p = io.popen(cmd)
-  local out, versions = {}, nil
-  for line in p:lines() do
-    local s, f32, bf16, rate = line:match("^(%S+) ([%d%.]+) ([%d%.]+) ([%d%.]+)$")
-    if s then out[s] = { f32 = tonumber(f32), bf16 = tonumber(bf16), gemm = tonumber(rate) * 1e9 } end
-    versions = versions or line:match("^# (torch .*)$")
+  local p = io.popen(("OPENBLAS_CORETYPE=%s %s %s/ns_torch.py --serve < '%s' 2>&1"):format(core, py, dir, fifo))
+  local w = assert(io.open(fifo, "w"))
+  local first = p:read("*l") or ""
+  local versions = first:match("^# (torch .*)$")
+  if not versions then
+    w:close()
+    p:close()
+    os.remove(fifo)
+    return nil, "torch failed: " .. first
   end
-  p:close()
-  if next(out) == nil then return nil, "torch run failed" end
-  return out, versions
+  local server = { versions = versions }
+  function server.call(shape, kind)
+    w:write(shape, " ", kind, "\n")
+    w:flush()
+    local line = p:read("*l")
+    local ms = tonumber(line or "")
+    if not ms then error("ns_torch.py --serve: " .. tostring(line)) end
+    return ms * 1e-3
+  end
+  function server.close()
+    w:close()
+    p:close()
+    os.remove(fifo)
+  end
+  return server
 end
 
--- Whether this build's Newton-Schulz takes dtype = "bfloat16", and the
--- workspace its calls take (a float32 one when it serves, else none).
+-- Whether this build's Newton-Schulz takes dtype = "bfloat16", and how the
+-- bench calls it: zeropower_into with a float32 or a bfloat16 workspace,
+-- or none ("none"), or else ns.zeropower itself ("call").
 local function bf16_support()
   local x, out = T.randn({ 8, 12 }, 1), T.zeros({ 8, 12 })
-  local ok, ro = pcall(ns.resolve, { steps = STEPS, variant = "asym5", dtype = "bfloat16" })
-  if not ok then return nil, tostring(ro) end
-  for _, dt in ipairs({ "float32", "bfloat16" }) do
-    local okw, ws = pcall(ns.workspace, dt, 8, 12)
-    if okw and pcall(ns.zeropower_into, out, x, ro, ws) then return dt end
+  local o = { steps = STEPS, variant = "asym5", dtype = "bfloat16" }
+  local ok, ro = pcall(ns.resolve, o)
+  if ok then
+    for _, dt in ipairs({ "float32", "bfloat16" }) do
+      local okw, ws = pcall(ns.workspace, dt, 8, 12)
+      if okw and pcall(ns.zeropower_into, out, x, ro, ws) then return dt end
+    end
+    if pcall(ns.zeropower_into, out, x, ro, nil) then return "none" end
   end
-  if pcall(ns.zeropower_into, out, x, ro, nil) then return "none" end
-  return nil, "zeropower_into refuses dtype = 'bfloat16'"
+  local okc, err = pcall(ns.zeropower, x, o)
+  if okc then return "call" end
+  return nil, tostring(err)
 end
 
 local info = muon.blas_info()
@@ -167,7 +191,11 @@ print(("CPU %s; AVX512_BF16 %s, AMX %s; OpenBLAS core %s, %d threads; NS workers
 print(("libraries: %s; %s; muon bf16 Newton-Schulz: %s"):format(info.config, jit.version,
   bf16_ws and "yes" or ("n/a (" .. tostring(bf16_why) .. ")")))
 
--- One run per shape: ours (interleaved rounds), then the same-run sgemm rate.
+local torch, why = torch_server()
+if torch then print("torch: " .. torch.versions .. " (the seed's function; bf16 matmuls on oneDNN)") end
+
+-- One run per shape: ours and the seed's in interleaved rounds, then the
+-- same-run sgemm and bf16 gemm rates.
 local METHODS = { "standard", "plain", "gram", "auto" }
 local BF16 = { "standard", "auto" }
 local rows = {}
@@ -191,18 +219,28 @@ for _, s in ipairs(SHAPES) do
     fns[#fns + 1] = function() ns.zeropower_into(out, x, ro, ws) end
     labels[#labels + 1] = name
   end
-  local bws = bf16_ws and bf16_ws ~= "none" and ns.workspace(bf16_ws, r, c) or nil
+  local bws = (bf16_ws == "float32" or bf16_ws == "bfloat16") and ns.workspace(bf16_ws, r, c) or nil
   if bf16_ws then
     for _, name in ipairs(BF16) do
       local o = {}
       for k, v in pairs(opts[name]) do o[k] = v end
       o.dtype = "bfloat16"
-      local ro = ns.resolve(o)
-      fns[#fns + 1] = function() ns.zeropower_into(out, x, ro, bws) end
+      if bf16_ws == "call" then
+        fns[#fns + 1] = function() ns.zeropower(x, o) end
+      else
+        local ro = ns.resolve(o)
+        fns[#fns + 1] = function() ns.zeropower_into(out, x, ro, bws) end
+      end
       labels[#labels + 1] = "bf16 " .. name
     end
   end
-  local med, best, rounds = median_times(fns, 8.0)
+  if torch then
+    for _, kind in ipairs({ "f32", "bf16" }) do
+      fns[#fns + 1] = function() return torch.call(s, kind) end
+      labels[#labels + 1] = "seed " .. kind
+    end
+  end
+  local med, best, rounds = median_times(fns, 12.0)
   local res, min = {}, {}
   for k, name in ipairs(labels) do res[name], min[name] = med[k], best[k] end
   -- accuracy against the float64 standard iteration (same input; skipped
@@ -219,16 +257,23 @@ for _, s in ipairs(SHAPES) do
   -- the cost model of src/ns_gram.c: standard flops / gram flops (restarts every 3 steps)
   local phases = 1 + math.floor((STEPS - 1) / 3)
   local model = STEPS * (3 * n * n * m + n * n * n) / (3 * phases * n * n * m + (6 * STEPS - 5 * phases) * n * n * n)
-  rows[#rows + 1] = { s = s, res = res, pick = ns.method_for(r, c, opts.auto), sgemm = sgemm_rate(n, m),
+  local gemm
+  if torch then
+    local g = {}
+    torch.call(s, "gemm")
+    for i = 1, 5 do g[i] = torch.call(s, "gemm") end
+    table.sort(g)
+    gemm = 2 * n * n * m / g[3]
+  end
+  rows[#rows + 1] = { s = s, res = res, gemm = gemm, pick = ns.method_for(r, c, opts.auto), sgemm = sgemm_rate(n, m),
     err = err, err16 = err16, model = model, min = min, rounds = rounds }
 end
 
-local torch, why = torch_times(SHAPES)
-if torch then print("torch: " .. tostring(why) .. " (the seed's function; bf16 matmuls on oneDNN)") end
+if torch then torch.close() end
 
 local function ms(v) return v and ("%.1f"):format(v * 1e3) or "n/a" end
 local function ratio(a, b) return (a and b) and ("%.2f"):format(a / b) or "n/a" end
-local function tms(row, k) return torch and torch[row.s] and torch[row.s][k] * 1e-3 or nil end
+local function tms(row, k) return row.res["seed " .. k] end
 
 print()
 print("float32 (ms; ratios same run)")
@@ -247,9 +292,8 @@ print(("%-11s %8s %8s %9s %9s %9s %11s %11s %10s %8s"):format("shape", "std", "a
   "bf16 GF", "seed16/std", "seed16/auto", "seed16/f32", "err"))
 for _, row in ipairs(rows) do
   local r = row.res
-  local t = torch and torch[row.s]
   print(("%-11s %8s %8s %9s %9s %9s %11s %11s %10s %8s"):format(row.s, ms(r["bf16 standard"]), ms(r["bf16 auto"]),
-    ms(tms(row, "bf16")), ms(tms(row, "f32")), t and ("%.0f"):format(t.gemm / 1e9) or "n/a",
+    ms(tms(row, "bf16")), ms(tms(row, "f32")), row.gemm and ("%.0f"):format(row.gemm / 1e9) or "n/a",
     ratio(tms(row, "bf16"), r["bf16 standard"]), ratio(tms(row, "bf16"), r["bf16 auto"]),
     ratio(tms(row, "bf16"), r.auto), row.err16 and ("%.1e"):format(row.err16) or "-"))
 end
@@ -257,7 +301,8 @@ print("sgemm GF: this run's standalone OpenBLAS sgemm rate on the (n x n)(n x m)
 print("bf16 GF: torch's bf16 matmul (oneDNN) on the same product. seed f32 / seed bf16: the seed's function in")
 print("torch on float32 / bfloat16 input (2 threads). seed16/f32: seed bf16 over our float32 auto.")
 print("model: standard / gram flops of the cost model (auto picks gram when model > 1.15 and n >= 64).")
-print("ms: medians of interleaved rounds; (best of): std/auto of the fastest round of each, and the rounds.")
+print("ms: medians of interleaved rounds (ours and the seed's, one call each per round); (best of): std/auto of")
+print("the fastest round of each, and the rounds.")
 print("err: max abs difference of auto's result (float32 / bfloat16) from the float64 standard iteration.")
 if not torch then print("torch: n/a (" .. tostring(why) .. ")") end
 if not bf16_ws then print("bfloat16 columns: n/a (" .. tostring(bf16_why) .. ")") end

@@ -3,10 +3,15 @@ float32 and as the seed runs it, in bfloat16 (its Newton-Schulz inputs are
 cast to bfloat16; torch's bf16 matmuls run on oneDNN), and torch's bf16
 matmul rate on the iteration's largest product.
 
-Usage: python3 ns_torch.py SHAPE... where SHAPE is like 768x768 or 12x768x768.
-Prints "# torch <version> oneDNN <version> threads <n>", then per shape
-"<shape> <f32 median ms> <bf16 median ms> <bf16 gemm GFLOP/s>". Used by
-ns_bench.lua; tests/fixtures/ns_bf16/make.py imports the function.
+  python3 ns_torch.py SHAPE...   (SHAPE like 768x768 or 12x768x768)
+prints "# torch <version> oneDNN <version> threads <n>", then per shape
+"<shape> <f32 median ms> <bf16 median ms> <bf16 gemm GFLOP/s>".
+  python3 ns_torch.py --serve
+prints the same first line, then reads requests "<shape> f32|bf16|gemm",
+one a line, and answers each with the ms of one call (inputs made once per
+shape, the cast to bfloat16 outside the timing): ns_bench.lua times these
+calls in the same interleaved rounds as its own.
+tests/fixtures/ns_bf16/make.py imports the function.
 """
 import re
 import sys
@@ -98,25 +103,51 @@ def median_ms(fn, budget=2.0, max_runs=7):
     return times[len(times) // 2] * 1e3
 
 
-def bench(shape):
+def inputs(shape):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(*shape, generator=g, dtype=torch.float32)
     xb = x.to(torch.bfloat16)  # the seed's cast (its momentum step), outside the timing
-    f32 = median_ms(lambda: zeropower_via_newtonschulz5(x, 5))
-    bf16 = median_ms(lambda: zeropower_via_newtonschulz5(xb, 5))
     # bf16 matmul (n x n)(n x m), n the smaller dim: the iteration's largest product
     n, m = min(shape[-2:]), max(shape[-2:])
     a = torch.randn(n, n, generator=g).to(torch.bfloat16)
     b = torch.randn(n, m, generator=g).to(torch.bfloat16)
     c = torch.empty(n, m, dtype=torch.bfloat16)
-    ms = median_ms(lambda: torch.matmul(a, b, out=c), budget=0.5)
-    return f32, bf16, 2.0 * n * n * m / (ms * 1e-3) / 1e9
+    return {
+        "f32": lambda: zeropower_via_newtonschulz5(x, 5),
+        "bf16": lambda: zeropower_via_newtonschulz5(xb, 5),
+        "gemm": lambda: torch.matmul(a, b, out=c),
+    }, 2.0 * n * n * m
+
+
+def bench(shape):
+    fns, gemm_flops = inputs(shape)
+    ms = median_ms(fns["gemm"], budget=0.5)
+    return median_ms(fns["f32"]), median_ms(fns["bf16"]), gemm_flops / (ms * 1e-3) / 1e9
+
+
+def serve():
+    cache = {}
+    with torch.no_grad():
+        for line in sys.stdin:
+            words = line.split()
+            if len(words) != 2:
+                break
+            shape, kind = words
+            if shape not in cache:
+                cache[shape] = inputs(tuple(int(v) for v in shape.split("x")))[0]
+            fn = cache[shape][kind]
+            t0 = time.perf_counter()
+            fn()
+            print(f"{(time.perf_counter() - t0) * 1e3:.4f}", flush=True)
 
 
 def main():
     m = re.search(r"MKL-DNN v([0-9.]+)", torch.__config__.show())
     onednn = m.group(1) if m and torch.backends.mkldnn.is_available() else "none"
     print(f"# torch {torch.__version__} oneDNN {onednn} threads {torch.get_num_threads()}", flush=True)
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        return
     for arg in sys.argv[1:]:
         shape = tuple(int(v) for v in arg.split("x"))
         f32, bf16, rate = bench(shape)

@@ -657,6 +657,50 @@ int main(void)
         mu_engine_close(e2);
     }
 
+    /* --- one registration per buffer (tied weights), and the gradient
+     * helpers: zero_grad, clip_grad_norm (torch's formula), set_lr */
+    {
+        float emb[8] = {1, 2, 3, 4, 5, 6, 7, 8}, gemb[8] = {3, 0, 0, 4, 0, 0, 0, 0};
+        float other[4] = {1, 1, 1, 1}, gother[4] = {0, 0, 0, 0};
+        int64_t s42[2] = {4, 2}, s22[2] = {2, 2};
+        mu_engine *e3 = NULL;
+        rc = mu_engine_open(&e3, tap_write(dir, "tied.lua", CONFIG));
+        rc |= mu_engine_add_param(e3, "w.embed", MU_F32, 2, s42, emb, gemb);
+        ok(rc == MU_OK, "open + one 4x2 parameter (%s)", mu_last_error());
+        rc = mu_engine_add_param(e3, "w.head", MU_F32, 2, s22, emb + 2, gother);
+        ok(rc == MU_EINVAL && contains(mu_engine_error(e3), "parameter 'w.head': its value overlaps the value of "
+                                                            "parameter 'w.embed'"),
+           "a view into a registered value: MU_EINVAL naming both (%s)", line1(mu_engine_error(e3)));
+        rc = mu_engine_add_param(e3, "w.head", MU_F32, 2, s22, other, gemb + 4);
+        ok(rc == MU_EINVAL && contains(mu_engine_error(e3), "its grad overlaps the grad of parameter 'w.embed'"),
+           "a grad inside a registered grad: MU_EINVAL naming both (%s)", line1(mu_engine_error(e3)));
+        ok(mu_engine_add_param(e3, "w.head", MU_F32, 2, s22, other, gother) == MU_OK,
+           "the name is free after the refusals; own buffers are accepted");
+        double norm = -1;
+        rc = mu_engine_clip_grad_norm(e3, 2.5, &norm);
+        /* total = sqrt(3^2 + 4^2) = 5; coef = 2.5 / (5 + 1e-6) */
+        double coef = 2.5 / (5 + 1e-6);
+        ok(rc == MU_OK && norm == 5 && fabs(gemb[0] - 3 * coef) < 1e-6 && fabs(gemb[3] - 4 * coef) < 1e-6,
+           "mu_engine_clip_grad_norm: norm 5, grads scaled by 2.5 / (5 + 1e-6) (norm %g, g %g %g)", norm, gemb[0],
+           gemb[3]);
+        rc = mu_engine_clip_grad_norm(e3, NAN, &norm);
+        ok(rc == MU_EINVAL && norm == 0 && contains(mu_engine_error(e3), "max_norm must be a finite number >= 0"),
+           "mu_engine_clip_grad_norm(NaN): MU_EINVAL, *norm = 0 (%s)", line1(mu_engine_error(e3)));
+        double lr = -1;
+        rc = mu_engine_set_lr(e3, "mats", 0.25);
+        mu_engine_get(e3, "lr:mats", &lr);
+        ok(rc == MU_OK && lr == 0.25, "mu_engine_set_lr: lr:mats = %g", lr);
+        ok(mu_engine_set_lr(e3, "nope", 0.1) == MU_EINVAL && mu_engine_set_lr(e3, "mats", -1) == MU_EINVAL &&
+               mu_engine_set_lr(e3, NULL, 0.1) == MU_EINVAL,
+           "mu_engine_set_lr: unknown group, negative lr, NULL group: MU_EINVAL");
+        ok(mu_engine_zero_grad(e3) == MU_OK && gemb[0] == 0 && gemb[3] == 0 && emb[0] == 1,
+           "mu_engine_zero_grad: grads 0, values untouched");
+        mu_engine_close(e3);
+        ok(mu_engine_zero_grad(NULL) != MU_OK && mu_engine_clip_grad_norm(NULL, 1, NULL) != MU_OK &&
+               mu_engine_set_lr(NULL, "mats", 1) != MU_OK,
+           "the helpers on a NULL engine fail");
+    }
+
     /* clean up */
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

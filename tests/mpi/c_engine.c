@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "muon.h"
 
@@ -138,6 +139,32 @@ int main(int argc, char **argv) {
         free(want);
     }
     report("c-trainer-bitwise-10-steps", same, same ? NULL : detail);
+    /* A C-side argument error on rank 0 only (a NULL path; unknown load
+     * flags) fails the call on every rank with rank 0's message: no rank
+     * waits in a call the others never make. Then the ranks go on. */
+    char path[64];
+    int pid = (int)getpid();
+    MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    snprintf(path, sizeof path, "/tmp/muon-c-engine-%d.safetensors", pid);
+    rc = mu_engine_save(d, rank == 0 ? NULL : path);
+    report("save-null-path-on-rank-0-fails-everywhere",
+           rc == MU_EINVAL && strstr(mu_engine_error(d), "rank 0: mu_engine_save: path is NULL or empty") != NULL,
+           mu_engine_error(d));
+    rc = mu_engine_load_ex(d, rank == 0 ? path : NULL, 0);
+    report("load-null-path-on-rank-1-fails-everywhere",
+           rc == MU_EINVAL && strstr(mu_engine_error(d), "rank 1: mu_engine_load: path is NULL or empty") != NULL,
+           mu_engine_error(d));
+    rc = mu_engine_load_ex(d, path, rank == 0 ? 0x100 : 0);
+    report("load-bad-flags-on-rank-0-fails-everywhere",
+           rc == MU_EINVAL && strstr(mu_engine_error(d), "unknown flags") != NULL, mu_engine_error(d));
+    /* rank 0 saves while the others step: both calls fail on every rank */
+    rc = rank == 0 ? mu_engine_save(d, path) : mu_engine_step(d);
+    report("save-against-step-fails-everywhere",
+           rc == MU_ESTATE && strstr(mu_engine_error(d), "the ranks are not in the same call") != NULL,
+           mu_engine_error(d));
+    rc = mu_engine_step(d);
+    report("step-after-the-mismatch", rc == MU_OK, rc ? mu_engine_error(d) : NULL);
+    if (rank == 0) remove(path);
     /* A shard of the wrong size is refused with a message naming it. */
     mu_placement bad[2] = {{MU_REPLICATE, 0}, {MU_SHARD, 5}};
     int64_t shp[2] = {4, 4};

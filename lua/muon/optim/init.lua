@@ -5,7 +5,9 @@
     protocol (lua/muon/step.lua). params is a list of muon.param or a list
     of groups { {params = {...}, <option overrides>}, ... }; opts are the
     defaults of every group. Unknown options are errors listing them (the
-    seed's message). Every option can be overridden per group.
+    seed's message: "Muon got unexpected keyword arguments: ..."). Every
+    option can be overridden per group. A buffer (value or grad) may be
+    registered once: one overlapping another is EINVAL naming both.
 muon.optim.Muon(params, opts)
     The seed's Muon. Options (defaults):
     opts.lr = 0.02
@@ -67,6 +69,14 @@ Optimizer:add_param_group(group)
     in a group is an error.
 Optimizer:params()
     Every parameter of every group, in order.
+Optimizer:zero_grad()
+    Set every parameter's grad to 0 in place (parameters without a grad
+    are skipped): torch's zero_grad(set_to_none=False).
+Optimizer:clip_grad_norm(max_norm)
+    torch.nn.utils.clip_grad_norm_ over every parameter's grad: returns the
+    total L2 norm before clipping (exact: one rounding) and, when max_norm /
+    (norm + 1e-6) < 1, multiplies the grads by it (not when the norm is
+    NaN or Inf). max_norm: a finite number >= 0 (EINVAL otherwise).
 Optimizer:memory()
     { state_bytes = n, scratch_bytes = n }.
 Optimizer:state_dict()

@@ -360,7 +360,7 @@ K.CONFIG_KEYS = {
     check = function(v)
       if type(v) ~= "table" then config_fail("'hooks' must be a table") end
     end },
-  { "dist", "{ mesh, balance, max_batch_numel, comm }: the distributed layout (K.DIST_KEYS)" },
+  { "dist", "{ mesh, balance, max_batch_numel, check_replicas, comm }: the distributed layout (K.DIST_KEYS)" },
   { "name", "a label for the config (a string; `muon check` prints it)",
     check = function(v)
       if type(v) ~= "string" then config_fail("'name' must be a string (a label), got %s", type(v)) end
@@ -395,6 +395,13 @@ K.DIST_KEYS = {
   { "max_batch_numel", "elements per Newton-Schulz batch",
     check = function(v)
       if type(v) ~= "number" or v < 1 then config_fail("max_batch_numel must be a number >= 1") end
+    end },
+  { "check_replicas", "'off' (default), 'grads' or 'params': compare a hash of every box over its replicas "
+    .. "before the step (gradients) or after it (values); a difference fails on every rank, naming the parameter",
+    check = function(v)
+      if v ~= "off" and v ~= "grads" and v ~= "params" then
+        config_fail("check_replicas must be 'off', 'grads' or 'params', got %s", tostring(v))
+      end
     end },
   { "comm", "a muon.comm communicator (default: the world)",
     check = function(v)

@@ -629,12 +629,15 @@ end
 
 -- Save the state of the kinds in parts (list of { prefix, kind }) to path,
 -- with extra metadata. Collective on a mesh (rank 0 writes the file).
+-- pre_err: an error the caller met checking its arguments (raised on every
+-- rank of a mesh: Stepper:gate).
 local S_save_body
-function S.save(stepper, path, parts, extra_meta)
-  return stepper:exclusive("save", S_save_body, stepper, path, parts, extra_meta)
+function S.save(stepper, path, parts, extra_meta, pre_err)
+  return stepper:exclusive("save", S_save_body, stepper, path, parts, extra_meta, pre_err)
 end
 
-function S_save_body(stepper, path, parts, extra_meta)
+function S_save_body(stepper, path, parts, extra_meta, pre_err)
+  stepper:gate("save", pre_err)
   local dicts = {}
   for _, part in ipairs(parts) do dicts[#dicts + 1] = { prefix = part.prefix, dict = S.state_dict(stepper, part.kind) } end
   local err
@@ -664,13 +667,14 @@ S.load_options = st.load_options
 -- checkpoint's step per group of the kind, see stage }): validates
 -- everything first (check(meta) may reject the extra metadata, raising),
 -- changes nothing on any error (on every rank of a mesh). opts: see
--- S.load_options. Returns the file's metadata.
+-- S.load_options; pre_err: as for S.save. Returns the file's metadata.
 local S_load_body
-function S.load(stepper, path, parts, check, opts)
-  return stepper:exclusive("load", S_load_body, stepper, path, parts, check, opts)
+function S.load(stepper, path, parts, check, opts, pre_err)
+  return stepper:exclusive("load", S_load_body, stepper, path, parts, check, opts, pre_err)
 end
 
-function S_load_body(stepper, path, parts, check, opts)
+function S_load_body(stepper, path, parts, check, opts, pre_err)
+  stepper:gate("load", pre_err)
   stepper:build_once() -- (collective on a mesh: before anything that can fail)
   local staged, meta = {}, nil
   local ok, err = pcall(function()
@@ -706,6 +710,18 @@ function S_load_body(stepper, path, parts, check, opts)
         part.expected)
     end
   end)
+  if stepper:size() > 1 then
+    -- Every rank must load the same file: its step and checksums agree
+    -- (one all-reduce when they do; a rank that failed above compares as
+    -- failed, and its error is the one raised).
+    local entries = ok and {
+      { "step", tostring(meta["muon.engine.step"] or "(none)") },
+      { "data checksum", tostring(meta["muon.checksum"] or "(none)") },
+      { "metadata checksum", tostring(meta_checksum(meta)) },
+    } or { { "step", "(the load failed)" }, { "data checksum", "(the load failed)" }, { "metadata checksum", "(the load failed)" } }
+    local msg = stepper:agree_entries(entries, ("checkpoints loaded from '%s'"):format(path))
+    if ok and msg then ok, err = false, E.new(E.EINVAL, msg .. ": every rank must load the same file") end
+  end
   stepper:agree_failure(not ok and err or nil)
   local converted = {}
   for _, s in ipairs(staged) do

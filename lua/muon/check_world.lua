@@ -1,0 +1,146 @@
+-- `muon check CONFIG --params SHAPES --world N --rank R [--mesh SPEC]`:
+-- rank R's plan at world size N, without MPI, by the plan code a real
+-- mpirun runs (muon.dist's D.plan over the stepper's records).
+--
+--   local CW = require("muon.check_world")
+--   local text, problems = CW.run(config_path, shapes, { world = 4096, rank = 7,
+--     mesh = "replicate:2,shard:2048", trusted = false })
+--   CW.figures(plan)   --> this rank's figures of a plan (also of a real run's)
+--   CW.parse_mesh("replicate:2,shard:2048")   --> { {"replicate", 2}, {"shard", 2048} } or nil, err
+--
+-- Placements: a SHAPES line may end with '@R,S(2)' (one entry per mesh
+-- axis); otherwise "R" on axes whose name starts with "rep" (and on any
+-- axis but a "shard..." one) and "S(1)" on axes whose name starts with
+-- "shard" (a 0-D parameter is replicated).
+local D = require("muon.dist")
+local E = require("muon.errors")
+local ns = require("muon.ns")
+local ESIZE = require("muon.tensor").DTYPE_SIZES
+
+local CW = {}
+
+-- "replicate:2,shard:2048" -> list of {name, size}, or nil and a message.
+function CW.parse_mesh(spec)
+  local axes = {}
+  for part in tostring(spec):gmatch("[^,]+") do
+    local name, size = part:match("^%s*([%a_][%w_]*):(%d+)%s*$")
+    if not name then return nil, ("--mesh: '%s' is not axis:size (e.g. replicate:2,shard:2048)"):format(part) end
+    axes[#axes + 1] = { name, tonumber(size) }
+  end
+  if #axes == 0 then return nil, "--mesh: no axes (e.g. replicate:2,shard:2048)" end
+  return axes
+end
+
+-- The default placement of a parameter of ndim dims on mesh.
+local function default_placement(mesh, ndim)
+  local pl = {}
+  for i, a in ipairs(mesh.axes) do pl[i] = (a.name:match("^shard") and ndim >= 1) and "S(1)" or "R" end
+  return pl
+end
+
+-- Rank plan.rank's figures: parameters it holds a piece of and holds the
+-- state of, items it owns (Newton-Schulz and elementwise), its state bytes,
+-- Newton-Schulz flops per iteration, bytes sent and received per step (every
+-- parameter stepping), and the job's NS imbalance.
+function CW.figures(plan)
+  local me = plan.rank
+  local f = { held = 0, state_held = 0, owned_ns = 0, owned_elementwise = 0, state_bytes = 0, ns_flops = 0,
+    bytes_sent = 0, bytes_recv = 0, owned_names = {} }
+  for _, r in ipairs(plan.records) do
+    if r.mine_n > 0 then f.held = f.held + 1 end
+    if r.holds then
+      f.state_held = f.state_held + 1
+      f.state_bytes = f.state_bytes + r.mine_n * ESIZE[r.state_dtype or r.dtype] * (r.state_count or 1)
+      for _, hr in pairs(r.hook_records) do f.state_bytes = f.state_bytes + D.numel(hr.mine.len) * ESIZE[r.dtype] end
+    end
+    for _, it in ipairs(r.items) do
+      if it.owner == me then
+        if it.ns then
+          f.owned_ns = f.owned_ns + 1
+          f.ns_flops = f.ns_flops + ns.flops(it.region.len, r.nd_mode)
+          f.owned_names[#f.owned_names + 1] = r.name
+        else
+          f.owned_elementwise = f.owned_elementwise + 1
+        end
+      end
+    end
+    local s, v = D.step_elements({ records = { r } }, me)
+    f.bytes_sent, f.bytes_recv = f.bytes_sent + s * ESIZE[r.dtype], f.bytes_recv + v * ESIZE[r.dtype]
+  end
+  f.imbalance = D.imbalance(plan)
+  return f
+end
+
+local function peak_rss_mb()
+  local fh = io.open("/proc/self/status", "r")
+  if not fh then return nil end
+  local t = fh:read("*a")
+  fh:close()
+  local kb = t:match("VmHWM:%s*(%d+)")
+  return kb and tonumber(kb) / 1024 or nil
+end
+
+-- Plans rank opts.rank of opts.world for the config and shapes ({ name,
+-- shape, placement = list or nil }); returns the text and a list of
+-- problems.
+function CW.run(config_path, shapes, opts)
+  local problems = {}
+  local W, me = opts.world, opts.rank
+  local engine = require("muon.engine")
+  local ok, eng = pcall(engine.new, config_path, opts.trusted and { trusted = true } or nil)
+  if not ok then return "", { E.message(eng) } end
+  local dist = eng.dist
+  local spec = dist and dist.mesh or { { "world", W } }
+  if opts.mesh then
+    local axes, err = CW.parse_mesh(opts.mesh)
+    if not axes then return "", { err } end
+    spec = axes
+  end
+  local okm, mesh = pcall(D.mesh, spec, W)
+  if not okm then return "", { ("--world %d: %s"):format(W, E.message(mesh)) } end
+  -- Register the global shapes in one process (nothing is allocated: views
+  -- of one element, as engine.check), then plan the virtual mesh.
+  eng.dist = nil
+  local cell = require("muon.tensor").zeros({ 1 })
+  eng.check_cell, eng._shape_only = cell, true
+  local T = require("muon.tensor")
+  local placed = {}
+  for _, s in ipairs(shapes) do
+    local okp, err = pcall(function()
+      local zero = {}
+      for d = 1, #s.shape do zero[d] = 0 end
+      local v = T.wrap(cell.data, s.shape, "float32", zero)
+      eng:add_param(s.name, v, v)
+      local okpl, pl = pcall(D.placement, s.placement or default_placement(mesh, #s.shape), mesh, #s.shape)
+      if not okpl then error(("parameter '%s': %s"):format(s.name, E.message(pl)), 0) end
+      placed[s.name] = pl
+    end)
+    if not okp then problems[#problems + 1] = E.message(err) end
+  end
+  if #problems > 0 then return "", problems end
+  local st = eng:_stepper()
+  local records = st:plan_records(function(p) return placed[p.name] end)
+  collectgarbage()
+  local m0, t0 = collectgarbage("count"), os.clock()
+  local plan = D.plan(records, mesh, { rank = me, balance = dist and dist.balance,
+    max_batch_numel = dist and dist.max_batch_numel })
+  local secs, mem = os.clock() - t0, (collectgarbage("count") - m0) / 1024
+  local f = CW.figures(plan)
+  local out = {}
+  local function line(fmt, ...) out[#out + 1] = fmt:format(...) end
+  line("plan of rank %d of %d, mesh %s, owners by %s", me, W, mesh:describe(), plan.balance)
+  line("  parameters: %d, rank %d holds a piece of %d and the optimizer state of %d", #records, me, f.held, f.state_held)
+  local names = f.owned_names
+  line("  owns: %d Newton-Schulz matri%s%s, %d elementwise piece%s", f.owned_ns, f.owned_ns == 1 and "x" or "ces",
+    #names > 0 and (" (" .. table.concat(names, ", ", 1, math.min(#names, 8)) .. (#names > 8 and ", ..." or "") .. ")") or "",
+    f.owned_elementwise, f.owned_elementwise == 1 and "" or "s")
+  line("  state bytes: %d", f.state_bytes)
+  line("  Newton-Schulz flops per iteration: %.6g", f.ns_flops)
+  line("  bytes per step: sent %d, received %d", f.bytes_sent, f.bytes_recv)
+  line("  job NS imbalance (largest rank / mean, by %s): %.4f", plan.balance, f.imbalance)
+  local rss = peak_rss_mb()
+  line("  plan time %.3f s, plan memory %.1f MB%s", secs, mem, rss and (", process peak RSS %.1f MB"):format(rss) or "")
+  return table.concat(out, "\n") .. "\n", problems, f
+end
+
+return CW

@@ -1,0 +1,91 @@
+-- `muon check --world N --rank R --mesh SPEC`: rank R's plan without MPI
+-- (muon.check_world). Its figures against a real mpirun are in
+-- tests/mpi/plan.sh; here: the scale (10,000 parameters at 4096 ranks),
+-- the options and the placement suffix of a SHAPES line.
+local check = require("muon.check")
+local CW = require("muon.check_world")
+
+local function tmpfile(text)
+  local p = os.tmpname()
+  local f = assert(io.open(p, "w"))
+  f:write(text)
+  f:close()
+  return p
+end
+
+-- A GPT-like shapes file: embeddings, then 12 tensors per layer.
+local function gpt_shapes(n, d)
+  local lines = { ("embed.wte 50304 %d"):format(d), ("embed.wpe 2048 %d"):format(d) }
+  local l = 0
+  local per = {
+    { "attn.qkv.weight", 3 * d, d }, { "attn.qkv.bias", 3 * d }, { "attn.proj.weight", d, d }, { "attn.proj.bias", d },
+    { "ln_1.weight", d }, { "ln_1.bias", d }, { "mlp.fc.weight", 4 * d, d }, { "mlp.fc.bias", 4 * d },
+    { "mlp.proj.weight", d, 4 * d }, { "mlp.proj.bias", d }, { "ln_2.weight", d }, { "ln_2.bias", d },
+  }
+  while #lines < n do
+    for _, t in ipairs(per) do
+      if #lines >= n then break end
+      lines[#lines + 1] = ("h.%d.%s %s"):format(l, t[1], table.concat({ unpack(t, 2) }, " "))
+    end
+    l = l + 1
+  end
+  return table.concat(lines, "\n") .. "\n"
+end
+
+local have_cli = io.open("build/muon", "r")
+if have_cli then have_cli:close() end
+
+describe("muon check --world", function()
+  it("plans rank R of 4096 for 10,000 parameters in under 1 s and 200 MB", function()
+    if not have_cli then pending("build/muon not built") return end
+    local shapes = tmpfile(gpt_shapes(10000, 1024))
+    local out, tv = os.tmpname(), os.tmpname()
+    local rc = os.execute(("/usr/bin/time -v build/muon check configs/moonlight.lua --params %s --world 4096 --rank 17 "
+      .. "--mesh replicate:2,shard:2048 >%s 2>%s"):format(shapes, out, tv))
+    local text = assert(io.open(out)):read("*a")
+    local t = assert(io.open(tv)):read("*a")
+    os.remove(shapes); os.remove(out); os.remove(tv)
+    assert.is_true(rc == 0 or rc == true, text)
+    local user, sys = tonumber(t:match("User time %(seconds%): ([%d.]+)")), tonumber(t:match("System time %(seconds%): ([%d.]+)"))
+    local rss = tonumber(t:match("Maximum resident set size %(kbytes%): (%d+)"))
+    assert.is_true(user + sys < 1.0, ("%.2f s of CPU"):format(user + sys))
+    assert.is_true(rss < 200 * 1024, ("%d kB peak RSS"):format(rss))
+    assert.truthy(text:find("plan of rank 17 of 4096, mesh (replicate=2, shard=2048), owners by flops", 1, true))
+    assert.truthy(text:find("parameters: 10000, rank 17 holds a piece of 10000", 1, true))
+    assert.truthy(text:match("state bytes: %d+"))
+    assert.truthy(text:match("bytes per step: sent %d+, received %d+"))
+    assert.truthy(text:match("job NS imbalance %(largest rank / mean, by flops%): [%d.]+"))
+  end)
+  it("gives a rank the figures of its plan: one replicated matrix on a 2-rank mesh", function()
+    local cfg = tmpfile([[return { groups = { { optimizer = "muon", lr = 0.02 } }, dist = { mesh = { { "replicate", 2 } } } }]])
+    local shapes = assert(check.read_shapes(tmpfile("w 8 4\n")))
+    -- Rank 0 owns the one matrix (least loaded, the smaller rank) and holds
+    -- its momentum (8 x 4 float32); it sends the update (32 elements) to rank 1.
+    local text, problems, f = CW.run(cfg, shapes, { world = 2, rank = 0 })
+    assert.are.same({}, problems)
+    assert.are.same({ 1, 1, 1, 0, 128, 4 * 16 * 8 + 2 * 64, 128, 0 },
+      { f.held, f.state_held, f.owned_ns, f.owned_elementwise, f.state_bytes, f.ns_flops, f.bytes_sent, f.bytes_recv })
+    assert.are.equal(2, f.imbalance) -- all the work on one of two ranks
+    _, _, f = CW.run(cfg, shapes, { world = 2, rank = 1 })
+    assert.are.same({ 1, 0, 0, 0, 0, 0, 0, 128 },
+      { f.held, f.state_held, f.owned_ns, f.owned_elementwise, f.state_bytes, f.ns_flops, f.bytes_sent, f.bytes_recv })
+    assert.truthy(text:find("owns: 1 Newton-Schulz matrix (w)", 1, true))
+  end)
+  it("reads a placement suffix and refuses a bad one, a bad mesh and a missing --rank", function()
+    local p = tmpfile("a 4 6 @R,S(2)\nb 3\n")
+    local shapes = assert(check.read_shapes(p))
+    assert.are.same({ "R", "S(2)" }, shapes[1].placement)
+    assert.are.same({ 4, 6 }, shapes[1].shape)
+    assert.is_nil(shapes[2].placement)
+    local cfg = tmpfile([[return { groups = { { optimizer = "adamw" } } }]])
+    local _, problems = CW.run(cfg, assert(check.read_shapes(tmpfile("a 4 6 @R,S(3)\n"))), { world = 4, rank = 0,
+      mesh = "replicate:2,shard:2" })
+    assert.truthy(tostring(problems[1]):find("parameter 'a'", 1, true))
+    assert.truthy(tostring(problems[1]):find("shards dim 3 of a 2-D tensor", 1, true))
+    _, problems = CW.run(cfg, shapes, { world = 6, rank = 0, mesh = "replicate:2,shard:2" })
+    assert.truthy(problems[1]:find("multiply to 4 but the world has 6 ranks", 1, true))
+    _, problems = CW.run(cfg, shapes, { world = 4, rank = 0, mesh = "replicate=2" })
+    assert.truthy(problems[1]:find("--mesh: 'replicate=2' is not axis:size", 1, true))
+    assert.are.equal(2, check.main({ cfg, "--params", p, "--world", "4" }))
+  end)
+end)

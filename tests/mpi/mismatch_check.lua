@@ -1,0 +1,89 @@
+-- Ranks in different collective calls (save on one, step on another; load
+-- against step; save against load; the first call of an engine) fail on
+-- every rank with one clear message instead of hanging; an argument error
+-- on one rank only fails the call everywhere; after each, the ranks go on
+-- together and nothing changed.
+--   build/muon run tests/mpi/mismatch_check.lua PATH
+local H = require("mpi.harness")
+local T = require("muon.tensor")
+local E = require("muon.errors")
+local engine = require("muon.engine")
+
+local path = arg[1]
+H.init()
+local W, me = H.size, H.rank
+
+local function make()
+  local eng = engine.new({ groups = {
+    { optimizer = "muon", match = "^w", lr = 0.02, post_update_fn = function(_, x, ctx) ctx.allreduce(x, "sum") end },
+    { optimizer = "adamw", match = "^b", lr = 0.01 } }, dist = { mesh = { { "shard", W } } } })
+  local rows = 4 * W
+  local function part(n, seed)
+    return T.randn({ n, 6 }, seed):narrow(1, me * (n / W) + 1, n / W):contiguous()
+  end
+  eng:add_param("w", part(rows, 1), part(rows, 2), { "S(1)", shape = { rows, 6 } })
+  eng:add_param("b", T.randn({ 5 }, 3), T.randn({ 5 }, 4))
+  return eng
+end
+
+-- Every bit of parameters, state and counters on this rank.
+local function snapshot(eng)
+  local parts = { tostring(eng:get("step")) }
+  for _, name in ipairs({ "w", "b" }) do
+    parts[#parts + 1] = table.concat(eng:param(name).value:flat(), ",")
+    local s = eng:state(name)
+    for _, k in ipairs({ "momentum_buffer", "exp_avg", "exp_avg_sq", "step" }) do
+      local v = s and s[k]
+      if v ~= nil then parts[#parts + 1] = k .. "=" .. (T.is_tensor(v) and table.concat(v:flat(), ",") or tostring(v)) end
+    end
+  end
+  return table.concat(parts, ";")
+end
+
+local CALLS = {
+  step = function(eng) eng:step() end,
+  save = function(eng) eng:save(path) end,
+  load = function(eng) eng:load(path) end,
+}
+
+-- rank 0 calls a, every other rank b: every rank fails with ESTATE naming
+-- both calls; nothing changed; then a step together works.
+local function mismatch(eng, a, b, label)
+  local before = snapshot(eng)
+  local mine, other = me == 0 and a or b, me == 0 and b or a
+  local ok, err = pcall(CALLS[mine], eng)
+  local msg = not ok and E.message(err) or ""
+  H.check(label .. "-fails", not ok and E.name(E.code(err)) == "ESTATE"
+    and msg:find("the ranks are not in the same call: rank " .. me .. " called " .. mine
+      .. " while another rank called " .. other, 1, true) ~= nil, msg)
+  H.check(label .. "-nothing-changed", snapshot(eng) == before)
+  local ok2, err2 = pcall(eng.step, eng)
+  H.check(label .. "-then-step", ok2, not ok2 and E.message(err2) or nil)
+end
+
+H.main(function()
+  -- the first call of an engine (before its plan is built)
+  local fresh = make()
+  mismatch(fresh, "save", "step", "first-call-save-vs-step")
+  local eng = make()
+  eng:step()
+  eng:save(path)
+  mismatch(eng, "save", "step", "save-vs-step")
+  mismatch(eng, "step", "save", "step-vs-save")
+  mismatch(eng, "load", "step", "load-vs-step")
+  mismatch(eng, "save", "load", "save-vs-load")
+  mismatch(eng, "step", "load", "step-vs-load")
+  -- an argument error on the last rank only: every rank fails with its message
+  for _, call in ipairs({ "save", "load" }) do
+    local before = snapshot(eng)
+    local bad = me == W - 1
+    local ok, err = pcall(eng[call], eng, bad and 42 or path)
+    local msg = not ok and E.message(err) or ""
+    H.check(call .. "-bad-path-on-one-rank-fails-everywhere", not ok and E.name(E.code(err)) == "EINVAL"
+      and msg:find(("rank %d: %s: path must be a string, got number"):format(W - 1, call), 1, true) ~= nil, msg)
+    H.check(call .. "-bad-path-nothing-changed", snapshot(eng) == before)
+  end
+  local ok, err = pcall(eng.step, eng)
+  H.check("steps-after-all", ok, not ok and E.message(err) or nil)
+  if me == 0 then os.remove(path) end
+end)
