@@ -448,7 +448,9 @@ enum { MU_NS_STANDARD = 0, MU_NS_GRAM = 1, MU_NS_AUTO = 2 };
 enum { MU_NS_PRECOND_NONE = 0, MU_NS_PRECOND_AOL = 1 };
 
 /* mu_ns_opts.dtype = MU_BF16 runs the seed's bfloat16 iteration on float32
- * tensors: X = bf16(float32(x / (norm_scale ||x||_F + eps))); then per step
+ * tensors, from the seed's normalization of its bfloat16 input: x0 =
+ * bf16(x), X = bf16(x0 / bf16(norm_scale bf16(||x0||_F) + eps')) (eps'
+ * = bf16(eps), the division in float32); then per step
  * (a, b, c), with a', b', c' the coefficients rounded to bfloat16 (as torch
  * does with a scalar times a bfloat16 tensor) and every product taking
  * bfloat16 inputs and accumulating in float32 (oneDNN, src/ns_bf16.c):

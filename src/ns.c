@@ -832,22 +832,36 @@ NS_BF16_ROWS(_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"
     float *F = (float *)(it)->s->a;                                                         \
     uint16_t *Ab = (uint16_t *)(it)->s->b, *Bb = Ab + (int64_t)(n) * (n)
 
-/* Prologue (bfloat16): X = bf16(float32(scale x)), transposed when tall;
- * with 0 steps that is the output (as float32). */
-static void ns_bf16_begin(ns_iter *it, const char *src, double scale)
+/* Prologue (bfloat16), the seed's normalization of its bfloat16 input:
+ * x0 = bf16(x), d = bf16(norm_scale bf16(||x0||_F) + bf16(eps)) and
+ * X = bf16(x0 / d) (the division in float32), transposed when tall; with 0
+ * steps that is the output (as float32). */
+static void ns_bf16_begin(ns_iter *it, const char *src)
 {
     const ns_job *job = it->job;
     const ns_plan *p = &job->plan;
+    const mu_ns_opts *o = job->opts;
     const float *x = (const float *)src;
     float *out = (float *)it->dst;
     const int64_t n = p->n, m = p->m, len = n * m;
+    double acc[8] = {0}, ss = 0.0;
+    int64_t i8 = 0;
+    for (; i8 + 8 <= len; i8 += 8)
+        for (int k = 0; k < 8; k++) {
+            const double v = ns_bf(ns_rb(x[i8 + k]));
+            acc[k] += v * v;
+        }
+    for (; i8 < len; i8++) ss += (double)ns_bf(ns_rb(x[i8])) * ns_bf(ns_rb(x[i8]));
+    for (int k = 0; k < 8; k++) ss += acc[k];
+    const float nb = ns_bf(ns_rb((float)sqrt(ss)));
+    const float d = ns_bf(ns_rb((float)(o->norm_scale * nb) + ns_bfc(o->eps)));
     if (job->opts->steps == 0) {
-        for (int64_t i = 0; i < len; i++) out[i] = ns_bf(ns_rb((float)(scale * x[i])));
+        for (int64_t i = 0; i < len; i++) out[i] = ns_bf(ns_rb(ns_bf(ns_rb(x[i])) / d));
         return;
     }
     uint16_t *X = (uint16_t *)it->s->x;
     if (!p->tall) {
-        for (int64_t i = 0; i < len; i++) X[i] = ns_rb((float)(scale * x[i]));
+        for (int64_t i = 0; i < len; i++) X[i] = ns_rb(ns_bf(ns_rb(x[i])) / d);
     } else { /* x is m x n: X[i][j] = x[j][i], NS_BLK square by square */
         for (int64_t j0 = 0; j0 < m; j0 += NS_BLK)
             for (int64_t i0 = 0; i0 < n; i0 += NS_BLK) {
@@ -855,7 +869,7 @@ static void ns_bf16_begin(ns_iter *it, const char *src, double scale)
                 const int64_t i1 = i0 + NS_BLK < n ? i0 + NS_BLK : n;
                 for (int64_t j = j0; j < j1; j++)
                     for (int64_t i = i0; i < i1; i++)
-                        X[i * m + j] = ns_rb((float)(scale * x[j * n + i]));
+                        X[i * m + j] = ns_rb(ns_bf(ns_rb(x[j * n + i])) / d);
             }
     }
     it->done = 0;
@@ -947,7 +961,7 @@ static void ns_begin(ns_iter *it, const ns_job *job, const mu__ns_slot *s, int64
     }
     const double scale = 1.0 / (o->norm_scale * norm + o->eps);
     if (job->plan.bf16) {
-        ns_bf16_begin(it, src, scale);
+        ns_bf16_begin(it, src);
         return;
     }
     const int aol = o->precond == MU_NS_PRECOND_AOL;

@@ -25,20 +25,22 @@ end
 -- bf16(float32(v)): how a float32 result (or torch's bf16 scalar) is rounded
 local function rb(v) return rne(rne(v, 24), 8) end
 
--- The seed's bfloat16 iteration in float64, rounding where its torch code
--- holds bfloat16 tensors (products summed exactly, then rounded as a
--- float32 result is). x: rows of a rows x cols matrix. Returns rows.
+-- The seed's bfloat16 iteration in float64 on bf16(x), rounding where its
+-- torch code holds bfloat16 tensors (products summed exactly, then rounded
+-- as a float32 result is). x: rows of a rows x cols matrix. Returns rows.
 local function ref_bf16(x, coeffs, eps)
   local rows, cols = #x, #x[1]
   local tall = rows > cols
   local n, m = tall and cols or rows, tall and rows or cols
+  -- the seed's input is bf16(x); its norm a bfloat16 tensor, + eps in
+  -- bfloat16; the division in float32, rounded to bfloat16
   local ss = 0
-  for i = 1, rows do for j = 1, cols do ss = ss + x[i][j] ^ 2 end end
-  local s = 1 / (math.sqrt(ss) + eps)
+  for i = 1, rows do for j = 1, cols do ss = ss + rb(x[i][j]) ^ 2 end end
+  local d = rb(rb(math.sqrt(ss)) + rb(eps))
   local X = {}
   for i = 1, n do
     X[i] = {}
-    for j = 1, m do X[i][j] = rb(s * (tall and x[j][i] or x[i][j])) end
+    for j = 1, m do X[i][j] = rb(rb(tall and x[j][i] or x[i][j]) / d) end
   end
   for _, c in ipairs(coeffs) do
     local a, b, cc = rb(c[1]), rb(c[2]), rb(c[3])
