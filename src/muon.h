@@ -472,8 +472,8 @@ typedef struct mu_ns_opts {
     int method;            /* MU_NS_STANDARD (0, the default), MU_NS_GRAM or MU_NS_AUTO */
     int precond;           /* MU_NS_PRECOND_NONE (0) or MU_NS_PRECOND_AOL (the "aol" preset) */
     int dtype;             /* the iteration's precision: MU_F32 (0, the default: the tensors'
-                            * own, float32 or float64) or MU_BF16 (float32 tensors only; the
-                            * seed's bfloat16 iteration, see below) */
+                            * own, float32 or float64) or MU_BF16 (the seed's bfloat16
+                            * iteration on float32 tensors, described above) */
 } mu_ns_opts;
 
 typedef struct mu_ns_workspace mu_ns_workspace;
