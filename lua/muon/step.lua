@@ -525,7 +525,7 @@ local function check_phase(self, values, pre_err)
       local g = p.grad
       if g ~= nil then
         P.check(p.name, p.value, g) -- a grad set after add_param: dtype, shape
-        if G.kind.check_param then G.kind.check_param(p) end
+        if G.kind.check_param then G.kind.check_param(p, hp) end
         params[#params + 1] = p
         run.stepping[self.rec[p]] = true
         if g:numel() > 0 then
