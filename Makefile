@@ -6,7 +6,7 @@
 #   make bench      benchmarks (tests/bench)
 #   make install / make uninstall   [PREFIX=/usr/local] [DESTDIR=]
 
-PKGS     := pkg-config libluajit-5.1-dev luajit libopenblas-dev libopenmpi-dev openmpi-bin lua-busted lua-cjson wamerican valgrind
+PKGS     := pkg-config libluajit-5.1-dev luajit libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin lua-busted lua-cjson wamerican valgrind
 PKGCONF  := luajit openblas
 # Open MPI when present (Debian: libopenmpi-dev); else the single-process
 # communicator backend is built.

@@ -12,6 +12,7 @@ int mu_blas_get_info(mu_blas_info *out)
     snprintf(out->core, sizeof out->core, "%s", openblas_get_corename());
     snprintf(out->config, sizeof out->config, "%s", openblas_get_config());
     out->threads = openblas_get_num_threads();
+    mu__dnnl_describe(out->bf16, sizeof out->bf16);
     return MU_OK;
 }
 

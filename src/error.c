@@ -33,6 +33,27 @@ const char *mu_last_error(void) { return mu__last_error; }
 
 void mu__clear_error(void) { mu__last_error[0] = '\0'; }
 
+const char *mu__name_index(char *buf, size_t cap, const char *head, const char *open, long long i,
+                           const char *close)
+{
+    if (cap == 0) return buf;
+    char digits[24];
+    int nd = 0;
+    unsigned long long u = i < 0 ? 0ULL - (unsigned long long)i : (unsigned long long)i;
+    do {
+        digits[nd++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (i < 0) digits[nd++] = '-';
+    size_t len = 0;
+    for (const char *c = head; *c && len + 1 < cap; c++) buf[len++] = *c;
+    for (const char *c = open; *c && len + 1 < cap; c++) buf[len++] = *c;
+    while (nd > 0 && len + 1 < cap) buf[len++] = digits[--nd];
+    for (const char *c = close; *c && len + 1 < cap; c++) buf[len++] = *c;
+    buf[len] = '\0';
+    return buf;
+}
+
 int mu__fail(int code, const char *fmt, ...)
 {
     va_list ap;

@@ -357,7 +357,7 @@ static int check_tensor(const mu_tensor *t, const char *what, int i, int dtype)
 {
     if (!t) return mu__fail(MU_EINVAL, "%s[%d] is NULL", what, i);
     char name[48];
-    snprintf(name, sizeof name, "%s[%d]", what, i);
+    mu__name_index(name, sizeof name, what, "[", i, "]");
     int rc = mu__tensor_check(t, name); /* inside its storage */
     if (rc) return rc;
     if (t->scalar != dtype)

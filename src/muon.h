@@ -413,10 +413,16 @@ typedef struct mu_blas_info {
     char core[64];    /* OpenBLAS core name, e.g. "SkylakeX" */
     char config[160]; /* openblas_get_config(): version and build options */
     int threads;      /* OpenBLAS's thread count */
+    char bf16[96];    /* the bfloat16 products' path (mu_ns_opts.dtype = MU_BF16):
+                       * "oneDNN 2.6.3 cpu_isa_avx512_core_bf16 (AVX512_BF16
+                       * instructions)", "... (emulated on AVX-512, ...)", "... (no
+                       * bf16 kernels here: widened to float32, OpenBLAS sgemm)" or
+                       * "none (libdnnl.so.2 not loadable)" */
 } mu_blas_info;
 
-/* The OpenBLAS this process runs: core, configuration and threads into
- * *out (MU_EINVAL for NULL). */
+/* The OpenBLAS this process runs: core, configuration and threads, and the
+ * path of the bfloat16 products (it opens and closes oneDNN to ask it),
+ * into *out (MU_EINVAL for NULL). */
 MU_API int mu_blas_get_info(mu_blas_info *out);
 /* Set OpenBLAS's thread count (threads >= 1, else MU_EINVAL); Newton-Schulz
  * calls that start afterwards use that many workers (unless MU_NS_THREADS
@@ -441,6 +447,22 @@ enum { MU_NS_STANDARD = 0, MU_NS_GRAM = 1, MU_NS_AUTO = 2 };
  * standard iteration (MU_NS_AUTO resolves to it, MU_NS_GRAM is refused). */
 enum { MU_NS_PRECOND_NONE = 0, MU_NS_PRECOND_AOL = 1 };
 
+/* mu_ns_opts.dtype = MU_BF16 runs the seed's bfloat16 iteration on float32
+ * tensors, from the seed's normalization of its bfloat16 input: x0 =
+ * bf16(x), X = bf16(x0 / bf16(norm_scale bf16(||x0||_F) + eps')) (eps'
+ * = bf16(eps), the division in float32); then per step
+ * (a, b, c), with a', b', c' the coefficients rounded to bfloat16 (as torch
+ * does with a scalar times a bfloat16 tensor) and every product taking
+ * bfloat16 inputs and accumulating in float32 (oneDNN, src/ns_bf16.c):
+ *     A = bf16(X X^T)
+ *     B = bf16(bf16(b' A) + bf16(c' bf16(A A)))
+ *     X = bf16(bf16(a' X) + bf16(B X))
+ * (each sum in float32 first, as torch 1.13 computes bfloat16 elementwise
+ * ops), and the output is float32(X). The standard iteration only:
+ * MU_NS_AUTO resolves to it, MU_NS_GRAM and MU_NS_PRECOND_AOL are refused
+ * (MU_EINVAL). It needs oneDNN (libdnnl.so.2, opened on first use; MU_EIO
+ * without it). Bits are fixed by the input, the build and oneDNN's CPU path
+ * (mu_blas_info.bf16), as in float32. */
 typedef struct mu_ns_opts {
     int steps;             /* number of (a, b, c) triples used */
     const double *coeffs;  /* 3 * steps values: a0 b0 c0 a1 b1 c1 ... */
@@ -449,6 +471,9 @@ typedef struct mu_ns_opts {
     int path;              /* MU_NS_SYMMETRIC or MU_NS_PLAIN (standard iteration) */
     int method;            /* MU_NS_STANDARD (0, the default), MU_NS_GRAM or MU_NS_AUTO */
     int precond;           /* MU_NS_PRECOND_NONE (0) or MU_NS_PRECOND_AOL (the "aol" preset) */
+    int dtype;             /* the iteration's precision: MU_F32 (0, the default: the tensors'
+                            * own, float32 or float64) or MU_BF16 (the seed's bfloat16
+                            * iteration on float32 tensors, described above) */
 } mu_ns_opts;
 
 typedef struct mu_ns_workspace mu_ns_workspace;

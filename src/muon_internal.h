@@ -54,6 +54,12 @@ int mu__fail(int code, const char *fmt, ...)
     ;
 /* Clear the thread's detail message (successful public calls need not). */
 void mu__clear_error(void);
+/* buf = head, open, i in decimal, then close, cut to cap - 1 bytes as
+ * snprintf(buf, cap, "%s%s%lld%s", ...) would: the name a message gives an
+ * element of a list, built without printf's cost (the checks of every
+ * tensor of a list name it before they know whether it is bad). Returns buf. */
+const char *mu__name_index(char *buf, size_t cap, const char *head, const char *open, long long i,
+                           const char *close);
 
 /* Contiguous element count with overflow check; -1 on overflow/negative. */
 int64_t mu__shape_numel(int ndim, const int64_t *shape);
@@ -134,6 +140,7 @@ struct mu_ns_workspace {
     mu__ns_slot slot[MU__NS_MAX_SLOTS];
     void *sched;        /* the scheduler's lists (grown, kept across calls) */
     size_t sched_bytes;
+    struct mu__dnnl *dnnl; /* oneDNN, opened by the first bfloat16 call (src/ns_bf16.c) */
 };
 
 /* A batch call of mu_ns_zeropower, validated (inputs finite, workspace big
@@ -171,6 +178,18 @@ void mu__ns_prep(int dt, void *a, void *b, int64_t n, int64_t r0, int64_t r1, in
 void mu__ns_accumulate(int dt, void *b, const void *s, int64_t n, int64_t r0, int64_t r1);
 /* Add v to the diagonal positions i*n + i, i in [i0, i1). */
 void mu__ns_add_diag(int dt, void *p, int64_t n, int64_t i0, int64_t i1, double v);
+/* oneDNN for the bfloat16 products (src/ns_bf16.c). */
+typedef struct mu__dnnl mu__dnnl;
+int mu__dnnl_open(mu__dnnl **out);
+void mu__dnnl_close(mu__dnnl *d);
+/* The calling thread's OpenMP thread count (oneDNN's), and setting it. */
+int mu__dnnl_threads(const mu__dnnl *d);
+void mu__dnnl_set_threads(const mu__dnnl *d, int n);
+/* MU_OK, or MU_ENOMEM (and clear) when a product failed since the last call. */
+int mu__dnnl_take_failure(mu__dnnl *d);
+void mu__dnnl_gemm(mu__dnnl *d, int transb, int64_t M, int64_t N, int64_t K, const uint16_t *a,
+                   int64_t lda, const uint16_t *b, int64_t ldb, float *c, int64_t ldc);
+void mu__dnnl_describe(char *buf, size_t cap);
 /* Grow the workspace to `want` slots (fewer on out of memory); returns the count. */
 int mu__ns_slots(mu_ns_workspace *ws, int want);
 

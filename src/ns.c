@@ -30,6 +30,9 @@
  *   The workers are a team of src/pool.c: in a process with an OpenMP
  *   runtime a parallel region of it, so an OpenMP host shares its thread
  *   team with the engine.
+ * - opts->dtype = MU_BF16: the seed's bfloat16 iteration, its own plan
+ *   (ns_bf16_plan) of oneDNN products (src/ns_bf16.c) under the same
+ *   scheduler.
  * - opts->method: the Gram iteration (src/ns_gram.c) takes over the
  *   matrices whose shape mu_ns_method_for sends to it, after the checks
  *   below (one tensor at a time, before the scheduler runs the others).
@@ -50,6 +53,17 @@
  * Measured with tests/bench/ns_bench.lua (see README). */
 #ifndef MU__NS_BATCH_PAR_MAX
 #define MU__NS_BATCH_PAR_MAX (1024 * 4096)
+#endif
+
+/* A call whose matrices cost less than this on average (ns_cost: with 5
+ * steps 8x8 matrices cost 1.0e4, 16x16 ones 8.2e4) runs on one worker
+ * unless MU_NS_THREADS asks for more: each matrix is then a few short BLAS
+ * calls, and a second worker only adds its start and the contention on
+ * OpenBLAS's buffer lock (Zen 4, 2 cores, SkylakeX: 1,000 4x4 matrices took
+ * 1.6x as long on two workers, 8x8 1.2x; 500 16x16 0.8x). A speed choice
+ * only: the bits are the same. */
+#ifndef MU__NS_PAR_MIN_COST
+#define MU__NS_PAR_MIN_COST 65536.0
 #endif
 
 /* mu__ns_slot and struct mu_ns_workspace: src/muon_internal.h */
@@ -257,6 +271,7 @@ void mu_ns_workspace_free(mu_ns_workspace *ws)
     if (!ws) return;
     for (int i = 0; i < ws->nslots; i++) ns_slot_free(&ws->slot[i]);
     free(ws->sched);
+    mu__dnnl_close(ws->dnnl);
     free(ws);
 }
 
@@ -509,6 +524,7 @@ typedef struct ns_plan {
     int halves;              /* symmetric Gram products split in two halves */
     int tiles[NS_NSTAGES];   /* tiles per stage and step; 0: fused into the one before */
     int nx;                  /* tiles per step */
+    int bf16, tall;          /* the bfloat16 iteration (its own plan, see ns_bf16_plan) */
 } ns_plan;
 
 static int64_t ns_half(int64_t d) /* first half of a split inner dimension */
@@ -533,10 +549,66 @@ static int ns_split(int64_t d, int64_t target, int64_t min, int *blk)
     return (int)((d + *blk - 1) / *blk);
 }
 
-static void ns_plan_init(ns_plan *p, int dt, int64_t rows, int64_t cols, int path)
+/* The bfloat16 plan (mu_ns_opts.dtype = MU_BF16). X is held n x m
+ * row-major in bfloat16 (a tall input transposed when converted), and
+ * every product is a oneDNN call into float32, rounded by its tile:
+ *   GRAM_A  A = X X^T: the tn(tn+1)/2 blocks on and above the diagonal of
+ *           tn x tn blocks of nb (the others are their mirror images), each
+ *           one call rounded to bfloat16 into A and its mirror block
+ *   GRAM_B  B = b' A + c' A A over the same blocks (A A is symmetric)
+ *   APPLY   X = a' X + B X in tm column blocks of mb, in place (a column
+ *           block of B X reads only that block of X)
+ * Blocks of about MU__NS_BF16_NB (one block below 2 * NS_BF16_MIN, none
+ * split when n * m < NS_BF16_SPLIT), column blocks an even count of at most
+ * MU__NS_BF16_MB: sizes from the shape only, so a lone matrix splits over
+ * the workers with the calls a batch makes one worker at a time (no
+ * separate threshold: the one-thread oneDNN calls on these blocks run at
+ * the whole-matrix rate, ~400 GFLOP/s on the Zen 4 target). */
+#ifndef MU__NS_BF16_NB
+#define MU__NS_BF16_NB 192
+#endif
+#ifndef MU__NS_BF16_MB
+#define MU__NS_BF16_MB 512
+#endif
+enum { NS_BF16_MIN = 128, NS_BF16_SPLIT = 128 * 256 };
+
+static void ns_bf16_plan(ns_plan *p)
+{
+    const int64_t n = p->n, m = p->m;
+    p->tn = 1;
+    p->nb = (int)n;
+    p->tm = 1;
+    p->mb = (int)m;
+    if (n * m >= NS_BF16_SPLIT) {
+        if (n >= 2 * NS_BF16_MIN) {
+            int64_t t = (n + MU__NS_BF16_NB - 1) / MU__NS_BF16_NB, b = (n + t - 1) / t;
+            b = (b + NS_TILE_ALIGN - 1) / NS_TILE_ALIGN * NS_TILE_ALIGN;
+            p->nb = (int)b;
+            p->tn = (int)((n + b - 1) / b);
+        }
+        p->tm = ns_split(m, MU__NS_BF16_MB, NS_BF16_MIN, &p->mb);
+    }
+    p->tiles[NS_GRAM_A] = p->tiles[NS_GRAM_B] = p->tn * (p->tn + 1) / 2;
+    p->tiles[NS_APPLY] = p->tm;
+    p->nx = p->tiles[NS_GRAM_A] + p->tiles[NS_GRAM_B] + p->tm;
+}
+
+static void ns_plan_init(ns_plan *p, int dt, int64_t rows, int64_t cols, int path, int bf16)
 {
     const int tall = rows > cols;
     memset(p, 0, sizeof *p);
+    if (bf16) {
+        p->dt = dt;
+        p->bf16 = 1;
+        p->tall = tall;
+        p->lo = CblasRowMajor;
+        p->up = CblasUpper;
+        p->n = (int)(tall ? cols : rows);
+        p->m = (int)(tall ? rows : cols);
+        p->ldx = p->m;
+        ns_bf16_plan(p);
+        return;
+    }
     p->dt = dt;
     p->plain = path == MU_NS_PLAIN;
     p->lo = tall ? CblasColMajor : CblasRowMajor;
@@ -675,6 +747,7 @@ typedef struct ns_job {
     const mu_ns_opts *opts;
     int inplace;         /* out aliases in */
     const double *norms; /* per-matrix norms from the check pass, or NULL */
+    mu__dnnl *dnnl;      /* the bfloat16 products (plan.bf16) */
     ns_plan plan;
 } ns_job;
 
@@ -719,6 +792,162 @@ static void ns_aol_scale(const ns_plan *p, const void *x, void *y, void *A, doub
         }
 }
 
+/* ----------------------------------------------- the bfloat16 iteration */
+
+static inline float ns_bf(uint16_t h) { return mu__f32_from_bf16(h); }
+static inline uint16_t ns_rb(float f) { return mu__bf16_from_f32(f); }
+/* a bfloat16 scalar as torch makes it from a Python float */
+static inline float ns_bfc(double v) { return ns_bf(mu__bf16_from_f64(v)); }
+
+/* The elementwise rows of the bfloat16 iteration, written once (NS_BF16_ROWS)
+ * and compiled twice: for the build's baseline and, dispatched at run time,
+ * for AVX-512 (vectorized); both compute the same roundings bit for bit.
+ *   round: d = bf16(f)
+ *   poly:  d = bf16(bf16(b' a) + bf16(c' bf16(f)))
+ *   apply: x = bf16(bf16(a' x) + bf16(f)); o = float32(x) unless o is NULL */
+#define NS_BF16_ROWS(SFX, ATTR)                                                             \
+    ATTR static void ns_row_round##SFX(uint16_t *restrict d, const float *restrict f,         \
+                                       int64_t len)                                          \
+    {                                                                                       \
+        for (int64_t i = 0; i < len; i++) d[i] = ns_rb(f[i]);                                \
+    }                                                                                       \
+    ATTR static void ns_row_poly##SFX(uint16_t *restrict d, const uint16_t *restrict a,       \
+                                      const float *restrict f, int64_t len, float bc, float cc) \
+    {                                                                                       \
+        for (int64_t i = 0; i < len; i++)                                                   \
+            d[i] = ns_rb(ns_bf(ns_rb(bc * ns_bf(a[i]))) + ns_bf(ns_rb(cc * ns_bf(ns_rb(f[i]))))); \
+    }                                                                                       \
+    ATTR static void ns_row_apply##SFX(uint16_t *restrict x, const float *restrict f,         \
+                                       float *restrict o, int64_t len, float ac)             \
+    {                                                                                       \
+        for (int64_t i = 0; i < len; i++)                                                   \
+            x[i] = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i])));               \
+        if (o)                                                                              \
+            for (int64_t i = 0; i < len; i++) o[i] = ns_bf(x[i]);                            \
+    }
+
+NS_BF16_ROWS(_base, )
+#if defined(__x86_64__) && defined(__GNUC__)
+NS_BF16_ROWS(_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), optimize("O3"))))
+#define NS_ROW(name, ...)                                                                    \
+    (__builtin_cpu_supports("avx512bw") ? ns_row_##name##_avx512(__VA_ARGS__)                \
+                                        : ns_row_##name##_base(__VA_ARGS__))
+#else
+#define NS_ROW(name, ...) ns_row_##name##_base(__VA_ARGS__)
+#endif
+
+/* The buffers of a slot for the bfloat16 iteration: X (n x m bfloat16) in
+ * x, the float32 products in a (n x n), A and B (bfloat16) in b. */
+#define NS_BF16_BUFS(it, n)                                                                 \
+    uint16_t *X = (uint16_t *)(it)->s->x;                                                   \
+    float *F = (float *)(it)->s->a;                                                         \
+    uint16_t *Ab = (uint16_t *)(it)->s->b, *Bb = Ab + (int64_t)(n) * (n)
+
+/* Prologue (bfloat16), the seed's normalization of its bfloat16 input:
+ * x0 = bf16(x), d = bf16(norm_scale bf16(||x0||_F) + bf16(eps)) and
+ * X = bf16(x0 / d) (the division in float32), transposed when tall; with 0
+ * steps that is the output (as float32). */
+static void ns_bf16_begin(ns_iter *it, const char *src)
+{
+    const ns_job *job = it->job;
+    const ns_plan *p = &job->plan;
+    const mu_ns_opts *o = job->opts;
+    const float *x = (const float *)src;
+    float *out = (float *)it->dst;
+    const int64_t n = p->n, m = p->m, len = n * m;
+    double acc[8] = {0}, ss = 0.0;
+    int64_t i8 = 0;
+    for (; i8 + 8 <= len; i8 += 8)
+        for (int k = 0; k < 8; k++) {
+            const double v = ns_bf(ns_rb(x[i8 + k]));
+            acc[k] += v * v;
+        }
+    for (; i8 < len; i8++) ss += (double)ns_bf(ns_rb(x[i8])) * ns_bf(ns_rb(x[i8]));
+    for (int k = 0; k < 8; k++) ss += acc[k];
+    const float nb = ns_bf(ns_rb((float)sqrt(ss)));
+    const float d = ns_bf(ns_rb((float)(o->norm_scale * nb) + ns_bfc(o->eps)));
+    if (job->opts->steps == 0) {
+        for (int64_t i = 0; i < len; i++) out[i] = ns_bf(ns_rb(ns_bf(ns_rb(x[i])) / d));
+        return;
+    }
+    uint16_t *X = (uint16_t *)it->s->x;
+    if (!p->tall) {
+        for (int64_t i = 0; i < len; i++) X[i] = ns_rb(ns_bf(ns_rb(x[i])) / d);
+    } else { /* x is m x n: X[i][j] = x[j][i], NS_BLK square by square */
+        for (int64_t j0 = 0; j0 < m; j0 += NS_BLK)
+            for (int64_t i0 = 0; i0 < n; i0 += NS_BLK) {
+                const int64_t j1 = j0 + NS_BLK < m ? j0 + NS_BLK : m;
+                const int64_t i1 = i0 + NS_BLK < n ? i0 + NS_BLK : n;
+                for (int64_t j = j0; j < j1; j++)
+                    for (int64_t i = i0; i < i1; i++)
+                        X[i * m + j] = ns_rb(ns_bf(ns_rb(x[j * n + i])) / d);
+            }
+    }
+    it->done = 0;
+}
+
+/* Write v at (r, c) of an n x n matrix and at its mirror (c, r), for the
+ * positions of block rectangle r (c >= r on a diagonal block). */
+#define NS_BF16_SYM(M, n, rc, ROW)                                                           \
+    for (int64_t r = (rc).r0; r < (rc).r1; r++) {                                            \
+        const int64_t cs = (rc).c0 > r ? (rc).c0 : r, at = r * (n) + cs, len = (rc).c1 - cs; \
+        if (len > 0) ROW;                                                                    \
+    }                                                                                        \
+    for (int64_t c0_ = (rc).c0; c0_ < (rc).c1; c0_ += NS_BLK)                                \
+        for (int64_t r0_ = (rc).r0; r0_ < (rc).r1; r0_ += NS_BLK) {                          \
+            const int64_t c1_ = c0_ + NS_BLK < (rc).c1 ? c0_ + NS_BLK : (rc).c1;             \
+            const int64_t r1_ = r0_ + NS_BLK < (rc).r1 ? r0_ + NS_BLK : (rc).r1;             \
+            for (int64_t c = c0_; c < c1_; c++)                                              \
+                for (int64_t r = r0_; r < r1_ && r < c; r++)                                 \
+                    (M)[c * (n) + r] = (M)[r * (n) + c];                                     \
+        }
+
+/* Tile t of stage `stage` of step k (bfloat16; see ns_bf16_plan). */
+static void ns_bf16_tile(const ns_iter *it, int k, int stage, int t)
+{
+    const ns_job *job = it->job;
+    const ns_plan *p = &job->plan;
+    const int64_t n = p->n, m = p->m;
+    const double *co = job->opts->coeffs + 3 * k;
+    NS_BF16_BUFS(it, n);
+    ns_rect rr;
+    if (stage == NS_GRAM_A || stage == NS_GRAM_B) {
+        ns_tri_rect(p, t, &rr);
+        const uint16_t *P = stage == NS_GRAM_A ? X : Ab;
+        const int64_t kk = stage == NS_GRAM_A ? m : n;
+        float *c = F + (int64_t)rr.r0 * n + rr.c0;
+        mu__dnnl_gemm(job->dnnl, 1, rr.r1 - rr.r0, rr.c1 - rr.c0, kk, P + (int64_t)rr.r0 * kk, kk,
+                      P + (int64_t)rr.c0 * kk, kk, c, n);
+        if (stage == NS_GRAM_A) {
+            NS_BF16_SYM(Ab, n, rr, NS_ROW(round, Ab + at, F + at, len));
+        } else {
+            const float bc = ns_bfc(co[1]), cc = ns_bfc(co[2]);
+            NS_BF16_SYM(Bb, n, rr, NS_ROW(poly, Bb + at, Ab + at, F + at, len, bc, cc));
+        }
+        return;
+    }
+    /* NS_APPLY: X[:, j0:j1] = a' X + B X into float32 scratch C in the
+     * output: its columns j0:j1 (ld m), or when tall its rows j0:j1 (the
+     * same columns of X, transposed: compact n x nj). */
+    const int64_t j0 = (int64_t)t * p->mb, nj = j0 + p->mb < m ? p->mb : m - j0;
+    float *out = (float *)it->dst;
+    float *C = p->tall ? out + j0 * n : out + j0;
+    const int64_t ldc = p->tall ? nj : m;
+    mu__dnnl_gemm(job->dnnl, 0, n, nj, n, Bb, n, X + j0, m, C, ldc);
+    const float ac = ns_bfc(co[0]);
+    const int last = k == job->opts->steps - 1;
+    for (int64_t i = 0; i < n; i++)
+        NS_ROW(apply, X + i * m + j0, C + i * ldc, last && !p->tall ? C + i * ldc : NULL, nj, ac);
+    if (last && p->tall) /* out rows j0:j1 = X[:, j0:j1]^T */
+        for (int64_t i0 = 0; i0 < n; i0 += NS_BLK)
+            for (int64_t jb = 0; jb < nj; jb += NS_BLK) {
+                const int64_t i1 = i0 + NS_BLK < n ? i0 + NS_BLK : n;
+                const int64_t jb1 = jb + NS_BLK < nj ? jb + NS_BLK : nj;
+                for (int64_t j = jb; j < jb1; j++)
+                    for (int64_t i = i0; i < i1; i++) C[j * n + i] = ns_bf(X[i * m + j0 + j]);
+            }
+}
+
 /* Prologue of matrix i (serial, O(rows * cols)): the norm, zero input and
  * 0 steps, and the buffers of the ping-pong. The input is known finite
  * and, if zero, eps > 0. */
@@ -742,6 +971,10 @@ static void ns_begin(ns_iter *it, const ns_job *job, const mu__ns_slot *s, int64
         return;
     }
     const double scale = 1.0 / (o->norm_scale * norm + o->eps);
+    if (job->plan.bf16) {
+        ns_bf16_begin(it, src);
+        return;
+    }
     const int aol = o->precond == MU_NS_PRECOND_AOL;
     if (o->steps == 0) {
         if (aol) ns_aol_scale(&job->plan, src, it->dst, s->a, s->b, o->eps);
@@ -795,6 +1028,10 @@ static void ns_tile(const ns_iter *it, int64_t u)
     const int k = (int)(u / p->nx);
     int t = (int)(u % p->nx);
     const int stage = ns_stage(p, &t);
+    if (p->bf16) {
+        ns_bf16_tile(it, k, stage, t);
+        return;
+    }
     const double *co = job->opts->coeffs + 3 * k; /* a, b, c */
     /* Step k reads the previous step's output and writes the other buffer. */
     const int to_dst = it->dst_first ^ (k & 1);
@@ -970,19 +1207,29 @@ static void ns_worker(mu__pool *team, int rank, void *arg)
 }
 
 /* Workers: the OpenBLAS thread count when the call starts, or
- * MU_NS_THREADS (a positive integer) when set; at most MU__NS_MAX_SLOTS.
- * The results do not depend on it. */
-static int ns_workers(void)
+ * MU_NS_THREADS (a positive integer) when set (then *asked = 1); at most
+ * MU__NS_MAX_SLOTS. The results do not depend on it. */
+static int ns_workers_asked(int *asked)
 {
     int w = openblas_get_num_threads();
     const char *env = getenv("MU_NS_THREADS");
+    *asked = 0;
     if (env && *env) {
         char *end;
         long v = strtol(env, &end, 10);
-        if (*end == '\0' && v >= 1) w = v < MU__NS_MAX_SLOTS ? (int)v : MU__NS_MAX_SLOTS;
+        if (*end == '\0' && v >= 1) {
+            w = v < MU__NS_MAX_SLOTS ? (int)v : MU__NS_MAX_SLOTS;
+            *asked = 1;
+        }
     }
     if (w < 1) w = 1;
     return w < MU__NS_MAX_SLOTS ? w : MU__NS_MAX_SLOTS;
+}
+
+static int ns_workers(void)
+{
+    int asked;
+    return ns_workers_asked(&asked);
 }
 
 /* The team for `workers` workers: in a host with an OpenMP runtime, a
@@ -1003,21 +1250,59 @@ static int ns_unit_cmp(const void *pa, const void *pb)
     return (a->index > b->index) - (a->index < b->index);
 }
 
+static void ns_schedule_run(const ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
+                            mu_ns_workspace *ws);
+
+/* oneDNN into the workspace when a job is bfloat16 (MU_EIO without it). */
+static int ns_dnnl_ready(const ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
+{
+    for (int64_t j = 0; j < njobs; j++)
+        if (jobs[j].batch > 0 && jobs[j].plan.bf16)
+            return ws->dnnl ? MU_OK : mu__dnnl_open(&ws->dnnl);
+    return MU_OK;
+}
+
 /* Run every matrix of jobs[0, njobs) (validated; norms filled) with the
- * scratch lists unit[] and tstart[] (room for every matrix, + 1). */
-static void ns_schedule(const ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
+ * scratch lists unit[] and tstart[] (room for every matrix, + 1). The
+ * bfloat16 ones get oneDNN (opened into the workspace on first use), whose
+ * products run one thread each: the caller's OpenMP thread count is 1
+ * during the call and restored after. Fails with oneDNN missing (MU_EIO,
+ * before anything is written) or a failed product (MU_ENOMEM). */
+static int ns_schedule(ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
+                       mu_ns_workspace *ws)
+{
+    int bf16 = 0;
+    for (int64_t j = 0; j < njobs; j++) bf16 |= jobs[j].batch > 0 && jobs[j].plan.bf16;
+    if (!bf16) {
+        ns_schedule_run(jobs, njobs, unit, tstart, ws);
+        return MU_OK;
+    }
+    int rc = ns_dnnl_ready(jobs, njobs, ws);
+    if (rc != MU_OK) return rc;
+    for (int64_t j = 0; j < njobs; j++) jobs[j].dnnl = ws->dnnl;
+    const int saved = mu__dnnl_threads(ws->dnnl);
+    ns_schedule_run(jobs, njobs, unit, tstart, ws);
+    mu__dnnl_set_threads(ws->dnnl, saved);
+    return mu__dnnl_take_failure(ws->dnnl);
+}
+
+static void ns_schedule_run(const ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
                         mu_ns_workspace *ws)
 {
     int64_t total = 0;
+    double sum = 0;
     for (int64_t j = 0; j < njobs; j++) {
         const ns_job *job = &jobs[j];
         if (job->plan.n == 0) continue;
         const double cost = ns_cost(job);
         for (int64_t i = 0; i < job->batch; i++)
             unit[total++] = (ns_unit){.job = j, .index = i, .cost = cost};
+        sum += cost * (double)job->batch;
     }
     if (total == 0) return;
-    int threads = ns_workers();
+    int asked;
+    int threads = ns_workers_asked(&asked);
+    if (!asked && sum < MU__NS_PAR_MIN_COST * (double)total) threads = 1;
     int64_t nshared = 0;
     int most = 1; /* most tiles in a stage of a shared unit: its useful workers */
     if (threads > 1) {
@@ -1106,6 +1391,14 @@ static int ns_check_opts(const char *pre, const mu_ns_opts *o)
     if (o->precond == MU_NS_PRECOND_AOL && o->method == MU_NS_GRAM)
         return mu__fail(MU_EINVAL, "%sthe AOL preconditioning runs the standard iteration "
                         "(method MU_NS_STANDARD or MU_NS_AUTO)", pre);
+    if (o->dtype != MU_F32 && o->dtype != MU_BF16)
+        return mu__fail(MU_EINVAL, "%sdtype must be MU_F32 or MU_BF16, got %d", pre, o->dtype);
+    if (o->dtype == MU_BF16 && o->method == MU_NS_GRAM)
+        return mu__fail(MU_EINVAL, "%sdtype bfloat16 runs the standard iteration (method "
+                        "MU_NS_STANDARD or MU_NS_AUTO, not MU_NS_GRAM)", pre);
+    if (o->dtype == MU_BF16 && o->precond == MU_NS_PRECOND_AOL)
+        return mu__fail(MU_EINVAL, "%sdtype bfloat16 does not run the AOL preconditioning "
+                        "(variant 'aol' is float32 only)", pre);
     return MU_OK;
 }
 
@@ -1127,6 +1420,9 @@ static int ns_job_init(const char *pre, const mu_tensor *in, mu_tensor *out,
         return mu__fail(MU_EDTYPE, "%sunsupported dtype %d", pre, in->scalar);
     if (out->scalar != in->scalar)
         return mu__fail(MU_EDTYPE, "%sout dtype differs from the input's", pre);
+    if (opts->dtype == MU_BF16 && in->scalar != MU_F32)
+        return mu__fail(MU_EDTYPE, "%sdtype bfloat16 takes float32 tensors, got %s", pre,
+                        mu_dtype_name(in->scalar));
     if (out->ndim != in->ndim)
         return mu__fail(MU_ESHAPE, "%sout has %d dims, input %d", pre, out->ndim, in->ndim);
     for (int d = 0; d < in->ndim; d++)
@@ -1151,7 +1447,7 @@ static int ns_job_init(const char *pre, const mu_tensor *in, mu_tensor *out,
     *job = (ns_job){.dt = dt, .rows = rows, .cols = cols, .batch = n == 0 ? 0 : batch,
                     .in = ib, .out = ob, .bytes_per = len * (int64_t)mu_dtype_size(dt),
                     .opts = opts, .inplace = ib == (const char *)ob};
-    ns_plan_init(&job->plan, dt, rows, cols, opts->path);
+    ns_plan_init(&job->plan, dt, rows, cols, opts->path, opts->dtype == MU_BF16);
     return MU_OK;
 }
 
@@ -1277,8 +1573,9 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
             ns_norm(job.dt, job.in + i * job.bytes_per, len, &l.norms[i]);
         job.norms = l.norms;
         l.jobs[0] = job;
-        rc = ns_run_gram(l.jobs, 1, ws);
-        if (rc == MU_OK) ns_schedule(l.jobs, 1, l.unit, l.tstart, ws);
+        rc = ns_dnnl_ready(l.jobs, 1, ws);
+        if (rc == MU_OK) rc = ns_run_gram(l.jobs, 1, ws);
+        if (rc == MU_OK) rc = ns_schedule(l.jobs, 1, l.unit, l.tstart, ws);
     }
     mu_ns_workspace_free(own);
     return rc;
@@ -1343,7 +1640,7 @@ int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *c
     int dt = -1;
     for (int64_t j = 0; j < count; j++) {
         ns_job job;
-        snprintf(pre, sizeof pre, "ns many: tensor %lld: ", (long long)j);
+        mu__name_index(pre, sizeof pre, "ns many: tensor ", "", (long long)j, ": ");
         if (!in[j] || !out[j])
             return mu__fail(MU_EINVAL, "%sin[%lld] and out[%lld] must not be NULL", pre,
                             (long long)j, (long long)j);
@@ -1373,15 +1670,16 @@ int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *c
     int rc = ns_lists_get(ws, count, total, &l);
     /* Second pass: every job with its norms, then aliasing, before any write. */
     for (int64_t j = 0, off = 0; rc == MU_OK && j < count; j++) {
-        snprintf(pre, sizeof pre, "ns many: tensor %lld: ", (long long)j);
+        mu__name_index(pre, sizeof pre, "ns many: tensor ", "", (long long)j, ": ");
         rc = ns_job_init(pre, in[j], out[j], opts[j], &l.jobs[j]);
         if (rc == MU_OK) rc = ns_ws_fits(pre, ws, &l.jobs[j]);
         if (rc == MU_OK) rc = ns_job_norms(pre, &l.jobs[j], l.norms + off);
         off += l.jobs[j].batch;
     }
     if (rc == MU_OK) rc = ns_check_aliasing(&l, count);
+    if (rc == MU_OK) rc = ns_dnnl_ready(l.jobs, count, ws);
     if (rc == MU_OK) rc = ns_run_gram(l.jobs, count, ws);
-    if (rc == MU_OK) ns_schedule(l.jobs, count, l.unit, l.tstart, ws);
+    if (rc == MU_OK) rc = ns_schedule(l.jobs, count, l.unit, l.tstart, ws);
     mu_ns_workspace_free(own);
     return rc;
 }
@@ -1423,6 +1721,6 @@ void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t c
     ns_job job = {.dt = dt, .rows = rows, .cols = cols, .in = in, .out = out,
                   .bytes_per = rows * cols * (int64_t)mu_dtype_size(dt), .opts = opts,
                   .inplace = in == out, .norms = &norm};
-    ns_plan_init(&job.plan, dt, rows, cols, opts->path);
+    ns_plan_init(&job.plan, dt, rows, cols, opts->path, 0);
     ns_one(&job, s, 0);
 }

@@ -112,6 +112,11 @@ int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts)
         return mu__fail(MU_EINVAL, "ns: rows and cols must be >= 0, got %lld x %lld",
                         (long long)rows, (long long)cols);
     if (opts->precond == MU_NS_PRECOND_AOL) return MU_NS_STANDARD; /* (AOL: src/ns.c only) */
+    /* bfloat16: the standard iteration only (the seed's). The Gram
+     * iteration's restart points and guard band are derived for float32
+     * rounding (~1e-7); with bfloat16's ~4e-3 per rounding they would not
+     * bound its error, and it has no bfloat16 kernels. */
+    if (opts->dtype == MU_BF16) return MU_NS_STANDARD;
     if (opts->method != MU_NS_AUTO) return opts->method;
     const double n = (double)(rows < cols ? rows : cols), m = (double)(rows < cols ? cols : rows);
     if (opts->steps < 2 || n < GRAM_AUTO_MIN_N) return MU_NS_STANDARD;

@@ -119,7 +119,7 @@ int mu_xsum_add_tensors(mu_xsum *s, int n, mu_tensor *const *xs, int squares)
     if (n < 0 || (n > 0 && !xs)) return mu__fail(MU_EINVAL, "xsum: bad tensor count %d or NULL array", n);
     for (int i = 0; i < n; i++) {
         char what[32];
-        snprintf(what, sizeof what, "xsum: xs[%d]", i);
+        mu__name_index(what, sizeof what, "xsum: xs", "[", i, "]");
         int rc = mu__tensor_check(xs[i], what);
         if (rc != MU_OK) return rc;
         if (xs[i]->scalar != MU_F32 && xs[i]->scalar != MU_F64 && xs[i]->scalar != MU_BF16)

@@ -350,21 +350,45 @@ describe("every tensor the commit writes is checked", function()
     end
   end)
 
-  it("post_update_fn leaving NaN or Inf in a parameter fails the step; the commit is undone", function()
+  it("post_update_fn leaving NaN or Inf in a parameter: error undoes the step; skip undoes its group", function()
     for bi, bad in ipairs(BAD) do
-      local n = 0
-      local eng = pair({ post_update_fn = function(_, x)
-        n = n + 1
-        if n == 2 then poison(x, bad, bi) end
-      end })
-      grads(eng, 1)
-      eng:step()
-      local before = D.snapshot(eng)
-      grads(eng, 2)
-      local code, msg = fails(eng.step, eng)
-      assert.are.equal("ENONFINITE", code)
-      assert.truthy(msg:find("parameter 'w': post_update_fn left NaN or Inf in the parameter", 1, true), msg)
-      assert.are.equal(before, D.snapshot(eng))
+      for _, policy in ipairs({ "error", "skip" }) do
+        local n = 0
+        local eng = pair({ nonfinite = policy, post_update_fn = function(_, x)
+          n = n + 1
+          if n == 2 then poison(x, bad, bi) end
+        end })
+        grads(eng, 1)
+        eng:step()
+        local before = D.snapshot(eng)
+        local b_before = eng:param("b").value:clone()
+        local w_state = eng:state("w").momentum_buffer:clone()
+        grads(eng, 2)
+        if policy == "error" then
+          local code, msg = fails(eng.step, eng)
+          assert.are.equal("ENONFINITE", code)
+          assert.truthy(msg:find("parameter 'w': post_update_fn left NaN or Inf in the parameter", 1, true), msg)
+          assert.are.equal(before, D.snapshot(eng))
+        else
+          eng:step()
+          assert.are.equal(1, eng:stats().muon.skipped_nonfinite)
+          assert.are.equal(0, eng:stats().adamw.skipped_nonfinite)
+          assert.is_true(eng:param("w").value:all_finite())
+          H.assert_equal_bits(eng:state("w").momentum_buffer, w_state, "w's state as before the step")
+          assert.is_false(H.max_abs_diff(eng:param("b").value, b_before) == 0, "b stepped")
+          -- w goes on from its state before the skipped step: as a run
+          -- without that step (Muon's step does not depend on the count)
+          local ref = pair({ nonfinite = policy, post_update_fn = function() end })
+          grads(ref, 1)
+          ref:step()
+          grads(ref, 3)
+          ref:step()
+          grads(eng, 3)
+          eng:step()
+          H.assert_equal_bits(eng:state("w").momentum_buffer, ref:state("w").momentum_buffer, "w's momentum")
+          H.assert_equal_bits(eng:param("w").value, ref:param("w").value, "w")
+        end
+      end
     end
   end)
 
@@ -528,4 +552,98 @@ return { groups = {
     os.remove(path)
     assert.are.equal(D.snapshot(ref), D.snapshot(eng))
   end)
+end)
+
+describe("a load keeps the config the source of truth for every schedulable key of every kind", function()
+  local K = require("muon.optim.kind")
+  local function stderr_of(fn)
+    local lines, saved = {}, io.stderr
+    io.stderr = { write = function(_, ...) for _, x in ipairs({ ... }) do lines[#lines + 1] = x end end } -- luacheck: ignore 122
+    local ok, err = pcall(fn)
+    io.stderr = saved -- luacheck: ignore 122
+    if not ok then error(err, 0) end
+    return table.concat(lines)
+  end
+  -- another valid value of an option
+  local function other(v)
+    if type(v) == "table" then return { v[1] * 0.5, v[2] } end
+    if v == 0 then return 0.05 end
+    return v * 0.5
+  end
+  for _, kind in ipairs(K.names()) do
+    local k = K.get(kind)
+    for _, key in ipairs(k.SCHEDULE_ORDER) do
+      if key ~= "lr" then -- (lr: the schedule's, tests/kind_spec.lua)
+        it(("%s.%s: the file's value until the next step, a note naming it, then the config's"):format(kind, key), function()
+          local function make(v)
+            local g = { optimizer = kind, match = ".", [key] = v }
+            local eng = engine.new({ groups = { g } })
+            eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
+            return eng
+          end
+          local base = k.DEFAULTS[key]
+          local a = make(base)
+          a:step()
+          local path = tmp()
+          a:save(path)
+          local b = make(other(base))
+          local text = stderr_of(function() b:load(path) end)
+          os.remove(path)
+          assert.truthy(text:find(key .. " = ", 1, true) and text:find("in the checkpoint", 1, true), text)
+          assert.are.same(base, b.groups[1].options[key]) -- the checkpoint's, until the next step
+          b:step()
+          assert.are.same(other(base), b.groups[1].options[key])
+          -- the same config: no note
+          local c = make(base)
+          local p2 = tmp()
+          a:save(p2)
+          assert.are.equal("", stderr_of(function() c:load(p2) end))
+          os.remove(p2)
+        end)
+      end
+    end
+  end
+end)
+
+describe("foreach.apply_finite (the commit's check of the values it writes)", function()
+  local foreach = require("muon.foreach")
+  -- (sizes around the vector widths and the threads' split: every kernel
+  -- variant and the portable tail see the bad element)
+  local SIZES = { 1, 7, 16, 17, 33, 1000, 4099, 70001 }
+  for _, dtype in ipairs({ "float32", "float64" }) do
+    it(dtype .. ": writes nothing, finds the first tensor whose result would overflow or be NaN", function()
+      local big = dtype == "float32" and 3.4e38 or 1.797e308
+      for _, cautious in ipairs({ false, true }) do
+        for si, n in ipairs(SIZES) do
+          local ps, us = {}, {}
+          for i = 1, 3 do
+            ps[i] = T.randn({ n }, 10 * si + i, dtype)
+            us[i] = T.randn({ n }, 100 * si + i, dtype)
+          end
+          local copies = {}
+          for i = 1, 3 do copies[i] = ps[i]:clone() end
+          local ok, bad = foreach.apply_finite(ps, us, nil, 0.99, -0.01, cautious)
+          assert.is_true(ok)
+          assert.is_nil(bad)
+          for _, at in ipairs({ 1, n, math.max(1, n - 3) }) do
+            for _, case in ipairs({ "overflow", "nan-update", "nan-param" }) do
+              local q = ps[2]:view({ n }):narrow(1, at, 1)
+              local v = us[2]:view({ n }):narrow(1, at, 1)
+              local q0, v0 = q:flat()[1], v:flat()[1]
+              if case == "overflow" then q:fill(big); v:fill(-big) -- p * 0.99 - 0.01 * (-big) > max
+              elseif case == "nan-update" then v:fill(0 / 0)
+              else q:fill(0 / 0) end
+              local ok2, bad2 = foreach.apply_finite(ps, us, nil, case == "overflow" and 1.0 or 0.99,
+                case == "overflow" and -0.5 or -0.01, cautious)
+              assert.is_false(ok2, ("%s n=%d at=%d cautious=%s"):format(case, n, at, tostring(cautious)))
+              assert.are.equal(2, bad2)
+              q:fill(q0)
+              v:fill(v0)
+            end
+          end
+          for i = 1, 3 do H.assert_equal_bits(ps[i], copies[i], "apply_finite wrote nothing") end
+        end
+      end
+    end)
+  end
 end)

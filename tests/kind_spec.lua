@@ -72,12 +72,13 @@ describe("the kind contract", function()
     assert.same({ lr = 2e-2, weight_decay = 0.1, matched_adamw_rms = 0.2, momentum = 0.95, nesterov = true, ns_steps = 5,
       ns_variant = "asym5", ns_epsilon = 1e-10, zero_rms_scale_mode = "zero", apply_lr_in_update = false,
       ns_path = "symmetric", ns_method = "standard", scale_mode = "matched_adamw_rms", nonfinite = "error",
-      weight_decay_mode = "decoupled", nd_mode = "batch", state_dtype = "float32" }, m.DEFAULTS)
+      weight_decay_mode = "decoupled", nd_mode = "batch", state_dtype = "float32", ns_dtype = "float32" },
+      m.DEFAULTS)
     assert.same(set_of({ "lr", "weight_decay", "matched_adamw_rms", "momentum", "nesterov", "ns_steps", "ns_variant",
       "ns_epsilon", "zero_rms_scale_mode", "apply_lr_in_update", "ns_path", "ns_method", "scale_mode", "nonfinite",
       "weight_decay_mode", "nd_mode", "ns_coefficients", "zeropower_fn", "momentum_update_fn", "reshape_fn",
       "ns_transform_fn", "post_update_fn", "pre_ortho_fn", "post_ortho_fn", "hook_state", "hsdp_replica_count",
-      "state_dtype" }), m.OPTIONS)
+      "state_dtype", "ns_dtype" }), m.OPTIONS)
     assert.same({ "lr", "matched_adamw_rms", "momentum", "weight_decay" }, m.SCHEDULE_ORDER)
     assert.same({ "zeropower_fn", "momentum_update_fn", "reshape_fn", "ns_transform_fn", "post_update_fn", "pre_ortho_fn",
       "post_ortho_fn" }, m.HOOKS)

@@ -145,13 +145,15 @@ describe("src/muon.h", function()
       "    /* documented above */",
       "    int b;",
       "    int c;",
+      "    int d; /* a comment over two lines;",
+      "            * its second line holds a ';' */",
       "} mu_x;",
       "/* Documented. */",
       "enum { MU_A = 1 };",
       "",
       "enum { MU_B = 2 };",
     }, "\n")
-    assert.are.same({ "x.h:5: field 'c' of mu_x has no comment", "x.h:10: enum 'MU_B' has no comment above it" },
+    assert.are.same({ "x.h:5: field 'c' of mu_x has no comment", "x.h:12: enum 'MU_B' has no comment above it" },
       R.check_header_types(h, "x.h"))
   end)
 

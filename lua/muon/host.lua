@@ -191,6 +191,7 @@ function host.info(args)
   add("blas threads", tostring(b.threads))
   add("blas config", b.config)
   add("OPENBLAS_CORETYPE", os.getenv("OPENBLAS_CORETYPE") or "(unset)")
+  add("bf16 products", b.bf16)
   local have_mpi = false
   pcall(function() have_mpi = C.mu_comm_have_mpi() ~= 0 end)
   local size = 1

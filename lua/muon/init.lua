@@ -56,7 +56,8 @@ local muon = {
 }
 muon.param = require("muon.param")
 
--- { core = "SkylakeX", threads = 2, config = "...", expected = "SkylakeX" }.
+-- { core = "SkylakeX", threads = 2, config = "...", expected = "SkylakeX",
+--   bf16 = "oneDNN 2.6.3 avx512_core_bf16 (AVX512_BF16 instructions)" }.
 -- Warns once (stderr) when OpenBLAS runs a generic core on a CPU that has a
 -- fast one: that is a 7x slower sgemm.
 local warned = false
@@ -67,6 +68,7 @@ function muon.blas_info()
     core = ffi.string(info.core),
     config = ffi.string(info.config),
     threads = info.threads,
+    bf16 = ffi.string(info.bf16), -- the bfloat16 products' path (oneDNN and its CPU ISA)
     expected = core.cpu_core_type(),
     library = core.path,
   }

@@ -15,7 +15,8 @@
     after X / (norm_scale ||X||_F + eps), on the wide orientation.
 muon.ns.zeropower(x, opts)
     A new orthogonalized tensor of x's shape and dtype; x (2-D, or 3-D: a
-    batch of matrices; float32 or float64; contiguous or not) is unchanged.
+    batch of matrices; float32 or float64, float32 with dtype "bfloat16";
+    contiguous or not) is unchanged.
     opts.steps = the variant's length (5; deepseekv4 10, polar_express_8 8,
     aol 4): iterations; 0 only normalizes.
     opts.variant = "asym5": "legacy", "asym5", "polar_express",
@@ -28,6 +29,11 @@ muon.ns.zeropower(x, opts)
     faster of the two for the shape, see method_for).
     opts.path = "symmetric": "plain" computes A A without the symmetric
     product.
+    opts.dtype = "float32": "bfloat16" runs the seed's bfloat16 iteration
+    (bfloat16 products on oneDNN accumulating in float32, every iterate
+    rounded to bfloat16 where the seed's torch code holds one; rounding
+    points: mu_ns_opts in src/muon.h); the standard iteration only
+    (method "auto" resolves to it; "gram" and variant "aol" are errors).
     opts.workspace = nil: a workspace from ns.workspace to reuse.
     An unknown option is an error listing the valid ones. Asked for more
     steps than a fixed schedule defines, it runs the defined ones (as the
@@ -68,7 +74,8 @@ muon.ns.flops(shape, nd_mode)
     count * (4 m^2 n + 2 m^3), m the smaller side (0 without a core).
 muon.ns.VARIANTS
 muon.ns.METHODS
-    The variant names; "standard", "gram", "auto".
+muon.ns.DTYPES
+    The variant names; "standard", "gram", "auto"; "float32", "bfloat16".
 muon.ns.DEFAULT_VARIANT
 muon.ns.DEFAULT_STEPS
 muon.ns.DEFAULT_EPS
@@ -219,10 +226,14 @@ function ns.coefficients(variant, steps, custom)
 end
 
 local OPTION_KEYS = { steps = true, variant = true, eps = true, coefficients = true, path = true,
-  workspace = true, norm_scale = true, method = true }
+  workspace = true, norm_scale = true, method = true, dtype = true }
 local PATHS = { symmetric = C.MU_NS_SYMMETRIC, plain = C.MU_NS_PLAIN }
 ns.METHODS = { "standard", "gram", "auto" }
 local METHODS = { standard = C.MU_NS_STANDARD, gram = C.MU_NS_GRAM, auto = C.MU_NS_AUTO }
+-- the iteration's precision: "float32" (the tensors' own) or "bfloat16"
+-- (the seed's bf16 iteration on float32 tensors; see mu_ns_opts in src/muon.h)
+ns.DTYPES = { "float32", "bfloat16" }
+local DTYPES = { float32 = C.MU_F32, bfloat16 = C.MU_BF16 }
 
 local function check_keys(opts, allowed)
   local unknown = {}
@@ -240,7 +251,8 @@ local resolved_mt = { __index = {} }
 -- ns.resolve(opts) -> validated, reusable options (holds the C mu_ns_opts
 -- and its coefficient array). Keys: steps, variant, eps, coefficients,
 -- path ("symmetric" | "plain"), norm_scale (default: the preset's),
--- method ("standard" | "gram" | "auto"; see ns.method_for).
+-- method ("standard" | "gram" | "auto"; see ns.method_for), dtype
+-- ("float32" | "bfloat16": the precision of the iteration).
 local function resolve(opts)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then blame(E.EINVAL, "opts must be a table, got " .. type(opts)) end
@@ -259,8 +271,20 @@ local function resolve(opts)
   if METHODS[method] == nil then
     blame(E.EINVAL, "method must be 'standard', 'gram' or 'auto', got " .. repr(method))
   end
+  local dtype = opts.dtype == nil and "float32" or opts.dtype
+  if DTYPES[dtype] == nil then
+    blame(E.EINVAL, "dtype must be 'float32' or 'bfloat16', got " .. repr(dtype))
+  end
+  if dtype == "bfloat16" and method == "gram" then
+    blame(E.EINVAL, "dtype 'bfloat16' runs the standard iteration: method must be 'standard' or "
+      .. "'auto', got 'gram'")
+  end
   local arr, n, scale = schedule(variant, steps, opts.coefficients)
   local precond = PRESET[variant] and C.mu_ns_preset_precond(variant) or C.MU_NS_PRECOND_NONE
+  if precond == C.MU_NS_PRECOND_AOL and dtype == "bfloat16" then
+    blame(E.EINVAL, "variant 'aol' (its AOL preconditioning) runs in float32 only: dtype must be "
+      .. "'float32', got 'bfloat16'")
+  end
   if precond == C.MU_NS_PRECOND_AOL and method == "gram" then
     blame(E.EINVAL, "variant 'aol' (its AOL preconditioning) runs the standard iteration: method must be "
       .. "'standard' or 'auto', got 'gram'")
@@ -279,8 +303,10 @@ local function resolve(opts)
   copts.path = PATHS[path]
   copts.method = METHODS[method]
   copts.precond = precond
+  copts.dtype = DTYPES[dtype]
   return setmetatable({
     variant = variant, steps = n, eps = eps, path = path, norm_scale = scale, method = method,
+    dtype = dtype,
     coeffs = arr, -- keeps the array alive for copts
     copts = copts,
   }, resolved_mt)
@@ -379,7 +405,8 @@ function ns.zeropower_many(outs, xs, rs, ws, count)
 end
 
 -- ns.zeropower(x, opts) -> a new tensor, x unchanged. x: 2-D (n x m) or 3-D
--- (batch x n x m), contiguous or not, float32 or float64.
+-- (batch x n x m), contiguous or not, float32 or float64 (float32 with
+-- opts.dtype = "bfloat16").
 function ns.zeropower(x, opts)
   if not T.is_tensor(x) then blame(E.EINVAL, "zeropower: x must be a tensor") end
   if x:dim() ~= 2 and x:dim() ~= 3 then

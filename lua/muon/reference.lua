@@ -425,12 +425,16 @@ function R.check_header_types(text, where)
     while k >= 1 and (lines[k]:match("^#") or lines[k]:match("\\%s*$")) do k = k - 1 end
     return k >= 1 and (lines[k]:match("%*/%s*$") ~= nil)
   end
-  local in_struct = nil
+  local in_struct, in_comment = nil, false
   for i, l in ipairs(lines) do
-    if in_struct then
+    if in_struct and in_comment then -- (a field's comment continued: not a field)
+      if l:find("%*/") then in_comment = false end
+    elseif in_struct then
+      local open = l:find("/%*")
+      if open and not l:find("%*/", open) then in_comment = true end
       if l:match("^}") then
         in_struct = nil
-      elseif l:find(";") and not l:find("/%*") and not lines[i - 1]:match("%*/%s*$") then
+      elseif l:find(";") and not open and not lines[i - 1]:match("%*/%s*$") then
         problems[#problems + 1] = ("%s:%d: field '%s' of %s has no comment"):format(where, i,
           l:match("([%w_]+)%s*[%[;]") or l, in_struct)
       end

@@ -14,8 +14,15 @@
 --               run there (kind.orthogonalize); every update slice comes back.
 --               Batches with nothing to route (all on one process) run
 --               first, their Newton-Schulz in one scheduler call (compute_local)
---   5. check    updates are finite; on a mesh every rank agrees (the lowest
---               failing rank's error is raised everywhere, nothing changes)
+--   5. check    what the commit writes is finite (updates, state a hook
+--               wrote, hook state, the parameters' new values: computed
+--               without writing them); on a mesh every rank agrees (the
+--               lowest failing rank's error is raised everywhere, nothing
+--               changes). Hooks see hook state in buffers of their own,
+--               copied into the state here: no alias reaches the state
+-- (Before 1, a gate agrees that every rank is in the same call: step, save
+-- or load, Stepper:gate. No call of the optimizer runs from inside one of
+-- its hooks: Stepper:exclusive.)
 --   6. commit   state buffers swap in, p = p * decay + alpha * update; no
 --               error can happen from the first write to the end of this
 --   7. post     post_update_fn (after the commit; a failure on any rank
@@ -33,6 +40,8 @@
 --   st:add(gi, param, placement)     -- param.logical_shape: the global shape
 --   st:check_buffers(params)         -- raises if their memory overlaps a registered one's
 --   st:add_group(spec) --> gi        -- one more group (before its parameters)
+--   st:gate(op, err)                 -- the start of a collective call (step, save, load, reduce_grads)
+--   st:exclusive(what, f, ...)       -- f(...) as a call no hook may re-enter; st:check_idle(what)
 --   st:step(values, pre_err)         -- values[gi] = { lr = ..., ... } this step's schedule;
 --                                    -- false when no parameter has a grad (nothing changed)
 --   st:set_signal(name, values)      -- ctx.signals[name] for hooks
@@ -276,8 +285,7 @@ local OP_TAG = {}
 for i, op in ipairs(OPS) do OP_TAG[op] = i end
 
 -- The start of every collective call (op: "step", "save", "load" or
--- "reduce_grads"), on a
--- mesh one all-reduce of the call's tag and of whether this rank already
+-- "reduce_grads"), on a mesh one all-reduce of the call's tag and of whether this rank already
 -- failed (err: an argument error, raised here on every rank, lowest
 -- failing rank's): ranks in different calls (save on one, step on
 -- another) fail on every rank naming both calls instead of entering
@@ -292,7 +300,8 @@ function Stepper:gate(op, err)
   if r[1] ~= -r[2] then
     local other = OPS[r[1] ~= tag and r[1] or -r[2]]
     E.raise(E.ESTATE, "%s: the ranks are not in the same call: rank %d called %s while another rank called %s "
-      .. "(every rank must call step, save and load in the same order); nothing was changed", op, self.me, op, other)
+      .. "(every rank must make the same collective calls, %s, in the same order); nothing was changed", op, self.me,
+      op, other, table.concat(OPS, ", "))
   end
   if r[3] ~= 0 then self:_raise_from(self.W - r[3], err) end
 end
@@ -516,7 +525,7 @@ local function check_phase(self, values, pre_err)
       local g = p.grad
       if g ~= nil then
         P.check(p.name, p.value, g) -- a grad set after add_param: dtype, shape
-        if G.kind.check_param then G.kind.check_param(p) end
+        if G.kind.check_param then G.kind.check_param(p, hp) end
         params[#params + 1] = p
         run.stepping[self.rec[p]] = true
         if g:numel() > 0 then
@@ -900,8 +909,6 @@ local function finish_phase(self, run)
           values[n], updates[n], names[n] = p.value, self.scratch[p].u, p.name
         end
       end
-      local bad = U.first_nonfinite(updates)
-      if bad then nonfinite(G, gr, "parameter '%s': update holds NaN or Inf (%s)", names[bad], G.label) end
       local decay, alpha, cautious = G.kind.apply_coeffs(G.options, gr.hp)
       if not (finite(decay) and finite(alpha)) then
         E.raise(E.EINVAL, "%s: the step's decay (%s) or alpha (%s) is not finite", G.label, tostring(decay), tostring(alpha))
@@ -911,18 +918,25 @@ local function finish_phase(self, run)
           E.raise(E.EINVAL, "parameter '%s': value is not contiguous", names[i])
         end
       end
+      -- One read of the parameters and updates: the values the commit
+      -- writes, computed without writing them. A NaN/Inf update makes its
+      -- result NaN/Inf too (alpha * u with alpha finite, 0 * Inf = NaN), so
+      -- this is also the updates' check; which one it was is looked up only
+      -- on a failure.
       for _, part in ipairs(U.split_dtype(values, updates)) do
         gr.applies[#gr.applies + 1] = { part[1], part[2], decay, alpha, cautious }
-        -- the values the commit writes, computed without writing them
-        -- (skipped when the group skips anyway)
-        if not bad and not gr.skip_derived then
+        if not gr.skip_derived then
           local ok, i = foreach.apply_finite(part[1], part[2], nil, decay, alpha, cautious)
           if not ok then
             local name
             for n, v in ipairs(values) do if v == part[1][i] then name = names[n] end end
-            nonfinite(G, gr, "parameter '%s': the step would leave NaN or Inf in the parameter (value * %.17g + "
-              .. "%.17g * update overflows, or the value holds NaN or Inf) (%s); nothing was changed",
-              name, decay, alpha, G.label)
+            if not part[2][i]:all_finite() then
+              nonfinite(G, gr, "parameter '%s': update holds NaN or Inf (%s)", name, G.label)
+            else
+              nonfinite(G, gr, "parameter '%s': the step would leave NaN or Inf in the parameter (value * %.17g + "
+                .. "%.17g * update overflows, or the value holds NaN or Inf) (%s); nothing was changed",
+                name, decay, alpha, G.label)
+            end
           end
         end
       end
@@ -1031,6 +1045,38 @@ local function journal(self, run)
 end
 
 -- Undo commit_phase (and what post_update_fn wrote to the parameters).
+-- A committed group's state tables as the journal found them.
+local function undo_state(self, gr, j)
+  for _, e in ipairs(gr.entries) do
+    local was = j.state[e]
+    if was == false then
+      self.state[e.p] = nil -- (its first step: the fresh buffers go)
+    else
+      local st, spare = self.state[e.p], self.scratch[e.p].spare
+      for k, t in pairs(e.new) do spare[k] = t end -- (back where the step found them)
+      for k in pairs(st) do st[k] = nil end
+      for k, v in pairs(was) do st[k] = v end
+    end
+  end
+  for _, e in ipairs(gr.empties) do
+    if e.new then self.state[e.p] = nil else self.state[e.p].step = e.was end
+  end
+end
+
+-- One group whose post_update_fn left NaN/Inf under nonfinite = "skip":
+-- its parameters, state and step counts as before the step, counted as
+-- skipped (its options keep the step's values, as for any skipped group).
+local function skip_after_post(self, gi, gr, j)
+  for _, p in ipairs(self:params(gi)) do
+    if j.values[p] then p.value:copy(j.values[p]) end
+  end
+  undo_state(self, gr, j)
+  for _, p in ipairs(gr.params) do self.pstep[p] = j.pstep[p] end
+  local ks = self.counters.kinds[self.groups[gi].kind.name]
+  ks.skipped_nonfinite = ks.skipped_nonfinite + 1
+  self.counters.skipped_nonfinite = self.counters.skipped_nonfinite + 1
+end
+
 local function undo_commit(self, run, j)
   for p, before in pairs(j.values) do p.value:copy(before) end
   for gi, G in ipairs(self.groups) do
@@ -1038,22 +1084,7 @@ local function undo_commit(self, run, j)
     for k in pairs(opts) do if o[k] == nil then opts[k] = nil end end
     for k, v in pairs(o) do opts[k] = v end
     local gr = run.g[gi]
-    if not gr.skip then
-      for _, e in ipairs(gr.entries) do
-        local was = j.state[e]
-        if was == false then
-          self.state[e.p] = nil -- (its first step: the fresh buffers go)
-        else
-          local st, spare = self.state[e.p], self.scratch[e.p].spare
-          for k, t in pairs(e.new) do spare[k] = t end -- (back where the step found them)
-          for k in pairs(st) do st[k] = nil end
-          for k, v in pairs(was) do st[k] = v end
-        end
-      end
-      for _, e in ipairs(gr.empties) do
-        if e.new then self.state[e.p] = nil else self.state[e.p].step = e.was end
-      end
-    end
+    if not gr.skip then undo_state(self, gr, j) end
   end
   for k in pairs(self.pstep) do self.pstep[k] = nil end
   for p, n in pairs(j.pstep) do self.pstep[p] = n end
@@ -1103,6 +1134,10 @@ function step_body(self, values, pre_err)
   local undo, held = journal(self, run)
   commit_phase(self, run, held)
   local post_failure
+  -- groups whose post_update_fn left NaN/Inf under "skip" (agreed with
+  -- the failure flag below)
+  local post_skip = { g = {} }
+  for gi = 1, #self.groups do post_skip.g[gi] = {} end
   local sess
   if W > 1 and post_reductions(self, run) then
     self.post_session = self.post_session or Rd.session(self.ctrl)
@@ -1110,7 +1145,7 @@ function step_body(self, values, pre_err)
   end
   for gi, G in ipairs(self.groups) do
     local gr = run.g[gi]
-    if G.kind.post_update and not gr.skip and post_failure == nil and #gr.params > 0 then
+    if runs_post(G, gr) and post_failure == nil and #gr.params > 0 then -- (boxes only for a hook that runs)
       local boxes, reducers = {}, sess and {}
       for i, p in ipairs(gr.params) do
         local r = self.rec[p]
@@ -1123,12 +1158,14 @@ function step_body(self, values, pre_err)
       local ok, e = pcall(G.kind.post_update, G.options, gr.hp, gr.params, boxes, run.signals, reducers)
       if not ok then post_failure = e end
       if post_failure == nil and runs_post(G, gr) then
-        -- what it left in the parameters is committed: finite, under
-        -- either policy (it ran after the commit: the step is undone)
+        -- what it left in the parameters is committed: finite (it ran
+        -- after the commit: "error" undoes the step, "skip" the group's)
         local written = {}
         for i, p in ipairs(gr.params) do written[i] = p.value end
         local bad = U.first_nonfinite(written)
-        if bad then
+        if bad and G.options.nonfinite == "skip" then
+          post_skip.g[gi].skip_derived = true
+        elseif bad then
           post_failure = E.new(E.ENONFINITE, ("parameter '%s': post_update_fn left NaN or Inf in the parameter (%s); "
             .. "the step was undone"):format(gr.params[bad].name, G.label))
         end
@@ -1139,10 +1176,13 @@ function step_body(self, values, pre_err)
     local ok, e = pcall(sess.finish, sess, post_failure ~= nil)
     if not ok and post_failure == nil then post_failure = e end
   end
-  local ok, e = pcall(self.agree_failure, self, post_failure)
+  local ok, e = pcall(self.agree_failure, self, post_failure, post_skip)
   if not ok then
     if undo then undo_commit(self, run, undo) end
     error(e, 0)
+  end
+  for gi, pg in ipairs(post_skip.g) do
+    if pg.skip then skip_after_post(self, gi, run.g[gi], undo) end
   end
   for gi in pairs(held) do apply_group(run.g[gi]) end
   if self.check_replicas_mode == "params" and W > 1 then self:check_replicas("params") end

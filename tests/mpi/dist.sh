@@ -4,7 +4,7 @@
 # {replicate,2}x{shard,2} and a two-axis 2-D shard, with OpenBLAS at 1 and
 # 2 threads, including the steps after failed ones; failures that reach
 # every rank; configs that differ; batch-sharded experts that move nothing;
-# replicated state; checkpoints resharded across world sizes; the pipelined
+# replicated state; bfloat16 Newton-Schulz; checkpoints resharded across world sizes; the pipelined
 # (overlapped) exchanges and a failure in the middle of them. Every kind
 # (Muon, AdamW, Lion) is in the meshes.
 . "$(dirname "$0")/lib.bash"
@@ -29,6 +29,11 @@ for c in "2 shard:2" "3 replicate:3" "4 replicate:2,shard:2"; do
 done
 MU_TEST_STATE_DTYPE=bfloat16 mpi_case "dist np=4 bfloat16 state save" 4 $RUN $S save "replicate:2,shard:2" "$ck/bf16.safetensors"
 MU_TEST_STATE_DTYPE=bfloat16 mpi_case "dist np=2 bfloat16 state resume from np=4" 2 $RUN $S resume "shard:2" "$ck/bf16.safetensors"
+# bfloat16 Newton-Schulz (ns_dtype): bitwise as one process at np 1-4
+for c in "1 shard:1" "2 shard:2" "3 replicate:3" "4 replicate:2,shard:2" "4 shard:2,shard2:2"; do
+  set -- $c
+  MU_TEST_NS_DTYPE=bfloat16 mpi_case "dist np=$1 mesh $2 bfloat16 Newton-Schulz" "$1" $RUN $S equal "$2"
+done
 for c in "1 shard:1" "2 shard:2" "2 replicate:2" "3 shard:3" "4 replicate:2,shard:2" "4 shard:2,shard2:2"; do
   set -- $c
   mpi_case "variants np=$1 mesh $2" "$1" $RUN $S variants "$2" "$ck/variants.safetensors"

@@ -20,6 +20,7 @@
 --            flattening, QK-clip (signals): 10 steps bitwise vs one process
 --   nothing  a step where no rank has a grad steps nothing (on every rank);
 -- MU_TEST_STATE_DTYPE=bfloat16 runs the float32 groups with bfloat16 state.
+-- MU_TEST_NS_DTYPE=bfloat16 runs the float32 Muon groups' Newton-Schulz in bfloat16.
 --            empty shards without a grad step with their parameter; a grad
 --            on some holding ranks only fails everywhere
 --   overlap  small batches (many pipelined waves): every data exchange is
@@ -140,6 +141,11 @@ local function make_config(dist, here, variant)
   local sd = os.getenv("MU_TEST_STATE_DTYPE")
   if sd and sd ~= "" then
     for _, i in ipairs({ 1, 2, 3, 5 }) do groups[i].state_dtype = sd end
+  end
+  -- MU_TEST_NS_DTYPE=bfloat16: the float32 Muon groups run Newton-Schulz in bfloat16
+  local nd = os.getenv("MU_TEST_NS_DTYPE")
+  if nd and nd ~= "" then
+    for _, i in ipairs({ 1, 2 }) do groups[i].ns_dtype = nd end
   end
   if mode == "overlap" then
     groups[1].post_ortho_fn = function(_, _, ctx)

@@ -22,6 +22,8 @@ muon.optim.Muon(params, opts)
     opts.ns_epsilon = 1e-10
     opts.ns_path = "symmetric": or "plain".
     opts.ns_method = "standard": "gram" or "auto" (muon.ns.method_for).
+    opts.ns_dtype = "float32": or "bfloat16", the seed's bfloat16 iteration
+    (muon.ns.zeropower opts.dtype).
     opts.zero_rms_scale_mode = "zero": or "use_lr" (the scale when
     matched_adamw_rms is 0).
     opts.apply_lr_in_update = false: the scale takes -lr and the apply

@@ -77,7 +77,7 @@ K.MEMBERS = {
     .. "p = p * decay + alpha * u (cautious: the decay only where the update moves p towards 0)" },
   { "resolve", "function", false, "resolve(group): checks across options and derived values (fields starting "
     .. "with '_'), after every option's own check" },
-  { "check_param", "function", false, "check_param(p): raises for a parameter the kind cannot step" },
+  { "check_param", "function", false, "check_param(p, g): raises for a parameter the kind cannot step (g: the group's options)" },
   { "orthogonalize", "function", false, "orthogonalize(ctx, group, hp, items): Newton-Schulz and the scale in "
     .. "place on the owner's items { name, input, state, shape, signals, region }; a kind with it runs "
     .. "Newton-Schulz (its inputs are routed to owners on a mesh)" },

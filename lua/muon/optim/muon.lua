@@ -91,6 +91,8 @@ kind.options = {
   { "ns_path", "symmetric", O.oneof({ "symmetric", "plain" }) },
   -- "standard", "gram" (iterate on X X^T) or "auto" (per shape)
   { "ns_method", "standard", O.oneof(ns.METHODS) },
+  -- the iteration's precision: "float32" or "bfloat16" (the seed's bf16 iteration)
+  { "ns_dtype", "float32", O.oneof(ns.DTYPES) },
   -- or "keller": sqrt(max(1, A/B)); "spectral": sqrt(A/B)
   { "scale_mode", "matched_adamw_rms", O.oneof({ "matched_adamw_rms", "keller", "spectral" }) },
   -- or "cautious": decay only where the update moves p towards 0
@@ -130,17 +132,20 @@ function kind.resolve(g)
   end
   local ok2, resolved = pcall(ns.resolve, {
     steps = g.ns_steps, variant = g.ns_variant, eps = g.ns_epsilon,
-    coefficients = g.ns_coefficients, path = g.ns_path, method = g.ns_method,
+    coefficients = g.ns_coefficients, path = g.ns_path, method = g.ns_method, dtype = g.ns_dtype,
   })
   -- (under pcall muon.ns blames no line: the group's checks name the option)
   if not ok2 then E.reraise(resolved, E.EINVAL) end
   g._ns = resolved
 end
 
-function kind.check_param(p)
+function kind.check_param(p, g)
   local shape = p.logical_shape or p.value:size()
   if #shape < 2 then
     fail("parameter '%s' is %d-D: 1D parameters are not supported in Muon (use AdamW)", p.name, #shape)
+  end
+  if g and g.ns_dtype == "bfloat16" and p.value:dtype() ~= "float32" then
+    fail("parameter '%s' is %s: ns_dtype = 'bfloat16' runs on float32 parameters", p.name, p.value:dtype())
   end
 end
 
