@@ -68,15 +68,7 @@ end
 local SHAPES = { w1 = { 6, 4 }, w2 = { 4, 5 }, b = { 7 } }
 local NAMES = { "w1", "w2", "b" }
 
-local function bits_equal(a, b)
-  if a:numel() ~= b:numel() then return false end
-  if a:numel() == 0 then return true end
-  local fa, fb = a:contiguous():flat(), b:contiguous():flat()
-  for i = 1, #fa do
-    if fa[i] ~= fb[i] then return false end
-  end
-  return true
-end
+local bits_equal = H.bits_equal
 
 -- An engine of the config on the mesh: its local parts, their grads.
 local function build(hook, kind)

@@ -40,14 +40,7 @@ local function config(dist)
   }
 end
 
-local function bits_equal(a, b)
-  local fa, fb = a:flat(), b:flat()
-  if #fa ~= #fb then return false end
-  for i = 1, #fa do
-    if fa[i] ~= fb[i] and not (fa[i] ~= fa[i] and fb[i] ~= fb[i]) then return false end
-  end
-  return true
-end
+local bits_equal = H.bits_equal
 
 H.main(function()
   H.init()

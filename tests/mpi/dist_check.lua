@@ -173,17 +173,7 @@ end
 
 local function numel(s) local n = 1 for _, x in ipairs(s) do n = n * x end return n end
 
-local function bits_equal(a, b)
-  if a:numel() ~= b:numel() then return false, "numel differs" end
-  if a:numel() == 0 then return true end
-  local fa, fb = a:contiguous():flat(), b:contiguous():flat()
-  for i = 1, #fa do
-    if fa[i] ~= fb[i] and not (fa[i] ~= fa[i] and fb[i] ~= fb[i]) then
-      return false, ("element %d: %.9g vs %.9g"):format(i, fa[i], fb[i])
-    end
-  end
-  return true
-end
+local bits_equal = H.bits_equal
 
 -- Both engines: the one-process reference on full tensors, and this rank's
 -- part of the mesh engine.

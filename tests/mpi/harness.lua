@@ -19,6 +19,21 @@ function H.check(name, cond, detail)
   io.stdout:flush()
 end
 
+-- Whether tensors a and b hold the same values element by element (NaN
+-- matching NaN), for bitwise comparisons with a one-process run; false and
+-- the first differing element otherwise.
+function H.bits_equal(a, b)
+  if a:numel() ~= b:numel() then return false, "numel differs" end
+  if a:numel() == 0 then return true end
+  local fa, fb = a:contiguous():flat(), b:contiguous():flat()
+  for i = 1, #fa do
+    if fa[i] ~= fb[i] and not (fa[i] ~= fa[i] and fb[i] ~= fb[i]) then
+      return false, ("element %d: %.17g vs %.17g"):format(i, fa[i], fb[i])
+    end
+  end
+  return true
+end
+
 -- Run main() and report; abort the whole job on an unexpected error.
 function H.main(fn)
   local ok, err = xpcall(fn, debug.traceback)

@@ -49,17 +49,7 @@ local function placement(spec)
   return pl
 end
 
-local function bits_equal(a, b)
-  if a:numel() ~= b:numel() then return false, "numel differs" end
-  if a:numel() == 0 then return true end
-  local fa, fb = a:contiguous():flat(), b:contiguous():flat()
-  for i = 1, #fa do
-    if fa[i] ~= fb[i] and not (fa[i] ~= fa[i] and fb[i] ~= fb[i]) then
-      return false, ("element %d: %.9g vs %.9g"):format(i, fa[i], fb[i])
-    end
-  end
-  return true
-end
+local bits_equal = H.bits_equal
 
 -- What the reductions returned, per engine: seen[tag][name][step] = list.
 local seen = {}

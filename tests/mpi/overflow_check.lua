@@ -27,14 +27,7 @@ end
 
 local SHAPES = { w = { 8, 6 }, v = { 6, 6 } }
 
-local function bits_equal(a, b)
-  local fa, fb = a:flat(), b:flat()
-  if #fa ~= #fb then return false end
-  for i = 1, #fa do
-    if fa[i] ~= fb[i] then return false end
-  end
-  return true
-end
+local bits_equal = H.bits_equal
 
 H.main(function()
   H.init()

@@ -18,15 +18,7 @@ local engine = require("muon.engine")
 
 local mode, mesh_arg, dir = arg[1], arg[2], arg[3]
 
-local function bits_equal(a, b)
-  if a:numel() ~= b:numel() then return false, "numel differs" end
-  if a:numel() == 0 then return true end
-  local fa, fb = a:contiguous():flat(), b:contiguous():flat()
-  for i = 1, #fa do
-    if fa[i] ~= fb[i] then return false, ("element %d: %.9g vs %.9g"):format(i, fa[i], fb[i]) end
-  end
-  return true
-end
+local bits_equal = H.bits_equal
 
 H.main(function()
   local w = H.init()
