@@ -14,10 +14,11 @@ muon.param
 muon.blas_info()
     The running OpenBLAS: { core = "SkylakeX", threads = 2, config = "...",
     expected = the fastest core for this CPU (mu_blas_cpu_core) or nil,
-    library = the path of libmuon.so }. Warns once on stderr when a generic
-    core (Prescott, Core2, Nehalem, Barcelona, Bulldozer) runs on a CPU
-    that has a faster one: export OPENBLAS_CORETYPE=<expected> before
-    starting.
+    library = the path of libmuon.so, bf16 = the bfloat16 products' path
+    (oneDNN and its CPU ISA, or "none (...)") }. Warns once on stderr
+    when a generic core (Prescott, Core2, Nehalem, Barcelona, Bulldozer)
+    runs on a CPU that has a faster one: export
+    OPENBLAS_CORETYPE=<expected> before starting.
 muon.config_path(name)
     The path of a shipped config ("muon" or "muon.lua", "normuon",
     "adamw", ...): configs/ of the source tree, or <prefix>/share/muon/
