@@ -233,6 +233,22 @@ if rank == 0 then
       .. "data exchanges %d non-blocking of %d, %d already done at their wait")
       :format(size > 2 and " (oversubscribed)" or "", steps, median(mx_step) * 1e3, median(mx_ns) * 1e3, median(ratios), st1.nonblocking - st0.nonblocking,
         st1.calls - st0.calls, st1.done_before_wait - st0.done_before_wait))
+    if size == 2 and blas1 then
+      -- The same model in one process (no routing, no control traffic):
+      -- its step / NS is what momentum, checks, commit and AdamW add alone.
+      local solo = engine.new(config(false))
+      for i, s in ipairs(shapes) do add(solo, s[1], s[2], i, nil) end
+      add(solo, "embed", { 1000, d }, 7, nil)
+      for _ = 1, warm do solo:step() end
+      local sr = {}
+      for i = 1, steps do
+        local a, n0 = now(), ns_seconds
+        solo:step()
+        sr[i] = (now() - a) / (ns_seconds - n0)
+      end
+      print(("the same model in one process (one BLAS thread, rank 0 alone, the other rank idle): median step / NS = %.3f "
+        .. "(what the work outside Newton-Schulz adds without any communication)"):format(median(sr)))
+    end
   end
 end
 w:barrier()
