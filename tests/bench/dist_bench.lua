@@ -58,6 +58,31 @@ for _, name in ipairs({ "zeropower_into", "zeropower_many" }) do
   end
 end
 
+-- Where the step goes besides Newton-Schulz (per rank, ms per step): the
+-- router's posts (packing + MPI_Ialltoallv) and waits (for the peers, then
+-- unpacking), the control all-reduces (call gate, step agreement, failure
+-- agreement) and the rest of the step outside the router (momentum,
+-- finiteness checks, commit, AdamW).
+local where = {}
+local function timed(tbl, name, label)
+  local f = tbl[name]
+  tbl[name] = function(...)
+    local t0 = now()
+    local a, b, c = f(...)
+    where[label] = (where[label] or 0) + (now() - t0)
+    return a, b, c
+  end
+end
+do
+  local RM = getmetatable(require("muon.router").new(comm.world()))
+  timed(RM, "_post", "post"); timed(RM, "_finish", "wait")
+  local run = RM.run_batches
+  RM.run_batches = function(...)
+    local t0, n0 = now(), ns_seconds
+    run(...)
+    where.route = (where.route or 0) + (now() - t0) - (ns_seconds - n0)
+  end
+end
 local mesh_arg, balance, d, layers = arg[2], arg[3], tonumber(arg[4]), tonumber(arg[5])
 local axes = {}
 for name, n in mesh_arg:gmatch("(%w+):(%d+)") do axes[#axes + 1] = { name, tonumber(n) } end
@@ -94,6 +119,10 @@ end
 add(eng, "embed", { 1000, d }, 7, { "R", "S(1)" })
 if mesh_arg:find("shard:1", 1, true) then add(one, "embed", { 1000, d }, 7, nil) end
 
+do
+  local SM = getmetatable(eng.stepper)
+  for _, n in ipairs({ "gate", "_agree_check", "agree_failure" }) do timed(SM, n, "control") end
+end
 local warm, steps = 2, 9
 for _ = 1, warm do eng:step() end
 local st0 = eng:comm_stats().data
@@ -101,6 +130,7 @@ local st0 = eng:comm_stats().data
 -- step, the step time over the slowest rank's NS time, then the median).
 local per_step, per_ns = {}, {}
 ns_seconds = 0
+where = {}
 local t0 = now()
 for i = 1, steps do
   local a, n0 = now(), ns_seconds
@@ -150,7 +180,8 @@ for _, r in ipairs(plan.records) do
 end
 local mem = eng:memory()
 local line = { rank, sent, recv, es * 4, er * 4, seed_recv, flops, ns_seconds / steps, step_s,
-  (st1.seconds - st0.seconds) / steps, mem.state_bytes, mem.scratch_bytes, er_ns * 4, floor * 4 }
+  (st1.seconds - st0.seconds) / steps, mem.state_bytes, mem.scratch_bytes, er_ns * 4, floor * 4,
+  (where.post or 0) / steps, (where.wait or 0) / steps, (where.control or 0) / steps, (where.route or 0) / steps }
 local rows = {}
 for q = 0, size - 1 do
   local v = {}
@@ -186,6 +217,13 @@ if rank == 0 then
       seedtot, ourtot = seedtot + r[6], ourtot + r[13]
       sent_tot, floor_tot = sent_tot + r[4], floor_tot + r[14]
     end
+    for q = 0, size - 1 do
+      local r = rows[q]
+      print(("rank %d, ms per step: NS %.1f, router posts (packing + posting) %.1f, router waits (peers + unpacking) %.1f, "
+        .. "router other %.1f, control all-reduces %.1f, rest of the step (momentum, checks, commit, AdamW) %.1f")
+        :format(q, r[8] * 1e3, r[15] * 1e3, r[16] * 1e3, (r[18] - r[15] - r[16]) * 1e3, r[17] * 1e3,
+          (r[9] - r[18] - r[17] - r[8]) * 1e3))
+    end
     print(("data bytes per step, all ranks: %d B against the owner-free floor %d B: %.3fx (target <= 1.05); "
       .. "NS imbalance by flops (largest rank / mean): %.3f (target <= 1.05; the plan's: %.3f)")
       :format(sent_tot, floor_tot, sent_tot / math.max(floor_tot, 1), mx / (tot / size), D.imbalance(plan)))
@@ -195,6 +233,22 @@ if rank == 0 then
       .. "data exchanges %d non-blocking of %d, %d already done at their wait")
       :format(size > 2 and " (oversubscribed)" or "", steps, median(mx_step) * 1e3, median(mx_ns) * 1e3, median(ratios), st1.nonblocking - st0.nonblocking,
         st1.calls - st0.calls, st1.done_before_wait - st0.done_before_wait))
+    if size == 2 and blas1 then
+      -- The same model in one process (no routing, no control traffic):
+      -- its step / NS is what momentum, checks, commit and AdamW add alone.
+      local solo = engine.new(config(false))
+      for i, s in ipairs(shapes) do add(solo, s[1], s[2], i, nil) end
+      add(solo, "embed", { 1000, d }, 7, nil)
+      for _ = 1, warm do solo:step() end
+      local sr = {}
+      for i = 1, steps do
+        local a, n0 = now(), ns_seconds
+        solo:step()
+        sr[i] = (now() - a) / (ns_seconds - n0)
+      end
+      print(("the same model in one process (one BLAS thread, rank 0 alone, the other rank idle): median step / NS = %.3f "
+        .. "(what the work outside Newton-Schulz adds without any communication)"):format(median(sr)))
+    end
   end
 end
 w:barrier()
