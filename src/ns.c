@@ -807,7 +807,7 @@ static inline float ns_bfc(double v) { return ns_bf(mu__bf16_from_f64(v)); }
  * for AVX-512 (vectorized); both compute the same roundings bit for bit.
  *   round: d = bf16(f)
  *   poly:  d = bf16(bf16(b' a) + bf16(c' bf16(f)))
- *   apply: x = bf16(bf16(a' x) + bf16(f)); o = float32(x) unless o is NULL */
+ *   apply: x = bf16(bf16(a' x) + bf16(f)); with out, f = float32(x) too */
 #define NS_BF16_ROWS(SFX, ATTR)                                                             \
     ATTR static void ns_row_round##SFX(uint16_t *restrict d, const float *restrict f,         \
                                        int64_t len)                                          \
@@ -820,13 +820,18 @@ static inline float ns_bfc(double v) { return ns_bf(mu__bf16_from_f64(v)); }
         for (int64_t i = 0; i < len; i++)                                                   \
             d[i] = ns_rb(ns_bf(ns_rb(bc * ns_bf(a[i]))) + ns_bf(ns_rb(cc * ns_bf(ns_rb(f[i]))))); \
     }                                                                                       \
-    ATTR static void ns_row_apply##SFX(uint16_t *restrict x, const float *restrict f,         \
-                                       float *restrict o, int64_t len, float ac)             \
+    ATTR static void ns_row_apply##SFX(uint16_t *restrict x, float *restrict f, int64_t len,  \
+                                       float ac, int out)                                    \
     {                                                                                       \
-        for (int64_t i = 0; i < len; i++)                                                   \
-            x[i] = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i])));               \
-        if (o)                                                                              \
-            for (int64_t i = 0; i < len; i++) o[i] = ns_bf(x[i]);                            \
+        if (!out)                                                                           \
+            for (int64_t i = 0; i < len; i++)                                               \
+                x[i] = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i])));           \
+        else                                                                                \
+            for (int64_t i = 0; i < len; i++) {                                             \
+                const uint16_t v = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i]))); \
+                x[i] = v;                                                                   \
+                f[i] = ns_bf(v);                                                            \
+            }                                                                               \
     }                                                                                       \
     ATTR static void ns_row_sumsq##SFX(double *restrict acc, const float *restrict x,         \
                                        int64_t len)                                          \
@@ -988,7 +993,7 @@ static void ns_bf16_tile(const ns_iter *it, int k, int stage, int t)
     const float ac = ns_bfc(co[0]);
     const int last = k == job->opts->steps - 1;
     for (int64_t i = 0; i < n; i++)
-        NS_ROW(apply, X + i * m + j0, C + i * ldc, last && !p->tall ? C + i * ldc : NULL, nj, ac);
+        NS_ROW(apply, X + i * m + j0, C + i * ldc, nj, ac, last && !p->tall);
     if (last && p->tall) /* out rows j0:j1 = X[:, j0:j1]^T */
         for (int64_t i0 = 0; i0 < n; i0 += NS_BLK)
             for (int64_t jb = 0; jb < nj; jb += NS_BLK) {
