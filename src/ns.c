@@ -46,6 +46,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* Batches whose matrices have at most this many elements (n * m) run one
  * matrix per worker; larger ones share each matrix's tiles among the
@@ -804,7 +807,7 @@ static inline float ns_bfc(double v) { return ns_bf(mu__bf16_from_f64(v)); }
  * for AVX-512 (vectorized); both compute the same roundings bit for bit.
  *   round: d = bf16(f)
  *   poly:  d = bf16(bf16(b' a) + bf16(c' bf16(f)))
- *   apply: x = bf16(bf16(a' x) + bf16(f)); o = float32(x) unless o is NULL */
+ *   apply: x = bf16(bf16(a' x) + bf16(f)); with out, f = float32(x) too */
 #define NS_BF16_ROWS(SFX, ATTR)                                                             \
     ATTR static void ns_row_round##SFX(uint16_t *restrict d, const float *restrict f,         \
                                        int64_t len)                                          \
@@ -817,13 +820,32 @@ static inline float ns_bfc(double v) { return ns_bf(mu__bf16_from_f64(v)); }
         for (int64_t i = 0; i < len; i++)                                                   \
             d[i] = ns_rb(ns_bf(ns_rb(bc * ns_bf(a[i]))) + ns_bf(ns_rb(cc * ns_bf(ns_rb(f[i]))))); \
     }                                                                                       \
-    ATTR static void ns_row_apply##SFX(uint16_t *restrict x, const float *restrict f,         \
-                                       float *restrict o, int64_t len, float ac)             \
+    ATTR static void ns_row_apply##SFX(uint16_t *restrict x, float *restrict f, int64_t len,  \
+                                       float ac, int out)                                    \
     {                                                                                       \
-        for (int64_t i = 0; i < len; i++)                                                   \
-            x[i] = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i])));               \
-        if (o)                                                                              \
-            for (int64_t i = 0; i < len; i++) o[i] = ns_bf(x[i]);                            \
+        if (!out)                                                                           \
+            for (int64_t i = 0; i < len; i++)                                               \
+                x[i] = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i])));           \
+        else                                                                                \
+            for (int64_t i = 0; i < len; i++) {                                             \
+                const uint16_t v = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i]))); \
+                x[i] = v;                                                                   \
+                f[i] = ns_bf(v);                                                            \
+            }                                                                               \
+    }                                                                                       \
+    ATTR static void ns_row_sumsq##SFX(double *restrict acc, const float *restrict x,         \
+                                       int64_t len)                                          \
+    {                                                                                       \
+        for (int64_t i = 0; i + 8 <= len; i += 8)                                           \
+            for (int k = 0; k < 8; k++) {                                                   \
+                const double v = ns_bf(ns_rb(x[i + k]));                                     \
+                acc[k] += v * v;                                                            \
+            }                                                                               \
+    }                                                                                       \
+    ATTR static void ns_row_scale##SFX(uint16_t *restrict d, const float *restrict x,         \
+                                       int64_t len, float s)                                 \
+    {                                                                                       \
+        for (int64_t i = 0; i < len; i++) d[i] = ns_rb(ns_bf(ns_rb(x[i])) / s);              \
     }
 
 NS_BF16_ROWS(_base, )
@@ -856,13 +878,8 @@ static void ns_bf16_begin(ns_iter *it, const char *src)
     float *out = (float *)it->dst;
     const int64_t n = p->n, m = p->m, len = n * m;
     double acc[8] = {0}, ss = 0.0;
-    int64_t i8 = 0;
-    for (; i8 + 8 <= len; i8 += 8)
-        for (int k = 0; k < 8; k++) {
-            const double v = ns_bf(ns_rb(x[i8 + k]));
-            acc[k] += v * v;
-        }
-    for (; i8 < len; i8++) ss += (double)ns_bf(ns_rb(x[i8])) * ns_bf(ns_rb(x[i8]));
+    NS_ROW(sumsq, acc, x, len); /* 8 running sums of the groups of 8 */
+    for (int64_t i8 = len / 8 * 8; i8 < len; i8++) ss += (double)ns_bf(ns_rb(x[i8])) * ns_bf(ns_rb(x[i8]));
     for (int k = 0; k < 8; k++) ss += acc[k];
     const float nb = ns_bf(ns_rb((float)sqrt(ss)));
     const float d = ns_bf(ns_rb((float)(o->norm_scale * nb) + ns_bfc(o->eps)));
@@ -872,7 +889,7 @@ static void ns_bf16_begin(ns_iter *it, const char *src)
     }
     uint16_t *X = (uint16_t *)it->s->x;
     if (!p->tall) {
-        for (int64_t i = 0; i < len; i++) X[i] = ns_rb(ns_bf(ns_rb(x[i])) / d);
+        NS_ROW(scale, X, x, len, d);
     } else { /* x is m x n: X[i][j] = x[j][i], NS_BLK square by square */
         for (int64_t j0 = 0; j0 < m; j0 += NS_BLK)
             for (int64_t i0 = 0; i0 < n; i0 += NS_BLK) {
@@ -886,6 +903,52 @@ static void ns_bf16_begin(ns_iter *it, const char *src)
     it->done = 0;
 }
 
+/* Mirror block rectangle rc of the n x n bfloat16 matrix M: (c, r) = (r, c)
+ * for its positions above the diagonal (c > r). A plain copy: 8 x 8
+ * squares wholly above the diagonal by an SSE2 transpose, the rest (the
+ * diagonal's squares and ragged edges) element by element. */
+static void ns_bf16_mirror(uint16_t *M, int64_t n, const ns_rect *rc)
+{
+    for (int64_t c0 = rc->c0; c0 < rc->c1; c0 += 8)
+        for (int64_t r0 = rc->r0; r0 < rc->r1 && r0 < c0 + 8; r0 += 8) {
+            const int64_t c1 = c0 + 8 < rc->c1 ? c0 + 8 : rc->c1;
+            const int64_t r1 = r0 + 8 < rc->r1 ? r0 + 8 : rc->r1;
+#if defined(__SSE2__)
+            if (c1 - c0 == 8 && r1 - r0 == 8 && r0 + 8 <= c0) {
+                const uint16_t *q = M + r0 * n + c0;
+                uint16_t *o = M + c0 * n + r0;
+#define NS_LD(i) _mm_loadu_si128((const __m128i *)(q + (i) * n))
+                const __m128i a0 = _mm_unpacklo_epi16(NS_LD(0), NS_LD(1));
+                const __m128i a1 = _mm_unpackhi_epi16(NS_LD(0), NS_LD(1));
+                const __m128i a2 = _mm_unpacklo_epi16(NS_LD(2), NS_LD(3));
+                const __m128i a3 = _mm_unpackhi_epi16(NS_LD(2), NS_LD(3));
+                const __m128i a4 = _mm_unpacklo_epi16(NS_LD(4), NS_LD(5));
+                const __m128i a5 = _mm_unpackhi_epi16(NS_LD(4), NS_LD(5));
+                const __m128i a6 = _mm_unpacklo_epi16(NS_LD(6), NS_LD(7));
+                const __m128i a7 = _mm_unpackhi_epi16(NS_LD(6), NS_LD(7));
+#undef NS_LD
+                const __m128i b0 = _mm_unpacklo_epi32(a0, a2), b1 = _mm_unpackhi_epi32(a0, a2);
+                const __m128i b2 = _mm_unpacklo_epi32(a1, a3), b3 = _mm_unpackhi_epi32(a1, a3);
+                const __m128i b4 = _mm_unpacklo_epi32(a4, a6), b5 = _mm_unpackhi_epi32(a4, a6);
+                const __m128i b6 = _mm_unpacklo_epi32(a5, a7), b7 = _mm_unpackhi_epi32(a5, a7);
+#define NS_ST(i, v) _mm_storeu_si128((__m128i *)(o + (i) * n), v)
+                NS_ST(0, _mm_unpacklo_epi64(b0, b4));
+                NS_ST(1, _mm_unpackhi_epi64(b0, b4));
+                NS_ST(2, _mm_unpacklo_epi64(b1, b5));
+                NS_ST(3, _mm_unpackhi_epi64(b1, b5));
+                NS_ST(4, _mm_unpacklo_epi64(b2, b6));
+                NS_ST(5, _mm_unpackhi_epi64(b2, b6));
+                NS_ST(6, _mm_unpacklo_epi64(b3, b7));
+                NS_ST(7, _mm_unpackhi_epi64(b3, b7));
+#undef NS_ST
+                continue;
+            }
+#endif
+            for (int64_t c = c0; c < c1; c++)
+                for (int64_t r = r0; r < r1 && r < c; r++) M[c * n + r] = M[r * n + c];
+        }
+}
+
 /* Write v at (r, c) of an n x n matrix and at its mirror (c, r), for the
  * positions of block rectangle r (c >= r on a diagonal block). */
 #define NS_BF16_SYM(M, n, rc, ROW)                                                           \
@@ -893,14 +956,7 @@ static void ns_bf16_begin(ns_iter *it, const char *src)
         const int64_t cs = (rc).c0 > r ? (rc).c0 : r, at = r * (n) + cs, len = (rc).c1 - cs; \
         if (len > 0) ROW;                                                                    \
     }                                                                                        \
-    for (int64_t c0_ = (rc).c0; c0_ < (rc).c1; c0_ += NS_BLK)                                \
-        for (int64_t r0_ = (rc).r0; r0_ < (rc).r1; r0_ += NS_BLK) {                          \
-            const int64_t c1_ = c0_ + NS_BLK < (rc).c1 ? c0_ + NS_BLK : (rc).c1;             \
-            const int64_t r1_ = r0_ + NS_BLK < (rc).r1 ? r0_ + NS_BLK : (rc).r1;             \
-            for (int64_t c = c0_; c < c1_; c++)                                              \
-                for (int64_t r = r0_; r < r1_ && r < c; r++)                                 \
-                    (M)[c * (n) + r] = (M)[r * (n) + c];                                     \
-        }
+    ns_bf16_mirror(M, n, &(rc))
 
 /* Tile t of stage `stage` of step k (bfloat16; see ns_bf16_plan). */
 static void ns_bf16_tile(const ns_iter *it, int k, int stage, int t)
@@ -937,7 +993,7 @@ static void ns_bf16_tile(const ns_iter *it, int k, int stage, int t)
     const float ac = ns_bfc(co[0]);
     const int last = k == job->opts->steps - 1;
     for (int64_t i = 0; i < n; i++)
-        NS_ROW(apply, X + i * m + j0, C + i * ldc, last && !p->tall ? C + i * ldc : NULL, nj, ac);
+        NS_ROW(apply, X + i * m + j0, C + i * ldc, nj, ac, last && !p->tall);
     if (last && p->tall) /* out rows j0:j1 = X[:, j0:j1]^T */
         for (int64_t i0 = 0; i0 < n; i0 += NS_BLK)
             for (int64_t jb = 0; jb < nj; jb += NS_BLK) {
