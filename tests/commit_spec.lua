@@ -556,14 +556,7 @@ end)
 
 describe("a load keeps the config the source of truth for every schedulable key of every kind", function()
   local K = require("muon.optim.kind")
-  local function stderr_of(fn)
-    local lines, saved = {}, io.stderr
-    io.stderr = { write = function(_, ...) for _, x in ipairs({ ... }) do lines[#lines + 1] = x end end } -- luacheck: ignore 122
-    local ok, err = pcall(fn)
-    io.stderr = saved -- luacheck: ignore 122
-    if not ok then error(err, 0) end
-    return table.concat(lines)
-  end
+  local stderr_of = H.stderr_of
   -- another valid value of an option
   local function other(v)
     if type(v) == "table" then return { v[1] * 0.5, v[2] } end

@@ -13,14 +13,7 @@ local cjson = require("cjson")
 local Muon, AdamW = muon.optim.Muon, muon.optim.AdamW
 
 -- Collect what fn writes to stderr (io.stderr:write calls).
-local function stderr_of(fn)
-  local lines, saved = {}, io.stderr
-  io.stderr = { write = function(_, ...) for _, s in ipairs({ ... }) do lines[#lines + 1] = s end end } -- luacheck: ignore 122
-  local ok, err = pcall(fn)
-  io.stderr = saved -- luacheck: ignore 122
-  if not ok then error(err, 0) end
-  return table.concat(lines)
-end
+local stderr_of = H.stderr_of
 
 local function count(text, needle)
   local n, at = 0, 1

@@ -39,6 +39,17 @@ function H.assert_equal_bits(a, b, what)
   end
 end
 
+-- What fn writes to io.stderr (io.stderr replaced while it runs; an error
+-- in fn is raised again after io.stderr is restored).
+function H.stderr_of(fn)
+  local lines, saved = {}, io.stderr
+  io.stderr = { write = function(_, ...) for _, x in ipairs({ ... }) do lines[#lines + 1] = x end end } -- luacheck: ignore 122
+  local ok, err = pcall(fn)
+  io.stderr = saved -- luacheck: ignore 122
+  if not ok then error(err, 0) end
+  return table.concat(lines)
+end
+
 function H.tmpname(suffix)
   return os.tmpname() .. (suffix or "")
 end

@@ -176,14 +176,7 @@ describe("the config's own keys", function()
   end)
 end)
 
-local function stderr_of(fn)
-  local lines, saved = {}, io.stderr
-  io.stderr = { write = function(_, ...) for _, x in ipairs({ ... }) do lines[#lines + 1] = x end end } -- luacheck: ignore 122
-  local ok, err = pcall(fn)
-  io.stderr = saved -- luacheck: ignore 122
-  if not ok then error(err, 0) end
-  return table.concat(lines)
-end
+local stderr_of = H.stderr_of
 
 describe("what an engine's checkpoint load restores and what the config keeps (kind.LOAD)", function()
   local function eng_of(wd, ns_steps)

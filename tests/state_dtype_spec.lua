@@ -31,14 +31,7 @@ local function new_engine(sd, kind)
 end
 
 -- What fn writes to stderr (io.stderr:write calls).
-local function stderr_of(fn)
-  local lines, saved = {}, io.stderr
-  io.stderr = { write = function(_, ...) for _, x in ipairs({ ... }) do lines[#lines + 1] = x end end } -- luacheck: ignore 122
-  local ok, err = pcall(fn)
-  io.stderr = saved -- luacheck: ignore 122
-  if not ok then error(err, 0) end
-  return table.concat(lines)
-end
+local stderr_of = H.stderr_of
 
 local function max_diff(a, b) return a:clone("float64"):sub(b:clone("float64")):abs():amax() end
 
