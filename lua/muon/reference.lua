@@ -505,6 +505,18 @@ local function scaffold(l)
   return false
 end
 
+-- The declarations from line i up to a blank line, a comment or an
+-- MU_API (scaffolding left out): their text and the next line's index.
+local function code_run(lines, i)
+  local code = {}
+  while i <= #lines and not lines[i]:match("^%s*$") and not lines[i]:match("^/%*")
+    and not lines[i]:match("^MU_API") do
+    if not scaffold(lines[i]) then code[#code + 1] = lines[i] end
+    i = i + 1
+  end
+  return table.concat(code, "\n"), i
+end
+
 function R.header_items(text)
   local lines = split_lines(text)
   local apis = {}
@@ -536,13 +548,9 @@ function R.header_items(text)
       elseif nxt:match("^%s*$") or nxt:match("^/%*") or scaffold(nxt) then
         items[#items + 1] = { kind = "prose", text = comment }
       else
-        local code = {}
-        while i <= n and not lines[i]:match("^%s*$") and not lines[i]:match("^/%*")
-          and not lines[i]:match("^MU_API") do
-          if not scaffold(lines[i]) then code[#code + 1] = lines[i] end
-          i = i + 1
-        end
-        items[#items + 1] = { kind = "code", text = table.concat(code, "\n"), comment = comment }
+        local code
+        code, i = code_run(lines, i)
+        items[#items + 1] = { kind = "code", text = code, comment = comment }
       end
     elseif apis[i] then
       local e = apis[i]
@@ -551,13 +559,9 @@ function R.header_items(text)
     elseif l:match("^%s*$") or scaffold(l) then
       i = i + 1
     else
-      local code = {}
-      while i <= n and not lines[i]:match("^%s*$") and not lines[i]:match("^/%*")
-        and not lines[i]:match("^MU_API") do
-        if not scaffold(lines[i]) then code[#code + 1] = lines[i] end
-        i = i + 1
-      end
-      if #code > 0 then items[#items + 1] = { kind = "code", text = table.concat(code, "\n") } end
+      local code
+      code, i = code_run(lines, i)
+      if code ~= "" then items[#items + 1] = { kind = "code", text = code } end
     end
   end
   return items
