@@ -70,13 +70,20 @@ static void *open_step_close(void *p)
  * another copies the engine's message out, then closes the engine. */
 static mu_engine *shared_eng;
 static atomic_int calls_done;
+static atomic_int copier_copied; /* the copier has made one copy: under a
+                                  * serializing tool (valgrind) the calls and
+                                  * the close could otherwise end before it ran */
 static const char *KEYS[2] = {"k", "a_much_longer_key_that_does_not_exist_either_and_makes_a_longer_message"};
 
 static void *failing_calls(void *p)
 {
     (void)p;
     double v;
-    for (int i = 0; i < 200; i++) mu_engine_get(shared_eng, KEYS[i & 1], &v);
+    for (int i = 0; i < 200; i++) {
+        mu_engine_get(shared_eng, KEYS[i & 1], &v);
+        if (i == 100)
+            while (!atomic_load(&copier_copied)) sched_yield();
+    }
     mu_engine_close(shared_eng);
     atomic_store(&calls_done, 1);
     return NULL;
@@ -98,6 +105,7 @@ static void *copy_errors(void *p)
             break;
         }
         c->copies++;
+        atomic_store(&copier_copied, 1);
         /* either nothing yet, or one of the two messages whole */
         if (buf[0] == '\0' || (contains(buf, "mu_engine_get") && (contains(buf, KEYS[0]) || contains(buf, KEYS[1]))))
             c->well_formed++;
