@@ -515,6 +515,40 @@ describe("a failed step cannot change state through an alias a hook kept", funct
     end)
   end)
 
+  -- post_update_fn runs on a copy of the parameter: what it keeps (the
+  -- param, its tensor, a view) is not the parameter in a later step
+  for _, hook in ipairs({ "pre_ortho_fn", "post_ortho_fn", "momentum_update_fn", "post_update_fn" }) do
+    for _, route in ipairs({ "tensor", "view", "param" }) do
+      it("a parameter kept by post_update_fn (" .. route .. "), written by " .. hook .. " of a failed step", function()
+        same_as_reference(function(fail_at)
+          local kept, n = nil, 0
+          local function write_and_fail()
+            n = n + 1
+            if fail_at and n == fail_at then
+              if route == "param" then kept.value:fill(7) else kept:fill(7) end
+              error("boom after writing a kept parameter")
+            end
+          end
+          local o = { post_update_fn = function(p, t)
+            kept = kept or ({ tensor = t, view = t:narrow(1, 1, 2), param = p })[route]
+            if hook == "post_update_fn" then write_and_fail() end
+          end }
+          if hook == "momentum_update_fn" then
+            o.momentum_update_fn = function(gs, bufs)
+              write_and_fail()
+              local u = {}
+              for i, g in ipairs(gs) do u[i] = bufs[i]:mul(0.9):add(g):clone() end
+              return u
+            end
+          elseif hook ~= "post_update_fn" then
+            o[hook] = write_and_fail
+          end
+          return o
+        end)
+      end)
+    end
+  end
+
   it("a sandboxed config: hook state stashed in an upvalue and in a table of the config", function()
     local path = H.tmpname(".lua")
     local function write(fail)

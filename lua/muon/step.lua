@@ -470,6 +470,7 @@ function Stepper:memory()
   for _, s in pairs(self.scratch) do
     if s.u then scratch = scratch + tensor_bytes(s.u) end
     if s.before then scratch = scratch + tensor_bytes(s.before) end -- (post_update_fn's undo)
+    if s.post then scratch = scratch + tensor_bytes(s.post.value) end -- (what post_update_fn writes)
     for _, v in pairs(s.spare) do scratch = scratch + tensor_bytes(v) end
     for _, v in pairs(s.hook) do scratch = scratch + tensor_bytes(v) end
   end
@@ -1092,6 +1093,25 @@ local function undo_commit(self, run, j)
   self.counters.steps, self.counters.skipped_nonfinite = j.steps, j.skipped
 end
 
+-- What post_update_fn runs on: for each parameter a stand-in (its name,
+-- logical_shape and grad) whose value is a copy of the committed value,
+-- in a buffer kept across steps; the step copies it back after the hook.
+-- A hook that keeps the stand-in or a view of it thus cannot write the
+-- parameter outside its own call (a later, failing step among them).
+local function post_copies(self, params)
+  local copies = {}
+  for i, p in ipairs(params) do
+    local sc = self.scratch[p] or { spare = {}, hook = {} }
+    self.scratch[p] = sc
+    if sc.post == nil then
+      sc.post = setmetatable({ value = T.zeros(p.value:size(), p.value:dtype()) }, { __index = p })
+    end
+    sc.post.value:copy(p.value)
+    copies[i] = sc.post
+  end
+  return copies
+end
+
 -- One step (collective on a mesh). values[gi]: this step's scheduled
 -- values for group gi (they become the group's values when it commits);
 -- pre_err: see check_phase. Returns true, or false when no parameter has a
@@ -1104,7 +1124,8 @@ function step_body(self, values, pre_err)
   self:gate("step")
   self:build_once()
   local W = self.W
-  if self.check_replicas_mode == "grads" and W > 1 then self:check_replicas("grads") end
+  -- (before anything runs: a difference fails the step, which changes nothing)
+  if self.check_replicas_mode ~= "off" and W > 1 then self:check_replicas(self.check_replicas_mode) end
   local run
   if W == 1 then
     run = check_phase(self, values, pre_err)
@@ -1155,13 +1176,17 @@ function step_body(self, values, pre_err)
         boxes[i] = { start = start, len = b.len }
         if sess then reducers[i] = sess:reducer("post_update_fn", self.index_of[p], p.name, b.len, r.holds) end
       end
-      local ok, e = pcall(G.kind.post_update, G.options, gr.hp, gr.params, boxes, run.signals, reducers)
+      local ok, e = pcall(G.kind.post_update, G.options, gr.hp, post_copies(self, gr.params), boxes, run.signals,
+        reducers)
       if not ok then post_failure = e end
       if post_failure == nil and runs_post(G, gr) then
         -- what it left in the parameters is committed: finite (it ran
         -- after the commit: "error" undoes the step, "skip" the group's)
         local written = {}
-        for i, p in ipairs(gr.params) do written[i] = p.value end
+        for i, p in ipairs(gr.params) do
+          p.value:copy(self.scratch[p].post.value)
+          written[i] = p.value
+        end
         local bad = U.first_nonfinite(written)
         if bad and G.options.nonfinite == "skip" then
           post_skip.g[gi].skip_derived = true
@@ -1185,7 +1210,6 @@ function step_body(self, values, pre_err)
     if pg.skip then skip_after_post(self, gi, run.g[gi], undo) end
   end
   for gi in pairs(held) do apply_group(run.g[gi]) end
-  if self.check_replicas_mode == "params" and W > 1 then self:check_replicas("params") end
   return true
 end
 

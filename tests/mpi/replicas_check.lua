@@ -175,8 +175,13 @@ H.main(function()
     if me == W - 1 then l2[2].v:fill(0.5) end -- drift on one replica of l.w2's box
     set_own(l2, 3)
     e2:reduce_grads()
+    local before2 = {}
+    for i, x in ipairs(l2) do before2[i] = x.v:clone() end
     local o3, e3 = pcall(e2.step, e2)
     local m3 = tostring(e3)
+    local same2 = true
+    for i, x in ipairs(l2) do if not bits_equal(x.v, before2[i]) then same2 = false end end
+    H.check("params-drift-changes-nothing", same2 and e2:get("step") == 2)
     H.check("params-drift-fails-everywhere", not o3 and m3:find("parameter 'l.w2': its values differ across replicas", 1, true) ~= nil
       and m3:find("ranks ", 1, true) ~= nil and m3:find(tostring(W - 1), 1, true) ~= nil, m3)
     local off, eoff = pcall(engine.new, config(true, { check_replicas = "yes" }))
