@@ -839,7 +839,8 @@ MU_API int mu_engine_zero_grad(mu_engine *eng);
  * 0 on failure (norm may be NULL). On a mesh every rank calls it (a collective): the
  * norm is over the whole parameters, each piece counted once (by the rank
  * that keeps its optimizer state: replicas must hold the same grads, i.e.
- * reduce them first).
+ * reduce them first); ranks in another collective call fail with
+ * MU_ESTATE, and a bad max_norm on one rank fails it on every rank.
  * MU_EINVAL for max_norm not a finite number >= 0 (nothing changes). */
 MU_API int mu_engine_clip_grad_norm(mu_engine *eng, double max_norm, double *norm);
 /* Set the lr of a group (its index "1", "2", ... or its name in the

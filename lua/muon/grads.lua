@@ -12,7 +12,8 @@
 -- (total_norm + 1e-6), and when clip_coef < 1 every grad is multiplied by
 -- it (one fused C call per dtype: foreach.scale); a NaN or Inf norm is
 -- returned and the grads are left as they are (the step's nonfinite policy
--- then applies). On a mesh clip is a collective: every rank calls it, each
+-- then applies). On a mesh clip is a collective (gated like step: ranks in
+-- another call fail instead of waiting): every rank calls it, each
 -- piece of a parameter counts once (on the rank that keeps its state, as
 -- the hooks' reductions count it), so replicas must hold the same grads.
 local E = require("muon.errors")
@@ -41,9 +42,13 @@ end
 -- Clip the registered grads by their global norm (see above); who names
 -- the caller in messages ("clip_grad_norm"). Returns the total norm.
 function G.clip(st, max_norm, who)
+  local bad
   if not O.is_finite(max_norm) or max_norm < 0 then
-    E.raise(E.EINVAL, "%s: max_norm must be a finite number >= 0, got %s", who, tostring(max_norm))
+    bad = E.new(E.EINVAL, ("%s: max_norm must be a finite number >= 0, got %s"):format(who, tostring(max_norm)))
   end
+  -- (on a mesh: every rank in this call, or every rank fails; a bad
+  -- max_norm on one rank fails it on every rank)
+  st:gate("clip_grad_norm", bad)
   local params = grads_of(st)
   local counted = {}
   local mesh = st:size() > 1

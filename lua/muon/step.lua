@@ -280,14 +280,14 @@ function Stepper:agree_entries(entries, what)
 end
 
 -- The engine's collective calls, each with its tag in the gate.
-local OPS = { "step", "save", "load", "reduce_grads" }
+local OPS = { "step", "save", "load", "reduce_grads", "clip_grad_norm" }
 local OP_TAG = {}
 for i, op in ipairs(OPS) do OP_TAG[op] = i end
 
--- The start of every collective call (op: "step", "save", "load" or
--- "reduce_grads"), on a mesh one all-reduce of the call's tag and of whether this rank already
--- failed (err: an argument error, raised here on every rank, lowest
--- failing rank's): ranks in different calls (save on one, step on
+-- The start of every collective call (op: one of OPS), on a mesh one
+-- all-reduce of the call's tag and of whether this rank already failed
+-- (err: an argument error, raised here on every rank, lowest failing
+-- rank's): ranks in different calls (save on one, step on
 -- another) fail on every rank naming both calls instead of entering
 -- collectives that cannot match. On one process err raises at once.
 function Stepper:gate(op, err)

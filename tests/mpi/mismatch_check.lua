@@ -44,6 +44,8 @@ local CALLS = {
   step = function(eng) eng:step() end,
   save = function(eng) eng:save(path) end,
   load = function(eng) eng:load(path) end,
+  clip_grad_norm = function(eng) eng:clip_grad_norm(1e9) end,
+  reduce_grads = function(eng) eng:reduce_grads() end,
 }
 
 -- rank 0 calls a, every other rank b: every rank fails with ESTATE naming
@@ -73,6 +75,10 @@ H.main(function()
   mismatch(eng, "load", "step", "load-vs-step")
   mismatch(eng, "save", "load", "save-vs-load")
   mismatch(eng, "step", "load", "step-vs-load")
+  mismatch(eng, "clip_grad_norm", "step", "clip-vs-step")
+  mismatch(eng, "step", "clip_grad_norm", "step-vs-clip")
+  mismatch(eng, "save", "clip_grad_norm", "save-vs-clip")
+  mismatch(eng, "clip_grad_norm", "reduce_grads", "clip-vs-reduce")
   -- an argument error on the last rank only: every rank fails with its message
   for _, call in ipairs({ "save", "load" }) do
     local before = snapshot(eng)
@@ -82,6 +88,15 @@ H.main(function()
     H.check(call .. "-bad-path-on-one-rank-fails-everywhere", not ok and E.name(E.code(err)) == "EINVAL"
       and msg:find(("rank %d: %s: path must be a string, got number"):format(W - 1, call), 1, true) ~= nil, msg)
     H.check(call .. "-bad-path-nothing-changed", snapshot(eng) == before)
+  end
+  do -- a bad max_norm on the last rank only
+    local before = snapshot(eng)
+    local ok, err = pcall(eng.clip_grad_norm, eng, me == W - 1 and -1 or 1e9)
+    local msg = not ok and E.message(err) or ""
+    H.check("clip-bad-max-norm-on-one-rank-fails-everywhere", not ok and E.name(E.code(err)) == "EINVAL"
+      and msg:find(("rank %d: clip_grad_norm: max_norm must be a finite number >= 0, got -1"):format(W - 1), 1, true)
+        ~= nil, msg)
+    H.check("clip-bad-max-norm-nothing-changed", snapshot(eng) == before)
   end
   local ok, err = pcall(eng.step, eng)
   H.check("steps-after-all", ok, not ok and E.message(err) or nil)
