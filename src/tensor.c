@@ -220,11 +220,18 @@ int mu__tensor_over(mu_storage *s, int dtype, int64_t offset, int ndim, const in
     int64_t lo, hi, end, base_off, es = (int64_t)mu_dtype_size(dtype);
     if (mu__layout_extent(ndim, shape, stride, offset, &lo, &hi))
         return mu__fail(MU_EINVAL, "view with negative or overflowing sizes, strides or offset");
-    /* (an empty view addresses nothing: its offset only has to be valid) */
+    /* An empty view addresses nothing, and every view of it is empty: its
+     * offset only has to be valid, and is pinned at the storage's end when
+     * it lies beyond (a select on a huge-strided empty tensor), so that its
+     * data pointer stays inside the storage's bytes. */
     if (ck_mul(offset, es, &base_off) ||
         (lo >= 0 && (ck_add(hi, 1, &end) || ck_mul(end, es, &end) || end > s->nbytes)))
         return mu__fail(MU_EINVAL, "view of elements %lld..%lld is outside its storage of %lld "
                         "elements", (long long)lo, (long long)hi, (long long)(s->nbytes / es));
+    if (lo < 0 && base_off > s->nbytes) {
+        offset = s->nbytes / es;
+        base_off = offset * es;
+    }
     mu_tensor *t = calloc(1, sizeof *t);
     if (!t) return mu__fail(MU_ENOMEM, "out of memory for a tensor handle");
     atomic_fetch_add(&s->refcount, 1);

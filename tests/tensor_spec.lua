@@ -4,6 +4,7 @@ local T = H.T
 
 -- Little-endian bytes of float32 / float64 / uint16 / uint32 values.
 local ffi = require("ffi")
+local C = require("muon.core").C
 local function bytes_of(ctype, values)
   local n = #values
   local buf = ffi.new(ctype .. "[?]", n, values)
@@ -181,6 +182,24 @@ describe("tensor", function()
     w = nil
     collectgarbage()
     assert.equal(9, buf[0])
+  end)
+
+  -- (make fuzz, seed 1796196088: a select on an empty tensor whose strides
+  -- are huge gave a view whose offset, 3 * 2^53, lay far outside its storage)
+  it("views of an empty tensor keep their data pointer inside the storage", function()
+    for _, dt in ipairs({ "float32", "float64" }) do
+      local root = T.zeros({ 4 }, dt):narrow(1, 2, 0)
+      local huge = root:reshape({ 2, 3, -1, 2 ^ 53 })
+      assert.same({ 2, 3, 0, 2 ^ 53 }, huge:size())
+      for _, v in ipairs({ huge:select(1, 2), huge:select(2, 3), huge:narrow(1, 2, 1), huge:transpose(1, 4):select(4, 2) }) do
+        assert.equal(0, v:numel())
+        local es = dt == "float64" and 8 or 4
+        local off = tonumber(v.offset)
+        assert.is_true(off >= 0 and off <= 4, "offset " .. off)
+        assert.equal(ffi.cast("char *", root.data) - tonumber(root.offset) * es + off * es, ffi.cast("char *", v.data))
+        assert.equal(0, C.mu_tensor_check(v))
+      end
+    end
   end)
 end)
 
