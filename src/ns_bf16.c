@@ -12,8 +12,14 @@
  *
  * Below AVX-512 (e.g. ONEDNN_MAX_CPU_ISA=AVX2), oneDNN 2.x has no bfloat16
  * matmul: each product then widens its bfloat16 tiles to float32 (exact)
- * and runs OpenBLAS sgemm, the same maths (float32 accumulation of exact
- * products), slower, allocating its copies per call.
+ * into its worker's staging buffer and runs OpenBLAS sgemm, the same maths
+ * (float32 accumulation of exact products), slower.
+ *
+ * No allocation per product: before a call's workers start, src/ns.c names
+ * every product shape of the call (mu__dnnl_want) and its most workers
+ * (mu__dnnl_workers); the per-worker buffers, sized by the largest shape,
+ * are made then and kept with the workspace (mu_ns_workspace_bytes counts
+ * them).
  *
  * Reproducible bits: every product here runs on one thread (the calling
  * worker's; its OpenMP thread count is set to 1 around the call, and the
@@ -62,6 +68,10 @@ struct mu__dnnl {
     dnnl_engine_t engine;
     int widen;         /* oneDNN has no bfloat16 matmul on this CPU (below AVX-512) */
     atomic_int failed; /* a product failed (set by any worker) */
+    int nworkers;      /* workers with buffers: ranks 0 .. nworkers-1 */
+    int64_t stage_need;  /* widened: float32 elements of the largest wanted product's copies */
+    int64_t stage_elems; /* widened: elements of each worker's stage (>= stage_need once ready) */
+    float *stage[MU__POOL_MAX]; /* widened: worker w's copies of A and B */
 };
 #undef MU__DNNL_FIELD
 
@@ -70,6 +80,7 @@ static const char *const dnnl_soname = "libdnnl.so.2";
 void mu__dnnl_close(mu__dnnl *d)
 {
     if (!d) return;
+    for (int w = 0; w < d->nworkers; w++) free(d->stage[w]);
     if (d->engine) d->dnnl_engine_destroy(d->engine);
     if (d->lib) dlclose(d->lib);
     free(d);
@@ -123,24 +134,71 @@ int mu__dnnl_open(mu__dnnl **out)
     return MU_OK;
 }
 
-/* The widened product (no bfloat16 matmul in oneDNN on this CPU). */
-static void dnnl_widened(mu__dnnl *d, int transb, int64_t M, int64_t N, int64_t K,
-                         const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c,
-                         int64_t ldc)
+/* Bytes of a per-worker buffer of `bytes` (rounded up to a cache line, at least one). */
+static size_t dnnl_round(size_t bytes) { return ((bytes ? bytes : 1) + 63) & ~(size_t)63; }
+
+int mu__dnnl_want(mu__dnnl *d, const mu__dnnl_shape *s)
 {
-    float *wa = malloc((size_t)(M * K + K * N + 1) * sizeof(float)), *wb = wa + M * K;
-    if (!wa) {
+    if (d->widen) {
+        const int64_t need = s->M * s->K + s->K * s->N;
+        if (need > d->stage_need) d->stage_need = need;
+    }
+    return MU_OK;
+}
+
+int mu__dnnl_workers(mu__dnnl *d, int workers)
+{
+    if (workers > MU__POOL_MAX) workers = MU__POOL_MAX;
+    if (workers < d->nworkers) workers = d->nworkers;
+    if (d->stage_need > d->stage_elems) { /* every worker's stage grows */
+        for (int w = 0; w < d->nworkers; w++) {
+            free(d->stage[w]);
+            d->stage[w] = NULL;
+        }
+        d->stage_elems = d->stage_need;
+    }
+    for (int w = 0; w < workers; w++) {
+        if (d->widen && !d->stage[w]) {
+            d->stage[w] = aligned_alloc(64, dnnl_round((size_t)d->stage_elems * sizeof(float)));
+            if (!d->stage[w]) {
+                /* the workers before w keep theirs; w and after have none */
+                d->nworkers = w;
+                return mu__fail(MU_ENOMEM, "ns: out of memory (bfloat16 staging, %lld floats)",
+                                (long long)d->stage_elems);
+            }
+        }
+        if (w >= d->nworkers) d->nworkers = w + 1;
+    }
+    return MU_OK;
+}
+
+size_t mu__dnnl_bytes(const mu__dnnl *d)
+{
+    if (!d) return 0;
+    size_t n = 0;
+    for (int w = 0; w < d->nworkers; w++)
+        if (d->stage[w]) n += dnnl_round((size_t)d->stage_elems * sizeof(float));
+    return n;
+}
+
+/* The widened product (no bfloat16 matmul in oneDNN on this CPU), through
+ * worker w's stage. */
+static void dnnl_widened(mu__dnnl *d, int w, const mu__dnnl_shape *s, const uint16_t *a,
+                         const uint16_t *b, float *c)
+{
+    const int64_t M = s->M, N = s->N, K = s->K, lda = s->lda, ldb = s->ldb;
+    if (w < 0 || w >= d->nworkers || M * K + K * N > d->stage_elems) { /* not wanted first */
         atomic_store(&d->failed, 1);
         return;
     }
+    float *wa = d->stage[w], *wb = wa + M * K;
     for (int64_t i = 0; i < M; i++)
         for (int64_t k = 0; k < K; k++) wa[i * K + k] = mu__f32_from_bf16(a[i * lda + k]);
-    const int64_t br = transb ? N : K, bc = transb ? K : N;
+    const int64_t br = s->transb ? N : K, bc = s->transb ? K : N;
     for (int64_t i = 0; i < br; i++)
         for (int64_t k = 0; k < bc; k++) wb[i * bc + k] = mu__f32_from_bf16(b[i * ldb + k]);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, transb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                (int)K, 1.0f, wa, (int)K, wb, (int)bc, 0.0f, c, (int)ldc);
-    free(wa);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, s->transb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                (int)K, 1.0f, wa, (int)K, wb, (int)bc, 0.0f, c, (int)s->ldc);
 }
 
 int mu__dnnl_threads(const mu__dnnl *d) { return d->omp_get_max_threads(); }
@@ -153,12 +211,11 @@ int mu__dnnl_take_failure(mu__dnnl *d)
     return mu__fail(MU_ENOMEM, "ns: a oneDNN bfloat16 product failed (out of memory?)");
 }
 
-/* C (M x N float32, ld ldc) = A (M x K bfloat16, ld lda) * op(B): B K x N
- * with ld ldb (transb 0), or B^T with B N x K, ld ldb (transb 1). Row-major,
- * on the calling thread. */
-void mu__dnnl_gemm(mu__dnnl *d, int transb, int64_t M, int64_t N, int64_t K, const uint16_t *a,
-                   int64_t lda, const uint16_t *b, int64_t ldb, float *c, int64_t ldc)
+void mu__dnnl_gemm(mu__dnnl *d, int w, const mu__dnnl_shape *s, const uint16_t *a,
+                   const uint16_t *b, float *c)
 {
+    const int64_t M = s->M, N = s->N, K = s->K, lda = s->lda, ldb = s->ldb, ldc = s->ldc;
+    const int transb = s->transb;
     dnnl_memory_desc_t ma, mb, mc;
     const dnnl_dims_t da = {M, K}, db = {K, N}, dc = {M, N};
     const dnnl_dims_t sa = {lda, 1}, sc = {ldc, 1};
@@ -168,7 +225,7 @@ void mu__dnnl_gemm(mu__dnnl *d, int transb, int64_t M, int64_t N, int64_t K, con
         sb[1] = ldb;
     }
     if (d->widen) {
-        dnnl_widened(d, transb, M, N, K, a, lda, b, ldb, c, ldc);
+        dnnl_widened(d, w, s, a, b, c);
         return;
     }
     dnnl_primitive_desc_t pd = NULL;
