@@ -489,8 +489,9 @@ MU_API int mu_ns_workspace_new(int dtype, int64_t rows, int64_t cols, mu_ns_work
 /* Free a workspace and its buffers (NULL is a no-op). */
 MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
 /* The bytes a workspace holds now (every buffer set of its workers, the
- * Gram iteration's buffers once used, the scheduler's lists) into *out
- * (0 on failure): what a step's scratch accounts for it. */
+ * Gram iteration's buffers once used, the scheduler's lists, the bfloat16
+ * iteration's per-worker buffers once used) into *out (0 on failure): what
+ * a step's scratch accounts for it. */
 MU_API int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out);
 
 /* Orthogonalize in (n x m) or a batch (b x n x m), C-contiguous, into out

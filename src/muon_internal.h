@@ -178,7 +178,7 @@ void mu__ns_prep(int dt, void *a, void *b, int64_t n, int64_t r0, int64_t r1, in
 void mu__ns_accumulate(int dt, void *b, const void *s, int64_t n, int64_t r0, int64_t r1);
 /* Add v to the diagonal positions i*n + i, i in [i0, i1). */
 void mu__ns_add_diag(int dt, void *p, int64_t n, int64_t i0, int64_t i1, double v);
-/* oneDNN for the bfloat16 products (src/ns_bf16.c). */
+/* oneDNN for the bfloat16 products (src/ns_bf16.c), one per workspace. */
 typedef struct mu__dnnl mu__dnnl;
 int mu__dnnl_open(mu__dnnl **out);
 void mu__dnnl_close(mu__dnnl *d);
@@ -187,8 +187,25 @@ int mu__dnnl_threads(const mu__dnnl *d);
 void mu__dnnl_set_threads(const mu__dnnl *d, int n);
 /* MU_OK, or MU_ENOMEM (and clear) when a product failed since the last call. */
 int mu__dnnl_take_failure(mu__dnnl *d);
-void mu__dnnl_gemm(mu__dnnl *d, int transb, int64_t M, int64_t N, int64_t K, const uint16_t *a,
-                   int64_t lda, const uint16_t *b, int64_t ldb, float *c, int64_t ldc);
+/* A product C (M x N float32, ld ldc) = A (M x K bfloat16, ld lda) * op(B):
+ * B K x N with ld ldb (transb 0), or B^T with B N x K, ld ldb (transb 1);
+ * row-major. */
+typedef struct mu__dnnl_shape {
+    int64_t M, N, K, lda, ldb, ldc;
+    int transb;
+} mu__dnnl_shape;
+/* Before a call's workers start (serial, allocating): mu__dnnl_want for
+ * every product shape the call runs, then mu__dnnl_workers for its most
+ * workers (ranks 0 .. workers-1). Both keep what they made until
+ * mu__dnnl_close; MU_ENOMEM / MU_EIO on failure. */
+int mu__dnnl_want(mu__dnnl *d, const mu__dnnl_shape *s);
+int mu__dnnl_workers(mu__dnnl *d, int workers);
+/* The bytes of the per-worker buffers (0 for NULL). */
+size_t mu__dnnl_bytes(const mu__dnnl *d);
+/* Run a product of a wanted shape on worker w (the calling thread, one
+ * OpenMP thread); no allocation. A failure is kept for mu__dnnl_take_failure. */
+void mu__dnnl_gemm(mu__dnnl *d, int w, const mu__dnnl_shape *s, const uint16_t *a,
+                   const uint16_t *b, float *c);
 void mu__dnnl_describe(char *buf, size_t cap);
 /* Grow the workspace to `want` slots (fewer on out of memory); returns the count. */
 int mu__ns_slots(mu_ns_workspace *ws, int want);

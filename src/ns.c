@@ -262,7 +262,7 @@ int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out)
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = 0;
     if (!ws) return mu__fail(MU_EINVAL, "ws is NULL");
-    size_t es = mu_dtype_size(ws->dtype), n = ws->sched_bytes;
+    size_t es = mu_dtype_size(ws->dtype), n = ws->sched_bytes + mu__dnnl_bytes(ws->dnnl);
     for (int i = 0; i < ws->nslots; i++)
         n += ns_bytes(ws->cap_nm, es) + 2 * ns_bytes(ws->cap_nn, es) + ws->slot[i].g_bytes;
     *out = (int64_t)n;
@@ -958,22 +958,42 @@ static void ns_bf16_mirror(uint16_t *M, int64_t n, const ns_rect *rc)
     }                                                                                        \
     ns_bf16_mirror(M, n, &(rc))
 
-/* Tile t of stage `stage` of step k (bfloat16; see ns_bf16_plan). */
-static void ns_bf16_tile(const ns_iter *it, int k, int stage, int t)
+/* The oneDNN product of tile t of stage `stage` (NS_GRAM_A, NS_GRAM_B or
+ * NS_APPLY) of the bfloat16 plan: its sizes and strides (ns_bf16_tile
+ * adds the pointers). */
+static void ns_bf16_shape(const ns_plan *p, int stage, int t, mu__dnnl_shape *s)
+{
+    const int64_t n = p->n, m = p->m;
+    if (stage == NS_APPLY) {
+        const int64_t j0 = (int64_t)t * p->mb, nj = j0 + p->mb < m ? p->mb : m - j0;
+        *s = (mu__dnnl_shape){.M = n, .N = nj, .K = n, .lda = n, .ldb = m,
+                              .ldc = p->tall ? nj : m, .transb = 0};
+        return;
+    }
+    ns_rect rr;
+    ns_tri_rect(p, t, &rr);
+    const int64_t kk = stage == NS_GRAM_A ? m : n;
+    *s = (mu__dnnl_shape){.M = rr.r1 - rr.r0, .N = rr.c1 - rr.c0, .K = kk, .lda = kk, .ldb = kk,
+                          .ldc = n, .transb = 1};
+}
+
+/* Tile t of stage `stage` of step k (bfloat16; see ns_bf16_plan), on worker w. */
+static void ns_bf16_tile(const ns_iter *it, int k, int stage, int t, int w)
 {
     const ns_job *job = it->job;
     const ns_plan *p = &job->plan;
     const int64_t n = p->n, m = p->m;
     const double *co = job->opts->coeffs + 3 * k;
     NS_BF16_BUFS(it, n);
+    mu__dnnl_shape sh;
+    ns_bf16_shape(p, stage, t, &sh);
     ns_rect rr;
     if (stage == NS_GRAM_A || stage == NS_GRAM_B) {
         ns_tri_rect(p, t, &rr);
         const uint16_t *P = stage == NS_GRAM_A ? X : Ab;
-        const int64_t kk = stage == NS_GRAM_A ? m : n;
+        const int64_t kk = sh.K;
         float *c = F + (int64_t)rr.r0 * n + rr.c0;
-        mu__dnnl_gemm(job->dnnl, 1, rr.r1 - rr.r0, rr.c1 - rr.c0, kk, P + (int64_t)rr.r0 * kk, kk,
-                      P + (int64_t)rr.c0 * kk, kk, c, n);
+        mu__dnnl_gemm(job->dnnl, w, &sh, P + (int64_t)rr.r0 * kk, P + (int64_t)rr.c0 * kk, c);
         if (stage == NS_GRAM_A) {
             NS_BF16_SYM(Ab, n, rr, NS_ROW(round, Ab + at, F + at, len));
         } else {
@@ -985,11 +1005,10 @@ static void ns_bf16_tile(const ns_iter *it, int k, int stage, int t)
     /* NS_APPLY: X[:, j0:j1] = a' X + B X into float32 scratch C in the
      * output: its columns j0:j1 (ld m), or when tall its rows j0:j1 (the
      * same columns of X, transposed: compact n x nj). */
-    const int64_t j0 = (int64_t)t * p->mb, nj = j0 + p->mb < m ? p->mb : m - j0;
+    const int64_t j0 = (int64_t)t * p->mb, nj = sh.N, ldc = sh.ldc;
     float *out = (float *)it->dst;
     float *C = p->tall ? out + j0 * n : out + j0;
-    const int64_t ldc = p->tall ? nj : m;
-    mu__dnnl_gemm(job->dnnl, 0, n, nj, n, Bb, n, X + j0, m, C, ldc);
+    mu__dnnl_gemm(job->dnnl, w, &sh, Bb, X + j0, C);
     const float ac = ns_bfc(co[0]);
     const int last = k == job->opts->steps - 1;
     for (int64_t i = 0; i < n; i++)
@@ -1073,9 +1092,10 @@ static int ns_stage(const ns_plan *p, int *t)
 }
 
 /* Tile u (0 <= u < steps * plan.nx) of the iteration: step u / nx, then the
- * stages in order. A tile may run only once every tile of the stages
- * before its own is done. */
-static void ns_tile(const ns_iter *it, int64_t u)
+ * stages in order, on worker w (the team rank: its per-worker oneDNN
+ * objects). A tile may run only once every tile of the stages before its
+ * own is done. */
+static void ns_tile(const ns_iter *it, int64_t u, int w)
 {
     if (it->done) return;
     const ns_job *job = it->job;
@@ -1085,7 +1105,7 @@ static void ns_tile(const ns_iter *it, int64_t u)
     int t = (int)(u % p->nx);
     const int stage = ns_stage(p, &t);
     if (p->bf16) {
-        ns_bf16_tile(it, k, stage, t);
+        ns_bf16_tile(it, k, stage, t, w);
         return;
     }
     const double *co = job->opts->coeffs + 3 * k; /* a, b, c */
@@ -1139,13 +1159,13 @@ static void ns_tile(const ns_iter *it, int64_t u)
     }
 }
 
-/* A whole matrix on one worker: the same tiles in order. */
-static void ns_one(const ns_job *job, const mu__ns_slot *s, int64_t i)
+/* A whole matrix on worker w: the same tiles in order. */
+static void ns_one(const ns_job *job, const mu__ns_slot *s, int64_t i, int w)
 {
     ns_iter it;
     ns_begin(&it, job, s, i);
     const int64_t ntiles = (int64_t)job->opts->steps * job->plan.nx;
-    for (int64_t u = 0; u < ntiles && !it.done; u++) ns_tile(&it, u);
+    for (int64_t u = 0; u < ntiles && !it.done; u++) ns_tile(&it, u, w);
 }
 
 /* ---------------------------------------------------------- scheduling
@@ -1249,7 +1269,7 @@ static void ns_worker(mu__pool *team, int rank, void *arg)
         const ns_unit *un = &p->unit[k];
         const int64_t u = ticket - p->tstart[k];
         if (u == 0) ns_begin(&p->it, &p->jobs[un->job], &p->ws->slot[0], un->index);
-        else ns_tile(&p->it, u - 1);
+        else ns_tile(&p->it, u - 1, rank);
         if (atomic_fetch_add(&p->done, 1) + 1 == end) mu__pool_wake(team);
     }
     if (rank >= p->ws->nslots) return; /* no slot of its own */
@@ -1258,7 +1278,7 @@ static void ns_worker(mu__pool *team, int rank, void *arg)
         const long long i = atomic_fetch_add(&p->next, 1);
         if (i >= p->nunits) break;
         const ns_unit *un = &p->unit[i];
-        ns_one(&p->jobs[un->job], &p->ws->slot[rank], un->index);
+        ns_one(&p->jobs[un->job], &p->ws->slot[rank], un->index, rank);
     }
 }
 
@@ -1309,18 +1329,34 @@ static int ns_unit_cmp(const void *pa, const void *pb)
 static void ns_schedule_run(const ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
                             mu_ns_workspace *ws);
 
-/* oneDNN into the workspace when a job is bfloat16 (MU_EIO without it). */
+/* When a job is bfloat16: oneDNN into the workspace (MU_EIO without it),
+ * and every product shape of the bfloat16 jobs and the most workers the
+ * call can have made ready in it (MU_ENOMEM), so the workers' products
+ * allocate nothing. Serial, before anything is written. */
 static int ns_dnnl_ready(const ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
 {
-    for (int64_t j = 0; j < njobs; j++)
-        if (jobs[j].batch > 0 && jobs[j].plan.bf16)
-            return ws->dnnl ? MU_OK : mu__dnnl_open(&ws->dnnl);
-    return MU_OK;
+    int bf16 = 0;
+    for (int64_t j = 0; j < njobs; j++) bf16 |= jobs[j].batch > 0 && jobs[j].plan.bf16;
+    if (!bf16) return MU_OK;
+    int rc = ws->dnnl ? MU_OK : mu__dnnl_open(&ws->dnnl);
+    for (int64_t j = 0; rc == MU_OK && j < njobs; j++) {
+        const ns_plan *p = &jobs[j].plan;
+        if (jobs[j].batch == 0 || !p->bf16 || jobs[j].opts->steps == 0) continue;
+        static const int stages[] = {NS_GRAM_A, NS_GRAM_B, NS_APPLY};
+        for (int k = 0; rc == MU_OK && k < 3; k++)
+            for (int t = 0; rc == MU_OK && t < p->tiles[stages[k]]; t++) {
+                mu__dnnl_shape sh;
+                ns_bf16_shape(p, stages[k], t, &sh);
+                rc = mu__dnnl_want(ws->dnnl, &sh);
+            }
+    }
+    /* the team of ns_schedule_run has at most ns_workers() ranks */
+    return rc == MU_OK ? mu__dnnl_workers(ws->dnnl, ns_workers()) : rc;
 }
 
 /* Run every matrix of jobs[0, njobs) (validated; norms filled) with the
  * scratch lists unit[] and tstart[] (room for every matrix, + 1). The
- * bfloat16 ones get oneDNN (opened into the workspace on first use), whose
+ * bfloat16 ones get oneDNN (ns_dnnl_ready ran first), whose
  * products run one thread each: the caller's OpenMP thread count is 1
  * during the call and restored after. Fails with oneDNN missing (MU_EIO,
  * before anything is written) or a failed product (MU_ENOMEM). */
@@ -1333,8 +1369,7 @@ static int ns_schedule(ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tsta
         ns_schedule_run(jobs, njobs, unit, tstart, ws);
         return MU_OK;
     }
-    int rc = ns_dnnl_ready(jobs, njobs, ws);
-    if (rc != MU_OK) return rc;
+    if (!ws->dnnl) return mu__fail(MU_EIO, "ns: oneDNN is not open (ns_dnnl_ready first)");
     for (int64_t j = 0; j < njobs; j++) jobs[j].dnnl = ws->dnnl;
     const int saved = mu__dnnl_threads(ws->dnnl);
     ns_schedule_run(jobs, njobs, unit, tstart, ws);
@@ -1413,7 +1448,8 @@ static void ns_schedule_run(const ns_job *jobs, int64_t njobs, ns_unit *unit, in
         const mu__pool_cfg cfg = mu__ns_pool_cfg(threads);
         mu__pool_run(&cfg, ns_worker, &pool);
     } else { /* one worker: the same tiles in order */
-        for (int64_t u = 0; u < total; u++) ns_one(&jobs[unit[u].job], &ws->slot[0], unit[u].index);
+        for (int64_t u = 0; u < total; u++)
+            ns_one(&jobs[unit[u].job], &ws->slot[0], unit[u].index, 0);
     }
     if (saved != 1) openblas_set_num_threads(saved);
 }
@@ -1778,5 +1814,5 @@ void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t c
                   .bytes_per = rows * cols * (int64_t)mu_dtype_size(dt), .opts = opts,
                   .inplace = in == out, .norms = &norm};
     ns_plan_init(&job.plan, dt, rows, cols, opts->path, 0);
-    ns_one(&job, s, 0);
+    ns_one(&job, s, 0, 0); /* float32/64: no per-worker oneDNN objects */
 }

@@ -258,4 +258,26 @@ describe("memory() asks C for the Newton-Schulz workspace", function()
     -- at least one worker's Gram buffers: 3 (64 x 64) + 64 x 256 float32 elements
     assert.is_true(gram - std >= (3 * 64 * 64 + 64 * 256) * 4, ("standard %d, gram %d"):format(std, gram))
   end)
+
+  it("the bfloat16 iteration's per-worker buffers count once used, made once", function()
+    local out = ffi.new("int64_t[1]")
+    local ws = muon.ns.workspace("float32", 64, 256)
+    local function bytes()
+      assert.equal(0, C.mu_ns_workspace_bytes(ws, out))
+      return tonumber(out[0])
+    end
+    local fresh = bytes()
+    local x = T.randn({ 64, 256 }, 3)
+    muon.ns.zeropower(x, { dtype = "bfloat16", workspace = ws })
+    local used = bytes()
+    assert.is_true(used >= fresh, ("fresh %d, used %d"):format(fresh, used))
+    if muon.blas_info().bf16:find("widened", 1, true) then
+      -- at least one worker's float32 copies of X X^T's operands (a 64 x 256
+      -- matrix is one tile): 2 x 64 x 256 elements
+      assert.is_true(used - fresh >= 2 * 64 * 256 * 4, ("fresh %d, used %d"):format(fresh, used))
+    end
+    muon.ns.zeropower(x, { dtype = "bfloat16", workspace = ws })
+    muon.ns.zeropower(T.randn({ 256, 64 }, 4), { dtype = "bfloat16", workspace = ws })
+    assert.equal(used, bytes()) -- the same shapes again: nothing new
+  end)
 end)
