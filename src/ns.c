@@ -850,7 +850,12 @@ static inline float ns_bfc(double v) { return ns_bf(mu__bf16_from_f64(v)); }
 
 NS_BF16_ROWS(_base, )
 #if defined(__x86_64__) && defined(__GNUC__)
-NS_BF16_ROWS(_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), optimize("O3"))))
+#ifdef __clang__ /* (clang has no optimize attribute; it vectorizes these loops at -O2) */
+#define NS_BF16_O3
+#else
+#define NS_BF16_O3 , optimize("O3")
+#endif
+NS_BF16_ROWS(_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq") NS_BF16_O3)))
 #define NS_ROW(name, ...)                                                                    \
     (__builtin_cpu_supports("avx512bw") ? ns_row_##name##_avx512(__VA_ARGS__)                \
                                         : ns_row_##name##_base(__VA_ARGS__))
