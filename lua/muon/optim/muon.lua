@@ -593,7 +593,8 @@ function kind.apply_coeffs(group, hp)
     group.weight_decay_mode == "cautious"
 end
 
--- post_update_fn on this rank's part of each stepped parameter.
+-- post_update_fn on this rank's part of each stepped parameter (params:
+-- the step's stand-ins, whose value is a copy it writes back: muon.step).
 -- ctx.box: where this rank's tensor lies in the parameter (1-based start
 -- and length per dim; all of it on one process); ctx.signals: the values
 -- the trainer set for this step (eng:set_signal); ctx.allreduce and
