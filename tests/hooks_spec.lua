@@ -249,9 +249,17 @@ end)
 
 describe("reductions in hooks", function()
   local function f64(list) return T.from(list, { #list }, "float64") end
+  -- Rd.whole's reductions, each call made as if its hook were running
+  local function live(hook, shape)
+    local f = Rd.whole(hook, shape)
+    return {
+      allreduce = function(...) return Rd.during(f, f.allreduce, ...) end,
+      global_norm = function(...) return Rd.during(f, f.global_norm, ...) end,
+    }
+  end
 
   it("sum is exact before one rounding: any split and order give the same bits", function()
-    local f = Rd.whole("test")
+    local f = live("test")
     assert.equal(1, f.allreduce(f64({ 1e308, 1, -1e308 }), "sum"))
     assert.equal(2 ^ 53, f.allreduce(f64({ 2 ^ 53, 1 }), "sum")) -- a tie: to even
     assert.equal(2 ^ 53 + 2, f.allreduce(f64({ 2 ^ 53, 1, 2 ^ -60 }), "sum"))
@@ -293,7 +301,7 @@ describe("reductions in hooks", function()
   end)
 
   it("max, min and global_norm; float32 squares are exact", function()
-    local f = Rd.whole("test")
+    local f = live("test")
     local x = T.from({ 3, -7, 2.5, 0 }, { 2, 2 })
     assert.equal(3, f.allreduce(x, "max"))
     assert.equal(-7, f.allreduce(x, "min"))
@@ -307,7 +315,7 @@ describe("reductions in hooks", function()
   end)
 
   it("misuse names the hook and the argument", function()
-    local f = Rd.whole("post_update_fn", { 4, 3 })
+    local f = live("post_update_fn", { 4, 3 })
     local cases = {
       { function() f.allreduce(1, "sum") end, "post_update_fn: ctx.allreduce: x must be a tensor, got number" },
       { function() f.allreduce(T.zeros({ 4, 3 }), "avg") end, "op must be 'sum', 'max' or 'min', got 'avg'" },
@@ -319,6 +327,32 @@ describe("reductions in hooks", function()
       assert.is_false(ok)
       assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
     end
+  end)
+
+  it("work only during the hook call whose ctx they came with", function()
+    local f = Rd.whole("post_ortho_fn")
+    local ok, err = pcall(f.allreduce, T.zeros({ 2 }), "sum")
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("post_ortho_fn: ctx.allreduce called outside the hook call whose ctx it came "
+      .. "with", 1, true), tostring(err))
+    assert.equal(3, Rd.during(f, function() return f.allreduce(T.from({ 1, 2 }, { 2 }), "sum") end))
+    assert.is_false((pcall(f.global_norm, T.zeros({ 2 })))) -- (and not after)
+    -- a ctx kept by post_update_fn and called from a later step's
+    -- pre_ortho_fn (on a mesh: the owner's alone) fails that step, which
+    -- changes nothing
+    local kept
+    local eng = engine.new({ groups = { { optimizer = "muon", lr = 0.02,
+      post_update_fn = function(_, _, ctx) kept = kept or ctx end,
+      pre_ortho_fn = function(G) if kept then kept.allreduce(G, "sum") end end } } })
+    eng:add_param("w", T.randn({ 3, 4 }, 1), T.randn({ 3, 4 }, 2))
+    eng:step()
+    local before = eng:param("w").value:clone()
+    ok, err = pcall(eng.step, eng)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("post_update_fn: ctx.allreduce called outside the hook call", 1, true),
+      tostring(err))
+    assert.equal(1, eng:get("step"))
+    assert.same(before:flat(), eng:param("w").value:flat())
   end)
 
   it("reach hooks in sandboxed configs (through the membrane)", function()

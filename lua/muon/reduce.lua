@@ -35,9 +35,14 @@
 -- early) fail the step on every rank with one message naming the
 -- parameter, the hook and what each side did; no rank waits for a call
 -- that never comes, and no further reduction of that step communicates.
+-- ctx.allreduce and ctx.global_norm work only during the hook call whose
+-- ctx they came with (Rd.during): one kept and called later (from another
+-- hook, on the ranks that run that hook only) raises instead of entering
+-- a collective the other ranks never join.
 --
 --   local Rd = require("muon.reduce")
 --   local f = Rd.whole("post_ortho_fn")           -- { allreduce, global_norm } on one rank
+--   Rd.during(f, hook_fn, ...)                     -- hook_fn(...) with f callable while it runs
 --   local sess = Rd.session(comm)                  -- a mesh's post_update_fn calls of one step
 --   sess:reset()                                   -- the next step's (buffers kept)
 --   local f2 = sess:reducer("post_update_fn", i, name, shape, counts)
@@ -51,6 +56,10 @@ muon.reduce.whole(hook, shape)
     { allreduce = function(x, op), global_norm = function(x) } for a hook
     that holds the whole parameter (pre_ortho_fn, post_ortho_fn; and
     post_update_fn on one process, where x must have shape).
+muon.reduce.during(f, fn, ...)
+    fn(...) with the reductions f (of whole or Session:reducer) callable
+    while it runs, and only then: a call before or after raises EINVAL
+    naming the hook. Returns fn's results; fn's error is raised as is.
 muon.reduce.squares(xs)
     An exact accumulator (mu_xsum) of the squares of every element of the
     tensors in the list xs (one C call: mu_xsum_add_tensors): this rank's
@@ -86,6 +95,8 @@ local C, check = core.C, core.check
 local Rd = {}
 
 local OPS = { sum = 1, max = 2, min = 3 }
+-- The reductions whose hook call is running (Rd.during); weak keys.
+local LIVE = setmetatable({}, { __mode = "k" })
 local OP_NAME = { "sum", "max", "min", "norm" }
 local NORM = 4
 local LIMBS = C.MU_XSUM_LIMBS
@@ -150,6 +161,15 @@ function Rd.merge_all(comm, acc)
   return total
 end
 
+-- fn(...) with the reductions f callable while it runs (see the top).
+function Rd.during(f, fn, ...)
+  LIVE[f] = true
+  local r = { pcall(fn, ...) }
+  LIVE[f] = nil
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, table.maxn(r))
+end
+
 -- The exact sum of the squares of every element of the tensors xs (a
 -- list, any float dtypes; one C call) as an accumulator: this rank's part
 -- of a global norm, for merge_all and sqrt_value.
@@ -167,8 +187,13 @@ end
 -- The square root of an accumulator's sum (a norm from squares).
 function Rd.sqrt_value(acc) return value(acc, NORM) end
 
--- Check a call's arguments; returns the op code.
-local function check_args(fname, hook, x, op, shape)
+-- Check a call's arguments; returns the op code. live: whether the hook
+-- call these reductions were given to is running (Rd.during).
+local function check_args(fname, hook, x, op, shape, live)
+  if not live then
+    E.blame(E.EINVAL, "%s: ctx.%s called outside the hook call whose ctx it came with (a ctx kept from an "
+      .. "earlier call?): reductions work only while their hook runs", hook, fname)
+  end
   if not T.is_tensor(x) then
     E.blame(E.EINVAL, "%s: ctx.%s: x must be a tensor, got %s", hook, fname, type(x))
   end
@@ -198,13 +223,13 @@ end
 function Rd.whole(hook, shape)
   local f = {}
   function f.allreduce(x, op)
-    local code = check_args("allreduce", hook, x, op, shape)
+    local code = check_args("allreduce", hook, x, op, shape, LIVE[f])
     local s = new_acc()
     add(s, x, false)
     return value(s, code)
   end
   function f.global_norm(x, extra)
-    check_args("global_norm", hook, x, extra, shape)
+    check_args("global_norm", hook, x, extra, shape, LIVE[f])
     local s = new_acc()
     add(s, x, true)
     return value(s, NORM)
@@ -290,22 +315,23 @@ end
 -- state; replicas count once).
 function Session:reducer(hook, idx, name, shape, counts)
   self.names[idx], self.hooks[idx] = name, hook
-  local seq = 0
+  local seq, f = 0, nil
   local function call(fname, x, op)
     if self.broken then
       E.raise(E.EINVAL, "%s: ctx.%s after reductions failed across ranks in this step: %s", hook, fname,
         E.message(self.broken))
     end
-    local code = check_args(fname, hook, x, op, shape)
+    local code = check_args(fname, hook, x, op, shape, LIVE[f])
     seq = seq + 1
     local acc = new_acc()
     if counts then add(acc, x, code == NORM) end
     return value(self:_exchange(1, idx, seq, code, acc), code)
   end
-  return {
+  f = {
     allreduce = function(x, op) return call("allreduce", x, op) end,
     global_norm = function(x, extra) return call("global_norm", x, extra) end,
   }
+  return f
 end
 
 -- The session's last collective (every rank, once, after its hooks;

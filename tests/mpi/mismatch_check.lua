@@ -98,6 +98,27 @@ H.main(function()
         ~= nil, msg)
     H.check("clip-bad-max-norm-nothing-changed", snapshot(eng) == before)
   end
+  do -- a ctx kept by post_update_fn, called from a later pre_ortho_fn (on
+    -- the owner of w alone): that rank fails, so the step fails everywhere
+    local kept
+    local k = engine.new({ groups = {
+      { optimizer = "muon", match = "^w", lr = 0.02, post_update_fn = function(_, x, ctx)
+        kept = kept or ctx
+        ctx.allreduce(x, "sum")
+      end, pre_ortho_fn = function(G) if kept then kept.allreduce(G, "sum") end end },
+      { optimizer = "adamw", match = "^b", lr = 0.01 } }, dist = { mesh = { { "shard", W } } } })
+    local rows = 4 * W
+    k:add_param("w", T.randn({ rows, 6 }, 1):narrow(1, me * 4 + 1, 4):contiguous(),
+      T.randn({ rows, 6 }, 2):narrow(1, me * 4 + 1, 4):contiguous(), { "S(1)", shape = { rows, 6 } })
+    k:add_param("b", T.randn({ 5 }, 3), T.randn({ 5 }, 4))
+    k:step()
+    local before = snapshot(k)
+    local ok, err = pcall(k.step, k)
+    local msg = not ok and E.message(err) or ""
+    H.check("kept-ctx-fails-everywhere", not ok and msg:find("ctx.allreduce called outside the hook call", 1, true)
+      ~= nil, msg)
+    H.check("kept-ctx-nothing-changed", snapshot(k) == before)
+  end
   local ok, err = pcall(eng.step, eng)
   H.check("steps-after-all", ok, not ok and E.message(err) or nil)
   if me == 0 then os.remove(path) end

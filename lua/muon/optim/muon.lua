@@ -418,11 +418,12 @@ local function ortho_hook(hook, group, hp, it, x, a, b)
     state[name] = it.state[name]:view({ k, rule_dim(r[2], a, b), rule_dim(r[3], a, b) })
   end
   local red = Rd.whole(hook)
-  call_in_place_on("parameter '" .. it.name .. "'", hook, group[hook], hook == "pre_ortho_fn" and "G" or "O", x, state, {
-    param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
-    lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
-    allreduce = red.allreduce, global_norm = red.global_norm,
-  })
+  Rd.during(red, call_in_place_on, "parameter '" .. it.name .. "'", hook, group[hook],
+    hook == "pre_ortho_fn" and "G" or "O", x, state, {
+      param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
+      lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
+      allreduce = red.allreduce, global_norm = red.global_norm,
+    })
 end
 
 -- pre_ortho_fn, then the Newton-Schulz input must still be finite.
@@ -605,7 +606,7 @@ function kind.post_update(group, hp, params, boxes, signals, reducers)
   if not fn then return end
   for i, p in ipairs(params) do
     local red = reducers and reducers[i] or Rd.whole("post_update_fn", p.value:size())
-    call_in_place_on("parameter '" .. p.name .. "'", "post_update_fn", fn, "the parameter", p, p.value, {
+    Rd.during(red, call_in_place_on, "parameter '" .. p.name .. "'", "post_update_fn", fn, "the parameter", p, p.value, {
       param_fqn = p.name,
       logical_shape = p.logical_shape or p.value:size(),
       lr = hp.lr,
