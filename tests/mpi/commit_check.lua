@@ -44,22 +44,10 @@ local bits_equal = H.bits_equal
 
 H.main(function()
   H.init()
-  local W, me = H.size, H.rank
+  local me = H.rank
   local ref = engine.new(config(false))
   local eng = engine.new(config(true))
-  local mesh = D.mesh({ { "shard", W } }, W)
-  local loc = {}
-  for _, name in ipairs({ "w", "v" }) do
-    local shape = SHAPES[name]
-    local pl = { { "shard", 1 } }
-    local box = D.local_box(shape, D.placement(pl, mesh, #shape), mesh, me)
-    local full = T.randn(shape, name == "w" and 11 or 12)
-    local value = D.box_view(full, box):clone()
-    pl.shape = shape
-    eng:add_param(name, value, T.zeros(box.len), pl)
-    ref:add_param(name, full, T.zeros(shape))
-    loc[name] = { value = value, box = box }
-  end
+  local mesh, loc = H.add_dim1_sharded(ref, eng, { { "w", SHAPES.w, 11 }, { "v", SHAPES.v, 12 } })
   local function set_grads(s)
     for name, l in pairs(loc) do
       local g = T.randn(SHAPES[name], 100 * s + #name)

@@ -3,6 +3,9 @@
 -- if every rank reported ok). On an unexpected Lua error the job is aborted
 -- (comm.abort) so no rank waits forever in a collective.
 local comm = require("muon.comm")
+local T = require("muon.tensor")
+local D = require("muon.dist")
+local C = require("muon.core").C
 
 local H = { results = {} }
 
@@ -32,6 +35,40 @@ function H.bits_equal(a, b)
     end
   end
   return true
+end
+
+-- Both engines with parameters sharded on dim 1 over the mesh {shard,
+-- H.size}: params = { { name, shape, seed } } in order, the one-process
+-- reference ref on the full tensors (T.randn(shape, seed), zero grads) and
+-- eng on this rank's boxes of them. Returns the mesh and loc[name] =
+-- { value =, grad =, box =, full = } (this rank's value and grad).
+function H.add_dim1_sharded(ref, eng, params)
+  local mesh = D.mesh({ { "shard", H.size } }, H.size)
+  local loc = {}
+  for _, p in ipairs(params) do
+    local name, shape = p[1], p[2]
+    local pl = { { "shard", 1 } }
+    local box = D.local_box(shape, D.placement(pl, mesh, #shape), mesh, H.rank)
+    local full = T.randn(shape, p[3])
+    local value = D.box_view(full, box):clone()
+    local grad = T.zeros(box.len)
+    pl.shape = shape
+    eng:add_param(name, value, grad, pl)
+    ref:add_param(name, full, T.zeros(shape))
+    loc[name] = { value = value, grad = grad, box = box, full = full }
+  end
+  return mesh, loc
+end
+
+-- Step the one-process reference engine ref with 1 BLAS thread (as the
+-- mesh's owner ranks run Newton-Schulz), then put back the job's thread
+-- count (OPENBLAS_NUM_THREADS, default 2); returns pcall's ok, err.
+function H.ref_step(ref)
+  local threads = tonumber(os.getenv("OPENBLAS_NUM_THREADS") or "") or 2
+  C.mu_blas_set_threads(1)
+  local ok, err = pcall(ref.step, ref)
+  C.mu_blas_set_threads(threads)
+  return ok, err
 end
 
 -- Run main() and report; abort the whole job on an unexpected error.
