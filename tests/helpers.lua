@@ -121,6 +121,35 @@ function H.without_fds(fn, ...)
   return restore(pcall(fn, ...))
 end
 
+-- Save the OpenBLAS thread count and MU_NS_THREADS before each test of the
+-- enclosing describe block and restore them after it (busted's hooks are
+-- the spec's, not globals: pass them in). Returns with_threads(blas,
+-- workers, fn): fn() run with OpenBLAS at `blas` threads and MU_NS_THREADS
+-- = workers (nil: unset, so the worker count follows OpenBLAS), OpenBLAS
+-- put back after it; fn's result.
+function H.keep_threads(before_each, after_each)
+  local ffi = require("ffi")
+  local C = require("muon.core").C
+  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+  pcall(ffi.cdef, "int unsetenv(const char *name);")
+  local saved_threads, saved_env
+  before_each(function()
+    saved_threads = muon.blas_info().threads
+    saved_env = os.getenv("MU_NS_THREADS")
+  end)
+  after_each(function()
+    C.mu_blas_set_threads(saved_threads)
+    if saved_env then ffi.C.setenv("MU_NS_THREADS", saved_env, 1) else ffi.C.unsetenv("MU_NS_THREADS") end
+  end)
+  return function(blas, workers, fn)
+    C.mu_blas_set_threads(blas)
+    if workers then ffi.C.setenv("MU_NS_THREADS", tostring(workers), 1) else ffi.C.unsetenv("MU_NS_THREADS") end
+    local r = fn()
+    C.mu_blas_set_threads(saved_threads)
+    return r
+  end
+end
+
 -- Kill process pid (SIGKILL) as soon as `file` exists, i.e. while it is in
 -- the middle of a save that writes that temporary file; returns true if it
 -- was caught there, false if the file never appeared within `seconds`.
