@@ -33,7 +33,6 @@ local D = require("muon.dist")
 local E = require("muon.errors")
 local engine = require("muon.engine")
 local foreach = require("muon.foreach")
-local C = require("muon.core").C
 
 local mode, mesh_arg, path = arg[1], arg[2], arg[3]
 
@@ -256,13 +255,7 @@ end
 H.main(function()
   H.init()
   local W, me = H.size, H.rank
-  local threads = tonumber(os.getenv("OPENBLAS_NUM_THREADS") or "") or 2
-  local function ref_step(ref)
-    C.mu_blas_set_threads(1)
-    local ok, err = pcall(ref.step, ref)
-    C.mu_blas_set_threads(threads)
-    return ok, err
-  end
+  local ref_step = H.ref_step
   if mode == "equal" then
     local last = W - 1
     local here = { wd_nan = me == last, betas = me == 0, eps = me == last, post = me == math.min(1, last),

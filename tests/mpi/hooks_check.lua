@@ -19,7 +19,6 @@ local H = require("mpi.harness")
 local T = require("muon.tensor")
 local D = require("muon.dist")
 local engine = require("muon.engine")
-local C = require("muon.core").C
 
 local mode, mesh_arg, path = arg[1], arg[2], arg[3]
 
@@ -135,13 +134,7 @@ end
 H.main(function()
   H.init()
   local W, me = H.size, H.rank
-  local threads = tonumber(os.getenv("OPENBLAS_NUM_THREADS") or "") or 2
-  local function ref_step(ref)
-    C.mu_blas_set_threads(1)
-    local ok, err = pcall(ref.step, ref)
-    C.mu_blas_set_threads(threads)
-    assert(ok, err)
-  end
+  local function ref_step(ref) assert(H.ref_step(ref)) end
   if mode == "variants" then
     local ref, eng, locals = setup()
     for step = 1, 10 do
