@@ -265,6 +265,26 @@ function H.assert_same(got, want, what)
   end
 end
 
+-- The values of a list of tensors in one flat list, in order (H.values of
+-- each).
+function H.values_of(list)
+  local vals = {}
+  for _, r in ipairs(list) do
+    for _, v in ipairs(H.values(r)) do vals[#vals + 1] = v end
+  end
+  return vals
+end
+
+-- fn() with MU_TENSOR_NOSIMD=1 (the portable kernels), then fn() with it
+-- empty (the AVX2+FMA kernels where the CPU has them): both results.
+pcall(ffi_.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+function H.portable_then_simd(fn)
+  ffi_.C.setenv("MU_TENSOR_NOSIMD", "1", 1)
+  local portable = fn()
+  ffi_.C.setenv("MU_TENSOR_NOSIMD", "", 1)
+  return portable, fn()
+end
+
 H.T = T
 H.muon = muon
 return H
