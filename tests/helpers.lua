@@ -265,6 +265,42 @@ function H.assert_same(got, want, what)
   end
 end
 
+-- 10 steps of an engine beside a reference. specs: { { name, shape,
+-- adamw = (optional) } }; parameter i starts as T.randn(shape, 10 * i,
+-- dtype) (init(w, spec) may change it) and its grad at each step is
+-- T.randn(shape, 1000 * step + i, dtype). refs[name] = { value =, grad =,
+-- shape =, adamw = } (flat lists) and list (the same, in the specs' order)
+-- hold the reference's side: each step runs before(step, refs) (if given),
+-- eng:step(), then ref(step, refs, list), which steps the reference. At the
+-- end every parameter is within tol of its reference value. Returns ps
+-- ({ name -> { w =, g = } }) and refs.
+function H.trajectory(eng, specs, dtype, tol, ref, before, init)
+  local ps, refs, list = {}, {}, {}
+  for i, s in ipairs(specs) do
+    local w = T.randn(s[2], 10 * i, dtype)
+    if init then init(w, s) end
+    local g = T.zeros(s[2], dtype)
+    eng:add_param(s[1], w, g)
+    ps[s[1]] = { w = w, g = g }
+    refs[s[1]] = { value = w:flat(), shape = s[2], adamw = s.adamw }
+    list[i] = refs[s[1]]
+  end
+  for step = 1, 10 do
+    for i, s in ipairs(specs) do
+      local g = T.randn(s[2], 1000 * step + i, dtype)
+      ps[s[1]].g:copy(g)
+      refs[s[1]].grad = g:flat()
+    end
+    if before then before(step, refs) end
+    eng:step()
+    ref(step, refs, list)
+  end
+  for _, s in ipairs(specs) do
+    H.assert_close(ps[s[1]].w, refs[s[1]].value, tol, s[1] .. " " .. dtype)
+  end
+  return ps, refs
+end
+
 -- The values of a list of tensors in one flat list, in order (H.values of
 -- each).
 function H.values_of(list)
