@@ -60,6 +60,13 @@ function H.write_file(path, bytes)
   f:close()
 end
 
+-- A new temporary .lua file holding text (a config); its path.
+function H.config_file(text)
+  local path = H.tmpname(".lua")
+  H.write_file(path, text)
+  return path
+end
+
 function H.read_file(path)
   local f = assert(io.open(path, "rb"))
   local s = f:read("*a")
