@@ -37,27 +37,45 @@ function H.bits_equal(a, b)
   return true
 end
 
+-- The box of rank's part of a parameter of this shape sharded on dim 1
+-- over mesh (a {shard, N} mesh).
+function H.dim1_box(shape, mesh, rank)
+  return D.local_box(shape, D.placement({ { "shard", 1 } }, mesh, #shape), mesh, rank)
+end
+
 -- Both engines with parameters sharded on dim 1 over the mesh {shard,
 -- H.size}: params = { { name, shape, seed } } in order, the one-process
 -- reference ref on the full tensors (T.randn(shape, seed), zero grads) and
 -- eng on this rank's boxes of them. Returns the mesh and loc[name] =
--- { value =, grad =, box =, full = } (this rank's value and grad).
+-- { value =, grad =, box =, full =, shape = } (this rank's value and grad).
 function H.add_dim1_sharded(ref, eng, params)
   local mesh = D.mesh({ { "shard", H.size } }, H.size)
   local loc = {}
   for _, p in ipairs(params) do
     local name, shape = p[1], p[2]
     local pl = { { "shard", 1 } }
-    local box = D.local_box(shape, D.placement(pl, mesh, #shape), mesh, H.rank)
+    local box = H.dim1_box(shape, mesh, H.rank)
     local full = T.randn(shape, p[3])
     local value = D.box_view(full, box):clone()
     local grad = T.zeros(box.len)
     pl.shape = shape
     eng:add_param(name, value, grad, pl)
     ref:add_param(name, full, T.zeros(shape))
-    loc[name] = { value = value, grad = grad, box = box, full = full }
+    loc[name] = { value = value, grad = grad, box = box, full = full, shape = shape }
   end
   return mesh, loc
+end
+
+-- The grads of step s for the parameters of H.add_dim1_sharded:
+-- T.randn(shape, 100 * s + #name), changed by edit(name, g) if given, in
+-- ref's grad and (this rank's box) in eng's.
+function H.set_dim1_grads(ref, loc, s, edit)
+  for name, l in pairs(loc) do
+    local g = T.randn(l.shape, 100 * s + #name)
+    if edit then edit(name, g) end
+    ref:param(name).grad:copy(g)
+    l.grad:copy(D.box_view(g, l.box))
+  end
 end
 
 -- Step the one-process reference engine ref with 1 BLAS thread (as the
