@@ -36,8 +36,7 @@ local foreach = require("muon.foreach")
 
 local mode, mesh_arg, path = arg[1], arg[2], arg[3]
 
-local AXES = {}
-for name, size in (mesh_arg or "shard:1"):gmatch("(%w+):(%d+)") do AXES[#AXES + 1] = { name, tonumber(size) } end
+local AXES = H.axes(mesh_arg)
 
 -- name, global shape, shard dims (for the shard and shard2 axes), group
 local PARAMS = {
@@ -74,19 +73,11 @@ end
 local GROUP_OF = {}
 for _, s in ipairs(PARAMS) do GROUP_OF[s[1]] = s[4] end
 
-local function seed_of(name) return D.hash(name) % 100000 end
+local seed_of = H.seed_of
 local function grad_for(spec, step) return T.randn(spec[2], seed_of(spec[1]) * 64 + step, spec.dtype or "float32") end
 
--- The placement of a spec on this mesh: "R" on replicate axes, the spec's
--- first / second shard dim on shard / shard2 axes (R when it has none).
-local function placement(spec)
-  local pl = {}
-  for i, ax in ipairs(AXES) do
-    local d = ax[1] == "shard" and spec[3][1] or ax[1] == "shard2" and spec[3][2] or nil
-    pl[i] = d and ("S(" .. d .. ")") or "R"
-  end
-  return pl
-end
+-- The placement of a spec on this mesh (H.placement).
+local function placement(spec) return H.placement(AXES, spec) end
 
 -- Failures injected at given steps; `here` says whether this process takes
 -- the failing branch (the one-process engine always does).
@@ -170,7 +161,7 @@ local function make_config(dist, here, variant)
   return cfg
 end
 
-local function numel(s) local n = 1 for _, x in ipairs(s) do n = n * x end return n end
+local numel = H.numel
 
 local bits_equal = H.bits_equal
 

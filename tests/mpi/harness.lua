@@ -37,6 +37,30 @@ function H.bits_equal(a, b)
   return true
 end
 
+-- The mesh axes of a MESH argument "name:size,..." (nil: "shard:1"):
+-- { { name, size } }, names replicate, shard and shard2.
+function H.axes(mesh_arg)
+  local axes = {}
+  for name, size in (mesh_arg or "shard:1"):gmatch("(%w+):(%d+)") do axes[#axes + 1] = { name, tonumber(size) } end
+  return axes
+end
+
+-- The placement on axes of a spec { name, shape, { shard dims } }: "R" on
+-- replicate axes, the spec's first / second shard dim on shard / shard2
+-- axes (R when it has none).
+function H.placement(axes, spec)
+  local pl = {}
+  for i, ax in ipairs(axes) do
+    local d = ax[1] == "shard" and spec[3][1] or ax[1] == "shard2" and spec[3][2] or nil
+    pl[i] = d and ("S(" .. d .. ")") or "R"
+  end
+  return pl
+end
+
+-- A parameter's seed from its name; the element count of a shape.
+function H.seed_of(name) return D.hash(name) % 100000 end
+function H.numel(s) local n = 1 for _, x in ipairs(s) do n = n * x end return n end
+
 -- The box of rank's part of a parameter of this shape sharded on dim 1
 -- over mesh (a {shard, N} mesh).
 function H.dim1_box(shape, mesh, rank)

@@ -22,8 +22,7 @@ local engine = require("muon.engine")
 
 local mode, mesh_arg, path = arg[1], arg[2], arg[3]
 
-local AXES = {}
-for name, size in (mesh_arg or "shard:1"):gmatch("(%w+):(%d+)") do AXES[#AXES + 1] = { name, tonumber(size) } end
+local AXES = H.axes(mesh_arg)
 
 -- name, global shape, shard dims (shard, shard2 axes), group
 local PARAMS = {
@@ -36,17 +35,10 @@ local PARAMS = {
 local GROUP_OF = {}
 for _, s in ipairs(PARAMS) do GROUP_OF[s[1]] = s[4] end
 
-local function seed_of(name) return D.hash(name) % 100000 end
-local function numel(s) local n = 1 for _, x in ipairs(s) do n = n * x end return n end
+local seed_of = H.seed_of
+local numel = H.numel
 
-local function placement(spec)
-  local pl = {}
-  for i, ax in ipairs(AXES) do
-    local d = ax[1] == "shard" and spec[3][1] or ax[1] == "shard2" and spec[3][2] or nil
-    pl[i] = d and ("S(" .. d .. ")") or "R"
-  end
-  return pl
-end
+local function placement(spec) return H.placement(AXES, spec) end
 
 local bits_equal = H.bits_equal
 
