@@ -308,6 +308,13 @@ function H.trajectory(eng, specs, dtype, tol, ref, before, init)
   return ps, refs
 end
 
+-- A copy of each tensor of a list (t:clone(dtype): dtype nil keeps t's).
+function H.clones(list, dtype)
+  local out = {}
+  for i, t in ipairs(list) do out[i] = t:clone(dtype) end
+  return out
+end
+
 -- The values of a list of tensors in one flat list, in order (H.values of
 -- each).
 function H.values_of(list)
