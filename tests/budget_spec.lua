@@ -37,13 +37,7 @@ local function has(msg, text)
   assert(tostring(msg):find(text, 1, true), ("expected %q in:\n%s"):format(text, tostring(msg)))
 end
 
-local function run(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1; echo \"__status=$?\""))
-  local out = p:read("*a")
-  p:close()
-  local status = tonumber(out:match("__status=(%d+)%s*$"))
-  return out:gsub("__status=%d+%s*$", ""), status
-end
+local run = require("readme").run_status
 
 local NESTED = "C stack: nested library calls deeper than " .. sandbox.MAX_NESTING
 local STACK = "Lua stack overflow: calls nested deeper than the Lua stack allows"

@@ -54,11 +54,7 @@ end
 
 -- Runs a shell command; its stdout+stderr text and exit status.
 local function run(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1; echo \"__status=$?\""))
-  local out = p:read("*a")
-  p:close()
-  local status = tonumber(out:match("__status=(%d+)%s*$"))
-  out = out:gsub("__status=%d+%s*$", "")
+  local out, status = require("readme").run_status(cmd)
   -- (the standalone luajit prints its own traceback of an uncaught error
   -- after the message; only the message is muon's)
   note((out:gsub("\nstack traceback:\n.*$", "")))
