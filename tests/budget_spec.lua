@@ -33,9 +33,7 @@ local function write_config(text)
   return path
 end
 
-local function has(msg, text)
-  assert(tostring(msg):find(text, 1, true), ("expected %q in:\n%s"):format(text, tostring(msg)))
-end
+local has = H.has
 
 local run = require("readme").run_status
 

@@ -60,6 +60,11 @@ function H.write_file(path, bytes)
   f:close()
 end
 
+-- Fails unless tostring(msg) holds text (plain), showing both.
+function H.has(msg, text)
+  assert(tostring(msg):find(text, 1, true), ("expected %q in:\n%s"):format(text, tostring(msg)))
+end
+
 -- A new temporary .lua file holding text (a config); its path.
 function H.config_file(text)
   local path = H.tmpname(".lua")

@@ -41,9 +41,7 @@ local function raised(f, ...)
   return err
 end
 
-local function has(msg, text)
-  assert(tostring(msg):find(text, 1, true), ("expected %q in:\n%s"):format(text, tostring(msg)))
-end
+local has = H.has
 
 local function write(path, text)
   local f = assert(io.open(path, "w"))
