@@ -65,6 +65,16 @@ function H.has(msg, text)
   assert(tostring(msg):find(text, 1, true), ("expected %q in:\n%s"):format(text, tostring(msg)))
 end
 
+-- mu_engine_open(path) through the FFI, as a C trainer calls it: its status
+-- and the engine (closed by the GC; nil when the open failed).
+function H.c_engine_open(path)
+  local ffi = require("ffi")
+  local C = require("muon.core").C
+  local box = ffi.new("mu_engine *[1]")
+  local rc = C.mu_engine_open(box, path)
+  return rc, rc == 0 and ffi.gc(box[0], C.mu_engine_close) or nil
+end
+
 -- A new temporary .lua file holding text (a config); its path.
 function H.config_file(text)
   local path = H.tmpname(".lua")

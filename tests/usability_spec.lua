@@ -71,10 +71,9 @@ end
 -- The C API, called as a C trainer calls it: (rc, mu_engine_error or
 -- mu_last_error text, engine or nil).
 local function c_open(path)
-  local box = ffi.new("mu_engine *[1]")
-  local rc = C.mu_engine_open(box, path)
+  local rc, e = H.c_engine_open(path)
   if rc ~= 0 then return rc, note(ffi.string(C.mu_last_error())) end
-  return rc, "", ffi.gc(box[0], C.mu_engine_close)
+  return rc, "", e
 end
 
 local function c_err(eng) return note(ffi.string(C.mu_engine_error(eng))) end
