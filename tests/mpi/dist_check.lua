@@ -70,9 +70,6 @@ if mode == "variants" then
   }
 end
 
-local GROUP_OF = {}
-for _, s in ipairs(PARAMS) do GROUP_OF[s[1]] = s[4] end
-
 local seed_of = H.seed_of
 local function grad_for(spec, step) return T.randn(spec[2], seed_of(spec[1]) * 64 + step, spec.dtype or "float32") end
 
@@ -97,10 +94,7 @@ local function variant_config(dist)
     { name = "clip", optimizer = "muon", lr = 0.05, post_update_fn = clip },
     { name = "adamw", optimizer = "adamw", lr = 1e-2 },
   }
-  for i, g in ipairs(groups) do g.match = function(name) return GROUP_OF[name] == i end end
-  local cfg = { groups = groups }
-  if dist then cfg.dist = { mesh = AXES } end
-  return cfg
+  return H.grouped_config(groups, PARAMS, dist and AXES)
 end
 
 local function make_config(dist, here, variant)
@@ -142,8 +136,7 @@ local function make_config(dist, here, variant)
       if CUR == INJECT.ortho and ctx.param_fqn == "same.2" then error("boom in post_ortho_fn on same.2", 0) end
     end
   end
-  for i, g in ipairs(groups) do g.match = function(name) return GROUP_OF[name] == i end end
-  local cfg = { groups = groups }
+  local cfg = H.grouped_config(groups, PARAMS)
   cfg.schedule = function(step, g)
     local v = { lr = g.base_lr * (1 - 0.03 * step) }
     if g.optimizer == "lion" then -- every Lion option scheduled

@@ -57,6 +57,18 @@ function H.placement(axes, spec)
   return pl
 end
 
+-- A config of groups where group i matches the parameters whose spec
+-- names it (params: { { name, shape, shard dims, group } }), on the mesh
+-- axes when given.
+function H.grouped_config(groups, params, axes)
+  local group_of = {}
+  for _, s in ipairs(params) do group_of[s[1]] = s[4] end
+  for i, g in ipairs(groups) do g.match = function(name) return group_of[name] == i end end
+  local cfg = { groups = groups }
+  if axes then cfg.dist = { mesh = axes } end
+  return cfg
+end
+
 -- A parameter's seed from its name; the element count of a shape.
 function H.seed_of(name) return D.hash(name) % 100000 end
 function H.numel(s) local n = 1 for _, x in ipairs(s) do n = n * x end return n end

@@ -32,9 +32,6 @@ local PARAMS = {
   { "r.w", { 7, 5 }, { 1, 2 }, 4 },
   { "bias", { 10 }, { 1 }, 5 },
 }
-local GROUP_OF = {}
-for _, s in ipairs(PARAMS) do GROUP_OF[s[1]] = s[4] end
-
 local seed_of = H.seed_of
 local numel = H.numel
 
@@ -77,10 +74,7 @@ local function config(dist, tag)
       end },
     { name = "adamw", optimizer = "adamw", lr = 1e-2 },
   }
-  for i, g in ipairs(groups) do g.match = function(name) return GROUP_OF[name] == i end end
-  local cfg = { groups = groups }
-  if dist then cfg.dist = { mesh = AXES } end
-  return cfg
+  return H.grouped_config(groups, PARAMS, dist and AXES)
 end
 
 local function setup()
