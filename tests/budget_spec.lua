@@ -37,6 +37,17 @@ local has = H.has
 
 local run = require("readme").run_status
 
+-- An engine of config (a path or a table; opts for engine.new) holding one
+-- parameter w (4x3), and its first step under pcall: the engine, its
+-- snapshot before the step, pcall's ok and error.
+local function first_step(config, opts)
+  local eng = engine.new(config, opts)
+  eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
+  local before = D.snapshot(eng)
+  local ok, err = pcall(eng.step, eng)
+  return eng, before, ok, err
+end
+
 local NESTED = "C stack: nested library calls deeper than " .. sandbox.MAX_NESTING
 local STACK = "Lua stack overflow: calls nested deeper than the Lua stack allows"
 
@@ -103,10 +114,7 @@ describe("nesting: library calls that call back into Lua stop at the limit", fun
     it(name .. ": inside a hook at step time (eng:step, mu_engine_step), nothing changed", function()
       local path = write_config("return { groups = { { name = 'm', optimizer = 'muon', lr = 0.02, "
         .. "post_update_fn = function(p, w, ctx)\n" .. body .. "\nend } } }")
-      local eng = engine.new(path)
-      eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
-      local before = D.snapshot(eng)
-      local ok, err = pcall(eng.step, eng)
+      local eng, before, ok, err = first_step(path)
       assert.is_false(ok)
       expect_nesting(err, E.code(err), want, "eng:step")
       has(err, "post_update_fn: parameter 'w': ")
@@ -276,10 +284,7 @@ describe("hook budget: a misbehaving hook fails the step, nothing changed", func
     }) do
       local path = write_config("return { hook_budget = { instructions = 1e7, memory = 2^24 }, groups = { { "
         .. "optimizer = 'muon', post_update_fn = function(p, w, ctx) " .. body .. " end } } }")
-      local eng = engine.new(path)
-      eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
-      local before = D.snapshot(eng)
-      local ok, err = pcall(eng.step, eng)
+      local eng, before, ok, err = first_step(path)
       assert.is_false(ok, body)
       has(err, "post_update_fn: parameter 'w': exceeded the hook ")
       assert.equal(before, D.snapshot(eng))
@@ -289,10 +294,7 @@ describe("hook budget: a misbehaving hook fails the step, nothing changed", func
   it("a huge tensor allocation in a hook is MU_ENOMEM with a message (C memory: not the Lua heap's limit)", function()
     local path = write_config("return { groups = { { optimizer = 'muon', post_update_fn = function(p, w, ctx) "
       .. "local T = require('muon').tensor local _ = T.zeros({ 2^40, 2^10 }) end } } }")
-    local eng = engine.new(path)
-    eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
-    local before = D.snapshot(eng)
-    local ok, err = pcall(eng.step, eng)
+    local eng, before, ok, err = first_step(path)
     assert.is_false(ok)
     assert.equal(E.ENOMEM, E.code(err), tostring(err))
     has(err, "post_update_fn: ")
@@ -315,9 +317,8 @@ describe("hook budget: a misbehaving hook fails the step, nothing changed", func
     local function stepped(trusted, budget)
       local path = write_config("return { " .. (budget and ("hook_budget = " .. budget .. ", ") or "")
         .. "groups = { { optimizer = 'muon', post_update_fn = function() " .. loop .. " end } } }")
-      local eng = engine.new(path, { trusted = trusted })
-      eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
-      return pcall(eng.step, eng)
+      local _, _, ok, err = first_step(path, { trusted = trusted })
+      return ok, err
     end
     local saved = sandbox.HOOK_BUDGET
     sandbox.HOOK_BUDGET = { instructions = 1e6, seconds = 300, memory = 2 ^ 30 }
@@ -331,10 +332,8 @@ describe("hook budget: a misbehaving hook fails the step, nothing changed", func
     assert.is_false(ok_b)
     has(err_b, "post_update_fn: parameter 'w': exceeded the hook budget of 1000000 Lua instructions")
     -- a table config (built by the host) likewise
-    local eng = engine.new({ hook_budget = { instructions = 1e6 }, groups = { { optimizer = "muon",
+    local _, _, ok, err = first_step({ hook_budget = { instructions = 1e6 }, groups = { { optimizer = "muon",
       post_update_fn = function() local x = 0 for i = 1, 3e6 do x = x + i end return x end } } })
-    eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
-    local ok, err = pcall(eng.step, eng)
     assert.is_false(ok)
     has(err, "hook_budget.instructions")
   end)
