@@ -75,6 +75,18 @@ function H.c_engine_open(path)
   return rc, rc == 0 and ffi.gc(box[0], C.mu_engine_close) or nil
 end
 
+-- muon.check.run on a config text and a shapes text (temporary files,
+-- removed after): the report and its problems.
+function H.check_report(config_text, shapes_text)
+  local cfg, shapes = H.tmpname(".lua"), H.tmpname(".txt")
+  H.write_file(cfg, config_text)
+  H.write_file(shapes, shapes_text)
+  local text, problems = require("muon.check").run(cfg, shapes)
+  os.remove(cfg)
+  os.remove(shapes)
+  return text, problems
+end
+
 -- A new temporary .lua file holding text (a config); its path.
 function H.config_file(text)
   local path = H.tmpname(".lua")
