@@ -385,6 +385,19 @@ int mu_tensor_all_finite(const mu_tensor *t, int64_t *where)
     return 0;
 }
 
+/* Walk n dims (the last the inner loop, kept whole) with out and t stepping
+ * by the element strides os and ts, calling t's dtype's kernel fn (reduce_dim,
+ * softmax) with ctx. */
+static void run_out_in(int n, const int64_t *dims, mu_tensor *out, const int64_t *os, const mu_tensor *t,
+                       const int64_t *ts, mu__loop_fn fn, void *ctx)
+{
+    mu__iter it;
+    mu__iter_init(&it, n, dims, MU__ITER_KEEP_INNER);
+    mu__iter_add_strided(&it, out->data, os, mu_dtype_size(out->scalar));
+    mu__iter_add_strided(&it, t->data, ts, mu_dtype_size(t->scalar));
+    mu__iter_run(&it, fn, ctx);
+}
+
 /* ------------------------------------------------------------- reductions */
 
 static const char *const REDUCE_NAMES[MU_REDUCE_COUNT] = {
@@ -484,11 +497,7 @@ int mu_tensor_reduce(const mu_tensor *t, int op, int dim, mu_tensor *out)
     ts[n] = t->strides[dim];
     os[n++] = 0;
     reduce_ctx ctx = { op, 0, 0, 0, 0 };
-    mu__iter it;
-    mu__iter_init(&it, n, dims, MU__ITER_KEEP_INNER);
-    mu__iter_add_strided(&it, out->data, os, mu_dtype_size(out->scalar));
-    mu__iter_add_strided(&it, t->data, ts, mu_dtype_size(t->scalar));
-    mu__iter_run(&it, pick_kernels(t->scalar)->reduce_dim, &ctx);
+    run_out_in(n, dims, out, os, t, ts, pick_kernels(t->scalar)->reduce_dim, &ctx);
     return MU_OK;
 }
 
@@ -536,11 +545,7 @@ int mu_tensor_softmax(const mu_tensor *t, int dim, int log, mu_tensor *out)
     ts[n] = t->ndim ? t->strides[dim] : 0;
     os[n++] = t->ndim ? out->strides[dim] : 0;
     softmax_ctx ctx = { log != 0 };
-    mu__iter it;
-    mu__iter_init(&it, n, dims, MU__ITER_KEEP_INNER);
-    mu__iter_add_strided(&it, out->data, os, mu_dtype_size(out->scalar));
-    mu__iter_add_strided(&it, t->data, ts, mu_dtype_size(t->scalar));
-    mu__iter_run(&it, pick_kernels(t->scalar)->softmax, &ctx);
+    run_out_in(n, dims, out, os, t, ts, pick_kernels(t->scalar)->softmax, &ctx);
     return MU_OK;
 }
 

@@ -158,24 +158,12 @@ describe("foreach with bfloat16 state", function()
     end
     return out
   end
-  local function widen(l)
-    local out = {}
-    for i, t in ipairs(l) do out[i] = t:clone("float32") end
-    return out
-  end
-  local function clones(l)
-    local out = {}
-    for i, t in ipairs(l) do out[i] = t:clone() end
-    return out
-  end
+  local function widen(l) return H.clones(l, "float32") end
+  local clones = H.clones
   local function same_list(a, b, what)
     for i = 1, #a do H.assert_equal_bits(a[i], b[i], what .. " " .. i) end
   end
-  local function rounded(l)
-    local out = {}
-    for i, t in ipairs(l) do out[i] = t:clone("bfloat16") end
-    return out
-  end
+  local function rounded(l) return H.clones(l, "bfloat16") end
   -- |got - want| <= rel * |want| + abs, element by element
   local function near(got, want, rel, abs, what)
     for i = 1, #got do

@@ -33,16 +33,19 @@ local function write_config(text)
   return path
 end
 
-local function has(msg, text)
-  assert(tostring(msg):find(text, 1, true), ("expected %q in:\n%s"):format(text, tostring(msg)))
-end
+local has = H.has
 
-local function run(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1; echo \"__status=$?\""))
-  local out = p:read("*a")
-  p:close()
-  local status = tonumber(out:match("__status=(%d+)%s*$"))
-  return out:gsub("__status=%d+%s*$", ""), status
+local run = require("readme").run_status
+
+-- An engine of config (a path or a table; opts for engine.new) holding one
+-- parameter w (4x3), and its first step under pcall: the engine, its
+-- snapshot before the step, pcall's ok and error.
+local function first_step(config, opts)
+  local eng = engine.new(config, opts)
+  eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
+  local before = D.snapshot(eng)
+  local ok, err = pcall(eng.step, eng)
+  return eng, before, ok, err
 end
 
 local NESTED = "C stack: nested library calls deeper than " .. sandbox.MAX_NESTING
@@ -98,8 +101,7 @@ describe("nesting: library calls that call back into Lua stop at the limit", fun
       assert.is_false(ok)
       expect_nesting(err, E.code(err), want, "engine.new")
       has(err, "config '" .. path .. "': error while running: ")
-      local box = ffi.new("mu_engine *[1]")
-      local rc = C.mu_engine_open(box, path)
+      local rc = H.c_engine_open(path)
       expect_nesting(ffi.string(C.mu_last_error()), rc, want, "mu_engine_open")
       local shapes = dir .. "/shapes.txt"
       H.write_file(shapes, "w 4 3\n")
@@ -112,17 +114,13 @@ describe("nesting: library calls that call back into Lua stop at the limit", fun
     it(name .. ": inside a hook at step time (eng:step, mu_engine_step), nothing changed", function()
       local path = write_config("return { groups = { { name = 'm', optimizer = 'muon', lr = 0.02, "
         .. "post_update_fn = function(p, w, ctx)\n" .. body .. "\nend } } }")
-      local eng = engine.new(path)
-      eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
-      local before = D.snapshot(eng)
-      local ok, err = pcall(eng.step, eng)
+      local eng, before, ok, err = first_step(path)
       assert.is_false(ok)
       expect_nesting(err, E.code(err), want, "eng:step")
       has(err, "post_update_fn: parameter 'w': ")
       assert.equal(before, D.snapshot(eng))
-      local box = ffi.new("mu_engine *[1]")
-      assert.equal(0, C.mu_engine_open(box, path))
-      local e = ffi.gc(box[0], C.mu_engine_close)
+      local rc0, e = H.c_engine_open(path)
+      assert.equal(0, rc0)
       local shape = ffi.new("int64_t[2]", { 2, 2 })
       local w, g = ffi.new("float[4]", { 1, 2, 3, 4 }), ffi.new("float[4]", { 1, 1, 1, 1 })
       assert.equal(0, C.mu_engine_add_param(e, "w", C.MU_F32, 2, shape, w, g))
@@ -286,10 +284,7 @@ describe("hook budget: a misbehaving hook fails the step, nothing changed", func
     }) do
       local path = write_config("return { hook_budget = { instructions = 1e7, memory = 2^24 }, groups = { { "
         .. "optimizer = 'muon', post_update_fn = function(p, w, ctx) " .. body .. " end } } }")
-      local eng = engine.new(path)
-      eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
-      local before = D.snapshot(eng)
-      local ok, err = pcall(eng.step, eng)
+      local eng, before, ok, err = first_step(path)
       assert.is_false(ok, body)
       has(err, "post_update_fn: parameter 'w': exceeded the hook ")
       assert.equal(before, D.snapshot(eng))
@@ -299,10 +294,7 @@ describe("hook budget: a misbehaving hook fails the step, nothing changed", func
   it("a huge tensor allocation in a hook is MU_ENOMEM with a message (C memory: not the Lua heap's limit)", function()
     local path = write_config("return { groups = { { optimizer = 'muon', post_update_fn = function(p, w, ctx) "
       .. "local T = require('muon').tensor local _ = T.zeros({ 2^40, 2^10 }) end } } }")
-    local eng = engine.new(path)
-    eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
-    local before = D.snapshot(eng)
-    local ok, err = pcall(eng.step, eng)
+    local eng, before, ok, err = first_step(path)
     assert.is_false(ok)
     assert.equal(E.ENOMEM, E.code(err), tostring(err))
     has(err, "post_update_fn: ")
@@ -325,9 +317,8 @@ describe("hook budget: a misbehaving hook fails the step, nothing changed", func
     local function stepped(trusted, budget)
       local path = write_config("return { " .. (budget and ("hook_budget = " .. budget .. ", ") or "")
         .. "groups = { { optimizer = 'muon', post_update_fn = function() " .. loop .. " end } } }")
-      local eng = engine.new(path, { trusted = trusted })
-      eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
-      return pcall(eng.step, eng)
+      local _, _, ok, err = first_step(path, { trusted = trusted })
+      return ok, err
     end
     local saved = sandbox.HOOK_BUDGET
     sandbox.HOOK_BUDGET = { instructions = 1e6, seconds = 300, memory = 2 ^ 30 }
@@ -341,10 +332,8 @@ describe("hook budget: a misbehaving hook fails the step, nothing changed", func
     assert.is_false(ok_b)
     has(err_b, "post_update_fn: parameter 'w': exceeded the hook budget of 1000000 Lua instructions")
     -- a table config (built by the host) likewise
-    local eng = engine.new({ hook_budget = { instructions = 1e6 }, groups = { { optimizer = "muon",
+    local _, _, ok, err = first_step({ hook_budget = { instructions = 1e6 }, groups = { { optimizer = "muon",
       post_update_fn = function() local x = 0 for i = 1, 3e6 do x = x + i end return x end } } })
-    eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
-    local ok, err = pcall(eng.step, eng)
     assert.is_false(ok)
     has(err, "hook_budget.instructions")
   end)

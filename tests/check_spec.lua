@@ -12,11 +12,7 @@ local check = require("muon.check")
 local FIXTURE = "tests/fixtures/safetensors/gpt_tiny.safetensors"
 local BUILD = os.getenv("MUON_BUILD") or "build"
 
-local function write_cfg(body)
-  local path = H.tmpname(".lua")
-  H.write_file(path, body)
-  return path
-end
+local write_cfg = H.config_file
 
 local CFG = "return { groups = { { name = 'hidden', optimizer = 'muon', lr = 0.02, min_dim = 2 }, "
   .. "{ name = 'rest', optimizer = 'adamw', lr = 3e-4 } } }"

@@ -234,6 +234,16 @@ local function poison(t, v, at)
   flat:narrow(1, at or t:numel(), 1):fill(v)
 end
 
+-- Under nonfinite = "error": eng:step() fails with ENONFINITE, its message
+-- holding want, and changes nothing (D.snapshot: values and state).
+local function step_fails_unchanged(eng, want)
+  local before = D.snapshot(eng)
+  local code, msg = fails(eng.step, eng)
+  assert.are.equal("ENONFINITE", code)
+  assert.truthy(msg:find(want, 1, true), msg)
+  assert.are.equal(before, D.snapshot(eng))
+end
+
 describe("every tensor the commit writes is checked", function()
   for bi, bad in ipairs(BAD) do
     it(("momentum_update_fn leaving %s in the momentum, finite updates: error names the tensor; skip skips"):format(tostring(bad)), function()
@@ -251,14 +261,9 @@ describe("every tensor the commit writes is checked", function()
         end })
         grads(eng, 1)
         eng:step()
-        local before = D.snapshot(eng)
         grads(eng, 2)
         if policy == "error" then
-          local code, msg = fails(eng.step, eng)
-          assert.are.equal("ENONFINITE", code)
-          assert.truthy(msg:find("parameter 'w': state tensor 'momentum_buffer' (written by a hook) would hold NaN or Inf",
-            1, true), msg)
-          assert.are.equal(before, D.snapshot(eng))
+          step_fails_unchanged(eng, "parameter 'w': state tensor 'momentum_buffer' (written by a hook) would hold NaN or Inf")
         else
           eng:step()
           assert.are.equal(1, eng:stats().muon.skipped_nonfinite)
@@ -284,15 +289,10 @@ describe("every tensor the commit writes is checked", function()
           end })
           grads(eng, 1)
           eng:step()
-          local before = D.snapshot(eng)
           grads(eng, 2)
           if policy == "error" then
-            local code, msg = fails(eng.step, eng)
-            assert.are.equal("ENONFINITE", code)
             local which = bi == 1 and "v" or "r"
-            assert.truthy(msg:find("parameter 'w': hook state '" .. which .. "' (pre_ortho_fn / post_ortho_fn) would hold NaN or Inf",
-              1, true), msg)
-            assert.are.equal(before, D.snapshot(eng))
+            step_fails_unchanged(eng, "parameter 'w': hook state '" .. which .. "' (pre_ortho_fn / post_ortho_fn) would hold NaN or Inf")
           else
             eng:step()
             assert.are.equal(1, eng:stats().muon.skipped_nonfinite)
@@ -322,12 +322,8 @@ describe("every tensor the commit writes is checked", function()
           p.value:fill(big)
           grads(eng, 1)
           p.grad:fill(-1) -- (every update pushes p up)
-          local before = D.snapshot(eng)
           if policy == "error" then
-            local code, msg = fails(eng.step, eng)
-            assert.are.equal("ENONFINITE", code)
-            assert.truthy(msg:find("parameter '" .. which .. "': the step would leave NaN or Inf in the parameter", 1, true), msg)
-            assert.are.equal(before, D.snapshot(eng))
+            step_fails_unchanged(eng, "parameter '" .. which .. "': the step would leave NaN or Inf in the parameter")
           else
             eng:step()
             assert.are.equal(1, eng:stats()[which == "w" and "muon" or "adamw"].skipped_nonfinite)
@@ -360,15 +356,11 @@ describe("every tensor the commit writes is checked", function()
         end })
         grads(eng, 1)
         eng:step()
-        local before = D.snapshot(eng)
         local b_before = eng:param("b").value:clone()
         local w_state = eng:state("w").momentum_buffer:clone()
         grads(eng, 2)
         if policy == "error" then
-          local code, msg = fails(eng.step, eng)
-          assert.are.equal("ENONFINITE", code)
-          assert.truthy(msg:find("parameter 'w': post_update_fn left NaN or Inf in the parameter", 1, true), msg)
-          assert.are.equal(before, D.snapshot(eng))
+          step_fails_unchanged(eng, "parameter 'w': post_update_fn left NaN or Inf in the parameter")
         else
           eng:step()
           assert.are.equal(1, eng:stats().muon.skipped_nonfinite)

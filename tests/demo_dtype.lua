@@ -30,9 +30,7 @@ function D.variant(opts, only)
     if only == nil or kind == only then return s .. " " .. table.concat(extra, " ") end
   end)
   assert(n == 2, "configs/muon.lua: expected two groups with optimizer = \"...\"")
-  local path = H.tmpname(".lua")
-  H.write_file(path, text)
-  return path
+  return H.config_file(text)
 end
 
 -- Whether a Muon group takes option `name` with value `value` on this build.

@@ -85,11 +85,7 @@ local function tiny_model(eng, seed)
   return ps
 end
 
-local function write_config(text)
-  local path = H.tmpname(".lua")
-  H.write_file(path, text)
-  return path
-end
+local write_config = H.config_file
 
 describe("engine", function()
   it("routes parameters by pattern, dims and order", function()

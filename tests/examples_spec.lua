@@ -22,11 +22,7 @@ end
 local CWD -- the current test's working directory (see before_each)
 
 -- Runs a command line in CWD; returns stdout+stderr text and the exit status.
-local function run(cmd)
-  local out = capture("cd " .. sh_quote(CWD) .. " && " .. cmd .. " 2>&1; echo \"__status=$?\"")
-  local status = tonumber(out:match("__status=(%d+)%s*$"))
-  return out:gsub("__status=%d+%s*$", ""), status
-end
+local function run(cmd) return R.run_status("cd " .. sh_quote(CWD) .. " && " .. cmd) end
 
 local function exists(path)
   local f = io.open(path, "rb")

@@ -201,11 +201,7 @@ describe("corrupted checkpoints", function()
 end)
 
 describe("NaN/Inf gradients: per-group policy through a config", function()
-  local function config(text)
-    local path = H.tmpname(".lua")
-    H.write_file(path, text)
-    return path
-  end
+  local config = H.config_file
   local CFG = [[
     return { groups = {
       { name = "skipper", optimizer = "muon", match = "^s", lr = 0.02, weight_decay = 0, nonfinite = "skip" },

@@ -53,11 +53,7 @@ local function rand_list(seed, dtype, scale)
   return list
 end
 
-local function clones(list)
-  local out = {}
-  for i, t in ipairs(list) do out[i] = t:clone() end
-  return out
-end
+local clones = H.clones
 
 local function zeros_like(list)
   local out = {}

@@ -60,6 +60,40 @@ function H.write_file(path, bytes)
   f:close()
 end
 
+-- Fails unless tostring(msg) holds text (plain), showing both.
+function H.has(msg, text)
+  assert(tostring(msg):find(text, 1, true), ("expected %q in:\n%s"):format(text, tostring(msg)))
+end
+
+-- mu_engine_open(path) through the FFI, as a C trainer calls it: its status
+-- and the engine (closed by the GC; nil when the open failed).
+function H.c_engine_open(path)
+  local ffi = require("ffi")
+  local C = require("muon.core").C
+  local box = ffi.new("mu_engine *[1]")
+  local rc = C.mu_engine_open(box, path)
+  return rc, rc == 0 and ffi.gc(box[0], C.mu_engine_close) or nil
+end
+
+-- muon.check.run on a config text and a shapes text (temporary files,
+-- removed after): the report and its problems.
+function H.check_report(config_text, shapes_text)
+  local cfg, shapes = H.tmpname(".lua"), H.tmpname(".txt")
+  H.write_file(cfg, config_text)
+  H.write_file(shapes, shapes_text)
+  local text, problems = require("muon.check").run(cfg, shapes)
+  os.remove(cfg)
+  os.remove(shapes)
+  return text, problems
+end
+
+-- A new temporary .lua file holding text (a config); its path.
+function H.config_file(text)
+  local path = H.tmpname(".lua")
+  H.write_file(path, text)
+  return path
+end
+
 function H.read_file(path)
   local f = assert(io.open(path, "rb"))
   local s = f:read("*a")
@@ -119,6 +153,35 @@ function H.without_fds(fn, ...)
     return ...
   end
   return restore(pcall(fn, ...))
+end
+
+-- Save the OpenBLAS thread count and MU_NS_THREADS before each test of the
+-- enclosing describe block and restore them after it (busted's hooks are
+-- the spec's, not globals: pass them in). Returns with_threads(blas,
+-- workers, fn): fn() run with OpenBLAS at `blas` threads and MU_NS_THREADS
+-- = workers (nil: unset, so the worker count follows OpenBLAS), OpenBLAS
+-- put back after it; fn's result.
+function H.keep_threads(before_each, after_each)
+  local ffi = require("ffi")
+  local C = require("muon.core").C
+  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+  pcall(ffi.cdef, "int unsetenv(const char *name);")
+  local saved_threads, saved_env
+  before_each(function()
+    saved_threads = muon.blas_info().threads
+    saved_env = os.getenv("MU_NS_THREADS")
+  end)
+  after_each(function()
+    C.mu_blas_set_threads(saved_threads)
+    if saved_env then ffi.C.setenv("MU_NS_THREADS", saved_env, 1) else ffi.C.unsetenv("MU_NS_THREADS") end
+  end)
+  return function(blas, workers, fn)
+    C.mu_blas_set_threads(blas)
+    if workers then ffi.C.setenv("MU_NS_THREADS", tostring(workers), 1) else ffi.C.unsetenv("MU_NS_THREADS") end
+    local r = fn()
+    C.mu_blas_set_threads(saved_threads)
+    return r
+  end
 end
 
 -- Kill process pid (SIGKILL) as soon as `file` exists, i.e. while it is in
@@ -234,6 +297,69 @@ function H.assert_same(got, want, what)
       error(("%s: element %d is %.17g, expected %.17g"):format(what or "values", i, got[i], want[i]), 2)
     end
   end
+end
+
+-- 10 steps of an engine beside a reference. specs: { { name, shape,
+-- adamw = (optional) } }; parameter i starts as T.randn(shape, 10 * i,
+-- dtype) (init(w, spec) may change it) and its grad at each step is
+-- T.randn(shape, 1000 * step + i, dtype). refs[name] = { value =, grad =,
+-- shape =, adamw = } (flat lists) and list (the same, in the specs' order)
+-- hold the reference's side: each step runs before(step, refs) (if given),
+-- eng:step(), then ref(step, refs, list), which steps the reference. At the
+-- end every parameter is within tol of its reference value. Returns ps
+-- ({ name -> { w =, g = } }) and refs.
+function H.trajectory(eng, specs, dtype, tol, ref, before, init)
+  local ps, refs, list = {}, {}, {}
+  for i, s in ipairs(specs) do
+    local w = T.randn(s[2], 10 * i, dtype)
+    if init then init(w, s) end
+    local g = T.zeros(s[2], dtype)
+    eng:add_param(s[1], w, g)
+    ps[s[1]] = { w = w, g = g }
+    refs[s[1]] = { value = w:flat(), shape = s[2], adamw = s.adamw }
+    list[i] = refs[s[1]]
+  end
+  for step = 1, 10 do
+    for i, s in ipairs(specs) do
+      local g = T.randn(s[2], 1000 * step + i, dtype)
+      ps[s[1]].g:copy(g)
+      refs[s[1]].grad = g:flat()
+    end
+    if before then before(step, refs) end
+    eng:step()
+    ref(step, refs, list)
+  end
+  for _, s in ipairs(specs) do
+    H.assert_close(ps[s[1]].w, refs[s[1]].value, tol, s[1] .. " " .. dtype)
+  end
+  return ps, refs
+end
+
+-- A copy of each tensor of a list (t:clone(dtype): dtype nil keeps t's).
+function H.clones(list, dtype)
+  local out = {}
+  for i, t in ipairs(list) do out[i] = t:clone(dtype) end
+  return out
+end
+
+-- The values of a list of tensors in one flat list, in order (H.values of
+-- each).
+function H.values_of(list)
+  local vals = {}
+  for _, r in ipairs(list) do
+    for _, v in ipairs(H.values(r)) do vals[#vals + 1] = v end
+  end
+  return vals
+end
+
+-- fn() with MU_TENSOR_NOSIMD=1 (the portable kernels), then fn() with it
+-- empty (the AVX2+FMA kernels where the CPU has them): both results.
+pcall(ffi_.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+function H.portable_then_simd(fn)
+  ffi_.C.setenv("MU_TENSOR_NOSIMD", "1", 1)
+  local portable = fn()
+  ffi_.C.setenv("MU_TENSOR_NOSIMD", "", 1)
+  return portable, fn()
 end
 
 H.T = T

@@ -28,33 +28,11 @@ end
 
 local function warm(base, step) return base * step / 20 end
 
--- 10 steps of an engine beside the reference; specs: { name, shape }.
--- before(step, refs) runs before each step (signals); ref(step, list).
+-- 10 steps of an engine beside the reference (H.trajectory); specs:
+-- { name, shape }. before(step, refs) runs before each step (signals);
+-- ref(step, list) steps the reference.
 local function trajectory(eng, specs, dtype, ref, before, init)
-  local ps, refs, list = {}, {}, {}
-  for i, s in ipairs(specs) do
-    local w = T.randn(s[2], 10 * i, dtype)
-    if init then init(w, s) end
-    local g = T.zeros(s[2], dtype)
-    eng:add_param(s[1], w, g)
-    ps[s[1]] = { w = w, g = g }
-    refs[s[1]] = { value = w:flat(), shape = s[2] }
-    list[i] = refs[s[1]]
-  end
-  for step = 1, 10 do
-    for i, s in ipairs(specs) do
-      local g = T.randn(s[2], 1000 * step + i, dtype)
-      ps[s[1]].g:copy(g)
-      refs[s[1]].grad = g:flat()
-    end
-    if before then before(step, refs) end
-    eng:step()
-    ref(step, list)
-  end
-  for _, s in ipairs(specs) do
-    H.assert_close(ps[s[1]].w, refs[s[1]].value, TOL[dtype], s[1] .. " " .. dtype)
-  end
-  return ps, refs
+  return H.trajectory(eng, specs, dtype, TOL[dtype], function(step, _, list) ref(step, list) end, before, init)
 end
 
 local SPECS = { { "layers.0.w", { 8, 6 } }, { "layers.1.w", { 5, 9 } }, { "experts", { 3, 6, 4 } } }

@@ -8,11 +8,7 @@ local R = require("readme")
 
 local q = R.sh_quote
 
-local function run(cmd, dir)
-  local out = R.capture("cd " .. q(dir or "/") .. " && " .. cmd .. " 2>&1; echo \"__status=$?\"")
-  local status = tonumber(out:match("__status=(%d+)%s*$"))
-  return out:gsub("__status=%d+%s*$", ""), status
-end
+local function run(cmd, dir) return R.run_status("cd " .. q(dir or "/") .. " && " .. cmd) end
 
 local VERSION = R.read(R.root .. "/src/cdef.c"):match('mu_version%(void%) { return "([^"]+)"')
 local MAJOR = VERSION:match("^(%d+)")

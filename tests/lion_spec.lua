@@ -261,14 +261,8 @@ describe("Lion in an engine", function()
   end)
 
   it("optimizer = 'lion' in a config; muon check shows its options", function()
-    local cfg = H.tmpname(".lua")
-    H.write_file(cfg, "return { groups = { { name = 'm', optimizer = 'muon', min_dim = 2 }, "
-      .. "{ name = 'l', optimizer = 'lion', betas = { 0.95, 0.98 } } } }\n")
-    local shapes = H.tmpname(".txt")
-    H.write_file(shapes, "w 4 3\nb 4\n")
-    local text, problems = require("muon.check").run(cfg, shapes)
-    os.remove(cfg)
-    os.remove(shapes)
+    local text, problems = H.check_report("return { groups = { { name = 'm', optimizer = 'muon', min_dim = 2 }, "
+      .. "{ name = 'l', optimizer = 'lion', betas = { 0.95, 0.98 } } } }\n", "w 4 3\nb 4\n")
     assert.same({}, problems)
     assert.truthy(text:find("\nb +4 +2 %(l%) +lion +lr=0.0001 weight_decay=0 betas=%(0.95,0.98%)\n"), text)
   end)

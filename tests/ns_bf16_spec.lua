@@ -6,8 +6,6 @@ local H = require("helpers")
 local T = H.T
 local ns = require("muon.ns")
 local muon = require("muon")
-local ffi = require("ffi")
-local C = require("muon.core").C
 
 -- Round-to-nearest-even of a double to `bits` significant bits (float32:
 -- 24, bfloat16: 8), by arithmetic (no float32 hardware involved); the
@@ -133,22 +131,7 @@ describe("ns bfloat16", function()
   end)
 
   describe("bits", function()
-    pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
-    pcall(ffi.cdef, "int unsetenv(const char *name);")
-    local saved_threads, saved_env
-    before_each(function()
-      saved_threads = muon.blas_info().threads
-      saved_env = os.getenv("MU_NS_THREADS")
-    end)
-    after_each(function()
-      C.mu_blas_set_threads(saved_threads)
-      if saved_env then ffi.C.setenv("MU_NS_THREADS", saved_env, 1) else ffi.C.unsetenv("MU_NS_THREADS") end
-    end)
-    local function with_threads(blas, workers, fn)
-      C.mu_blas_set_threads(blas)
-      if workers then ffi.C.setenv("MU_NS_THREADS", tostring(workers), 1) else ffi.C.unsetenv("MU_NS_THREADS") end
-      return fn()
-    end
+    local with_threads = H.keep_threads(before_each, after_each)
 
     -- 300x520 and its transpose split into tiles (2 x 2 Gram blocks of
     -- 160, column blocks of 272 and 248): alone shared by the workers, in a batch

@@ -458,11 +458,7 @@ describe("ns results are a function of the inputs only (bitwise)", function()
   -- raw bits. 1040x1100 (and its transpose) is split into tiles (n >= 1024):
   -- alone its tiles are shared by the workers, in a batch each worker takes
   -- whole matrices, so the two schemes are compared too.
-  local muon = require("muon")
-  local C = require("muon.core").C
-  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
   pcall(ffi.cdef, [[
-    int unsetenv(const char *name);
     int memcmp(const void *a, const void *b, size_t n);
     void cblas_dgemm(int order, int transa, int transb, int m, int n, int k, double alpha,
                      const double *a, int lda, const double *b, int ldb, double beta,
@@ -470,25 +466,9 @@ describe("ns results are a function of the inputs only (bitwise)", function()
   ]])
   local blas = ffi.load("libopenblas.so.0")
 
-  local saved_threads, saved_env
-  before_each(function()
-    saved_threads = muon.blas_info().threads
-    saved_env = os.getenv("MU_NS_THREADS")
-  end)
-  after_each(function()
-    C.mu_blas_set_threads(saved_threads)
-    if saved_env then ffi.C.setenv("MU_NS_THREADS", saved_env, 1) else ffi.C.unsetenv("MU_NS_THREADS") end
-  end)
-
-  -- Run fn with OpenBLAS set to `blas` threads and MU_NS_THREADS = workers
-  -- (nil: unset, so the worker count follows OpenBLAS).
-  local function with_threads(blas_threads, workers, fn)
-    C.mu_blas_set_threads(blas_threads)
-    if workers then ffi.C.setenv("MU_NS_THREADS", tostring(workers), 1) else ffi.C.unsetenv("MU_NS_THREADS") end
-    local r = fn()
-    C.mu_blas_set_threads(saved_threads)
-    return r
-  end
+  -- with_threads(blas, workers, fn): fn with OpenBLAS at `blas` threads and
+  -- MU_NS_THREADS = workers (nil: unset, the worker count follows OpenBLAS).
+  local with_threads = H.keep_threads(before_each, after_each)
 
   -- Raw bytes equal; on failure, name the first element that differs.
   local function same_bits(a, b, what)

@@ -14,6 +14,14 @@ local function capture(cmd)
 end
 R.capture = capture
 
+-- Runs a shell command line; its stdout+stderr text and exit status.
+local function run_status(cmd)
+  local out = capture(cmd .. " 2>&1; echo \"__status=$?\"")
+  local status = tonumber(out:match("__status=(%d+)%s*$"))
+  return out:gsub("__status=%d+%s*$", ""), status
+end
+R.run_status = run_status
+
 -- The source tree (absolute) and the build tree in use (build-san under SAN=1).
 R.root = capture("cd " .. sh_quote((debug.getinfo(1, "S").source:match("^@(.*)/tests/[^/]*$")) or ".")
   .. " && pwd"):match("[^\n]+")
@@ -77,11 +85,10 @@ end
 function R.run_sh(script, dir, env)
   local file = os.tmpname()
   R.write(file, "set -e\n" .. script)
-  local out = capture("cd " .. sh_quote(dir) .. " && env " .. table.concat(env or {}, " ")
-    .. " bash " .. sh_quote(file) .. " 2>&1; echo \"__status=$?\"")
+  local out, status = run_status("cd " .. sh_quote(dir) .. " && env " .. table.concat(env or {}, " ")
+    .. " bash " .. sh_quote(file))
   os.remove(file)
-  local status = tonumber(out:match("__status=(%d+)%s*$"))
-  return out:gsub("__status=%d+%s*$", ""), status
+  return out, status
 end
 
 -- The numbers of a text, in order.

@@ -103,6 +103,31 @@ function R.cores(shape, nd_mode)
   return n / (a * b), a, b
 end
 
+-- The momentum of one parameter on flat arrays (p.buf from 0, updated):
+-- buf = m2 buf + g; the update u = g + m1 buf (the old buf), then m1 u + g
+-- with nesterov. Returns u.
+function R.momentum(p, m1, m2, nesterov)
+  p.buf = p.buf or {}
+  local u = {}
+  for i = 1, #p.value do
+    local b, g = p.buf[i] or 0, p.grad[i]
+    u[i] = g + m1 * b
+    p.buf[i] = m2 * b + g
+    if nesterov then u[i] = m1 * u[i] + g end
+  end
+  return u
+end
+
+-- Core matrix s (0-based) of a flat array of A x B matrices, as rows.
+function R.core_matrix(u, s, A, B)
+  local X = {}
+  for i = 1, A do
+    X[i] = {}
+    for j = 1, B do X[i][j] = u[s * A * B + (i - 1) * B + j] end
+  end
+  return X
+end
+
 -- One Muon step in double precision on flat arrays.
 -- params: { value = flat, grad = flat, shape = {...}, buf = flat or nil, v = NorMuon state or nil }
 -- o: the seed's options, plus the variants:
@@ -124,14 +149,7 @@ function R.muon_step(params, o)
   local eps = o.ns_epsilon or 1e-10
   for _, p in ipairs(params) do
     local n = #p.value
-    p.buf = p.buf or {}
-    local u = {}
-    for i = 1, n do
-      local b, g = p.buf[i] or 0, p.grad[i]
-      u[i] = g + m1 * b
-      p.buf[i] = m2 * b + g
-      if nesterov then u[i] = m1 * u[i] + g end
-    end
+    local u = R.momentum(p, m1, m2, nesterov)
     local count, A, B = R.cores(p.shape, o.nd_mode)
     local scale
     if o.scale_mode == "keller" then scale = math.sqrt(math.max(1, A / B))
@@ -140,12 +158,7 @@ function R.muon_step(params, o)
     else scale = math.sqrt(math.max(A, B)) * rms end
     local step = {} -- the scaled update the seed subtracts: p = p (1 - lr wd) - lr step
     for s = 0, count - 1 do
-      local X = {}
-      for i = 1, A do
-        X[i] = {}
-        for j = 1, B do X[i][j] = u[s * A * B + (i - 1) * B + j] end
-      end
-      local O = R.ns(X, coeffs, eps)
+      local O = R.ns(R.core_matrix(u, s, A, B), coeffs, eps)
       if o.normuon then
         local b2, e = o.normuon.beta2, o.normuon.eps
         p.v = p.v or {}

@@ -42,23 +42,12 @@ function V.hooked_step(params, o, hooks)
   local lr, wd = o.lr, o.weight_decay
   local coeffs = R.schedule("asym5", 5)
   for _, p in ipairs(params) do
-    local n = #p.value
-    p.buf = p.buf or {}
-    local u = {}
-    for i = 1, n do
-      local b, g = p.buf[i] or 0, p.grad[i]
-      u[i] = m1 * (g + m1 * b) + g -- nesterov
-      p.buf[i] = m1 * b + g
-    end
+    local u = R.momentum(p, m1, m1, true) -- nesterov
     local count, A, B = R.cores(p.shape)
     local scale = o.scale or math.sqrt(math.max(A, B)) * 0.2
     local Os = {}
     for s = 0, count - 1 do
-      local X = {}
-      for i = 1, A do
-        X[i] = {}
-        for j = 1, B do X[i][j] = u[s * A * B + (i - 1) * B + j] end
-      end
+      local X = R.core_matrix(u, s, A, B)
       if hooks.pre then X = hooks.pre(X, p, s) end
       local O = R.ns(X, coeffs, 1e-10)
       if hooks.post then O = hooks.post(O, p, s) end

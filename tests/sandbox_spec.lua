@@ -5,11 +5,7 @@ local muon = H.muon
 local T = muon.tensor
 local engine = require("muon.engine")
 
-local function write_config(text)
-  local path = H.tmpname(".lua")
-  H.write_file(path, text)
-  return path
-end
+local write_config = H.config_file
 
 local GROUPS = "groups = { { name = 'm', optimizer = 'muon', min_dim = 2, lr = 0.02, weight_decay = 0 },"
   .. " { name = 'a', optimizer = 'adamw', lr = 1e-3 } }"

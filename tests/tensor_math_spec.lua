@@ -758,10 +758,7 @@ describe("tensor maths: kernel variants", function()
       x:neg(), x:abs(), x:abs():sqrt(), x:abs():rsqrt(), x:sign(), x:clamp(-0.5, 0.5),
       x:sum(1), x:sum(2), x:mean(1), x:amax(2), x:norm(2, 1), xs:sum(2), x:clone():mul_(y):add_(y, 0.5),
     }
-    local vals = {}
-    for _, r in ipairs(out) do
-      for _, v in ipairs(values(r)) do vals[#vals + 1] = v end
-    end
+    local vals = H.values_of(out)
     vals[#vals + 1] = x:sum()
     vals[#vals + 1] = xs:norm()
     return vals
@@ -769,10 +766,7 @@ describe("tensor maths: kernel variants", function()
 
   for _, dt in ipairs(DTYPES) do
     it(dt .. ": AVX2+FMA and portable kernels agree bitwise", function()
-      ffi.C.setenv("MU_TENSOR_NOSIMD", "1", 1)
-      local portable = battery(dt)
-      ffi.C.setenv("MU_TENSOR_NOSIMD", "", 1)
-      local simd = battery(dt)
+      local portable, simd = H.portable_then_simd(function() return battery(dt) end)
       assert.is_true(#simd > 15000, #simd)
       H.assert_same(simd, portable, dt)
     end)

@@ -526,20 +526,14 @@ describe("tensor maths (exp .. gather): kernel variants and forged handles", fun
     local gi = T.zeros({ 37, 5 }, dt)
     for i = 1, 37 do for j = 1, 5 do gi:set((i * 7 + j * 3) % 19 + 1, i, j) end end
     out[#out + 1] = x:gather(2, gi)
-    local vals = {}
-    for _, r in ipairs(out) do
-      for _, v in ipairs(H.values(r)) do vals[#vals + 1] = v end
-    end
+    local vals = H.values_of(out)
     vals[#vals + 1] = x:argmax()
     return vals
   end
 
   for _, dt in ipairs(DTYPES) do
     it(dt .. ": AVX2+FMA and portable kernels agree bitwise", function()
-      ffi.C.setenv("MU_TENSOR_NOSIMD", "1", 1)
-      local portable = battery(dt)
-      ffi.C.setenv("MU_TENSOR_NOSIMD", "", 1)
-      local simd = battery(dt)
+      local portable, simd = H.portable_then_simd(function() return battery(dt) end)
       assert.is_true(#simd > 12000, #simd)
       H.assert_same(simd, portable, dt)
     end)

@@ -41,9 +41,7 @@ local function raised(f, ...)
   return err
 end
 
-local function has(msg, text)
-  assert(tostring(msg):find(text, 1, true), ("expected %q in:\n%s"):format(text, tostring(msg)))
-end
+local has = H.has
 
 local function write(path, text)
   local f = assert(io.open(path, "w"))
@@ -54,11 +52,7 @@ end
 
 -- Runs a shell command; its stdout+stderr text and exit status.
 local function run(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1; echo \"__status=$?\""))
-  local out = p:read("*a")
-  p:close()
-  local status = tonumber(out:match("__status=(%d+)%s*$"))
-  out = out:gsub("__status=%d+%s*$", "")
+  local out, status = require("readme").run_status(cmd)
   -- (the standalone luajit prints its own traceback of an uncaught error
   -- after the message; only the message is muon's)
   note((out:gsub("\nstack traceback:\n.*$", "")))
@@ -77,10 +71,9 @@ end
 -- The C API, called as a C trainer calls it: (rc, mu_engine_error or
 -- mu_last_error text, engine or nil).
 local function c_open(path)
-  local box = ffi.new("mu_engine *[1]")
-  local rc = C.mu_engine_open(box, path)
+  local rc, e = H.c_engine_open(path)
   if rc ~= 0 then return rc, note(ffi.string(C.mu_last_error())) end
-  return rc, "", ffi.gc(box[0], C.mu_engine_close)
+  return rc, "", e
 end
 
 local function c_err(eng) return note(ffi.string(C.mu_engine_error(eng))) end

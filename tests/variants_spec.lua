@@ -19,32 +19,11 @@ local TOL = { float32 = 3e-5, float64 = 1e-10 }
 -- steps: schedules.warmup_cosine(20, 1000, 0.1) gives base * step / 20.
 local function warm(base, step) return base * step / 20 end
 
--- Run an engine and the reference side by side for 10 steps.
--- specs: { name, shape, [group = "muon"|"adamw"] }; ref_step(step, refs) does
--- the reference's step on { name -> { value, grad, shape } }.
+-- Run an engine and the reference side by side for 10 steps (H.trajectory).
+-- specs: { name, shape, [adamw = true] }; ref_step(step, refs) does the
+-- reference's step on { name -> { value, grad, shape, adamw } }.
 local function trajectory(eng, specs, dtype, ref_step, before_step)
-  local ps, refs = {}, {}
-  for i, s in ipairs(specs) do
-    local w = T.randn(s[2], 10 * i, dtype)
-    local g = T.zeros(s[2], dtype)
-    eng:add_param(s[1], w, g)
-    ps[s[1]] = { w = w, g = g }
-    refs[s[1]] = { value = w:flat(), shape = s[2], adamw = s.adamw }
-  end
-  for step = 1, 10 do
-    for i, s in ipairs(specs) do
-      local g = T.randn(s[2], 1000 * step + i, dtype)
-      ps[s[1]].g:copy(g)
-      refs[s[1]].grad = g:flat()
-    end
-    if before_step then before_step(step) end
-    eng:step()
-    ref_step(step, refs)
-  end
-  for _, s in ipairs(specs) do
-    H.assert_close(ps[s[1]].w, refs[s[1]].value, TOL[dtype], s[1] .. " " .. dtype)
-  end
-  return ps, refs
+  return H.trajectory(eng, specs, dtype, TOL[dtype], ref_step, before_step)
 end
 
 -- A plain config: one Muon group with the given options, AdamW for 1-D.

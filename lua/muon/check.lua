@@ -186,11 +186,7 @@ function check.read_params(path)
   return shapes, problems, {}
 end
 
-local function numel(shape)
-  local n = 1
-  for _, d in ipairs(shape) do n = n * d end
-  return n
-end
+local function numel(shape) return require("muon.dist").numel(shape) end
 
 -- How Newton-Schulz sees a parameter of this shape (muon.ns.core, the rule
 -- the step uses): "64x27 (flattened)", "192 x 3x3 (a batch of ...)".

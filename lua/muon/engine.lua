@@ -495,11 +495,7 @@ end
 -- stepped is false when no parameter has a grad, and then nothing changed
 -- (parameters, state, the step count and so the schedule).
 function Engine:step(closure)
-  local loss
-  if closure ~= nil then
-    if not U.callable(closure) then E.raise(E.EINVAL, "step: closure must be a function or nil, got %s", type(closure)) end
-    loss = closure()
-  end
+  local loss = U.run_closure(closure)
   local st = self:_stepper()
   local step = self.step_count + 1
   local okv, values = pcall(self._scheduled, self, step)

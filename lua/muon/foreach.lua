@@ -132,6 +132,18 @@ local function same_count(what, n, other)
   end
 end
 
+-- The arrays of lists { { slot, list, what } } beside grads (g, n of them),
+-- each checked in order: its count, its tensors, their agreement with grads.
+local function beside_grads(g, n, lists)
+  local arrs = {}
+  for i, l in ipairs(lists) do
+    same_count(l[3], n, l[2])
+    arrs[i] = tensors(l[1], l[2], l[3])
+    match(g, "grads", arrs[i], l[3], n)
+  end
+  return arrs
+end
+
 local function number(v, what)
   if type(v) ~= "number" then
     blame(E.EINVAL, what .. " must be a number, got " .. type(v))
@@ -298,12 +310,7 @@ function F.adamw_update(grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_
   local g, n = tensors("a", grads, "grads")
   local lists = { { "b", exp_avgs, "exp_avgs" }, { "c", exp_avg_sqs, "exp_avg_sqs" },
     { "d", new_exp_avgs, "new_exp_avgs" }, { "e", new_exp_avg_sqs, "new_exp_avg_sqs" }, { "f", updates, "updates" } }
-  local arrs = {}
-  for i, l in ipairs(lists) do
-    same_count(l[3], n, l[2])
-    arrs[i] = tensors(l[1], l[2], l[3])
-    match(g, "grads", arrs[i], l[3], n)
-  end
+  local arrs = beside_grads(g, n, lists)
   local lr, b1, b2, eps, _, step = adamw_opts(opts)
   check(C.mu_foreach_adamw_update(n, g, arrs[1], arrs[2], arrs[3], arrs[4], arrs[5], lr, b1, b2, eps, step),
     "foreach.adamw_update")
@@ -315,12 +322,7 @@ end
 function F.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2)
   local g, n = tensors("a", grads, "grads")
   local lists = { { "b", exp_avgs, "exp_avgs" }, { "c", new_exp_avgs, "new_exp_avgs" }, { "d", updates, "updates" } }
-  local arrs = {}
-  for i, l in ipairs(lists) do
-    same_count(l[3], n, l[2])
-    arrs[i] = tensors(l[1], l[2], l[3])
-    match(g, "grads", arrs[i], l[3], n)
-  end
+  local arrs = beside_grads(g, n, lists)
   check(C.mu_foreach_lion_update(n, g, arrs[1], arrs[2], arrs[3], number(beta1, "beta1"), number(beta2, "beta2")),
     "foreach.lion_update")
 end

@@ -44,29 +44,11 @@ local bits_equal = H.bits_equal
 
 H.main(function()
   H.init()
-  local W, me = H.size, H.rank
+  local me = H.rank
   local ref = engine.new(config(false))
   local eng = engine.new(config(true))
-  local mesh = D.mesh({ { "shard", W } }, W)
-  local loc = {}
-  for _, name in ipairs({ "w", "v" }) do
-    local shape = SHAPES[name]
-    local pl = { { "shard", 1 } }
-    local box = D.local_box(shape, D.placement(pl, mesh, #shape), mesh, me)
-    local full = T.randn(shape, name == "w" and 11 or 12)
-    local value = D.box_view(full, box):clone()
-    pl.shape = shape
-    eng:add_param(name, value, T.zeros(box.len), pl)
-    ref:add_param(name, full, T.zeros(shape))
-    loc[name] = { value = value, box = box }
-  end
-  local function set_grads(s)
-    for name, l in pairs(loc) do
-      local g = T.randn(SHAPES[name], 100 * s + #name)
-      ref:param(name).grad:copy(g)
-      eng:param(name).grad:copy(D.box_view(g, l.box))
-    end
-  end
+  local mesh, loc = H.add_dim1_sharded(ref, eng, { { "w", SHAPES.w, 11 }, { "v", SHAPES.v, 12 } })
+  local function set_grads(s) H.set_dim1_grads(ref, loc, s) end
   local function snapshot(e)
     local parts = {}
     for _, name in ipairs({ "w", "v" }) do
@@ -83,7 +65,7 @@ H.main(function()
   ref:step()
   if what == "param" then -- rank 0's part of v only
     local full = ref:param("v").value
-    local b0 = D.local_box(SHAPES.v, D.placement({ { "shard", 1 } }, mesh, 2), mesh, 0)
+    local b0 = H.dim1_box(SHAPES.v, mesh, 0)
     D.box_view(full, b0):view({ D.numel(b0.len) }):narrow(1, 1, 1):fill(0 / 0)
     if me == 0 then loc.v.value:view({ loc.v.value:numel() }):narrow(1, 1, 1):fill(0 / 0) end
   end

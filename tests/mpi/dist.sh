@@ -55,7 +55,7 @@ if [ -x "$ROOT/build/muon" ]; then
   # The example prints the same losses at any world size.
   ex=$(mktemp -d)
   for np in 1 4; do
-    (cd "$ROOT" && timeout -k 10 150 mpirun --timeout 120 --stdin none -np $np build/muon run examples/dist_hsdp.lua "$ex/ck$np.safetensors" </dev/null >"$ex/out$np" 2>&1)
+    mpi_run $np build/muon run examples/dist_hsdp.lua "$ex/ck$np.safetensors" >"$ex/out$np"
   done
   # safetensors: 8-byte header length, JSON header (key order may differ), tensor bytes.
   data_of() { local n; n=$(od -An -t u8 -N 8 "$1" | tr -d ' '); tail -c +$((n + 9)) "$1"; }
@@ -69,7 +69,7 @@ if [ -x "$ROOT/build/muon" ]; then
   rm -rf "$ex"
   # An uncaught Lua error on one rank aborts the whole job (no hang).
   t0=$(date +%s)
-  (cd "$ROOT" && timeout -k 10 150 mpirun --timeout 120 --stdin none -np 3 build/muon run tests/mpi/abort_check.lua </dev/null >/dev/null 2>&1)
+  mpi_run 3 build/muon run tests/mpi/abort_check.lua >/dev/null
   rc=$?
   t1=$(date +%s)
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ $((t1 - t0)) -lt 60 ]; then

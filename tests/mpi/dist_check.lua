@@ -33,12 +33,10 @@ local D = require("muon.dist")
 local E = require("muon.errors")
 local engine = require("muon.engine")
 local foreach = require("muon.foreach")
-local C = require("muon.core").C
 
 local mode, mesh_arg, path = arg[1], arg[2], arg[3]
 
-local AXES = {}
-for name, size in (mesh_arg or "shard:1"):gmatch("(%w+):(%d+)") do AXES[#AXES + 1] = { name, tonumber(size) } end
+local AXES = H.axes(mesh_arg)
 
 -- name, global shape, shard dims (for the shard and shard2 axes), group
 local PARAMS = {
@@ -72,22 +70,11 @@ if mode == "variants" then
   }
 end
 
-local GROUP_OF = {}
-for _, s in ipairs(PARAMS) do GROUP_OF[s[1]] = s[4] end
-
-local function seed_of(name) return D.hash(name) % 100000 end
+local seed_of = H.seed_of
 local function grad_for(spec, step) return T.randn(spec[2], seed_of(spec[1]) * 64 + step, spec.dtype or "float32") end
 
--- The placement of a spec on this mesh: "R" on replicate axes, the spec's
--- first / second shard dim on shard / shard2 axes (R when it has none).
-local function placement(spec)
-  local pl = {}
-  for i, ax in ipairs(AXES) do
-    local d = ax[1] == "shard" and spec[3][1] or ax[1] == "shard2" and spec[3][2] or nil
-    pl[i] = d and ("S(" .. d .. ")") or "R"
-  end
-  return pl
-end
+-- The placement of a spec on this mesh (H.placement).
+local function placement(spec) return H.placement(AXES, spec) end
 
 -- Failures injected at given steps; `here` says whether this process takes
 -- the failing branch (the one-process engine always does).
@@ -107,10 +94,7 @@ local function variant_config(dist)
     { name = "clip", optimizer = "muon", lr = 0.05, post_update_fn = clip },
     { name = "adamw", optimizer = "adamw", lr = 1e-2 },
   }
-  for i, g in ipairs(groups) do g.match = function(name) return GROUP_OF[name] == i end end
-  local cfg = { groups = groups }
-  if dist then cfg.dist = { mesh = AXES } end
-  return cfg
+  return H.grouped_config(groups, PARAMS, dist and AXES)
 end
 
 local function make_config(dist, here, variant)
@@ -152,8 +136,7 @@ local function make_config(dist, here, variant)
       if CUR == INJECT.ortho and ctx.param_fqn == "same.2" then error("boom in post_ortho_fn on same.2", 0) end
     end
   end
-  for i, g in ipairs(groups) do g.match = function(name) return GROUP_OF[name] == i end end
-  local cfg = { groups = groups }
+  local cfg = H.grouped_config(groups, PARAMS)
   cfg.schedule = function(step, g)
     local v = { lr = g.base_lr * (1 - 0.03 * step) }
     if g.optimizer == "lion" then -- every Lion option scheduled
@@ -171,7 +154,7 @@ local function make_config(dist, here, variant)
   return cfg
 end
 
-local function numel(s) local n = 1 for _, x in ipairs(s) do n = n * x end return n end
+local numel = H.numel
 
 local bits_equal = H.bits_equal
 
@@ -256,13 +239,7 @@ end
 H.main(function()
   H.init()
   local W, me = H.size, H.rank
-  local threads = tonumber(os.getenv("OPENBLAS_NUM_THREADS") or "") or 2
-  local function ref_step(ref)
-    C.mu_blas_set_threads(1)
-    local ok, err = pcall(ref.step, ref)
-    C.mu_blas_set_threads(threads)
-    return ok, err
-  end
+  local ref_step = H.ref_step
   if mode == "equal" then
     local last = W - 1
     local here = { wd_nan = me == last, betas = me == 0, eps = me == last, post = me == math.min(1, last),

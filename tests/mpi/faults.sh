@@ -11,7 +11,7 @@ job() { # label expect-in-output command...
   local label=$1 expect=$2; shift 2
   local t0 t1 rc out
   t0=$(date +%s)
-  out=$(cd "$ROOT" && timeout -k 10 150 mpirun --timeout 120 --stdin none -np 3 "$@" </dev/null 2>&1)
+  out=$(mpi_run 3 "$@")
   rc=$?
   t1=$(date +%s)
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ $((t1 - t0)) -lt 60 ] \

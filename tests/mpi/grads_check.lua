@@ -11,8 +11,7 @@ local D = require("muon.dist")
 local engine = require("muon.engine")
 
 local mesh_arg = arg[1]
-local AXES = {}
-for name, size in (mesh_arg or "shard:1"):gmatch("(%w+):(%d+)") do AXES[#AXES + 1] = { name, tonumber(size) } end
+local AXES = H.axes(mesh_arg)
 
 -- name, global shape, shard dim (nil: replicated), dtype
 local PARAMS = {
@@ -27,7 +26,7 @@ local function config(dist)
   return cfg
 end
 
-local function numel(s) local n = 1 for _, x in ipairs(s) do n = n * x end return n end
+local numel = H.numel
 
 local bits_equal = H.bits_equal
 
@@ -66,12 +65,7 @@ H.main(function()
   ref:set_lr("hidden", 0.05)
   eng:step()
   -- (the reference's Newton-Schulz on one BLAS thread, as the owner ranks')
-  local C = require("muon.core").C
-  local threads = tonumber(os.getenv("OPENBLAS_NUM_THREADS") or "") or 2
-  C.mu_blas_set_threads(1)
-  local ok, err = pcall(ref.step, ref)
-  C.mu_blas_set_threads(threads)
-  assert(ok, err)
+  assert(H.ref_step(ref))
   compare("grads-step-after-clip-bitwise", "value")
   eng:zero_grad()
   local zero = true

@@ -19,7 +19,7 @@ if [ -x "$ROOT/build/muon" ]; then
   # examples/muonh.lua prints the same numbers with its weights sharded over 3 ranks.
   ex=$(mktemp -d)
   for np in 1 3; do
-    (cd "$ROOT" && timeout -k 10 150 mpirun --timeout 120 --stdin none -np $np build/muon run examples/muonh.lua 20 </dev/null >"$ex/out$np" 2>&1)
+    mpi_run $np build/muon run examples/muonh.lua 20 >"$ex/out$np"
   done
   if grep -q "^check:" "$ex/out1" && [ "$(grep -m1 '^check:' "$ex/out1")" = "$(grep -m1 '^check:' "$ex/out3")" ]; then
     tap ok "examples/muonh.lua: the same numbers at np=1 and np=3 (sharded weights)"

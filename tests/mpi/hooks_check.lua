@@ -19,12 +19,10 @@ local H = require("mpi.harness")
 local T = require("muon.tensor")
 local D = require("muon.dist")
 local engine = require("muon.engine")
-local C = require("muon.core").C
 
 local mode, mesh_arg, path = arg[1], arg[2], arg[3]
 
-local AXES = {}
-for name, size in (mesh_arg or "shard:1"):gmatch("(%w+):(%d+)") do AXES[#AXES + 1] = { name, tonumber(size) } end
+local AXES = H.axes(mesh_arg)
 
 -- name, global shape, shard dims (shard, shard2 axes), group
 local PARAMS = {
@@ -34,20 +32,10 @@ local PARAMS = {
   { "r.w", { 7, 5 }, { 1, 2 }, 4 },
   { "bias", { 10 }, { 1 }, 5 },
 }
-local GROUP_OF = {}
-for _, s in ipairs(PARAMS) do GROUP_OF[s[1]] = s[4] end
+local seed_of = H.seed_of
+local numel = H.numel
 
-local function seed_of(name) return D.hash(name) % 100000 end
-local function numel(s) local n = 1 for _, x in ipairs(s) do n = n * x end return n end
-
-local function placement(spec)
-  local pl = {}
-  for i, ax in ipairs(AXES) do
-    local d = ax[1] == "shard" and spec[3][1] or ax[1] == "shard2" and spec[3][2] or nil
-    pl[i] = d and ("S(" .. d .. ")") or "R"
-  end
-  return pl
-end
+local function placement(spec) return H.placement(AXES, spec) end
 
 local bits_equal = H.bits_equal
 
@@ -86,10 +74,7 @@ local function config(dist, tag)
       end },
     { name = "adamw", optimizer = "adamw", lr = 1e-2 },
   }
-  for i, g in ipairs(groups) do g.match = function(name) return GROUP_OF[name] == i end end
-  local cfg = { groups = groups }
-  if dist then cfg.dist = { mesh = AXES } end
-  return cfg
+  return H.grouped_config(groups, PARAMS, dist and AXES)
 end
 
 local function setup()
@@ -135,13 +120,7 @@ end
 H.main(function()
   H.init()
   local W, me = H.size, H.rank
-  local threads = tonumber(os.getenv("OPENBLAS_NUM_THREADS") or "") or 2
-  local function ref_step(ref)
-    C.mu_blas_set_threads(1)
-    local ok, err = pcall(ref.step, ref)
-    C.mu_blas_set_threads(threads)
-    assert(ok, err)
-  end
+  local function ref_step(ref) assert(H.ref_step(ref)) end
   if mode == "variants" then
     local ref, eng, locals = setup()
     for step = 1, 10 do

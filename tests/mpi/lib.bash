@@ -16,11 +16,19 @@ tap() { # ok|fail text
   if [ "$1" = ok ]; then echo "ok $TAPN - $2"; else echo "not ok $TAPN - $2"; FAILS=$((FAILS + 1)); fi
 }
 
+# mpi_run np command...: the command under mpirun at np ranks in $ROOT (no
+# stdin, the job killed after 120 s), stdout and stderr on stdout; mpirun's
+# exit status.
+mpi_run() {
+  local np=$1; shift
+  (cd "$ROOT" && timeout -k 10 150 mpirun --timeout 120 --stdin none -np "$np" "$@" </dev/null 2>&1)
+}
+
 # mpi_case label np command...: every rank must report ok for each name.
 mpi_case() {
   local label=$1 np=$2; shift 2
   local out rc
-  out=$(cd "$ROOT" && timeout -k 10 150 mpirun --timeout 120 --stdin none -np "$np" "$@" </dev/null 2>&1)
+  out=$(mpi_run "$np" "$@")
   rc=$?
   local names
   names=$(printf '%s\n' "$out" | awk '/^@@ /{print $4}' | awk '!seen[$0]++')

@@ -24,7 +24,7 @@ rm -rf "$ck"
 for c in "add_param|grad has shape 5 but the value has shape 4" "open|lr must be a finite number, got fast"; do
   how=${c%%|*} want=${c#*|}
   t0=$(date +%s)
-  out=$(cd "$ROOT" && timeout -k 10 150 mpirun --timeout 120 --stdin none -np 2 build/muon run tests/mpi/first_call_check.lua "$how" </dev/null 2>&1)
+  out=$(mpi_run 2 build/muon run tests/mpi/first_call_check.lua "$how")
   rc=$?
   t1=$(date +%s)
   if [ "$rc" -ne 0 ] && [ $((t1 - t0)) -lt 60 ] && ! printf '%s\n' "$out" | grep -q "not-aborted" \

@@ -8,7 +8,6 @@
 -- MODE error: nonfinite = "error": every rank fails with MU_ENONFINITE
 --             naming the parameter, nothing changes
 local H = require("mpi.harness")
-local T = require("muon.tensor")
 local D = require("muon.dist")
 local E = require("muon.errors")
 local engine = require("muon.engine")
@@ -31,34 +30,15 @@ local bits_equal = H.bits_equal
 
 H.main(function()
   H.init()
-  local W, me = H.size, H.rank
   local ref = engine.new(config(false))
   local eng = engine.new(config(true))
-  local mesh = D.mesh({ { "shard", W } }, W)
-  local loc = {}
-  for _, name in ipairs({ "w", "v" }) do
-    local shape = SHAPES[name]
-    local pl = { { "shard", 1 } }
-    local box = D.local_box(shape, D.placement(pl, mesh, #shape), mesh, me)
-    local full = T.randn(shape, name == "w" and 11 or 12)
-    local value = D.box_view(full, box):clone()
-    local grad = T.zeros(box.len)
-    pl.shape = shape
-    eng:add_param(name, value, grad, pl)
-    ref:add_param(name, full, T.zeros(shape))
-    loc[name] = { value = value, grad = grad, box = box, full = full }
-  end
+  local mesh, loc = H.add_dim1_sharded(ref, eng, { { "w", SHAPES.w, 11 }, { "v", SHAPES.v, 12 } })
   -- step s: small gradients; at step 2, 3e38 in rank 0's part of w only
   local function set_grads(s)
-    for name, l in pairs(loc) do
-      local g = T.randn(SHAPES[name], 100 * s + #name)
+    H.set_dim1_grads(ref, loc, s, function(name, g)
       g:mul_(0.01)
-      if s == 2 and name == "w" then
-        D.box_view(g, D.local_box(SHAPES.w, D.placement({ { "shard", 1 } }, mesh, 2), mesh, 0)):fill(3e38)
-      end
-      ref:param(name).grad:copy(g)
-      l.grad:copy(D.box_view(g, l.box))
-    end
+      if s == 2 and name == "w" then D.box_view(g, H.dim1_box(SHAPES.w, mesh, 0)):fill(3e38) end
+    end)
   end
   set_grads(1)
   eng:step()

@@ -65,11 +65,7 @@ function M.make(kind)
   -- whether it stepped: false when no parameter has a grad, and then
   -- nothing changed (parameters, state, group steps).
   function class:step(closure)
-    local loss
-    if closure ~= nil then
-      if not U.callable(closure) then E.raise(E.EINVAL, "step: closure must be a function or nil, got %s", type(closure)) end
-      loss = closure()
-    end
+    local loss = U.run_closure(closure)
     local ok, stepped = pcall(self._stepper.step, self._stepper)
     if not ok then E.reraise(stepped, E.ELUA) end
     return loss, stepped

@@ -1,6 +1,8 @@
 -- What the kinds and the step protocol share: per-dtype splitting for the
--- fused C ops, callables, and the first non-finite tensor of a list.
+-- fused C ops, callables, a step's closure, and the first non-finite
+-- tensor of a list.
 local foreach = require("muon.foreach")
+local E = require("muon.errors")
 
 local U = {}
 
@@ -58,6 +60,14 @@ function U.callable(f)
   if type(f) == "function" then return true end
   local mt = (type(f) == "table" or type(f) == "userdata") and getmetatable(f)
   return type(mt) == "table" and mt.__call ~= nil
+end
+
+-- A step's optional closure (torch's): nil, or a callable called first,
+-- its value returned; anything else is EINVAL ("step: closure must be ...").
+function U.run_closure(closure)
+  if closure == nil then return nil end
+  if not U.callable(closure) then E.raise(E.EINVAL, "step: closure must be a function or nil, got %s", type(closure)) end
+  return (closure())
 end
 
 -- Index of the first tensor holding NaN/Inf, or nil.
