@@ -42,7 +42,7 @@ local function host_has_library()
 end
 
 -- The library, in order: the one that made this Lua state when a C host
--- runs it (src/engine.c records it in the registry: a path, or true for
+-- runs it (src/lua_host.c records it in the registry: a path, or true for
 -- the host program's own symbols), so a host never gets a second copy;
 -- MUON_LIB; the host's own symbols; the source tree or install prefix of
 -- these modules; the system's search path. (A host that linked libmuon.a

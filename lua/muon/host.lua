@@ -1,4 +1,4 @@
--- Glue between C hosts (src/engine.c: mu_engine_*, mu_script_run*) and the
+-- Glue between C hosts (src/engine.c: mu_engine_*; src/script.c: mu_script_run*) and the
 -- Lua engine. The Lua C API cannot push FFI cdata, so the C side passes raw
 -- buffers as light userdata plus a shape table; this module wraps them as
 -- tensors. Errors are raised as error objects (lua/muon/errors.lua) whose
@@ -149,7 +149,7 @@ end
 function host.run_script(path, args, trusted)
   if trusted then trust_configs() end
   -- source text only; a script that cannot be read or compiled is a
-  -- one-line error (an empty traceback: src/engine.c prints none)
+  -- one-line error (an empty traceback: src/script.c prints none)
   local config = require("muon.config")
   local okc, chunk = pcall(function() return config.compile(config.read_file(path, "script"), path, nil, "script") end)
   if not okc then error(E.new(E.code(chunk) or E.ELUA, E.message(chunk), ""), 0) end
