@@ -50,6 +50,8 @@ LIB_A    := $(BUILD)/libmuon.a
 PROBE    := $(BUILD)/libmuon-cpu.so
 PROBE_OBJS := $(BUILD)/obj/blas_core.o $(BUILD)/obj/error.o
 CDEF     := $(BUILD)/gen/cdef.inc
+# The installed header alone (a copy of src/muon.h), for the hosts.
+PUBINC   := $(BUILD)/include
 
 # C test programs (tests/c/*.c -> build/tests/*), each printing TAP lines.
 CTESTS   := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c))
@@ -77,11 +79,12 @@ deps:
 	  echo "  apt-get update && apt-get install -y$$missing"; exit 1; \
 	fi
 
-# The FFI declarations are the public header run through the preprocessor
-# (MU_FFI_CDEF drops includes and macros), embedded as a string: mu_cdef().
-$(CDEF): src/muon.h
+# The FFI declarations are the private header, which includes the public
+# one, run through the preprocessor (MU_FFI_CDEF drops system includes and
+# macros), embedded as a string: mu_cdef().
+$(CDEF): src/muon_ffi.h src/muon.h
 	@mkdir -p $(dir $@)
-	$(CC) -E -P -DMU_FFI_CDEF src/muon.h | grep -v '^[[:space:]]*$$' \
+	$(CC) -E -P -DMU_FFI_CDEF src/muon_ffi.h | grep -v '^[[:space:]]*$$' \
 	  | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) | $(CDEF)
@@ -103,6 +106,13 @@ $(LIB_REAL): $(OBJS)
 $(PROBE): $(PROBE_OBJS)
 	$(CC) -shared -Wl,-soname,libmuon-cpu.so -o $@ $(PROBE_OBJS) $(LDSAN)
 
+# What a host sees once muon is installed: the public header alone. The
+# CLI and the examples build against this copy, so that they cannot use
+# the private surface.
+$(PUBINC)/muon.h: src/muon.h
+	@mkdir -p $(dir $@)
+	cp src/muon.h $@
+
 $(LIB_SO): $(LIB_REAL)
 	ln -sf $(notdir $(LIB_REAL)) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $@
@@ -110,24 +120,24 @@ $(LIB_SO): $(LIB_REAL)
 $(LIB_A): $(OBJS)
 	rm -f $@ && ar rcs $@ $(OBJS)
 
-$(BUILD)/tests/%: tests/c/%.c tests/c/tap.h $(LIB_A) src/muon.h
+$(BUILD)/tests/%: tests/c/%.c tests/c/tap.h $(LIB_A) src/muon.h src/muon_ffi.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK)
 
-$(CLI): $(CLI_SRCS) $(LIB_A) src/muon.h
-	$(CC) $(CFLAGS) $(DEPCFLAGS) -Isrc -o $@ $(CLI_SRCS) $(HOSTLINK)
+$(CLI): $(CLI_SRCS) $(LIB_A) $(PUBINC)/muon.h
+	$(CC) $(CFLAGS) $(DEPCFLAGS) -I$(PUBINC) -o $@ $(CLI_SRCS) $(HOSTLINK)
 
-$(BUILD)/examples/%: examples/%.c $(LIB_A) src/muon.h
+$(BUILD)/examples/%: examples/%.c $(LIB_A) $(PUBINC)/muon.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK)
+	$(CC) $(CFLAGS) $(DEPCFLAGS) -I$(PUBINC) -o $@ $< $(HOSTLINK)
 
 # Newton-Schulz in an OpenMP host: this C test is built with OpenMP.
 $(BUILD)/tests/ns_openmp_test: CFLAGS += -fopenmp
 
 # The OpenMP host benchmark (tests/bench/omp_bench.lua builds it on demand).
-$(BUILD)/bench/omp_host: tests/bench/omp_host.c $(LIB_A) src/muon.h
+$(BUILD)/bench/omp_host: tests/bench/omp_host.c $(LIB_A) $(PUBINC)/muon.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -fopenmp $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK) -fopenmp
+	$(CC) $(CFLAGS) -fopenmp $(DEPCFLAGS) -I$(PUBINC) -o $@ $< $(HOSTLINK) -fopenmp
 
 # test, demo and bench re-run make after deps: variables such as HAVE_MPI are
 # read when make starts, which on a fresh machine is before deps installed

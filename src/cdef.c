@@ -1,4 +1,5 @@
-/* The FFI declarations (generated from muon.h by the build) and the version. */
+/* The FFI declarations (generated from muon_ffi.h, muon.h included, by the
+ * build) and the version. */
 #include "muon_internal.h"
 
 static const char mu__cdef_text[] =

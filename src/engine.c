@@ -271,9 +271,7 @@ int mu_engine_open(mu_engine **out, const char *config_path)
 }
 
 /* mu_engine_open's Lua part, protected on the engine's stack: load
- * muon.host, capture the metatable of muon's error objects (as muon.core
-
- * makes them) into the registry under mu__errmt_key, and open the config. */
+ * muon.host (mu__load_host) and open the config. */
 typedef struct mu__open {
     mu__eng *eng;
     const char *config_path;

@@ -1,17 +1,23 @@
 /*
- * muon.h -- public C API of the muon engine.
+ * muon.h -- the public C API of the muon engine: what a host (a C trainer,
+ * the muon CLI, a Python package) embeds. It is the installed header and
+ * the library's stable ABI: every function here is exported under the
+ * symbol version MUON_0 of libmuon.so.0; an incompatible change to it bumps
+ * the SONAME's major number, an addition the minor version (the README's
+ * "The C API").
  *
- * This header is the single source of truth for the Lua FFI declarations:
- * the build runs it through the C preprocessor with MU_FFI_CDEF defined and
- * compiles the result into the library (mu_cdef()), so Lua never keeps a
- * second copy. Keep everything between the includes and the end guard
- * digestible by LuaJIT's ffi.cdef: plain typedefs, enums, structs and
- * prototypes, no macros that Lua needs to see.
+ * The Lua FFI declarations are generated from this header and the
+ * library's private one (the kernels the Lua layer calls): the build runs
+ * both through the C preprocessor with MU_FFI_CDEF defined and compiles
+ * the result into the library, so Lua never keeps a second copy. Keep
+ * everything between the includes and the end guard digestible by
+ * LuaJIT's ffi.cdef: plain typedefs, enums, structs and prototypes, no
+ * macros that Lua needs to see.
  *
  * Conventions: fallible calls return int (MU_OK = 0, negative on error) and
  * put their result in the last out-parameter (NULL on failure); a detail
  * message for the last error of the calling thread is in mu_last_error().
- * Dimensions and indices are 0-based here (Lua adds 1-based wrappers).
+ * Dimensions and indices are 0-based.
  */
 #ifndef MUON_H
 #define MUON_H
@@ -66,667 +72,14 @@ MU_API const char *mu_strerror(int code);
 MU_API const char *mu_errname(int code);
 /* Detail message of the last failed call on this thread ("" if none). */
 MU_API const char *mu_last_error(void);
-/* FFI declarations of this header, for LuaJIT's ffi.cdef. */
-MU_API const char *mu_cdef(void);
 /* The library's version ("0.1.0"), a static string. */
 MU_API const char *mu_version(void);
-/* Is path a regular file that can be opened for reading? Decided without
- * blocking: a directory, FIFO, socket or device is refused without being
- * opened. resolved (cap bytes, may be NULL) receives the absolute path (the
- * real path when it exists, else the working directory joined with path).
- * MU_OK, or MU_EIO with the reason alone in mu_last_error() ("No such file
- * or directory", "Is a directory", "not a regular file (a FIFO)", ...).
- * Every loader of the library checks its files itself; this is for code
- * about to read a user-given path with io.open or fopen. */
-MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
 
-/* --------------------------------------------------------------- tensors */
-
-/*
- * The dtypes, in one table: X(name, value, bytes, lua name, safetensors
- * name). It generates the enum (MU_F32, ...), mu_dtype_size, mu_dtype_name
- * and mu_dtype_file_name (src/tensor.c); the Lua side builds its dtype
- * tables from those. MU_BF16 (bfloat16: the upper half of a float32) is a
- * storage dtype: tensors of it are made, viewed, copied and converted
- * (round to nearest even, as torch), saved and loaded, and foreach state
- * arrays may hold it; the maths, Newton-Schulz and collectives take float32
- * and float64 only (MU_EDTYPE otherwise).
- */
-#define MU_DTYPES(X)                                                                            \
-    X(F32, 0, 4, "float32", "F32")                                                              \
-    X(F64, 1, 8, "float64", "F64")                                                              \
-    X(BF16, 2, 2, "bfloat16", "BF16")
-
-/* The dtypes: MU_F32 = 0, MU_F64 = 1, MU_BF16 = 2; MU_DTYPE_COUNT after
- * the last. */
-#define MU__DTYPE_ENUM(name, value, bytes, lname, fname) MU_##name = value,
-typedef enum { MU_DTYPES(MU__DTYPE_ENUM) MU_DTYPE_COUNT } mu_dtype;
-#undef MU__DTYPE_ENUM
-/* The most dims a tensor has. */
+/* The dtypes of a trainer's buffers (mu_engine_add_param): MU_F32 (float)
+ * and MU_F64 (double). */
+enum { MU_F32 = 0, MU_F64 = 1 };
+/* The most dims a parameter has. */
 enum { MU_MAX_DIMS = 8 };
-
-typedef struct mu_storage mu_storage; /* refcounted buffer, opaque */
-
-/*
- * A strided view over a storage. Fields are read-only for callers (Lua reads
- * them directly for speed); use the functions below to make new views.
- * data points at element (0,...,0), i.e. storage base + offset elements.
- */
-typedef struct mu_tensor {
-    void *data;                   /* element (0, ..., 0) */
-    mu_storage *storage;          /* the buffer viewed (shared by views) */
-    int64_t offset;               /* of data from the storage base, in elements */
-    int32_t scalar;               /* mu_dtype */
-    int32_t ndim;                 /* 0 .. MU_MAX_DIMS */
-    int64_t dims[MU_MAX_DIMS];    /* sizes (the first ndim are used) */
-    int64_t strides[MU_MAX_DIMS]; /* in elements */
-} mu_tensor;
-
-/* New zero-filled contiguous tensor owning its storage. ndim may be 0. */
-MU_API int mu_tensor_new(int dtype, int ndim, const int64_t *shape, mu_tensor **out);
-/* Wrap a caller's buffer without owning it (the caller keeps it alive).
- * strides may be NULL for C-contiguous. */
-MU_API int mu_tensor_wrap(int dtype, int ndim, const int64_t *shape, const int64_t *strides,
-                          void *data, mu_tensor **out);
-/* Release one tensor handle (storage freed with its last view). NULL is ok. */
-MU_API void mu_tensor_free(mu_tensor *t);
-
-/* The number of elements (the product of the sizes; 1 for 0 dims); -1 for
- * NULL or a bad ndim. */
-MU_API int64_t mu_tensor_numel(const mu_tensor *t);
-/* 1 if t is C-contiguous (size-1 dims may have any stride; an empty tensor
- * is contiguous), 0 otherwise or for NULL. */
-MU_API int mu_tensor_is_contiguous(const mu_tensor *t);
-/* Bytes per element of a dtype (0 for a value outside MU_DTYPES). */
-MU_API size_t mu_dtype_size(int dtype);
-/* The dtype's Lua name ("float32", "float64", "bfloat16") and its
- * safetensors name ("F32", "F64", "BF16"); NULL outside MU_DTYPES. */
-MU_API const char *mu_dtype_name(int dtype);
-/* The dtype's safetensors name ("F32", "F64", "BF16"); NULL outside
- * MU_DTYPES. */
-MU_API const char *mu_dtype_file_name(int dtype);
-/* Whether two tensors share the same storage. */
-MU_API int mu_tensor_same_storage(const mu_tensor *a, const mu_tensor *b);
-
-/* MU_OK if t is a usable handle: a known dtype, 0..MU_MAX_DIMS dims, sizes and
- * strides >= 0, and every element it addresses inside its storage (checked
- * arithmetic). Every call taking tensors makes this check first. */
-MU_API int mu_tensor_check(const mu_tensor *t);
-
-/* Views sharing storage: each *out is a new handle (free it with
- * mu_tensor_free) on t's storage; MU_EINVAL for bad dims or ranges (the
- * message names them), and *out is NULL on failure. view: contiguous input
- * only; one dim may be -1; the element count must not change. */
-MU_API int mu_tensor_view(const mu_tensor *t, int ndim, const int64_t *shape, mu_tensor **out);
-/* A view with dims d0 and d1 (0-based) swapped. */
-MU_API int mu_tensor_transpose(const mu_tensor *t, int d0, int d1, mu_tensor **out);
-/* A view of length elements of dim from start (0-based): start + length
- * <= the size. */
-MU_API int mu_tensor_narrow(const mu_tensor *t, int dim, int64_t start, int64_t length,
-                            mu_tensor **out);
-/* A view without dim, which must have size 1. */
-MU_API int mu_tensor_squeeze(const mu_tensor *t, int dim, mu_tensor **out);
-/* A view with a size-1 dim inserted at position dim (0 .. ndim; ndim <
- * MU_MAX_DIMS). */
-MU_API int mu_tensor_unsqueeze(const mu_tensor *t, int dim, mu_tensor **out);
-/* Same storage if already contiguous, else a contiguous copy. */
-MU_API int mu_tensor_contiguous(const mu_tensor *t, mu_tensor **out);
-/* Always a new contiguous copy (optionally of another dtype; -1 keeps it). */
-MU_API int mu_tensor_clone(const mu_tensor *t, int dtype, mu_tensor **out);
-
-/* dst = src elementwise; same shape, dtypes may differ. Overlap not allowed
- * except dst == src exactly. */
-MU_API int mu_tensor_copy(mu_tensor *dst, const mu_tensor *src);
-/* Set every element of t (any strides) to value, rounded to t's dtype. */
-MU_API int mu_tensor_fill(mu_tensor *t, double value);
-/* Frobenius norm, accumulated in double. */
-MU_API int mu_tensor_norm(const mu_tensor *t, double *out);
-/* One element: index holds ndim 0-based indices (MU_EINVAL naming the
- * first out of range); *out the value as a double (any NaN as the one
- * quiet NaN). */
-MU_API int mu_tensor_get(const mu_tensor *t, const int64_t *index, double *out);
-/* Set one element (index as mu_tensor_get) to value rounded to t's dtype. */
-MU_API int mu_tensor_set(mu_tensor *t, const int64_t *index, double value);
-/* 1 if every element is finite, 0 otherwise (first bad flat index in *where);
- * negative (an MU_E* code) for a bad tensor. */
-MU_API int mu_tensor_all_finite(const mu_tensor *t, int64_t *where);
-
-/* ---------------------------------------------------------- tensor maths */
-
-/*
- * Elementwise maths, reductions and matrix products (src/tensor_math.c).
- * Every call validates its tensors (dtype, shape, and that each element
- * they address lies inside their storage) before touching memory. Inputs
- * may be strided views; results go into a caller-made `out`.
- *
- * mu_tensor_map: out = op(x0, x1, x2) per element, the operands broadcast
- * to out's shape by NumPy rules (dims aligned from the end, a size-1 or
- * missing dim repeats); out's shape must be the broadcast shape. A NULL
- * x[i] uses the scalar s[i] instead. Tensors share one dtype, the type of
- * the arithmetic: scalars are rounded to it first, float32 results come
- * from float32 operations, and there is no fused multiply-add except where
- * torch's CPU kernels use one (add/sub with alpha, addcmul, lerp). out may
- * be an operand (in place) but must not overlap one in another layout
- * (MU_EINVAL).
- */
-typedef enum {
-    MU_MAP_ADD = 0,   /* x0 + alpha*x1, as fma(alpha, x1, x0) */
-    MU_MAP_SUB,       /* x0 - alpha*x1, as fma(-alpha, x1, x0) */
-    MU_MAP_MUL,       /* x0 * x1 */
-    MU_MAP_DIV,       /* x0 / x1 */
-    MU_MAP_ADDCMUL,   /* x0 + (value*x1)*x2, as fma(value*x1, x2, x0) */
-    MU_MAP_ADDCDIV,   /* x0 + (value*x1)/x2, each step rounded */
-    MU_MAP_LERP,      /* x0 + x2*(x1 - x0): |x2| < 0.5 ? fma(x2, x1 - x0, x0)
-                       * : fma(x2 - 1, x1 - x0, x1) */
-    MU_MAP_WHERE,     /* x0 != 0 ? x1 : x2 (NaN counts as true) */
-    MU_MAP_GT,        /* 1 or 0: x0 > x1 (false for NaN, like every comparison but NE) */
-    MU_MAP_LT,        /* x0 < x1 */
-    MU_MAP_GE,        /* x0 >= x1 */
-    MU_MAP_LE,        /* x0 <= x1 */
-    MU_MAP_EQ,        /* x0 == x1 */
-    MU_MAP_NE,        /* x0 != x1 (true for NaN) */
-    MU_MAP_NEG,       /* -x0 */
-    MU_MAP_ABS,       /* |x0| */
-    MU_MAP_SQRT,      /* sqrt(x0) */
-    MU_MAP_RSQRT,     /* 1 / sqrt(x0), two roundings */
-    MU_MAP_SIGN,      /* 1, -1, or 0 for zeros and NaN */
-    MU_MAP_CLAMP,     /* min(max(x0, lo), hi); NaN stays NaN, a NaN bound is ignored */
-    MU_MAP_EXP,       /* exp(x0) (the C library's, in the dtype: expf / exp) */
-    MU_MAP_LOG,       /* natural log(x0): -inf at 0, NaN below */
-    MU_MAP_TANH,      /* tanh(x0) (the C library's) */
-    MU_MAP_SIGMOID,   /* 1 / (1 + exp(-x0)), torch's formula, each step rounded */
-    MU_MAP_POW,       /* pow(x0, x1); a scalar exponent (x[1] NULL) of 2, 3 or -2 is
-                       * x*x, x*x*x, 1/(x*x), of 0.5, -0.5, -1 sqrt, 1/sqrt, 1/x,
-                       * as torch computes tensor ** scalar */
-    MU_MAP_COUNT      /* the number of ops */
-} mu_map_op;
-
-typedef struct mu_map_args {
-    int op;                /* mu_map_op */
-    const mu_tensor *x[3]; /* operands (as many as the op takes); NULL: use s[i] */
-    double s[3];           /* scalar operands */
-    double alpha;          /* ADD, SUB */
-    double value;          /* ADDCMUL, ADDCDIV */
-    double lo, hi;         /* CLAMP (-inf / +inf for no bound) */
-} mu_map_args;
-
-/* out = args->op(x0, x1, x2) per element, as described above: the operands
- * broadcast to out's shape, NULL operands replaced by their scalars. Every
- * tensor is checked first; MU_ESHAPE for shapes that do not broadcast to
- * out's, MU_EDTYPE for mixed dtypes or bfloat16, MU_EINVAL for an unknown
- * op or out overlapping an operand in another layout. */
-MU_API int mu_tensor_map(const mu_map_args *args, mu_tensor *out);
-
-/* Reductions accumulate in double (float32 inputs are rounded once, when
- * the result is stored), in row-major order of the reduced elements. SUM
- * of nothing is 0, MEAN NaN, NORM 0; AMAX of nothing is MU_ESHAPE. AMAX
- * propagates NaN; NORM is the 2-norm sqrt(sum x^2). */
-typedef enum {
-    MU_REDUCE_SUM = 0, /* sum */
-    MU_REDUCE_MEAN,    /* sum / count */
-    MU_REDUCE_AMAX,    /* largest element */
-    MU_REDUCE_NORM,    /* sqrt(sum x^2) */
-    MU_REDUCE_ARGMAX, /* the 0-based index of the first largest element (a NaN
-                       * counts as largest: the first NaN), torch's rule; stored
-                       * as a number of t's dtype, so the reduced dim must be at
-                       * most 2^24 long for float32 (else MU_EINVAL); of
-                       * nothing MU_ESHAPE */
-    MU_REDUCE_COUNT   /* the number of reductions */
-} mu_reduce_op;
-
-/* Reduce t along dim (0-based) into out: t's shape with that dim of size 1
- * (keepdim) or removed, t's dtype. */
-MU_API int mu_tensor_reduce(const mu_tensor *t, int op, int dim, mu_tensor *out);
-/* Reduce every element: the double accumulator (not rounded to float32);
- * for ARGMAX the row-major flat index (0-based, exact up to 2^53). */
-MU_API int mu_tensor_reduce_all(const mu_tensor *t, int op, double *out);
-
-/* out = a @ b with OpenBLAS ?gemm: a (n x k), b (k x m), out (n x m); or
- * batches a (B x n x k), b (B x k x m), out (B x n x m), where a or b may
- * have batch size 1 (used for every batch). Operands whose matrices have
- * neither unit row nor unit column stride are copied to contiguous first.
- * out's rows must be unit-stride, out distinct from a and b (not the same
- * storage); k = 0 gives zeros. */
-MU_API int mu_tensor_matmul(const mu_tensor *a, const mu_tensor *b, mu_tensor *out);
-
-/* Softmax of t along dim (0-based) into out (t's shape and dtype):
- * exp(x - max) / sum(exp(x - max)) over each slice along dim, or with log
- * non-zero the log-softmax (x - max) - log(sum(exp(x - max))). Computed in
- * double (the sum in order); a float32 softmax rounds exp(x - max) to
- * float32 before the division, so it is within 1 ulp of the double
- * result. A slice holding NaN, or only -inf, gives NaN, as torch. out may
- * be t itself (in place) but must not overlap it otherwise. */
-MU_API int mu_tensor_softmax(const mu_tensor *t, int dim, int log, mu_tensor *out);
-
-/* torch.gather: out[i][j] = t[index[i][j] - base][j] for dim 0, likewise
- * along any dim (0-based). index has t's number of dims, index.size(d) <=
- * t.size(d) for every d other than dim, and holds integers in base ..
- * base + t.size(dim) - 1 (base: 0 for 0-based indices, 1 for 1-based), as
- * float32 or float64 values; out has index's shape and t's dtype and must
- * not overlap t or index. Every index is checked before anything is
- * written (MU_EINVAL names the first bad one and its position). */
-MU_API int mu_tensor_gather(const mu_tensor *t, int dim, const mu_tensor *index, int64_t base,
-                            mu_tensor *out);
-
-/* ----------------------------------------------------------- exact sums */
-
-/* An exact accumulator of float values (src/xsum.c): every finite float64
- * is added without rounding, so a sum does not depend on the order or the
- * grouping of its terms (how a parameter is split over ranks). It also
- * keeps the largest and smallest value added and counts NaN and +-Inf.
- * Hooks' ctx.allreduce and ctx.global_norm use it (lua/muon/reduce.lua).
- * Zero it with mu_xsum_zero before use; plain data (copy it freely). */
-enum { MU_XSUM_LIMBS = 70 };
-typedef struct mu_xsum {
-    int64_t limb[MU_XSUM_LIMBS]; /* limb i weighs 2^(32 i - 1088) */
-    int64_t nan, pinf, ninf;     /* NaN, +Inf and -Inf values added */
-    int64_t pending;             /* additions since the carries were propagated */
-    double max, min;             /* of the values added (-Inf / +Inf when none; NaN skipped) */
-} mu_xsum;
-/* Make s the empty sum: limbs and counts 0, max -Inf, min +Inf (NULL is a
- * no-op). */
-MU_API void mu_xsum_zero(mu_xsum *s);
-/* Add every element of x (float32, float64 or bfloat16, any strides), or
- * with squares != 0 every element's square (float32, bfloat16: exact;
- * float64: rounded to double, +Inf when it overflows). */
-MU_API int mu_xsum_add_tensor(mu_xsum *s, const mu_tensor *x, int squares);
-/* mu_xsum_add_tensor over the n tensors xs[0..n-1] (any dtypes of those,
- * any shapes), in one call: every tensor is checked before any is added.
- * MU_EINVAL (a NULL argument, n < 0) or MU_EDTYPE, naming the index. */
-MU_API int mu_xsum_add_tensors(mu_xsum *s, int n, mu_tensor *const *xs, int squares);
-/* s += other (both are normalized; other is not changed). */
-MU_API int mu_xsum_merge(mu_xsum *s, const mu_xsum *other);
-/* Propagate the carries: afterwards limb[0 .. MU_XSUM_LIMBS-2] are in
- * [0, 2^32) and the last holds the sign, so every limb is exact as a double
- * and the representation of a value is unique. */
-MU_API void mu_xsum_normalize(mu_xsum *s);
-/* The sum rounded once to the nearest double (ties to even); NaN when a
- * NaN, or both +Inf and -Inf, were added; +-Inf when one of them was.
- * Normalizes s. */
-MU_API double mu_xsum_value(mu_xsum *s);
-
-/* ------------------------------------------------------------------ npy */
-
-/* NumPy .npy, versions 1.0/2.0/3.0, '<f4' or '<f8', C order. */
-MU_API int mu_npy_load(const char *path, mu_tensor **out);
-/* As mu_npy_load, into a tensor of dtype (MU_F32, MU_F64, MU_BF16; -1: as
- * stored), converting '<f2', '<f4', '<f8', integer ('|i1'..'<i8',
- * '|u1'..'<u8') and '|b1' data as mu_st_reader_read_as does. Without a
- * dtype, data that is not '<f4' or '<f8' is refused (MU_EDTYPE naming the
- * file and its dtype). */
-MU_API int mu_npy_load_as(const char *path, int dtype, mu_tensor **out);
-/* As mu_npy_load, from the len bytes of a .npy file at buf (a new tensor;
- * buf is not kept). MU_EFORMAT for a malformed or truncated buffer. */
-MU_API int mu_npy_load_mem(const void *buf, size_t len, mu_tensor **out);
-/* Write t (MU_F32 as '<f4', MU_F64 as '<f8', any strides; MU_EDTYPE for
- * other dtypes) as a version 1.0 .npy file, atomically (a temporary file
- * renamed over path); MU_EIO when it cannot be written. */
-MU_API int mu_npy_save(const mu_tensor *t, const char *path);
-
-/* ---------------------------------------------------------- safetensors */
-
-/* Raw I/O of safetensors files (u64 LE header length N, N bytes of JSON,
- * data section); the JSON itself is parsed and built in Lua
- * (lua/muon/safetensors.lua). Offsets are relative to the data section. */
-typedef struct mu_st_reader mu_st_reader;
-
-/* Open and bounds-check: file >= 8 bytes, N <= 100,000,000 and N <= file
- * size - 8; reads the N header bytes (MU_EFORMAT/MU_EIO naming the path). */
-MU_API int mu_st_reader_open(const char *path, mu_st_reader **out);
-/* The header bytes (NUL-terminated, *len = N without the NUL). */
-MU_API const char *mu_st_reader_header(const mu_st_reader *r, size_t *len);
-/* Bytes in the data section (file size - 8 - N). */
-MU_API int64_t mu_st_reader_data_size(const mu_st_reader *r);
-/* Copy data bytes [begin, end) into contiguous dst after checking
- * 0 <= begin <= end <= data size and end - begin == numel * element size. */
-MU_API int mu_st_reader_read(mu_st_reader *r, int64_t begin, int64_t end, mu_tensor *dst);
-/* Bytes per element of a safetensors dtype muon reads: "F32", "F64",
- * "BF16", "F16", "I8".."I64", "U8".."U64", "BOOL"; 0 for any other name. */
-MU_API size_t mu_st_dtype_size(const char *name);
-/* As mu_st_reader_read for data stored as `dtype` (a name above), each
- * element converted into dst's dtype: exact where it holds every value,
- * else rounded to nearest even as torch's .to() (integers straight to the
- * float type, float64 to bfloat16 through float32). */
-MU_API int mu_st_reader_read_as(mu_st_reader *r, int64_t begin, int64_t end, const char *dtype,
-                                mu_tensor *dst);
-/* XXH64 (seed 0) of the file's whole data section, read from the file. */
-MU_API int mu_st_reader_checksum(mu_st_reader *r, uint64_t *out);
-/* Close the file and free the reader (NULL is a no-op). */
-MU_API void mu_st_reader_close(mu_st_reader *r);
-
-/* Atomic write: a new temporary file in path's directory (a unique
- * "<name>.tmp.XXXXXX", within NAME_MAX) gets the length, the header padded with
- * spaces to a multiple of 8, each tensor's bytes in order (contiguous
- * copies where needed); fsync, rename over path, fsync the directory. On any
- * error the temporary file is removed, path is left as it was, MU_EIO. */
-MU_API int mu_st_write(const char *path, const char *header, size_t header_len, int n,
-                       mu_tensor *const *ts);
-/* XXH64 (seed 0) of the concatenated bytes of the tensors in order (= the
- * data section of a file holding them), and of a plain buffer. */
-MU_API int mu_st_checksum(int n, mu_tensor *const *ts, uint64_t *out);
-/* XXH64 (seed 0) of len bytes at data. */
-MU_API int mu_st_checksum_bytes(const void *data, size_t len, uint64_t *out);
-
-/* ----------------------------------------------------------------- BLAS */
-
-typedef struct mu_blas_info {
-    char core[64];    /* OpenBLAS core name, e.g. "SkylakeX" */
-    char config[160]; /* openblas_get_config(): version and build options */
-    int threads;      /* OpenBLAS's thread count */
-    char bf16[96];    /* the bfloat16 products' path (mu_ns_opts.dtype = MU_BF16):
-                       * "oneDNN 2.6.3 cpu_isa_avx512_core_bf16 (AVX512_BF16
-                       * instructions)", "... (emulated on AVX-512, ...)", "... (no
-                       * bf16 kernels here: widened to float32, OpenBLAS sgemm)" or
-                       * "none (libdnnl.so.2 not loadable)" */
-} mu_blas_info;
-
-/* The OpenBLAS this process runs: core, configuration and threads, and the
- * path of the bfloat16 products (it opens and closes oneDNN to ask it),
- * into *out (MU_EINVAL for NULL). */
-MU_API int mu_blas_get_info(mu_blas_info *out);
-/* Set OpenBLAS's thread count (threads >= 1, else MU_EINVAL); Newton-Schulz
- * calls that start afterwards use that many workers (unless MU_NS_THREADS
- * is set). */
-MU_API int mu_blas_set_threads(int threads);
-
-/* -------------------------------------------------------- Newton-Schulz */
-
-/* Which products the iteration uses: syrk/symm on the symmetric Gram
- * matrices (default) or plain gemm (kept for testing and benchmarks). */
-enum { MU_NS_SYMMETRIC = 0, MU_NS_PLAIN = 1 };
-
-/* Which iteration: the seed's on X (standard), the Gram iteration on the
- * small n x n X X^T with restarts and a guard (src/ns_gram.c), or auto:
- * gram where its cost model says it is faster for the shape. */
-enum { MU_NS_STANDARD = 0, MU_NS_GRAM = 1, MU_NS_AUTO = 2 };
-
-/* The input's preconditioning (mu_ns_opts.precond). MU_NS_PRECOND_NONE:
- * X / (norm_scale ||X||_F + eps). MU_NS_PRECOND_AOL (Turbo-Muon): X = D X,
- * D = diag(1 / sqrt(max(sum_j |(X X^T)_ij|, eps))) over the rows of the
- * wide orientation (norm_scale unused; a zero row stays zero); it runs the
- * standard iteration (MU_NS_AUTO resolves to it, MU_NS_GRAM is refused). */
-enum { MU_NS_PRECOND_NONE = 0, MU_NS_PRECOND_AOL = 1 };
-
-/* mu_ns_opts.dtype = MU_BF16 runs the seed's bfloat16 iteration on float32
- * tensors, from the seed's normalization of its bfloat16 input: x0 =
- * bf16(x), X = bf16(x0 / bf16(norm_scale bf16(||x0||_F) + eps')) (eps'
- * = bf16(eps), the division in float32); then per step
- * (a, b, c), with a', b', c' the coefficients rounded to bfloat16 (as torch
- * does with a scalar times a bfloat16 tensor) and every product taking
- * bfloat16 inputs and accumulating in float32 (oneDNN, src/ns_bf16.c):
- *     A = bf16(X X^T)
- *     B = bf16(bf16(b' A) + bf16(c' bf16(A A)))
- *     X = bf16(bf16(a' X) + bf16(B X))
- * (each sum in float32 first, as torch 1.13 computes bfloat16 elementwise
- * ops), and the output is float32(X). The standard iteration only:
- * MU_NS_AUTO resolves to it, MU_NS_GRAM and MU_NS_PRECOND_AOL are refused
- * (MU_EINVAL). It needs oneDNN (libdnnl.so.2, opened on first use; MU_EIO
- * without it). Bits are fixed by the input, the build and oneDNN's CPU path
- * (mu_blas_info.bf16), as in float32. */
-typedef struct mu_ns_opts {
-    int steps;             /* number of (a, b, c) triples used */
-    const double *coeffs;  /* 3 * steps values: a0 b0 c0 a1 b1 c1 ... */
-    double eps;            /* X / (norm_scale * ||X||_F + eps) */
-    double norm_scale;     /* 1.0 for the seed; 1.02 for polar_express */
-    int path;              /* MU_NS_SYMMETRIC or MU_NS_PLAIN (standard iteration) */
-    int method;            /* MU_NS_STANDARD (0, the default), MU_NS_GRAM or MU_NS_AUTO */
-    int precond;           /* MU_NS_PRECOND_NONE (0) or MU_NS_PRECOND_AOL (the "aol" preset) */
-    int dtype;             /* the iteration's precision: MU_F32 (0, the default: the tensors'
-                            * own, float32 or float64) or MU_BF16 (the seed's bfloat16
-                            * iteration on float32 tensors, described above) */
-} mu_ns_opts;
-
-typedef struct mu_ns_workspace mu_ns_workspace;
-
-/* Workspace for matrices of up to rows x cols (either orientation), reused
- * across calls so the step loop never allocates. One call at a time per
- * workspace: it adds one buffer set per worker on first use (the workers:
- * OpenBLAS's thread count when the call starts, or MU_NS_THREADS). In a
- * process with an OpenMP runtime (a host built with -fopenmp) the workers
- * run as a parallel region of that runtime, sharing the host's threads;
- * MU_NS_OPENMP=0 makes them threads of the engine's own instead. */
-MU_API int mu_ns_workspace_new(int dtype, int64_t rows, int64_t cols, mu_ns_workspace **out);
-/* Free a workspace and its buffers (NULL is a no-op). */
-MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
-/* The bytes a workspace holds now (every buffer set of its workers, the
- * Gram iteration's buffers once used, the scheduler's lists, the bfloat16
- * iteration's per-worker buffers once used) into *out (0 on failure): what
- * a step's scratch accounts for it. */
-MU_API int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out);
-
-/* Orthogonalize in (n x m) or a batch (b x n x m), C-contiguous, into out
- * (same shape and dtype; out may be in). ws may be NULL (allocated inside).
- * The bits of each output matrix depend on its input (and the build and
- * OpenBLAS core) only: not on the thread or worker count, the batch it is
- * in, or where it lives (every BLAS call is single-threaded on a fixed
- * partition of the products into tiles, see src/ns.c).
- * A non-finite input fails with MU_ENONFINITE naming the batch index and
- * leaves out untouched; eps = 0 with an all-zero matrix is MU_EINVAL. */
-MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
-                           mu_ns_workspace *ws);
-/* The iteration opts->method runs for a rows x cols matrix: MU_NS_STANDARD
- * or MU_NS_GRAM (MU_NS_AUTO resolved by the cost model); negative (an MU_E*
- * code) for bad options. */
-MU_API int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts);
-
-/* Orthogonalize count tensors in one call: in[i] into out[i] with opts[i]
- * (each as mu_ns_zeropower takes it: 2-D or a 3-D batch; shapes and
- * options may differ, one dtype per call). One scheduler spreads all their
- * matrices over the workers: the large ones tile by tile on all workers,
- * then the others whole, largest first onto the worker free first. Each
- * output has the bits mu_ns_zeropower gives it alone. ws must hold the
- * largest matrix (NULL: allocated inside); a step loop that reuses it does
- * not allocate. Outputs must not overlap each other or another tensor's
- * input (out[i] may be in[i]). Every tensor is checked (errors name its
- * index) before anything is written. */
-MU_API int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *const *out,
-                                const mu_ns_opts *const *opts, mu_ns_workspace *ws);
-
-/* Named coefficient schedules ("legacy", "asym5", "polar_express",
- * "deepseekv4", "cans", "polar_express_8", "aol"; their sources in
- * src/ns.c and the README): writes `steps` triples into coeffs (cap triples room) and
- * the preset's norm_scale. steps <= 0 means the preset's natural length;
- * a preset with per-step triples (all but "legacy") stops at its length
- * when asked for more (as the seed's asym5 does); the number written goes
- * to *nsteps (norm_scale and nsteps may be NULL). */
-MU_API int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *norm_scale,
-                        int *nsteps);
-/* The preconditioning a preset runs with (mu_ns_opts.precond):
- * MU_NS_PRECOND_AOL for "aol", else MU_NS_PRECOND_NONE. */
-MU_API int mu_ns_preset_precond(const char *name);
-
-/* ------------------------------------------------- fused multi-tensor ops */
-
-/* All mu_foreach_* calls take arrays of n contiguous tensors of one dtype
- * (MU_F32 or MU_F64; else MU_EDTYPE, non-contiguous MU_EINVAL), except that
- * optimizer state (momentum's bufs/new_bufs, AdamW's and Lion's moments, and
- * all_finite's xs) may be MU_BF16 beside MU_F32 tensors: loaded exactly,
- * computed in float32, rounded once to nearest even when stored (as
- * mu_tensor_copy does); the other arrays stay MU_F32. Tensors of
- * index i have the same numel (else MU_ESHAPE naming the index). Everything
- * is validated before any memory is touched. Tensors of one index are the
- * same memory or disjoint (partial overlap is MU_EINVAL). Float32 results
- * reproduce the rounding of the torch sequences they replace (see
- * src/foreach.c); results do not depend on the thread count or on the
- * kernel variant (portable C, AVX2, AVX-512: picked per op from the CPU;
- * env MU_FOREACH_SIMD=portable|avx2|avx512 asks for one). Large calls run
- * on the process's CPUs (env MU_FOREACH_THREADS overrides). */
-
-/* Muon momentum as the seed: u = g + m1*buf; buf' = m2*buf + g;
- * nesterov: u = m1*u + g (float32: u = fma(m1, buf, g) as torch's
- * add(alpha=), then separately rounded products and sums). Reads
- * grads/bufs, writes new_bufs and updates (new_bufs may alias bufs for an
- * in-place update; updates must not alias the others). */
-MU_API int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
-                               mu_tensor *const *new_bufs, mu_tensor *const *updates,
-                               double m1, double m2, int nesterov);
-
-/* Decoupled decay + apply: p = fma(alpha, update * scales[i], p * decay),
- * i.e. the seed's update.mul_(s); p.mul_(decay); p.add_(update, alpha=)
- * in one pass without writing update (scales NULL means 1). */
-MU_API int mu_foreach_apply(int n, mu_tensor *const *params, mu_tensor *const *updates,
-                            const double *scales, double decay, double alpha);
-
-/* Cautious weight decay (weight_decay_mode = "cautious"): as
- * mu_foreach_apply, but the decay multiplies p only where the update the
- * seed subtracts (-alpha * update * scale) has the sign of p:
- * p = fma(alpha, u s, (alpha u s) * p < 0 ? p * decay : p). */
-MU_API int mu_foreach_apply_cautious(int n, mu_tensor *const *params, mu_tensor *const *updates,
-                                     const double *scales, double decay, double alpha);
-
-/* Whether mu_foreach_apply (cautious = 0) or mu_foreach_apply_cautious
- * (cautious != 0) with these arguments would write only finite values,
- * writing nothing: the same operations, one read of params and updates.
- * Returns 1 when every result is finite; 0 when one is NaN or Inf, with
- * *bad (when not NULL) the index of the first such parameter; a negative
- * status on a bad argument (as mu_foreach_apply). The engine checks its
- * commit with it. */
-MU_API int mu_foreach_apply_finite(int n, mu_tensor *const *params, mu_tensor *const *updates,
-                                   const double *scales, double decay, double alpha, int cautious,
-                                   int *bad);
-
-/* x *= scales[i] (or scale when scales is NULL). */
-MU_API int mu_foreach_scale(int n, mu_tensor *const *xs, const double *scales, double scale);
-
-/* torch 2.x's torch.optim.AdamW (bias-corrected, decoupled decay; 1 ulp
- * from torch 1.13's form), step >= 1 (the
- * step number after incrementing); 0 <= beta < 1. */
-MU_API int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *grads,
-                            mu_tensor *const *exp_avgs, mu_tensor *const *exp_avg_sqs,
-                            double lr, double beta1, double beta2, double eps,
-                            double weight_decay, int64_t step);
-
-/* AdamW without touching the parameters: new moments (new_exp_avgs /
- * new_exp_avg_sqs, which may be exp_avgs / exp_avg_sqs themselves) and the
- * update direction (-lr/bc1 * m') / (sqrt(v')/sqrt(bc2) + eps); then
- * mu_foreach_apply(params, updates, NULL, 1 - lr*weight_decay, 1.0) gives
- * exactly the bits of mu_foreach_adamw. Used where the update is computed
- * before the step commits (atomic steps, replicated state). */
-MU_API int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
-                                   mu_tensor *const *exp_avg_sqs, mu_tensor *const *new_exp_avgs,
-                                   mu_tensor *const *new_exp_avg_sqs, mu_tensor *const *updates,
-                                   double lr, double beta1, double beta2, double eps, int64_t step);
-
-/* Lion (Chen et al. 2023) without touching the parameters: the update
- * direction sign(beta1*m + (1-beta1)*g) into updates (sign(0) = 0) and the
- * new moment beta2*m + (1-beta2)*g into new_exp_avgs (which may be
- * exp_avgs itself), reading grads and exp_avgs (m). Each is one fused
- * multiply-add over the rounded product, as lion-pytorch's
- * m.mul(beta1).add(g, alpha=1-beta1) in float32. Then
- * mu_foreach_apply(params, updates, NULL, 1 - lr*weight_decay, -lr) is
- * Lion's step. updates must not alias the others. */
-MU_API int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
-                                  mu_tensor *const *new_exp_avgs, mu_tensor *const *updates,
-                                  double beta1, double beta2);
-
-/* 1 if every element of every tensor is finite; else 0 and *bad is the
- * index of the first tensor holding NaN/Inf (negative on a bad argument). */
-MU_API int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad);
-
-/* Copy each src[i] into dst at element offset offsets[i] (pack), or back
- * (unpack). dst/src batch buffers are contiguous, of the tensors' dtype;
- * offsets[i] + numel must fit (else MU_ESHAPE). */
-MU_API int mu_foreach_pack(int n, mu_tensor *const *srcs, mu_tensor *dst, const int64_t *offsets);
-/* Copy src at element offset offsets[i] into each dsts[i] (the inverse of
- * mu_foreach_pack). */
-MU_API int mu_foreach_unpack(int n, const mu_tensor *src, mu_tensor *const *dsts,
-                             const int64_t *offsets);
-
-/* Benchmark helper (not API): STREAM triad dst = a + s*b over one array
- * each, threaded like the ops above; measures the machine's bandwidth. */
-MU_API int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor *b, double s);
-
-/* --------------------------------------------------------- communicator */
-
-/* Collectives for distributed steps (src/comm.c). A mu_comm wraps a private
- * duplicate of an MPI communicator; without MPI every communicator is a
- * single process (size 1) and collectives are local copies. Counts and
- * displacements are in elements of the dtype (MU_F32/MU_F64; the moves carry MU_BF16 too). Each handle
- * counts its calls, the logical payload bytes it sent to / received from
- * OTHER ranks (self copies count nothing), and seconds spent in calls. */
-typedef struct mu_comm mu_comm;
-typedef struct mu_comm_request mu_comm_request;
-/* All-reduce ops (mu_comm_allreduce_*). */
-enum { MU_COMM_SUM = 0, MU_COMM_MAX = 1, MU_COMM_MIN = 2 };
-
-typedef struct mu_comm_stats {
-    int64_t calls;            /* collective calls made */
-    int64_t bytes_sent;       /* payload bytes sent to other ranks */
-    int64_t bytes_recv;       /* payload bytes received from other ranks */
-    double seconds;           /* wall time spent in the calls */
-    int64_t nonblocking;      /* of calls: non-blocking ones (counted at their wait) */
-    int64_t done_before_wait; /* of those: already complete when the wait began */
-} mu_comm_stats;
-
-/* 1 if built with Open MPI. */
-MU_API int mu_comm_have_mpi(void);
-/* MPI_COMM_WORLD (initializing MPI with MPI_Init_thread if needed). */
-MU_API int mu_comm_world(mu_comm **out);
-/* A size-1 communicator of this process alone (never touches MPI). */
-MU_API int mu_comm_self(mu_comm **out);
-/* Wrap a caller's communicator: mpi_comm_ptr points at an MPI_Comm. */
-MU_API int mu_comm_from_handle(void *mpi_comm_ptr, mu_comm **out);
-/* MPI_Comm_split: ranks with the same color form one communicator, ordered
- * by key (then by rank). Collective over c. */
-MU_API int mu_comm_split(mu_comm *c, int color, int key, mu_comm **out);
-/* Free a communicator (its MPI duplicate too, unless MPI was finalized);
- * NULL is a no-op. */
-MU_API void mu_comm_free(mu_comm *c);
-/* This process's rank in c (0-based); -1 for NULL. */
-MU_API int mu_comm_rank(const mu_comm *c);
-/* The number of ranks of c; -1 for NULL. */
-MU_API int mu_comm_size(const mu_comm *c);
-/* c's counters into *out (MU_EINVAL for NULL). */
-MU_API int mu_comm_get_stats(const mu_comm *c, mu_comm_stats *out);
-/* Zero c's counters (NULL is a no-op). */
-MU_API void mu_comm_reset_stats(mu_comm *c);
-
-/* All-to-all-v: to each peer i, sendcounts[i] elements of dtype from
- * sendbuf + sdispls[i]; from it, recvcounts[i] into recvbuf + rdispls[i].
- * The arrays have size(c) entries, >= 0 (MU_EINVAL naming the peer for a
- * negative or overflowing one); collective over c; MU_ECOMM for an MPI
- * failure. */
-MU_API int mu_comm_alltoallv(mu_comm *c, int dtype, const void *sendbuf, const int64_t *sendcounts,
-                             const int64_t *sdispls, void *recvbuf, const int64_t *recvcounts,
-                             const int64_t *rdispls);
-/* The same, non-blocking: *out is a request to complete with
- * mu_comm_wait; the buffers stay in use until then. */
-MU_API int mu_comm_ialltoallv(mu_comm *c, int dtype, const void *sendbuf, const int64_t *sendcounts,
-                              const int64_t *sdispls, void *recvbuf, const int64_t *recvcounts,
-                              const int64_t *rdispls, mu_comm_request **out);
-/* All-gather-v: every rank's sendcount elements land in recvbuf at
- * displs[r] (recvcounts[r] from rank r). Collective over c. */
-MU_API int mu_comm_allgatherv(mu_comm *c, int dtype, const void *sendbuf, int64_t sendcount,
-                              void *recvbuf, const int64_t *recvcounts, const int64_t *displs);
-/* Broadcast n elements of dtype at buf from rank root. Collective over c. */
-MU_API int mu_comm_bcast(mu_comm *c, int dtype, void *buf, int64_t n, int root);
-/* Broadcast nbytes raw bytes at buf from rank root. */
-MU_API int mu_comm_bcast_bytes(mu_comm *c, void *buf, int64_t nbytes, int root);
-/* mu_comm_bcast, non-blocking: *out is a request for mu_comm_wait. */
-MU_API int mu_comm_ibcast(mu_comm *c, int dtype, void *buf, int64_t n, int root,
-                          mu_comm_request **out);
-/* Completes and frees a request (NULL is ok). A request must be waited
- * for even on error paths (MPI cannot cancel a collective). With
- * MPI_THREAD_MULTIPLE (what mu_comm_world asks for) a per-communicator
- * thread progresses pending requests while the caller computes. */
-MU_API int mu_comm_wait(mu_comm_request *req);
-/* *done = 1 when the request completed (it still needs mu_comm_wait). */
-MU_API int mu_comm_test(mu_comm_request *req, int *done);
-/* In-place all-reduce (op: MU_COMM_SUM / MAX / MIN). */
-MU_API int mu_comm_allreduce_i64(mu_comm *c, int64_t *buf, int64_t n, int op);
-/* In-place all-reduce of n doubles (op as above). */
-MU_API int mu_comm_allreduce_f64(mu_comm *c, double *buf, int64_t n, int op);
-/* Wait until every rank of c has called it (MU_EINVAL for NULL). */
-MU_API int mu_comm_barrier(mu_comm *c);
-/* MPI_Finalize, only if this library initialized MPI, and only once. */
-MU_API int mu_comm_finalize(void);
-/* MPI_Abort(MPI_COMM_WORLD, code) when MPI runs with more than one rank;
- * otherwise returns (the caller exits as usual). */
-MU_API void mu_comm_abort(int code);
-/* World size: from MPI if initialized, else from the launcher's environment
- * (OMPI_COMM_WORLD_SIZE / PMI_SIZE), else 1. Does not initialize MPI. */
-MU_API int mu_comm_world_size(void);
-
 
 /* --------------------------------------------------------------- engine */
 
@@ -780,28 +133,30 @@ MU_API int mu_engine_open(mu_engine **out, const char *config_path);
  * modules. The same return codes. */
 MU_API int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_opts *opts);
 /* Register a parameter: data (and grad, NULL = no gradient, the parameter
- * is skipped) point at C-contiguous buffers of shape[0..ndim-1] elements of
- * dtype (MU_F32 or MU_F64) that stay valid until mu_engine_close. The
+ * is skipped) point at C-contiguous buffers of shape[0..ndim-1] elements
+ * (ndim 0..MU_MAX_DIMS) of dtype (MU_F32 or MU_F64) that stay valid until
+ * mu_engine_close. The
  * engine updates data in place at each step and only reads grad (except
  * mu_engine_reduce_grads, which writes it). */
 MU_API int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
                                const int64_t *shape, void *data, void *grad);
-/* One optimizer step over every registered parameter. Atomic: every value
- * is checked before anything changes, and on failure the parameters, the
- * optimizer state and the step counter are as they were (on every rank of a
- * mesh). MU_ENONFINITE for a NaN/Inf gradient, MU_EINVAL for a bad value
- * (a schedule's weight_decay = NaN names the group, key and value),
- * MU_ELUA when a config function (hook, schedule) raised. A post_update_fn
- * failure is reported after the step committed: the step counts.
- * Parameters without a grad are skipped; when no parameter has one there is
+/* One optimizer step over every registered parameter. Atomic: on any
+ * failure, a hook's included (post_update_fn too), nothing changes: the
+ * parameters, the optimizer state, the hooks' state and the step counter
+ * are as they were, on every rank of a mesh. MU_ENONFINITE for a NaN/Inf
+ * gradient, MU_EINVAL for a bad value (a schedule's weight_decay = NaN
+ * names the group, key and value), MU_ELUA when a config function (hook,
+ * schedule) raised. Parameters without a grad are skipped; when no parameter has one there is
  * nothing to step: MU_OK, and nothing changes (the "step" count, hence the
  * schedule, stays; get "stepped" gives 0). */
 MU_API int mu_engine_step(mu_engine *eng);
+/* The ops of mu_engine_reduce_grads: the sum or the mean over the
+ * replicas. */
+enum { MU_REDUCE_SUM = 0, MU_REDUCE_MEAN = 1 };
 /* Gradient reduction for HSDP trainers, after the backward pass and before
  * mu_engine_step: every registered gradient becomes the mean (op
- * MU_REDUCE_MEAN) or the sum (MU_REDUCE_SUM; the mu_reduce_op values, other
- * ops are refused) of that gradient over the ranks
- * holding the same box of its parameter (the replicate axes of its
+ * MU_REDUCE_MEAN) or the sum (MU_REDUCE_SUM; other values are refused) of
+ * that gradient over the ranks holding the same box of its parameter (the replicate axes of its
  * placement), in place, in a fixed order: replica gradients g_0, g_1, ...
  * (rank order) are added left to right and, for the mean, divided by their
  * count, so every replica gets the same bits. Collective: every rank of the
@@ -886,62 +241,6 @@ MU_API int mu_engine_error_copy(const mu_engine *eng, char *buf, size_t n);
  * call on the same engine runs (another thread, or its own hook). */
 MU_API void mu_engine_close(mu_engine *eng);
 
-/* Run a Lua script file (or, with mu_script_run_module, a module function:
- * "muon.check" calls require("muon.check").main(args), "mod:fn" calls
- * require("mod").fn(args)) in a fresh LuaJIT state set
- * up like an engine's; argv[0..argc-1] become the global arg[1..argc] (arg[0]
- * is the script) or main's args table. *status gets the script's exit status:
- * what it returns, read as LuaJIT's os.exit reads its argument (nothing, nil
- * or true: 0; false: 1; an integer 0..255, or a string holding one: itself),
- * or 1 on an error (the message and traceback in mu_last_error()): a Lua
- * error (MU_ELUA, or the code of muon's error object: MU_EIO for a missing
- * script), memory or Lua stack exhausted (MU_ENOMEM), a return value that
- * os.exit would refuse or truncate, such as 256, -1, 3.5, NaN or a table
- * (MU_EINVAL, naming it), an empty path (MU_EINVAL). With flags
- * MU_SCRIPT_MPI: on error print the message to stderr and abort the MPI job
- * if it runs more than one rank (mu_comm_abort), and finalize MPI at the end
- * (mu_comm_finalize). With MU_SCRIPT_TRUSTED, engines the script opens load
- * their configs with full Lua unless it passes { trusted = false }. */
-enum { MU_SCRIPT_MPI = 1, MU_SCRIPT_TRUSTED = 2 };
-/* Run the script file at path (see above); what `muon run` does. */
-MU_API int mu_script_run(const char *path, int argc, char **argv, int flags, int *status);
-/* Call module.main(args), or module:fn as "mod:fn" (see above); what `muon
- * check`, `muon info` and `muon help` do. */
-MU_API int mu_script_run_module(const char *module, int argc, char **argv, int flags, int *status);
-
-/*
- * OpenBLAS picks its kernels once, when it is loaded, from the variable
- * OPENBLAS_CORETYPE (or its own CPU detection, which picks a generic core on
- * some recent CPUs). The choice is made in one place (src/blas_core.c):
- *
- * mu_blas_cpu_core: the fastest core this CPU supports by muon's table
- * ("SkylakeX" for AVX-512 F+BW+VL, "Haswell" for AVX2; "" for none), as
- * this process sees the CPU. Pure; safe from any thread.
- *
- * mu_blas_fix_core (hosts that link OpenBLAS, first thing in main; argv
- * NULL: MU_EINVAL): when OPENBLAS_CORETYPE is unset or empty and the running
- * core is not mu_blas_cpu_core(), re-execute /proc/self/exe with argv and
- * the variable set in a copy of the environment (the process's own is not
- * changed); once, guarded by MUON_BLAS_REEXEC. MU_OK when nothing needed
- * doing or the exec failed (the program goes on with the running core).
- *
- * mu_blas_preset_core (hosts that load libmuon at run time, before they
- * load it: the Lua loader, Python): when OPENBLAS_CORETYPE is unset or
- * empty, set it to mu_blas_cpu_core(), the library's only setenv. It
- * refuses (MU_ESTATE, nothing changed) when that is too late or unsafe:
- * OpenBLAS is already loaded, or the process runs more than one thread.
- * MU_OK otherwise (a value you set always stays). build/libmuon-cpu.so
- * (installed as <prefix>/lib/libmuon-cpu.so) exports these two alone and
- * needs nothing but libc, so it can be loaded and asked before libmuon.
- */
-MU_API const char *mu_blas_cpu_core(void);
-/* Re-execute once with OPENBLAS_CORETYPE set when the running core is not
- * mu_blas_cpu_core() (see above); first thing in main. */
-MU_API int mu_blas_fix_core(char **argv);
-/* Set OPENBLAS_CORETYPE before OpenBLAS is loaded (see above); MU_ESTATE
- * when too late. */
-MU_API int mu_blas_preset_core(void);
-
 /* ------------------------------------------------- distributed engines */
 
 /* For a config with dist = { mesh = {...} } (see lua/muon/dist.lua). */
@@ -966,6 +265,88 @@ MU_API int mu_engine_add_param_sharded(mu_engine *eng, const char *name, int dty
                                        const int64_t *global_shape, int naxes,
                                        const mu_placement *placements, void *local_data,
                                        void *local_grad);
+
+/* -------------------------------------------------------------- scripts */
+
+/* Run a Lua script file (or, with mu_script_run_module, a module function:
+ * "muon.check" calls require("muon.check").main(args), "mod:fn" calls
+ * require("mod").fn(args)) in a fresh LuaJIT state set
+ * up like an engine's; argv[0..argc-1] become the global arg[1..argc] (arg[0]
+ * is the script) or main's args table. *status gets the script's exit status:
+ * what it returns, read as LuaJIT's os.exit reads its argument (nothing, nil
+ * or true: 0; false: 1; an integer 0..255, or a string holding one: itself),
+ * or 1 on an error (the message and traceback in mu_last_error()): a Lua
+ * error (MU_ELUA, or the code of muon's error object: MU_EIO for a missing
+ * script), memory or Lua stack exhausted (MU_ENOMEM), a return value that
+ * os.exit would refuse or truncate, such as 256, -1, 3.5, NaN or a table
+ * (MU_EINVAL, naming it), an empty path (MU_EINVAL). With flags
+ * MU_SCRIPT_MPI: on error print the message to stderr and abort the MPI job
+ * if it runs more than one rank (MPI_Abort), and finalize MPI at the end
+ * (MPI_Finalize, when the library initialized MPI). With MU_SCRIPT_TRUSTED, engines the script opens load
+ * their configs with full Lua unless it passes { trusted = false }. */
+enum { MU_SCRIPT_MPI = 1, MU_SCRIPT_TRUSTED = 2 };
+/* Run the script file at path (see above); what `muon run` does. */
+MU_API int mu_script_run(const char *path, int argc, char **argv, int flags, int *status);
+/* Call module.main(args), or module:fn as "mod:fn" (see above); what `muon
+ * check`, `muon info` and `muon help` do. */
+MU_API int mu_script_run_module(const char *module, int argc, char **argv, int flags, int *status);
+
+/* ----------------------------------------------------------------- BLAS */
+
+/*
+ * OpenBLAS picks its kernels once, when it is loaded, from the variable
+ * OPENBLAS_CORETYPE (or its own CPU detection, which picks a generic core on
+ * some recent CPUs). The choice is made in one place (src/blas_core.c):
+ *
+ * mu_blas_cpu_core: the fastest core this CPU supports by muon's table
+ * ("SkylakeX" for AVX-512 F+BW+VL, "Haswell" for AVX2; "" for none), as
+ * this process sees the CPU. Pure; safe from any thread.
+ *
+ * mu_blas_fix_core (hosts that link OpenBLAS, first thing in main; argv
+ * NULL: MU_EINVAL): when OPENBLAS_CORETYPE is unset or empty and the running
+ * core is not mu_blas_cpu_core(), re-execute /proc/self/exe with argv and
+ * the variable set in a copy of the environment (the process's own is not
+ * changed); once, guarded by MUON_BLAS_REEXEC. MU_OK when nothing needed
+ * doing or the exec failed (the program goes on with the running core).
+ *
+ * mu_blas_preset_core (hosts that load libmuon at run time, before they
+ * load it: the Lua loader, Python): when OPENBLAS_CORETYPE is unset or
+ * empty, set it to mu_blas_cpu_core(), the library's only setenv. It
+ * refuses (MU_ESTATE, nothing changed) when that is too late or unsafe:
+ * OpenBLAS is already loaded, or the process runs more than one thread.
+ * MU_OK otherwise (a value you set always stays). build/libmuon-cpu.so
+ * (installed as <prefix>/lib/libmuon-cpu.so) holds these two and the error
+ * calls (mu_strerror, mu_errname, mu_last_error) and needs nothing but
+ * libc, so it can be loaded and asked before libmuon.
+ */
+MU_API const char *mu_blas_cpu_core(void);
+/* Re-execute once with OPENBLAS_CORETYPE set when the running core is not
+ * mu_blas_cpu_core() (see above); first thing in main. */
+MU_API int mu_blas_fix_core(char **argv);
+/* Set OPENBLAS_CORETYPE before OpenBLAS is loaded (see above); MU_ESTATE
+ * when too late. */
+MU_API int mu_blas_preset_core(void);
+
+/* What mu_blas_get_info reports. */
+typedef struct mu_blas_info {
+    char core[64];    /* OpenBLAS core name, e.g. "SkylakeX" */
+    char config[160]; /* openblas_get_config(): version and build options */
+    int threads;      /* OpenBLAS's thread count */
+    char bf16[96];    /* the path of Newton-Schulz's bfloat16 products (ns_dtype):
+                       * "oneDNN 2.6.3 cpu_isa_avx512_core_bf16 (AVX512_BF16
+                       * instructions)", "... (emulated on AVX-512, ...)", "... (no
+                       * bf16 kernels here: widened to float32, OpenBLAS sgemm)" or
+                       * "none (libdnnl.so.2 not loadable)" */
+} mu_blas_info;
+
+/* The OpenBLAS this process runs: core, configuration and threads, and the
+ * path of the bfloat16 products (it opens and closes oneDNN to ask it),
+ * into *out (MU_EINVAL for NULL). */
+MU_API int mu_blas_get_info(mu_blas_info *out);
+/* Set OpenBLAS's thread count (threads >= 1, else MU_EINVAL); Newton-Schulz
+ * calls that start afterwards use that many workers (unless MU_NS_THREADS
+ * is set). */
+MU_API int mu_blas_set_threads(int threads);
 
 #ifndef MU_FFI_CDEF
 #ifdef __cplusplus

@@ -2,7 +2,7 @@
 #ifndef MUON_INTERNAL_H
 #define MUON_INTERNAL_H
 
-#include "muon.h"
+#include "muon_ffi.h"
 
 #include <stdatomic.h>
 #include <string.h>

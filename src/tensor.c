@@ -10,7 +10,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The dtypes, from the one table in muon.h (MU_DTYPES). */
+/* The dtypes, from the one table (MU_DTYPES in muon_ffi.h), whose values
+ * the enums of muon.h (MU_F32, MU_F64) and muon_ffi.h (MU_BF16,
+ * MU_DTYPE_COUNT) must hold. */
+#define MU__DTYPE_CHECK(name, value, bytes, lname, fname) \
+    _Static_assert(MU_##name == (value), "MU_" #name " differs from its MU_DTYPES row");
+MU_DTYPES(MU__DTYPE_CHECK)
+#undef MU__DTYPE_CHECK
+#define MU__DTYPE_ONE(name, value, bytes, lname, fname) +1
+_Static_assert(0 MU_DTYPES(MU__DTYPE_ONE) == MU_DTYPE_COUNT, "MU_DTYPE_COUNT is not the number of MU_DTYPES rows");
+#undef MU__DTYPE_ONE
+
 static const struct dtype_row {
     size_t bytes;
     const char *name, *file_name;

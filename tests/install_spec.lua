@@ -30,6 +30,8 @@ describe("make install DESTDIR=... / make uninstall DESTDIR=...", function()
     assert.are.equal("libmuon.so." .. VERSION .. "\n", R.capture("readlink " .. q(d .. "/lib/libmuon.so." .. MAJOR)))
     local dyn = R.capture("readelf -d " .. q(d .. "/lib/libmuon.so." .. VERSION))
     assert.truthy(dyn:find("(SONAME)", 1, true) and dyn:find("[libmuon.so." .. MAJOR .. "]", 1, true), dyn)
+    -- the public header alone: the private one (src/muon_ffi.h) is not installed
+    assert.are.equal("muon.h\n", R.capture("ls " .. q(d .. "/include")))
     -- muon.pc names the final prefix, not the staging directory
     assert.truthy(R.read(d .. "/lib/pkgconfig/muon.pc"):find("^prefix=/usr/local\n"))
 
@@ -71,6 +73,13 @@ describe("make install DESTDIR=... / make uninstall DESTDIR=...", function()
     out, status = run(env .. " " .. q(d .. "/bin/muon") .. " help Engine:step", run_dir)
     assert.are.equal(0, status, out)
     assert.truthy(out:find("Engine:step(closure)", 1, true), out)
+    -- a private call is not documented as installed
+    out, status = run(env .. " " .. q(d .. "/bin/muon") .. " help mu_tensor_new", run_dir)
+    assert.are.equal(1, status, out)
+    out, status = run(env .. " " .. q(d .. "/bin/muon") .. " help API", run_dir)
+    assert.are.equal(0, status, out)
+    assert.truthy(out:find("== C: muon.h ", 1, true), out)
+    assert.falsy(out:find("== C: muon_ffi.h", 1, true), out)
     -- errors from the staged modules blame the script's line, never a staged muon file
     R.write(run_dir .. "/blame.lua", "local T = require('muon').tensor\nlocal r = T.zeros({ 2 }):add({})\nreturn r\n")
     out, status = run(env .. " " .. q(d .. "/bin/muon") .. " run blame.lua", run_dir)

@@ -1,8 +1,9 @@
 -- The API reference lives next to the code: every public Lua name has an
 -- entry in its module's reference block (lua/muon/reference.lua defines the
 -- format), every entry names something that exists, and every MU_API
--- declaration of src/muon.h has a comment right above it. `muon help` and
--- `make reference` print that same text.
+-- declaration of the C headers (src/muon.h, the public API; src/muon_ffi.h,
+-- the private FFI surface) has a comment right above it, each name in one
+-- of them only. `muon help` and `make reference` print that same text.
 local R = require("muon.reference")
 
 local function read(path)
@@ -123,19 +124,48 @@ describe("the checker reports what is missing (a fake module)", function()
   end)
 end)
 
-describe("src/muon.h", function()
+describe("src/muon.h and src/muon_ffi.h", function()
+  local HEADERS = { "src/muon.h", "src/muon_ffi.h" }
   local text = read("src/muon.h")
 
   it("every MU_API declaration has a comment right above it", function()
-    local entries = R.header_entries(text)
-    assert.is_true(#entries >= 100, "found only " .. #entries .. " MU_API declarations")
-    local problems = R.check_header(text, "src/muon.h")
-    assert(#problems == 0, "\n" .. table.concat(problems, "\n"))
+    for _, path in ipairs(HEADERS) do
+      local problems = R.check_header(read(path), path)
+      assert(#problems == 0, "\n" .. table.concat(problems, "\n"))
+    end
+  end)
+
+  it("the installed header is the small public API (at most 40 functions), the rest private", function()
+    local public, private = #R.header_entries(text), #R.header_entries(read("src/muon_ffi.h"))
+    assert.is_true(public >= 30 and public <= 40, "muon.h declares " .. public .. " functions")
+    assert.is_true(private >= 90, "muon_ffi.h declares only " .. private .. " functions")
+    -- the embedding API is public; the kernels are not
+    local names = {}
+    for _, e in ipairs(R.header_entries(text)) do names[e.name] = true end
+    for _, n in ipairs({ "mu_engine_open", "mu_engine_step", "mu_engine_save", "mu_script_run", "mu_blas_fix_core",
+                         "mu_strerror", "mu_version" }) do
+      assert.is_true(names[n], n)
+    end
+    for _, n in ipairs({ "mu_tensor_new", "mu_cdef", "mu_file_check", "mu_ns_zeropower", "mu_comm_world" }) do
+      assert.is_nil(names[n], n)
+    end
+  end)
+
+  it("every MU_API name is declared once, in one header", function()
+    local seen = {}
+    for _, path in ipairs(HEADERS) do
+      for _, e in ipairs(R.header_entries(read(path))) do
+        assert(not seen[e.name], e.name .. " is declared in " .. tostring(seen[e.name]) .. " and " .. path)
+        seen[e.name] = path
+      end
+    end
   end)
 
   it("every struct field and enum is documented", function()
-    local problems = R.check_header_types(text, "src/muon.h")
-    assert(#problems == 0, "\n" .. table.concat(problems, "\n"))
+    for _, path in ipairs(HEADERS) do
+      local problems = R.check_header_types(read(path), path)
+      assert(#problems == 0, "\n" .. table.concat(problems, "\n"))
+    end
   end)
 
   it("the type checker reports an undocumented field and enum", function()
@@ -181,12 +211,17 @@ describe("src/muon.h", function()
 end)
 
 describe("muon help and the Markdown reference", function()
-  it("muon help API prints every module and muon.h", function()
+  it("muon help API prints every module and both headers, the private one said so", function()
     local out, status = run(BIN .. " help API")
     assert.are.equal(0, status, out)
     assert.truthy(out:find("== muon.tensor", 1, true))
     assert.truthy(out:find("Engine:step(closure)", 1, true))
     assert.truthy(out:find("MU_API int mu_engine_step(mu_engine *eng);", 1, true))
+    local pub, priv = out:find("\n== C: muon.h ", 1, true), out:find("\n== C: muon_ffi.h ", 1, true)
+    assert.truthy(pub and priv and pub < priv, out:sub(-2000))
+    assert.truthy(out:find("src/muon_ffi.h): private: ", 1, true))
+    local tensor_new = out:find("MU_API int mu_tensor_new(", 1, true)
+    assert.truthy(tensor_new and tensor_new > priv)
   end)
 
   it("muon help NAME prints one entry; an unknown name exits 1", function()
@@ -200,18 +235,29 @@ describe("muon help and the Markdown reference", function()
     out, status = run(BIN .. " help mu_engine_close")
     assert.are.equal(0, status, out)
     assert.truthy(out:find("MU_API void mu_engine_close", 1, true), out)
+    assert.falsy(out:find("private", 1, true), out)
+    out, status = run(BIN .. " help mu_tensor_new")
+    assert.are.equal(0, status, out)
+    assert.truthy(out:find("^%(muon_ffi%.h, private: [^\n]*not installed"), out)
+    assert.truthy(out:find("MU_API int mu_tensor_new(", 1, true), out)
     out, status = run(BIN .. " help no_such_name_at_all")
     assert.are.equal(1, status, out)
     assert.truthy(out:find("no reference entry for 'no_such_name_at_all'", 1, true), out)
   end)
 
-  it("the Markdown has a section per module and every MU_API function", function()
+  it("the Markdown has a section per module and every MU_API function of both headers", function()
     local md = R.markdown()
     for _, spec in ipairs(R.MODULES) do
       assert.truthy(md:find("## `" .. spec.name .. "`", 1, true), spec.name)
     end
-    for _, e in ipairs(R.header_entries(read("src/muon.h"))) do
-      assert.truthy(md:find(e.decl, 1, true), e.name)
+    local private = md:find("## C: `muon_ffi.h`\n\nPrivate: ", 1, true)
+    assert.truthy(private)
+    for _, path in ipairs({ "src/muon.h", "src/muon_ffi.h" }) do
+      for _, e in ipairs(R.header_entries(read(path))) do
+        local at = md:find(e.decl, 1, true)
+        assert.truthy(at, e.name)
+        assert.are.equal(path == "src/muon_ffi.h", at > private, e.name)
+      end
     end
   end)
 end)

@@ -1,5 +1,6 @@
--- Loads libmuon and its FFI declarations (generated from src/muon.h and
--- embedded in the library as mu_cdef(), so Lua never keeps a copy).
+-- Loads libmuon and its FFI declarations (generated from the C headers,
+-- src/muon.h and src/muon_ffi.h, and embedded in the library as mu_cdef(),
+-- so Lua never keeps a copy).
 local ffi = require("ffi")
 
 local core = {}

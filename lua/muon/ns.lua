@@ -32,7 +32,7 @@ muon.ns.zeropower(x, opts)
     opts.dtype = "float32": "bfloat16" runs the seed's bfloat16 iteration
     (bfloat16 products on oneDNN accumulating in float32, every iterate
     rounded to bfloat16 where the seed's torch code holds one; rounding
-    points: mu_ns_opts in src/muon.h); the standard iteration only
+    points: the README's "Precision"); the standard iteration only
     (method "auto" resolves to it; "gram" and variant "aol" are errors).
     opts.workspace = nil: a workspace from ns.workspace to reuse.
     An unknown option is an error listing the valid ones. Asked for more
@@ -231,7 +231,7 @@ local PATHS = { symmetric = C.MU_NS_SYMMETRIC, plain = C.MU_NS_PLAIN }
 ns.METHODS = { "standard", "gram", "auto" }
 local METHODS = { standard = C.MU_NS_STANDARD, gram = C.MU_NS_GRAM, auto = C.MU_NS_AUTO }
 -- the iteration's precision: "float32" (the tensors' own) or "bfloat16"
--- (the seed's bf16 iteration on float32 tensors; see mu_ns_opts in src/muon.h)
+-- (the seed's bf16 iteration on float32 tensors; see mu_ns_opts in src/muon_ffi.h)
 ns.DTYPES = { "float32", "bfloat16" }
 local DTYPES = { float32 = C.MU_F32, bfloat16 = C.MU_BF16 }
 

@@ -1,7 +1,8 @@
 -- muon.reference: the API reference, kept next to the code it documents.
 -- Each public Lua module opens with a reference block (the format is in the
--- block below); src/muon.h documents each MU_API function in the comment
--- right above it. This module finds and parses both: `muon help API`,
+-- block below); the C headers (src/muon.h, the public API, and
+-- src/muon_ffi.h, the private FFI surface) document each MU_API function
+-- in the comment right above it. This module finds and parses both: `muon help API`,
 -- `muon help NAME`, `make reference` (build/REFERENCE.md) and
 -- tests/reference_spec.lua (every public name documented, every entry
 -- naming something that exists) all read the same text.
@@ -69,15 +70,22 @@ muon.reference.check_header_types(text, where)
 muon.reference.header_items(text)
     The header in order for the Markdown: sections, standalone comments,
     types with their comments, MU_API entries.
-muon.reference.header_path()
-    The path of muon.h (the source tree's src/, or <prefix>/include/), or
-    nil.
+muon.reference.HEADERS
+    The C headers, in order: { name = "muon.h", title = } (the public API,
+    installed) and { name = "muon_ffi.h", title =, private = true } (the
+    FFI surface of the Lua layer and the tests: the source tree only).
+muon.reference.header_path(name)
+    The path of a header of HEADERS (default "muon.h"): the source tree's
+    src/, or <prefix>/include/; nil when there is none (muon_ffi.h is
+    never installed).
 muon.reference.markdown()
     The whole reference as Markdown (what `make reference` writes to
-    build/REFERENCE.md): every module's entries, then muon.h's functions.
+    build/REFERENCE.md): every module's entries, then each header's
+    functions (muon.h, then muon_ffi.h where it exists).
 muon.reference.lookup(name)
     The entries matching a name ("muon.tensor.zeros", "Tensor:add", "add",
-    "mu_engine_step") as text, or nil.
+    "mu_engine_step") as text, or nil. A private C function's entry says
+    so (not installed).
 muon.reference.main(args)
     `muon help API` (the reference as text), `muon help NAME` (one entry),
     `muon help API --markdown FILE`; returns the exit status.
@@ -448,13 +456,31 @@ function R.check_header_types(text, where)
   return problems
 end
 
-function R.header_path()
+R.HEADERS = {
+  { name = "muon.h", title = "the public API (installed)" },
+  { name = "muon_ffi.h", private = true,
+    title = "private: the calls the Lua layer and the tests reach through the FFI (not installed, no stable ABI)" },
+}
+
+function R.header_path(name)
+  name = name or "muon.h"
   local self = find_file("muon.reference")
   local lua_dir = self and self:match("^(.*)/muon/reference%.lua$") or "lua"
-  for _, p in ipairs({ lua_dir .. "/../src/muon.h", lua_dir .. "/../../../include/muon.h" }) do
+  for _, p in ipairs({ lua_dir .. "/../src/" .. name, lua_dir .. "/../../../include/" .. name }) do
     if read(p) then return p end
   end
   return nil
+end
+
+-- The headers found: a list of { spec = HEADERS' entry, path =, text = }.
+local function headers()
+  local list = {}
+  for _, h in ipairs(R.HEADERS) do
+    local path = R.header_path(h.name)
+    local text = path and read(path)
+    if text then list[#list + 1] = { spec = h, path = path, text = text } end
+  end
+  return list
 end
 
 ---------------------------------------------------------------- output
@@ -496,7 +522,7 @@ end
 -- enum or macro with the comment above it, { kind = "api", entry } for an
 -- MU_API declaration (header_entries' entry). The include guard and the
 -- MU_API / extern "C" scaffolding are left out.
-local SCAFFOLD = { "^#ifn?def ", "^#if ", "^#else", "^#endif", "^#include ", "^#define MUON_H",
+local SCAFFOLD = { "^#ifn?def ", "^#if ", "^#else", "^#endif", "^#include ", "^#define MUON_H", "^#define MUON_FFI_H",
   "^#define MU_API", "^extern \"C\"", "^}%s*$", "^#undef " }
 local function scaffold(l)
   for _, p in ipairs(SCAFFOLD) do
@@ -582,7 +608,7 @@ end
 function R.markdown()
   local out = { "# muon API reference", "",
     "Generated from the reference blocks at the top of the Lua modules (lua/muon/) and the comments in "
-      .. "src/muon.h (`make reference`; `muon help NAME` prints one entry). Lua dims and indices are "
+      .. "the C headers (`make reference`; `muon help NAME` prints one entry). Lua dims and indices are "
       .. "1-based, C ones 0-based.", "" }
   for _, spec in ipairs(R.MODULES) do
     local entries, _, intro = R.load(spec)
@@ -604,10 +630,10 @@ function R.markdown()
       out[#out + 1] = ""
     end
   end
-  local hp = R.header_path()
-  local htext = hp and read(hp)
-  if htext then
-    out[#out + 1] = "## C: `muon.h`"
+  for _, h in ipairs(headers()) do
+    out[#out + 1] = "## C: `" .. h.spec.name .. "`"
+    out[#out + 1] = ""
+    out[#out + 1] = (h.spec.title:gsub("^%l", string.upper)) .. "."
     out[#out + 1] = ""
     local function prose(c)
       for _, l in ipairs(split_lines(uncomment(c))) do out[#out + 1] = md_escape(l) end
@@ -618,7 +644,7 @@ function R.markdown()
       out[#out + 1] = t
       out[#out + 1] = "```"
     end
-    for _, it in ipairs(R.header_items(htext)) do
+    for _, it in ipairs(R.header_items(h.text)) do
       if it.kind == "section" then
         out[#out + 1] = "### " .. it.text
         out[#out + 1] = ""
@@ -646,11 +672,9 @@ local function text_reference()
     for _, e in ipairs(entries) do out[#out + 1] = entry_text(e) end
     out[#out + 1] = ""
   end
-  local hp = R.header_path()
-  local htext = hp and read(hp)
-  if htext then
-    out[#out + 1] = "== C: muon.h (" .. hp .. ")"
-    for _, e in ipairs(R.header_entries(htext)) do
+  for _, h in ipairs(headers()) do
+    out[#out + 1] = "== C: " .. h.spec.name .. " (" .. h.path .. "): " .. h.spec.title
+    for _, e in ipairs(R.header_entries(h.text)) do
       if e.comment then out[#out + 1] = e.comment end
       out[#out + 1] = e.decl
       out[#out + 1] = ""
@@ -674,10 +698,13 @@ function R.lookup(name)
     end
   end
   if name:match("^mu_") then
-    local hp = R.header_path()
-    local htext = hp and read(hp)
-    for _, e in ipairs(htext and R.header_entries(htext) or {}) do
-      if e.name == name then found[#found + 1] = (e.comment and (e.comment .. "\n") or "") .. e.decl end
+    for _, h in ipairs(headers()) do
+      for _, e in ipairs(R.header_entries(h.text)) do
+        if e.name == name then
+          found[#found + 1] = (h.spec.private and ("(" .. h.spec.name .. ", " .. h.spec.title .. ")\n") or "")
+            .. (e.comment and (e.comment .. "\n") or "") .. e.decl
+        end
+      end
     end
   end
   if #found == 0 then return nil end
@@ -685,7 +712,7 @@ function R.lookup(name)
 end
 
 local HELP_USAGE = "usage: muon help [API | NAME | API --markdown FILE]\n"
-  .. "  API                 the whole reference (Lua modules, then muon.h)\n"
+  .. "  API                 the whole reference (Lua modules, then the C headers)\n"
   .. "  NAME                one entry: muon.tensor.zeros, Tensor:add, add, mu_engine_step, ...\n"
   .. "  API --markdown FILE the reference as Markdown (what `make reference` writes)\n"
 

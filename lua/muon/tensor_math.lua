@@ -9,7 +9,7 @@
 -- C: MU_MAP_EXP, MU_MAP_LOG, MU_MAP_TANH, MU_MAP_SIGMOID, MU_MAP_POW
 -- (mu_tensor_map), MU_REDUCE_ARGMAX (mu_tensor_reduce, 0-based indices),
 -- mu_tensor_softmax, mu_tensor_gather (src/tensor_math.c, documented in
--- src/muon.h).
+-- src/muon_ffi.h).
 --[=[ reference muon.tensor
 ## Maths for ports from torch (lua/muon/tensor_math.lua)
 Tensor:exp()

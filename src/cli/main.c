@@ -27,7 +27,7 @@ static const char usage_text[] =
     "                                       with optimizer and options, and every problem;\n"
     "                                       SHAPES has lines 'name dim1 dim2 ...'; exit 1 on problems\n"
     "  info                                 version, BLAS core and threads, MPI availability\n"
-    "  help API | NAME                      the API reference (Lua modules and muon.h), or\n"
+    "  help API | NAME                      the API reference (Lua modules, C headers), or\n"
     "                                       the entry of one name (Tensor:add, mu_engine_step)\n"
     "\n"
     "options:\n"

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "muon.h"
+#include "muon_ffi.h"
 #include "tap.h"
 
 int main(void) {

@@ -3,7 +3,7 @@
  * numbers of one Muon and one AdamW step against values computed here in
  * double precision. TAP output; exit 1 on any failure.
  */
-#include "muon.h"
+#include "muon_ffi.h"
 #include "tap.h"
 
 #include <math.h>

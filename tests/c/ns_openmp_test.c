@@ -6,7 +6,7 @@
  * OpenMP team, threads of its own (MU_NS_OPENMP=0), or a call made inside
  * one of the host's parallel regions (a team of one). TAP output.
  */
-#include "muon.h"
+#include "muon_ffi.h"
 #include "tap.h"
 
 #include <omp.h>

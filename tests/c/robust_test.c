@@ -1,5 +1,5 @@
 /*
- * Robustness of the public C API (src/muon.h): every function given NULL
+ * Robustness of the C API (src/muon.h and the private src/muon_ffi.h): every function given NULL
  * pointers returns MU_EINVAL (or its documented neutral value) instead of
  * crashing; engine handles that are closed or foreign return MU_ESTATE;
  * a config cannot choose the status code of an mu_engine_* call; files
@@ -7,7 +7,7 @@
  * never tear it. Each NULL call runs in a forked child, so a crash is one
  * failed test line, not the end of the run. TAP output; exit 1 on failure.
  */
-#include "muon.h"
+#include "muon_ffi.h"
 #include "tap.h"
 
 #include <errno.h>

@@ -1,6 +1,6 @@
 /* libFuzzer harness: the .npy reader (mu_npy_load_mem) on arbitrary bytes.
  * A successful load must describe exactly the bytes it was given. */
-#include "muon.h"
+#include "muon_ffi.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -24,7 +24,7 @@ DEPC=$(pkg-config --cflags luajit openblas)
 DEPL="$(pkg-config --libs luajit openblas) -lm -lpthread -ldl"
 
 # cdef.inc exactly as the Makefile makes it
-"$CLANG" -E -P -DMU_FFI_CDEF src/muon.h | grep -v '^[[:space:]]*$' \
+"$CLANG" -E -P -DMU_FFI_CDEF src/muon_ffi.h | grep -v '^[[:space:]]*$' \
   | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$/\\n"/' > "$OUT/gen/cdef.inc.tmp" \
   && mv "$OUT/gen/cdef.inc.tmp" "$OUT/gen/cdef.inc" || exit 1
 
