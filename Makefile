@@ -2,11 +2,13 @@
 #   make            build build/libmuon.so (SONAME libmuon.so.0), build/libmuon.a
 #   make deps       install missing Debian packages (as root) or print the command
 #   make test       deps + build + every test; last line "N passed, N failed"
+#   make abi-baseline   rewrite src/abi/libmuon.abi (only with a SONAME bump, see below)
 #   make demo       deps + build + the main job
 #   make bench      benchmarks (tests/bench)
 #   make install / make uninstall   [PREFIX=/usr/local] [DESTDIR=]
 
-PKGS     := pkg-config libluajit-5.1-dev luajit libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin lua-busted lua-cjson wamerican valgrind
+PKGS     := pkg-config libluajit-5.1-dev luajit libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin lua-busted lua-cjson wamerican valgrind \
+            abigail-tools
 PKGCONF  := luajit openblas
 # Open MPI when present (Debian: libopenmpi-dev); else the single-process
 # communicator backend is built.
@@ -50,6 +52,9 @@ LIB_A    := $(BUILD)/libmuon.a
 PROBE    := $(BUILD)/libmuon-cpu.so
 PROBE_OBJS := $(BUILD)/obj/blas_core.o $(BUILD)/obj/error.o
 CDEF     := $(BUILD)/gen/cdef.inc
+# The symbol versions (src/libmuon.map): muon.h's functions under MUON_0,
+# muon_ffi.h's under MUON_PRIVATE, nothing else exported.
+MAP      := src/libmuon.map
 # The installed header alone (a copy of src/muon.h), for the hosts.
 PUBINC   := $(BUILD)/include
 
@@ -63,7 +68,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)
 # running inside them finds the API through ffi.C.
 HOSTLINK  = -Wl,--whole-archive $(LIB_A) -Wl,--no-whole-archive -Wl,--export-dynamic $(LDSAN) $(DEPLIBS)
 
-.PHONY: all deps test demo bench clean install uninstall fuzz reference
+.PHONY: all deps test demo bench clean install uninstall fuzz reference abi-baseline
 all: $(LIB_SO) $(LIB_A) $(PROBE) $(if $(CLI_SRCS),$(CLI)) $(CTESTS) $(EXAMPLES)
 
 deps:
@@ -100,11 +105,11 @@ $(BUILD)/obj/cdef.o: $(CDEF)
 VECTFLAG := $(shell $(CC) -fvect-cost-model=dynamic -E -x c /dev/null >/dev/null 2>&1 && echo -fvect-cost-model=dynamic)
 $(BUILD)/obj/tensor_math.o: CFLAGS += $(VECTFLAG)
 
-$(LIB_REAL): $(OBJS)
-	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $(OBJS) $(LDSAN) $(DEPLIBS)
+$(LIB_REAL): $(OBJS) $(MAP)
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=$(MAP) -o $@ $(OBJS) $(LDSAN) $(DEPLIBS)
 
-$(PROBE): $(PROBE_OBJS)
-	$(CC) -shared -Wl,-soname,libmuon-cpu.so -o $@ $(PROBE_OBJS) $(LDSAN)
+$(PROBE): $(PROBE_OBJS) $(MAP)
+	$(CC) -shared -Wl,-soname,libmuon-cpu.so -Wl,--version-script=$(MAP) -o $@ $(PROBE_OBJS) $(LDSAN)
 
 # What a host sees once muon is installed: the public header alone. The
 # CLI and the examples build against this copy, so that they cannot use
@@ -155,6 +160,22 @@ test: deps
 # text `muon help API` prints; lua/muon/reference.lua reads both).
 reference: all
 	$(BUILD)/muon help API --markdown $(BUILD)/REFERENCE.md
+
+# The ABI of the public API (src/muon.h's functions and the types they
+# reach; libabigail, Debian abigail-tools), from the normal build: make test
+# compares build/libmuon.so with src/abi/libmuon.abi (tests/abi_spec.lua
+# through tests/abi/abi.sh) and fails on an incompatible change. The SONAME
+# rule: an incompatible change to muon.h (a function removed or its
+# signature changed, a public struct's layout changed) bumps the major
+# version in src/cdef.c (SONAME libmuon.so.N+1, symbol node MUON_N+1 in
+# src/libmuon.map) and only then is the baseline rewritten with this target;
+# a compatible addition (a new function) bumps the minor version and
+# leaves the baseline as it is.
+abi-baseline:
+	@if [ "$(BUILD)" != build ]; then echo "make abi-baseline: from the normal build only (no SAN=1, TSAN=1)"; exit 1; fi
+	@$(MAKE) --no-print-directory all
+	@mkdir -p src/abi
+	bash tests/abi/abi.sh dump $(LIB_SO) src/muon.h > src/abi/libmuon.abi.tmp && mv src/abi/libmuon.abi.tmp src/abi/libmuon.abi
 
 # make fuzz [FUZZ_SECONDS=60] [FUZZ_TARGETS="npy safetensors config"]:
 # libFuzzer harnesses (tests/fuzz/) built with clang into build/fuzz/.
