@@ -8,7 +8,7 @@
 #   make install / make uninstall   [PREFIX=/usr/local] [DESTDIR=]
 
 PKGS     := pkg-config libluajit-5.1-dev luajit libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin lua-busted lua-cjson wamerican valgrind \
-            abigail-tools
+            abigail-tools python3-cffi
 PKGCONF  := luajit openblas
 # Open MPI when present (Debian: libopenmpi-dev); else the single-process
 # communicator backend is built.

@@ -2,9 +2,11 @@
 -- ctypes does by default (tests/fixtures/ctypes_host.py): the Lua C
 -- modules the engine loads (cjson) must still find the Lua runtime, the
 -- engine opens, takes a parameter and steps it to the hand-computed values,
--- errors read back through mu_engine_error_copy; and the CPU probe
+-- errors read back through mu_engine_error_copy; the CPU probe
 -- (libmuon-cpu.so), loaded first, sets OPENBLAS_CORETYPE only while the
--- process runs one thread. Skipped when there is no python3.
+-- process runs one thread; and mu_blas_info, laid out from src/muon.h
+-- itself (cffi), is filled without a byte written past it. Skipped when
+-- there is no python3.
 local R = require("readme")
 local q = R.sh_quote
 
@@ -37,7 +39,8 @@ describe("libmuon in a Python host (ctypes, default dlopen flags)", function()
         .. " ASAN_OPTIONS=detect_leaks=0 "
     end
     local out = R.capture("cd " .. q(dir) .. " && env " .. R.clean_env .. " -u OPENBLAS_CORETYPE " .. pre .. q(py) .. " "
-      .. q(R.root .. "/tests/fixtures/ctypes_host.py") .. " " .. q(R.build) .. " " .. q(cfg) .. " 2>&1")
+      .. q(R.root .. "/tests/fixtures/ctypes_host.py") .. " " .. q(R.build) .. " " .. q(cfg) .. " "
+      .. q(R.root .. "/src/muon.h") .. " 2>&1")
     os.execute("rm -rf " .. q(dir))
     local v = {}
     for k, val in out:gmatch("([%w_]+)=([^\n]*)") do v[k] = val end
@@ -52,6 +55,15 @@ describe("libmuon in a Python host (ctypes, default dlopen flags)", function()
       assert.are.equal(v.cpu_core, v.preset_env, out)
       assert.are.equal(v.cpu_core:lower(), v.blas_core:lower(), out) -- OpenBLAS read it when it loaded
     end
+
+    -- mu_blas_info as the header lays it out: filled, the guard bytes after it
+    -- untouched; after a declaration without its last field (bf16, as an
+    -- earlier fixture had it) the library's writes reach the guard
+    assert.are.equal("0", v.blas_rc, out)
+    assert.are.equal("1", v.blas_guard_intact, out)
+    assert.are.equal("0", v.blas_guard_intact_without_bf16, out)
+    assert.truthy(tonumber(v.blas_threads) >= 1, out)
+    assert.truthy(v.blas_bf16:find("^oneDNN ") or v.blas_bf16:find("^none "), out)
 
     -- the engine (cjson loaded: the Lua runtime is reachable from its C modules)
     assert.are.equal("0", v.open, out)
