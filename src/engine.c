@@ -271,7 +271,7 @@ int mu_engine_open(mu_engine **out, const char *config_path)
 }
 
 /* mu_engine_open's Lua part, protected on the engine's stack: load
- * muon.host (mu__load_host) and open the config. */
+ * muon.host (mu__host_begin) and open the config. */
 typedef struct mu__open {
     mu__eng *eng;
     const char *config_path;
@@ -282,9 +282,7 @@ typedef struct mu__open {
 static int mu__open_body(lua_State *L)
 {
     mu__open *o = lua_touserdata(L, 1);
-    lua_settop(L, 0);
-    lua_pushcfunction(L, mu__msgh);
-    int status = mu__load_host(L);
+    int status = mu__host_begin(L, mu__msgh);
     if (status != 0) {
         o->rc = mu__lua_fail(L, NULL, status, MU_ELUA,
                              "mu_engine_open: loading muon.host (set MUON_LUA_PATH to the directory that holds "

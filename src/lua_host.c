@@ -408,7 +408,7 @@ static int mu__require(lua_State *L, const char *module)
  * error objects, as muon.core makes them, in the registry under
  * mu__errmt_key. Message handler at index 1; returns the lua_pcall status
  * (a string error when the metatable is missing). */
-int mu__load_host(lua_State *L)
+static int mu__load_host(lua_State *L)
 {
     int status = mu__require(L, "muon.host");
     if (status != 0) return status;
@@ -431,6 +431,13 @@ int mu__load_host(lua_State *L)
     lua_rawset(L, LUA_REGISTRYINDEX);
     lua_settop(L, host);
     return 0;
+}
+
+int mu__host_begin(lua_State *L, lua_CFunction msgh)
+{
+    lua_settop(L, 0);
+    lua_pushcfunction(L, msgh);
+    return mu__load_host(L);
 }
 
 /* ------------------------------------------------------------ C stacks */

@@ -38,12 +38,13 @@ void mu__close_thunk(void *L);
  * mu_engine_open_ex in muon.h) and the registry's "muon.library"; its stack
  * empty. On failure a status code (and mu_last_error), *out NULL. */
 int mu__new_state(const char *explicit_dir, lua_State **out);
-/* Loads muon.host (left on the stack) and records the metatable of muon's
- * error objects, as muon.core makes them, so that only those objects choose
- * the status code of a call (see mu__msgh). Message handler at index 1;
- * returns the lua_pcall status (a string error when the metatable is
- * missing). */
-int mu__load_host(lua_State *L);
+/* How an engine's or a script's protected body starts: L's stack emptied,
+ * the message handler msgh at index 1, then muon.host loaded (left on the
+ * stack) and the metatable of muon's error objects, as muon.core makes
+ * them, recorded, so that only those objects choose the status code of a
+ * call (see mu__msgh). Returns the lua_pcall status (a string error when
+ * the metatable is missing). */
+int mu__host_begin(lua_State *L, lua_CFunction msgh);
 
 /* Message handlers for lua_pcall: turn any error value into a table
  * { msg =, code = <MU_E* or nil>, tb = <traceback or nil> }. mu__msgh

@@ -23,9 +23,7 @@ typedef struct mu__script_job {
 static int mu__script_body(lua_State *L)
 {
     mu__script_job *j = lua_touserdata(L, 1);
-    lua_settop(L, 0);
-    lua_pushcfunction(L, mu__msgh_script);
-    int st = mu__load_host(L);
+    int st = mu__host_begin(L, mu__msgh_script);
     const char *hint = st != 0 ? "set MUON_LUA_PATH to the directory that holds muon/init.lua: " : "";
     if (st == 0) {
         lua_getfield(L, -1, j->entry);
