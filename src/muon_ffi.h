@@ -220,7 +220,7 @@ MU_API int mu_tensor_map(const mu_map_args *args, mu_tensor *out);
  * MU_REDUCE_SUM (0, the sum) and MU_REDUCE_MEAN (1, sum / count), then
  * these. */
 typedef enum {
-    MU_REDUCE_AMAX = 2, /* largest element */
+    MU_REDUCE_AMAX = MU_REDUCE_MEAN + 1, /* largest element */
     MU_REDUCE_NORM,    /* sqrt(sum x^2) */
     MU_REDUCE_ARGMAX, /* the 0-based index of the first largest element (a NaN
                        * counts as largest: the first NaN), torch's rule; stored
