@@ -338,6 +338,80 @@ describe("hook budget: a misbehaving hook fails the step, nothing changed", func
     has(err, "hook_budget.instructions")
   end)
 
+  -- A trusted config has coroutine.create, wrap and resume (and the VM's
+  -- own pcall): LuaJIT's one hook must count a coroutine the hook creates
+  -- like the hook itself, and a limit, once exceeded, must stop code that
+  -- catches its error and goes on.
+  local ESCAPES = {
+    "coroutine.wrap(function() while true do end end)()",
+    "coroutine.resume(coroutine.create(function() while true do end end)) while true do end",
+    "while true do coroutine.resume(coroutine.create(function() while true do end end)) end",
+    "local co = coroutine.wrap(function() while true do coroutine.yield() end end) while true do co() end",
+    "coroutine.wrap(function() coroutine.wrap(function() while true do end end)() end)()",
+    "while true do pcall(coroutine.wrap(function() while true do end end)) end",
+    "while true do pcall(function() while true do end end) end",
+  }
+  for _, budget in ipairs({ { "instructions = 1e6", "exceeded the hook budget of 1000000 Lua instructions" },
+    { "seconds = 0.1", "exceeded the hook time limit of 0.1 CPU seconds" } }) do
+    it(("trusted: a loop in a coroutine the hook creates is bounded (%s), nothing changed"):format(budget[1]),
+      function()
+        for _, body in ipairs(ESCAPES) do
+          local path = write_config("return { hook_budget = { " .. budget[1] .. " }, groups = { { "
+            .. "optimizer = 'muon', post_update_fn = function(p, w, ctx) " .. body .. " end } } }")
+          local t0 = os.clock()
+          local eng, before, ok, err = first_step(path, { trusted = true })
+          assert.is_false(ok, body)
+          assert.equal(E.ELUA, E.code(err), body)
+          has(err, "post_update_fn: parameter 'w': " .. budget[2])
+          assert.is_true(os.clock() - t0 < 5, body)
+          assert.equal(before, D.snapshot(eng))
+        end
+      end)
+  end
+
+  it("trusted: the Lua heap a coroutine the hook creates keeps counts (hook_budget.memory)", function()
+    local path = write_config("return { hook_budget = { memory = 2^24 }, groups = { { optimizer = 'muon', "
+      .. "post_update_fn = function() local keep = {} coroutine.wrap(function() "
+      .. "while true do keep[#keep + 1] = { 1, 2, 3 } end end)() end } } }")
+    local eng, before, ok, err = first_step(path, { trusted = true })
+    assert.is_false(ok)
+    assert.equal(E.ENOMEM, E.code(err))
+    has(err, "post_update_fn: parameter 'w': exceeded the hook memory limit of 16777216 bytes of Lua heap")
+    assert.equal(before, D.snapshot(eng))
+  end)
+
+  it("trusted: a table config's hook and a schedule are bounded through coroutines too", function()
+    local _, _, ok, err = first_step({ hook_budget = { instructions = 1e6 }, groups = { { optimizer = "muon",
+      post_update_fn = function() coroutine.wrap(function() while true do end end)() end } } })
+    assert.is_false(ok)
+    has(err, "post_update_fn: parameter 'w': exceeded the hook budget of 1000000 Lua instructions")
+    local path = write_config("return { hook_budget = { seconds = 0.2 }, groups = { { optimizer = 'muon' } }, "
+      .. "schedule = function() while true do coroutine.resume(coroutine.create(function() while true do end end)) "
+      .. "end end }")
+    local eng, before, ok2, err2 = first_step(path, { trusted = true })
+    assert.is_false(ok2)
+    has(err2, "exceeded the hook time limit of 0.2 CPU seconds")
+    assert.equal(before, D.snapshot(eng))
+  end)
+
+  it("sandboxed: a hook has no coroutines (blocked), and the same loops without them are bounded", function()
+    local path = write_config("return { hook_budget = { instructions = 1e6 }, groups = { { optimizer = 'muon', "
+      .. "post_update_fn = function() coroutine.wrap(function() while true do end end)() end } } }")
+    local eng, before, ok, err = first_step(path)
+    assert.is_false(ok)
+    has(err, "coroutine.wrap is blocked in sandboxed configs")
+    assert.equal(before, D.snapshot(eng))
+    for _, budget in ipairs({ { "instructions = 1e6", "exceeded the hook budget of 1000000 Lua instructions" },
+      { "seconds = 0.2", "exceeded the hook time limit of 0.2 CPU seconds" } }) do
+      path = write_config("return { hook_budget = { " .. budget[1] .. " }, groups = { { optimizer = 'muon', "
+        .. "post_update_fn = function() while true do pcall(function() while true do end end) end end } } }")
+      local eng2, before2, ok2, err2 = first_step(path)
+      assert.is_false(ok2)
+      has(err2, "post_update_fn: parameter 'w': " .. budget[2])
+      assert.equal(before2, D.snapshot(eng2))
+    end
+  end)
+
   it("hook_budget is checked strictly (key names, values)", function()
     for _, c in ipairs({
       { "5", "hook_budget must be a table { instructions = n, seconds = s, memory = bytes }, got number" },

@@ -146,7 +146,7 @@ function config.hook_limits(budget, trusted, where)
   end
   budget = budget or {}
   E.check_keys(budget, BUDGET_KEYS, "hook_budget key", ("config %s: hook_budget"):format(where))
-  local limits = { what = "hook" }
+  local limits = { what = "hook", trusted = trusted or nil } -- (trusted code's own pcall could catch a limit)
   for k, v in pairs(sandbox.HOOK_BUDGET) do limits[k] = v end
   for k, v in pairs(budget) do
     if type(v) ~= "number" or v ~= v or v <= 0 then

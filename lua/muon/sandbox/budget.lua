@@ -1,7 +1,8 @@
 -- The budget of one bounded run (lua/muon/sandbox/runs.lua): a config's
 -- load, or one call of the host into a config function at step time (a
 -- hook, a schedule, a match function; calls nested in it count towards
--- it). `limits` = { instructions, seconds, memory, what = "load" | "hook" }:
+-- it). `limits` = { instructions, seconds, memory, what = "load" | "hook",
+-- trusted = true for a trusted config's code (see "Once a limit...") }:
 --
 -- * instructions: a count hook (debug.sethook) fires every BUDGET_STEP VM
 --   instructions and takes them off the budget; the string and table
@@ -21,10 +22,22 @@
 --   data is C memory outside the Lua heap: a failed allocation there is
 --   MU_ENOMEM from the tensor call itself.)
 --
+-- Coroutines: LuaJIT has one hook for the whole VM, and the host waits in
+-- coroutine.resume while the run's coroutine runs, so every coroutine that
+-- runs Lua code meanwhile, but the host's own, runs on the run's behalf: a
+-- coroutine the run creates (a trusted config has coroutine.create, wrap
+-- and resume; a sandboxed one has none) is counted and timed like the
+-- run's own.
+--
 -- Once a limit is exceeded the run's error stays: the sandbox's pcall and
 -- xpcall re-raise it (an xpcall handler is not run for it), and so do a
 -- host function's return and any later call into the config, until the run
--- returns. A host function the config called is never stopped halfway (it
+-- returns. A trusted config's code has the VM's own pcall and
+-- coroutine.resume, which would catch it: there (limits.trusted) the hook
+-- raises it again at every instruction of the run until the run returns.
+-- (One way out stays open to trusted code: LuaJIT runs an xpcall message
+-- handler for an error raised by the hook with the hook held off, so a
+-- handler that never returns is not stopped.) A host function the config called is never stopped halfway (it
 -- may be in a collective with other ranks, or halfway through its own
 -- state): the error is raised when it returns. The host reports the
 -- limit's error, an error object (MU_ELUA for instructions and time,
@@ -58,6 +71,8 @@ B.HOOK_BUDGET = { instructions = 1e10, seconds = 300, memory = 2 ^ 30 }
 
 local budget = {
   active = false, co = nil, what = "load",
+  starter = nil, -- the coroutine that started the run (the host's: never counted)
+  trusted = false, -- the run's code can catch errors itself (limits.trusted)
   limit = 0, remaining = 0, step = BUDGET_STEP, forced = false,
   seconds = math.huge, deadline = math.huge,
   memory = math.huge, heap0 = 0,
@@ -65,9 +80,10 @@ local budget = {
   err = nil,    -- the error object, once a limit is exceeded
 }
 
--- Is a bounded run going on, and is this code part of it?
+-- Is a bounded run going on, and is this code part of it (any coroutine
+-- but the one that started the run)?
 local function in_budget()
-  return budget.active and coroutine.running() == budget.co
+  return budget.active and coroutine.running() ~= budget.starter
 end
 B.in_budget = in_budget
 
@@ -133,8 +149,11 @@ local function raise_spent()
 end
 B.raise_spent = raise_spent
 
+local hook
+
 local function exceed(which)
   budget.err, budget.remaining = limit_error(which), 0
+  if budget.trusted then debug.sethook(budget.co, hook, "", 1) end -- (from now on at every instruction)
   raise_spent()
 end
 
@@ -146,8 +165,12 @@ local function check_memory(extra)
   if heap_bytes() + (extra or 0) - budget.heap0 > budget.memory then exceed("memory") end
 end
 
-local function hook()
-  if coroutine.running() ~= budget.co or not budget.active or budget.err then return end
+function hook()
+  if not in_budget() then return end
+  if budget.err then -- (spent: a trusted run's code may have caught the error)
+    if budget.trusted and not budget.host then error(budget.err.msg, 0) end
+    return
+  end
   if budget.forced then -- (by the GC probe: back to the usual interval, a full one charged)
     budget.forced = false
     debug.sethook(budget.co, hook, "", budget.step)
@@ -218,9 +241,10 @@ end
 -- a run already going on (a call nested in it runs as part of it)?
 function B.unbounded() return budget.active or debug.gethook() ~= nil end
 
--- Start the run of coroutine co under limits.
+-- Start the run of coroutine co under limits (the caller resumes co next).
 function B.start(co, limits)
   budget.active, budget.co, budget.err, budget.forced, budget.host = true, co, nil, false, false
+  budget.starter, budget.trusted = coroutine.running(), limits.trusted == true
   budget.what = limits.what or "hook"
   budget.limit = limits.instructions or math.huge
   budget.remaining = budget.limit
@@ -243,7 +267,7 @@ function B.stop(co)
   collectgarbage("setstepmul", budget.stepmul)
   live.bytes = math.min(live.bytes, budget.heap0) -- (what the run made is garbage now, mostly)
   local err = budget.err
-  budget.active, budget.co, budget.err, budget.host = false, nil, nil, false
+  budget.active, budget.co, budget.err, budget.host, budget.starter = false, nil, nil, false, nil
   return err
 end
 
