@@ -250,7 +250,8 @@ local function resolve_config(cfg, where)
     options.params, options.name, options.step = {}, g.name, 0
     groups[gi] = {
       index = gi, name = g.name, kind = kind, label = label, options = options,
-      match = as_list(g.match or ".*", ("config %s: %s.match"):format(where, label)),
+      -- (no match: every name, without a pattern to run on it)
+      match = g.match and as_list(g.match, ("config %s: %s.match"):format(where, label)) or nil,
       exclude = as_list(g.exclude, ("config %s: %s.exclude"):format(where, label)),
       min_dim = g.min_dim, max_dim = g.max_dim,
       base = O.merge(kind.DEFAULTS, opts),
@@ -341,7 +342,7 @@ function Engine:route(name, shape)
   for _, g in ipairs(self.groups) do
     local nd = #shape
     if (g.min_dim == nil or nd >= g.min_dim) and (g.max_dim == nil or nd <= g.max_dim)
-      and matches_any(g.match, name, shape) and not matches_any(g.exclude, name, shape) then
+      and (g.match == nil or matches_any(g.match, name, shape)) and not matches_any(g.exclude, name, shape) then
       return g
     end
   end

@@ -31,11 +31,14 @@ St.PATTERN_LIMIT = 1e8
 -- -) may try up to n + 1 lengths for every way the items before it matched,
 -- ? two, and %b and back-references (%1) scan up to n characters; an
 -- unanchored search tries n + 1 start positions. Steps = starts * the
--- product of those choices * the number of items. (Malformed patterns are
--- left to the real function, which rejects them.)
+-- product of those choices * the number of items. A quantified item that
+-- ends the pattern (only capture closes after it: ".*", "(%w+)") cannot
+-- fail once reached, so it brings no choices, only one scan of up to n + 1
+-- characters when the match succeeds. (Malformed patterns are left to the
+-- real function, which rejects them.)
 local function pattern_cost(p, n)
   local len = #p
-  local i, starts, factor, items = 1, n + 1, 1, 1
+  local i, starts, factor, items, tail = 1, n + 1, 1, 1, 0
   if sbyte(p, 1) == 94 then starts, i = 1, 2 end -- ^
   while i <= len do
     local c = sbyte(p, i)
@@ -69,11 +72,13 @@ local function pattern_cost(p, n)
     if single then
       items = items + 1
       local q = sbyte(p, i)
-      if q == 42 or q == 43 or q == 45 then factor, i = factor * (n + 1), i + 1 -- * + -
+      if (q == 42 or q == 43 or q == 45 or q == 63) and sfind(p, "^%)*$", i + 1) then -- the last item
+        tail, i = n + 1, i + 1
+      elseif q == 42 or q == 43 or q == 45 then factor, i = factor * (n + 1), i + 1 -- * + -
       elseif q == 63 then factor, i = factor * 2, i + 1 end -- ?
     end
   end
-  return starts * factor * items
+  return starts * factor * items + tail
 end
 St.pattern_cost = pattern_cost
 
@@ -104,8 +109,9 @@ end
 function St.bounded_find(s, p, what)
   local cost = pattern_cost(p, #s)
   if cost > St.PATTERN_LIMIT then
-    E.raise(E.EINVAL, "%s: pattern '%s' on '%s' may take %.3g matching steps (more than %.3g); "
-      .. "use fewer quantifiers (*, +, -) or a match function", what or "pattern", p, s, cost, St.PATTERN_LIMIT)
+    local shown = #s > 60 and sformat("%s...' (%d bytes)", ssub(s, 1, 60), #s) or s .. "'"
+    E.raise(E.EINVAL, "%s: pattern '%s' on '%s may take %.3g matching steps (more than %.3g); "
+      .. "use fewer quantifiers (*, +, -) or a match function", what or "pattern", p, shown, cost, St.PATTERN_LIMIT)
   end
   return string.find(s, p)
 end
