@@ -99,7 +99,7 @@ local function members(t) return sorted_keys(t, true) end
 -- module and returns its member names (methods and documented fields).
 R.MODULES = {
   { name = "muon" },
-  { name = "muon.tensor", files = { "muon.tensor", "muon.tensor_math" }, classes = {
+  { name = "muon.tensor", files = { "muon.tensor", "muon.tensor_ops", "muon.tensor_math" }, classes = {
     Tensor = function(T) return members(T.methods) end,
     Generator = function(T) return members(getmetatable(T.default_generator)) end,
   } },

@@ -1,8 +1,8 @@
 -- Tensor maths for ports from PyTorch, beyond the elementwise core of
--- lua/muon/tensor.lua: torch's names, 1-based dims and indices (negative
+-- lua/muon/tensor_ops.lua: torch's names, 1-based dims and indices (negative
 -- dims count from the end), new contiguous results unless the name ends in
 -- "_" (in place: writes self and returns it). Installed into muon.tensor
--- (T) by tensor.lua; use them as methods (x:exp()) or module functions
+-- (T) by tensor_ops.lua; use them as methods (x:exp()) or module functions
 -- (T.exp(x)) like the rest of the maths. Each error names the function and
 -- the bad argument.
 --
@@ -202,7 +202,7 @@ end
 
 -- ------------------------------------------------------------------ install
 
--- Add the functions to T. P: tensor.lua's private helpers (define, spec,
+-- Add the functions to T. P: tensor_ops.lua's private helpers (define, spec,
 -- run_map, reduce, reduce_dim, new_tensor, shape_str, dtype_names).
 function M.install(T, P)
   local methods, define, is_tensor = T.methods, P.define, T.is_tensor
