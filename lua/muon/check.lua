@@ -68,7 +68,8 @@ local USAGE = "usage: muon check [--trust] CONFIG.lua --params SHAPES.txt|MODEL.
   .. "  SHAPES.txt: one parameter per line, 'name dim1 dim2 ...' ('#' starts a comment)\n"
   .. "  MODEL.safetensors: names and shapes from its header (the data is not read; integer\n"
   .. "    and bool tensors are buffers, not parameters, and are left out)\n"
-  .. "  --world N --rank R: print rank R's plan at world size N (no MPI); --mesh axis:size,...\n"
+  .. "  --world N --rank R: print rank R's plan at world size N (no MPI; N <= 2147483647, MPI's\n"
+  .. "    int ranks); --mesh axis:size,...\n"
   .. "    (e.g. replicate:2,shard:2048; default: the config's dist.mesh); a SHAPES line may end\n"
   .. "    with a placement '@R,S(1)' (default: R on replicate axes, S(1) on shard axes)\n"
   .. "  --trust: run the config with full Lua (io, os, require); default: sandboxed\n"
@@ -491,6 +492,12 @@ function check.main(args)
   if world then -- rank R's plan at world size N (muon.check_world)
     if not world.world or not world.rank or world.world < 1 or world.rank < 0 or world.rank >= world.world then
       io.stderr:write("muon check: --world N and --rank R (0 <= R < N) go together\n" .. USAGE)
+      return 2
+    end
+    local max = require("muon.dist").MAX_RANKS
+    if world.world > max then
+      io.stderr:write(("muon check: --world %.0f: at most %d ranks (MPI numbers ranks with C ints)\n"):format(
+        world.world, max) .. USAGE)
       return 2
     end
     local shapes, bad, rnotes = check.read_params(params)

@@ -6,7 +6,9 @@
 muon.dist.mesh(spec, world)
     A mesh from { {name, size}, ... } (e.g. { {"replicate", 2}, {"shard",
     2} }); world (optional): the number of ranks, which the sizes must
-    multiply to (EINVAL naming both).
+    multiply to (EINVAL naming both); at most muon.dist.MAX_RANKS ranks.
+muon.dist.MAX_RANKS
+    2^31 - 1: MPI numbers ranks with C ints.
 Mesh:coords(rank)
     The 0-based coordinates of rank.
 Mesh:rank_of(coords)
@@ -41,6 +43,11 @@ muon.dist.box_within(box, region)
 muon.dist.each_coords(mesh, axes, coords, fn)
     Call fn(coords) for every combination of coordinates on axes (the
     other entries of coords kept; last axis fastest).
+muon.dist.each_box(shape, pl, mesh, axes, coords, fn)
+    Call fn(coords, box) for the combinations of coordinates on axes
+    (shard axes of pl, in mesh order) whose box of a tensor of shape is
+    not empty, in each_coords' order, without visiting the empty ones:
+    O(non-empty boxes), whatever the axes' sizes.
 ]]
 local E = require("muon.errors")
 
@@ -60,6 +67,9 @@ end
 
 local Mesh = {}
 Mesh.__index = Mesh
+
+-- The most ranks a mesh can have: MPI numbers ranks with C ints.
+D.MAX_RANKS = 2 ^ 31 - 1
 
 -- spec: list of {name, size}; world: number of ranks (product must match).
 function D.mesh(spec, world)
@@ -83,9 +93,13 @@ function D.mesh(spec, world)
     strides[i] = s
     s = s * sizes[i]
   end
+  local parts = {}
+  for i, a in ipairs(axes) do parts[i] = ("%s=%.0f"):format(a.name, a.size) end
+  if prod > D.MAX_RANKS then
+    E.raise(E.EINVAL, ("dist.mesh: axis sizes (%s) multiply to %.0f ranks, more than the %d MPI can number "
+      .. "(its ranks are C ints)"):format(table.concat(parts, ", "), prod, D.MAX_RANKS))
+  end
   if world and prod ~= world then
-    local parts = {}
-    for i, a in ipairs(axes) do parts[i] = a.name .. "=" .. a.size end
     E.raise(E.EINVAL, ("dist.mesh: axis sizes (%s) multiply to %d but the world has %d ranks"):format(
       table.concat(parts, ", "), prod, world))
   end
@@ -251,5 +265,39 @@ local function each_coords(mesh, axes, coords, fn)
   end
 end
 D.each_coords = each_coords
+
+-- The length of dim pl[a].dim after the axes up to a shard it (mesh order,
+-- as local_box nests them), at coords.
+local function length_after(shape, pl, mesh, coords, a)
+  local d = pl[a].dim
+  local len = shape[d]
+  for b = 1, a do
+    if pl[b].kind == "S" and pl[b].dim == d then
+      local _, l = D.chunk(len, mesh.sizes[b], coords[b])
+      len = l
+    end
+  end
+  return len
+end
+
+-- each_coords over the non-empty boxes only: along an axis torch.chunk's
+-- empty pieces come last, so the first empty one ends that axis' loop.
+function D.each_box(shape, pl, mesh, axes, coords, fn)
+  local function walk(i)
+    if i > #axes then
+      local box = D.local_box(shape, pl, mesh, mesh:rank_of(coords))
+      if D.numel(box.len) > 0 then fn(coords, box) end
+      return
+    end
+    local a = axes[i]
+    for v = 0, mesh.sizes[a] - 1 do
+      coords[a] = v
+      if length_after(shape, pl, mesh, coords, a) == 0 then break end
+      walk(i + 1)
+    end
+    coords[a] = 0
+  end
+  walk(1)
+end
 
 return D

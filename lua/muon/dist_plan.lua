@@ -31,8 +31,15 @@ muon.dist.plan(records, mesh, opts)
     nd_mode, state_count, hooks }; opts.rank, opts.balance = "flops" |
     "numel", opts.max_batch_numel = 512M. Sets mine, mine_n, holds, c,
     owner, items, hook_records on each record; returns { mesh, rank,
-    records, batches, ns_load, balance }. O(P log W + W) plus this rank's
-    own items.
+    records, batches, ns_load, balance } (ns_load[q]: rank q's
+    Newton-Schulz cost, 0 for most; only ranks with some are stored). Time
+    and memory O(P log P) over P records, none per rank: also for
+    `muon check --world 2147483647`; plus this rank's own items and one
+    entry per item of records whose Newton-Schulz splits along batch axes.
+muon.dist.dests(it)
+    The dests of a plan item: { {rank, box} }, the ranks receiving their
+    slice of its update (the owner's: every replica of every source's box,
+    made on first use).
 muon.dist.batch(recs, group, shard)
     A batch of records (the same on every rank): this rank's items, the
     dtypes (sorted), whether any item moves data in or out.
@@ -58,7 +65,7 @@ local G = require("muon.dist_mesh")
 
 local P = {}
 
-local box_within, each_coords = G.box_within, G.each_coords
+local box_within = G.box_within
 
 -- The rank that sends rank `owner` the NS input piece held by `rank`, or
 -- nil if the owner holds it itself: the holder of that box sharing the
@@ -211,8 +218,62 @@ local function region_of(r, box)
   return region
 end
 
--- The rules every rank evaluates identically (no O(W) scan per record;
--- O(P log W) over P records, plus O(W) heaps):
+-- The least loaded id of a pool (ties: the smaller id), loads kept sparse
+-- (a missing id has load 0, and a load only grows): pool = { size, nth =
+-- function(k) -> its k-th id (0-based, increasing), next = 0, heap = {} }.
+-- Ids with load 0 come from a cursor over the pool in increasing order,
+-- the loaded ones from a min-heap of { load, id } (stale entries dropped
+-- when they surface): memory O(loaded ids), not O(size).
+local function least_loaded(pool, load)
+  while pool.next < pool.size and (load[pool.nth(pool.next)] or 0) > 0 do pool.next = pool.next + 1 end
+  if pool.next < pool.size then return pool.nth(pool.next) end
+  local h = pool.heap
+  while load[h[1][2]] ~= h[1][1] do hpop(h) end
+  return h[1][2]
+end
+
+-- Add cost to id's load (in pool, when given: its heap learns it).
+local function add_load(load, id, cost, pool)
+  if cost <= 0 then return end
+  load[id] = (load[id] or 0) + cost
+  if pool then hpush(pool.heap, { load[id], id }) end
+end
+
+-- The pool of the ranks at coordinate 0 on the mesh axes `zero` (every
+-- rank when empty), in rank order (row-major: the last free axis fastest);
+-- its heap starts with the ranks already loaded.
+local function rank_pool(mesh, zero, load)
+  local isz, free = {}, {}
+  for _, a in ipairs(zero) do isz[a] = true end
+  for a = 1, #mesh.sizes do if not isz[a] then free[#free + 1] = a end end
+  local size = 1
+  for _, a in ipairs(free) do size = size * mesh.sizes[a] end
+  local pool = { size = size, next = 0, heap = {}, zero = zero }
+  function pool.nth(k)
+    local q = 0
+    for i = #free, 1, -1 do
+      local a = free[i]
+      q = q + (k % mesh.sizes[a]) * mesh.strides[a]
+      k = math.floor(k / mesh.sizes[a])
+    end
+    return q
+  end
+  function pool.has(qc)
+    for _, a in ipairs(zero) do if qc[a] ~= 0 then return false end end
+    return true
+  end
+  for q, l in pairs(load) do
+    if pool.has(mesh:coords(q)) then hpush(pool.heap, { l, q }) end
+  end
+  return pool
+end
+
+-- plan.ns_load: a rank without Newton-Schulz work reads 0.
+local NO_LOAD = { __index = function() return 0 end }
+
+-- The rules every rank evaluates identically (no scan over the ranks or
+-- the replica classes: O(P log P) time and memory over P records, plus the
+-- items of split records):
 --   * state holders: every box of a record is held by the rank of the
 --     record's replica class `c` at the box's shard coordinates.
 --   * single records (Newton-Schulz, one item: the whole tensor), largest
@@ -228,10 +289,13 @@ end
 --     (core coordinates 0); their NS cost is counted before the single
 --     records are placed.
 -- Sets r.c (holder class) on every record, r.owner on single records;
--- returns the NS load of every rank (0-based array).
+-- returns the NS load of the ranks that have some (0-based, sparse).
 local function assign(records, mesh, balance)
-  local W = mesh.size
   local function cost(shape, nd_mode) return balance == "flops" and ns.flops(shape, nd_mode) or G.numel(shape) end
+  local function by_cost(x, y)
+    if x.cost ~= y.cost then return x.cost > y.cost end
+    return x.r.index < y.r.index
+  end
   -- Pass 1: replica classes by state bytes, per set of replicate axes.
   local jobs = {}
   for _, r in ipairs(records) do
@@ -241,72 +305,42 @@ local function assign(records, mesh, balance)
       r.c = 0
     end
   end
-  table.sort(jobs, function(x, y)
-    if x.cost ~= y.cost then return x.cost > y.cost end
-    return x.r.index < y.r.index
-  end)
-  local pheaps = {}
+  table.sort(jobs, by_cost)
+  local classes = {} -- replicate axes -> { pool, bytes }
   for _, j in ipairs(jobs) do
     local r = j.r
     local key = table.concat(r.raxes, ",")
-    local h = pheaps[key]
-    if not h then
-      h = {}
-      for c = 0, r.nrep - 1 do h[c + 1] = { 0, c } end -- already a heap (keys equal, ids ascending)
-      pheaps[key] = h
+    local k = classes[key]
+    if not k then
+      k = { pool = { size = r.nrep, next = 0, heap = {}, nth = function(c) return c end }, bytes = {} }
+      classes[key] = k
     end
-    local e = hpop(h)
-    r.c = e[2]
-    hpush(h, { e[1] + j.cost, e[2] })
+    r.c = least_loaded(k.pool, k.bytes)
+    add_load(k.bytes, r.c, j.cost, k.pool)
   end
   -- NS loads of the items of split records (owner: the holder of the
   -- first box of the item).
   local load = {}
-  for q = 0, W - 1 do load[q] = 0 end
   local coords = {}
   for _, r in ipairs(records) do
     if r.ns and r.split and r.numel > 0 then
       for a = 1, #mesh.sizes do coords[a] = 0 end
       set_class(r, mesh, r.c, coords)
-      each_coords(mesh, r.batch_axes, coords, function(cc)
-        local o = mesh:rank_of(cc)
-        local region = region_of(r, G.local_box(r.shape, r.placement, mesh, o))
-        if G.numel(region.len) > 0 then load[o] = load[o] + cost(region.len, r.nd_mode) end
+      G.each_box(r.shape, r.placement, mesh, r.batch_axes, coords, function(cc, box)
+        local region = region_of(r, box)
+        add_load(load, mesh:rank_of(cc), cost(region.len, r.nd_mode))
       end)
     end
   end
-  -- Pass 2: single records by NS cost to the least loaded candidate.
+  -- Pass 2: single records by NS cost to the least loaded candidate, among
+  -- every rank ("*") or the ranks at coordinate 0 of some axes (the holders
+  -- of a non-spanning record's one box).
   jobs = {}
   for _, r in ipairs(records) do
     if r.single then jobs[#jobs + 1] = { cost = cost(r.shape, r.nd_mode), r = r } end
   end
-  table.sort(jobs, function(x, y)
-    if x.cost ~= y.cost then return x.cost > y.cost end
-    return x.r.index < y.r.index
-  end)
-  -- Candidate sets: every rank ("*"), or the ranks at coordinate 0 of some
-  -- axes (the holders of a non-spanning record's one box). Lazy heaps over
-  -- the shared loads (stale entries are dropped when they surface).
-  local heaps, hlist = {}, {}
-  local function heap_of(zero_axes)
-    local key = #zero_axes == 0 and "*" or table.concat(zero_axes, ",")
-    local h = heaps[key]
-    if h then return h end
-    h = { zero = zero_axes }
-    local free = {}
-    local isz = {}
-    for _, a in ipairs(zero_axes) do isz[a] = true end
-    for a = 1, #mesh.sizes do if not isz[a] then free[#free + 1] = a end end
-    local cc = {}
-    for a = 1, #mesh.sizes do cc[a] = 0 end
-    each_coords(mesh, free, cc, function(x)
-      local q = mesh:rank_of(x)
-      hpush(h, { load[q], q })
-    end)
-    heaps[key] = h
-    hlist[#hlist + 1] = h
-    return h
-  end
+  table.sort(jobs, by_cost)
+  local pools, plist = {}, {}
   for _, j in ipairs(jobs) do
     local r = j.r
     local zero = {}
@@ -315,18 +349,21 @@ local function assign(records, mesh, balance)
       for _, a in ipairs(r.batch_axes) do if mesh.sizes[a] > 1 then zero[#zero + 1] = a end end
       table.sort(zero)
     end
-    local h = heap_of(zero)
-    while load[h[1][2]] ~= h[1][1] do hpop(h) end
-    local q = h[1][2]
+    local key = table.concat(zero, ",")
+    local pool = pools[key]
+    if not pool then
+      pool = rank_pool(mesh, zero, load)
+      pools[key] = pool
+      plist[#plist + 1] = pool
+    end
+    local q = least_loaded(pool, load)
     r.owner = q
-    r.c = class_of(r, mesh, mesh:coords(q))
+    local qc = mesh:coords(q)
+    r.c = class_of(r, mesh, qc)
+    add_load(load, q, j.cost)
     if j.cost > 0 then
-      load[q] = load[q] + j.cost
-      local qc = mesh:coords(q)
-      for _, hh in ipairs(hlist) do
-        local inside = true
-        for _, a in ipairs(hh.zero) do if qc[a] ~= 0 then inside = false end end
-        if inside then hpush(hh, { load[q], q }) end
+      for _, pl in ipairs(plist) do
+        if pl.has(qc) then hpush(pl.heap, { load[q], q }) end
       end
     end
   end
@@ -336,9 +373,11 @@ end
 -- The item of record r that rank `me` (coordinates mc) takes part in, or
 -- nil: { record, region (global box), owner, ns, sources = { {rank, box} }
 -- (state holders sending their NS input piece to the owner), dests =
--- { {rank, box} } (ranks receiving their slice of the update), attached
--- (hook state moved with it) }. The owner's item lists every piece; any
--- other rank's only its own.
+-- { {rank, box} } (ranks receiving their slice of the update: P.dests),
+-- attached (hook state moved with it) }. The owner's item lists every
+-- piece; any other rank's only its own. (The owner's dests, a slice for
+-- every replica of every source, are made on first use by P.dests: a plan
+-- that is only looked at, muon check --world, never holds them.)
 local function item_for(r, mesh, me, mc)
   if r.numel == 0 then return nil end
   local region, owner
@@ -370,17 +409,11 @@ local function item_for(r, mesh, me, mc)
   end
   if me == owner then
     set_class(r, mesh, r.c, base)
-    local cc = copy(base)
-    each_coords(mesh, r.core_axes, cc, function(x)
+    it.dests, it.mesh = nil, mesh
+    G.each_box(r.shape, r.placement, mesh, r.core_axes, copy(base), function(x, b)
       local holder = mesh:rank_of(x)
-      local b = G.local_box(r.shape, r.placement, mesh, holder)
-      if G.numel(b.len) > 0 then
+      do
         it.sources[#it.sources + 1] = { rank = holder, box = b, local_ = holder == owner }
-        local dc = copy(x)
-        for c = 0, r.nrep - 1 do
-          set_class(r, mesh, c, dc)
-          it.dests[#it.dests + 1] = { rank = mesh:rank_of(dc), box = b }
-        end
         for i, h in ipairs(hooks) do
           local hb = G.hook_box(h.shape, r.shape, r.placement, mesh, holder)
           if G.numel(hb.len) > 0 and box_within(hb, atts[i].region) then
@@ -407,6 +440,43 @@ local function item_for(r, mesh, me, mc)
   return it
 end
 
+-- The dests of an item: the ranks receiving their slice of its update,
+-- { {rank, box} }. The owner's are every replica of every source's box
+-- (the ranks at its shard coordinates, every replica class), made here on
+-- first use and kept.
+function P.dests(it)
+  if it.dests then return it.dests end
+  local r, mesh, dests = it.record, it.mesh, {}
+  for _, s in ipairs(it.sources) do
+    local dc = mesh:coords(s.rank)
+    for c = 0, r.nrep - 1 do
+      set_class(r, mesh, c, dc)
+      dests[#dests + 1] = { rank = mesh:rank_of(dc), box = s.box }
+    end
+  end
+  it.dests = dests
+  return dests
+end
+
+-- The number of an item's dests other than its owner (no list made).
+local function dests_elsewhere(it)
+  if it.dests then
+    local n = 0
+    for _, d in ipairs(it.dests) do if d.rank ~= it.owner then n = n + G.numel(d.box.len) end end
+    return n
+  end
+  local r, mesh, n = it.record, it.mesh, 0
+  local oc = mesh:coords(it.owner)
+  for _, s in ipairs(it.sources) do
+    local sc, mine = mesh:coords(s.rank), 1
+    for a, p in ipairs(r.placement) do
+      if p.kind == "S" and sc[a] ~= oc[a] then mine = 0 end
+    end
+    n = n + G.numel(s.box.len) * (r.nrep - mine) -- (the owner is one of the replicas when it shares the box)
+  end
+  return n
+end
+
 -- The plan of a mesh step for rank opts.rank (default 0): where each
 -- optimizer-state buffer lives and where each matrix is orthogonalized,
 -- by the rules of `assign` (the same on every rank), and the items this
@@ -424,12 +494,13 @@ end
 --   c, owner       the holder replica class; the NS owner of a single record
 --   items          the item this rank takes part in (at most one; see item_for)
 --   hook_records[key]  { name, key, shape, dtype, parent, mine, holds }
--- and returns { mesh, rank, records, batches, ns_load (every rank's NS
--- cost), balance }. plan.batches: { records, items (this rank's),
+-- and returns { mesh, rank, records, batches, ns_load (rank -> NS cost,
+-- stored for the ranks that have some; 0 for the others), balance }. plan.batches: { records, items (this rank's),
 -- group, shard, dtypes, moves_in, moves_out } per group and shard count
 -- (split at 512M elements / the shard count, whole records), interleaved
 -- across groups; the same records and flags on every rank.
--- Time and memory: O(P log W + W) plus this rank's own items.
+-- Time and memory: O(P log P), plus this rank's own items and the items of
+-- split records (assign); nothing per rank of the mesh.
 function P.plan(records, mesh, opts)
   opts = opts or {}
   local balance = opts.balance or "flops"
@@ -443,7 +514,7 @@ function P.plan(records, mesh, opts)
     r.index = ri
     P.analyse(r, mesh)
   end
-  plan.ns_load = assign(records, mesh, balance)
+  plan.ns_load = setmetatable(assign(records, mesh, balance), NO_LOAD)
   local mc = mesh:coords(me)
   for _, r in ipairs(records) do
     r.mine = G.local_box(r.shape, r.placement, mesh, me)
@@ -526,7 +597,8 @@ end
 
 -- Every distinct non-empty box of a record (or of a hook record) with its
 -- state holder: { {box, holder} }, in the order of the shard coordinates.
--- O(shard count): for the rank that gathers or scatters every box.
+-- O(non-empty boxes): for the rank that gathers or scatters every box.
+-- (A hook box is empty where the parameter's is.)
 function P.boxes_of(rec, mesh)
   local r = rec.parent or rec
   local coords = {}
@@ -535,23 +607,19 @@ function P.boxes_of(rec, mesh)
   local saxes = {}
   for a, p in ipairs(r.placement) do if p.kind == "S" then saxes[#saxes + 1] = a end end
   local out = {}
-  each_coords(mesh, saxes, coords, function(x)
+  G.each_box(r.shape, r.placement, mesh, saxes, coords, function(x, pb)
     local q = mesh:rank_of(x)
-    local b = rec.parent and G.hook_box(rec.shape, r.shape, r.placement, mesh, q)
-      or G.local_box(r.shape, r.placement, mesh, q)
+    local b = rec.parent and G.hook_box(rec.shape, r.shape, r.placement, mesh, q) or pb
     if G.numel(b.len) > 0 then out[#out + 1] = { box = b, holder = q } end
   end)
   return out
 end
 
 -- The job's NS imbalance: the largest rank's NS cost over the mean (1 for
--- no NS work).
+-- no NS work). O(ranks with NS work).
 function P.imbalance(plan)
   local W, mx, sum = plan.mesh.size, 0, 0
-  for q = 0, W - 1 do
-    local l = plan.ns_load[q]
-    mx, sum = math.max(mx, l), sum + l
-  end
+  for _, l in pairs(plan.ns_load) do mx, sum = math.max(mx, l), sum + l end
   return sum > 0 and mx / (sum / W) or 1
 end
 
@@ -570,11 +638,11 @@ function P.step_elements(plan, rank, stepping)
         if o == rank then recv = recv + n end
       end
     end
-    for _, d in ipairs(it.dests) do
-      if d.rank ~= o then
-        local n = G.numel(d.box.len)
-        if o == rank then sent = sent + n end
-        if d.rank == rank then recv = recv + n end
+    if o == rank then
+      sent = sent + dests_elsewhere(it)
+    else
+      for _, d in ipairs(P.dests(it)) do
+        if d.rank == rank then recv = recv + G.numel(d.box.len) end
       end
     end
   end
