@@ -112,7 +112,7 @@ describe("muon check --world", function()
     local cfg = tmpfile([[return { groups = { { optimizer = "adamw" } } }]])
     local _, problems = CW.run(cfg, assert(check.read_shapes(tmpfile("a 4 6 @R,S(3)\n"))), { world = 4, rank = 0,
       mesh = "replicate:2,shard:2" })
-    assert.truthy(tostring(problems[1]):find("parameter 'a'", 1, true))
+    assert.truthy(tostring(problems[1]):find("add_param 'a': ", 1, true))
     assert.truthy(tostring(problems[1]):find("shards dim 3 of a 2-D tensor", 1, true))
     _, problems = CW.run(cfg, shapes, { world = 6, rank = 0, mesh = "replicate:2,shard:2" })
     assert.truthy(problems[1]:find("multiply to 4 but the world has 6 ranks", 1, true))

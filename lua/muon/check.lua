@@ -399,20 +399,11 @@ end
 function check.run(config_path, shapes_path, opts)
   local shapes, problems, notes = check.read_params(shapes_path)
   if not shapes then return "", { problems }, {}, {} end
-  local engine = require("muon.engine")
-  local okc, err = pcall(engine.new, config_path, opts)
-  if not okc then -- the config itself is broken: no table
-    problems[#problems + 1] = tostring(err)
-    return "", problems, {}, notes
-  end
-  local ok, rows, more = pcall(engine.check, config_path, shapes, opts)
-  if not ok then
-    problems[#problems + 1] = tostring(rows)
-    return "", problems, {}, notes
-  end
-  for _, p in ipairs(more or {}) do problems[#problems + 1] = p end
+  local rows, more, eng = require("muon.engine").check(config_path, shapes, opts) -- (the dry run)
+  for _, p in ipairs(more) do problems[#problems + 1] = p end
+  if not eng then return "", problems, {}, notes end -- the config itself is broken: no table
   local by_name = {}
-  for _, r in ipairs(rows or {}) do by_name[r.name] = r end
+  for _, r in ipairs(rows) do by_name[r.name] = r end
   local cells = {}
   for _, s in ipairs(shapes) do
     local dims = {}
@@ -429,10 +420,10 @@ function check.run(config_path, shapes_path, opts)
     end
   end
   local text = check.format_table({ "parameter", "shape", "group", "optimizer", "options" }, cells)
-  text = text .. check.format_report(rows or {})
-  local name = err.config.name
+  text = text .. check.format_report(rows)
+  local name = eng.config.name
   if name ~= nil then text = "config: " .. name .. "\n" .. text end
-  return text, problems, check.warnings(rows or {}), notes
+  return text, problems, check.warnings(rows), notes
 end
 
 -- "\nN notes:\n  - ...\n" for a non-empty list.

@@ -30,10 +30,25 @@ muon.engine.new(config, opts)
     opts.trusted = false: true runs a config file with full Lua. A missing
     or unreadable file is EIO, a syntax error EFORMAT, a bad config EINVAL
     (the message names the key or option).
+    opts.dry_run = nil: true or { world = N, rank = R, mesh = {{name,
+    size}, ...} } opens a dry run, muon check's: add_param takes stand-ins
+    (any tensor of the parameter's shape: only shapes are read) and the
+    engine routes and plans but never steps, saves or loads (ESTATE). On a
+    mesh (the config's dist, or a world) this process stands for rank R
+    (default 0) of N ranks (default: the mesh's size) on a virtual
+    communicator (muon.comm.virtual); mesh replaces the config's dist.mesh
+    (default, without one: {{"world", N}}).
 muon.engine.check(config, shapes, opts)
-    Dry run (muon check): route { {name =, shape =}, ... } without
-    allocating the parameters; returns the rows of describe() and a list
-    of problems (never raises for a bad config: it is a problem).
+    The dry run of muon check and muon check --world: an engine opened
+    with opts (engine.new's; dry_run = true unless given), each { name,
+    shape, placement } of shapes registered as a stand-in (a view of its
+    shape with strides 0 over one element: nothing of its size is
+    allocated). On a mesh a parameter is placed by its placement, else
+    "S(1)" on the axes whose name starts with "shard" and "R" on the
+    others (a 0-D parameter is replicated), and the stand-in has this
+    rank's shard shape. Returns the rows of describe(), the problems (one
+    per parameter that could not be registered; a broken config is one
+    problem, and then no engine) and the engine (eng:plan() is its plan).
 muon.engine.Engine
     The engines' metatable.
 Engine:add_param(name, value, grad, placement)
@@ -112,6 +127,11 @@ Engine:load(path, opts)
 Engine:describe()
     Rows { name, shape, group, group_name, optimizer, options, defaults,
     hooks, order } per parameter: what muon check prints.
+Engine:plan()
+    This rank's plan of the registered parameters (muon.dist.plan: state
+    holders, Newton-Schulz owners, items, batches, ns_load), by the rules
+    the first step uses; no communication. Without dist: the plan of one
+    process.
 Engine:route(name, shape)
     The group a parameter of that name and shape would go to, or nil.
 Engine:set_comm(c)
@@ -138,7 +158,8 @@ local Engine = {}
 Engine.__index = Engine
 
 local ROUTING_KEYS = K.set(K.GROUP_KEYS)
-local OPEN_KEYS = { trusted = true }
+local OPEN_KEYS = { trusted = true, dry_run = true }
+local DRY_KEYS = { world = true, rank = true, mesh = true }
 
 -- The kinds that take hooks, and their class names ("Muon"): hook options
 -- (K.HOOK_KEYS) on another group would silently do nothing, so they are
@@ -286,6 +307,39 @@ local function check_replicas(groups, dist, where)
   end
 end
 
+-- A dry run's dist (engine.new opts.dry_run: see the reference block), its
+-- mesh checked now; nil for a dry run of a config without dist.
+local function dry_dist(dry, dist, label)
+  if dry == true then
+    if not dist then return nil end
+    dry = {}
+  end
+  if type(dry) ~= "table" then
+    E.raise(E.EINVAL, "engine.new: dry_run must be true or { world = N, rank = R, mesh = ... }, got %s", type(dry))
+  end
+  E.check_keys(dry, DRY_KEYS, "dry_run key", "engine.new")
+  local d = {}
+  for k, v in pairs(dist or {}) do d[k] = v end
+  d.mesh = dry.mesh or d.mesh or { { "world", dry.world } }
+  local world, rank = dry.world, dry.rank or 0
+  if world == nil then
+    local ok, m = pcall(D.mesh, d.mesh)
+    if not ok then E.raise(E.EINVAL, "config %s: dist: %s", label, E.message(m)) end
+    world = m.size
+  end
+  local ok, m = pcall(D.mesh, d.mesh, world)
+  if ok then ok, m = pcall(commlib.virtual, world, rank) end
+  if not ok then E.raise(E.EINVAL, "config %s: a dry run as rank %s of %s: %s", label, tostring(rank), tostring(world),
+    E.message(m)) end
+  d.comm = m
+  return d
+end
+
+-- The calls a dry run refuses (they would move or read real data).
+local function live(self, what)
+  if self.dry_run then E.raise(E.ESTATE, "%s: a dry-run engine (muon check) routes and plans, it never steps", what) end
+end
+
 function engine.new(cfg_src, opts)
   opts = opts or {}
   if type(opts) ~= "table" then E.raise(E.EINVAL, "engine.new: options must be a table, got %s", type(opts)) end
@@ -301,11 +355,16 @@ function engine.new(cfg_src, opts)
     if not ok3 then E.reraise(d, E.EINVAL) end
     dist = d
   end
+  if opts.dry_run ~= nil then
+    local ok5, d = pcall(dry_dist, opts.dry_run, dist, label)
+    if not ok5 then E.reraise(d, E.EINVAL) end
+    dist = d
+  end
   local ok4, err4 = pcall(check_replicas, groups, dist, label)
   if not ok4 then E.reraise(err4, E.EINVAL) end
   return setmetatable({
     config = cfg, source = where, groups = groups, params = {}, by_name = {},
-    lr_scale = 1.0, step_count = 0, dist = dist, signals = {},
+    lr_scale = 1.0, step_count = 0, dist = dist, signals = {}, dry_run = opts.dry_run ~= nil or nil,
   }, Engine)
 end
 
@@ -417,8 +476,8 @@ function Engine:add_param(name, value, grad, placement)
   local ok, err = pcall(function()
     if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "add_param: name must be a non-empty string") end
     if self.by_name[name] then E.raise(E.EINVAL, "add_param: parameter '%s' is already registered", name) end
-    -- (check() registers zero-stride stand-ins: only their shapes matter)
-    if not self._shape_only then P.check(name, value, grad) end
+    -- (a dry run registers stand-ins: only their shapes matter)
+    if not self.dry_run then P.check(name, value, grad) end
     if placement ~= nil and not self.dist then
       E.raise(E.EINVAL, "add_param '%s': a placement needs a config with a dist section", name)
     end
@@ -431,7 +490,7 @@ function Engine:add_param(name, value, grad, placement)
       E.raise(E.EINVAL, "parameter '%s' is %d-D but matched Muon group %d%s: 1D parameters are not supported in Muon (route them to an AdamW group)",
         name, #logical, g.index, g.name and (" ('" .. g.name .. "')") or "")
     end
-    local p = self._shape_only and P.shape_only(name, value) or P(name, value, grad)
+    local p = self.dry_run and P.shape_only(name, value) or P(name, value, grad)
     p.logical_shape = logical
     self.stepper:add(g.index, p, pl)
     g.options.params[#g.options.params + 1] = p
@@ -496,6 +555,7 @@ end
 -- stepped is false when no parameter has a grad, and then nothing changed
 -- (parameters, state, the step count and so the schedule).
 function Engine:step(closure)
+  live(self, "step")
   local loss = U.run_closure(closure)
   local st = self:_stepper()
   local step = self.step_count + 1
@@ -515,6 +575,7 @@ end
 -- step. Collective on a mesh; without a dist section nothing changes.
 -- Returns the number of gradients reduced on this rank.
 function Engine:reduce_grads(opts)
+  live(self, "reduce_grads")
   -- (a bad argument on one rank fails every rank: the stepper's gate)
   local op, err = nil, nil
   opts = opts == nil and {} or opts
@@ -560,6 +621,7 @@ end
 -- a grad are skipped): torch's zero_grad(set_to_none=False), since the
 -- buffers are the trainer's.
 function Engine:zero_grad()
+  live(self, "zero_grad")
   G.zero(self:_stepper())
 end
 
@@ -569,6 +631,7 @@ end
 -- when that is < 1. Exact, so the same bits on any mesh; there it is a
 -- collective over the whole parameters (muon.grads).
 function Engine:clip_grad_norm(max_norm)
+  live(self, "clip_grad_norm")
   local ok, norm = pcall(G.clip, self:_stepper(), max_norm, "clip_grad_norm")
   if not ok then E.reraise(norm, E.EINVAL) end
   return norm
@@ -629,6 +692,13 @@ end
 -- { state_bytes, scratch_bytes } this rank holds.
 function Engine:memory() return self:_stepper():memory() end
 
+-- This rank's plan of the registered parameters (the reference block).
+function Engine:plan()
+  local st, d = self:_stepper(), self.dist or {}
+  return D.plan(st:plan_records(), st:mesh(), { rank = st:rank(), balance = d.balance,
+    max_batch_numel = d.max_batch_numel })
+end
+
 -- Rows for `muon check` and humans: which parameter went where.
 function Engine:describe()
   local rows = {}
@@ -683,6 +753,7 @@ local function path_error(fn, path)
 end
 
 function Engine:save(path)
+  live(self, "save")
   local ok, err = pcall(S.save, self:_stepper(), path, parts(self),
     { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) },
     path_error("save", path))
@@ -721,6 +792,7 @@ end
 -- Every saved value that differs from the config's (for a schedulable one:
 -- what the config gives at the checkpoint's step) is a note on stderr.
 function Engine:load(path, opts)
+  live(self, "load")
   local values
   local ps = parts(self)
   local ok, err = pcall(S.load, self:_stepper(), path, ps, function(meta)
@@ -742,31 +814,44 @@ function Engine:load(path, opts)
   self.step_count, self.lr_scale = values[1], values[2]
 end
 
--- Dry run for `muon check`: route every {name=, shape=} and collect problems
--- instead of raising. Returns rows (as describe()) and a list of problems.
--- Nothing of a parameter's size is allocated: each one is registered as a
--- view of the declared shape whose strides are all 0 over one shared
--- element (routing and the checks read shapes only; nothing steps).
+-- The default placement of a dry run's parameter of ndim dims on mesh
+-- (FSDP's: the first dim sharded on the shard axes).
+local function default_placement(mesh, ndim)
+  local pl = {}
+  for i, a in ipairs(mesh.axes) do pl[i] = (a.name:match("^shard") and ndim >= 1) and "S(1)" or "R" end
+  return pl
+end
+
+-- The dry run of muon check and muon check --world (the reference block):
+-- a dry-run engine and public calls only, so that both check what a run
+-- would do.
 function engine.check(cfg_src, shapes, opts)
-  local ok, eng = pcall(engine.new, cfg_src, opts)
+  local o = { dry_run = true }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  local ok, eng = pcall(engine.new, cfg_src, o)
   if not ok then return {}, { tostring(eng) } end
   local problems = {}
   local cell = T.zeros({ 1 })
-  eng.check_cell = cell -- the views point into it: it lives as long as eng
-  eng._shape_only = true
+  eng.check_cell = cell -- the stand-ins point into it: it lives as long as eng
+  local mesh = eng.dist and eng:_stepper():mesh()
   for i, s in ipairs(shapes or {}) do
     local okp, err = pcall(function()
       if type(s.name) ~= "string" or type(s.shape) ~= "table" then
         error(("shapes[%d] must be {name = string, shape = {...}}"):format(i), 0)
       end
+      local shape, placement = s.shape, nil
+      if mesh then
+        placement = { shape = s.shape, placement = s.placement or default_placement(mesh, #s.shape) }
+        shape = eng:local_shape_of(s.name, s.shape, placement)
+      end
       local zero = {}
-      for d = 1, #s.shape do zero[d] = 0 end
-      local v = T.wrap(cell.data, s.shape, "float32", zero)
-      eng:add_param(s.name, v, v)
+      for d = 1, #shape do zero[d] = 0 end
+      local v = T.wrap(cell.data, shape, "float32", zero)
+      eng:add_param(s.name, v, v, placement)
     end)
     if not okp then problems[#problems + 1] = E.message(err) end
   end
-  return eng:describe(), problems
+  return eng:describe(), problems, eng
 end
 
 engine.Engine = Engine
