@@ -380,7 +380,7 @@ describe("engine with dist: registration checks (one process)", function()
     local e = engine.new({ groups = { { optimizer = "muon", match = "^w" }, { optimizer = "adamw" } },
       dist = { mesh = { { "s", 1 } }, comm = comm.self() } })
     assert.has_error(function() e:add_param("w", T.zeros({ 3, 4 }), nil, { shape = { 3, 5 } }) end,
-      "add_param 'w': rank 0 holds a local shard of shape {3,4}, but global shape {3,5} with placement (R) on mesh (s=1) gives {3,5}")
+      "add_param 'w': rank 0 holds a local shard of shape [3, 4], but global shape [3, 5] with placement (R) on mesh (s=1) gives [3, 5]")
     assert.has_error(function() e:add_param("w", T.zeros({ 3 }), nil, { "R" }) end,
       "parameter 'w' is 1-D but matched Muon group 1: 1D parameters are not supported in Muon (route them to an AdamW group)")
     assert.has_error(function() e:add_param("w", T.zeros({ 3, 4 }), nil, { placement = { "R", "R" } }) end,

@@ -173,7 +173,7 @@ describe("engine", function()
   it("reports routing problems and bad configs with clear messages", function()
     local eng = engine.new({ groups = { { optimizer = "muon", match = "^w" } } })
     local ok, err = pcall(eng.add_param, eng, "bias", T.zeros({ 2, 2 }))
-    assert.truthy(err:find("parameter 'bias' (shape 2x2) matches no group", 1, true), err)
+    assert.truthy(err:find("parameter 'bias' (shape [2, 2]) matches no group", 1, true), err)
     ok, err = pcall(eng.add_param, eng, "w1", T.zeros({ 3 }))
     assert.truthy(err:find("parameter 'w1' is 1-D but matched Muon group 1", 1, true), err)
     eng:add_param("w2", T.zeros({ 2, 2 }))
@@ -220,7 +220,7 @@ describe("engine", function()
       { name = "x", shape = { 3, 3 } },
     })
     assert.equal(1, #problems)
-    assert.truthy(problems[1]:find("parameter 'x' (shape 3x3) matches no group", 1, true))
+    assert.truthy(problems[1]:find("parameter 'x' (shape [3, 3]) matches no group", 1, true))
   end)
 
   -- (muon check and muon check --world are one dry run: a dry-run engine,

@@ -19,6 +19,7 @@ muon.dist.describe_record(r)
 ]]
 local bit = require("bit")
 local G = require("muon.dist_mesh")
+local T = require("muon.tensor")
 
 local A = {}
 
@@ -34,7 +35,7 @@ function A.hash(s)
 end
 
 function A.describe_record(r)
-  return ("'%s' shape {%s} placement %s group %s%s%s"):format(r.name, table.concat(r.shape, ","),
+  return ("'%s' shape %s placement %s group %s%s%s"):format(r.name, T.shape_string(r.shape),
     G.placement_string(r.placement), tostring(r.group or 1), r.ns and " muon" or " elementwise",
     r.dtype and (" " .. r.dtype) or "")
 end

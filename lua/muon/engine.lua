@@ -408,7 +408,7 @@ function Engine:route(name, shape)
   return nil
 end
 
-local function shape_str(s) return "{" .. table.concat(s, ",") .. "}" end
+local shape_str = T.shape_string
 
 -- Split an add_param placement argument into (global shape or nil, per-axis
 -- spec): nil (replicated), a list of per-axis entries with an optional
@@ -484,7 +484,7 @@ function Engine:add_param(name, value, grad, placement)
     local logical, pl = self:_placement(name, value, placement)
     local g = self:route(name, logical)
     if not g then
-      E.raise(E.EINVAL, "parameter '%s' (shape %s) matches no group in config %s", name, table.concat(logical, "x"), self.source)
+      E.raise(E.EINVAL, "parameter '%s' (shape %s) matches no group in config %s", name, shape_str(logical), self.source)
     end
     if g.kind.ns and #logical < 2 then
       E.raise(E.EINVAL, "parameter '%s' is %d-D but matched Muon group %d%s: 1D parameters are not supported in Muon (route them to an AdamW group)",

@@ -66,6 +66,9 @@ muon.tensor.dtype_code(dtype)
 muon.tensor.DTYPE_NAMES
 muon.tensor.DTYPE_SIZES
     From C's dtype table: code -> name; name -> bytes per element.
+muon.tensor.shape_string(x)
+    A shape as every message writes it (C's too): "[64, 160]", "[]" for a
+    0-dim one; x a tensor or a list of sizes.
 muon.tensor.methods
     The method table of every tensor (an unknown name raises, naming the
     closest one: "tensor has no method or field 'expp' (did you mean
@@ -175,6 +178,14 @@ local function dtype_code(dtype)
 end
 T.dtype_code = dtype_code
 
+-- The one notation of shapes in messages (C's mu__shape_str writes it too).
+function T.shape_string(x)
+  local s = T.is_tensor(x) and x:size() or x
+  local parts = {}
+  for i = 1, #s do parts[i] = ("%.0f"):format(s[i]) end
+  return "[" .. table.concat(parts, ", ") .. "]"
+end
+
 -- Wrap a freshly returned mu_tensor* (box[0]) so the GC frees it; the
 -- tensor is the reference box[0][0] (see the top of this file).
 local function adopt(box)
@@ -253,7 +264,7 @@ function T.from(values, shape, dtype)
   local t = T.zeros(shape, dtype)
   local n = t:numel()
   if #flat ~= n then
-    blame(E.ESHAPE, ("values has %d elements but shape %s needs %d"):format(#flat, table.concat(shape, "x"), n))
+    blame(E.ESHAPE, ("values has %d elements but shape %s needs %d"):format(#flat, T.shape_string(shape), n))
   end
   local p = ffi.cast(CTYPES[t.scalar], t.data)
   for i = 1, n do

@@ -154,12 +154,14 @@ local function formatter(values)
   end, width
 end
 
--- The repr: "tensor(" values ", size=[...], dtype=...)".
+-- The repr: "tensor(" values ", size=[...], dtype=...)" (the shape as
+-- muon.tensor.shape_string writes it, given by install).
+local shape_string
 function M.format(t)
   local dims, nd = t:size(), t.ndim
   local n = t:numel()
   local summarize = n > THRESHOLD
-  local suffix = (", size=[%s], dtype=%s)"):format(table.concat(dims, ", "), t:dtype())
+  local suffix = (", size=%s, dtype=%s)"):format(shape_string(dims), t:dtype())
   if n == 0 then return "tensor([]" .. suffix end
   -- the shown values, in order (for the formatter)
   local idx, values = {}, {}
@@ -205,6 +207,7 @@ end
 -- Add the functions to T. P: tensor_ops.lua's private helpers (define, spec,
 -- run_map, reduce, reduce_dim, new_tensor, shape_str, dtype_names).
 function M.install(T, P)
+  shape_string = T.shape_string
   local methods, define, is_tensor = T.methods, P.define, T.is_tensor
   local DTYPE_NAMES = P.dtype_names
 

@@ -166,11 +166,7 @@ function M.install(T)
   local is_tensor = T.is_tensor
   local map_args = ffi.new("mu_map_args") -- reused: one call at a time
 
-  local function shape_str(t)
-    local s = {}
-    for i = 0, t.ndim - 1 do s[i + 1] = tostring(tonumber(t.dims[i])) end
-    return "[" .. table.concat(s, ", ") .. "]"
-  end
+  local shape_str = T.shape_string
 
   local function list_str(names, parts)
     local s = {}
