@@ -132,9 +132,9 @@ end
 -- schedule, match function), from the config's top-level hook_budget =
 -- { instructions = n, seconds = s, memory = bytes }: each a number > 0
 -- (math.huge: no limit); a missing one takes its default,
--- sandbox.HOOK_BUDGET (10^10 instructions, 300 CPU seconds, 1 GiB of Lua
--- heap). Sandboxed configs always run with them (and with the nesting
--- limit, sandbox.MAX_NESTING); trusted ones only when they set hook_budget.
+-- sandbox.HOOK_BUDGET. Sandboxed configs always run with them (and with
+-- the nesting limit, sandbox.MAX_NESTING); trusted ones only when they set
+-- hook_budget.
 -- Returns the limits, or nil (trusted, none set); raises EINVAL naming a
 -- bad key or value.
 local BUDGET_KEYS = { instructions = true, seconds = true, memory = true }
