@@ -14,9 +14,7 @@
 --   comm.stats(w) / w:stats() -> { calls=, bytes_sent=, bytes_recv=, seconds=,
 --                                  nonblocking=, done_before_wait= }
 --   comm.finalize(), comm.abort(code), comm.have_mpi(), comm.world_size()
---
--- Without MPI (or with libmuon built without it) every communicator has
--- size 1 and the collectives are local copies.
+--   comm.virtual(4096, 7)             -- rank 7 of 4096 for a dry run: moves no data
 --[[ reference muon.comm
     Communicators (src/comm.c). Ranks are 0-based, as in MPI. Without MPI
     (or a library built without it) every communicator has size 1 and the

@@ -1,8 +1,5 @@
--- The config-driven engine: routes named parameters to the config's groups
--- (each of an optimizer kind: muon.optim.kind), computes each step's
--- scheduled values, and runs the step protocol (muon.step) over all groups
--- at once: atomic across every group, and across ranks when the config has
--- a dist section. One checkpoint holds every group's state.
+-- The config-driven engine (its reference block below), over the step
+-- protocol (muon.step) and the optimizer kinds (muon.optim.kind).
 --
 --   local eng = require("muon.engine").new("configs/muon.lua")
 --   eng:add_param("layers.0.w", value, grad)
@@ -387,8 +384,7 @@ function Engine:_stepper()
   return self.stepper
 end
 
--- Use this communicator (a muon.comm) instead of the world; only before the
--- first parameter is registered (mu_engine_set_comm).
+-- (Its contract: the reference block at the top.)
 function Engine:set_comm(c)
   if not self.dist then E.raise(E.ESTATE, "set_comm: the config has no dist section") end
   if not commlib.is_comm(c) then E.raise(E.EINVAL, "set_comm: expected a muon.comm communicator") end
@@ -396,7 +392,7 @@ function Engine:set_comm(c)
   self.dist.comm = c
 end
 
--- The first group whose patterns match (name, shape), or nil.
+-- (Its contract: the reference block at the top.)
 function Engine:route(name, shape)
   for _, g in ipairs(self.groups) do
     local nd = #shape
@@ -459,8 +455,7 @@ function Engine:_placement(name, value, placement)
   return shape, pl
 end
 
--- The local shard shape of a parameter (global shape + placement spec as
--- add_param takes them) on this rank.
+-- (Its contract: the reference block at the top.)
 function Engine:local_shape_of(name, shape, placement)
   local st = self:_stepper()
   local _, plspec = split_spec(placement)
@@ -469,9 +464,7 @@ function Engine:local_shape_of(name, shape, placement)
   return D.local_box(shape, pl, st:mesh(), st:rank()).len
 end
 
--- Register a parameter (value/grad tensors; grad may be nil). placement is
--- for distributed configs: one entry per mesh axis ("R", "S(d)", ...) and
--- shape = the global shape.
+-- (Its contract: the reference block at the top.)
 function Engine:add_param(name, value, grad, placement)
   local ok, err = pcall(function()
     if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "add_param: name must be a non-empty string") end
@@ -504,9 +497,7 @@ end
 
 function Engine:param(name) return self.by_name[name] end
 
--- The optimizer state of a parameter on this rank ({ momentum_buffer } or
--- { step, exp_avg, exp_avg_sq }), nil before its first step or when
--- another replica holds it.
+-- (Its contract: the reference block at the top.)
 function Engine:state(name)
   local p = self.by_name[name]
   if not p then E.raise(E.EINVAL, "state: no parameter '%s'", tostring(name)) end
@@ -597,9 +588,8 @@ function Engine:reduce_grads(opts)
   return self:_stepper():reduce_grads(op, err)
 end
 
--- Per-step values from the trainer for the config's hooks, which read them
--- as ctx.signals[name] (a list of numbers); kept until set again. On a mesh
--- every rank must set the same values (they are agreed like the schedule).
+-- (Its contract: the reference block at the top; on a mesh the values are
+-- agreed like the schedule.)
 function Engine:set_signal(name, values)
   if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "set_signal: name must be a non-empty string") end
   if type(values) ~= "table" then E.raise(E.EINVAL, "set_signal '%s': values must be a list of numbers", name) end
@@ -617,19 +607,13 @@ function Engine:set_signal(name, values)
   self:_stepper():set_signal(name, values)
 end
 
--- Set every registered grad to 0, in place (parameters registered without
--- a grad are skipped): torch's zero_grad(set_to_none=False), since the
--- buffers are the trainer's.
+-- (Its contract: the reference block at the top.)
 function Engine:zero_grad()
   live(self, "zero_grad")
   G.zero(self:_stepper())
 end
 
--- Clip the registered grads by their global L2 norm, as
--- torch.nn.utils.clip_grad_norm_(params, max_norm): returns the total norm
--- before clipping; the grads are multiplied by max_norm / (norm + 1e-6)
--- when that is < 1. Exact, so the same bits on any mesh; there it is a
--- collective over the whole parameters (muon.grads).
+-- (Its contract: the reference block at the top; the maths: muon.grads.)
 function Engine:clip_grad_norm(max_norm)
   live(self, "clip_grad_norm")
   local ok, norm = pcall(G.clip, self:_stepper(), max_norm, "clip_grad_norm")
@@ -648,11 +632,8 @@ function Engine:_group(which, who)
   E.raise(E.EINVAL, "%s: %s", who, E.unknown("group", tostring(which), names))
 end
 
--- Set the lr of a group (its index or its name): it replaces the config's
--- lr (the group's base value) from the next step on. A schedule still runs
--- on top of it: one that returns an lr overrides it (the schedule sees it
--- as base_lr), and lr_scale multiplies the result. eng:get("lr:<group>")
--- shows it until the next step. On a mesh every rank sets the same value.
+-- (Its contract: the reference block at the top: the group's base lr,
+-- which a schedule sees as base_lr.)
 function Engine:set_lr(group, lr)
   local g = self:_group(group, "set_lr")
   if not O.is_finite(lr) or lr < 0 then
@@ -689,10 +670,10 @@ function Engine:get(key)
   E.raise(E.EINVAL, "get: %s", E.unknown("key", tostring(key), GETTABLE))
 end
 
--- { state_bytes, scratch_bytes } this rank holds.
+-- (Its contract: the reference block at the top.)
 function Engine:memory() return self:_stepper():memory() end
 
--- This rank's plan of the registered parameters (the reference block).
+-- (Its contract: the reference block at the top.)
 function Engine:plan()
   local st, d = self:_stepper(), self.dist or {}
   return D.plan(st:plan_records(), st:mesh(), { rank = st:rank(), balance = d.balance,
@@ -781,16 +762,10 @@ local function engine_meta(meta)
   return step, scale
 end
 
--- Load a checkpoint saved by save(); checks everything before changing anything.
--- opts: { checksum = false } accepts a file without checksums (or with stale
--- ones), e.g. written or edited in Python; everything else is still checked.
--- What a load restores and what the config keeps (one rule, from the
--- kinds' schemas, kind.LOAD): the state, the step counts and lr_scale are
--- the checkpoint's; an option the config keeps ("config") stays the
--- config's; a schedulable one ("restore") is the checkpoint's (the value
--- its last step used) until the next step computes it from the config.
--- Every saved value that differs from the config's (for a schedulable one:
--- what the config gives at the checkpoint's step) is a note on stderr.
+-- (Its contract: the reference block at the top.) What a load restores and
+-- what the config keeps is one rule, from the kinds' schemas (kind.LOAD);
+-- a schedulable value is compared with what the config gives at the
+-- checkpoint's step.
 function Engine:load(path, opts)
   live(self, "load")
   local values

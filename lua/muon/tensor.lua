@@ -251,7 +251,6 @@ local function flatten(tbl, shape, dim, out)
   for i = 1, #tbl do flatten(tbl[i], shape, dim + 1, out) end
 end
 
--- T.from({1,2,3,4,5,6}, {2,3}) or T.from({{1,2,3},{4,5,6}}); dtype optional.
 function T.from(values, shape, dtype)
   if type(values) ~= "table" then blame(E.EINVAL, "values must be a table") end
   if type(shape) == "string" then shape, dtype = nil, shape end
@@ -275,8 +274,6 @@ function T.from(values, shape, dtype)
   return t
 end
 
--- Wrap memory the caller keeps alive (a cdata pointer) as a tensor;
--- strides (in elements, optional) default to C-contiguous.
 function T.wrap(ptr, shape, dtype, strides)
   local arr, n = shape_array(shape)
   local sarr = nil
@@ -296,8 +293,6 @@ function T.wrap(ptr, shape, dtype, strides)
   return adopt(box)
 end
 
--- T.load(path [, { dtype = "float32" | "float64" | "bfloat16" }]): a .npy
--- file; with a dtype, float16, integer and boolean data convert to it.
 function T.load(path, opts)
   if type(path) ~= "string" then blame(E.EINVAL, "path must be a string") end
   if opts ~= nil and type(opts) ~= "table" then blame(E.EINVAL, "load: options must be a table { dtype = ... }") end
@@ -309,15 +304,7 @@ function T.load(path, opts)
   return adopt(box)
 end
 
--- Random tensors (splitmix64; normal by Box-Muller), for tests,
--- benchmarks, examples and initializations:
---   T.randn(shape, seed, dtype)  -- a number seed: the same tensor every time
---   T.randn(shape)               -- no seed: drawn from the default generator
---                                -- (successive calls differ; reproducible per run)
---   T.rand(shape, seed, dtype)   -- uniform on [0, 1), the same seeds and generators
---   T.manual_seed(s)             -- restart the default generator (as torch.manual_seed)
---   local g = T.generator(s)     -- a generator of its own: g:randn(shape, dtype),
---   T.randn(shape, g, dtype)     -- g:rand(shape, dtype), or passed in place of the seed
+-- Random tensors (their contract: the reference block), splitmix64 bits.
 local function seed_state(seed, what)
   if type(seed) ~= "number" or seed ~= math.floor(seed) or math.abs(seed) >= 2 ^ 53 then
     blame(E.EINVAL, "%s: seed must be an integer (|seed| < 2^53) or a generator, got %s", what, tostring(seed))
@@ -452,7 +439,6 @@ function methods:view(shape)
   return adopt(box)
 end
 
--- Like view, but copies first when the tensor is not contiguous.
 function methods:reshape(shape)
   if self:is_contiguous() then return self:view(shape) end
   return self:contiguous():view(shape)
@@ -465,7 +451,6 @@ function methods:transpose(d1, d2)
   return adopt(box)
 end
 
--- narrow(dim, start, length): start is 1-based.
 function methods:narrow(d, start, length)
   local dim = check_dim(self, d, "narrow")
   if not is_integer(start) then E.raise(E.EINVAL, "narrow: start must be an integer, got %s", tostring(start)) end
@@ -479,7 +464,6 @@ function methods:narrow(d, start, length)
   return adopt(box)
 end
 
--- select(dim, index): narrow to one index and drop that dim (a view).
 function methods:select(d, index)
   local n = self:narrow(d, index, 1)
   local box = out_box()
@@ -582,7 +566,6 @@ local function readable(t)
   return c
 end
 
--- Nested Lua tables (a number for a 0-dim tensor).
 function methods:totable()
   local c = readable(self)
   local p = ffi.cast(CTYPES[c.scalar], c.data)
@@ -604,7 +587,6 @@ function methods:totable()
   return build(1)
 end
 
--- Flat Lua array of the elements in row-major order.
 function methods:flat()
   local c = readable(self)
   local p = ffi.cast(CTYPES[c.scalar], c.data)
