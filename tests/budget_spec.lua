@@ -338,6 +338,70 @@ describe("hook budget: a misbehaving hook fails the step, nothing changed", func
     has(err, "hook_budget.instructions")
   end)
 
+  -- A trusted config has coroutine.create, wrap and resume (and the VM's
+  -- own pcall): LuaJIT's one hook must count a coroutine the hook creates
+  -- like the hook itself, and a limit, once exceeded, must stop code that
+  -- catches its error and goes on.
+  local ESCAPES = {
+    "coroutine.wrap(function() while true do end end)()",
+    "coroutine.resume(coroutine.create(function() while true do end end)) while true do end",
+    "while true do coroutine.resume(coroutine.create(function() while true do end end)) end",
+    "local co = coroutine.wrap(function() while true do coroutine.yield() end end) while true do co() end",
+    "coroutine.wrap(function() coroutine.wrap(function() while true do end end)() end)()",
+    "while true do pcall(coroutine.wrap(function() while true do end end)) end",
+    "while true do pcall(function() while true do end end) end",
+  }
+  local LIMITS = { { "instructions = 1e6", "exceeded the hook budget of 1000000 Lua instructions" },
+    { "seconds = 0.1", "exceeded the hook time limit of 0.1 CPU seconds" } }
+
+  -- The first step of a config (its text, or a table) under hook_budget =
+  -- { <limit> } with post_update_fn = function() <body> end (or the text
+  -- given whole) fails within 5 s and changes nothing; its error.
+  local function fails_unchanged(limit, body, opts, text)
+    local config = type(body) == "table" and body or write_config(text or ("return { hook_budget = { " .. limit
+      .. " }, groups = { { optimizer = 'muon', post_update_fn = function(p, w, ctx) " .. body .. " end } } }"))
+    local t0 = os.clock()
+    local eng, before, ok, err = first_step(config, opts)
+    assert.is_false(ok, tostring(body))
+    assert.is_true(os.clock() - t0 < 5, tostring(body))
+    assert.equal(before, D.snapshot(eng))
+    return err
+  end
+
+  for _, limit in ipairs(LIMITS) do
+    it(("trusted: a loop in a coroutine the hook creates is bounded (%s), nothing changed"):format(limit[1]),
+      function()
+        for _, body in ipairs(ESCAPES) do
+          local err = fails_unchanged(limit[1], body, { trusted = true })
+          assert.equal(E.ELUA, E.code(err), body)
+          has(err, "post_update_fn: parameter 'w': " .. limit[2])
+        end
+      end)
+  end
+
+  it("trusted: the Lua heap a coroutine the hook creates keeps counts (hook_budget.memory)", function()
+    local err = fails_unchanged("memory = 2^24", "local keep = {} coroutine.wrap(function() "
+      .. "while true do keep[#keep + 1] = { 1, 2, 3 } end end)()", { trusted = true })
+    assert.equal(E.ENOMEM, E.code(err))
+    has(err, "post_update_fn: parameter 'w': exceeded the hook memory limit of 16777216 bytes of Lua heap")
+  end)
+
+  it("trusted: a table config's hook and a schedule are bounded through coroutines too", function()
+    has(fails_unchanged(nil, { hook_budget = { instructions = 1e6 }, groups = { { optimizer = "muon",
+      post_update_fn = function() coroutine.wrap(function() while true do end end)() end } } }),
+      "post_update_fn: parameter 'w': exceeded the hook budget of 1000000 Lua instructions")
+    has(fails_unchanged(nil, "", { trusted = true }, "return { hook_budget = { seconds = 0.1 }, groups = { { "
+      .. "optimizer = 'muon' } }, schedule = function() while true do coroutine.resume(coroutine.create("
+      .. "function() while true do end end)) end end }"), "exceeded the hook time limit of 0.1 CPU seconds")
+  end)
+
+  it("sandboxed: a hook has no coroutines (blocked), and the same loops without them are bounded", function()
+    has(fails_unchanged("instructions = 1e6", ESCAPES[1]), "coroutine.wrap is blocked in sandboxed configs")
+    for _, limit in ipairs(LIMITS) do
+      has(fails_unchanged(limit[1], ESCAPES[#ESCAPES]), "post_update_fn: parameter 'w': " .. limit[2])
+    end
+  end)
+
   it("hook_budget is checked strictly (key names, values)", function()
     for _, c in ipairs({
       { "5", "hook_budget must be a table { instructions = n, seconds = s, memory = bytes }, got number" },

@@ -41,7 +41,7 @@ describe("muon check --params", function()
       ["lm_head.weight"] = "256x32", ["ln_f.bias"] = "32", ["ln_f.weight"] = "32", ["stem.bias"] = "64",
       ["stem.weight"] = "64x3x3x3", ["wte.weight"] = "256x32" }, got)
     assert.equal(1, #notes)
-    assert.truthy(notes[1]:find("'position_ids' (I64 1x64) left out", 1, true), notes[1])
+    assert.truthy(notes[1]:find("'position_ids' (I64 [1, 64]) left out", 1, true), notes[1])
   end)
 
   it("detects the format by content, not by the file's name; a binary file is never read as names", function()
@@ -79,11 +79,11 @@ describe("muon check --params", function()
   end)
 
   it("NS shape of each parameter: 2-D as is, conv-like 3-D, N-D batched or flattened (nd_mode)", function()
-    assert.equal("96x32", check.ns_shape({ 96, 32 }, "batch"))
-    assert.equal("192 x (3x3): dims 1..2 batched; nd_mode=flatten gives 64x27", check.ns_shape({ 64, 3, 3, 3 }, "batch"))
-    assert.equal("64x27 (dims 2..4 flattened: nd_mode=flatten)", check.ns_shape({ 64, 3, 3, 3 }, "flatten"))
-    assert.equal("16x8 (conv-like 16x1x8)", check.ns_shape({ 16, 1, 8 }, "batch"))
-    assert.equal("4 x (6x5): dims 1..1 batched; nd_mode=flatten gives 4x30", check.ns_shape({ 4, 6, 5 }, "batch"))
+    assert.equal("[96, 32]", check.ns_shape({ 96, 32 }, "batch"))
+    assert.equal("192 x [3, 3]: dims 1..2 batched; nd_mode=flatten gives [64, 27]", check.ns_shape({ 64, 3, 3, 3 }, "batch"))
+    assert.equal("[64, 27] (dims 2..4 flattened: nd_mode=flatten)", check.ns_shape({ 64, 3, 3, 3 }, "flatten"))
+    assert.equal("[16, 8] (conv-like [16, 1, 8])", check.ns_shape({ 16, 1, 8 }, "batch"))
+    assert.equal("4 x [6, 5]: dims 1..1 batched; nd_mode=flatten gives [4, 30]", check.ns_shape({ 4, 6, 5 }, "batch"))
     assert.equal("-", check.ns_shape({ 7 }, "batch"))
   end)
 
@@ -106,8 +106,8 @@ describe("muon check --params", function()
     local all = out:match("\nall%s+([^\n]+)")
     assert.truthy(all:match("^10%s+" .. (elements + 224) .. "%s"), all)
     -- the NS table: the conv's split, said
-    assert.truthy(out:find("stem.weight     64x3x3x3  192 x (3x3): dims 1..2 batched; nd_mode=flatten gives 64x27", 1, true), out)
-    assert.truthy(out:find("'position_ids' (I64 1x64) left out", 1, true), out)
+    assert.truthy(out:find("stem.weight     [64, 3, 3, 3]  192 x [3, 3]: dims 1..2 batched; nd_mode=flatten gives [64, 27]", 1, true), out)
+    assert.truthy(out:find("'position_ids' (I64 [1, 64]) left out", 1, true), out)
     assert.truthy(out:find("no problems found", 1, true), out)
     os.remove(cfg)
   end)
@@ -124,13 +124,13 @@ describe("muon check --params", function()
     local w = check.warnings(rows)
     local text = table.concat(w, "\n")
     assert.equal(5, #w, text)
-    assert.truthy(text:find("'row' (1x50, group 1) is a 1x50 matrix for Newton-Schulz", 1, true), text)
-    assert.truthy(text:find("'col' (50x1, group 1) is a 50x1 matrix", 1, true), text)
-    assert.truthy(text:find("'model.embed_tokens.weight' (100x16, group 1) looks like an embedding or output head "
+    assert.truthy(text:find("'row' ([1, 50], group 1) is a [1, 50] matrix for Newton-Schulz", 1, true), text)
+    assert.truthy(text:find("'col' ([50, 1], group 1) is a [50, 1] matrix", 1, true), text)
+    assert.truthy(text:find("'model.embed_tokens.weight' ([100, 16], group 1) looks like an embedding or output head "
       .. "(its name has 'embed')", 1, true), text)
-    assert.truthy(text:find("'big' (40000x1024, group 1) looks like an embedding or output head (40000x1024: one "
+    assert.truthy(text:find("'big' ([40000, 1024], group 1) looks like an embedding or output head ([40000, 1024]: one "
       .. "side > 10x the other and > 32768)", 1, true), text)
-    assert.truthy(text:find("'conv' (8x4x3x3, group 1) is orthogonalized as 32 separate 3x3 matrices", 1, true), text)
+    assert.truthy(text:find("'conv' ([8, 4, 3, 3], group 1) is orthogonalized as 32 separate [3, 3] matrices", 1, true), text)
     -- not flagged: a square hidden matrix, 40000x4096 (< 10x), the flattened conv, an AdamW bias
     for _, name in ipairs({ "'h.w'", "'wide'", "'fconv'", "'bias'" }) do assert.is_nil(text:find(name, 1, true), name) end
     -- nothing flagged in AdamW groups

@@ -56,6 +56,38 @@ describe("muon check --world", function()
     assert.truthy(text:match("bytes per step: sent %d+, received %d+"))
     assert.truthy(text:match("job NS imbalance %(largest rank / mean, by flops%): [%d.]+"))
   end)
+  -- (Nothing per rank: the owner of every replicated matrix, the last rank
+  -- and a rank holding one expert of a 64-expert stack sharded over 2^30
+  -- ranks plan in the same memory at any world size; worlds MPI cannot
+  -- number are refused.)
+  it("plans any rank of 2^31 - 1 in O(P log P) time and memory, and refuses a larger world", function()
+    if not have_cli then pending("build/muon not built") return end
+    local moe = tmpfile("experts.w 64 128 256\nattn.w 1024 1024\nnorm 1024\n")
+    for _, c in ipairs({ { "examples/demo_shapes.txt", 0, "" }, { "examples/demo_shapes.txt", 2147483646, "" },
+      { moe, 7, " --mesh replicate:2,shard:1073741823" } }) do
+      local world = c[3] == "" and 2147483647 or 2147483646
+      local out, tv = os.tmpname(), os.tmpname()
+      local rc = os.execute(("/usr/bin/time -v build/muon check configs/muon.lua --params %s --world %d --rank %d%s "
+        .. ">%s 2>%s"):format(c[1], world, c[2], c[3], out, tv))
+      local text = assert(io.open(out)):read("*a")
+      local t = assert(io.open(tv)):read("*a")
+      os.remove(out); os.remove(tv)
+      assert.is_true(rc == 0 or rc == true, text)
+      local cpu = tonumber(t:match("User time %(seconds%): ([%d.]+)")) + tonumber(t:match("System time %(seconds%): ([%d.]+)"))
+      local rss = tonumber(t:match("Maximum resident set size %(kbytes%): (%d+)"))
+      assert.is_true(cpu < 2, ("%.2f s of CPU"):format(cpu))
+      assert.is_true(rss < 64 * 1024, ("%d kB peak RSS"):format(rss))
+      assert.truthy(text:find(("plan of rank %d of %d"):format(c[2], world), 1, true), text)
+    end
+    os.remove(moe)
+    local out = os.tmpname()
+    local rc = os.execute(("build/muon check configs/muon.lua --params examples/demo_shapes.txt --world 2147483648 "
+      .. "--rank 0 >/dev/null 2>%s"):format(out))
+    local err = assert(io.open(out)):read("*a")
+    os.remove(out)
+    assert.is_true(rc == 2 * 256 or rc == false, tostring(rc))
+    assert.truthy(err:find("--world 2147483648: at most 2147483647 ranks (MPI numbers ranks with C ints)", 1, true), err)
+  end)
   it("gives a rank the figures of its plan: one replicated matrix on a 2-rank mesh", function()
     local cfg = tmpfile([[return { groups = { { optimizer = "muon", lr = 0.02 } }, dist = { mesh = { { "replicate", 2 } } } }]])
     local shapes = assert(check.read_shapes(tmpfile("w 8 4\n")))
@@ -80,7 +112,7 @@ describe("muon check --world", function()
     local cfg = tmpfile([[return { groups = { { optimizer = "adamw" } } }]])
     local _, problems = CW.run(cfg, assert(check.read_shapes(tmpfile("a 4 6 @R,S(3)\n"))), { world = 4, rank = 0,
       mesh = "replicate:2,shard:2" })
-    assert.truthy(tostring(problems[1]):find("parameter 'a'", 1, true))
+    assert.truthy(tostring(problems[1]):find("add_param 'a': ", 1, true))
     assert.truthy(tostring(problems[1]):find("shards dim 3 of a 2-D tensor", 1, true))
     _, problems = CW.run(cfg, shapes, { world = 6, rank = 0, mesh = "replicate:2,shard:2" })
     assert.truthy(problems[1]:find("multiply to 4 but the world has 6 ranks", 1, true))

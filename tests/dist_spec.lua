@@ -34,6 +34,16 @@ describe("dist.mesh", function()
     assert.are.equal(3, m:rank_of({ 1, 0 }))
     assert.are.equal("(r=2, s=3)", m:describe())
   end)
+  it("has at most 2^31 - 1 ranks (MPI numbers them with C ints), and says so", function()
+    assert.are.equal(2147483647, D.MAX_RANKS)
+    assert.are.equal(2147483647, D.mesh({ { "world", 2147483647 } }, 2147483647).size)
+    for _, spec in ipairs({ { { "world", 2147483648 } }, { { "r", 65536 }, { "s", 65536 } }, { { "w", math.huge } } }) do
+      local ok, err = pcall(D.mesh, spec)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("more than the 2147483647 MPI can number (its ranks are C ints)", 1, true),
+        tostring(err))
+    end
+  end)
   it("rejects a size product different from the world and bad axes", function()
     assert.has_error(function() D.mesh({ { "r", 2 }, { "s", 2 } }, 6) end,
       "dist.mesh: axis sizes (r=2, s=2) multiply to 4 but the world has 6 ranks")
@@ -233,13 +243,57 @@ describe("dist per-rank plan against the brute-force global planner", function()
         seed = s0
         local plan = D.plan(records(), mesh, { rank = q, balance = balance })
         assert.are.same(Gp.view(g, q), Gp.view_of(plan))
-        assert.are.same(g.ns_load, plan.ns_load)
+        for r = 0, mesh.size - 1 do assert.equal(g.ns_load[r], plan.ns_load[r]) end
         checked = checked + 1
       end
       seed = s0
       records()
     end
     assert.is_true(checked > 400, checked) -- ranks compared
+  end)
+
+  -- (The owner's dests are made on first use: a plan only looked at, as
+  -- muon check --world's, counts its bytes without them.)
+  it("counts the bytes of a step without listing the owner's dests, as with them; sends match receives", function()
+    for _ = 1, 100 do
+      local mesh, records = case()
+      local s0 = seed
+      local sent_all, recv_all = 0, 0
+      for q = 0, mesh.size - 1 do
+        seed = s0
+        local plan = D.plan(records(), mesh, { rank = q })
+        local lazy = { D.step_elements(plan, q) }
+        for _, r in ipairs(plan.records) do
+          for _, it in ipairs(r.items) do D.dests(it) end
+        end
+        assert.are.same({ D.step_elements(plan, q) }, lazy)
+        sent_all, recv_all = sent_all + lazy[1], recv_all + lazy[2]
+      end
+      assert.are.equal(sent_all, recv_all)
+      seed = s0
+      records()
+    end
+  end)
+
+  it("each_box visits the non-empty boxes each_coords would, in its order, and no empty one", function()
+    for _ = 1, 100 do
+      local mesh, records = case()
+      for _, r in ipairs(records()) do
+        local axes = {}
+        for a, p in ipairs(r.placement) do if p.kind == "S" then axes[#axes + 1] = a end end
+        local want, got, zeros = {}, {}, {}
+        for a = 1, #mesh.sizes do zeros[a] = 0 end
+        D.each_coords(mesh, axes, zeros, function(x)
+          local b = D.local_box(r.shape, r.placement, mesh, mesh:rank_of(x))
+          if D.numel(b.len) > 0 then want[#want + 1] = mesh:rank_of(x) end
+        end)
+        D.each_box(r.shape, r.placement, mesh, axes, zeros, function(x, b)
+          assert.is_true(D.numel(b.len) > 0)
+          got[#got + 1] = mesh:rank_of(x)
+        end)
+        assert.are.same(want, got)
+      end
+    end
   end)
 end)
 
@@ -326,7 +380,7 @@ describe("engine with dist: registration checks (one process)", function()
     local e = engine.new({ groups = { { optimizer = "muon", match = "^w" }, { optimizer = "adamw" } },
       dist = { mesh = { { "s", 1 } }, comm = comm.self() } })
     assert.has_error(function() e:add_param("w", T.zeros({ 3, 4 }), nil, { shape = { 3, 5 } }) end,
-      "add_param 'w': rank 0 holds a local shard of shape {3,4}, but global shape {3,5} with placement (R) on mesh (s=1) gives {3,5}")
+      "add_param 'w': rank 0 holds a local shard of shape [3, 4], but global shape [3, 5] with placement (R) on mesh (s=1) gives [3, 5]")
     assert.has_error(function() e:add_param("w", T.zeros({ 3 }), nil, { "R" }) end,
       "parameter 'w' is 1-D but matched Muon group 1: 1D parameters are not supported in Muon (route them to an AdamW group)")
     assert.has_error(function() e:add_param("w", T.zeros({ 3, 4 }), nil, { placement = { "R", "R" } }) end,

@@ -4,6 +4,8 @@ local R = require("ref_muon")
 local muon = H.muon
 local T = H.T
 local engine = muon.engine
+local E = require("muon.errors")
+local D = require("muon.dist")
 
 describe("AdamW", function()
   it("matches a double-precision torch.optim.AdamW over 5 steps", function()
@@ -171,7 +173,7 @@ describe("engine", function()
   it("reports routing problems and bad configs with clear messages", function()
     local eng = engine.new({ groups = { { optimizer = "muon", match = "^w" } } })
     local ok, err = pcall(eng.add_param, eng, "bias", T.zeros({ 2, 2 }))
-    assert.truthy(err:find("parameter 'bias' (shape 2x2) matches no group", 1, true), err)
+    assert.truthy(err:find("parameter 'bias' (shape [2, 2]) matches no group", 1, true), err)
     ok, err = pcall(eng.add_param, eng, "w1", T.zeros({ 3 }))
     assert.truthy(err:find("parameter 'w1' is 1-D but matched Muon group 1", 1, true), err)
     eng:add_param("w2", T.zeros({ 2, 2 }))
@@ -218,7 +220,64 @@ describe("engine", function()
       { name = "x", shape = { 3, 3 } },
     })
     assert.equal(1, #problems)
-    assert.truthy(problems[1]:find("parameter 'x' (shape 3x3) matches no group", 1, true))
+    assert.truthy(problems[1]:find("parameter 'x' (shape [3, 3]) matches no group", 1, true))
+  end)
+
+  -- (muon check and muon check --world are one dry run: a dry-run engine,
+  -- stand-ins registered with add_param, the plan asked with eng:plan().)
+  local HSDP = { groups = { { optimizer = "muon", min_dim = 2 }, { optimizer = "adamw" } },
+    dist = { mesh = { { "replicate", 2 }, { "shard", 2 } } } }
+  local SHAPES = { { name = "w", shape = { 8, 6 } }, { name = "b", shape = { 6 } }, { name = "e", shape = { 4, 6, 2 } } }
+
+  it("a dry run of a dist config stands for rank 0 of its mesh; --world stands for any rank, on any mesh", function()
+    local rows, problems, eng = engine.check(HSDP, SHAPES)
+    assert.same({}, problems)
+    assert.same({ "muon", "adamw", "muon" }, { rows[1].optimizer, rows[2].optimizer, rows[3].optimizer })
+    local plan = eng:plan()
+    assert.same({ 0, 4 }, { plan.rank, plan.mesh.size })
+    -- rank 3 of 8 on another mesh: the stand-ins hold rank 3's shards (S(1) on the shard axis)
+    rows, problems, eng = engine.check(HSDP, SHAPES, { dry_run = { world = 8, rank = 3,
+      mesh = { { "replicate", 2 }, { "shard", 4 } } } })
+    assert.same({}, problems)
+    assert.same({ 8, 6 }, rows[1].shape) -- (the global shape)
+    assert.same({ 2, 6 }, eng:param("w").value:size())
+    assert.same({ 0 }, eng:param("b").value:size()) -- (6 in pieces of 2: none left for shard 3)
+    plan = eng:plan()
+    assert.same({ 3, 8, "(replicate=2, shard=4)" }, { plan.rank, plan.mesh.size, plan.mesh:describe() })
+    for _, r in ipairs(plan.records) do
+      assert.equal("(R,S(1))", D.placement_string(r.placement))
+      assert.same(eng:param(r.name).value:size(), r.mine.len)
+    end
+    -- a config without dist, as rank 5 of 7 (a world axis, every parameter replicated)
+    rows, problems, eng = engine.check("configs/muon.lua", SHAPES, { dry_run = { world = 7, rank = 5 } })
+    assert.same({}, problems)
+    assert.same({ 5, 7 }, { eng:plan().rank, eng:plan().mesh.size })
+    assert.same({ 8, 6 }, eng:param("w").value:size())
+  end)
+
+  it("a dry-run engine routes and plans but never steps, saves or loads; bad dry runs name the problem", function()
+    local eng = engine.new(HSDP, { dry_run = true })
+    eng:add_param("w", T.zeros({ 8, 6 }), nil)
+    for _, call in ipairs({ { "step" }, { "save", "x.safetensors" }, { "load", "x.safetensors" }, { "reduce_grads" },
+      { "zero_grad" }, { "clip_grad_norm", 1 } }) do
+      local ok, err = pcall(eng[call[1]], eng, call[2])
+      assert.is_false(ok, call[1])
+      assert.equal(E.ESTATE, E.code(err))
+      assert.truthy(tostring(err):find(call[1] .. ": a dry-run engine (muon check) routes and plans", 1, true),
+        tostring(err))
+    end
+    for _, c in ipairs({
+      { { world = 4, rank = 4 }, "a dry run as rank 4 of 4: comm.virtual: rank must be an integer in 0..3, got 4" },
+      { { world = 6 }, "a dry run as rank 0 of 6: dist.mesh: axis sizes (replicate=2, shard=2) multiply to 4 but the world has 6 ranks" },
+      { { world = 2 ^ 31, mesh = { { "w", 2 ^ 31 } } }, "more than the 2147483647 MPI can number" },
+      { { wrold = 4 }, "engine.new: unknown dry_run key 'wrold' (did you mean 'world'?)" },
+      { "yes", "dry_run must be true or { world = N, rank = R, mesh = ... }, got string" },
+    }) do
+      local ok, err = pcall(engine.new, HSDP, { dry_run = c[1] })
+      assert.is_false(ok)
+      assert.equal(E.EINVAL, E.code(err))
+      assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
+    end
   end)
 end)
 

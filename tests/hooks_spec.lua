@@ -298,7 +298,7 @@ describe("reductions in hooks", function()
       { function() f.allreduce(1, "sum") end, "post_update_fn: ctx.allreduce: x must be a tensor, got number" },
       { function() f.allreduce(T.zeros({ 4, 3 }), "avg") end, "op must be 'sum', 'max' or 'min', got 'avg'" },
       { function() f.global_norm(T.zeros({ 3, 4 })) end,
-        "ctx.global_norm: x must have the shape of this rank's piece of the parameter, {4, 3} (local_tensor's), got {3, 4}" },
+        "ctx.global_norm: x must have the shape of this rank's piece of the parameter, [4, 3] (local_tensor's), got [3, 4]" },
     }
     for _, c in ipairs(cases) do
       local ok, err = pcall(c[1])

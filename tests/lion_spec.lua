@@ -264,6 +264,6 @@ describe("Lion in an engine", function()
     local text, problems = H.check_report("return { groups = { { name = 'm', optimizer = 'muon', min_dim = 2 }, "
       .. "{ name = 'l', optimizer = 'lion', betas = { 0.95, 0.98 } } } }\n", "w 4 3\nb 4\n")
     assert.same({}, problems)
-    assert.truthy(text:find("\nb +4 +2 %(l%) +lion +lr=0.0001 weight_decay=0 betas=%(0.95,0.98%)\n"), text)
+    assert.truthy(text:find("\nb +%[4%] +2 %(l%) +lion +lr=0.0001 weight_decay=0 betas=%(0.95,0.98%)\n"), text)
   end)
 end)

@@ -430,11 +430,11 @@ describe("Muon atomic step", function()
     local ok, err = pcall(Muon, params)
     assert.is_false(ok)
     assert.equal(E.ESHAPE, E.code(err))
-    assert.truthy(err:find("parameter 'tall': grad has shape 4x9 but the value has shape 9x4", 1, true), err)
+    assert.truthy(err:find("parameter 'tall': grad has shape [4, 9] but the value has shape [9, 4]", 1, true), err)
     params[2].grad = good
     local opt = Muon(params)
     local snap = snapshot(opt, params)
-    for _, c in ipairs({ { T.zeros({ 4, 9 }), E.ESHAPE, "grad has shape 4x9 but the value has shape 9x4" },
+    for _, c in ipairs({ { T.zeros({ 4, 9 }), E.ESHAPE, "grad has shape [4, 9] but the value has shape [9, 4]" },
                          { T.zeros({ 9, 4 }, "float64"), E.EDTYPE, "grad is float64 but the value is float32" } }) do
       params[2].grad = c[1] -- a grad set after the optimizer was made
       ok, err = pcall(opt.step, opt)

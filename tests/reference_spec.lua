@@ -122,6 +122,48 @@ describe("the checker reports what is missing (a fake module)", function()
     assert.is_true(has(p, "'fake.mod.other' has no entry"), table.concat(p, "\n"))
     assert.is_false(has(p, "'fake.mod.lazy'"))
   end)
+
+  it("the README names the options of the kinds and points to muon help; it writes none of their defaults", function()
+    local readme = read("README.md")
+    local K = require("muon.optim.kind")
+    for _, k in ipairs(K.KINDS) do
+      assert.truthy(readme:find("muon help muon.optim." .. (k.class == "Muon" and "Muon" or ""), 1, true), k.class)
+      for name in pairs(K.get(k.name).OPTIONS) do
+        local at = readme:find("`" .. name .. "` [%d\"{%-]")
+        assert.is_nil(at, ("%s: %s"):format(name, at and readme:sub(at, at + 40) or ""))
+      end
+    end
+  end)
+
+  -- (An option's default is written once, in its schema: the blocks write
+  -- "opts.name = {default}" and muon help prints the schema's value.)
+  it("options with a schema: defaults printed from it, never written by hand; every option named", function()
+    local schema = { DEFAULTS = { lr = 0.02, betas = { 0.9, 0.999 }, eps = 1e-8, mode = "fast" },
+      OPTIONS = { lr = true, betas = true, eps = true, mode = true, hook = true } }
+    local s = { name = "fake.mod", files = { "f.lua" }, defaults = function(h)
+      if h.key == "fake.mod.Opt" then return schema.DEFAULTS, schema.OPTIONS end
+    end, texts = { ["f.lua"] = "--[[ reference fake.mod\nfake.mod.Opt(params, opts)\n"
+      .. "    opts.lr = {default}, opts.betas = {default}\n    opts.eps = 1e-8: by hand.\n"
+      .. "    opts.hook = {default}: none.\n]]\n" } }
+    local p = R.check_module(s, { Opt = 1 })
+    assert.is_true(has(p, "f.lua:2: 'fake.mod.Opt' writes the default of opts.eps (1e-8) by hand"), table.concat(p, "\n"))
+    assert.is_true(has(p, "f.lua:2: 'fake.mod.Opt' does not name its option opts.mode"), table.concat(p, "\n"))
+    assert.are.equal(2, #p, table.concat(p, "\n"))
+    local entries = R.load(s)
+    assert.same({ "    opts.lr = 0.02, opts.betas = {0.9, 0.999}", "    opts.eps = 1e-8: by hand.",
+      "    opts.hook = nil: none." }, R.expand(s, entries[1]))
+    -- the kinds: muon help prints each default of each schema
+    local K = require("muon.optim.kind")
+    for _, k in ipairs(K.KINDS) do
+      local text = R.lookup("muon.optim." .. k.class)
+      for name, v in pairs(K.get(k.name).DEFAULTS) do
+        local want = type(v) == "string" and ("%q"):format(v) or type(v) == "table" and "{" or tostring(v)
+        assert.truthy(text:find("opts." .. name .. " = " .. want, 1, true) or type(v) == "number"
+          and text:find("opts." .. name .. " = " .. ("%.10g"):format(v):gsub("e([-+])0*(%d)", "e%1%2"), 1, true),
+          k.class .. "." .. name .. "\n" .. text)
+      end
+    end
+  end)
 end)
 
 describe("src/muon.h and src/muon_ffi.h", function()

@@ -660,6 +660,11 @@ describe("sandboxed config: the load budget cannot be escaped", function()
     assert.equal(11 * 11 * 11 * 4, S.pattern_cost("[%a]-%d+x", 10))
     assert.equal(11 * 2 * 3, S.pattern_cost("%.?x", 10))
     assert.equal(11 * 11 * 1, S.pattern_cost("%bxy", 10))      -- a balance scan
+    -- a quantified item that ends the pattern cannot fail: one scan, no choices
+    assert.equal(11 * 2 + 11, S.pattern_cost(".*", 10))
+    assert.equal(1 * 11 * 4 + 11, S.pattern_cost("^(%w+)%.(%d-)", 10))
+    assert.equal(11 * 11 * 3, S.pattern_cost(".*$", 10))       -- "$" after it: it can fail
+    assert.equal(11 * 11 * 4, S.pattern_cost("a.*b", 10))
   end)
 end)
 
@@ -735,6 +740,24 @@ describe("sandboxed config: hooks at step time", function()
     assert.is_true(trusted < sandboxed / 2, ("trusted %d, sandboxed %d"):format(trusted, sandboxed))
   end)
 
+  -- (A name of any length routes: a group without match takes every name
+  -- without running a pattern on it; ".*", the shipped configs' match, is
+  -- linear in the name's length.)
+  it("names of any length route with no match, or with match = '.*', and step", function()
+    local no_match = write_config("return { groups = { { optimizer = 'adamw', exclude = 'bias' } } }")
+    for _, n in ipairs({ 7 * 1024, 8 * 1024, 64 * 1024, 2 ^ 20 }) do
+      local name = ("h."):rep(n / 2)
+      for _, cfg in ipairs({ no_match, "configs/muon.lua", { groups = { { optimizer = "lion" } } } }) do
+        local eng = engine.new(cfg)
+        local w, g = T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2)
+        eng:add_param(name, w, g)
+        assert.is_true(select(2, eng:step()))
+        assert.equal(name, eng:describe()[1].name)
+      end
+    end
+    os.remove(no_match)
+  end)
+
   it("a group's match pattern that would backtrack for ages is refused at add_param", function()
     local path = write_config("return { groups = { { optimizer = 'adamw', match = ('a-'):rep(12) .. 'b' } } }")
     local eng = engine.new(path)
@@ -742,6 +765,10 @@ describe("sandboxed config: hooks at step time", function()
     local ok, err = pcall(eng.add_param, eng, ("a"):rep(60), T.zeros({ 2 }), T.zeros({ 2 }))
     assert.is_false(ok)
     assert.truthy(tostring(err):find("matching steps", 1, true), tostring(err))
+    -- a long name shows as its first 60 bytes and its length
+    ok, err = pcall(eng.add_param, eng, ("a"):rep(5000), T.zeros({ 2 }), T.zeros({ 2 }))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("on '" .. ("a"):rep(60) .. "...' (5000 bytes) may take ", 1, true), tostring(err))
   end)
 end)
 

@@ -91,7 +91,7 @@ describe("option typos name the valid options and the closest one", function()
     { function() engine.new(cfg({ {} }, { dist = { mesj = { { "dp", 1 } } } })) end,
       "dist: unknown dist key 'mesj' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, max_batch_numel, mesh" },
     { function() engine.new(cfg({ {} }), { trustd = true }) end,
-      "engine.new: unknown option 'trustd' (did you mean 'trusted'?); valid options: trusted" },
+      "engine.new: unknown option 'trustd' (did you mean 'trusted'?); valid options: dry_run, trusted" },
     { function() engine.new(cfg({ {} })):set("lr_scal", 1) end,
       "set: unknown key 'lr_scal' (did you mean 'lr_scale'?); valid keys: lr_scale" },
     { function() engine.new(cfg({ {} })):get("setp") end, "get: unknown key 'setp' (did you mean 'step'?)" },
@@ -147,12 +147,12 @@ describe("parameters: mismatches caught at add_param, naming the parameter", fun
   it("a grad of another shape", function()
     local err = raised(function() eng():add_param("layers.0.w", T.zeros({ 4, 4 }), T.zeros({ 4, 3 })) end)
     assert.equal(E.ESHAPE, E.code(err))
-    has(err, "parameter 'layers.0.w': grad has shape 4x3 but the value has shape 4x4")
+    has(err, "parameter 'layers.0.w': grad has shape [4, 3] but the value has shape [4, 4]")
   end)
 
   it("a value that is not contiguous, and a grad sharing its memory", function()
     local err = raised(function() eng():add_param("w.t", T.zeros({ 4, 3 }):transpose(1, 2), nil) end)
-    has(err, "parameter 'w.t': value (shape 3x4, strides 1x3) is not contiguous")
+    has(err, "parameter 'w.t': value (shape [3, 4], strides [1, 3]) is not contiguous")
     local v = T.zeros({ 4, 4 })
     err = raised(function() eng():add_param("w.same", v, v) end)
     has(err, "parameter 'w.same': grad shares memory with the value")

@@ -36,9 +36,9 @@ muon.check.read_shapes(path)
     (a line with a control byte: not a text file).
 muon.check.ns_shape(shape, nd_mode)
     How Newton-Schulz sees a parameter (muon.ns.core, the step's rule):
-    "96x32"; "16x8 (conv-like 16x1x8)"; "192 x (3x3): dims 1..2 batched;
-    nd_mode=flatten gives 64x27"; "64x27 (dims 2..4 flattened:
-    nd_mode=flatten)"; "-" for a 1-D shape.
+    "[96, 32]"; "[16, 8] (conv-like [16, 1, 8])"; "192 x [3, 3]: dims 1..2
+    batched; nd_mode=flatten gives [64, 27]"; "[64, 27] (dims 2..4
+    flattened: nd_mode=flatten)"; "-" for a 1-D shape.
 muon.check.totals(rows)
     Per group of engine.check's rows (in group order), then "all": {
     label, optimizer, params, elements, state_bytes (the kind's state in
@@ -64,11 +64,14 @@ muon.check.format_table(header, rows)
 ]]
 local check = {}
 
+local shape_string = require("muon.tensor").shape_string
+
 local USAGE = "usage: muon check [--trust] CONFIG.lua --params SHAPES.txt|MODEL.safetensors [--world N --rank R [--mesh SPEC]]\n"
   .. "  SHAPES.txt: one parameter per line, 'name dim1 dim2 ...' ('#' starts a comment)\n"
   .. "  MODEL.safetensors: names and shapes from its header (the data is not read; integer\n"
   .. "    and bool tensors are buffers, not parameters, and are left out)\n"
-  .. "  --world N --rank R: print rank R's plan at world size N (no MPI); --mesh axis:size,...\n"
+  .. "  --world N --rank R: print rank R's plan at world size N (no MPI; N <= 2147483647, MPI's\n"
+  .. "    int ranks); --mesh axis:size,...\n"
   .. "    (e.g. replicate:2,shard:2048; default: the config's dist.mesh); a SHAPES line may end\n"
   .. "    with a placement '@R,S(1)' (default: R on replicate axes, S(1) on shard axes)\n"
   .. "  --trust: run the config with full Lua (io, os, require); default: sandboxed\n"
@@ -164,7 +167,7 @@ function check.read_safetensors_shapes(path)
       shapes[#shapes + 1] = { name = e.name, shape = e.shape, dtype = e.st_dtype }
     else
       notes[#notes + 1] = ("'%s' (%s %s) left out: not a floating-point tensor (a buffer, not a parameter)")
-        :format(e.name, e.st_dtype, #e.shape > 0 and table.concat(e.shape, "x") or "scalar")
+        :format(e.name, e.st_dtype, shape_string(e.shape))
     end
   end
   return shapes, {}, notes
@@ -188,20 +191,22 @@ end
 
 local function numel(shape) return require("muon.dist").numel(shape) end
 
+-- The matrix a conv-like N-D shape flattens into (nd_mode = "flatten").
+local function flattened(shape) return shape_string({ shape[1], numel(shape) / math.max(shape[1], 1) }) end
+
 -- How Newton-Schulz sees a parameter of this shape (muon.ns.core, the rule
--- the step uses): "64x27 (flattened)", "192 x 3x3 (a batch of ...)".
+-- the step uses): "[64, 27] (dims 2..4 flattened: ...)", "192 x [3, 3]: ...".
 function check.ns_shape(shape, nd_mode)
   local ns = require("muon.ns")
   local a, b, batch = ns.core(shape, nd_mode)
   if a == nil then return "-" end
-  local n = #shape
-  if n == 2 then return ("%dx%d"):format(a, b) end
+  local n, ab = #shape, shape_string({ a, b })
+  if n == 2 then return ab end
   if nd_mode == "flatten" then
-    return ("%dx%d (dims 2..%d flattened: nd_mode=flatten)"):format(a, b, n)
+    return ("%s (dims 2..%d flattened: nd_mode=flatten)"):format(ab, n)
   end
-  if n == 3 and shape[2] == 1 then return ("%dx%d (conv-like %dx1x%d)"):format(a, b, a, b) end
-  return ("%d x (%dx%d): dims 1..%d batched; nd_mode=flatten gives %dx%d"):format(batch, a, b, n - 2, shape[1],
-    numel(shape) / math.max(shape[1], 1))
+  if n == 3 and shape[2] == 1 then return ("%s (conv-like %s)"):format(ab, shape_string(shape)) end
+  return ("%d x %s: dims 1..%d batched; nd_mode=flatten gives %s"):format(batch, ab, n - 2, flattened(shape))
 end
 
 -- NS flops per step of a row (0 for other kinds): the cost model of the
@@ -270,27 +275,27 @@ function check.warnings(rows)
     local kind = K.get(r.optimizer)
     local a, b, batch = require("muon.ns").core(r.shape, r.options.nd_mode)
     if kind and kind.ns and a then
-      local what = ("'%s' (%s, group %s) "):format(r.name, table.concat(r.shape, "x"), tostring(r.group))
+      local what = ("'%s' (%s, group %s) "):format(r.name, shape_string(r.shape), tostring(r.group))
       local lname = r.name:lower()
       local named
       for _, pat in ipairs(EMBED_NAMES) do
         if lname:find(pat, 1, true) then named = pat break end
       end
       if a == 1 or b == 1 then
-        out[#out + 1] = what .. ("is a %dx%d matrix for Newton-Schulz: orthogonalizing a vector only "
-          .. "normalizes it; such parameters usually go to AdamW"):format(a, b)
+        out[#out + 1] = what .. ("is a %s matrix for Newton-Schulz: orthogonalizing a vector only "
+          .. "normalizes it; such parameters usually go to AdamW"):format(shape_string({ a, b }))
       elseif named then
         out[#out + 1] = what .. ("looks like an embedding or output head (its name has '%s'): those usually "
           .. "go to AdamW (Muon is for hidden matrices)"):format(named)
       elseif math.max(a, b) > 10 * math.min(a, b) and math.max(a, b) > 32768 then
-        out[#out + 1] = what .. ("looks like an embedding or output head (%dx%d: one side > 10x the other and "
-          .. "> 32768): those usually go to AdamW (Muon is for hidden matrices)"):format(a, b)
+        out[#out + 1] = what .. ("looks like an embedding or output head (%s: one side > 10x the other and "
+          .. "> 32768): those usually go to AdamW (Muon is for hidden matrices)"):format(shape_string({ a, b }))
       end
       if #r.shape > 2 and r.options.nd_mode ~= "flatten" and not (#r.shape == 3 and r.shape[2] == 1)
         and math.min(a, b) <= 8 then
-        out[#out + 1] = what .. ("is orthogonalized as %d separate %dx%d matrices (nd_mode = 'batch'); a conv "
-          .. "kernel is usually one matrix: nd_mode = 'flatten' gives %dx%d"):format(batch, a, b, r.shape[1],
-          numel(r.shape) / math.max(r.shape[1], 1))
+        out[#out + 1] = what .. ("is orthogonalized as %d separate %s matrices (nd_mode = 'batch'); a conv "
+          .. "kernel is usually one matrix: nd_mode = 'flatten' gives %s"):format(batch, shape_string({ a, b }),
+          flattened(r.shape))
       end
     end
   end
@@ -314,7 +319,7 @@ function check.format_report(rows)
     local kind = K.get(r.optimizer)
     if kind and kind.ns then
       local fl = ns_flops(r)
-      ns_rows[#ns_rows + 1] = { r.name, table.concat(r.shape, "x"), check.ns_shape(r.shape, r.options.nd_mode),
+      ns_rows[#ns_rows + 1] = { r.name, shape_string(r.shape), check.ns_shape(r.shape, r.options.nd_mode),
         fl and ("%.3g"):format(fl) or "(zeropower_fn)" }
     end
   end
@@ -398,40 +403,29 @@ end
 function check.run(config_path, shapes_path, opts)
   local shapes, problems, notes = check.read_params(shapes_path)
   if not shapes then return "", { problems }, {}, {} end
-  local engine = require("muon.engine")
-  local okc, err = pcall(engine.new, config_path, opts)
-  if not okc then -- the config itself is broken: no table
-    problems[#problems + 1] = tostring(err)
-    return "", problems, {}, notes
-  end
-  local ok, rows, more = pcall(engine.check, config_path, shapes, opts)
-  if not ok then
-    problems[#problems + 1] = tostring(rows)
-    return "", problems, {}, notes
-  end
-  for _, p in ipairs(more or {}) do problems[#problems + 1] = p end
+  local rows, more, eng = require("muon.engine").check(config_path, shapes, opts) -- (the dry run)
+  for _, p in ipairs(more) do problems[#problems + 1] = p end
+  if not eng then return "", problems, {}, notes end -- the config itself is broken: no table
   local by_name = {}
-  for _, r in ipairs(rows or {}) do by_name[r.name] = r end
+  for _, r in ipairs(rows) do by_name[r.name] = r end
   local cells = {}
   for _, s in ipairs(shapes) do
-    local dims = {}
-    for i, d in ipairs(s.shape) do dims[i] = tostring(d) end
     local r = by_name[s.name]
     if r then
       local group = r.group and tostring(r.group) or "-"
       if r.group_name then group = group .. " (" .. r.group_name .. ")" end
       cells[#cells + 1] = {
-        r.name, table.concat(dims, "x"), group, r.optimizer or "-", check.format_options(r.options, r.defaults, r.hooks, r.order),
+        r.name, shape_string(s.shape), group, r.optimizer or "-", check.format_options(r.options, r.defaults, r.hooks, r.order),
       }
     else
-      cells[#cells + 1] = { s.name, table.concat(dims, "x"), "-", "-", "(not registered: see problems)" }
+      cells[#cells + 1] = { s.name, shape_string(s.shape), "-", "-", "(not registered: see problems)" }
     end
   end
   local text = check.format_table({ "parameter", "shape", "group", "optimizer", "options" }, cells)
-  text = text .. check.format_report(rows or {})
-  local name = err.config.name
+  text = text .. check.format_report(rows)
+  local name = eng.config.name
   if name ~= nil then text = "config: " .. name .. "\n" .. text end
-  return text, problems, check.warnings(rows or {}), notes
+  return text, problems, check.warnings(rows), notes
 end
 
 -- "\nN notes:\n  - ...\n" for a non-empty list.
@@ -491,6 +485,12 @@ function check.main(args)
   if world then -- rank R's plan at world size N (muon.check_world)
     if not world.world or not world.rank or world.world < 1 or world.rank < 0 or world.rank >= world.world then
       io.stderr:write("muon check: --world N and --rank R (0 <= R < N) go together\n" .. USAGE)
+      return 2
+    end
+    local max = require("muon.dist").MAX_RANKS
+    if world.world > max then
+      io.stderr:write(("muon check: --world %.0f: at most %d ranks (MPI numbers ranks with C ints)\n"):format(
+        world.world, max) .. USAGE)
       return 2
     end
     local shapes, bad, rnotes = check.read_params(params)

@@ -1,19 +1,15 @@
 -- `muon check CONFIG --params SHAPES --world N --rank R [--mesh SPEC]`:
 -- rank R's plan at world size N, without MPI, by the plan code a real
--- mpirun runs (muon.dist's D.plan over the stepper's records).
+-- mpirun runs: muon check's own dry run (muon.engine.check: a dry-run
+-- engine as rank R of N on a virtual communicator, the parameters
+-- registered as stand-ins, their default placements) and its eng:plan().
 --
 --   local CW = require("muon.check_world")
 --   local text, problems = CW.run(config_path, shapes, { world = 4096, rank = 7,
 --     mesh = "replicate:2,shard:2048", trusted = false })
 --   CW.figures(plan)   --> this rank's figures of a plan (also of a real run's)
 --   CW.parse_mesh("replicate:2,shard:2048")   --> { {"replicate", 2}, {"shard", 2048} } or nil, err
---
--- Placements: a SHAPES line may end with '@R,S(2)' (one entry per mesh
--- axis); otherwise "R" on axes whose name starts with "rep" (and on any
--- axis but a "shard..." one) and "S(1)" on axes whose name starts with
--- "shard" (a 0-D parameter is replicated).
 local D = require("muon.dist")
-local E = require("muon.errors")
 local ns = require("muon.ns")
 local ESIZE = require("muon.tensor").DTYPE_SIZES
 
@@ -29,13 +25,6 @@ function CW.parse_mesh(spec)
   end
   if #axes == 0 then return nil, "--mesh: no axes (e.g. replicate:2,shard:2048)" end
   return axes
-end
-
--- The default placement of a parameter of ndim dims on mesh.
-local function default_placement(mesh, ndim)
-  local pl = {}
-  for i, a in ipairs(mesh.axes) do pl[i] = (a.name:match("^shard") and ndim >= 1) and "S(1)" or "R" end
-  return pl
 end
 
 -- Rank plan.rank's figures: parameters it holds a piece of and holds the
@@ -84,51 +73,25 @@ end
 -- shape, placement = list or nil }); returns the text and a list of
 -- problems.
 function CW.run(config_path, shapes, opts)
-  local problems = {}
   local W, me = opts.world, opts.rank
-  local engine = require("muon.engine")
-  local ok, eng = pcall(engine.new, config_path, opts.trusted and { trusted = true } or nil)
-  if not ok then return "", { E.message(eng) } end
-  local dist = eng.dist
-  local spec = dist and dist.mesh or { { "world", W } }
+  local mesh
   if opts.mesh then
     local axes, err = CW.parse_mesh(opts.mesh)
     if not axes then return "", { err } end
-    spec = axes
+    mesh = axes
   end
-  local okm, mesh = pcall(D.mesh, spec, W)
-  if not okm then return "", { ("--world %d: %s"):format(W, E.message(mesh)) } end
-  -- Register the global shapes in one process (nothing is allocated: views
-  -- of one element, as engine.check), then plan the virtual mesh.
-  eng.dist = nil
-  local cell = require("muon.tensor").zeros({ 1 })
-  eng.check_cell, eng._shape_only = cell, true
-  local T = require("muon.tensor")
-  local placed = {}
-  for _, s in ipairs(shapes) do
-    local okp, err = pcall(function()
-      local zero = {}
-      for d = 1, #s.shape do zero[d] = 0 end
-      local v = T.wrap(cell.data, s.shape, "float32", zero)
-      eng:add_param(s.name, v, v)
-      local okpl, pl = pcall(D.placement, s.placement or default_placement(mesh, #s.shape), mesh, #s.shape)
-      if not okpl then error(("parameter '%s': %s"):format(s.name, E.message(pl)), 0) end
-      placed[s.name] = pl
-    end)
-    if not okp then problems[#problems + 1] = E.message(err) end
-  end
+  local _, problems, eng = require("muon.engine").check(config_path, shapes, { trusted = opts.trusted or nil,
+    dry_run = { world = W, rank = me, mesh = mesh } })
   if #problems > 0 then return "", problems end
-  local st = eng:_stepper()
-  local records = st:plan_records(function(p) return placed[p.name] end)
   collectgarbage()
   local m0, t0 = collectgarbage("count"), os.clock()
-  local plan = D.plan(records, mesh, { rank = me, balance = dist and dist.balance,
-    max_batch_numel = dist and dist.max_batch_numel })
+  local plan = eng:plan()
   local secs, mem = os.clock() - t0, (collectgarbage("count") - m0) / 1024
+  local records = plan.records
   local f = CW.figures(plan)
   local out = {}
   local function line(fmt, ...) out[#out + 1] = fmt:format(...) end
-  line("plan of rank %d of %d, mesh %s, owners by %s", me, W, mesh:describe(), plan.balance)
+  line("plan of rank %d of %d, mesh %s, owners by %s", me, W, plan.mesh:describe(), plan.balance)
   line("  parameters: %d, rank %d holds a piece of %d and the optimizer state of %d", #records, me, f.held, f.state_held)
   local names = f.owned_names
   line("  owns: %d Newton-Schulz matri%s%s, %d elementwise piece%s", f.owned_ns, f.owned_ns == 1 and "x" or "ces",

@@ -14,9 +14,7 @@
 --   comm.stats(w) / w:stats() -> { calls=, bytes_sent=, bytes_recv=, seconds=,
 --                                  nonblocking=, done_before_wait= }
 --   comm.finalize(), comm.abort(code), comm.have_mpi(), comm.world_size()
---
--- Without MPI (or with libmuon built without it) every communicator has
--- size 1 and the collectives are local copies.
+--   comm.virtual(4096, 7)             -- rank 7 of 4096 for a dry run: moves no data
 --[[ reference muon.comm
     Communicators (src/comm.c). Ranks are 0-based, as in MPI. Without MPI
     (or a library built without it) every communicator has size 1 and the
@@ -35,8 +33,15 @@ muon.comm.have_mpi()
 muon.comm.world_size()
     The world's size without initializing MPI (from the launcher's
     environment, else 1).
+muon.comm.virtual(size, rank)
+    A communicator that stands for rank `rank` of `size` ranks (at most
+    muon.dist.MAX_RANKS) without communicating: a dry run's
+    (muon.engine.new opts.dry_run). Every rank is taken to hold what this
+    one holds: allreduce returns the values ("sum": times size),
+    bcast_string this rank's string, split a virtual communicator of the
+    same size; the calls that move data raise ESTATE; stats are zeros.
 muon.comm.is_comm(x)
-    Whether x is a communicator.
+    Whether x is a communicator (a virtual one too).
 muon.comm.stats(c)
 Comm:stats()
     { calls, bytes_sent, bytes_recv, seconds, nonblocking,
@@ -81,6 +86,7 @@ local core = require("muon.core")
 local E = require("muon.errors")
 local T = require("muon.tensor")
 local C, check = core.C, core.check
+local MAX_RANKS = require("muon.dist_mesh").MAX_RANKS
 
 local M = {}
 
@@ -113,7 +119,43 @@ function M.from_handle(ptr)
   return wrap(out[0])
 end
 
-function M.is_comm(x) return getmetatable(x) == Comm end
+-- A communicator of size ranks, this process rank `rank`, that moves no
+-- data (dry runs; the reference block says what each call does).
+local Virtual = {}
+Virtual.__index = Virtual
+
+function M.virtual(size, rank)
+  local max = MAX_RANKS
+  if type(size) ~= "number" or size ~= math.floor(size) or size < 1 or size > max then
+    E.blame(E.EINVAL, "comm.virtual: size must be an integer in 1..%d, got %s", max, tostring(size))
+  end
+  if type(rank) ~= "number" or rank ~= math.floor(rank) or rank < 0 or rank >= size then
+    E.blame(E.EINVAL, "comm.virtual: rank must be an integer in 0..%d, got %s", size - 1, tostring(rank))
+  end
+  return setmetatable({ n = size, me = rank }, Virtual)
+end
+
+function Virtual:rank() return self.me end
+function Virtual:size() return self.n end
+function Virtual:split() return M.virtual(self.n, self.me) end
+function Virtual:allreduce(values, op)
+  local r = {}
+  for i = 1, #values do r[i] = (op or "sum") == "sum" and values[i] * self.n or values[i] end
+  return r
+end
+function Virtual.bcast_string(_, s) return s end
+function Virtual.stats()
+  return { calls = 0, bytes_sent = 0, bytes_recv = 0, seconds = 0, nonblocking = 0, done_before_wait = 0 }
+end
+function Virtual.reset_stats() end
+function Virtual.free() end
+for _, name in ipairs({ "alltoallv", "ialltoallv", "allgatherv", "bcast", "ibcast", "barrier" }) do
+  Virtual[name] = function(self)
+    E.raise(E.ESTATE, "comm:%s: a virtual communicator (rank %d of %d: a dry run) moves no data", name, self.me, self.n)
+  end
+end
+
+function M.is_comm(x) return getmetatable(x) == Comm or getmetatable(x) == Virtual end
 
 function M.finalize() check(C.mu_comm_finalize(), "comm.finalize") end
 function M.abort(code) C.mu_comm_abort(code or 1) end
@@ -129,6 +171,7 @@ function Comm:split(color, key)
 end
 
 function M.stats(c)
+  if getmetatable(c) == Virtual then return c:stats() end
   local s = ffi.new("mu_comm_stats")
   check(C.mu_comm_get_stats(c.ptr, s), "comm.stats")
   return { calls = tonumber(s.calls), bytes_sent = tonumber(s.bytes_sent),

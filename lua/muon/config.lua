@@ -3,7 +3,7 @@
 -- io, ffi, debug, bytecode, or require of anything but muon's own modules.
 -- Whatever muon module a sandboxed config requires is a facade, and every
 -- value crossing between the config and the host goes through the membrane
--- of lua/muon/sandbox.lua: the config sees tensor proxies, never FFI cdata,
+-- of lua/muon/sandbox/membrane.lua: the config sees tensor proxies, never FFI cdata,
 -- so it cannot reach raw pointers (tensor:ptr(), tensor.data), write files
 -- (tensor:save, safetensors) or get at the FFI library (muon.core).
 local ffi = require("ffi")
@@ -45,7 +45,7 @@ function config.sandbox(path)
     assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs,
     select = select, tonumber = tonumber, type = type,
     -- (these and pcall, xpcall, string.gsub, string.format, table.sort count
-    -- how deep library calls nest: lua/muon/sandbox.lua)
+    -- how deep library calls nest: lua/muon/sandbox/nesting.lua)
     tostring = sandbox.tostring, print = sandbox.print,
     setmetatable = setmetatable,
     -- pcall/xpcall that never catch the load budget's error; unpack charged
@@ -84,7 +84,7 @@ config.LOAD_BUDGET = 1e9
 config.LOAD_SECONDS = 10
 config.LOAD_MEMORY = 2 ^ 31
 
--- Run a sandboxed chunk with the load budget (lua/muon/sandbox.lua,
+-- Run a sandboxed chunk with the load budget (lua/muon/sandbox/runs.lua,
 -- S.run_bounded: interpreted, in its own coroutine, the budget cannot be
 -- caught). LuaJIT has one hook per VM, so when the host already runs a hook
 -- (a profiler, a debugger, a coverage tool) it is left alone and the load
@@ -132,9 +132,9 @@ end
 -- schedule, match function), from the config's top-level hook_budget =
 -- { instructions = n, seconds = s, memory = bytes }: each a number > 0
 -- (math.huge: no limit); a missing one takes its default,
--- sandbox.HOOK_BUDGET (10^10 instructions, 300 CPU seconds, 1 GiB of Lua
--- heap). Sandboxed configs always run with them (and with the nesting
--- limit, sandbox.MAX_NESTING); trusted ones only when they set hook_budget.
+-- sandbox.HOOK_BUDGET. Sandboxed configs always run with them (and with
+-- the nesting limit, sandbox.MAX_NESTING); trusted ones only when they set
+-- hook_budget.
 -- Returns the limits, or nil (trusted, none set); raises EINVAL naming a
 -- bad key or value.
 local BUDGET_KEYS = { instructions = true, seconds = true, memory = true }
@@ -146,7 +146,7 @@ function config.hook_limits(budget, trusted, where)
   end
   budget = budget or {}
   E.check_keys(budget, BUDGET_KEYS, "hook_budget key", ("config %s: hook_budget"):format(where))
-  local limits = { what = "hook" }
+  local limits = { what = "hook", trusted = trusted or nil } -- (trusted code's own pcall could catch a limit)
   for k, v in pairs(sandbox.HOOK_BUDGET) do limits[k] = v end
   for k, v in pairs(budget) do
     if type(v) ~= "number" or v ~= v or v <= 0 then

@@ -1,8 +1,5 @@
--- The config-driven engine: routes named parameters to the config's groups
--- (each of an optimizer kind: muon.optim.kind), computes each step's
--- scheduled values, and runs the step protocol (muon.step) over all groups
--- at once: atomic across every group, and across ranks when the config has
--- a dist section. One checkpoint holds every group's state.
+-- The config-driven engine (its reference block below), over the step
+-- protocol (muon.step) and the optimizer kinds (muon.optim.kind).
 --
 --   local eng = require("muon.engine").new("configs/muon.lua")
 --   eng:add_param("layers.0.w", value, grad)
@@ -30,10 +27,25 @@ muon.engine.new(config, opts)
     opts.trusted = false: true runs a config file with full Lua. A missing
     or unreadable file is EIO, a syntax error EFORMAT, a bad config EINVAL
     (the message names the key or option).
+    opts.dry_run = nil: true or { world = N, rank = R, mesh = {{name,
+    size}, ...} } opens a dry run, muon check's: add_param takes stand-ins
+    (any tensor of the parameter's shape: only shapes are read) and the
+    engine routes and plans but never steps, saves or loads (ESTATE). On a
+    mesh (the config's dist, or a world) this process stands for rank R
+    (default 0) of N ranks (default: the mesh's size) on a virtual
+    communicator (muon.comm.virtual); mesh replaces the config's dist.mesh
+    (default, without one: {{"world", N}}).
 muon.engine.check(config, shapes, opts)
-    Dry run (muon check): route { {name =, shape =}, ... } without
-    allocating the parameters; returns the rows of describe() and a list
-    of problems (never raises for a bad config: it is a problem).
+    The dry run of muon check and muon check --world: an engine opened
+    with opts (engine.new's; dry_run = true unless given), each { name,
+    shape, placement } of shapes registered as a stand-in (a view of its
+    shape with strides 0 over one element: nothing of its size is
+    allocated). On a mesh a parameter is placed by its placement, else
+    "S(1)" on the axes whose name starts with "shard" and "R" on the
+    others (a 0-D parameter is replicated), and the stand-in has this
+    rank's shard shape. Returns the rows of describe(), the problems (one
+    per parameter that could not be registered; a broken config is one
+    problem, and then no engine) and the engine (eng:plan() is its plan).
 muon.engine.Engine
     The engines' metatable.
 Engine:add_param(name, value, grad, placement)
@@ -112,6 +124,11 @@ Engine:load(path, opts)
 Engine:describe()
     Rows { name, shape, group, group_name, optimizer, options, defaults,
     hooks, order } per parameter: what muon check prints.
+Engine:plan()
+    This rank's plan of the registered parameters (muon.dist.plan: state
+    holders, Newton-Schulz owners, items, batches, ns_load), by the rules
+    the first step uses; no communication. Without dist: the plan of one
+    process.
 Engine:route(name, shape)
     The group a parameter of that name and shape would go to, or nil.
 Engine:set_comm(c)
@@ -138,7 +155,8 @@ local Engine = {}
 Engine.__index = Engine
 
 local ROUTING_KEYS = K.set(K.GROUP_KEYS)
-local OPEN_KEYS = { trusted = true }
+local OPEN_KEYS = { trusted = true, dry_run = true }
+local DRY_KEYS = { world = true, rank = true, mesh = true }
 
 -- The kinds that take hooks, and their class names ("Muon"): hook options
 -- (K.HOOK_KEYS) on another group would silently do nothing, so they are
@@ -250,7 +268,8 @@ local function resolve_config(cfg, where)
     options.params, options.name, options.step = {}, g.name, 0
     groups[gi] = {
       index = gi, name = g.name, kind = kind, label = label, options = options,
-      match = as_list(g.match or ".*", ("config %s: %s.match"):format(where, label)),
+      -- (no match: every name, without a pattern to run on it)
+      match = g.match and as_list(g.match, ("config %s: %s.match"):format(where, label)) or nil,
       exclude = as_list(g.exclude, ("config %s: %s.exclude"):format(where, label)),
       min_dim = g.min_dim, max_dim = g.max_dim,
       base = O.merge(kind.DEFAULTS, opts),
@@ -285,6 +304,39 @@ local function check_replicas(groups, dist, where)
   end
 end
 
+-- A dry run's dist (engine.new opts.dry_run: see the reference block), its
+-- mesh checked now; nil for a dry run of a config without dist.
+local function dry_dist(dry, dist, label)
+  if dry == true then
+    if not dist then return nil end
+    dry = {}
+  end
+  if type(dry) ~= "table" then
+    E.raise(E.EINVAL, "engine.new: dry_run must be true or { world = N, rank = R, mesh = ... }, got %s", type(dry))
+  end
+  E.check_keys(dry, DRY_KEYS, "dry_run key", "engine.new")
+  local d = {}
+  for k, v in pairs(dist or {}) do d[k] = v end
+  d.mesh = dry.mesh or d.mesh or { { "world", dry.world } }
+  local world, rank = dry.world, dry.rank or 0
+  if world == nil then
+    local ok, m = pcall(D.mesh, d.mesh)
+    if not ok then E.raise(E.EINVAL, "config %s: dist: %s", label, E.message(m)) end
+    world = m.size
+  end
+  local ok, m = pcall(D.mesh, d.mesh, world)
+  if ok then ok, m = pcall(commlib.virtual, world, rank) end
+  if not ok then E.raise(E.EINVAL, "config %s: a dry run as rank %s of %s: %s", label, tostring(rank), tostring(world),
+    E.message(m)) end
+  d.comm = m
+  return d
+end
+
+-- The calls a dry run refuses (they would move or read real data).
+local function live(self, what)
+  if self.dry_run then E.raise(E.ESTATE, "%s: a dry-run engine (muon check) routes and plans, it never steps", what) end
+end
+
 function engine.new(cfg_src, opts)
   opts = opts or {}
   if type(opts) ~= "table" then E.raise(E.EINVAL, "engine.new: options must be a table, got %s", type(opts)) end
@@ -300,11 +352,16 @@ function engine.new(cfg_src, opts)
     if not ok3 then E.reraise(d, E.EINVAL) end
     dist = d
   end
+  if opts.dry_run ~= nil then
+    local ok5, d = pcall(dry_dist, opts.dry_run, dist, label)
+    if not ok5 then E.reraise(d, E.EINVAL) end
+    dist = d
+  end
   local ok4, err4 = pcall(check_replicas, groups, dist, label)
   if not ok4 then E.reraise(err4, E.EINVAL) end
   return setmetatable({
     config = cfg, source = where, groups = groups, params = {}, by_name = {},
-    lr_scale = 1.0, step_count = 0, dist = dist, signals = {},
+    lr_scale = 1.0, step_count = 0, dist = dist, signals = {}, dry_run = opts.dry_run ~= nil or nil,
   }, Engine)
 end
 
@@ -327,8 +384,7 @@ function Engine:_stepper()
   return self.stepper
 end
 
--- Use this communicator (a muon.comm) instead of the world; only before the
--- first parameter is registered (mu_engine_set_comm).
+-- (Its contract: the reference block at the top.)
 function Engine:set_comm(c)
   if not self.dist then E.raise(E.ESTATE, "set_comm: the config has no dist section") end
   if not commlib.is_comm(c) then E.raise(E.EINVAL, "set_comm: expected a muon.comm communicator") end
@@ -336,19 +392,19 @@ function Engine:set_comm(c)
   self.dist.comm = c
 end
 
--- The first group whose patterns match (name, shape), or nil.
+-- (Its contract: the reference block at the top.)
 function Engine:route(name, shape)
   for _, g in ipairs(self.groups) do
     local nd = #shape
     if (g.min_dim == nil or nd >= g.min_dim) and (g.max_dim == nil or nd <= g.max_dim)
-      and matches_any(g.match, name, shape) and not matches_any(g.exclude, name, shape) then
+      and (g.match == nil or matches_any(g.match, name, shape)) and not matches_any(g.exclude, name, shape) then
       return g
     end
   end
   return nil
 end
 
-local function shape_str(s) return "{" .. table.concat(s, ",") .. "}" end
+local shape_str = T.shape_string
 
 -- Split an add_param placement argument into (global shape or nil, per-axis
 -- spec): nil (replicated), a list of per-axis entries with an optional
@@ -399,8 +455,7 @@ function Engine:_placement(name, value, placement)
   return shape, pl
 end
 
--- The local shard shape of a parameter (global shape + placement spec as
--- add_param takes them) on this rank.
+-- (Its contract: the reference block at the top.)
 function Engine:local_shape_of(name, shape, placement)
   local st = self:_stepper()
   local _, plspec = split_spec(placement)
@@ -409,28 +464,26 @@ function Engine:local_shape_of(name, shape, placement)
   return D.local_box(shape, pl, st:mesh(), st:rank()).len
 end
 
--- Register a parameter (value/grad tensors; grad may be nil). placement is
--- for distributed configs: one entry per mesh axis ("R", "S(d)", ...) and
--- shape = the global shape.
+-- (Its contract: the reference block at the top.)
 function Engine:add_param(name, value, grad, placement)
   local ok, err = pcall(function()
     if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "add_param: name must be a non-empty string") end
     if self.by_name[name] then E.raise(E.EINVAL, "add_param: parameter '%s' is already registered", name) end
-    -- (check() registers zero-stride stand-ins: only their shapes matter)
-    if not self._shape_only then P.check(name, value, grad) end
+    -- (a dry run registers stand-ins: only their shapes matter)
+    if not self.dry_run then P.check(name, value, grad) end
     if placement ~= nil and not self.dist then
       E.raise(E.EINVAL, "add_param '%s': a placement needs a config with a dist section", name)
     end
     local logical, pl = self:_placement(name, value, placement)
     local g = self:route(name, logical)
     if not g then
-      E.raise(E.EINVAL, "parameter '%s' (shape %s) matches no group in config %s", name, table.concat(logical, "x"), self.source)
+      E.raise(E.EINVAL, "parameter '%s' (shape %s) matches no group in config %s", name, shape_str(logical), self.source)
     end
     if g.kind.ns and #logical < 2 then
       E.raise(E.EINVAL, "parameter '%s' is %d-D but matched Muon group %d%s: 1D parameters are not supported in Muon (route them to an AdamW group)",
         name, #logical, g.index, g.name and (" ('" .. g.name .. "')") or "")
     end
-    local p = self._shape_only and P.shape_only(name, value) or P(name, value, grad)
+    local p = self.dry_run and P.shape_only(name, value) or P(name, value, grad)
     p.logical_shape = logical
     self.stepper:add(g.index, p, pl)
     g.options.params[#g.options.params + 1] = p
@@ -444,9 +497,7 @@ end
 
 function Engine:param(name) return self.by_name[name] end
 
--- The optimizer state of a parameter on this rank ({ momentum_buffer } or
--- { step, exp_avg, exp_avg_sq }), nil before its first step or when
--- another replica holds it.
+-- (Its contract: the reference block at the top.)
 function Engine:state(name)
   local p = self.by_name[name]
   if not p then E.raise(E.EINVAL, "state: no parameter '%s'", tostring(name)) end
@@ -495,6 +546,7 @@ end
 -- stepped is false when no parameter has a grad, and then nothing changed
 -- (parameters, state, the step count and so the schedule).
 function Engine:step(closure)
+  live(self, "step")
   local loss = U.run_closure(closure)
   local st = self:_stepper()
   local step = self.step_count + 1
@@ -514,6 +566,7 @@ end
 -- step. Collective on a mesh; without a dist section nothing changes.
 -- Returns the number of gradients reduced on this rank.
 function Engine:reduce_grads(opts)
+  live(self, "reduce_grads")
   -- (a bad argument on one rank fails every rank: the stepper's gate)
   local op, err = nil, nil
   opts = opts == nil and {} or opts
@@ -535,9 +588,8 @@ function Engine:reduce_grads(opts)
   return self:_stepper():reduce_grads(op, err)
 end
 
--- Per-step values from the trainer for the config's hooks, which read them
--- as ctx.signals[name] (a list of numbers); kept until set again. On a mesh
--- every rank must set the same values (they are agreed like the schedule).
+-- (Its contract: the reference block at the top; on a mesh the values are
+-- agreed like the schedule.)
 function Engine:set_signal(name, values)
   if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "set_signal: name must be a non-empty string") end
   if type(values) ~= "table" then E.raise(E.EINVAL, "set_signal '%s': values must be a list of numbers", name) end
@@ -555,19 +607,15 @@ function Engine:set_signal(name, values)
   self:_stepper():set_signal(name, values)
 end
 
--- Set every registered grad to 0, in place (parameters registered without
--- a grad are skipped): torch's zero_grad(set_to_none=False), since the
--- buffers are the trainer's.
+-- (Its contract: the reference block at the top.)
 function Engine:zero_grad()
+  live(self, "zero_grad")
   G.zero(self:_stepper())
 end
 
--- Clip the registered grads by their global L2 norm, as
--- torch.nn.utils.clip_grad_norm_(params, max_norm): returns the total norm
--- before clipping; the grads are multiplied by max_norm / (norm + 1e-6)
--- when that is < 1. Exact, so the same bits on any mesh; there it is a
--- collective over the whole parameters (muon.grads).
+-- (Its contract: the reference block at the top; the maths: muon.grads.)
 function Engine:clip_grad_norm(max_norm)
+  live(self, "clip_grad_norm")
   local ok, norm = pcall(G.clip, self:_stepper(), max_norm, "clip_grad_norm")
   if not ok then E.reraise(norm, E.EINVAL) end
   return norm
@@ -584,11 +632,8 @@ function Engine:_group(which, who)
   E.raise(E.EINVAL, "%s: %s", who, E.unknown("group", tostring(which), names))
 end
 
--- Set the lr of a group (its index or its name): it replaces the config's
--- lr (the group's base value) from the next step on. A schedule still runs
--- on top of it: one that returns an lr overrides it (the schedule sees it
--- as base_lr), and lr_scale multiplies the result. eng:get("lr:<group>")
--- shows it until the next step. On a mesh every rank sets the same value.
+-- (Its contract: the reference block at the top: the group's base lr,
+-- which a schedule sees as base_lr.)
 function Engine:set_lr(group, lr)
   local g = self:_group(group, "set_lr")
   if not O.is_finite(lr) or lr < 0 then
@@ -625,8 +670,15 @@ function Engine:get(key)
   E.raise(E.EINVAL, "get: %s", E.unknown("key", tostring(key), GETTABLE))
 end
 
--- { state_bytes, scratch_bytes } this rank holds.
+-- (Its contract: the reference block at the top.)
 function Engine:memory() return self:_stepper():memory() end
+
+-- (Its contract: the reference block at the top.)
+function Engine:plan()
+  local st, d = self:_stepper(), self.dist or {}
+  return D.plan(st:plan_records(), st:mesh(), { rank = st:rank(), balance = d.balance,
+    max_batch_numel = d.max_batch_numel })
+end
 
 -- Rows for `muon check` and humans: which parameter went where.
 function Engine:describe()
@@ -682,6 +734,7 @@ local function path_error(fn, path)
 end
 
 function Engine:save(path)
+  live(self, "save")
   local ok, err = pcall(S.save, self:_stepper(), path, parts(self),
     { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) },
     path_error("save", path))
@@ -709,17 +762,12 @@ local function engine_meta(meta)
   return step, scale
 end
 
--- Load a checkpoint saved by save(); checks everything before changing anything.
--- opts: { checksum = false } accepts a file without checksums (or with stale
--- ones), e.g. written or edited in Python; everything else is still checked.
--- What a load restores and what the config keeps (one rule, from the
--- kinds' schemas, kind.LOAD): the state, the step counts and lr_scale are
--- the checkpoint's; an option the config keeps ("config") stays the
--- config's; a schedulable one ("restore") is the checkpoint's (the value
--- its last step used) until the next step computes it from the config.
--- Every saved value that differs from the config's (for a schedulable one:
--- what the config gives at the checkpoint's step) is a note on stderr.
+-- (Its contract: the reference block at the top.) What a load restores and
+-- what the config keeps is one rule, from the kinds' schemas (kind.LOAD);
+-- a schedulable value is compared with what the config gives at the
+-- checkpoint's step.
 function Engine:load(path, opts)
+  live(self, "load")
   local values
   local ps = parts(self)
   local ok, err = pcall(S.load, self:_stepper(), path, ps, function(meta)
@@ -741,31 +789,44 @@ function Engine:load(path, opts)
   self.step_count, self.lr_scale = values[1], values[2]
 end
 
--- Dry run for `muon check`: route every {name=, shape=} and collect problems
--- instead of raising. Returns rows (as describe()) and a list of problems.
--- Nothing of a parameter's size is allocated: each one is registered as a
--- view of the declared shape whose strides are all 0 over one shared
--- element (routing and the checks read shapes only; nothing steps).
+-- The default placement of a dry run's parameter of ndim dims on mesh
+-- (FSDP's: the first dim sharded on the shard axes).
+local function default_placement(mesh, ndim)
+  local pl = {}
+  for i, a in ipairs(mesh.axes) do pl[i] = (a.name:match("^shard") and ndim >= 1) and "S(1)" or "R" end
+  return pl
+end
+
+-- The dry run of muon check and muon check --world (the reference block):
+-- a dry-run engine and public calls only, so that both check what a run
+-- would do.
 function engine.check(cfg_src, shapes, opts)
-  local ok, eng = pcall(engine.new, cfg_src, opts)
+  local o = { dry_run = true }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  local ok, eng = pcall(engine.new, cfg_src, o)
   if not ok then return {}, { tostring(eng) } end
   local problems = {}
   local cell = T.zeros({ 1 })
-  eng.check_cell = cell -- the views point into it: it lives as long as eng
-  eng._shape_only = true
+  eng.check_cell = cell -- the stand-ins point into it: it lives as long as eng
+  local mesh = eng.dist and eng:_stepper():mesh()
   for i, s in ipairs(shapes or {}) do
     local okp, err = pcall(function()
       if type(s.name) ~= "string" or type(s.shape) ~= "table" then
         error(("shapes[%d] must be {name = string, shape = {...}}"):format(i), 0)
       end
+      local shape, placement = s.shape, nil
+      if mesh then
+        placement = { shape = s.shape, placement = s.placement or default_placement(mesh, #s.shape) }
+        shape = eng:local_shape_of(s.name, s.shape, placement)
+      end
       local zero = {}
-      for d = 1, #s.shape do zero[d] = 0 end
-      local v = T.wrap(cell.data, s.shape, "float32", zero)
-      eng:add_param(s.name, v, v)
+      for d = 1, #shape do zero[d] = 0 end
+      local v = T.wrap(cell.data, shape, "float32", zero)
+      eng:add_param(s.name, v, v, placement)
     end)
     if not okp then problems[#problems + 1] = E.message(err) end
   end
-  return eng:describe(), problems
+  return eng:describe(), problems, eng
 end
 
 engine.Engine = Engine

@@ -437,7 +437,7 @@ end
 
 -- The message of what a hook raised: E.message, or for a table without a
 -- msg its __tostring (a trusted config's own; behind the sandbox membrane
--- such tables have already become error objects, lua/muon/sandbox.lua).
+-- such tables have already become error objects, lua/muon/sandbox/errors.lua).
 local function hook_message(err)
   if type(err) == "table" and type(rawget(err, "msg")) ~= "string" then
     local mt = debug.getmetatable(err)
@@ -459,7 +459,7 @@ local function hook_result(what, subject, ok, ...)
     error(err, 0)
   end
   local msg = hook_message(err)
-  -- (a limit of the hook budget, lua/muon/sandbox.lua: which parameter's call hit it)
+  -- (a limit of the hook budget, lua/muon/sandbox/budget.lua: which parameter's call hit it)
   if subject and E.is(err) and rawget(err, "limit") then msg = subject .. ": " .. msg end
   local e = E.new(E.code(err) == E.ENOMEM and E.ENOMEM or E.ELUA, what .. ": " .. msg, tb or rawget(err, "tb"))
   e.hook = what

@@ -17,9 +17,9 @@ muon.param.is_param(x)
 muon.param.same_shape(a, b)
     Whether tensors a and b have the same sizes.
 muon.param.shape_string(t)
-    A tensor's sizes joined by "x" ("256x128").
+    muon.tensor.shape_string, here too: "[256, 128]".
 muon.param.Param
-    The parameters' metatable (tostring: "param(name, 256x128)").
+    The parameters' metatable (tostring: "param(name, [256, 128])").
 Param.name
 Param.value
 Param.grad
@@ -33,7 +33,7 @@ local E = require("muon.errors")
 local Param = {}
 Param.__index = Param
 Param.__tostring = function(p)
-  return ("param(%s, %s)"):format(p.name, table.concat(p.value:size(), "x"))
+  return ("param(%s, %s)"):format(p.name, T.shape_string(p.value))
 end
 
 local function same_shape(a, b)
@@ -44,9 +44,7 @@ local function same_shape(a, b)
   return true
 end
 
-local function shape_string(t)
-  return table.concat(t:size(), "x")
-end
+local shape_string = T.shape_string
 
 -- Whether the memory of grad (contiguous) and value overlaps.
 local function overlap(grad, value)
@@ -67,7 +65,7 @@ local function check(name, value, grad)
   if not T.is_tensor(value) then E.raise(E.EINVAL, "parameter '%s': value must be a tensor, got %s", name, type(value)) end
   if not value:is_contiguous() then
     E.raise(E.EINVAL, "parameter '%s': value (shape %s, strides %s) is not contiguous; the optimizer updates it in place, so pass a contiguous tensor",
-      name, shape_string(value), table.concat(value:stride(), "x"))
+      name, shape_string(value), shape_string(value:stride()))
   end
   if grad == nil then return end
   if not T.is_tensor(grad) then E.raise(E.EINVAL, "parameter '%s': grad must be a tensor or nil, got %s", name, type(grad)) end

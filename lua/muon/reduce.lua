@@ -124,7 +124,7 @@ local function value(s, op)
   return s.min
 end
 
-local function shape_str(s) return "{" .. table.concat(s, ", ") .. "}" end
+local shape_str = T.shape_string
 
 -- An accumulator as doubles at sp[0 ..]: nan, +inf, -inf, max, min, then
 -- the normalized limbs (each exact as a double); and back.

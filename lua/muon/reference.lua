@@ -23,6 +23,11 @@
           a field of its objects.
       (and a line holding only two closing square brackets)
 
+    An option whose default a schema holds (an optimizer kind's: R.MODULES'
+    defaults) is written "opts.name = {default}": muon help and the
+    Markdown print the schema's value there, so the default is written
+    once, in the schema.
+
     A block whose text holds two closing square brackets in a row opens
     with a level, as Lua's long comments do: "--[=[ reference muon.foo",
     closed by a line holding "]=]".
@@ -38,7 +43,12 @@
 muon.reference.MODULES
     The public modules: { name =, files = { module names whose files hold
     blocks } (default: the module itself), classes = { Name = function(mod)
-    returning the list of member names } }.
+    returning the list of member names }, defaults = function(head) -> the
+    option defaults and option names of the schema an entry documents, or
+    nil }.
+muon.reference.expand(spec, e)
+    An entry's description lines with each "opts.name = {default}" made
+    "opts.name = <the schema's default>" (a Lua literal; nil when none).
 muon.reference.extract(text, where)
     The reference block of a file's text: { module =, lines = { {text =,
     line =} } }, or nil and a problem ("where: no reference block ...").
@@ -107,7 +117,7 @@ local function members(t) return sorted_keys(t, true) end
 -- module and returns its member names (methods and documented fields).
 R.MODULES = {
   { name = "muon" },
-  { name = "muon.tensor", files = { "muon.tensor", "muon.tensor_math" }, classes = {
+  { name = "muon.tensor", files = { "muon.tensor", "muon.tensor_ops", "muon.tensor_math" }, classes = {
     Tensor = function(T) return members(T.methods) end,
     Generator = function(T) return members(getmetatable(T.default_generator)) end,
   } },
@@ -119,7 +129,15 @@ R.MODULES = {
     end,
   } },
   { name = "muon.ns" },
-  { name = "muon.optim", classes = {
+  { name = "muon.optim", defaults = function(head)
+    local K = require("muon.optim.kind")
+    for _, k in ipairs(K.KINDS) do
+      if head.key == "muon.optim." .. k.class then
+        local kind = K.get(k.name)
+        return kind.DEFAULTS, kind.OPTIONS
+      end
+    end
+  end, classes = {
     Optimizer = function(optim)
       local T, P = require("muon.tensor"), require("muon.param")
       local seen, list = {}, {}
@@ -148,7 +166,7 @@ R.MODULES = {
       return members(getmetatable(req))
     end,
   } },
-  { name = "muon.dist", classes = {
+  { name = "muon.dist", files = { "muon.dist", "muon.dist_mesh", "muon.dist_plan", "muon.dist_agree" }, classes = {
     Mesh = function(d) return members(getmetatable(d.mesh({ { "world", 1 } }, 1))) end,
   } },
   { name = "muon.reduce", classes = {
@@ -247,6 +265,60 @@ function R.parse(block, spec)
   return entries, problems, intro
 end
 
+-- A default as a Lua literal: "asym5" quoted, 1e-08 as 1e-8, {0.9, 0.999}.
+local function literal(v)
+  if type(v) == "string" then return ("%q"):format(v) end
+  if type(v) == "number" then return (("%.10g"):format(v):gsub("e([-+])0*(%d)", "e%1%2")) end
+  if type(v) == "table" then
+    local parts = {}
+    for i, x in ipairs(v) do parts[i] = literal(x) end
+    return "{" .. table.concat(parts, ", ") .. "}"
+  end
+  return tostring(v)
+end
+
+-- The schema an entry's options come from: its defaults and names, or nil.
+local function schema_of(spec, e)
+  if not spec.defaults then return nil end
+  for _, h in ipairs(e.heads) do
+    local defaults, names = spec.defaults(h)
+    if defaults then return defaults, names end
+  end
+end
+
+function R.expand(spec, e)
+  local defaults = schema_of(spec, e)
+  if not defaults then return e.desc end
+  local out = {}
+  for i, l in ipairs(e.desc) do
+    out[i] = l:gsub("opts%.([%w_]+) = {default}", function(name) return "opts." .. name .. " = " .. literal(defaults[name]) end)
+  end
+  return out
+end
+
+-- Problems of an entry whose options come from a schema: an option of the
+-- schema it does not name (opts.<name>), a default written by hand.
+local function schema_problems(spec, e, problems)
+  local defaults, names = schema_of(spec, e)
+  if not defaults then return end
+  local text = table.concat(e.desc, "\n")
+  local head = e.heads[1]
+  for name, value in text:gmatch("opts%.([%w_]+) = ([^,:%s]+)") do
+    if names[name] and value:sub(1, 9) ~= "{default}" then
+      problems[#problems + 1] = ("%s:%d: '%s' writes the default of opts.%s (%s) by hand: write {default}, the schema's")
+        :format(head.where, head.line, head.key, name, value)
+    end
+  end
+  local list = {}
+  for name in pairs(names) do list[#list + 1] = name end
+  table.sort(list)
+  for _, name in ipairs(list) do
+    if not text:find("opts." .. name, 1, true) then
+      problems[#problems + 1] = ("%s:%d: '%s' does not name its option opts.%s"):format(head.where, head.line, head.key, name)
+    end
+  end
+end
+
 local function find_file(modname)
   return package.searchpath(modname, package.path)
 end
@@ -335,6 +407,7 @@ function R.check_module(spec, mod)
   local strict = {}
   for _, n in ipairs(strict_names(mod)) do strict[n] = true end
   for _, e in ipairs(entries) do
+    schema_problems(spec, e, problems)
     for _, h in ipairs(e.heads) do
       local first = documented[h.key]
       if first then
@@ -485,10 +558,10 @@ end
 
 ---------------------------------------------------------------- output
 
-local function entry_text(e)
+local function entry_text(spec, e)
   local out = {}
   for _, h in ipairs(e.heads) do out[#out + 1] = h.text end
-  for _, d in ipairs(e.desc) do out[#out + 1] = d end
+  for _, d in ipairs(R.expand(spec, e)) do out[#out + 1] = d end
   return table.concat(out, "\n")
 end
 
@@ -626,7 +699,7 @@ function R.markdown()
         out[#out + 1] = ""
       end
       for _, h in ipairs(e.heads) do out[#out + 1] = "- `" .. h.text .. "`" end
-      for _, l in ipairs(dedent(e.desc)) do out[#out + 1] = l == "" and "" or ("  " .. md_escape(l)) end
+      for _, l in ipairs(dedent(R.expand(spec, e))) do out[#out + 1] = l == "" and "" or ("  " .. md_escape(l)) end
       out[#out + 1] = ""
     end
   end
@@ -669,7 +742,7 @@ local function text_reference()
     local entries, _, intro = R.load(spec)
     out[#out + 1] = "== " .. spec.name
     for _, l in ipairs(intro) do out[#out + 1] = l end
-    for _, e in ipairs(entries) do out[#out + 1] = entry_text(e) end
+    for _, e in ipairs(entries) do out[#out + 1] = entry_text(spec, e) end
     out[#out + 1] = ""
   end
   for _, h in ipairs(headers()) do
@@ -691,7 +764,7 @@ function R.lookup(name)
       for _, h in ipairs(e.heads) do
         local short = h.prefix .. h.sep .. h.name
         if h.key == name or short == name or h.name == name or h.prefix .. "." .. h.name == name then
-          found[#found + 1] = "(" .. spec.name .. ")\n" .. entry_text(e)
+          found[#found + 1] = "(" .. spec.name .. ")\n" .. entry_text(spec, e)
           break
         end
       end

@@ -127,7 +127,7 @@ end
 -- One item's pieces on their way in (to the owner) or out (back).
 local function route(it, me, io, sends, recvs, out)
   local o = it.owner
-  local pieces = out and it.dests or it.sources
+  local pieces = out and D.dests(it) or it.sources
   if o == me then
     local inplace = R.in_place(it)
     local buf = inplace and io.dest(it.record) or io.buffer(it)

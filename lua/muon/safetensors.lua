@@ -201,11 +201,7 @@ local function is_int(x)
   return type(x) == "number" and x == math.floor(x) and x >= 0 and x < MAX_INT
 end
 
-local function shape_str(shape)
-  local parts = {}
-  for i = 1, #shape do parts[i] = json_int(shape[i]) end
-  return "[" .. table.concat(parts, ", ") .. "]"
-end
+local shape_str = T.shape_string
 
 -- A Lua array decoded by cjson: keys exactly 1..n.
 local function is_array(t)

@@ -1,8 +1,8 @@
 -- Tensor maths for ports from PyTorch, beyond the elementwise core of
--- lua/muon/tensor.lua: torch's names, 1-based dims and indices (negative
+-- lua/muon/tensor_ops.lua: torch's names, 1-based dims and indices (negative
 -- dims count from the end), new contiguous results unless the name ends in
 -- "_" (in place: writes self and returns it). Installed into muon.tensor
--- (T) by tensor.lua; use them as methods (x:exp()) or module functions
+-- (T) by tensor_ops.lua; use them as methods (x:exp()) or module functions
 -- (T.exp(x)) like the rest of the maths. Each error names the function and
 -- the bad argument.
 --
@@ -154,12 +154,14 @@ local function formatter(values)
   end, width
 end
 
--- The repr: "tensor(" values ", size=[...], dtype=...)".
+-- The repr: "tensor(" values ", size=[...], dtype=...)" (the shape as
+-- muon.tensor.shape_string writes it, given by install).
+local shape_string
 function M.format(t)
   local dims, nd = t:size(), t.ndim
   local n = t:numel()
   local summarize = n > THRESHOLD
-  local suffix = (", size=[%s], dtype=%s)"):format(table.concat(dims, ", "), t:dtype())
+  local suffix = (", size=%s, dtype=%s)"):format(shape_string(dims), t:dtype())
   if n == 0 then return "tensor([]" .. suffix end
   -- the shown values, in order (for the formatter)
   local idx, values = {}, {}
@@ -202,9 +204,10 @@ end
 
 -- ------------------------------------------------------------------ install
 
--- Add the functions to T. P: tensor.lua's private helpers (define, spec,
+-- Add the functions to T. P: tensor_ops.lua's private helpers (define, spec,
 -- run_map, reduce, reduce_dim, new_tensor, shape_str, dtype_names).
 function M.install(T, P)
+  shape_string = T.shape_string
   local methods, define, is_tensor = T.methods, P.define, T.is_tensor
   local DTYPE_NAMES = P.dtype_names
 

@@ -173,7 +173,7 @@ for _, r in ipairs(plan.records) do
         local n = D.numel(sp.box.len)
         sin, min_ = sin + n, math.max(min_, n)
       end
-      for _, dp in ipairs(it.dests) do sout = sout + D.numel(dp.box.len) end
+      for _, dp in ipairs(D.dests(it)) do sout = sout + D.numel(dp.box.len) end
       floor = floor + (sin - min_) + (sout - min_)
     end
   end

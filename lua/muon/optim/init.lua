@@ -9,54 +9,58 @@
     option can be overridden per group. A buffer (value or grad) may be
     registered once: one overlapping another is EINVAL naming both.
 muon.optim.Muon(params, opts)
-    The seed's Muon. Options (defaults):
-    opts.lr = 0.02
-    opts.weight_decay = 0.1
-    opts.matched_adamw_rms = 0.2: the update RMS matched to AdamW's.
-    opts.momentum = 0.95: or a pair {m1, m2}: u = g + m1 buf;
+    The seed's Muon. Options (defaults: the kind's schema,
+    lua/muon/optim/muon.lua):
+    opts.lr = {default}
+    opts.weight_decay = {default}
+    opts.matched_adamw_rms = {default}: the update RMS matched to
+    AdamW's.
+    opts.momentum = {default}: or a pair {m1, m2}: u = g + m1 buf;
     buf = m2 buf + g; nesterov: u = m1 u + g.
-    opts.nesterov = true
-    opts.ns_steps = 5
-    opts.ns_variant = "asym5": see muon.ns.zeropower.
-    opts.ns_coefficients = nil: triples for ns_variant = "custom".
-    opts.ns_epsilon = 1e-10
-    opts.ns_path = "symmetric": or "plain".
-    opts.ns_method = "standard": "gram" or "auto" (muon.ns.method_for).
-    opts.ns_dtype = "float32": or "bfloat16", the seed's bfloat16 iteration
-    (muon.ns.zeropower opts.dtype).
-    opts.zero_rms_scale_mode = "zero": or "use_lr" (the scale when
+    opts.nesterov = {default}
+    opts.ns_steps = {default}
+    opts.ns_variant = {default}: see muon.ns.zeropower.
+    opts.ns_coefficients = {default}: triples for ns_variant = "custom".
+    opts.ns_epsilon = {default}
+    opts.ns_path = {default}: or "plain".
+    opts.ns_method = {default}: "gram" or "auto" (muon.ns.method_for).
+    opts.ns_dtype = {default}: or "bfloat16", the seed's bfloat16
+    iteration (muon.ns.zeropower opts.dtype).
+    opts.zero_rms_scale_mode = {default}: or "use_lr" (the scale when
     matched_adamw_rms is 0).
-    opts.apply_lr_in_update = false: the scale takes -lr and the apply
+    opts.apply_lr_in_update = {default}: the scale takes -lr and the apply
     uses alpha 1.
-    opts.scale_mode = "matched_adamw_rms": sqrt(max(A, B)) * rms; "keller":
+    opts.scale_mode = {default}: sqrt(max(A, B)) * rms; "keller":
     max(1, A/B)^0.5; "spectral": sqrt(A/B).
-    opts.weight_decay_mode = "decoupled": p = p (1 - lr wd) - lr u;
+    opts.weight_decay_mode = {default}: p = p (1 - lr wd) - lr u;
     "cautious": decay only where u * p > 0.
-    opts.nd_mode = "batch": N-D parameters as batches of their last two
+    opts.nd_mode = {default}: N-D parameters as batches of their last two
     dims; "flatten": one dim-1 x rest matrix.
-    opts.nonfinite = "error": or "skip" (a NaN/Inf gradient skips the
+    opts.nonfinite = {default}: or "skip" (a NaN/Inf gradient skips the
     group's step).
-    opts.state_dtype = "float32": or "bfloat16" (momentum in half the bytes,
-    float32 maths).
-    opts.hsdp_replica_count = nil: accepted when 1 (more replicas need an
-    engine with a mesh).
-    opts.hook_state = nil: { name = "rows" | "cols" | "matrix" | "scalar" |
-    "rows_rows" | "cols_cols" }: per-parameter state of the hooks.
+    opts.state_dtype = {default}: or "bfloat16" (momentum in half the
+    bytes, float32 maths).
+    opts.hsdp_replica_count = {default}: accepted when 1 (more replicas
+    need an engine with a mesh).
+    opts.hook_state = {default}: { name = "rows" | "cols" | "matrix" |
+    "scalar" | "rows_rows" | "cols_cols" }: per-parameter state of the
+    hooks.
     opts.reshape_fn, opts.ns_transform_fn, opts.zeropower_fn,
     opts.momentum_update_fn, opts.post_update_fn, opts.pre_ortho_fn,
-    opts.post_ortho_fn = nil: the hooks (contracts in the README).
+    opts.post_ortho_fn: the hooks (none by default; contracts in the
+    README).
     muon.optim.Muon.DEFAULTS and .OPTIONS list them; .new is the
     constructor, .Muon the class.
 muon.optim.AdamW(params, opts)
     torch.optim.AdamW (bias correction, decoupled decay, a step count per
-    parameter). opts.lr = 1e-3, opts.betas = {0.9, 0.999}, opts.eps = 1e-8,
-    opts.weight_decay = 0.01, opts.nonfinite = "error",
-    opts.state_dtype = "float32".
+    parameter). opts.lr = {default}, opts.betas = {default},
+    opts.eps = {default}, opts.weight_decay = {default},
+    opts.nonfinite = {default}, opts.state_dtype = {default}.
 muon.optim.Lion(params, opts)
     Lion (lion-pytorch's update): c = beta1 m + (1 - beta1) g;
     p = p (1 - lr wd) - lr sign(c); m = beta2 m + (1 - beta2) g, sign(0) = 0.
-    opts.lr = 1e-4, opts.betas = {0.9, 0.99}, opts.weight_decay = 0,
-    opts.nonfinite = "error", opts.state_dtype = "float32".
+    opts.lr = {default}, opts.betas = {default}, opts.weight_decay = {default},
+    opts.nonfinite = {default}, opts.state_dtype = {default}.
 Optimizer:step(closure)
     One atomic step of every group: on any failure (a bad value, a hook
     that raises, a NaN/Inf gradient) parameters, state and steps are as
@@ -89,7 +93,7 @@ Optimizer:save(path)
     The state as a safetensors checkpoint (atomic write, checksummed).
 Optimizer:load(path, opts)
     Load a checkpoint (names, shapes and options checked first).
-    opts.checksum = true: false loads a file written without muon's
+    opts.checksum = {default}: false loads a file written without muon's
     checksum (from Python).
 Optimizer.state
     state[p] (p a parameter): its state table once it stepped (Muon:
