@@ -72,7 +72,6 @@ local foreach = require("muon.foreach")
 local ns = require("muon.ns")
 local core = require("muon.core")
 local K = require("muon.optim.kind")
-local U = require("muon.optim.util")
 local Rd = require("muon.reduce")
 local B = require("muon.buffers")
 local ffi = require("ffi")
@@ -540,7 +539,7 @@ local function check_phase(self, values, pre_err)
       end
     end
     local skip = false
-    local bad = U.first_nonfinite(grads)
+    local bad = foreach.first_nonfinite(grads)
     if bad then
       if opts.nonfinite == "skip" then skip = true
       else E.raise(E.ENONFINITE, "parameter '%s': gradient holds NaN or Inf (%s)", owners[bad].name, G.label) end
@@ -642,7 +641,7 @@ local function check_derived(run, G, gr, entries)
     for _, k in ipairs(G.kind.hidden_state_keys) do list[#list + 1] = e.new[k] end
     for _ = #owner + 1, #list do owner[#owner + 1] = e.p end
   end
-  local bad = U.first_nonfinite(list)
+  local bad = foreach.first_nonfinite(list)
   if not bad then return end
   if G.options.nonfinite ~= "skip" then
     E.raise(E.ENONFINITE, "parameter '%s': its gradient is finite but the %s overflowed to NaN or Inf (%s)",
@@ -884,7 +883,7 @@ local function check_state(self, G, gr)
       list[#list + 1], owner[#list + 1], key[#list + 1] = e.new[h.key], e.p, h.key
     end
   end
-  local bad = U.first_nonfinite(list)
+  local bad = foreach.first_nonfinite(list)
   if bad then
     local k = key[bad]
     local hook = k:match("^hook%.(.*)$")
@@ -924,7 +923,7 @@ local function finish_phase(self, run)
       -- result NaN/Inf too (alpha * u with alpha finite, 0 * Inf = NaN), so
       -- this is also the updates' check; which one it was is looked up only
       -- on a failure.
-      for _, part in ipairs(U.split_dtype(values, updates)) do
+      for _, part in ipairs(foreach.split_dtype(values, updates)) do
         gr.applies[#gr.applies + 1] = { part[1], part[2], decay, alpha, cautious }
         if not gr.skip_derived then
           local ok, i = foreach.apply_finite(part[1], part[2], nil, decay, alpha, cautious)
@@ -1187,7 +1186,7 @@ function step_body(self, values, pre_err)
           p.value:copy(self.scratch[p].post.value)
           written[i] = p.value
         end
-        local bad = U.first_nonfinite(written)
+        local bad = foreach.first_nonfinite(written)
         if bad and G.options.nonfinite == "skip" then
           post_skip.g[gi].skip_derived = true
         elseif bad then

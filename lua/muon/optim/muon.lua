@@ -15,8 +15,7 @@ local O = require("muon.optim.options")
 local P = require("muon.param")
 local E = require("muon.errors")
 local K = require("muon.optim.kind")
-local U = require("muon.optim.util")
-local per_dtype = U.per_dtype
+local per_dtype = foreach.per_dtype
 local Rd = require("muon.reduce")
 
 local M = {} -- what other modules use besides the kind (core_shape, call_in_place)
@@ -429,7 +428,7 @@ end
 -- pre_ortho_fn, then the Newton-Schulz input must still be finite.
 local function pre_ortho(group, hp, it, x, a, b)
   ortho_hook("pre_ortho_fn", group, hp, it, x, a, b)
-  if U.first_nonfinite({ x }) then
+  if foreach.first_nonfinite({ x }) then
     E.raise(E.ENONFINITE, "parameter '%s': pre_ortho_fn left NaN or Inf in the Newton-Schulz input", it.name)
   end
 end

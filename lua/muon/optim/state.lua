@@ -28,7 +28,7 @@ local T = require("muon.tensor")
 local E = require("muon.errors")
 local D = require("muon.dist")
 local K = require("muon.optim.kind")
-local U = require("muon.optim.util")
+local foreach = require("muon.foreach")
 
 local S = {}
 
@@ -647,7 +647,7 @@ function S_save_body(stepper, path, parts, extra_meta, pre_err)
       -- a file whose load would refuse it is not written
       local tensors = {}
       for i, en in ipairs(entries) do tensors[i] = en.tensor end
-      local bad = U.first_nonfinite(tensors)
+      local bad = foreach.first_nonfinite(tensors)
       if bad then
         E.raise(E.ENONFINITE, "save '%s': state tensor '%s' holds NaN or Inf (a load would refuse the file); "
           .. "nothing was written", path, entries[bad].name)
