@@ -593,8 +593,10 @@ function kind.apply_coeffs(group, hp)
     group.weight_decay_mode == "cautious"
 end
 
--- post_update_fn on this rank's part of each stepped parameter (params:
--- the step's stand-ins, whose value is a copy it writes back: muon.step).
+-- post_update_fn on this rank's part of each stepped parameter, before the
+-- commit (params: the step's stand-ins, whose value is a private copy
+-- after the apply, which the commit copies into the parameter:
+-- muon.scratch).
 -- ctx.box: where this rank's tensor lies in the parameter (1-based start
 -- and length per dim; all of it on one process); ctx.signals: the values
 -- the trainer set for this step (eng:set_signal); ctx.allreduce and
@@ -610,7 +612,7 @@ function kind.post_update(group, hp, params, boxes, signals, reducers)
       logical_shape = p.logical_shape or p.value:size(),
       lr = hp.lr,
       weight_decay = hp.weight_decay,
-      step = group.step,
+      step = group.step + 1, -- (the step being taken: the commit counts it)
       box = boxes and boxes[i],
       signals = signals or {},
       allreduce = red.allreduce, global_norm = red.global_norm,
