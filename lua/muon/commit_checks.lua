@@ -11,6 +11,7 @@
 --   CC.parts(gr, rec, scratch, copies)       -- values, updates, names of the parts this rank holds
 --   CC.apply(G, gr, values, updates, names)  -- value * decay + alpha * update, computed without writing
 --                                            --> the apply list of the commit ({ values, updates, decay, alpha, cautious })
+--   CC.write(applies)                        -- the commit's writes of an apply list (nothing to check: it was)
 --   CC.stand_ins(G, gr, stand_ins)           -- what post_update_fn left in the parameters' private copies
 local foreach = require("muon.foreach")
 local E = require("muon.errors")
@@ -144,6 +145,15 @@ function CC.apply(G, gr, values, updates, names)
     end
   end
   return applies
+end
+
+-- Write an apply list of CC.apply (its values, in place). Nothing here
+-- raises: CC.apply checked the same arguments.
+function CC.write(applies)
+  for _, a in ipairs(applies) do
+    if a[5] then foreach.apply_cautious(a[1], a[2], nil, a[3], a[4])
+    else foreach.apply(a[1], a[2], nil, a[3], a[4]) end
+  end
 end
 
 -- What post_update_fn left in the private copies of the parameters

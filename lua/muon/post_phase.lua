@@ -14,7 +14,6 @@
 --   pp:run(run, rec, index_of)          -- the hooks (every rank, every stepping parameter); raises the first error
 -- (rec: param -> plan record; index_of: param -> registration number, the
 -- same on every rank.)
-local foreach = require("muon.foreach")
 local K = require("muon.optim.kind")
 local Rd = require("muon.reduce")
 local CC = require("muon.commit_checks")
@@ -46,12 +45,7 @@ function Phase:stage(run, rec)
       for i, p in ipairs(gr.params) do stand_ins[i] = self.scratch:stand_in(p) end
       gr.stand_ins = stand_ins
       local applies = CC.apply(G, gr, CC.parts(gr, rec, self.scratch, stand_ins))
-      if not gr.skip_derived then
-        for _, a in ipairs(applies) do
-          if a[5] then foreach.apply_cautious(a[1], a[2], nil, a[3], a[4])
-          else foreach.apply(a[1], a[2], nil, a[3], a[4]) end
-        end
-      end
+      if not gr.skip_derived then CC.write(applies) end
     end
   end
 end

@@ -497,10 +497,7 @@ local function commit_phase(self, run)
       if gr.stand_ins then
         for i, p in ipairs(gr.params) do p.value:copy(gr.stand_ins[i].value) end
       else
-        for _, a in ipairs(gr.applies) do
-          if a[5] then foreach.apply_cautious(a[1], a[2], nil, a[3], a[4])
-          else foreach.apply(a[1], a[2], nil, a[3], a[4]) end
-        end
+        CC.write(gr.applies)
       end
     end
   end
