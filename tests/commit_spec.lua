@@ -660,7 +660,7 @@ describe("a failing post_update_fn changes nothing (the step computes, then comm
 end)
 
 describe("a load keeps the config the source of truth for every schedulable key of every kind", function()
-  local K = require("muon.optim.kind")
+  local K = require("muon.optim.kinds")
   local stderr_of = H.stderr_of
   -- another valid value of an option
   local function other(v)

@@ -11,7 +11,7 @@ local D = require("driver")
 local E = require("muon.errors")
 local engine = require("muon.engine")
 local st = require("muon.safetensors")
-local S = require("muon.optim.state")
+local S = require("muon.checkpoint")
 local cjson = require("cjson")
 
 -- An engine with a Muon and an AdamW group whose schedule can be told to

@@ -128,6 +128,19 @@ R.MODULES = {
       return list
     end,
   } },
+  { name = "muon.optim.kind", classes = {
+    -- every member the loaded kinds carry (supplied, and derived by register)
+    Kind = function()
+      local kinds = require("muon.optim.kinds")
+      local seen, list = {}, {}
+      for _, name in ipairs(kinds.names()) do
+        for _, k in ipairs(members(kinds.get(name))) do
+          if not seen[k] then seen[k] = true; list[#list + 1] = k end
+        end
+      end
+      return list
+    end,
+  } },
   { name = "muon.engine", classes = { Engine = function(e) return members(e.Engine) end } },
   { name = "muon.schedules" },
   { name = "muon.foreach" },

@@ -36,7 +36,7 @@
 -- Kinds (the contract: muon.optim.kind) supply their parts and see the
 -- step through a narrow context (muon.kind_context), never the Stepper.
 -- The engine, the one-process optimizers (muon.optim.class) and
--- checkpoints (muon.optim.state) use the Stepper through these methods:
+-- checkpoints (muon.checkpoint) use the Stepper through these methods:
 --
 --   local S = require("muon.step")
 --   local st = S.new({ groups = { { kind = K, options = g, label = "param group 1" }, ... },

@@ -11,6 +11,7 @@
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
 local K = require("muon.optim.kind")
+local class = require("muon.optim.class")
 
 local kind = { name = "lion", class = "Lion",
   -- an overflow of m shows in the update only as a sign: checked for NaN/Inf
@@ -40,4 +41,4 @@ function kind.apply_coeffs(_, hp)
   return 1.0 - hp.lr * hp.weight_decay, -hp.lr
 end
 
-return K.module(kind)
+return class.module(K.register(kind))

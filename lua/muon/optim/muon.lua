@@ -15,6 +15,7 @@ local O = require("muon.optim.options")
 local P = require("muon.param")
 local E = require("muon.errors")
 local K = require("muon.optim.kind")
+local class = require("muon.optim.class")
 local per_dtype = foreach.per_dtype
 local Rd = require("muon.reduce")
 
@@ -623,4 +624,4 @@ end
 --------------------------------------------------------- the optimizer
 
 M.core_shape = core_shape
-return K.module(kind, M)
+return class.module(K.register(kind), M)
