@@ -346,7 +346,7 @@ describe("every tensor the commit writes is checked", function()
     end
   end)
 
-  it("post_update_fn leaving NaN or Inf in a parameter: error undoes the step; skip undoes its group", function()
+  it("post_update_fn leaving NaN or Inf in a parameter: error fails the step; skip skips its group", function()
     for bi, bad in ipairs(BAD) do
       for _, policy in ipairs({ "error", "skip" }) do
         local n = 0
@@ -486,7 +486,7 @@ describe("a failed step cannot change state through an alias a hook kept", funct
     end)
   end)
 
-  it("post_ortho_fn writes kept views, then post_update_fn fails (after the commit)", function()
+  it("post_ortho_fn writes kept views, then post_update_fn fails (the last hook before the commit)", function()
     same_as_reference(function(fail_at)
       local kept, n, m = nil, 0, 0
       return { hook_state = { v = "matrix" }, post_ortho_fn = function(x, state)
@@ -580,8 +580,87 @@ return { groups = {
   end)
 end)
 
+describe("a failing post_update_fn changes nothing (the step computes, then commits)", function()
+  -- Groups: w (Muon: pre_ortho_fn with hook state, post_update_fn), u
+  -- (Muon, no hook: the direct path), b (AdamW). At step 1 the hooks keep
+  -- what they got (post_update_fn: its tensor, a view of it or its param
+  -- table; pre_ortho_fn: its hook state); at step 3 they write through it
+  -- and into the step's own tensor, then post_update_fn fails: raising,
+  -- leaving NaN (nonfinite = "error") or running out of its budget. The
+  -- failed step leaves every bit as it was (parameters, state and hook
+  -- state, step counts, counters), and the run goes on as one without it.
+  local MODES = {
+    error = { "ELUA", "post_update_fn fails" },
+    nan = { "ENONFINITE", "parameter 'w': post_update_fn left NaN or Inf in the parameter" },
+    budget = { "ELUA", "exceeded the hook budget of 1000000 Lua instructions" },
+  }
+  local function make(mode, route, fail_at)
+    local kept, n, m = {}, 0, 0
+    local cfg = { hook_budget = mode == "budget" and { instructions = 1e6 } or nil, groups = {
+      { optimizer = "muon", match = "^w", lr = 0.05, hook_state = { v = "matrix", r = "rows" },
+        pre_ortho_fn = function(G, state)
+          n = n + 1
+          state.v:mul(0.5):add(G)
+          state.r:add(1)
+          if n == 1 then kept.state = state end
+          if fail_at and n == fail_at then kept.state.v:fill(9); kept.state.r:fill(-9) end
+        end,
+        post_update_fn = function(p, x)
+          m = m + 1
+          if m == 1 then kept.post = ({ tensor = x, view = x:narrow(1, 2, 2), param = p })[route] end
+          if fail_at and m == fail_at then
+            if route == "param" then kept.post.value:fill(7) else kept.post:fill(7) end
+            x:narrow(2, 1, 1):fill(-7)
+            if mode == "error" then error("post_update_fn fails") end
+            if mode == "nan" then x:narrow(1, 1, 1):fill(0 / 0) end
+            if mode == "budget" then while true do end end
+          end
+        end },
+      { optimizer = "muon", match = "^u", lr = 0.05 },
+      { optimizer = "adamw", match = "^b", lr = 0.01 } } }
+    local eng = engine.new(cfg)
+    eng:add_param("w", T.randn({ 3, 4 }, 1), T.zeros({ 3, 4 }))
+    eng:add_param("u", T.randn({ 4, 2 }, 2), T.zeros({ 4, 2 }))
+    eng:add_param("b", T.randn({ 4 }, 3), T.zeros({ 4 }))
+    return eng
+  end
+  local function set_grads(eng, s)
+    for i, name in ipairs({ "w", "u", "b" }) do
+      local g = eng:param(name).grad
+      g:copy(T.randn(g:size(), 10 * s + i))
+    end
+  end
+  local function counters(eng)
+    local st = eng:stats()
+    return ("%d %d %d %d %d"):format(st.steps, st.muon.steps, st.muon.skipped_nonfinite, st.adamw.steps,
+      st.adamw.skipped_nonfinite)
+  end
+
+  for _, mode in ipairs({ "error", "nan", "budget" }) do
+    for _, route in ipairs({ "tensor", "view", "param" }) do
+      it(mode .. ", a parameter kept by post_update_fn (" .. route .. ") and hook state kept by pre_ortho_fn", function()
+        local eng = make(mode, route, 3)
+        for s = 1, 2 do set_grads(eng, s); eng:step() end
+        set_grads(eng, 3)
+        local before, c = D.snapshot(eng), counters(eng)
+        local code, msg = fails(eng.step, eng)
+        assert.are.equal(MODES[mode][1], code)
+        assert.truthy(msg:find(MODES[mode][2], 1, true), msg)
+        assert.are.equal(before, D.snapshot(eng))
+        assert.are.equal(c, counters(eng))
+        -- and the next step is that of a run that never took the failed one
+        set_grads(eng, 4)
+        eng:step()
+        local ref = make(mode, route, nil)
+        for _, s in ipairs({ 1, 2, 4 }) do set_grads(ref, s); ref:step() end
+        assert.are.equal(D.snapshot(ref), D.snapshot(eng))
+      end)
+    end
+  end
+end)
+
 describe("a load keeps the config the source of truth for every schedulable key of every kind", function()
-  local K = require("muon.optim.kind")
+  local K = require("muon.optim.kinds")
   local stderr_of = H.stderr_of
   -- another valid value of an option
   local function other(v)

@@ -325,7 +325,7 @@ describe("seed options load unchanged", function()
   end)
 
   it("checkpoints without hyperparameters (older files) still load", function()
-    local S = require("muon.optim.state")
+    local S = require("muon.checkpoint")
     local st = require("muon.safetensors")
     local a = AdamW({ muon.param("b", T.randn({ 3 }, 1), T.randn({ 3 }, 2)) }, { lr = 0.2 })
     a:step()

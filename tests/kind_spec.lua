@@ -8,6 +8,7 @@ local T = H.T
 local ffi = require("ffi")
 local E = require("muon.errors")
 local K = require("muon.optim.kind")
+local kinds = require("muon.optim.kinds")
 local O = require("muon.optim.options")
 local C = require("muon.core").C
 local muon = H.muon
@@ -55,20 +56,34 @@ describe("the kind contract", function()
   end)
 
   it("every member is documented; optional members are absent, never stubbed", function()
-    for _, m in ipairs(K.MEMBERS) do
-      assert.is_string(m[4], m[1])
-      assert.truthy(#m[4] > 10, m[1])
+    -- every member a kind may supply or carries has an entry Kind.<name> in
+    -- muon.optim.kind's reference block (tests/reference_spec.lua checks
+    -- the kinds' actual members against it too)
+    local R = require("muon.reference")
+    local spec
+    for _, m in ipairs(R.MODULES) do if m.name == "muon.optim.kind" then spec = m end end
+    assert.is_table(spec, "muon.optim.kind is a reference module")
+    local documented = {}
+    for _, e in ipairs((R.load(spec))) do
+      for _, h in ipairs(e.heads) do documented[h.key] = #e.desc end
     end
-    local adamw = K.get("adamw")
+    local want = { "ENTRIES", "DEFAULTS", "OPTIONS", "SCHEDULABLE", "SCHEDULE_ORDER", "HOOKS", "DISPLAY", "SAVED", "LOAD",
+      "state_keys", "hidden_state_keys", "ns" }
+    for _, m in ipairs(K.MEMBERS) do want[#want + 1] = m[1] end
+    for _, name in ipairs(want) do
+      assert.truthy(documented["Kind:" .. name], "Kind." .. name .. " has no entry")
+      assert.truthy(documented["Kind:" .. name] > 0, "Kind." .. name .. " has no description")
+    end
+    local adamw = kinds.get("adamw")
     for _, name in ipairs({ "check_param", "post_update", "orthogonalize", "ns_prepare", "hook_shapes", "resolve" }) do
       assert.is_nil(rawget(adamw, name), name)
     end
     assert.is_false(adamw.ns)
-    assert.is_true(K.get("muon").ns)
+    assert.is_true(kinds.get("muon").ns)
   end)
 
   it("the kinds derive what they declared (hand-written lists)", function()
-    local m, a = K.get("muon"), K.get("adamw")
+    local m, a = kinds.get("muon"), kinds.get("adamw")
     assert.same({ lr = 2e-2, weight_decay = 0.1, matched_adamw_rms = 0.2, momentum = 0.95, nesterov = true, ns_steps = 5,
       ns_variant = "asym5", ns_epsilon = 1e-10, zero_rms_scale_mode = "zero", apply_lr_in_update = false,
       ns_path = "symmetric", ns_method = "standard", scale_mode = "matched_adamw_rms", nonfinite = "error",
@@ -106,7 +121,7 @@ describe("the kind contract", function()
   it("the hook names are declared once: config-wide hooks, the kinds and the hook state rules use them", function()
     local names = {}
     for _, h in ipairs(K.HOOKS) do names[#names + 1] = h[1] end
-    assert.same(names, K.get("muon").HOOKS)
+    assert.same(names, kinds.get("muon").HOOKS)
     local ok, err = pcall(muon.engine.new, { groups = { {} }, hooks = { post_ortho = function() end } })
     assert.is_false(ok)
     assert.truthy(tostring(err):find("unknown hook 'post_ortho' (did you mean 'post_ortho_fn'?); valid hooks: "
@@ -119,7 +134,7 @@ end)
 
 describe("the option schema's checks", function()
   it("validate runs every option's check in schema order, then resolve (messages name the option)", function()
-    local m = K.get("muon")
+    local m = kinds.get("muon")
     local g = {}
     for k, v in pairs(m.DEFAULTS) do g[k] = v end
     assert.has_no.errors(function() K.validate(m, g) end)
@@ -133,7 +148,7 @@ describe("the option schema's checks", function()
   end)
 
   it("check_step checks a step's schedulable values in sorted order", function()
-    local a = K.get("adamw")
+    local a = kinds.get("adamw")
     assert.equal("betas[2] must be in [0, 1), got 1", raised(K.check_step, a, { lr = -1, betas = { 0.5, 1 }, eps = 0, weight_decay = 0 }))
     assert.equal("lr must be >= 0, got -1", raised(K.check_step, a, { lr = -1, betas = { 0.5, 0.5 }, eps = 0, weight_decay = 0 }))
   end)

@@ -125,10 +125,10 @@ describe("the checker reports what is missing (a fake module)", function()
 
   it("the README names the options of the kinds and points to muon help; it writes none of their defaults", function()
     local readme = read("README.md")
-    local K = require("muon.optim.kind")
+    local K, kinds = require("muon.optim.kind"), require("muon.optim.kinds")
     for _, k in ipairs(K.KINDS) do
       assert.truthy(readme:find("muon help muon.optim." .. (k.class == "Muon" and "Muon" or ""), 1, true), k.class)
-      for name in pairs(K.get(k.name).OPTIONS) do
+      for name in pairs(kinds.get(k.name).OPTIONS) do
         local at = readme:find("`" .. name .. "` [%d\"{%-]")
         assert.is_nil(at, ("%s: %s"):format(name, at and readme:sub(at, at + 40) or ""))
       end
@@ -153,10 +153,10 @@ describe("the checker reports what is missing (a fake module)", function()
     assert.same({ "    opts.lr = 0.02, opts.betas = {0.9, 0.999}", "    opts.eps = 1e-8: by hand.",
       "    opts.hook = nil: none." }, R.expand(s, entries[1]))
     -- the kinds: muon help prints each default of each schema
-    local K = require("muon.optim.kind")
+    local K, kinds = require("muon.optim.kind"), require("muon.optim.kinds")
     for _, k in ipairs(K.KINDS) do
       local text = R.lookup("muon.optim." .. k.class)
-      for name, v in pairs(K.get(k.name).DEFAULTS) do
+      for name, v in pairs(kinds.get(k.name).DEFAULTS) do
         local want = type(v) == "string" and ("%q"):format(v) or type(v) == "table" and "{" or tostring(v)
         assert.truthy(text:find("opts." .. name .. " = " .. want, 1, true) or type(v) == "number"
           and text:find("opts." .. name .. " = " .. ("%.10g"):format(v):gsub("e([-+])0*(%d)", "e%1%2"), 1, true),

@@ -1,7 +1,7 @@
 -- The step protocol (lua/muon/step.lua) on one process: every per-step
 -- value is checked before anything changes, a failed step changes nothing
 -- and later steps continue as if it had not happened (post_update_fn
--- failures too: the commit is undone), parameters can stop having a grad, the
+-- failures too: it runs before the commit), parameters can stop having a grad, the
 -- status code of each failure, replica-free memory accounting, and
 -- checkpoints whose values were tampered with (checksums recomputed).
 package.path = "tests/fuzz/?.lua;" .. package.path
@@ -11,7 +11,7 @@ local D = require("driver")
 local E = require("muon.errors")
 local engine = require("muon.engine")
 local st = require("muon.safetensors")
-local S = require("muon.optim.state")
+local S = require("muon.checkpoint")
 local cjson = require("cjson")
 
 -- An engine with a Muon and an AdamW group whose schedule can be told to
@@ -110,7 +110,7 @@ describe("step: per-step values are checked before anything changes", function()
 end)
 
 describe("step: post_update_fn failures, nil grads, closures, codes", function()
-  it("a raising post_update_fn fails with ELUA and undoes the step: nothing changed", function()
+  it("a raising post_update_fn fails with ELUA before the commit: nothing changed", function()
     local inject = { post = { step = 2, name = "w2" } }
     local eng, _, grads = build(inject)
     local ref, _, rgrads = build(nil)

@@ -213,8 +213,8 @@ end
 -- standard iteration (muon.ns.flops) times ns_steps; nil when a hook
 -- (zeropower_fn) replaces Newton-Schulz.
 local function ns_flops(row)
-  local K = require("muon.optim.kind")
-  local kind = K.get(row.optimizer)
+  local kinds = require("muon.optim.kinds")
+  local kind = kinds.get(row.optimizer)
   if not (kind and kind.ns) then return 0 end
   for _, h in ipairs(row.hooks or {}) do
     if h == "zeropower_fn" then return nil end
@@ -226,8 +226,8 @@ end
 -- float32 or bfloat16) and its hook state (float32), as a float32 model
 -- holds them on one process.
 local function state_bytes(row)
-  local K = require("muon.optim.kind")
-  local kind = K.get(row.optimizer)
+  local kinds = require("muon.optim.kinds")
+  local kind = kinds.get(row.optimizer)
   if not kind then return 0 end
   local es = row.options.state_dtype == "bfloat16" and 2 or 4
   local bytes = #kind.state_keys * numel(row.shape) * es
@@ -269,10 +269,10 @@ local EMBED_NAMES = { "embed", "wte", "wpe", "lm_head", "tok_emb" }
 -- wte, wpe, lm_head, tok_emb; or a side > 10x the other and > 32768).
 -- Returns a list of messages.
 function check.warnings(rows)
-  local K = require("muon.optim.kind")
+  local kinds = require("muon.optim.kinds")
   local out = {}
   for _, r in ipairs(rows) do
-    local kind = K.get(r.optimizer)
+    local kind = kinds.get(r.optimizer)
     local a, b, batch = require("muon.ns").core(r.shape, r.options.nd_mode)
     if kind and kind.ns and a then
       local what = ("'%s' (%s, group %s) "):format(r.name, shape_string(r.shape), tostring(r.group))
@@ -313,10 +313,10 @@ end
 -- The tables after the routing table: Newton-Schulz per parameter, then
 -- totals per group.
 function check.format_report(rows)
-  local K = require("muon.optim.kind")
+  local kinds = require("muon.optim.kinds")
   local ns_rows = {}
   for _, r in ipairs(rows) do
-    local kind = K.get(r.optimizer)
+    local kind = kinds.get(r.optimizer)
     if kind and kind.ns then
       local fl = ns_flops(r)
       ns_rows[#ns_rows + 1] = { r.name, shape_string(r.shape), check.ns_shape(r.shape, r.options.nd_mode),

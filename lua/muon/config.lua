@@ -1,4 +1,7 @@
--- Loading config files. A config is a Lua chunk returning a table; it runs
+-- Configs: loading them, their own keys (CONFIG_KEYS, GROUP_KEYS,
+-- DIST_KEYS) and a loaded config's groups (config.resolve: each group's
+-- kind, checked options and routing rules; the engine routes parameters by
+-- them). Loading: a config is a Lua chunk returning a table; it runs
 -- in a restricted environment unless the caller trusts it: no os.execute,
 -- io, ffi, debug, bytecode, or require of anything but muon's own modules.
 -- Whatever muon module a sandboxed config requires is a facade, and every
@@ -10,6 +13,11 @@ local ffi = require("ffi")
 local core = require("muon.core")
 local E = require("muon.errors")
 local sandbox = require("muon.sandbox")
+local D = require("muon.dist")
+local commlib = require("muon.comm")
+local O = require("muon.optim.options")
+local K = require("muon.optim.kind")
+local kinds = require("muon.optim.kinds")
 local config = {}
 
 local HOW_TO_ALLOW = sandbox.HOW_TO_ALLOW
@@ -223,6 +231,249 @@ function config.load(src, trusted)
     if limits then result = bound_functions(result, limits, {}) end
   end
   return result, src
+end
+
+------------------------------------------- the config's keys and groups
+
+local function config_fail(fmt, ...) E.raise(E.EINVAL, fmt, ...) end
+
+-- A config's top-level keys, the keys of a group besides its kind's
+-- options (they route parameters to it), and the keys of its dist section:
+-- { name, doc, check = function(v, name) (raises; run when the key is set,
+-- or always when required) }. config.resolve checks them (config.check_keys)
+-- in this order; groups, hooks and dist have more checks there.
+config.CONFIG_KEYS = {
+  { "groups", "a non-empty list of groups, each { name, optimizer, match, ..., options }", required = true,
+    check = function(v)
+      if type(v) ~= "table" or #v == 0 then config_fail("'groups' must be a non-empty list of groups") end
+    end },
+  { "schedule", "function(step, group) -> an lr or a table of schedulable values ({}: the config's)",
+    check = function(v)
+      if type(v) ~= "function" then config_fail("'schedule' must be a function(step, group)") end
+    end },
+  { "hooks", "hooks for every group whose kind takes hooks (muon.optim.kind.HOOKS)",
+    check = function(v)
+      if type(v) ~= "table" then config_fail("'hooks' must be a table") end
+    end },
+  { "dist", "{ mesh, balance, max_batch_numel, check_replicas, comm }: the distributed layout (config.DIST_KEYS)" },
+  { "name", "a label for the config (a string; `muon check` prints it)",
+    check = function(v)
+      if type(v) ~= "string" then config_fail("'name' must be a string (a label), got %s", type(v)) end
+    end },
+  { "nil_grad_warning", "steps (default 1; 0: never): a parameter without a grad for its first that many steps "
+    .. "gets one warning naming it",
+    check = function(v)
+      if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
+        config_fail("'nil_grad_warning' must be an integer >= 0 (steps; 0: never warn), got %s", tostring(v))
+      end
+    end },
+  { "hook_budget", "{ instructions, seconds, memory }: the limits of one hook call (config.hook_limits)" },
+}
+config.GROUP_KEYS = {
+  { "name", "the group's name (messages, get('lr:<name>'), schedules' group.name)" },
+  { "optimizer", "the kind (muon.optim.kind.KINDS; default its DEFAULT)" },
+  { "match", "Lua pattern(s) or function(s) of (name, shape)" },
+  { "exclude", "Lua pattern(s) or function(s) of (name, shape)" },
+  { "min_dim", "a parameter's dims >= min_dim" },
+  { "max_dim", "a parameter's dims <= max_dim" },
+}
+config.DIST_KEYS = {
+  { "mesh", "{ { axis name, size }, ... }",
+    check = function(v)
+      local ok, err = pcall(D.mesh, v)
+      if not ok then E.raise(E.code(err) or E.EINVAL, "%s", E.message(err)) end
+    end },
+  { "balance", "'flops' or 'numel': how owners are balanced",
+    check = function(v)
+      if v ~= "flops" and v ~= "numel" then config_fail("balance must be 'flops' or 'numel', got %s", tostring(v)) end
+    end },
+  { "max_batch_numel", "elements per Newton-Schulz batch",
+    check = function(v)
+      if type(v) ~= "number" or v < 1 then config_fail("max_batch_numel must be a number >= 1") end
+    end },
+  { "check_replicas", "'off' (default), 'grads' or 'params': compare a hash of every box over its replicas "
+    .. "before the step (gradients) or after it (values); a difference fails on every rank, naming the parameter",
+    check = function(v)
+      if v ~= "off" and v ~= "grads" and v ~= "params" then
+        config_fail("check_replicas must be 'off', 'grads' or 'params', got %s", tostring(v))
+      end
+    end },
+  { "comm", "a muon.comm communicator (default: the world)",
+    check = function(v)
+      if not commlib.is_comm(v) then config_fail("comm must be a muon.comm communicator") end
+    end },
+}
+
+-- A list of { name, ... } as a set.
+local function key_set(list)
+  local s = {}
+  for _, e in ipairs(list) do s[e[1]] = true end
+  return s
+end
+
+-- Check table t against a key list (config.CONFIG_KEYS, DIST_KEYS):
+-- unknown keys (E.check_keys: what, where), then each entry's check in
+-- order; errors are EINVAL objects "<where>: <message>".
+function config.check_keys(t, list, what, where)
+  E.check_keys(t, key_set(list), what, where)
+  for _, e in ipairs(list) do
+    local v = t[e[1]]
+    if e.check and (v ~= nil or e.required) then
+      local ok, err = pcall(e.check, v, e[1])
+      if not ok then E.raise(E.code(err) or E.EINVAL, "%s: %s", where, E.message(err)) end
+    end
+  end
+end
+
+local ROUTING_KEYS = key_set(config.GROUP_KEYS)
+
+-- The kinds that take hooks, and their class names ("Muon"): hook options
+-- (K.HOOK_KEYS) on another group would silently do nothing, so they are
+-- refused by name.
+local function hook_kinds()
+  local classes = {}
+  for _, name in ipairs(kinds.names()) do
+    local kind = kinds.get(name)
+    if #kind.HOOKS > 0 then classes[#classes + 1] = kind.class end
+  end
+  return table.concat(classes, ", ")
+end
+
+local function as_list(v, what)
+  if v == nil then return {} end
+  if type(v) == "string" then return { v } end
+  if type(v) == "function" then return { v } end
+  if type(v) ~= "table" then E.raise(E.EINVAL, "%s must be a pattern, a list of patterns or a function", what) end
+  for i, p in ipairs(v) do
+    if type(p) ~= "string" and type(p) ~= "function" then
+      E.raise(E.EINVAL, "%s[%d] must be a Lua pattern or a function", what, i)
+    end
+  end
+  return v
+end
+
+local function group_label(gi, name)
+  return ("group %d%s"):format(gi, name and (" ('" .. tostring(name) .. "')") or "")
+end
+
+-- The dist section: mesh, balance, max_batch_numel, comm (a muon.comm).
+local function resolve_dist(dcfg, where)
+  if type(dcfg) ~= "table" then E.raise(E.EINVAL, "config %s: 'dist' must be a table { mesh = {...} }", where) end
+  config.check_keys(dcfg, config.DIST_KEYS, "dist key", ("config %s: dist"):format(where))
+  local d = {}
+  for k, v in pairs(dcfg) do d[k] = v end
+  return d
+end
+
+-- Check the config table and build the groups (option tables of the kinds,
+-- torch-like: params, step, options) and their routing rules.
+local function resolve_config(cfg, where)
+  config.check_keys(cfg, config.CONFIG_KEYS, "top-level key", "config " .. where)
+  local hooks = cfg.hooks or {}
+  E.check_keys(hooks, K.HOOK_NAMES, "hook", ("config %s: hooks"):format(where))
+  for k, v in pairs(hooks) do
+    if type(v) ~= "function" then E.raise(E.EINVAL, "config %s: hook '%s' must be a function", where, k) end
+  end
+  local groups = {}
+  local takes_hooks = false
+  for _, g in ipairs(cfg.groups) do
+    local kind = type(g) == "table" and kinds.get(g.optimizer or kinds.DEFAULT)
+    if kind and #kind.HOOKS > 0 then takes_hooks = true end
+  end
+  if not takes_hooks and next(hooks) ~= nil then
+    local names = {}
+    for k in pairs(hooks) do names[#names + 1] = k end
+    table.sort(names)
+    E.raise(E.EINVAL, "config %s: hook(s) %s would never be called: hooks run in %s groups only and the config has none",
+      where, table.concat(names, ", "), hook_kinds())
+  end
+  for gi, g in ipairs(cfg.groups) do
+    if type(g) ~= "table" then E.raise(E.EINVAL, "config %s: group %d must be a table", where, gi) end
+    local label = group_label(gi, g.name)
+    local kname = g.optimizer or kinds.DEFAULT
+    local kind = kinds.get(kname)
+    if not kind then
+      E.raise(E.EINVAL, "config %s: %s: %s", where, label, E.unknown("optimizer", kname, kinds.names()))
+    end
+    local opts, valid = {}, {}
+    for k in pairs(ROUTING_KEYS) do valid[k] = true end
+    for k in pairs(kind.OPTIONS) do valid[k] = true end
+    local never = {}
+    for k in pairs(g) do
+      if not valid[k] and K.HOOK_KEYS[k] then never[#never + 1] = tostring(k) end
+    end
+    table.sort(never)
+    if #never > 0 then
+      local classes = hook_kinds()
+      E.raise(E.EINVAL, "config %s: %s (%s): hook '%s' would never be called: hooks run in %s groups only "
+        .. "(move it to a %s group or remove it)", where, label, kname, never[1], classes, classes)
+    end
+    E.check_keys(g, valid, kname .. " option", ("config %s: %s"):format(where, label))
+    for k, v in pairs(g) do
+      if not ROUTING_KEYS[k] then opts[k] = v end
+    end
+    for k, v in pairs(hooks) do
+      if kind.OPTIONS[k] and opts[k] == nil then opts[k] = v end
+    end
+    for _, k in ipairs({ "min_dim", "max_dim" }) do
+      if g[k] ~= nil and (type(g[k]) ~= "number" or g[k] < 0) then
+        E.raise(E.EINVAL, "config %s: %s: %s must be a non-negative number", where, label, k)
+      end
+    end
+    local options = O.merge(kind.DEFAULTS, opts)
+    local ok, err = pcall(K.validate, kind, options)
+    if not ok then E.raise(E.EINVAL, "config %s: %s (%s): %s", where, label, kname, E.message(err)) end
+    options.params, options.name, options.step = {}, g.name, 0
+    groups[gi] = {
+      index = gi, name = g.name, kind = kind, label = label, options = options,
+      -- (no match: every name, without a pattern to run on it)
+      match = g.match and as_list(g.match, ("config %s: %s.match"):format(where, label)) or nil,
+      exclude = as_list(g.exclude, ("config %s: %s.exclude"):format(where, label)),
+      min_dim = g.min_dim, max_dim = g.max_dim,
+      base = O.merge(kind.DEFAULTS, opts),
+    }
+  end
+  return groups
+end
+
+-- The seed's hsdp_replica_count (a Muon option) is the size of the mesh's
+-- replicate axes here (axes named "replicate..."; their product): a group
+-- that sets it must agree with dist.mesh, else the message shows the mesh
+-- that says the same.
+local function check_hsdp(groups, dist, where)
+  local mesh = dist and dist.mesh
+  local have, names = 1, {}
+  for _, ax in ipairs(mesh or {}) do
+    if type(ax[1]) == "string" and ax[1]:lower():find("^replicate") then
+      have = have * ax[2]
+      names[#names + 1] = ax[1]
+    end
+  end
+  for _, g in ipairs(groups) do
+    local n = g.kind.replica_count and g.kind.replica_count(g.options.hsdp_replica_count) or 1
+    if g.options.hsdp_replica_count ~= nil and n ~= have then
+      E.raise(E.EINVAL, "config %s: %s: hsdp_replica_count = %d, but %s: replication comes from the mesh here; "
+        .. "the equivalent config has dist = { mesh = { { \"replicate\", %d }, { \"shard\", <ranks / %d> } } } "
+        .. "and places parameters { \"R\", \"S(1)\" }", where, g.label, n,
+        mesh == nil and "the config has no dist section (one process, no replicas)"
+          or ("the mesh's replicate axes (%s) have %d ranks"):format(#names > 0 and table.concat(names, ", ") or "none", have),
+        n, n)
+    end
+  end
+end
+
+-- A loaded config's groups and dist section, checked (where: the config
+-- as messages name it): groups = list of { index, name, kind, label,
+-- options (the kind's option table, torch-like: params, step, options),
+-- match, exclude, min_dim, max_dim, base (the options the schedule starts
+-- from) }; dist = a copy of the dist section, or nil. Raises EINVAL error
+-- objects naming the key or option.
+function config.resolve(cfg, where)
+  local groups = resolve_config(cfg, where)
+  local dist
+  if cfg.dist ~= nil then dist = resolve_dist(cfg.dist, where) end
+  check_hsdp(groups, dist, where)
+  return groups, dist
 end
 
 return config

@@ -144,44 +144,19 @@ local P = require("muon.param")
 local O = require("muon.optim.options")
 local E = require("muon.errors")
 local D = require("muon.dist")
-local K = require("muon.optim.kind")
-local S = require("muon.optim.state")
+local kinds = require("muon.optim.kinds")
+local class = require("muon.optim.class")
+local Step = require("muon.step")
+local S = require("muon.checkpoint")
 local commlib = require("muon.comm")
-local U = require("muon.optim.util")
 local G = require("muon.grads")
 
 local engine = {}
 local Engine = {}
 Engine.__index = Engine
 
-local ROUTING_KEYS = K.set(K.GROUP_KEYS)
 local OPEN_KEYS = { trusted = true, dry_run = true }
 local DRY_KEYS = { world = true, rank = true, mesh = true }
-
--- The kinds that take hooks, and their class names ("Muon"): hook options
--- (K.HOOK_KEYS) on another group would silently do nothing, so they are
--- refused by name.
-local function hook_kinds()
-  local classes = {}
-  for _, name in ipairs(K.names()) do
-    local kind = K.get(name)
-    if #kind.HOOKS > 0 then classes[#classes + 1] = kind.class end
-  end
-  return table.concat(classes, ", ")
-end
-
-local function as_list(v, what)
-  if v == nil then return {} end
-  if type(v) == "string" then return { v } end
-  if type(v) == "function" then return { v } end
-  if type(v) ~= "table" then E.raise(E.EINVAL, "%s must be a pattern, a list of patterns or a function", what) end
-  for i, p in ipairs(v) do
-    if type(p) ~= "string" and type(p) ~= "function" then
-      E.raise(E.EINVAL, "%s[%d] must be a Lua pattern or a function", what, i)
-    end
-  end
-  return v
-end
 
 local function matches_any(list, name, shape)
   for _, m in ipairs(list) do
@@ -192,116 +167,6 @@ local function matches_any(list, name, shape)
     end
   end
   return false
-end
-
-local function group_label(gi, name)
-  return ("group %d%s"):format(gi, name and (" ('" .. tostring(name) .. "')") or "")
-end
-
--- The dist section: mesh, balance, max_batch_numel, comm (a muon.comm).
-local function resolve_dist(dcfg, where)
-  if type(dcfg) ~= "table" then E.raise(E.EINVAL, "config %s: 'dist' must be a table { mesh = {...} }", where) end
-  K.check_keys(dcfg, K.DIST_KEYS, "dist key", ("config %s: dist"):format(where))
-  local d = {}
-  for k, v in pairs(dcfg) do d[k] = v end
-  return d
-end
-
--- Check the config table and build the groups (option tables of the kinds,
--- torch-like: params, step, options) and their routing rules.
-local function resolve_config(cfg, where)
-  K.check_keys(cfg, K.CONFIG_KEYS, "top-level key", "config " .. where)
-  local hooks = cfg.hooks or {}
-  E.check_keys(hooks, K.HOOK_NAMES, "hook", ("config %s: hooks"):format(where))
-  for k, v in pairs(hooks) do
-    if type(v) ~= "function" then E.raise(E.EINVAL, "config %s: hook '%s' must be a function", where, k) end
-  end
-  local groups = {}
-  local takes_hooks = false
-  for _, g in ipairs(cfg.groups) do
-    local kind = type(g) == "table" and K.get(g.optimizer or K.DEFAULT)
-    if kind and #kind.HOOKS > 0 then takes_hooks = true end
-  end
-  if not takes_hooks and next(hooks) ~= nil then
-    local names = {}
-    for k in pairs(hooks) do names[#names + 1] = k end
-    table.sort(names)
-    E.raise(E.EINVAL, "config %s: hook(s) %s would never be called: hooks run in %s groups only and the config has none",
-      where, table.concat(names, ", "), hook_kinds())
-  end
-  for gi, g in ipairs(cfg.groups) do
-    if type(g) ~= "table" then E.raise(E.EINVAL, "config %s: group %d must be a table", where, gi) end
-    local label = group_label(gi, g.name)
-    local kname = g.optimizer or K.DEFAULT
-    local kind = K.get(kname)
-    if not kind then
-      E.raise(E.EINVAL, "config %s: %s: %s", where, label, E.unknown("optimizer", kname, K.names()))
-    end
-    local opts, valid = {}, {}
-    for k in pairs(ROUTING_KEYS) do valid[k] = true end
-    for k in pairs(kind.OPTIONS) do valid[k] = true end
-    local never = {}
-    for k in pairs(g) do
-      if not valid[k] and K.HOOK_KEYS[k] then never[#never + 1] = tostring(k) end
-    end
-    table.sort(never)
-    if #never > 0 then
-      local classes = hook_kinds()
-      E.raise(E.EINVAL, "config %s: %s (%s): hook '%s' would never be called: hooks run in %s groups only "
-        .. "(move it to a %s group or remove it)", where, label, kname, never[1], classes, classes)
-    end
-    E.check_keys(g, valid, kname .. " option", ("config %s: %s"):format(where, label))
-    for k, v in pairs(g) do
-      if not ROUTING_KEYS[k] then opts[k] = v end
-    end
-    for k, v in pairs(hooks) do
-      if kind.OPTIONS[k] and opts[k] == nil then opts[k] = v end
-    end
-    for _, k in ipairs({ "min_dim", "max_dim" }) do
-      if g[k] ~= nil and (type(g[k]) ~= "number" or g[k] < 0) then
-        E.raise(E.EINVAL, "config %s: %s: %s must be a non-negative number", where, label, k)
-      end
-    end
-    local options = O.merge(kind.DEFAULTS, opts)
-    local ok, err = pcall(K.validate, kind, options)
-    if not ok then E.raise(E.EINVAL, "config %s: %s (%s): %s", where, label, kname, E.message(err)) end
-    options.params, options.name, options.step = {}, g.name, 0
-    groups[gi] = {
-      index = gi, name = g.name, kind = kind, label = label, options = options,
-      -- (no match: every name, without a pattern to run on it)
-      match = g.match and as_list(g.match, ("config %s: %s.match"):format(where, label)) or nil,
-      exclude = as_list(g.exclude, ("config %s: %s.exclude"):format(where, label)),
-      min_dim = g.min_dim, max_dim = g.max_dim,
-      base = O.merge(kind.DEFAULTS, opts),
-    }
-  end
-  return groups
-end
-
--- The seed's hsdp_replica_count (a Muon option) is the size of the mesh's
--- replicate axes here (axes named "replicate..."; their product): a group
--- that sets it must agree with dist.mesh, else the message shows the mesh
--- that says the same.
-local function check_replicas(groups, dist, where)
-  local mesh = dist and dist.mesh
-  local have, names = 1, {}
-  for _, ax in ipairs(mesh or {}) do
-    if type(ax[1]) == "string" and ax[1]:lower():find("^replicate") then
-      have = have * ax[2]
-      names[#names + 1] = ax[1]
-    end
-  end
-  for _, g in ipairs(groups) do
-    local n = g.kind.replica_count and g.kind.replica_count(g.options.hsdp_replica_count) or 1
-    if g.options.hsdp_replica_count ~= nil and n ~= have then
-      E.raise(E.EINVAL, "config %s: %s: hsdp_replica_count = %d, but %s: replication comes from the mesh here; "
-        .. "the equivalent config has dist = { mesh = { { \"replicate\", %d }, { \"shard\", <ranks / %d> } } } "
-        .. "and places parameters { \"R\", \"S(1)\" }", where, g.label, n,
-        mesh == nil and "the config has no dist section (one process, no replicas)"
-          or ("the mesh's replicate axes (%s) have %d ranks"):format(#names > 0 and table.concat(names, ", ") or "none", have),
-        n, n)
-    end
-  end
 end
 
 -- A dry run's dist (engine.new opts.dry_run: see the reference block), its
@@ -344,21 +209,13 @@ function engine.new(cfg_src, opts)
   local ok, cfg, where = pcall(config.load, cfg_src, opts.trusted)
   if not ok then E.reraise(cfg, E.EINVAL) end
   local label = where == "(table)" and "(table)" or ("'" .. where .. "'")
-  local ok2, groups = pcall(resolve_config, cfg, label)
+  local ok2, groups, dist = pcall(config.resolve, cfg, label)
   if not ok2 then E.reraise(groups, E.EINVAL) end
-  local dist
-  if cfg.dist ~= nil then
-    local ok3, d = pcall(resolve_dist, cfg.dist, label)
-    if not ok3 then E.reraise(d, E.EINVAL) end
-    dist = d
-  end
   if opts.dry_run ~= nil then
     local ok5, d = pcall(dry_dist, opts.dry_run, dist, label)
     if not ok5 then E.reraise(d, E.EINVAL) end
     dist = d
   end
-  local ok4, err4 = pcall(check_replicas, groups, dist, label)
-  if not ok4 then E.reraise(err4, E.EINVAL) end
   return setmetatable({
     config = cfg, source = where, groups = groups, params = {}, by_name = {},
     lr_scale = 1.0, step_count = 0, dist = dist, signals = {}, dry_run = opts.dry_run ~= nil or nil,
@@ -378,7 +235,7 @@ function Engine:_stepper()
   end
   local specs = {}
   for gi, g in ipairs(self.groups) do specs[gi] = { kind = g.kind, options = g.options, label = g.label } end
-  self.stepper = require("muon.step").new({ groups = specs, comm = comm, mesh = mesh,
+  self.stepper = Step.new({ groups = specs, comm = comm, mesh = mesh,
     balance = d and d.balance, max_batch_numel = d and d.max_batch_numel, check_replicas = d and d.check_replicas,
     nil_grad_warning = self.config.nil_grad_warning })
   return self.stepper
@@ -547,7 +404,7 @@ end
 -- (parameters, state, the step count and so the schedule).
 function Engine:step(closure)
   live(self, "step")
-  local loss = U.run_closure(closure)
+  local loss = class.run_closure(closure)
   local st = self:_stepper()
   local step = self.step_count + 1
   local okv, values = pcall(self._scheduled, self, step)
@@ -713,10 +570,10 @@ function Engine:comm_stats()
 end
 
 -- The kinds the config uses, as checkpoint parts (prefix per kind, in
--- K.KINDS order).
+-- the kinds' order).
 local function parts(self)
   local seen, list = {}, {}
-  for _, kind in ipairs(K.names()) do
+  for _, kind in ipairs(kinds.names()) do
     for _, g in ipairs(self.groups) do
       if g.kind.name == kind and not seen[kind] then
         seen[kind] = true

@@ -48,6 +48,16 @@ muon.foreach.unpack(src, dsts, offsets)
     total.
 muon.foreach.numel(xs)
     The total number of elements of a list of tensors.
+## Lists of several dtypes
+muon.foreach.per_dtype(fn, lists)
+    fn(sublists...) once per dtype of lists[1]'s tensors (the fused calls
+    take one dtype each): the lists split alike, in first-seen order.
+muon.foreach.split_dtype(as, bs)
+    The pairs (as[i], bs[i]) split by as[i]'s dtype: a list of
+    { as_part, bs_part } (one when all share a dtype, none when empty).
+muon.foreach.first_nonfinite(xs)
+    The index of the first tensor of xs (any dtypes) holding NaN or Inf,
+    or nil (one fused pass per call when they share a dtype).
 ]]
 local ffi = require("ffi")
 local core = require("muon.core")
@@ -389,6 +399,75 @@ function F.numel(list)
   local total = 0
   for i = 1, #list do total = total + list[i]:numel() end
   return total
+end
+
+
+------------------------------------------------------- lists of dtypes
+
+-- Call fn(sublists...) once per dtype: the fused calls take one dtype each.
+function F.per_dtype(fn, lists)
+  local first = lists[1]
+  local mixed = false
+  for i = 2, #first do
+    if first[i].scalar ~= first[1].scalar then mixed = true break end
+  end
+  if not mixed then return fn(unpack(lists)) end
+  local parts, order = {}, {}
+  for i = 1, #first do
+    local dt = first[i].scalar
+    if not parts[dt] then
+      parts[dt] = {}
+      for j = 1, #lists do parts[dt][j] = {} end
+      order[#order + 1] = dt
+    end
+    for j = 1, #lists do
+      local l = parts[dt][j]
+      l[#l + 1] = lists[j][i]
+    end
+  end
+  for _, dt in ipairs(order) do fn(unpack(parts[dt])) end
+end
+
+-- The pairs (as[i], bs[i]) split by the dtype of as[i]: a list of
+-- { as_part, bs_part } (one entry when all share a dtype; none when empty).
+function F.split_dtype(as, bs)
+  local n = #as
+  if n == 0 then return {} end
+  local dt = as[1].scalar
+  local mixed = false
+  for i = 2, n do
+    if as[i].scalar ~= dt then mixed = true break end
+  end
+  if not mixed then return { { as, bs } } end
+  local parts, by = {}, {}
+  for i = 1, n do
+    local d = as[i].scalar
+    local part = by[d]
+    if not part then
+      part = { {}, {} }
+      by[d] = part
+      parts[#parts + 1] = part
+    end
+    part[1][#part[1] + 1], part[2][#part[2] + 1] = as[i], bs[i]
+  end
+  return parts
+end
+
+-- The index of the first tensor of xs (any dtypes) holding NaN or Inf, or
+-- nil: one fused pass when they share a dtype.
+function F.first_nonfinite(xs)
+  if #xs == 0 then return nil end
+  for i = 2, #xs do
+    if xs[i].scalar ~= xs[1].scalar then
+      for j, x in ipairs(xs) do
+        if not x:all_finite() then return j end
+      end
+      return nil
+    end
+  end
+  local ok, bad = F.all_finite(xs)
+  if ok then return nil end
+  return bad
 end
 
 return F

@@ -130,10 +130,10 @@ R.MODULES = {
   } },
   { name = "muon.ns" },
   { name = "muon.optim", defaults = function(head)
-    local K = require("muon.optim.kind")
+    local K, kinds = require("muon.optim.kind"), require("muon.optim.kinds")
     for _, k in ipairs(K.KINDS) do
       if head.key == "muon.optim." .. k.class then
-        local kind = K.get(k.name)
+        local kind = kinds.get(k.name)
         return kind.DEFAULTS, kind.OPTIONS
       end
     end
@@ -150,6 +150,19 @@ R.MODULES = {
         local mod = optim[name]
         add(members(mod[mod.kind.class]))
         add(members(mod({ P("w", T.zeros({ 2, 2 }), T.zeros({ 2, 2 })) })))
+      end
+      return list
+    end,
+  } },
+  { name = "muon.optim.kind", classes = {
+    -- every member the loaded kinds carry (supplied, and derived by register)
+    Kind = function()
+      local kinds = require("muon.optim.kinds")
+      local seen, list = {}, {}
+      for _, name in ipairs(kinds.names()) do
+        for _, k in ipairs(members(kinds.get(name))) do
+          if not seen[k] then seen[k] = true; list[#list + 1] = k end
+        end
       end
       return list
     end,

@@ -120,8 +120,8 @@ add(eng, "embed", { 1000, d }, 7, { "R", "S(1)" })
 if mesh_arg:find("shard:1", 1, true) then add(one, "embed", { 1000, d }, 7, nil) end
 
 do
-  local SM = getmetatable(eng.stepper)
-  for _, n in ipairs({ "gate", "_agree_check", "agree_failure" }) do timed(SM, n, "control") end
+  local AM = getmetatable(eng.stepper.agree) -- (muon.agree: the step's agreements)
+  for _, n in ipairs({ "gate", "run", "failure" }) do timed(AM, n, "control") end
 end
 local warm, steps = 2, 9
 for _ = 1, warm do eng:step() end

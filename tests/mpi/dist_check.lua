@@ -249,7 +249,7 @@ H.main(function()
       [INJECT.wd_nan] = { E.EINVAL, "group 1 ('hidden'), step 3: ", "weight_decay must be a finite number, got nan" },
       [INJECT.betas] = { E.EINVAL, "group 3 ('adamw'), step 4: ", "betas[2] must be in [0, 1), got 1.5" },
       [INJECT.eps] = { E.EINVAL, "group 3 ('adamw'), step 5: ", "eps must be >= 0, got -1" },
-      -- (after the routing and the commit: undone everywhere)
+      -- (after the routing, before the commit: nothing changes anywhere)
       [INJECT.post] = { E.ELUA, "post_update_fn: boom in post_update_fn on w_col", routed = true },
       [INJECT.nan_grad] = { E.ENONFINITE, "parameter 'w_uneven': gradient holds NaN or Inf" },
     }

@@ -9,6 +9,7 @@
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
 local K = require("muon.optim.kind")
+local class = require("muon.optim.class")
 
 local kind = { name = "adamw", class = "AdamW", counts_steps = true,
   -- exp_avg_sq's overflow does not show in the update (Inf makes it 0):
@@ -58,4 +59,4 @@ function kind.apply_coeffs(_, hp)
   return 1.0 - hp.lr * hp.weight_decay, 1.0
 end
 
-return K.module(kind)
+return class.module(K.register(kind))

@@ -1,7 +1,7 @@
 -- The one-process optimizer class of a kind (muon.optim.Muon, AdamW, Lion):
 -- torch-like param groups over the step protocol (muon.step), through the
--- Stepper's documented methods only. K.module (muon.optim.kind) makes one
--- per kind.
+-- Stepper's documented methods only. Each kind's file returns
+-- M.module(kind): its module table, callable as the class's constructor.
 --
 -- The object: param_groups (torch-like: params, step, options), state
 -- (param -> its state table), stats, defaults; methods step(closure),
@@ -11,12 +11,27 @@
 local O = require("muon.optim.options")
 local E = require("muon.errors")
 local K = require("muon.optim.kind")
-local U = require("muon.optim.util")
 local Step = require("muon.step")
-local S = require("muon.optim.state")
+local S = require("muon.checkpoint")
 local G = require("muon.grads")
 
 local M = {}
+
+-- A function, or a table or userdata with a __call metamethod.
+local function callable(f)
+  if type(f) == "function" then return true end
+  local mt = (type(f) == "table" or type(f) == "userdata") and getmetatable(f)
+  return type(mt) == "table" and mt.__call ~= nil
+end
+
+-- A step's optional closure (torch's): nil, or a callable called first,
+-- its value returned; anything else is EINVAL ("step: closure must be
+-- ..."). The engine's step takes it the same way.
+function M.run_closure(closure)
+  if closure == nil then return nil end
+  if not callable(closure) then E.raise(E.EINVAL, "step: closure must be a function or nil, got %s", type(closure)) end
+  return (closure())
+end
 
 -- The standalone classes run on one process: the seed's hsdp_replica_count
 -- is accepted when it says so (nil or 1); more replicas need a mesh.
@@ -65,7 +80,7 @@ function M.make(kind)
   -- whether it stepped: false when no parameter has a grad, and then
   -- nothing changed (parameters, state, group steps).
   function class:step(closure)
-    local loss = U.run_closure(closure)
+    local loss = M.run_closure(closure)
     local ok, stepped = pcall(self._stepper.step, self._stepper)
     if not ok then E.reraise(stepped, E.ELUA) end
     return loss, stepped
@@ -137,13 +152,23 @@ function M.make(kind)
     local ok, err = pcall(S.save, self._stepper, path, { { prefix = "", kind = kind.name } })
     if not ok then E.reraise(err, E.EIO) end
   end
-  -- opts: { checksum = false } for a file written in Python (see muon.optim.state)
+  -- opts: { checksum = false } for a file written in Python (see muon.checkpoint)
   function class:load(path, opts)
     local ok, err = pcall(S.load, self._stepper, path, { { prefix = "", kind = kind.name, hyper = "restore" } }, nil, opts)
     if not ok then E.reraise(err, E.EFORMAT) end
   end
 
   return { class = class, new = new }
+end
+
+-- A kind's module table (kind: registered, K.register): { new =
+-- function(params, opts), <class> = the methods table, kind, DEFAULTS,
+-- OPTIONS, ...extra }, callable as <class>(params, opts).
+function M.module(kind, extra)
+  local make = M.make(kind)
+  local mod = { new = make.new, [kind.class] = make.class, kind = kind, DEFAULTS = kind.DEFAULTS, OPTIONS = kind.OPTIONS }
+  for k, v in pairs(extra or {}) do mod[k] = v end
+  return setmetatable(mod, { __call = function(_, params, opts) return make.new(params, opts) end })
 end
 
 return M

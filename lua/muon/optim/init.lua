@@ -1,5 +1,6 @@
 -- muon.optim: the optimizers, muon.optim.<class> for every kind of the list
--- in muon.optim.kind (reading another name is an error).
+-- in muon.optim.kind, loaded by muon.optim.kinds (reading another name is
+-- an error).
 --[[ reference muon.optim
     The one-process optimizers, torch-like: param groups over the step
     protocol (lua/muon/step.lua). params is a list of muon.param or a list
@@ -107,6 +108,7 @@ Optimizer.stats
     Counters of this optimizer's kind: { steps = n, skipped_nonfinite = n }.
 ]]
 local K = require("muon.optim.kind")
+local kinds = require("muon.optim.kinds")
 local optim = {}
-for _, k in ipairs(K.KINDS) do optim[k.class] = require(k.module) end
+for _, k in ipairs(K.KINDS) do optim[k.class] = kinds.module(k.name) end
 return require("muon.core").strict(optim, "muon.optim")

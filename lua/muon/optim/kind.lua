@@ -1,22 +1,167 @@
 -- Optimizer kinds: the contract, the list, the hooks and the option schema,
--- each declared once here.
---
--- A kind (muon.optim.muon, .adamw, .lion) is one file: a table of the
--- members below, in the spirit of Knot Resolver's kr_layer_api. The step
--- protocol (muon.step) calls only the members a kind supplies (an optional
--- member left out is skipped, never stubbed), and K.register checks a kind
--- once, when its module loads. Each kind declares its options as data, in
--- the spirit of Snabb's lib.parse, and everything about options derives
--- from that schema: the checks (muon.optim.Muon / AdamW / Lion and the
--- engine's groups), the per-step checks of schedulable values, the
--- `muon check` display, what checkpoints save and what a load restores,
--- the cross-rank config agreement, and the sandbox's view of the classes.
---
---   local K = require("muon.optim.kind")
---   K.names()                --> { "muon", "adamw", "lion" }
---   K.get("adamw")           --> the AdamW kind (its module loads on first use)
---   K.validate(kind, group)  -- every option checked, then kind.resolve
---   K.serialize(v)           --> canonical text (keys sorted, nested tables)
+-- each declared once here. A kind (muon.optim.muon, .adamw, .lion) is one
+-- file that registers itself (K.register) when it loads; muon.optim.kinds
+-- loads them all. This module requires no kind.
+--[[ reference muon.optim.kind
+    The optimizer kind contract, in the spirit of Knot Resolver's
+    kr_layer_api: a kind is a table of the members below (Kind.*). The step
+    protocol (muon.step) calls only the members a kind supplies (an
+    optional member left out is skipped, never stubbed), and K.register
+    checks a kind once, when its file loads. Each kind declares its options
+    as data (the option schema, in the spirit of Snabb's lib.parse), and
+    everything about options derives from it: the checks (muon.optim.Muon /
+    AdamW / Lion and the engine's groups), the per-step checks of
+    schedulable values, the `muon check` display, what checkpoints save and
+    what a load restores, the cross-rank config agreement, and the
+    sandbox's view of the classes.
+## The list
+muon.optim.kind.KINDS
+    Every kind, in checkpoint order: { name, class, module }. name is
+    `optimizer = name` in a config group and the kind in checkpoints; class
+    the one-process optimizer muon.optim.<class>; module its file.
+muon.optim.kind.DEFAULT
+    The kind of a config group without `optimizer` ("muon").
+## The members a kind supplies
+muon.optim.kind.MEMBERS
+    { name, type, required } of every member a kind may supply (the
+    Kind entries below up to replica_count); register checks them.
+Kind.name
+Kind.class
+    Its name and class name, as in KINDS (required).
+Kind.options
+    The option schema (required): a list of entries { name, default,
+    check, schedulable = bool, show = n, saved = bool, load = "restore" |
+    "config", optional = bool }, checked in this order. default: the value
+    when a group does not set it (nil: none); check(v, name, group) raises
+    naming the option and the value (muon.optim.options); optional: a nil
+    value skips the check. schedulable: a config's schedule may set it per
+    step, and every step checks the value it uses. show: `muon check` lists
+    it first, in this rank (the others only when they differ from the
+    default). saved (default true): a checkpoint keeps its value (when it
+    is plain data). load: what an engine's checkpoint load does with a
+    saved value: "restore" (it replaces the group's until the next step;
+    the default for schedulable options) or "config" (the config's value
+    stays, a note on stderr when they differ; the default for the others).
+    Two markers splice shared entries in: HOOK_OPTIONS and COMMON_OPTIONS.
+Kind.state
+    Per-parameter state tensors (required): a list of { key, hidden =
+    bool }; hidden: an overflow there does not show in the update, so the
+    step checks it for NaN/Inf. Keys other than "step" and "hook.*".
+Kind.counts_steps
+    true: it keeps a step count per parameter (state.step; saved in
+    checkpoints).
+Kind.direction(ctx, group, hp, entries)
+    On each state holder (required): the new state and the update (or the
+    Newton-Schulz input) into the step's buffers. group is the group's
+    option table (defaults merged, checked; step = its step count), hp the
+    values of this step (the group's, with the schedule's on top). entry =
+    { p, grad, old = { key -> tensor }, new = { key -> tensor }, u = update
+    buffer, count = the parameter's step number after this step, work = a
+    table for the kind's own buffers, kept across steps }; it reads old,
+    writes new and u (and its work buffers) and changes nothing else; a
+    hook it calls sees work buffers, never old or new.
+Kind.apply_coeffs(group, hp)
+    -> decay, alpha, cautious (required): the commit does p = p * decay +
+    alpha * u (cautious: the decay only where the update moves p towards 0).
+Kind.resolve(group)
+    Checks across options and derived values (fields starting with "_"),
+    after every option's own check.
+Kind.check_param(p, group)
+    Raises for a parameter the kind cannot step.
+Kind.orthogonalize(ctx, group, hp, items)
+    Newton-Schulz and the scale in place on the owner's items { name,
+    input, state, shape, signals, region }; a kind with it runs
+    Newton-Schulz (its inputs are routed to owners on a mesh). ctx is the
+    step's narrow context (muon.kind_context): ctx:batch_buffer(dtype, n,
+    a, b, slot) -> a reusable (n, a, b) tensor, ctx:ns_workspace(dtype, a,
+    b) -> a Newton-Schulz workspace, ctx:ns_many(jobs) -> Newton-Schulz in
+    place on every { x = tensor, r = resolved options } in one scheduler
+    call.
+Kind.ns_prepare(ctx, group, hp, items, jobs)
+Kind.ns_finish(ctx, group, hp, items, done)
+    The two halves of orthogonalize around one scheduler call for many
+    batches: ns_prepare appends its jobs and returns done (nil: use
+    orthogonalize), ns_finish completes them. Both or neither, with
+    orthogonalize.
+Kind.hook_shapes(group, shape)
+    -> list of { name, key, shape }: the hook state tensors of a parameter
+    of this global shape.
+Kind.post_update(group, hp, params, boxes, signals, reducers)
+    post_update_fn on each stepped parameter, before the commit: params are
+    stand-ins whose value is a private copy of this rank's piece after the
+    apply (the commit copies it into the parameter); reducers[i] = {
+    allreduce, global_norm } for params[i] on a mesh (muon.reduce; nil: one
+    process).
+Kind.replica_count(v)
+    -> n: the seed's hsdp_replica_count as a number.
+## What register derives from the schema (set on the kind)
+Kind.ENTRIES
+    The schema's entries with the markers expanded, in check order.
+Kind.DEFAULTS
+    name -> default, for the options that have one.
+Kind.OPTIONS
+    name -> true, every option.
+Kind.SCHEDULABLE
+    name -> check, the schedulable options.
+Kind.SCHEDULE_ORDER
+    The schedulable names, sorted: the per-step checks run in this order.
+Kind.HOOKS
+    The hook options it takes, in HOOKS order.
+Kind.DISPLAY
+    `muon check`'s first keys (the entries with show, in its order).
+Kind.SAVED
+    name -> true, the options a checkpoint keeps.
+Kind.LOAD
+    name -> "restore" | "config" (see Kind.options).
+Kind.state_keys
+Kind.hidden_state_keys
+    The state keys, and the hidden ones, in Kind.state's order.
+Kind.ns
+    Whether it runs Newton-Schulz (it has orthogonalize).
+## Hooks
+muon.optim.kind.HOOKS
+    The hook options (Lua functions of a config), in the order `muon check`
+    lists them: { name, signature, whole =, reshapes =, keeps_state =,
+    reduces =, writes_state = }. whole: a parameter of a group that sets it
+    is orthogonalized whole on one rank; reshapes: it reshapes the
+    Newton-Schulz input; keeps_state: it sees the group's hook_state (one
+    table for every such hook of a group); reduces: its ctx has allreduce
+    and global_norm (muon.reduce); writes_state: it writes the kind's state
+    (checked for NaN/Inf on its own).
+muon.optim.kind.HOOK_NAMES
+    name -> its HOOKS entry.
+muon.optim.kind.HOOK_KEYS
+    The hook options as a set, with hook_state.
+muon.optim.kind.HOOK_STATE_RULES
+    The rules of hook_state = { name = rule }: { rule, first dim, second
+    dim } per 2-D core matrix (rows x cols): "rows", "cols" or 1, in the
+    order messages list them; rows_rows and cols_cols are preconditioners.
+muon.optim.kind.hook_state_rule(name)
+    The rule named name, or nil.
+muon.optim.kind.whole(kind, group)
+    Whether the group's hooks make its parameters orthogonalize whole.
+## The option schema
+muon.optim.kind.HOOK_OPTIONS
+    The marker for every hook of HOOKS, then hook_state (a kind takes all
+    of them or none).
+muon.optim.kind.COMMON_OPTIONS
+    The marker for COMMON (added at the end when a kind does not place it).
+muon.optim.kind.COMMON
+    The options every kind has: nonfinite ("error" | "skip") and
+    state_dtype ("float32" | "bfloat16").
+muon.optim.kind.register(kind)
+    Check a kind against the contract and set what derives from its
+    schema; returns it. Raises EINVAL naming the kind and the member.
+muon.optim.kind.validate(kind, group)
+    Every option of a group (defaults merged) checked in schema order,
+    then kind.resolve; an EINVAL error object naming the option and value.
+muon.optim.kind.check_step(kind, hp)
+    This step's value of every schedulable option, in SCHEDULE_ORDER.
+muon.optim.kind.serialize(v)
+    A value as canonical text, the same in every process (numbers as
+    %.17g, table keys sorted, nested tables, code by its type): what ranks
+    compare to agree on a config and a step's values.
+]]
 local O = require("muon.optim.options")
 local E = require("muon.errors")
 
@@ -24,82 +169,32 @@ local K = {}
 
 --------------------------------------------------------------- the kinds
 
--- Every optimizer kind, in checkpoint order (an engine checkpoint holds
--- "<name>/" parts in this order). name: `optimizer = name` in a config
--- group and the kind in checkpoints; class: muon.optim.<class>(params, opts).
+-- (KINDS and DEFAULT: see the reference block)
 K.KINDS = {
   { name = "muon", class = "Muon", module = "muon.optim.muon" },
   { name = "adamw", class = "AdamW", module = "muon.optim.adamw" },
   { name = "lion", class = "Lion", module = "muon.optim.lion" },
 }
--- The kind of a config group without `optimizer`.
 K.DEFAULT = "muon"
 
 local BY_NAME = {}
 for _, e in ipairs(K.KINDS) do BY_NAME[e.name] = e end
 
-function K.names()
-  local list = {}
-  for i, e in ipairs(K.KINDS) do list[i] = e.name end
-  return list
-end
-
--- The kind named name (its module loads on first use), or nil.
-function K.get(name)
-  local e = BY_NAME[name]
-  return e and require(e.module).kind or nil
-end
-
 ------------------------------------------------------------ the contract
 
--- The members of a kind. Required ones must be present; the step protocol
--- calls an optional one only when the kind has it. ctx, given to the
--- members that run Newton-Schulz, is the step's narrow context (see
--- muon.step): ctx:batch_buffer(dtype, n, a, b, slot) -> a reusable
--- (n, a, b) tensor, ctx:ns_workspace(dtype, a, b) -> a Newton-Schulz
--- workspace, ctx:ns_many(jobs) -> Newton-Schulz in place on every
--- { x = tensor, r = resolved options } in one scheduler call. group is the
--- group's option table (defaults merged, checked; step = its step count),
--- hp the values of this step (the group's, with the schedule's on top).
+-- The members a kind supplies: { name, type, required } (their contract:
+-- the Kind entries of the reference block).
 K.MEMBERS = {
-  { "name", "string", true, "the optimizer's name (K.KINDS)" },
-  { "class", "string", true, "the class name, muon.optim.<class> (K.KINDS)" },
-  { "options", "table", true, "the option schema: a list of entries (see 'The option schema' below)" },
-  { "state", "table", true, "per-parameter state tensors: a list of { key, hidden = bool } (hidden: an "
-    .. "overflow there does not show in the update, so the step checks it for NaN/Inf)" },
-  { "counts_steps", "boolean", false, "keeps a step count per parameter (state.step; saved in checkpoints)" },
-  { "direction", "function", true, "direction(ctx, group, hp, entries): on each state holder, the new state "
-    .. "and the update (or the Newton-Schulz input) into scratch. entry = { p, grad, old = { key -> tensor }, "
-    .. "new = { key -> tensor }, u = update buffer, count = the parameter's step number after this step, "
-    .. "work = a table for the kind's own buffers, kept across steps }; reads old, writes new and u (and its "
-    .. "work buffers), changes nothing else; a hook it calls sees work buffers, never old or new" },
-  { "apply_coeffs", "function", true, "apply_coeffs(group, hp) -> decay, alpha, cautious: the commit does "
-    .. "p = p * decay + alpha * u (cautious: the decay only where the update moves p towards 0)" },
-  { "resolve", "function", false, "resolve(group): checks across options and derived values (fields starting "
-    .. "with '_'), after every option's own check" },
-  { "check_param", "function", false, "check_param(p, g): raises for a parameter the kind cannot step (g: the group's options)" },
-  { "orthogonalize", "function", false, "orthogonalize(ctx, group, hp, items): Newton-Schulz and the scale in "
-    .. "place on the owner's items { name, input, state, shape, signals, region }; a kind with it runs "
-    .. "Newton-Schulz (its inputs are routed to owners on a mesh)" },
-  { "ns_prepare", "function", false, "ns_prepare(ctx, group, hp, items, jobs) -> done or nil: the first half "
-    .. "of orthogonalize around one scheduler call for many batches (nil: use orthogonalize)" },
-  { "ns_finish", "function", false, "ns_finish(ctx, group, hp, items, done): the second half" },
-  { "hook_shapes", "function", false, "hook_shapes(group, shape) -> list of { name, key, shape }: the hook "
-    .. "state tensors of a parameter of this global shape" },
-  { "post_update", "function", false, "post_update(group, hp, params, boxes, signals, reducers): after the "
-    .. "commit; reducers[i] = { allreduce, global_norm } for params[i] on a mesh (muon.reduce; nil: one process)" },
-  { "replica_count", "function", false, "replica_count(v) -> n: the seed's hsdp_replica_count as a number" },
+  { "name", "string", true }, { "class", "string", true }, { "options", "table", true },
+  { "state", "table", true }, { "counts_steps", "boolean", false }, { "direction", "function", true },
+  { "apply_coeffs", "function", true }, { "resolve", "function", false }, { "check_param", "function", false },
+  { "orthogonalize", "function", false }, { "ns_prepare", "function", false }, { "ns_finish", "function", false },
+  { "hook_shapes", "function", false }, { "post_update", "function", false }, { "replica_count", "function", false },
 }
 
 -------------------------------------------------------------- the hooks
 
--- Hook options (Lua functions of a config), in the order `muon check`
--- lists them. A kind that takes hooks puts K.HOOK_OPTIONS in its schema.
--- whole: a parameter of a group that sets it is orthogonalized whole on
--- one rank; reshapes: it reshapes the Newton-Schulz input; keeps_state: it
--- sees the group's hook_state (one table for every such hook of a group);
--- reduces: its ctx has allreduce and global_norm (muon.reduce);
--- writes_state: it writes the kind's state (checked for NaN/Inf on its own).
+-- (HOOKS, HOOK_STATE_RULES and their flags: see the reference block)
 K.HOOKS = {
   { "zeropower_fn", "(x, steps) -> orthogonalized x" },
   { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates", writes_state = true },
@@ -111,10 +206,6 @@ K.HOOKS = {
   { "post_ortho_fn", "(O, state, ctx): after Newton-Schulz, before the scale", whole = true, keeps_state = true,
     reduces = true },
 }
--- Per-parameter state of the hooks that keep state (hook_state = { name =
--- rule }), per 2-D core matrix (rows x cols) of the parameter: the state's
--- two core dims ("rows", "cols" or 1), in the order messages list them.
--- The square ones are preconditioners (rows x rows, cols x cols).
 K.HOOK_STATE_RULES = {
   { "rows", "rows", 1 },
   { "cols", 1, "cols" },
@@ -176,23 +267,8 @@ end
 
 -------------------------------------------------------- the option schema
 
--- A kind's options: a list of entries, checked in this order,
---   { name, default, check, schedulable = bool, show = n, saved = bool, load = "restore" | "config" }
--- default: the value when a group does not set it (nil: none); check:
--- check(v, name, group) raises naming the option and the value (muon.optim.options);
--- a nil value skips it when optional = true. schedulable: a config's
--- schedule may set it per step, and every step checks the value it uses.
--- show: `muon check` lists it first, in this rank (the others only when
--- they differ from the default). saved (default true): a checkpoint keeps
--- its value (when it is plain data: numbers, strings, booleans, lists).
--- load: what an engine's checkpoint load does with a saved value: "restore"
--- (it replaces the group's until the next step computes the config's; the
--- default for schedulable options) or "config" (the config's value stays;
--- a note on stderr when they differ; the default for the others). The
--- one-process classes' load_state_dict restores every saved value, as torch.
--- Two markers splice shared entries in: K.HOOK_OPTIONS (every hook of
--- K.HOOKS, then hook_state: the kind takes hooks) and K.COMMON_OPTIONS
--- (K.COMMON, added at the end when a kind does not place it).
+-- The schema's format and its two markers: Kind.options in the reference
+-- block.
 K.HOOK_OPTIONS = setmetatable({}, { __tostring = function() return "K.HOOK_OPTIONS" end })
 K.COMMON_OPTIONS = setmetatable({}, { __tostring = function() return "K.COMMON_OPTIONS" end })
 
@@ -231,13 +307,8 @@ local function expand(schema)
   return out
 end
 
--- What derives from a schema, set on the kind: DEFAULTS (name -> default,
--- the options that have one), OPTIONS (name -> true, every option),
--- SCHEDULABLE (name -> check), SCHEDULE_ORDER (schedulable names, sorted:
--- the per-step checks run in this order), HOOKS (the hook options it takes,
--- in K.HOOKS order), DISPLAY (`muon check`'s first keys), SAVED (name ->
--- true), LOAD (name -> "restore" | "config"), state_keys, hidden_state_keys,
--- ns (it runs Newton-Schulz).
+-- What derives from a schema, set on the kind (the reference block's
+-- second part: ENTRIES, DEFAULTS, ..., ns).
 local function derive(kind, entries)
   local d = { DEFAULTS = {}, OPTIONS = {}, SCHEDULABLE = {}, SCHEDULE_ORDER = {}, HOOKS = {}, DISPLAY = {},
     SAVED = {}, LOAD = {}, ENTRIES = entries }
@@ -280,7 +351,9 @@ function K.register(kind)
   for _, m in ipairs(K.MEMBERS) do
     valid[m[1]] = true
     local v = kind[m[1]]
-    if v == nil and m[3] then E.raise(E.EINVAL, "%s: member '%s' is missing (%s)", what, m[1], m[4]) end
+    if v == nil and m[3] then
+      E.raise(E.EINVAL, "%s: member '%s' is missing (muon.optim.kind's reference: Kind.%s)", what, m[1], m[1])
+    end
     if v ~= nil and type(v) ~= m[2] then
       E.raise(E.EINVAL, "%s: member '%s' must be a %s, got %s", what, m[1], m[2], type(v))
     end
@@ -324,110 +397,6 @@ end
 -- step's values), in SCHEDULE_ORDER.
 function K.check_step(kind, hp)
   for _, k in ipairs(kind.SCHEDULE_ORDER) do kind.SCHEDULABLE[k](hp[k], k, hp) end
-end
-
--- A kind's module table: registers the kind (K.register) and returns
--- { new = function(params, opts), <class> = the methods table, kind,
--- DEFAULTS, OPTIONS, ...extra }, callable as <class>(params, opts): the
--- one-process optimizer over the step protocol (muon.optim.class).
-function K.module(kind, extra)
-  K.register(kind)
-  local make = require("muon.optim.class").make(kind)
-  local mod = { new = make.new, [kind.class] = make.class, kind = kind, DEFAULTS = kind.DEFAULTS, OPTIONS = kind.OPTIONS }
-  for k, v in pairs(extra or {}) do mod[k] = v end
-  return setmetatable(mod, { __call = function(_, params, opts) return make.new(params, opts) end })
-end
-
----------------------------------------------- the config's own keys
-
-local function config_fail(fmt, ...) E.raise(E.EINVAL, fmt, ...) end
-
--- A config's top-level keys, the keys of a group besides its kind's
--- options (they route parameters to it), and the keys of its dist section:
--- { name, doc, check = function(v, name) (raises; run when the key is set,
--- or always when required) }. The engine checks them (K.check_keys) in
--- this order; groups, hooks and dist have more checks in muon.engine.
-K.CONFIG_KEYS = {
-  { "groups", "a non-empty list of groups, each { name, optimizer, match, ..., options }", required = true,
-    check = function(v)
-      if type(v) ~= "table" or #v == 0 then config_fail("'groups' must be a non-empty list of groups") end
-    end },
-  { "schedule", "function(step, group) -> an lr or a table of schedulable values ({}: the config's)",
-    check = function(v)
-      if type(v) ~= "function" then config_fail("'schedule' must be a function(step, group)") end
-    end },
-  { "hooks", "hooks for every group whose kind takes hooks (K.HOOKS)",
-    check = function(v)
-      if type(v) ~= "table" then config_fail("'hooks' must be a table") end
-    end },
-  { "dist", "{ mesh, balance, max_batch_numel, check_replicas, comm }: the distributed layout (K.DIST_KEYS)" },
-  { "name", "a label for the config (a string; `muon check` prints it)",
-    check = function(v)
-      if type(v) ~= "string" then config_fail("'name' must be a string (a label), got %s", type(v)) end
-    end },
-  { "nil_grad_warning", "steps (default 1; 0: never): a parameter without a grad for its first that many steps "
-    .. "gets one warning naming it",
-    check = function(v)
-      if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
-        config_fail("'nil_grad_warning' must be an integer >= 0 (steps; 0: never warn), got %s", tostring(v))
-      end
-    end },
-  { "hook_budget", "{ instructions, seconds, memory }: the limits of one hook call (config.hook_limits)" },
-}
-K.GROUP_KEYS = {
-  { "name", "the group's name (messages, get('lr:<name>'), schedules' group.name)" },
-  { "optimizer", "the kind (K.KINDS; default K.DEFAULT)" },
-  { "match", "Lua pattern(s) or function(s) of (name, shape)" },
-  { "exclude", "Lua pattern(s) or function(s) of (name, shape)" },
-  { "min_dim", "a parameter's dims >= min_dim" },
-  { "max_dim", "a parameter's dims <= max_dim" },
-}
-K.DIST_KEYS = {
-  { "mesh", "{ { axis name, size }, ... }",
-    check = function(v)
-      local ok, err = pcall(require("muon.dist").mesh, v)
-      if not ok then E.raise(E.code(err) or E.EINVAL, "%s", E.message(err)) end
-    end },
-  { "balance", "'flops' or 'numel': how owners are balanced",
-    check = function(v)
-      if v ~= "flops" and v ~= "numel" then config_fail("balance must be 'flops' or 'numel', got %s", tostring(v)) end
-    end },
-  { "max_batch_numel", "elements per Newton-Schulz batch",
-    check = function(v)
-      if type(v) ~= "number" or v < 1 then config_fail("max_batch_numel must be a number >= 1") end
-    end },
-  { "check_replicas", "'off' (default), 'grads' or 'params': compare a hash of every box over its replicas "
-    .. "before the step (gradients) or after it (values); a difference fails on every rank, naming the parameter",
-    check = function(v)
-      if v ~= "off" and v ~= "grads" and v ~= "params" then
-        config_fail("check_replicas must be 'off', 'grads' or 'params', got %s", tostring(v))
-      end
-    end },
-  { "comm", "a muon.comm communicator (default: the world)",
-    check = function(v)
-      if not require("muon.comm").is_comm(v) then config_fail("comm must be a muon.comm communicator") end
-    end },
-}
-
--- A list of { name, ... } as a set.
-function K.set(list)
-  local s = {}
-  for _, e in ipairs(list) do s[e[1]] = true end
-  return s
-end
-
--- Check table t against a key list (K.CONFIG_KEYS, K.DIST_KEYS): unknown
--- keys (E.check_keys: what, where), then each entry's check in order;
--- errors are EINVAL objects "<where>: <message>".
-function K.check_keys(t, list, what, where)
-  E.check_keys(t, K.set(list), what, where)
-  for _, e in ipairs(list) do
-    local v = t[e[1]]
-    if e.check and (v ~= nil or e.required) then
-      local ok, err = pcall(e.check, v, e[1])
-      if not ok then E.raise(E.code(err) or E.EINVAL, "%s: %s", where, E.message(err)) end
-    end
-  end
 end
 
 ------------------------------------------------- canonical serialization

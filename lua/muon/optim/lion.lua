@@ -11,7 +11,7 @@
 local foreach = require("muon.foreach")
 local O = require("muon.optim.options")
 local K = require("muon.optim.kind")
-local per_dtype = require("muon.optim.util").per_dtype
+local class = require("muon.optim.class")
 
 local kind = { name = "lion", class = "Lion",
   -- an overflow of m shows in the update only as a sign: checked for NaN/Inf
@@ -33,7 +33,7 @@ function kind.direction(_, _, hp, entries)
     ms[i], nms[i], us[i] = e.old.exp_avg, e.new.exp_avg, e.u
   end
   local b1, b2 = hp.betas[1], hp.betas[2]
-  per_dtype(function(g, m, nm, u) foreach.lion_update(g, m, nm, u, b1, b2) end, { grads, ms, nms, us })
+  foreach.per_dtype(function(g, m, nm, u) foreach.lion_update(g, m, nm, u, b1, b2) end, { grads, ms, nms, us })
 end
 
 -- p = p * (1 - lr wd) - lr * sign(c) (lion-pytorch: p.mul_(1 - lr*wd); p.add_(update, alpha=-lr)).
@@ -41,4 +41,4 @@ function kind.apply_coeffs(_, hp)
   return 1.0 - hp.lr * hp.weight_decay, -hp.lr
 end
 
-return K.module(kind)
+return class.module(K.register(kind))

@@ -15,8 +15,8 @@ local O = require("muon.optim.options")
 local P = require("muon.param")
 local E = require("muon.errors")
 local K = require("muon.optim.kind")
-local U = require("muon.optim.util")
-local per_dtype = U.per_dtype
+local class = require("muon.optim.class")
+local per_dtype = foreach.per_dtype
 local Rd = require("muon.reduce")
 
 local M = {} -- what other modules use besides the kind (core_shape, call_in_place)
@@ -429,7 +429,7 @@ end
 -- pre_ortho_fn, then the Newton-Schulz input must still be finite.
 local function pre_ortho(group, hp, it, x, a, b)
   ortho_hook("pre_ortho_fn", group, hp, it, x, a, b)
-  if U.first_nonfinite({ x }) then
+  if foreach.first_nonfinite({ x }) then
     E.raise(E.ENONFINITE, "parameter '%s': pre_ortho_fn left NaN or Inf in the Newton-Schulz input", it.name)
   end
 end
@@ -594,8 +594,10 @@ function kind.apply_coeffs(group, hp)
     group.weight_decay_mode == "cautious"
 end
 
--- post_update_fn on this rank's part of each stepped parameter (params:
--- the step's stand-ins, whose value is a copy it writes back: muon.step).
+-- post_update_fn on this rank's part of each stepped parameter, before the
+-- commit (params: the step's stand-ins, whose value is a private copy
+-- after the apply, which the commit copies into the parameter:
+-- muon.scratch).
 -- ctx.box: where this rank's tensor lies in the parameter (1-based start
 -- and length per dim; all of it on one process); ctx.signals: the values
 -- the trainer set for this step (eng:set_signal); ctx.allreduce and
@@ -611,7 +613,7 @@ function kind.post_update(group, hp, params, boxes, signals, reducers)
       logical_shape = p.logical_shape or p.value:size(),
       lr = hp.lr,
       weight_decay = hp.weight_decay,
-      step = group.step,
+      step = group.step + 1, -- (the step being taken: the commit counts it)
       box = boxes and boxes[i],
       signals = signals or {},
       allreduce = red.allreduce, global_norm = red.global_norm,
@@ -622,4 +624,4 @@ end
 --------------------------------------------------------- the optimizer
 
 M.core_shape = core_shape
-return K.module(kind, M)
+return class.module(K.register(kind), M)

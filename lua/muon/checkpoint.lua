@@ -1,5 +1,7 @@
--- Optimizer state of a step protocol (muon.step) as data and as
--- safetensors checkpoints, for one process and for meshes alike.
+-- Checkpoints: the optimizer state of a step protocol (muon.step) as data
+-- and as safetensors files, for one process and for meshes alike. The
+-- kinds (muon.optim.kind) are those of the stepper's groups; a file naming
+-- another kind of the list (K.KINDS) is refused as not matching.
 --
 -- A state dict (per optimizer kind, muon.optim.kind) is plain data:
 --   { kind = "muon"|"adamw"|..., params = { {name, shape, dtype, group}, ... },
@@ -28,7 +30,7 @@ local T = require("muon.tensor")
 local E = require("muon.errors")
 local D = require("muon.dist")
 local K = require("muon.optim.kind")
-local U = require("muon.optim.util")
+local foreach = require("muon.foreach")
 
 local S = {}
 
@@ -82,28 +84,16 @@ local function canonical_json(v)
   return cjson.encode(v)
 end
 
--- What a checkpoint holds per parameter of a kind: its state tensors, and
--- its scalars (the step count of kinds that count steps).
-local function tensor_keys(kind) return K.get(kind).state_keys end
-local function scalar_keys(kind) return K.get(kind).counts_steps and { step = true } or {} end
--- Every kind's state tensor keys, in kind order (a file lists a
--- parameter's tensors in this order; made on first use: the kinds' modules
--- load this one).
-local all_tensor_keys
-local function all_keys()
-  if not all_tensor_keys then
-    local list, seen = {}, {}
-    for _, name in ipairs(K.names()) do
-      for _, k in ipairs(tensor_keys(name)) do
-        if not seen[k] then
-          seen[k] = true
-          list[#list + 1] = k
-        end
-      end
-    end
-    all_tensor_keys = list
-  end
-  return all_tensor_keys
+-- What a checkpoint holds per parameter of a kind (a kind object): its
+-- scalars (the step count of kinds that count steps); its state tensors
+-- are kind.state_keys, in that order.
+local function scalar_keys(kind) return kind.counts_steps and { step = true } or {} end
+
+-- The kinds of a stepper's groups: name -> kind.
+local function kinds_of(stepper)
+  local kinds = {}
+  for _, G in ipairs(stepper:group_specs()) do kinds[G.kind.name] = G.kind end
+  return kinds
 end
 
 local function fmt_shape(s) return "(" .. table.concat(s, ", ") .. ")" end
@@ -142,16 +132,16 @@ local function group_options(kind, options)
   return out
 end
 
--- The groups of one kind in a stepper, and their parameters: returns
--- groups (list of { index = stepper group index, options, kind }) and params
--- (list of { p, group = index among the kind's groups }).
+-- The groups of one kind (its name) in a stepper, and their parameters:
+-- returns groups (list of { index = stepper group index, options, kind }),
+-- params (list of { p, group = index among the kind's groups, kind, hooks }).
 local function of_kind(stepper, kind)
   local groups, params = {}, {}
   for gi, G in ipairs(stepper:group_specs()) do
     if G.kind.name == kind then
       groups[#groups + 1] = { index = gi, options = G.options, kind = G.kind }
       for _, p in ipairs(stepper:params(gi)) do
-        params[#params + 1] = { p = p, group = #groups,
+        params[#params + 1] = { p = p, group = #groups, kind = G.kind,
           hooks = G.kind.hook_shapes and G.kind.hook_shapes(G.options, p.logical_shape) or {} }
       end
     end
@@ -162,11 +152,11 @@ end
 -- The state tensors of a parameter: its kind's, then its hook state's
 -- ("hook.<name>"), each { key, shape (global), record (of the plan, on a
 -- mesh: boxes and holders) }.
-local function tensor_specs(stepper, kind, e)
+local function tensor_specs(stepper, e)
   local list = {}
   local rec = stepper:record(e.p)
   local r = stepper:size() > 1 and rec or nil
-  for _, k in ipairs(tensor_keys(kind)) do
+  for _, k in ipairs(e.kind.state_keys) do
     list[#list + 1] = { key = k, shape = e.p.logical_shape, record = r, dtype = rec.state_dtype }
   end
   for _, h in ipairs(e.hooks) do
@@ -202,13 +192,13 @@ function S.state_dict(stepper, kind)
     local n = stepper:step_count(p)
     if n > 0 then
       local entry = {}
-      if scalar_keys(kind).step then entry.step = n end
+      if scalar_keys(e.kind).step then entry.step = n end
       if W == 1 then
         -- (an empty parameter steps without state: its state is zeros)
         local s = stepper:state_of(p) or {}
-        for _, t in ipairs(tensor_specs(stepper, kind, e)) do entry[t.key] = s[t.key] or T.zeros(t.shape, t.dtype) end
+        for _, t in ipairs(tensor_specs(stepper, e)) do entry[t.key] = s[t.key] or T.zeros(t.shape, t.dtype) end
       else
-        for _, t in ipairs(tensor_specs(stepper, kind, e)) do
+        for _, t in ipairs(tensor_specs(stepper, e)) do
           local k, r = t.key, t.record
           local full = me == 0 and T.zeros(t.shape, t.dtype) or nil
           entry[k] = full
@@ -284,7 +274,7 @@ function S.mismatches(stepper, kind, d)
     local c = current[name]
     if c then
       local want = {}
-      for _, t in ipairs(tensor_specs(stepper, kind, c)) do
+      for _, t in ipairs(tensor_specs(stepper, c)) do
         want[t.key] = true
         local x = entry[t.key]
         if x == nil then
@@ -377,7 +367,7 @@ local function stage(stepper, kind, d, what, hyper, expected)
       local r = W > 1 and holders(stepper, p) or nil
       if W == 1 or r.holds then
         one.state = {}
-        for _, t in ipairs(tensor_specs(stepper, kind, e)) do
+        for _, t in ipairs(tensor_specs(stepper, e)) do
           local v = entry[t.key]
           one.state[t.key] = (W == 1 and v or D.box_view(v, t.record.mine)):clone(t.dtype)
           if v:dtype() ~= t.dtype then
@@ -385,7 +375,7 @@ local function stage(stepper, kind, d, what, hyper, expected)
             staged.converted[v:dtype() .. " to " .. t.dtype] = c + 1
           end
         end
-        if entry.step ~= nil and scalar_keys(kind).step then one.state.step = entry.step end
+        if entry.step ~= nil and scalar_keys(e.kind).step then one.state.step = entry.step end
       end
     end
     staged.params[#staged.params + 1] = one
@@ -429,13 +419,20 @@ function S.encode(dicts, extra_meta)
     for _, e in ipairs(d.params) do
       local entry = d.state[e.name]
       if entry then
-        for _, k in ipairs(all_keys()) do
-          if entry[k] ~= nil then entries[#entries + 1] = { name = prefix .. e.name .. "/" .. k, tensor = entry[k] } end
+        -- the kind's tensors, then the hook state's, each sorted by key
+        -- (the kinds' state keys are in that order)
+        local own, hooks = {}, {}
+        for k, v in pairs(entry) do
+          if type(k) == "string" and T.is_tensor(v) then
+            local list = k:match("^hook%.") and hooks or own
+            list[#list + 1] = k
+          end
         end
-        local hooks = {}
-        for k in pairs(entry) do if type(k) == "string" and k:match("^hook%.") then hooks[#hooks + 1] = k end end
+        table.sort(own)
         table.sort(hooks)
-        for _, k in ipairs(hooks) do entries[#entries + 1] = { name = prefix .. e.name .. "/" .. k, tensor = entry[k] } end
+        for _, list in ipairs({ own, hooks }) do
+          for _, k in ipairs(list) do entries[#entries + 1] = { name = prefix .. e.name .. "/" .. k, tensor = entry[k] } end
+        end
         for k, v in pairs(entry) do
           if type(v) == "number" then
             scalars[e.name] = scalars[e.name] or {}
@@ -465,22 +462,27 @@ local function repr(v)
   if type(v) == "string" then return ("%q"):format(v) end
   return tostring(v)
 end
-local KIND_LIST
+local KIND_LIST, KNOWN
 do
   local quoted = {}
-  for i, name in ipairs(K.names()) do quoted[i] = "'" .. name .. "'" end
+  KNOWN = {}
+  for i, e in ipairs(K.KINDS) do
+    quoted[i] = "'" .. e.name .. "'"
+    KNOWN[e.name] = true
+  end
   KIND_LIST = table.concat(quoted, ", ", 1, #quoted - 1) .. " or " .. quoted[#quoted]
 end
-local function known_kind(name) return type(name) == "string" and K.get(name) ~= nil end
 
-local function validate_header(header)
+-- kinds: name -> kind, those of the stepper (an entry of another kind of
+-- the list is checked for its structure only: it cannot match).
+local function validate_header(header, kinds)
   if not is_list(header) then return "it is not a list" end
   for i, h in ipairs(header) do
     local w = ("entry %d"):format(i)
     if type(h) ~= "table" then return w .. " is not an object" end
     if type(h.prefix) ~= "string" then return w .. ": prefix is not a string" end
-    if not known_kind(h.kind) then return w .. ": kind is not " .. KIND_LIST end
-    local spec = { scalars = scalar_keys(h.kind) }
+    if type(h.kind) ~= "string" or not KNOWN[h.kind] then return w .. ": kind is not " .. KIND_LIST end
+    local spec = { scalars = kinds[h.kind] and scalar_keys(kinds[h.kind]) }
     if h.params ~= nil and not is_list(h.params) then return w .. ": params is not a list" end
     if h.groups ~= nil and not is_list(h.groups) then return w .. ": groups is not a list" end
     local ngroups = #(h.groups or {})
@@ -522,7 +524,9 @@ local function validate_header(header)
         if group_of[name] == nil then return ("%s: scalars of '%s', which is not in params"):format(w, tostring(name)) end
         for k, v in pairs(sc) do
           local wk = ("%s: scalars['%s'].%s"):format(w, name, tostring(k))
-          if type(k) ~= "string" or not spec.scalars[k] then return wk .. " is not a " .. h.kind .. " state value" end
+          if type(k) ~= "string" or (spec.scalars and not spec.scalars[k]) then
+            return wk .. " is not a " .. h.kind .. " state value"
+          end
           local gstep = h.groups[group_of[name]].step
           if not is_int(v) or v < 1 or v > gstep then
             return ("%s = %s is not an integer in 1..%d (its group's step)"):format(wk, repr(v), gstep)
@@ -535,10 +539,11 @@ end
 
 local function format_error(msg) E.raise(E.EFORMAT, msg) end
 
--- Inverse of encode: list of { prefix, dict } from a loaded file.
--- verify = false: the checksums are neither required nor checked (a file
--- written in Python); the structure and every value still are.
-function S.decode(file, path, verify)
+-- Inverse of encode: list of { prefix, dict } from a loaded file, for the
+-- kinds (name -> kind) of a stepper. verify = false: the checksums are
+-- neither required nor checked (a file written in Python); the structure
+-- and every value still are.
+function S.decode(file, path, verify, kinds)
   local meta = file.metadata
   if meta["muon.state"] == nil then
     format_error(("'%s' is not a muon optimizer checkpoint (no muon.state metadata)"):format(path))
@@ -558,41 +563,37 @@ function S.decode(file, path, verify)
     end
   end
   local ok, header = pcall(cjson.decode, meta["muon.state"])
-  local problem = not ok and "it is not valid JSON" or validate_header(header)
+  local problem = not ok and "it is not valid JSON" or validate_header(header, kinds)
   if problem then
     format_error(("'%s': muon.state metadata is malformed (%s)"):format(path, problem))
   end
   local out, used = {}, {}
-  -- Hook state tensors: "<prefix><param>/hook.<name>", per tensor name.
-  local hook_tensors = {}
+  -- The tensors "<prefix><param>/<key>", per owner ("<prefix><param>").
+  local by_owner = {}
   for _, name in ipairs(file.order) do
-    local owner, key = name:match("^(.*)/(hook%.[%a_][%w_]*)$")
+    local owner, key = name:match("^(.*)/([%a_][%w_%.]*)$")
     if owner then
-      hook_tensors[owner] = hook_tensors[owner] or {}
-      table.insert(hook_tensors[owner], key)
+      by_owner[owner] = by_owner[owner] or {}
+      table.insert(by_owner[owner], key)
     end
   end
   for _, h in ipairs(header) do
-    local spec = { tensors = tensor_keys(h.kind), scalars = scalar_keys(h.kind) }
+    local kind = kinds[h.kind]
+    local own = {}
+    for _, k in ipairs(kind and kind.state_keys or {}) do own[k] = true end
     local d = { kind = h.kind, params = h.params or {}, groups = h.groups or {}, state = {} }
     for _, e in ipairs(d.params) do
       local entry
-      for _, k in ipairs(all_keys()) do
-        local name = h.prefix .. e.name .. "/" .. k
-        local t = file.tensors[name]
-        if t ~= nil then
+      for _, k in ipairs(by_owner[h.prefix .. e.name] or {}) do
+        -- (a kind the stepper does not have takes any key: it cannot match)
+        if own[k] or k:match("^hook%.[%a_][%w_]*$") or not kind then
+          local name = h.prefix .. e.name .. "/" .. k
           entry = entry or {}
-          entry[k] = t
+          entry[k] = file.tensors[name]
           used[name] = true
-        end
-      end
-      for _, k in ipairs(hook_tensors[h.prefix .. e.name] or {}) do
-        local name = h.prefix .. e.name .. "/" .. k
-        entry = entry or {}
-        entry[k] = file.tensors[name]
-        used[name] = true
-        if not entry[k]:all_finite() then
-          format_error(("'%s': state tensor '%s' holds NaN or Inf"):format(path, name))
+          if not entry[k]:all_finite() then
+            format_error(("'%s': state tensor '%s' holds NaN or Inf"):format(path, name))
+          end
         end
       end
       local sc = h.scalars and h.scalars[e.name]
@@ -600,22 +601,19 @@ function S.decode(file, path, verify)
         entry = entry or {}
         for k, v in pairs(sc) do entry[k] = v end
       end
-      if entry then
-        -- A state entry is whole: every tensor of its kind (finite), and
-        -- the step count where the kind keeps one.
-        for _, k in ipairs(spec.tensors) do
+      if entry and kind then
+        -- A state entry is whole: every tensor of its kind, and the step
+        -- count where the kind keeps one.
+        for _, k in ipairs(kind.state_keys) do
           if entry[k] == nil then
             format_error(("'%s': state of '%s' has no '%s' tensor"):format(path, e.name, k))
           end
-          if not entry[k]:all_finite() then
-            format_error(("'%s': state tensor '%s%s/%s' holds NaN or Inf"):format(path, h.prefix, e.name, k))
-          end
         end
-        for k in pairs(spec.scalars) do
+        for k in pairs(scalar_keys(kind)) do
           if entry[k] == nil then format_error(("'%s': state of '%s' has no '%s' value"):format(path, e.name, k)) end
         end
-        d.state[e.name] = entry
       end
+      if entry then d.state[e.name] = entry end
     end
     out[#out + 1] = { prefix = h.prefix, dict = d }
   end
@@ -647,7 +645,7 @@ function S_save_body(stepper, path, parts, extra_meta, pre_err)
       -- a file whose load would refuse it is not written
       local tensors = {}
       for i, en in ipairs(entries) do tensors[i] = en.tensor end
-      local bad = U.first_nonfinite(tensors)
+      local bad = foreach.first_nonfinite(tensors)
       if bad then
         E.raise(E.ENONFINITE, "save '%s': state tensor '%s' holds NaN or Inf (a load would refuse the file); "
           .. "nothing was written", path, entries[bad].name)
@@ -681,7 +679,7 @@ function S_load_body(stepper, path, parts, check, opts, pre_err)
     local verify = S.load_options(opts)
     local file = st.load(path, { checksum = verify })
     meta = file.metadata
-    local dicts = S.decode(file, path, verify)
+    local dicts = S.decode(file, path, verify, kinds_of(stepper))
     local by_prefix, problems = {}, {}
     for _, it in ipairs(dicts) do by_prefix[it.prefix] = it end
     local wanted = {}
