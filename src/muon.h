@@ -927,12 +927,27 @@ MU_API int mu_script_run_module(const char *module, int argc, char **argv, int f
  *
  * mu_blas_preset_core (hosts that load libmuon at run time, before they
  * load it: the Lua loader, Python): when OPENBLAS_CORETYPE is unset or
- * empty, set it to mu_blas_cpu_core(), the library's only setenv. It
- * refuses (MU_ESTATE, nothing changed) when that is too late or unsafe:
- * OpenBLAS is already loaded, or the process runs more than one thread.
- * MU_OK otherwise (a value you set always stays). build/libmuon-cpu.so
- * (installed as <prefix>/lib/libmuon-cpu.so) exports these two alone and
- * needs nothing but libc, so it can be loaded and asked before libmuon.
+ * empty, set it to mu_blas_cpu_core(). It refuses (MU_ESTATE, nothing
+ * changed) when that is too late or unsafe: OpenBLAS is already loaded, or
+ * the process runs more than one thread. MU_OK otherwise (a value you set
+ * always stays).
+ *
+ * mu_blas_switch_core (hosts that find OpenBLAS already loaded, e.g.
+ * Python after `import torch`): when OPENBLAS_CORETYPE is unset or empty
+ * and a loaded OpenBLAS runs another core than mu_blas_cpu_core(), set the
+ * variable and re-run that OpenBLAS's own core selection
+ * (gotoblas_dynamic_quit, then gotoblas_dynamic_init, of a DYNAMIC_ARCH
+ * build such as Debian's): its kernels become those it loads with the
+ * variable set. Safe only while no other thread is inside OpenBLAS or reads
+ * the environment; the caller guarantees it (Python: at import, with one
+ * Python thread). MU_OK when switched or nothing to do (the variable set,
+ * no OpenBLAS loaded, the core already right); MU_ESTATE when an OpenBLAS
+ * cannot switch (not DYNAMIC_ARCH) or runs another core afterwards.
+ *
+ * These two are the library's only setenv calls. build/libmuon-cpu.so
+ * (installed as <prefix>/lib/libmuon-cpu.so) exports the BLAS core calls
+ * and mu_strerror, mu_errname, mu_last_error, and needs nothing but libc,
+ * so it can be loaded and asked before libmuon.
  */
 MU_API const char *mu_blas_cpu_core(void);
 /* Re-execute once with OPENBLAS_CORETYPE set when the running core is not
@@ -941,6 +956,9 @@ MU_API int mu_blas_fix_core(char **argv);
 /* Set OPENBLAS_CORETYPE before OpenBLAS is loaded (see above); MU_ESTATE
  * when too late. */
 MU_API int mu_blas_preset_core(void);
+/* Re-select the kernels of an OpenBLAS loaded before the core could be
+ * preset (see above); MU_ESTATE when it cannot. */
+MU_API int mu_blas_switch_core(void);
 
 /* ------------------------------------------------- distributed engines */
 
