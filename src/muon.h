@@ -779,6 +779,13 @@ MU_API int mu_engine_open(mu_engine **out, const char *config_path);
  * runs the config with full Lua, lua_path names the directory of the Lua
  * modules. The same return codes. */
 MU_API int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_opts *opts);
+/* mu_engine_open_ex on a config given as Lua source text (a host that
+ * builds its config, such as the Python package's keyword options): source
+ * runs as a config file would (sandboxed unless opts->trusted); name (NULL
+ * or "": "<string>") stands for the file in messages. The same return codes
+ * but MU_EIO. */
+MU_API int mu_engine_open_source(mu_engine **out, const char *source, const char *name,
+                                 const mu_engine_opts *opts);
 /* Register a parameter: data (and grad, NULL = no gradient, the parameter
  * is skipped) point at C-contiguous buffers of shape[0..ndim-1] elements of
  * dtype (MU_F32 or MU_F64) that stay valid until mu_engine_close. The
@@ -786,6 +793,17 @@ MU_API int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_
  * mu_engine_reduce_grads, which writes it). */
 MU_API int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
                                const int64_t *shape, void *data, void *grad);
+/* Re-point registered parameters' gradients between steps, all at once
+ * (hosts whose framework reallocates gradients, as torch does after
+ * zero_grad(set_to_none=True)): grads[i] becomes the gradient of parameter
+ * names[i], a buffer as mu_engine_add_param takes it (the parameter's dtype
+ * and shape; of a sharded parameter, its local shard) valid until it is
+ * re-pointed again or mu_engine_close, or NULL: no gradient (steps skip
+ * the parameter). The old gradients of these parameters are let go first;
+ * the new ones must not overlap each other or any registered value or
+ * grad. MU_EINVAL for an unknown or repeated name or an overlap (the
+ * message names both); nothing changes on failure. */
+MU_API int mu_engine_set_grads(mu_engine *eng, int64_t n, const char *const *names, void *const *grads);
 /* One optimizer step over every registered parameter. Atomic: every value
  * is checked before anything changes, and on failure the parameters, the
  * optimizer state and the step counter are as they were (on every rank of a
@@ -867,6 +885,16 @@ MU_API int mu_engine_load(mu_engine *eng, const char *path);
 enum { MU_LOAD_NO_CHECKSUM = 1 };
 /* mu_engine_load with flags (0 or MU_LOAD_NO_CHECKSUM), the same codes. */
 MU_API int mu_engine_load_ex(mu_engine *eng, const char *path, int flags);
+/* Structured answers as JSON text: *len gets the text's length (without
+ * the NUL), and the text is copied into buf (cap bytes) when *len < cap,
+ * else buf gets "" (buf NULL with cap 0 asks for the length). what
+ * "groups": a list with one object per config group: index (from 1), name
+ * (absent when the config names none), optimizer ("muon", "adamw",
+ * "lion"), step (the steps it took), options (its values: the config's,
+ * with mu_engine_set_lr applied; hooks left out), hooks (the names of the
+ * hooks it runs) and params (its parameters' names in registration order).
+ * MU_EINVAL for another key. */
+MU_API int mu_engine_query(mu_engine *eng, const char *what, char *buf, size_t cap, size_t *len);
 /* Detail of the last failed call on eng ("" if none); NULL eng gives
  * mu_last_error(). Valid until the next call on eng (from any thread): a
  * host whose other threads may call eng meanwhile uses

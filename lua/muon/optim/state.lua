@@ -82,6 +82,8 @@ local function canonical_json(v)
   return cjson.encode(v)
 end
 
+S.canonical_json = canonical_json
+
 -- What a checkpoint holds per parameter of a kind: its state tensors, and
 -- its scalars (the step count of kinds that count steps).
 local function tensor_keys(kind) return K.get(kind).state_keys end
