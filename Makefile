@@ -140,6 +140,11 @@ $(BUILD)/bench/omp_host: tests/bench/omp_host.c $(LIB_A) src/muon.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fopenmp $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK) -fopenmp
 
+# The C side of the Python-against-C step benchmark (tests/bench/python_bench.lua).
+$(BUILD)/bench/step_host: tests/bench/step_host.c $(LIB_A) src/muon.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK)
+
 # test, demo and bench re-run make after deps: variables such as HAVE_MPI are
 # read when make starts, which on a fresh machine is before deps installed
 # the packages they look for.
