@@ -164,8 +164,10 @@ class Optimizer(_Base):
             rc = lib.mu_engine_open_source(out, cfg.encode(), b"<lua>", opts)
         elif isinstance(cfg, dict):
             rc = lib.mu_engine_open_source(out, ("return " + _lua.to_lua(cfg)).encode(), b"<dict>", opts)
-        else:
+        elif isinstance(cfg, (str, bytes, os.PathLike)):
             rc = lib.mu_engine_open_ex(out, os.fsencode(cfg), opts)
+        else:
+            _fail(lib.MU_EINVAL, "config must be a file path, libmuon.lua(source) or a dict, got %s", type(cfg).__name__)
         check(rc)
         self._eng = out[0]
         if self._comm is not None:

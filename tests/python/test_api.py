@@ -83,6 +83,11 @@ class Errors(unittest.TestCase):
         self.assertIn("unknown muon option 'momentm' (did you mean 'momentum'?)", msg)
         self.assertEqual(cm.exception.code, -1)
 
+    def test_a_config_of_another_type_is_einval(self):
+        with self.assertRaises(libmuon.EINVAL) as cm:
+            libmuon.Optimizer([("w", np.zeros(2, np.float32), None)], config=123)
+        self.assertIn("config must be a file path", str(cm.exception))
+
     def test_missing_config_is_eio_syntax_error_eformat(self):
         with self.assertRaises(libmuon.EIO):
             libmuon.Optimizer([("w", np.zeros(2, np.float32), None)], config="/nonexistent/c.lua")
