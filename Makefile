@@ -8,7 +8,9 @@
 #   make install / make uninstall   [PREFIX=/usr/local] [DESTDIR=]
 
 PKGS     := pkg-config libluajit-5.1-dev luajit libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin lua-busted lua-cjson wamerican valgrind \
-            abigail-tools python3-cffi
+            abigail-tools
+# The Python package (src/libmuon) and its tests: cffi and NumPy; torch and mpi4py for their tests.
+PKGS     += python3-cffi python3-numpy python3-torch python3-mpi4py
 PKGCONF  := luajit openblas
 # Open MPI when present (Debian: libopenmpi-dev); else the single-process
 # communicator backend is built.
@@ -57,6 +59,11 @@ CDEF     := $(BUILD)/gen/cdef.inc
 MAP      := src/libmuon.map
 # The installed header alone (a copy of src/muon.h), for the hosts.
 PUBINC   := $(BUILD)/include
+# The Python package's declarations: the public header run through the
+# preprocessor (src/libmuon/_lib.py hands them to cffi).
+PYCDEF   := $(BUILD)/gen/muon_cdef.h
+# Debian's python3 (torch and mpi4py are Debian packages), else the PATH's.
+PYTHON   ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
 
 # C test programs (tests/c/*.c -> build/tests/*), each printing TAP lines.
 CTESTS   := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c))
@@ -69,7 +76,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c)
 HOSTLINK  = -Wl,--whole-archive $(LIB_A) -Wl,--no-whole-archive -Wl,--export-dynamic $(LDSAN) $(DEPLIBS)
 
 .PHONY: all deps test demo bench clean install uninstall fuzz reference abi-baseline
-all: $(LIB_SO) $(LIB_A) $(PROBE) $(if $(CLI_SRCS),$(CLI)) $(CTESTS) $(EXAMPLES)
+all: $(LIB_SO) $(LIB_A) $(PROBE) $(if $(CLI_SRCS),$(CLI)) $(CTESTS) $(EXAMPLES) $(PYCDEF)
 
 deps:
 	@missing=""; for p in $(PKGS); do \
@@ -91,6 +98,10 @@ $(CDEF): src/muon_ffi.h src/muon.h
 	@mkdir -p $(dir $@)
 	$(CC) -E -P -DMU_FFI_CDEF src/muon_ffi.h | grep -v '^[[:space:]]*$$' \
 	  | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' > $@.tmp && mv $@.tmp $@
+
+$(PYCDEF): src/muon.h
+	@mkdir -p $(dir $@)
+	$(CC) -E -P -DMU_FFI_CDEF src/muon.h | grep -v '^[[:space:]]*$$' > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) | $(CDEF)
 	@mkdir -p $(dir $@)
@@ -144,6 +155,11 @@ $(BUILD)/bench/omp_host: tests/bench/omp_host.c $(LIB_A) $(PUBINC)/muon.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fopenmp $(DEPCFLAGS) -I$(PUBINC) -o $@ $< $(HOSTLINK) -fopenmp
 
+# The C side of the Python-against-C step benchmark (tests/bench/python_bench.lua).
+$(BUILD)/bench/step_host: tests/bench/step_host.c $(LIB_A) $(PUBINC)/muon.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPCFLAGS) -I$(PUBINC) -o $@ $< $(HOSTLINK)
+
 # test, demo and bench re-run make after deps: variables such as HAVE_MPI are
 # read when make starts, which on a fresh machine is before deps installed
 # the packages they look for.
@@ -153,7 +169,7 @@ $(BUILD)/bench/omp_host: tests/bench/omp_host.c $(LIB_A) $(PUBINC)/muon.h
 # (build-tsan/).
 test: deps
 	@$(MAKE) --no-print-directory all
-	@MUON_BUILD=$(BUILD) SAN=$(SAN) TSAN=$(TSAN) VALGRIND=$(VALGRIND) bash tests/run.sh
+	@MUON_BUILD=$(BUILD) SAN=$(SAN) TSAN=$(TSAN) VALGRIND=$(VALGRIND) PYTHON=$(PYTHON) bash tests/run.sh
 
 # build/REFERENCE.md: the API reference, generated from the reference blocks
 # at the top of the Lua modules and the comments of src/muon.h (the same
@@ -203,6 +219,10 @@ demo: deps
 PREFIX   ?= /usr/local
 INSTALL_FILES := lib/libmuon.a lib/libmuon.so.$(VERSION) lib/$(SONAME) lib/libmuon.so lib/libmuon-cpu.so \
                  include/muon.h bin/muon lib/pkgconfig/muon.pc
+# The Python package goes to PYDIR (Debian's python3 reads /usr/local's
+# dist-packages and ~/.local's site-packages; PYDIR= to choose).
+PYVER    := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PYDIR    ?= $(if $(filter /usr,$(PREFIX)),/usr/lib/python3/dist-packages,$(PREFIX)/lib/python$(PYVER)/$(if $(filter /usr/local,$(PREFIX)),dist-packages,site-packages))
 install: all
 	@set -e; d="$(DESTDIR)$(PREFIX)"; \
 	install -d "$$d/lib/pkgconfig" "$$d/include" "$$d/bin" "$$d/share/lua/5.1"; \
@@ -223,14 +243,19 @@ install: all
 	  'Version: $(VERSION)' 'Requires.private: $(PKGCONF)' 'Cflags: -I$${includedir}' \
 	  'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -lmuon' 'Libs.private: -lm -lpthread' \
 	  > "$$d/lib/pkgconfig/muon.pc"; \
+	if [ -n "$(PYVER)" ]; then p="$(DESTDIR)$(PYDIR)/libmuon"; install -d "$$p"; \
+	  install -m 644 src/libmuon/*.py $(PYCDEF) "$$p"; printf 'LIBDIR = "%s"\n' '$(PREFIX)/lib' > "$$p/_paths.py"; \
+	  echo "installed the Python package libmuon into $(DESTDIR)$(PYDIR)"; fi; \
 	echo "installed muon $(VERSION) into $$d (pkg-config: $$d/lib/pkgconfig/muon.pc)"
 
 uninstall:
 	@set -e; d="$(DESTDIR)$(PREFIX)"; \
 	for f in $(INSTALL_FILES); do rm -f "$$d/$$f"; done; \
 	rm -rf "$$d/share/lua/5.1/muon" "$$d/share/muon"; \
+	rm -rf "$(DESTDIR)$(PYDIR)/libmuon"; \
 	for x in lib/pkgconfig share/lua/5.1 share/lua; do rmdir "$$d/$$x" 2>/dev/null || true; done; \
 	if [ -n "$(DESTDIR)" ]; then \
+	  rmdir "$(DESTDIR)$(PYDIR)" "$$(dirname "$(DESTDIR)$(PYDIR)")" 2>/dev/null || true; \
 	  for x in lib include bin share; do rmdir "$$d/$$x" 2>/dev/null || true; done; \
 	  p="$(PREFIX)"; while [ -n "$$p" ] && [ "$$p" != / ]; do \
 	    rmdir "$(DESTDIR)$$p" 2>/dev/null || true; p=$$(dirname "$$p"); \

@@ -8,4 +8,4 @@ static const char mu__cdef_text[] =
 
 const char *mu_cdef(void) { return mu__cdef_text; }
 
-const char *mu_version(void) { return "0.1.0"; }
+const char *mu_version(void) { return "0.2.0"; }

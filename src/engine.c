@@ -76,6 +76,9 @@ typedef struct mu__call {
     const void *args;
     double *out;
     int rc;
+    char *text;       /* with text_len: a string result, copied here (text_cap bytes) */
+    size_t text_cap;
+    size_t *text_len;
 } mu__call;
 
 static int mu__call_body(lua_State *L)
@@ -88,9 +91,23 @@ static int mu__call_body(lua_State *L)
     lua_remove(L, -2);
     lua_rawgeti(L, LUA_REGISTRYINDEX, c->eng->engine_ref);
     int n = c->push ? c->push(L, c->args) : 0;
-    int status = lua_pcall(L, n + 1, c->out ? 1 : 0, 1);
+    int status = lua_pcall(L, n + 1, c->out || c->text_len ? 1 : 0, 1);
     if (status != 0) {
         c->rc = mu__lua_fail(L, c->eng, status, c->fallback, c->what);
+    } else if (c->text_len) {
+        size_t len = 0;
+        const char *s = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+        if (!s) {
+            c->rc = MU__EFAIL(c->eng, MU_EINVAL, "%s: the result is not a string", c->what);
+            return 0;
+        }
+        *c->text_len = len;
+        if (c->text_cap > 0) {
+            size_t k = len < c->text_cap ? len : 0; /* all of it or nothing: never a cut answer */
+            memcpy(c->text, s, k);
+            c->text[k] = '\0';
+        }
+        c->rc = MU_OK;
     } else if (c->out && !lua_isnumber(L, -1)) {
         c->rc = MU__EFAIL(c->eng, MU_EINVAL, "%s: the result is not a number", c->what);
     } else {
@@ -108,14 +125,20 @@ static int mu__eng_body_fail(lua_State *L, mu__eng *eng, int status, const char 
     return rc;
 }
 
+/* Runs c (mu__call_body) on the engine's stack. */
+static int mu__call_do(mu__call *c)
+{
+    int status = mu__protected(&c->eng->stack, c->eng->L, mu__call_body, c);
+    if (status != 0) return mu__eng_body_fail(c->eng->L, c->eng, status, c->what);
+    lua_settop(c->eng->L, 0);
+    return c->rc;
+}
+
 static int mu__call_run(mu__eng *eng, const char *fn, const char *what, int fallback,
                         int (*push)(lua_State *L, const void *args), const void *args, double *out)
 {
-    mu__call c = {eng, fn, what, fallback, push, args, out, MU_OK};
-    int status = mu__protected(&eng->stack, eng->L, mu__call_body, &c);
-    if (status != 0) return mu__eng_body_fail(eng->L, eng, status, what);
-    lua_settop(eng->L, 0);
-    return c.rc;
+    mu__call c = {eng, fn, what, fallback, push, args, out, MU_OK, NULL, 0, NULL};
+    return mu__call_do(&c);
 }
 
 /* -------------------------------------------------------------- handles */
@@ -274,8 +297,10 @@ int mu_engine_open(mu_engine **out, const char *config_path)
  * muon.host (mu__host_begin) and open the config. */
 typedef struct mu__open {
     mu__eng *eng;
-    const char *config_path;
+    const char *config_path; /* with source: the config's name */
+    const char *source;      /* NULL: read config_path */
     const mu_engine_opts *opts;
+    const char *what; /* the call, in messages */
     int rc;
 } mu__open;
 
@@ -295,19 +320,47 @@ static int mu__open_body(lua_State *L)
     lua_getfield(L, -1, "open");
     lua_remove(L, -2);
     lua_pushstring(L, o->config_path);
-    lua_createtable(L, 0, 1);
+    lua_createtable(L, 0, 2);
     if (o->opts) {
         lua_pushboolean(L, o->opts->trusted != 0);
         lua_setfield(L, -2, "trusted");
     }
+    if (o->source) {
+        lua_pushstring(L, o->source);
+        lua_setfield(L, -2, "source");
+    }
     status = lua_pcall(L, 2, 1, 1);
     if (status != 0) {
-        o->rc = mu__lua_fail(L, NULL, status, MU_EINVAL, "mu_engine_open");
+        o->rc = mu__lua_fail(L, NULL, status, MU_EINVAL, o->what);
         return 0;
     }
     o->eng->engine_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     o->rc = MU_OK;
     return 0;
+}
+
+/* A new engine on the config at config_path, or on source (then named
+ * config_path); what: the public call, in messages. */
+static int mu__open_engine(mu_engine **out, const char *config_path, const char *source,
+                           const mu_engine_opts *opts, const char *what)
+{
+    mu__eng *eng = calloc(1, sizeof *eng);
+    if (!eng) return mu__fail(MU_ENOMEM, "%s: out of memory", what);
+    eng->host_ref = eng->engine_ref = LUA_NOREF;
+    int rc = mu__stack_new(&eng->stack, what);
+    if (rc == MU_OK) rc = mu__new_state(opts ? opts->lua_path : NULL, &eng->L);
+    if (rc != MU_OK) {
+        mu__eng_free(eng);
+        return rc;
+    }
+    mu__open o = {eng, config_path, source, opts, what, MU_OK};
+    int status = mu__protected(&eng->stack, eng->L, mu__open_body, &o);
+    if (status != 0) o.rc = mu__body_fail(eng->L, status, what);
+    lua_settop(eng->L, 0);
+    rc = o.rc;
+    if (rc == MU_OK) rc = mu__reg_add(eng, out);
+    if (rc != MU_OK) mu__eng_free(eng);
+    return rc;
 }
 
 int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_opts *opts)
@@ -324,23 +377,15 @@ int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_
                         reason);
     }
 
-    mu__eng *eng = calloc(1, sizeof *eng);
-    if (!eng) return mu__fail(MU_ENOMEM, "mu_engine_open: out of memory");
-    eng->host_ref = eng->engine_ref = LUA_NOREF;
-    int rc = mu__stack_new(&eng->stack, "mu_engine_open");
-    if (rc == MU_OK) rc = mu__new_state(opts ? opts->lua_path : NULL, &eng->L);
-    if (rc != MU_OK) {
-        mu__eng_free(eng);
-        return rc;
-    }
-    mu__open o = {eng, config_path, opts, MU_OK};
-    int status = mu__protected(&eng->stack, eng->L, mu__open_body, &o);
-    if (status != 0) o.rc = mu__body_fail(eng->L, status, "mu_engine_open");
-    lua_settop(eng->L, 0);
-    rc = o.rc;
-    if (rc == MU_OK) rc = mu__reg_add(eng, out);
-    if (rc != MU_OK) mu__eng_free(eng);
-    return rc;
+    return mu__open_engine(out, config_path, NULL, opts, "mu_engine_open");
+}
+
+int mu_engine_open_source(mu_engine **out, const char *source, const char *name, const mu_engine_opts *opts)
+{
+    if (!out) return mu__fail(MU_EINVAL, "mu_engine_open_source: out is NULL");
+    *out = NULL;
+    if (!source) return mu__fail(MU_EINVAL, "mu_engine_open_source: source is NULL");
+    return mu__open_engine(out, name && *name ? name : "<string>", source, opts, "mu_engine_open_source");
 }
 
 void mu_engine_close(mu_engine *h)
@@ -679,6 +724,55 @@ static int eng_load(mu__eng *eng, const char *path, int flags)
     return mu__call_run(eng, "load", "mu_engine_load", MU_EFORMAT, mu__push_key, &a, NULL);
 }
 
+/* mu_engine_set_grads's lists. */
+typedef struct mu__grads_args {
+    int64_t n;
+    const char *const *names;
+    void *const *grads;
+} mu__grads_args;
+
+static int mu__push_grads(lua_State *L, const void *p)
+{
+    const mu__grads_args *a = p;
+    lua_createtable(L, (int)a->n, 0);
+    for (int64_t i = 0; i < a->n; i++) {
+        lua_createtable(L, 2, 0);
+        lua_pushstring(L, a->names[i]);
+        lua_rawseti(L, -2, 1);
+        if (a->grads[i]) lua_pushlightuserdata(L, a->grads[i]); else lua_pushboolean(L, 0);
+        lua_rawseti(L, -2, 2);
+        lua_rawseti(L, -2, (int)(i + 1));
+    }
+    return 1;
+}
+
+static int eng_set_grads(mu__eng *eng, int64_t n, const char *const *names, void *const *grads)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_set_grads: eng is NULL");
+    if (n < 0 || n > (1 << 24))
+        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_grads: n = %lld is outside 0..%d", (long long)n, 1 << 24);
+    if (n > 0 && (!names || !grads))
+        return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_grads: names or grads is NULL with n = %lld", (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        if (!names[i] || !*names[i])
+            return MU__EFAIL(eng, MU_EINVAL, "mu_engine_set_grads: names[%lld] is NULL or empty", (long long)i);
+    mu__grads_args a = {n, names, grads};
+    return mu__call_run(eng, "set_grads", "mu_engine_set_grads", MU_EINVAL, mu__push_grads, &a, NULL);
+}
+
+static int eng_query(mu__eng *eng, const char *what, char *buf, size_t cap, size_t *len)
+{
+    if (!eng) return mu__fail(MU_EINVAL, "mu_engine_query: eng is NULL");
+    if (len) *len = 0;
+    if (buf && cap > 0) buf[0] = '\0';
+    if (!what) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_query: what is NULL");
+    if (!len) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_query: len is NULL");
+    if (!buf && cap > 0) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_query: buf is NULL and cap = %zu", cap);
+    mu__key_args a = {.key = what};
+    mu__call c = {eng, "query", "mu_engine_query", MU_EINVAL, mu__push_key, &a, NULL, MU_OK, buf, cap, len};
+    return mu__call_do(&c);
+}
+
 /* The public calls: look the handle up, run, release. */
 #define MU__ENGINE_CALL(fn, ...)                                  \
     do {                                                          \
@@ -734,3 +828,11 @@ int mu_engine_set_lr(mu_engine *h, const char *group, double lr) { MU__ENGINE_CA
 int mu_engine_save(mu_engine *h, const char *path) { MU__ENGINE_CALL(save, path); }
 int mu_engine_load(mu_engine *h, const char *path) { MU__ENGINE_CALL(load, path, 0); }
 int mu_engine_load_ex(mu_engine *h, const char *path, int flags) { MU__ENGINE_CALL(load, path, flags); }
+int mu_engine_set_grads(mu_engine *h, int64_t n, const char *const *names, void *const *grads)
+{
+    MU__ENGINE_CALL(set_grads, n, names, grads);
+}
+int mu_engine_query(mu_engine *h, const char *what, char *buf, size_t cap, size_t *len)
+{
+    MU__ENGINE_CALL(query, what, buf, cap, len);
+}

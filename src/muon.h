@@ -72,7 +72,7 @@ MU_API const char *mu_strerror(int code);
 MU_API const char *mu_errname(int code);
 /* Detail message of the last failed call on this thread ("" if none). */
 MU_API const char *mu_last_error(void);
-/* The library's version ("0.1.0"), a static string. */
+/* The library's version ("0.2.0"), a static string. */
 MU_API const char *mu_version(void);
 
 /* The dtypes of a trainer's buffers (mu_engine_add_param): MU_F32 (float)
@@ -132,6 +132,13 @@ MU_API int mu_engine_open(mu_engine **out, const char *config_path);
  * runs the config with full Lua, lua_path names the directory of the Lua
  * modules. The same return codes. */
 MU_API int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_engine_opts *opts);
+/* mu_engine_open_ex on a config given as Lua source text (a host that
+ * builds its config, such as the Python package's keyword options): source
+ * runs as a config file would (sandboxed unless opts->trusted); name (NULL
+ * or "": "<string>") stands for the file in messages. The same return codes
+ * but MU_EIO. */
+MU_API int mu_engine_open_source(mu_engine **out, const char *source, const char *name,
+                                 const mu_engine_opts *opts);
 /* Register a parameter: data (and grad, NULL = no gradient, the parameter
  * is skipped) point at C-contiguous buffers of shape[0..ndim-1] elements
  * (ndim 0..MU_MAX_DIMS) of dtype (MU_F32 or MU_F64) that stay valid until
@@ -140,6 +147,17 @@ MU_API int mu_engine_open_ex(mu_engine **out, const char *config_path, const mu_
  * mu_engine_reduce_grads, which writes it). */
 MU_API int mu_engine_add_param(mu_engine *eng, const char *name, int dtype, int ndim,
                                const int64_t *shape, void *data, void *grad);
+/* Re-point registered parameters' gradients between steps, all at once
+ * (hosts whose framework reallocates gradients, as torch does after
+ * zero_grad(set_to_none=True)): grads[i] becomes the gradient of parameter
+ * names[i], a buffer as mu_engine_add_param takes it (the parameter's dtype
+ * and shape; of a sharded parameter, its local shard) valid until it is
+ * re-pointed again or mu_engine_close, or NULL: no gradient (steps skip
+ * the parameter). The old gradients of these parameters are let go first;
+ * the new ones must not overlap each other or any registered value or
+ * grad. MU_EINVAL for an unknown or repeated name or an overlap (the
+ * message names both); nothing changes on failure. */
+MU_API int mu_engine_set_grads(mu_engine *eng, int64_t n, const char *const *names, void *const *grads);
 /* One optimizer step over every registered parameter. Atomic: on any
  * failure, a hook's included (post_update_fn too), nothing changes: the
  * parameters, the optimizer state, the hooks' state and the step counter
@@ -222,6 +240,16 @@ MU_API int mu_engine_load(mu_engine *eng, const char *path);
 enum { MU_LOAD_NO_CHECKSUM = 1 };
 /* mu_engine_load with flags (0 or MU_LOAD_NO_CHECKSUM), the same codes. */
 MU_API int mu_engine_load_ex(mu_engine *eng, const char *path, int flags);
+/* Structured answers as JSON text: *len gets the text's length (without
+ * the NUL), and the text is copied into buf (cap bytes) when *len < cap,
+ * else buf gets "" (buf NULL with cap 0 asks for the length). what
+ * "groups": a list with one object per config group: index (from 1), name
+ * (absent when the config names none), optimizer ("muon", "adamw",
+ * "lion"), step (the steps it took), options (its values: the config's,
+ * with mu_engine_set_lr applied; hooks left out), hooks (the names of the
+ * hooks it runs) and params (its parameters' names in registration order).
+ * MU_EINVAL for another key. */
+MU_API int mu_engine_query(mu_engine *eng, const char *what, char *buf, size_t cap, size_t *len);
 /* Detail of the last failed call on eng ("" if none); NULL eng gives
  * mu_last_error(). Valid until the next call on eng (from any thread): a
  * host whose other threads may call eng meanwhile uses
@@ -311,13 +339,26 @@ MU_API int mu_script_run_module(const char *module, int argc, char **argv, int f
  *
  * mu_blas_preset_core (hosts that load libmuon at run time, before they
  * load it: the Lua loader, Python): when OPENBLAS_CORETYPE is unset or
- * empty, set it to mu_blas_cpu_core(), the library's only setenv. It
- * refuses (MU_ESTATE, nothing changed) when that is too late or unsafe:
+ * empty, set it to mu_blas_cpu_core(). It refuses (MU_ESTATE, nothing changed) when that is too late or unsafe:
  * OpenBLAS is already loaded, or the process runs more than one thread.
- * MU_OK otherwise (a value you set always stays). build/libmuon-cpu.so
- * (installed as <prefix>/lib/libmuon-cpu.so) holds these two and the error
- * calls (mu_strerror, mu_errname, mu_last_error) and needs nothing but
- * libc, so it can be loaded and asked before libmuon.
+ * MU_OK otherwise (a value you set always stays).
+ *
+ * mu_blas_switch_core (hosts that find OpenBLAS already loaded, e.g.
+ * Python after `import torch`): when OPENBLAS_CORETYPE is unset or empty
+ * and a loaded OpenBLAS runs another core than mu_blas_cpu_core(), set the
+ * variable and re-run that OpenBLAS's own core selection
+ * (gotoblas_dynamic_quit, then gotoblas_dynamic_init, of a DYNAMIC_ARCH
+ * build such as Debian's): its kernels become those it loads with the
+ * variable set. Safe only while no other thread is inside OpenBLAS or reads
+ * the environment; the caller guarantees it (Python: at import, with one
+ * Python thread). MU_OK when switched or nothing to do (the variable set,
+ * no OpenBLAS loaded, the core already right); MU_ESTATE when an OpenBLAS
+ * cannot switch (not DYNAMIC_ARCH) or runs another core afterwards.
+ *
+ * These two are the library's only setenv calls. build/libmuon-cpu.so
+ * (installed as <prefix>/lib/libmuon-cpu.so) exports the BLAS core calls
+ * and the error calls (mu_strerror, mu_errname, mu_last_error), and needs
+ * nothing but libc, so it can be loaded and asked before libmuon.
  */
 MU_API const char *mu_blas_cpu_core(void);
 /* Re-execute once with OPENBLAS_CORETYPE set when the running core is not
@@ -326,6 +367,9 @@ MU_API int mu_blas_fix_core(char **argv);
 /* Set OPENBLAS_CORETYPE before OpenBLAS is loaded (see above); MU_ESTATE
  * when too late. */
 MU_API int mu_blas_preset_core(void);
+/* Re-select the kernels of an OpenBLAS loaded before the core could be
+ * preset (see above); MU_ESTATE when it cannot. */
+MU_API int mu_blas_switch_core(void);
 
 /* What mu_blas_get_info reports. */
 typedef struct mu_blas_info {

@@ -53,7 +53,7 @@ describe("exported symbols", function()
     assert.are.same({}, unversioned)
   end)
 
-  it("libmuon-cpu.so: the core calls and the error calls, public, under MUON_0", function()
+  it("libmuon-cpu.so: the core calls (switch_core too) and the error calls, public, under MUON_0", function()
     local map, count, unversioned = exported(R.build .. "/libmuon-cpu.so")
     local is_public = {}
     for _, n in ipairs(public) do is_public[n] = true end
@@ -63,8 +63,9 @@ describe("exported symbols", function()
     end
     assert.are.equal("MUON_0", map.mu_blas_cpu_core)
     assert.are.equal("MUON_0", map.mu_blas_preset_core)
+    assert.are.equal("MUON_0", map.mu_blas_switch_core)
     assert.are.equal("MUON_0", map.mu_last_error)
-    assert.are.equal(5, count)
+    assert.are.equal(6, count)
     assert.are.same({}, unversioned)
   end)
 end)

@@ -117,6 +117,27 @@ describe("one registration per buffer", function()
     assert.equal(20000, set:count())
   end)
 
+  it("swap: grads re-pointed at once (two exchanging buffers), an overlap refused with nothing changed", function()
+    local set = B.new()
+    local g1, g2, w1, w2 = T.zeros({ 4 }), T.zeros({ 4 }), T.zeros({ 4 }), T.zeros({ 4 })
+    local p = { name = "p", value = w1, grad = g1 }
+    local q = { name = "q", value = w2, grad = g2 }
+    set:claim({ p, q })
+    -- one at a time, p taking q's buffer would overlap it; together they exchange
+    set:swap({ { p = p, what = "grad", t = g2 }, { p = q, what = "grad", t = g1 } })
+    assert.is_true(p.grad == g2 and q.grad == g1)
+    assert.equal(4, set:count())
+    fails("parameter 'p': its grad overlaps the value of parameter 'q'", set.swap, set,
+      { { p = p, what = "grad", t = w2 }, { p = q, what = "grad" } })
+    assert.is_true(p.grad == g2 and q.grad == g1, "nothing changed")
+    assert.equal(4, set:count())
+    fails("parameter 'x': its value overlaps the grad of parameter 'q'", set.check, set, { { name = "x", value = g1 } })
+    set:swap({ { p = q, what = "grad" } }) -- to none: its memory is free again
+    assert.is_nil(q.grad)
+    assert.equal(3, set:count())
+    set:check({ { name = "x", value = g1 } })
+  end)
+
   it("C: mu_engine_add_param with overlapping buffers fails naming both, nothing registered", function()
     local path = H.tmpname(".lua")
     H.write_file(path, "return { groups = { { optimizer = 'muon', lr = 0.02 } } }")

@@ -2,8 +2,9 @@
 -- the versioned library with its SONAME and symlinks, header, Lua modules,
 -- CLI, configs and muon.pc; the README's C trainer (tests/readme.lua) built
 -- out of tree against the staged files, from another directory, trains and
--- reports failures through its exit status; `make uninstall DESTDIR=<stage>`
--- leaves nothing behind.
+-- reports failures through its exit status; the Python package imports
+-- from its staged directory; `make uninstall DESTDIR=<stage>` leaves
+-- nothing behind.
 local R = require("readme")
 
 local q = R.sh_quote
@@ -100,6 +101,31 @@ describe("make install DESTDIR=... / make uninstall DESTDIR=...", function()
     if expected ~= "nil" then
       assert.are.equal(expected, env_core, out)
       assert.are.equal(expected:lower(), running:lower(), out)
+    end
+
+    -- the Python package, in /usr/local's dist-packages for Debian's python3,
+    -- its declarations the staged muon.h preprocessed, the library found
+    -- from the prefix it was installed for (MUON_LIB here: it is staged)
+    local py = R.exists("/usr/bin/python3") and "/usr/bin/python3" or "python3"
+    local pyver = R.capture(q(py) .. " -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'"):match("[%d.]+")
+    local pkg = d .. "/lib/python" .. pyver .. "/dist-packages/libmuon"
+    for _, f in ipairs({ "__init__.py", "_lib.py", "optimizer.py", "muon_cdef.h", "_paths.py" }) do
+      assert.is_true(R.exists(pkg .. "/" .. f), "missing " .. pkg .. "/" .. f)
+    end
+    assert.are.equal('LIBDIR = "/usr/local/lib"\n', R.read(pkg .. "/_paths.py"))
+    local pre = R.capture("cc -E -P -DMU_FFI_CDEF " .. q(d .. "/include/muon.h") .. " | grep -v '^[[:space:]]*$'")
+    assert.are.equal(pre, R.read(pkg .. "/muon_cdef.h"))
+    local _, has = R.run_status(q(py) .. " -c 'import cffi, numpy'")
+    if has == 0 then
+      out, status = run("env " .. R.clean_env .. " -u PYTHONPATH MUON_LIB=" .. q(d .. "/lib/libmuon.so") .. " PYTHONPATH="
+        .. q(d .. "/lib/python" .. pyver .. "/dist-packages") .. " " .. q(py) .. " -c " .. q("import libmuon, numpy as np; "
+        .. "w = np.ones(3, np.float32); o = libmuon.AdamW([('b', w, np.ones(3, np.float32))], lr=0.5, weight_decay=0); o.step(); "
+        .. "print(libmuon.__file__, libmuon._lib.CDEF, w[0])"), run_dir)
+      assert.are.equal(0, status, out)
+      local file, cdef, w0 = out:match("^(%S+) (%S+) (%S+)")
+      assert.are.equal(pkg .. "/__init__.py", file, out)
+      assert.are.equal(pkg .. "/muon_cdef.h", cdef, out)
+      assert.is_true(math.abs(tonumber(w0) - 0.5) < 1e-6, out)
     end
 
     out, status = run("env " .. R.clean_env .. " make -s uninstall DESTDIR=" .. q(stage), R.root)

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Runs every test (busted specs, C tests, MPI tests, one MPI job at a time)
-# and ends with one plain line "N passed, N failed". Exit 1 on any failure.
-# Each component reports TAP lines ("ok ..." / "not ok ..."); a component
-# that exits non-zero without a "not ok" line counts as one failure.
+# Runs every test (busted specs, C tests, the Python package's tests, MPI
+# tests, one MPI job at a time) and ends with one plain line "N passed, N
+# failed". Exit 1 on any failure. Each component reports TAP lines ("ok ..."
+# / "not ok ..."); a component that exits non-zero without a "not ok" line
+# counts as one failure. "ok ... # SKIP" lines (a test that cannot run here:
+# torch or mpi4py missing, no MPI) count as skipped, not passed.
 set -u
 cd "$(dirname "$0")/.."
 export LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;$PWD/tests/?.lua;;"
 passed=0
 failed=0
+skipped=0
 failures=() # "component: test name" of every failing test, for the summary
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
@@ -19,8 +22,9 @@ run_tap() { # name command...
   "$@" >"$out" 2>&1
   local status=$?
   cat "$out"
-  local p f
-  p=$(grep -cE '^ok [0-9]' "$out")
+  local p f s
+  s=$(grep -E '^ok [0-9]' "$out" | grep -ciE '# SKIP')
+  p=$(($(grep -cE '^ok [0-9]' "$out") - s))
   f=$(grep -cE '^not ok [0-9]' "$out")
   if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
     echo "not ok - $name exited with status $status"
@@ -33,6 +37,7 @@ run_tap() { # name command...
   done < <(grep -E '^not ok [0-9]' "$out")
   passed=$((passed + p))
   failed=$((failed + f))
+  skipped=$((skipped + s))
 }
 
 # MUON_BUILD: the build tree (make test SAN=1 passes build-san). SAN=1: the
@@ -56,6 +61,7 @@ if [ "${TSAN:-}" = 1 ]; then
     [ "$(basename "$t")" = ns_openmp_test ] && { echo "# $t skipped under TSAN=1 (see above)"; continue; }
     run_tap "c-$(basename "$t")-tsan" "$t"
   done
+  [ "$skipped" -gt 0 ] && echo "($skipped skipped: not counted as passed)"
   echo "$passed passed, $failed failed"
   [ "$failed" -eq 0 ]
   exit
@@ -85,6 +91,21 @@ for t in "$BUILD"/tests/*; do
   fi
 done
 
+# The Python package (src/libmuon): tests/python/run.py prints TAP. Under
+# SAN=1 the package loads the instrumented library with the ASan runtime
+# preloaded into Python (leak checks off: CPython's own allocations).
+PYTHON=${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
+if [ -z "$PYTHON" ] || ! "$PYTHON" -c "import cffi, numpy" 2>/dev/null; then
+  echo "ok 1 - python: skipped (${PYTHON:-no python3}: no cffi or numpy; Debian: python3-cffi python3-numpy) # SKIP" \
+    >"$log/python.skip"
+  run_tap python cat "$log/python.skip"
+elif [ "${SAN:-}" = 1 ]; then
+  run_tap python env LD_PRELOAD="$asan_rt" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 \
+    "$PYTHON" tests/python/run.py
+else
+  run_tap python "$PYTHON" tests/python/run.py
+fi
+
 # MPI tests: tests/mpi/*.sh, strictly one after another.
 [ "${SAN:-}" = 1 ] && echo "# MPI tests skipped under SAN=1 (see above)"
 for t in tests/mpi/*.sh; do
@@ -97,5 +118,6 @@ if [ "$failed" -ne 0 ]; then
   echo "== failing tests"
   for f in "${failures[@]}"; do echo "  $f"; done
 fi
+[ "$skipped" -gt 0 ] && echo "($skipped skipped: not counted as passed)"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -50,7 +50,7 @@ describe("sandboxed config: blocked at load time", function()
     { "require('muon.safetensors')", "require('muon.safetensors')" },
     { "require('muon.config')", "require('muon.config')" },
     { "require('muon.host')", "require('muon.host')" },
-    { "require('muon.optim.state')", "require('muon.optim.state')" },
+    { "require('muon.checkpoint')", "require('muon.checkpoint')" },
     { "require('jit')", "require('jit')" },
     { "require('cjson')", "require('cjson')" },
     { "require('muon').tensor.wrap(nil, {1})", "muon.tensor.wrap" },

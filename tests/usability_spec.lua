@@ -91,7 +91,7 @@ describe("option typos name the valid options and the closest one", function()
     { function() engine.new(cfg({ {} }, { dist = { mesj = { { "dp", 1 } } } })) end,
       "dist: unknown dist key 'mesj' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, max_batch_numel, mesh" },
     { function() engine.new(cfg({ {} }), { trustd = true }) end,
-      "engine.new: unknown option 'trustd' (did you mean 'trusted'?); valid options: dry_run, trusted" },
+      "engine.new: unknown option 'trustd' (did you mean 'trusted'?); valid options: dry_run, source, trusted" },
     { function() engine.new(cfg({ {} })):set("lr_scal", 1) end,
       "set: unknown key 'lr_scal' (did you mean 'lr_scale'?); valid keys: lr_scale" },
     { function() engine.new(cfg({ {} })):get("setp") end, "get: unknown key 'setp' (did you mean 'step'?)" },

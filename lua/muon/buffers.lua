@@ -19,6 +19,9 @@
 --                              -- set and each other, then adds them all; on
 --                              -- an overlap raises EINVAL and adds nothing
 --   set:check({ p })           -- the same checks, adding nothing
+--   set:swap({ { p = p, what = "grad", t = g }, ... })  -- re-point buffers
+--                              -- (t nil: none), all checked first; on an
+--                              -- overlap raises EINVAL and changes nothing
 --   set:count(), set:depth()   -- extents registered; the depth of their tree
 --   B.extent(t)                -- lo, hi (byte addresses, hi exclusive) or nil
 local ffi = require("ffi")
@@ -85,6 +88,32 @@ local function insert(t, node)
   return t
 end
 
+-- Join treaps a and b (every start in a below every start in b).
+local function join(a, b)
+  if a == nil then return b end
+  if b == nil then return a end
+  if a.prio > b.prio then
+    a.right = join(a.right, b)
+    return a
+  end
+  b.left = join(a, b.left)
+  return b
+end
+
+-- Remove the node starting at lo from the treap t; returns the new root
+-- and the node (nil when there is none).
+local function remove(t, lo)
+  if t == nil then return nil, nil end
+  if lo == t.lo then
+    local l, r = t.left, t.right
+    t.left, t.right = nil, nil
+    return join(l, r), t
+  end
+  local node
+  if lo < t.lo then t.left, node = remove(t.left, lo) else t.right, node = remove(t.right, lo) end
+  return t, node
+end
+
 -- What a registration names in messages.
 local function label(p, what)
   return what == "value" and ("the value of parameter '%s'"):format(p.name)
@@ -136,6 +165,30 @@ function Set:claim(params)
     self.root = insert(self.root, { lo = e.lo, hi = e.hi, p = e.p, what = e.what, prio = self.seed })
     self.n = self.n + 1
   end
+end
+
+-- Re-point registered buffers: changes is a list of { p = param, what =
+-- "value" | "grad", t = tensor or nil (none) }. Every old extent of those
+-- is left out, then the new ones are checked against each other and every
+-- other registered one, then they replace the old. On an overlap raises
+-- EINVAL naming both, and the set and the params are as they were.
+function Set:swap(changes)
+  local removed, fresh = {}, {}
+  for _, c in ipairs(changes) do
+    local lo = c.p[c.what] ~= nil and B.extent(c.p[c.what]) or nil
+    local node
+    if lo then self.root, node = remove(self.root, lo) end
+    removed[#removed + 1] = node
+    fresh[#fresh + 1] = { name = c.p.name, [c.what] = c.t }
+  end
+  local ok, err = pcall(self.check, self, fresh)
+  if not ok then
+    for _, node in ipairs(removed) do self.root = insert(self.root, node) end
+    error(err, 0)
+  end
+  self.n = self.n - #removed
+  for _, c in ipairs(changes) do c.p[c.what] = c.t end
+  self:claim(fresh)
 end
 
 -- The number of registered extents, and the depth of their tree (about

@@ -84,6 +84,8 @@ local function canonical_json(v)
   return cjson.encode(v)
 end
 
+S.canonical_json = canonical_json
+
 -- What a checkpoint holds per parameter of a kind (a kind object): its
 -- scalars (the step count of kinds that count steps); its state tensors
 -- are kind.state_keys, in that order.

@@ -183,11 +183,13 @@ local function bound_functions(v, limits, seen)
   return c
 end
 
--- Load a config: a path (string) or an already-built table. Returns the
--- table; raises an error object (EIO: the file cannot be read; EFORMAT:
--- syntax error or bytecode; else the code of what the config raised, or
--- EINVAL) naming the path and the reason.
-function config.load(src, trusted)
+-- Load a config: a path (string) or an already-built table; with text (a
+-- string), src only names the config and text is its source (a host's
+-- config given as a string). Returns the table; raises an error object
+-- (EIO: the file cannot be read; EFORMAT: syntax error or bytecode; else
+-- the code of what the config raised, or EINVAL) naming the path and the
+-- reason.
+function config.load(src, trusted, text)
   if type(src) == "table" then
     -- (built by the host: trusted)
     local limits = config.hook_limits(src.hook_budget, true, "(table)")
@@ -195,7 +197,8 @@ function config.load(src, trusted)
     return src, "(table)"
   end
   if type(src) ~= "string" then E.blame(E.EINVAL, "config must be a file path or a table, got %s", type(src)) end
-  local text = config.read_file(src, "config")
+  if text ~= nil and type(text) ~= "string" then E.blame(E.EINVAL, "config source must be a string, got %s", type(text)) end
+  text = text or config.read_file(src, "config")
   local env = trusted and setmetatable({}, { __index = _G }) or config.sandbox(src)
   local chunk = config.compile(text, src, env, "config")
   local ok, result, code

@@ -24,9 +24,11 @@
     errors.
 muon.engine.new(config, opts)
     An engine on a config file path (run sandboxed) or a config table.
-    opts.trusted = false: true runs a config file with full Lua. A missing
-    or unreadable file is EIO, a syntax error EFORMAT, a bad config EINVAL
-    (the message names the key or option).
+    opts.trusted = false: true runs a config file with full Lua.
+    opts.source: the config's Lua source text, run as a file would be;
+    config is then only its name in messages. A missing or unreadable file
+    is EIO, a syntax error EFORMAT, a bad config EINVAL (the message names
+    the key or option).
     opts.dry_run = nil: true or { world = N, rank = R, mesh = {{name,
     size}, ...} } opens a dry run, muon check's: add_param takes stand-ins
     (any tensor of the parameter's shape: only shapes are read) and the
@@ -56,6 +58,19 @@ Engine:add_param(name, value, grad, placement)
     EINVAL naming it (and the other). placement (a
     config with dist only): one entry per mesh axis ("R", "S(d)") with
     shape = the global shape; value and grad then hold this rank's shard.
+Engine:set_grads(changes)
+    Re-point registered parameters' grads between steps, all at once (a
+    host whose framework reallocates gradients): changes is a list of
+    { name, grad }, grad a tensor of the value's dtype and shape (on a
+    mesh: this rank's shard) or nil (no gradient: steps skip the
+    parameter). The old grads of those parameters are let go first, then
+    the new ones must overlap no registered value or grad. EINVAL / EDTYPE
+    / ESHAPE naming the parameter, and nothing changes, otherwise.
+Engine:param_groups()
+    The groups as plain data: a list of { index, name, optimizer, step,
+    options (the group's values, the config's with set_lr applied; no
+    functions), hooks (the names of the hooks it runs), params (the names
+    of its parameters, in registration order) }.
 Engine:step(closure)
     One atomic step of every group: on failure nothing changed (parameters,
     state, step count). Calls closure() first when given; returns its value
@@ -155,7 +170,7 @@ local engine = {}
 local Engine = {}
 Engine.__index = Engine
 
-local OPEN_KEYS = { trusted = true, dry_run = true }
+local OPEN_KEYS = { trusted = true, dry_run = true, source = true }
 local DRY_KEYS = { world = true, rank = true, mesh = true }
 
 local function matches_any(list, name, shape)
@@ -206,7 +221,7 @@ function engine.new(cfg_src, opts)
   opts = opts or {}
   if type(opts) ~= "table" then E.raise(E.EINVAL, "engine.new: options must be a table, got %s", type(opts)) end
   E.check_keys(opts, OPEN_KEYS, "option", "engine.new")
-  local ok, cfg, where = pcall(config.load, cfg_src, opts.trusted)
+  local ok, cfg, where = pcall(config.load, cfg_src, opts.trusted, opts.source)
   if not ok then E.reraise(cfg, E.EINVAL) end
   local label = where == "(table)" and "(table)" or ("'" .. where .. "'")
   local ok2, groups, dist = pcall(config.resolve, cfg, label)
@@ -353,6 +368,48 @@ function Engine:add_param(name, value, grad, placement)
 end
 
 function Engine:param(name) return self.by_name[name] end
+
+function Engine:set_grads(changes)
+  if type(changes) ~= "table" then E.raise(E.EINVAL, "set_grads: changes must be a list of { name, grad }") end
+  local list, seen = {}, {}
+  for i, c in ipairs(changes) do
+    local name, grad = c[1], c[2]
+    local p = self.by_name[name]
+    if not p then E.raise(E.EINVAL, "set_grads: no parameter '%s'", tostring(name)) end
+    if seen[name] then E.raise(E.EINVAL, "set_grads: parameter '%s' is given twice", name) end
+    seen[name] = true
+    if grad ~= nil and not T.is_tensor(grad) then
+      E.raise(E.EINVAL, "set_grads: parameter '%s': grad must be a tensor or nil, got %s", name, type(grad))
+    end
+    list[i] = { p = p, grad = grad }
+  end
+  self:_stepper():set_grads(list)
+end
+
+-- A group's options as data (its base values but functions) and the names
+-- of the hooks it runs.
+local function options_and_hooks(g)
+  local options, hooks = {}, {}
+  for k, v in pairs(g.base) do
+    if type(v) ~= "function" then options[k] = v end
+  end
+  for _, h in ipairs(g.kind.HOOKS) do
+    if g.options[h] ~= nil then hooks[#hooks + 1] = h end
+  end
+  return options, hooks
+end
+
+function Engine:param_groups()
+  local list = {}
+  for _, g in ipairs(self.groups) do
+    local options, hooks = options_and_hooks(g)
+    local params = {}
+    for i, p in ipairs(g.options.params) do params[i] = p.name end
+    list[#list + 1] = { index = g.index, name = g.name, optimizer = g.kind.name, step = g.options.step,
+      options = options, hooks = hooks, params = params }
+  end
+  return list
+end
 
 -- (Its contract: the reference block at the top.)
 function Engine:state(name)
@@ -542,13 +599,7 @@ function Engine:describe()
   local rows = {}
   for _, e in ipairs(self.params) do
     local g = e.group
-    local options, hooks = {}, {}
-    for k, v in pairs(g.base) do
-      if type(v) ~= "function" then options[k] = v end
-    end
-    for _, h in ipairs(g.kind.HOOKS) do
-      if g.options[h] ~= nil then hooks[#hooks + 1] = h end
-    end
+    local options, hooks = options_and_hooks(g)
     rows[#rows + 1] = { name = e.param.name, shape = e.param.logical_shape, group = g.index, group_name = g.name,
       optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks, order = g.kind.DISPLAY }
   end

@@ -23,6 +23,7 @@ local raise = E.raise
 -- syntax error (compiled, not run) or a precompiled chunk is EFORMAT;
 -- whatever the engine rejects (unknown option, bad value) comes back as
 -- EINVAL, or with the code of its error object.
+-- opts.source (mu_engine_open_source): the config's text, path its name.
 function host.open(path, opts)
   local engine = require("muon.engine")
   if next(opts) == nil then opts = nil end
@@ -79,6 +80,31 @@ function host.add_param_sharded(eng, name, dtype_code, shape, placements, data, 
   local g = nil
   if grad ~= nil then g = wrap(grad, "local_grad") end
   eng:add_param(name, value, g, pl)
+end
+
+-- mu_engine_set_grads: list = { {name, light userdata or false}, ... };
+-- each buffer holds its parameter's local shape in its dtype (an empty
+-- local shard's is not read: an empty tensor stands for it).
+function host.set_grads(eng, list)
+  local T = require("muon.tensor")
+  local changes = {}
+  for i, e in ipairs(list) do
+    local name, ptr = e[1], e[2]
+    local p = eng:param(name)
+    if not p then raise(E.EINVAL, "set_grads: no parameter '" .. tostring(name) .. "'") end
+    local g = nil
+    if ptr then
+      g = p.value:numel() == 0 and T.zeros(p.value:size(), p.value:dtype()) or T.wrap(ptr, p.value:size(), p.value:dtype())
+    end
+    changes[i] = { name, g }
+  end
+  eng:set_grads(changes)
+end
+
+-- mu_engine_query: "groups" as JSON text (Engine:param_groups()).
+function host.query(eng, what)
+  if what ~= "groups" then raise(E.EINVAL, "query: unknown key '" .. tostring(what) .. "' (known: groups)") end
+  return require("muon.checkpoint").canonical_json(eng:param_groups())
 end
 
 function host.step(eng) eng:step() end

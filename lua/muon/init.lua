@@ -6,7 +6,7 @@
     (valid: blas_info, check, comm, ...)"). Each submodule's reference is
     at the top of its file (`muon help API` prints them all).
 muon._VERSION
-    The version string ("0.1.0"), from mu_version().
+    The version string ("0.2.0"), from mu_version().
 muon.tensor
     The tensor module (muon.tensor, loaded with muon).
 muon.param

@@ -43,6 +43,7 @@
 --                      comm = c, mesh = m, balance = "flops", max_batch_numel = n })
 --   st:add(gi, param, placement)     -- param.logical_shape: the global shape
 --   st:check_buffers(params)         -- raises if their memory overlaps a registered one's
+--   st:set_grads({ { p = p, grad = g }, ... }) -- re-point registered grads (nil: none), all at once
 --   st:add_group(spec) --> gi        -- one more group (before its parameters)
 --   st:gate(op, err)                 -- the start of a collective call (step, save, load, reduce_grads)
 --   st:exclusive(what, f, ...)       -- f(...) as a call no hook may re-enter; st:check_idle(what)
@@ -236,6 +237,21 @@ function Stepper:add(gi, p, placement)
   self.order[#self.order + 1] = p
   self.where[p] = { gi = gi, placement = placement or D.placement(nil, self.dmesh, #p.logical_shape) }
   self.built = false
+end
+
+-- Re-point registered parameters' grads between steps, all at once:
+-- changes is a list of { p = param, grad = tensor of its value's dtype and
+-- shape (muon.param's checks), or nil: no gradient }; the new grads must
+-- overlap no registered value or grad but those they replace
+-- (muon.buffers). On failure nothing changes.
+function Stepper:set_grads(changes)
+  self:check_idle("set_grads")
+  local list = {}
+  for i, c in ipairs(changes) do
+    if c.grad ~= nil then P.check(c.p.name, c.p.value, c.grad) end
+    list[i] = { p = c.p, what = "grad", t = c.grad }
+  end
+  self.buffers:swap(list)
 end
 
 -- Raise (EINVAL, naming both) when the values or grads of params overlap
