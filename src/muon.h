@@ -226,7 +226,10 @@ MU_API int mu_engine_clip_grad_norm(mu_engine *eng, double max_norm, double *nor
  * message lists them) or lr not a finite number >= 0 (nothing changes). */
 MU_API int mu_engine_set_lr(mu_engine *eng, const char *group, double lr);
 /* Optimizer state as safetensors (save is atomic; load checks names and
- * shapes against the registered parameters and changes nothing on error). */
+ * shapes against the registered parameters and changes nothing on error).
+ * A path that is a directory or not a regular file, itself or through a
+ * symbolic link, is MU_EIO (through a link to a file, that file is
+ * replaced). */
 MU_API int mu_engine_save(mu_engine *eng, const char *path);
 /* Load a checkpoint of mu_engine_save: MU_EIO when the file cannot be
  * read, MU_EFORMAT for a malformed one (truncated, bad header, checksum

@@ -216,6 +216,14 @@ end
 
 function H.rmrf(p) os.execute("rm -rf '" .. p .. "'") end
 
+-- The target a symbolic link names (readlink), or nil.
+function H.readlink(p)
+  local f = io.popen("readlink '" .. p .. "'")
+  local out = f:read("*l")
+  f:close()
+  return out
+end
+
 function H.listdir(p)
   local out = {}
   local f = io.popen("ls -A '" .. p .. "'")

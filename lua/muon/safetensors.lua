@@ -33,7 +33,10 @@
     read or write), EFORMAT (bad contents, checksum mismatch), EINVAL (bad
     arguments).
 muon.safetensors.save(path, entries, metadata)
-    Write tensors atomically (F32, F64 or BF16, their dtype). entries: an
+    Write tensors atomically (F32, F64 or BF16, their dtype; a temporary
+    file renamed over path: a directory, a FIFO or a device at path, or a
+    symbolic link to one, is EIO; through a link to a file that file is
+    replaced and the link stays). entries: an
     ordered list of { name =, tensor = } or a name -> tensor table (stored
     sorted by name); metadata: string -> string. Adds "muon.format" = "1"
     and "muon.checksum" = "xxh64:<16 hex digits>" (of the data section).
