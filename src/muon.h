@@ -80,6 +80,9 @@ MU_API const char *mu_version(void);
 enum { MU_F32 = 0, MU_F64 = 1 };
 /* The most dims a parameter has. */
 enum { MU_MAX_DIMS = 8 };
+/* The longest parameter name, in bytes (names are valid UTF-8: checkpoints
+ * store them as text). */
+enum { MU_MAX_NAME = 65536 };
 
 /* --------------------------------------------------------------- engine */
 

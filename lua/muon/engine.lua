@@ -339,7 +339,7 @@ end
 -- (Its contract: the reference block at the top.)
 function Engine:add_param(name, value, grad, placement)
   local ok, err = pcall(function()
-    if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "add_param: name must be a non-empty string") end
+    P.check_name(name, "add_param")
     if self.by_name[name] then E.raise(E.EINVAL, "add_param: parameter '%s' is already registered", name) end
     -- (a dry run registers stand-ins: only their shapes matter)
     if not self.dry_run then P.check(name, value, grad) end
