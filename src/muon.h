@@ -182,10 +182,11 @@ enum { MU_REDUCE_SUM = 0, MU_REDUCE_MEAN = 1 };
  * (rank order) are added left to right and, for the mean, divided by their
  * count, so every replica gets the same bits. Collective: every rank of the
  * mesh calls it. Its bytes show in the data counters (comm_stats). Without a
- * dist section nothing changes (MU_OK). MU_EINVAL for an unknown op, or
- * when a parameter has a grad on some ranks holding a box of it and none on
- * others (every rank fails, naming the parameter and the ranks; no grad
- * changes). The grad buffers are written (mu_engine_add_param's grad). */
+ * dist section nothing changes (MU_OK). MU_EINVAL for an unknown op, for
+ * ops that differ across ranks (every rank fails, naming both), or when a
+ * parameter has a grad on some ranks holding a box of it and none on others
+ * (every rank fails, naming the parameter and the ranks); no grad changes
+ * then. The grad buffers are written (mu_engine_add_param's grad). */
 MU_API int mu_engine_reduce_grads(mu_engine *eng, int op);
 /* Runtime values: set "lr_scale" (multiplies every group's lr); get "lr",
  * "step", "stepped" (1 if the last mu_engine_step stepped, 0 if it had
@@ -217,7 +218,8 @@ MU_API int mu_engine_zero_grad(mu_engine *eng);
  * norm is over the whole parameters, each piece counted once (by the rank
  * that keeps its optimizer state: replicas must hold the same grads, i.e.
  * reduce them first); ranks in another collective call fail with
- * MU_ESTATE, and a bad max_norm on one rank fails it on every rank.
+ * MU_ESTATE, and a bad max_norm on one rank, or a max_norm that differs
+ * across ranks, fails it on every rank.
  * MU_EINVAL for max_norm not a finite number >= 0 (nothing changes). */
 MU_API int mu_engine_clip_grad_norm(mu_engine *eng, double max_norm, double *norm);
 /* Set the lr of a group (its index "1", "2", ... or its name in the
@@ -244,7 +246,10 @@ MU_API int mu_engine_load(mu_engine *eng, const char *path);
  * program, e.g. Python); names, dtypes, shapes, values and the metadata are
  * still validated. */
 enum { MU_LOAD_NO_CHECKSUM = 1 };
-/* mu_engine_load with flags (0 or MU_LOAD_NO_CHECKSUM), the same codes. */
+/* mu_engine_load with flags (0 or MU_LOAD_NO_CHECKSUM), the same codes. On
+ * a mesh every rank passes the same flags and loads the same file (else
+ * MU_EINVAL on every rank); a rank that cannot read its file fails every
+ * rank with its own error ("rank 1: cannot open ..."). */
 MU_API int mu_engine_load_ex(mu_engine *eng, const char *path, int flags);
 /* Structured answers as JSON text: *len gets the text's length (without
  * the NUL), and the text is copied into buf (cap bytes) when *len < cap,

@@ -674,11 +674,13 @@ function S.load(stepper, path, parts, check, opts, pre_err)
 end
 
 function S_load_body(stepper, path, parts, check, opts, pre_err)
-  stepper:gate("load", pre_err)
+  -- (the options are the call's arguments: agreed at the gate)
+  local okv, verify, dtype = pcall(S.load_options, opts)
+  stepper:gate("load", pre_err or (not okv and verify or nil),
+    okv and { { "checksum", tostring(verify) }, { "dtype", tostring(dtype) } } or nil)
   stepper:build_once() -- (collective on a mesh: before anything that can fail)
   local staged, meta = {}, nil
   local ok, err = pcall(function()
-    local verify = S.load_options(opts)
     local file = st.load(path, { checksum = verify })
     meta = file.metadata
     local dicts = S.decode(file, path, verify, kinds_of(stepper))
@@ -710,19 +712,19 @@ function S_load_body(stepper, path, parts, check, opts, pre_err)
         part.expected)
     end
   end)
+  -- A rank that failed above (its file missing, malformed, not matching)
+  -- fails every rank with its own error (the lowest failing rank's).
+  stepper:agree_failure(not ok and err or nil)
   if stepper:size() > 1 then
     -- Every rank must load the same file: its step and checksums agree
-    -- (one all-reduce when they do; a rank that failed above compares as
-    -- failed, and its error is the one raised).
-    local entries = ok and {
+    -- (one all-reduce when they do; the message is the same on every rank).
+    local msg = stepper:agree_entries({
       { "step", tostring(meta["muon.engine.step"] or "(none)") },
       { "data checksum", tostring(meta["muon.checksum"] or "(none)") },
       { "metadata checksum", tostring(meta_checksum(meta)) },
-    } or { { "step", "(the load failed)" }, { "data checksum", "(the load failed)" }, { "metadata checksum", "(the load failed)" } }
-    local msg = stepper:agree_entries(entries, ("checkpoints loaded from '%s'"):format(path))
-    if ok and msg then ok, err = false, E.new(E.EINVAL, msg .. ": every rank must load the same file") end
+    }, ("checkpoints loaded from '%s'"):format(path))
+    if msg then E.raise(E.EINVAL, "%s: every rank must load the same file; nothing was changed", msg) end
   end
-  stepper:agree_failure(not ok and err or nil)
   local converted = {}
   for _, s in ipairs(staged) do
     commit(stepper, s)

@@ -85,7 +85,8 @@ Engine:reduce_grads(opts)
     the default) or sum ("sum") of that grad over the ranks holding the
     same box (the replicate axes of its placement), in place, added in
     rank order ((g_0 + g_1 + ...) / n): every replica gets the same bits.
-    Collective; its bytes count in comm_stats().data. A grad missing on
+    Collective: every rank passes the same op (else EINVAL on every rank,
+    naming both, nothing changed); its bytes count in comm_stats().data. A grad missing on
     some ranks of a box is EINVAL on every rank naming the parameter and
     the ranks (no grad changed). Without dist: nothing changes. Returns the
     number of grads reduced on this rank.
@@ -95,8 +96,8 @@ Engine:clip_grad_norm(max_norm)
     multiplies every grad by it (not when the norm is NaN or Inf). Exact
     (one rounding), so the same bits on any mesh, where it is a collective
     over the whole parameters, each piece counted once (replicas must hold
-    the same grads: reduce them first). max_norm: a finite number >= 0
-    (EINVAL otherwise, nothing changed).
+    the same grads: reduce them first). max_norm: a finite number >= 0,
+    the same on every rank (EINVAL otherwise, nothing changed).
 Engine:set_lr(group, lr)
     Set a group's lr (group: its index or name; lr a finite number >= 0):
     it replaces the config's lr from the next step on. A schedule that
@@ -135,7 +136,9 @@ Engine:load(path, opts)
     changes. State, step counts and lr_scale are the checkpoint's; options
     the config keeps stay the config's; every saved value that differs is a
     note on stderr. opts.checksum = true: false loads a file without (or
-    with stale) checksums, written in Python.
+    with stale) checksums, written in Python. On a mesh every rank passes
+    the same opts and loads the same file (else EINVAL on every rank); a
+    rank that cannot load its file fails every rank with its own error.
 Engine:describe()
     Rows { name, shape, group, group_name, optimizer, options, defaults,
     hooks, order } per parameter: what muon check prints.
@@ -165,6 +168,7 @@ local Step = require("muon.step")
 local S = require("muon.checkpoint")
 local commlib = require("muon.comm")
 local G = require("muon.grads")
+local K = require("muon.optim.kind")
 
 local engine = {}
 local Engine = {}
@@ -252,7 +256,9 @@ function Engine:_stepper()
   for gi, g in ipairs(self.groups) do specs[gi] = { kind = g.kind, options = g.options, label = g.label } end
   self.stepper = Step.new({ groups = specs, comm = comm, mesh = mesh,
     balance = d and d.balance, max_batch_numel = d and d.max_batch_numel, check_replicas = d and d.check_replicas,
-    nil_grad_warning = self.config.nil_grad_warning })
+    nil_grad_warning = self.config.nil_grad_warning,
+    -- (a hook over its budget on one rank fails the step on every rank)
+    settings = { { "hook_budget", K.serialize(self.config.hook_budget) } } })
   return self.stepper
 end
 

@@ -48,7 +48,7 @@ function G.clip(st, max_norm, who)
   end
   -- (on a mesh: every rank in this call, or every rank fails; a bad
   -- max_norm on one rank fails it on every rank)
-  st:gate("clip_grad_norm", bad)
+  st:gate("clip_grad_norm", bad, { { "max_norm", ("%.17g"):format(tonumber(max_norm) or 0) } })
   local params = grads_of(st)
   local counted = {}
   local mesh = st:size() > 1

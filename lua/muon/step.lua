@@ -45,7 +45,8 @@
 --   st:check_buffers(params)         -- raises if their memory overlaps a registered one's
 --   st:set_grads({ { p = p, grad = g }, ... }) -- re-point registered grads (nil: none), all at once
 --   st:add_group(spec) --> gi        -- one more group (before its parameters)
---   st:gate(op, err)                 -- the start of a collective call (step, save, load, reduce_grads)
+--   st:gate(op, err, args)           -- the start of a collective call (step, save, load, reduce_grads,
+--                                    -- clip_grad_norm): its arguments ({ key, value } strings) agreed
 --   st:exclusive(what, f, ...)       -- f(...) as a call no hook may re-enter; st:check_idle(what)
 --   st:step(values, pre_err)         -- values[gi] = { lr = ..., ... } this step's schedule;
 --                                    -- false when no parameter has a grad (nothing changed)
@@ -109,7 +110,9 @@ end
 -- option values), label }), comm (muon.comm, default: this process alone),
 -- mesh (muon.dist mesh over comm), balance, max_batch_numel,
 -- check_replicas, nil_grad_warning (steps without a grad before a
--- parameter's warning; default 1, 0: never).
+-- parameter's warning; default 1, 0: never), settings (more { key, value }
+-- strings the ranks must agree on: the caller's config keys that change
+-- what a step does).
 function M.new(opts)
   local comm = opts.comm or commlib.self()
   local W = comm:size()
@@ -118,7 +121,7 @@ function M.new(opts)
     groups = {},
     comm = comm, W = W, me = comm:rank(), dmesh = mesh,
     balance = opts.balance or "flops", max_batch_numel = opts.max_batch_numel,
-    check_replicas_mode = opts.check_replicas or "off",
+    check_replicas_mode = opts.check_replicas or "off", settings = opts.settings or {},
     order = {}, where = {},
     state = {},     -- param -> { momentum_buffer } / { step, exp_avg, exp_avg_sq } (on its holder)
     pstep = {},     -- param -> how many steps it took (every rank knows)
@@ -193,7 +196,7 @@ function Stepper:rank() return self.me end
 function Stepper:size() return self.W end
 function Stepper:step_count(p) return self.pstep[p] or 0 end
 function Stepper:control() return self.ctrl end
-function Stepper:gate(op, err) return self.agree:gate(op, err) end
+function Stepper:gate(op, err, args) return self.agree:gate(op, err, args) end
 function Stepper:agree_failure(err) return self.agree:failure(err) end
 function Stepper:agree_entries(entries, what) return self.agree:entries(entries, what) end
 
@@ -277,15 +280,19 @@ end
 
 ------------------------------------------------------------- the plan
 
--- The resolved configuration as (key, value) entries: group kinds, names
--- and every option of the kinds' schemas, in canonical text (K.serialize:
--- nested tables with their keys sorted; hooks by presence).
+-- The resolved configuration as (key, value) entries: every setting that
+-- changes what the ranks do together (the mesh, the plan's, the replica
+-- checks', the caller's settings), group kinds, names and every option of
+-- the kinds' schemas, in canonical text (K.serialize: nested tables with
+-- their keys sorted; hooks by presence).
 function Stepper:config_entries()
   local entries = {}
   local function add(k, v) entries[#entries + 1] = { k, v } end
   add("mesh", self.dmesh:describe())
   add("balance", self.balance)
   add("max_batch_numel", tostring(self.max_batch_numel or ""))
+  add("check_replicas", self.check_replicas_mode)
+  for _, e in ipairs(self.settings) do add(e[1], e[2]) end
   for gi, g in ipairs(self.groups) do
     local keys = {}
     for k in pairs(g.kind.OPTIONS) do keys[#keys + 1] = k end
@@ -602,7 +609,7 @@ local function reduce_body(self, op, pre_err)
   if pre_err == nil and op ~= "mean" and op ~= "sum" then
     pre_err = E.new(E.EINVAL, ("reduce_grads: op must be 'mean' or 'sum', got %s"):format(tostring(op)))
   end
-  self:gate("reduce_grads", pre_err)
+  self:gate("reduce_grads", pre_err, { { "op", ("'%s'"):format(tostring(op)) } })
   self:build_once()
   if self.W == 1 then return 0 end
   self.grad_reduce = self.grad_reduce or GR.new(self.dmesh, self.ctrl, self.router)
