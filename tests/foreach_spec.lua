@@ -406,6 +406,24 @@ describe("foreach.all_finite", function()
   end)
 end)
 
+describe("foreach.first_nonfinite", function()
+  it("gives the lowest index over mixed dtypes (one fused pass per dtype), bfloat16 as stored", function()
+    local xs = { T.zeros({ 5 }), T.zeros({ 3 }, "bfloat16"), T.zeros({ 4 }, "float64"), T.zeros({ 2 }, "bfloat16"),
+      T.zeros({ 6 }) }
+    assert.is_nil(F.first_nonfinite(xs))
+    assert.is_nil(F.first_nonfinite({}))
+    xs[5]:set(0 / 0, 6)
+    assert.equal(5, F.first_nonfinite(xs))
+    xs[4]:copy(T.from({ 1, 3.397e38 }, { 2 }):clone("bfloat16")) -- finite in float32, Inf in bfloat16
+    assert.equal(4, F.first_nonfinite(xs))
+    xs[3]:set(-1 / 0, 2)
+    assert.equal(3, F.first_nonfinite(xs))
+    xs[1]:set(1 / 0, 1)
+    assert.equal(1, F.first_nonfinite(xs))
+    assert.equal(1, F.first_nonfinite({ xs[4], xs[4] }))
+  end)
+end)
+
 describe("foreach.pack / unpack", function()
   it("round-trips at explicit and packed offsets", function()
     for _, dt in ipairs({ "float32", "float64" }) do

@@ -153,13 +153,15 @@ end
 
 -- The state tensors of a parameter: its kind's, then its hook state's
 -- ("hook.<name>"), each { key, shape (global), record (of the plan, on a
--- mesh: boxes and holders) }.
+-- mesh: boxes and holders), dtype (as the group keeps it), min (the kind's
+-- invariant, Kind.state_min) }.
 local function tensor_specs(stepper, e)
   local list = {}
   local rec = stepper:record(e.p)
   local r = stepper:size() > 1 and rec or nil
   for _, k in ipairs(e.kind.state_keys) do
-    list[#list + 1] = { key = k, shape = e.p.logical_shape, record = r, dtype = rec.state_dtype }
+    list[#list + 1] = { key = k, shape = e.p.logical_shape, record = r, dtype = rec.state_dtype,
+      min = e.kind.state_min[k] }
   end
   for _, h in ipairs(e.hooks) do
     list[#list + 1] = { key = h.key, shape = h.shape, record = r and r.hook_records[h.key], dtype = rec.dtype }
@@ -337,11 +339,33 @@ local function staged_options(g, saved, li, what, hyper, expected)
   return new, notes
 end
 
+-- A loaded state tensor t as the group keeps it (converted to its dtype),
+-- checked: finite (a float32 value above
+-- bfloat16's range becomes Inf), and not below the kind's invariant
+-- spec.min. Raises EFORMAT naming the tensor (name) and where it came from
+-- (what: the file).
+local function check_loaded(t, spec, name, from, what)
+  if not t:all_finite() then
+    E.raise(E.EFORMAT, "%s: state tensor '%s' holds NaN or Inf%s; nothing was changed", what, name,
+      from ~= t:dtype() and (" once converted from %s to %s (the group's state_dtype)"):format(from, t:dtype()) or "")
+  end
+  if spec.min ~= nil and t:numel() > 0 then
+    local x = t:dtype() == "bfloat16" and t:clone("float32") or t:contiguous()
+    local below = x:lt(spec.min)
+    if below:amax() > 0 then
+      local i = below:argmax()
+      E.raise(E.EFORMAT, "%s: state tensor '%s' holds %.9g (element %d), below %g, which %s's %s never is (the "
+        .. "file is corrupted or was edited); nothing was changed", what, name, x:view({ x:numel() }):get(i), i,
+        spec.min, spec.class, spec.key)
+    end
+  end
+end
+
 -- Check d against the stepper and copy this rank's part of it (raises,
 -- changing nothing). Returns what commit() installs. hyper: "restore" (the
 -- group hyperparameters d holds replace the current ones, as torch's
 -- load_state_dict) or "config" (see staged_options).
-local function stage(stepper, kind, d, what, hyper, expected)
+local function stage(stepper, kind, d, what, hyper, expected, prefix)
   if type(d) ~= "table" or type(d.groups) ~= "table" or type(d.params) ~= "table" or type(d.state) ~= "table" then
     E.raise(E.EINVAL, "%s must be a table { groups = {...}, params = {...}, state = {...} } as state_dict() returns, got %s",
       what or "state dict", type(d) == "table" and "a table without them" or type(d))
@@ -371,7 +395,12 @@ local function stage(stepper, kind, d, what, hyper, expected)
         one.state = {}
         for _, t in ipairs(tensor_specs(stepper, e)) do
           local v = entry[t.key]
-          one.state[t.key] = (W == 1 and v or D.box_view(v, t.record.mine)):clone(t.dtype)
+          -- (checked whole, as the group keeps it: the same verdict on every holder)
+          local full = v:dtype() == t.dtype and v or v:clone(t.dtype)
+          t.class = e.kind.class
+          check_loaded(full, t, (prefix or "") .. p.name .. "/" .. t.key, v:dtype(), what or "state dict")
+          if W > 1 then one.state[t.key] = D.box_view(full, t.record.mine):clone()
+          else one.state[t.key] = full ~= v and full or v:clone() end
           if v:dtype() ~= t.dtype then
             local c = staged.converted[v:dtype() .. " to " .. t.dtype] or 0
             staged.converted[v:dtype() .. " to " .. t.dtype] = c + 1
@@ -709,7 +738,7 @@ function S_load_body(stepper, path, parts, check, opts, pre_err)
     if check then check(meta) end
     for _, part in ipairs(parts) do
       staged[#staged + 1] = stage(stepper, part.kind, by_prefix[part.prefix].dict, "checkpoint '" .. path .. "'", part.hyper,
-        part.expected)
+        part.expected, part.prefix)
     end
   end)
   -- A rank that failed above (its file missing, malformed, not matching)

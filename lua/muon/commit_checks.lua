@@ -6,7 +6,7 @@
 -- writes a parameter or the state.
 --
 --   local CC = require("muon.commit_checks")
---   CC.derived(run, G, gr, entries)          -- the NS input / hidden state a finite gradient overflowed
+--   CC.derived(run, G, gr, entries)          -- the NS input / the state a finite gradient overflowed
 --   CC.state(scratch, records, G, gr)        -- hook state (copied from the hooks' buffers) and hook-written state
 --   CC.parts(gr, rec, scratch, copies)       -- values, updates, names of the parts this rank holds
 --   CC.apply(G, gr, values, updates, names)  -- value * decay + alpha * update, computed without writing
@@ -31,31 +31,8 @@ local function nonfinite(G, gr, fmt, ...)
   E.raise(E.ENONFINITE, fmt, ...)
 end
 
--- A finite gradient can still overflow what is derived from it: the NS
--- input, and the state the update does not show (kind.hidden_state_keys;
--- the update itself is checked by CC.apply). Under "skip" the NS inputs are
--- zeroed so that routing and Newton-Schulz stay finite.
-function CC.derived(run, G, gr, entries)
-  local list, owner = {}, {}
-  for _, e in ipairs(entries) do
-    if G.kind.ns then list[#list + 1] = e.u end
-    for _, k in ipairs(G.kind.hidden_state_keys) do list[#list + 1] = e.new[k] end
-    for _ = #owner + 1, #list do owner[#owner + 1] = e.p end
-  end
-  local bad = foreach.first_nonfinite(list)
-  if not bad then return end
-  if G.options.nonfinite ~= "skip" then
-    E.raise(E.ENONFINITE, "parameter '%s': its gradient is finite but the %s overflowed to NaN or Inf (%s)",
-      owner[bad].name, G.kind.ns and "momentum (the Newton-Schulz input)" or table.concat(G.kind.hidden_state_keys, ", "),
-      G.label)
-  end
-  gr.skip_derived = true
-  if run.W == 1 then gr.skip = true end
-  for _, e in ipairs(entries) do e.u:zero() end
-end
-
--- Whether a hook of the group writes the kind's state (then the update
--- does not show it: it is checked on its own).
+-- Whether a hook of the group writes the kind's state (then CC.state
+-- checks it, naming the hook).
 local function hook_writes_state(G)
   for _, h in ipairs(G.kind.HOOKS) do
     if K.HOOK_NAMES[h].writes_state and G.options[h] ~= nil then return true end
@@ -63,21 +40,39 @@ local function hook_writes_state(G)
   return false
 end
 
+-- A finite gradient can still overflow what is derived from it: the NS
+-- input and every state tensor the step writes, as stored (a value that
+-- float32 keeps finite rounds to Inf in a bfloat16 state; the update
+-- itself is checked by CC.apply). Under "skip" the NS inputs are zeroed so
+-- that routing and Newton-Schulz stay finite.
+function CC.derived(run, G, gr, entries)
+  local list, owner, what = {}, {}, {}
+  local keys = hook_writes_state(G) and {} or G.kind.state_keys
+  for _, e in ipairs(entries) do
+    if G.kind.ns then list[#list + 1], owner[#list + 1], what[#list + 1] = e.u, e.p, "the Newton-Schulz input" end
+    for _, k in ipairs(keys) do list[#list + 1], owner[#list + 1], what[#list + 1] = e.new[k], e.p, k end
+  end
+  local bad = foreach.first_nonfinite(list)
+  if not bad then return end
+  if G.options.nonfinite ~= "skip" then
+    local t = list[bad]
+    E.raise(E.ENONFINITE, "parameter '%s': its gradient is finite but %s overflowed to NaN or Inf%s (%s); nothing was "
+      .. "changed", owner[bad].name, G.kind.ns and what[bad] == "the Newton-Schulz input"
+        and "the momentum (the Newton-Schulz input)" or ("state tensor '" .. what[bad] .. "'"),
+      t:dtype() == "bfloat16" and " in bfloat16 (state_dtype)" or "", G.label)
+  end
+  gr.skip_derived = true
+  if run.W == 1 then gr.skip = true end
+  for _, e in ipairs(entries) do e.u:zero() end
+end
+
 -- The state the commit swaps in: the hooks' hook state is copied into it
--- from the buffers they saw (scratch:hook_buffer), then every state tensor
--- the update does not show is checked (hook state; the kind's state where a
--- hook wrote it; the hidden state was checked by CC.derived). records:
--- param -> its plan record.
+-- from the buffers they saw (scratch:hook_buffer), then what CC.derived
+-- did not check is (hook state; the kind's state where a hook wrote it).
+-- records: param -> its plan record.
 function CC.state(scratch, records, G, gr)
   local list, owner, key = {}, {}, {}
-  local kind_keys = {}
-  if hook_writes_state(G) then
-    local hidden = {}
-    for _, k in ipairs(G.kind.hidden_state_keys) do hidden[k] = true end
-    for _, k in ipairs(G.kind.state_keys) do
-      if not hidden[k] then kind_keys[#kind_keys + 1] = k end
-    end
-  end
+  local kind_keys = hook_writes_state(G) and G.kind.state_keys or {}
   for _, e in ipairs(gr.entries) do
     for _, k in ipairs(kind_keys) do
       list[#list + 1], owner[#list + 1], key[#list + 1] = e.new[k], e.p, k
@@ -91,9 +86,10 @@ function CC.state(scratch, records, G, gr)
   if bad then
     local k = key[bad]
     local hook = k:match("^hook%.(.*)$")
-    nonfinite(G, gr, "parameter '%s': %s would hold NaN or Inf after the step (%s); nothing was changed",
+    nonfinite(G, gr, "parameter '%s': %s would hold NaN or Inf after the step%s (%s); nothing was changed",
       owner[bad].name, hook and ("hook state '" .. hook .. "' (pre_ortho_fn / post_ortho_fn)")
-        or ("state tensor '" .. k .. "' (written by a hook)"), G.label)
+        or ("state tensor '" .. k .. "' (written by a hook)"),
+      list[bad]:dtype() == "bfloat16" and " in bfloat16 (state_dtype)" or "", G.label)
   end
 end
 

@@ -454,15 +454,27 @@ function F.split_dtype(as, bs)
 end
 
 -- The index of the first tensor of xs (any dtypes) holding NaN or Inf, or
--- nil: one fused pass when they share a dtype.
+-- nil: one fused pass per dtype.
 function F.first_nonfinite(xs)
   if #xs == 0 then return nil end
+  local dt = xs[1].scalar
   for i = 2, #xs do
-    if xs[i].scalar ~= xs[1].scalar then
+    if xs[i].scalar ~= dt then
+      local by, order, first = {}, {}, nil
       for j, x in ipairs(xs) do
-        if not x:all_finite() then return j end
+        local p = by[x.scalar]
+        if not p then
+          p = { xs = {}, at = {} }
+          by[x.scalar] = p
+          order[#order + 1] = p
+        end
+        p.xs[#p.xs + 1], p.at[#p.at + 1] = x, j
       end
-      return nil
+      for _, p in ipairs(order) do
+        local ok, bad = F.all_finite(p.xs)
+        if not ok and (first == nil or p.at[bad] < first) then first = p.at[bad] end
+      end
+      return first
     end
   end
   local ok, bad = F.all_finite(xs)

@@ -21,8 +21,8 @@
 --               (refreshed from its committed value) takes the apply, then
 --               the hook runs on it (muon.post_phase; after one agreement
 --               on a mesh: its reductions are collectives)
---   6. check    what the commit writes is finite (muon.commit_checks: hook
---               state, state a hook wrote, the copies post_update_fn left,
+--   6. check    what the commit writes is finite (muon.commit_checks: the
+--               state as stored, hook state, the copies post_update_fn left,
 --               the other groups' values computed without writing them);
 --               on a mesh every rank agrees: the lowest failing rank's error
 --               is raised everywhere

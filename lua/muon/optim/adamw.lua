@@ -12,9 +12,8 @@ local K = require("muon.optim.kind")
 local class = require("muon.optim.class")
 
 local kind = { name = "adamw", class = "AdamW", counts_steps = true,
-  -- exp_avg_sq's overflow does not show in the update (Inf makes it 0):
-  -- checked for NaN/Inf each step (muon.step)
-  state = { { "exp_avg" }, { "exp_avg_sq", hidden = true } } }
+  -- (exp_avg_sq: a running mean of squares, never negative)
+  state = { { "exp_avg" }, { "exp_avg_sq", min = 0 } } }
 
 -- torch.optim.AdamW's defaults, checked in this order.
 kind.options = {

@@ -44,9 +44,12 @@ Kind.options
     stays, a note on stderr when they differ; the default for the others).
     Two markers splice shared entries in: HOOK_OPTIONS and COMMON_OPTIONS.
 Kind.state
-    Per-parameter state tensors (required): a list of { key, hidden =
-    bool }; hidden: an overflow there does not show in the update, so the
-    step checks it for NaN/Inf. Keys other than "step" and "hook.*".
+    Per-parameter state tensors (required): a list of { key, min = n }.
+    Keys other than "step" and "hook.*". min: the least value the kind's
+    maths leave in the tensor (AdamW's exp_avg_sq >= 0), an invariant a
+    loaded checkpoint must hold (as every state tensor, finite in the
+    group's state_dtype: the step checks each state tensor it writes for
+    NaN/Inf).
 Kind.counts_steps
     true: it keeps a step count per parameter (state.step; saved in
     checkpoints).
@@ -114,8 +117,9 @@ Kind.SAVED
 Kind.LOAD
     name -> "restore" | "config" (see Kind.options).
 Kind.state_keys
-Kind.hidden_state_keys
-    The state keys, and the hidden ones, in Kind.state's order.
+Kind.state_min
+    The state keys, in Kind.state's order; key -> its min (the keys that
+    have one).
 Kind.ns
     Whether it runs Newton-Schulz (it has orthogonalize).
 ## Hooks
@@ -329,14 +333,16 @@ local function derive(kind, entries)
   table.sort(d.SCHEDULE_ORDER)
   table.sort(shown, function(a, b) return a.show < b.show end)
   for i, e in ipairs(shown) do d.DISPLAY[i] = e[1] end
-  d.state_keys, d.hidden_state_keys = {}, {}
+  d.state_keys, d.state_min = {}, {}
   for _, s in ipairs(kind.state) do
     d.state_keys[#d.state_keys + 1] = s[1]
-    if s.hidden then d.hidden_state_keys[#d.hidden_state_keys + 1] = s[1] end
+    d.state_min[s[1]] = s.min
   end
   d.ns = kind.orthogonalize ~= nil
   for k, v in pairs(d) do kind[k] = v end
 end
+
+local STATE_KEYS = { [1] = true, min = true }
 
 -- Check a kind against the contract (once, when its module loads) and set
 -- what derives from its schema. Raises naming the kind and the member.
@@ -374,9 +380,11 @@ function K.register(kind)
     end
   end
   for _, s in ipairs(kind.state) do
-    if type(s) ~= "table" or type(s[1]) ~= "string" or s[1]:find("^hook%.") or s[1] == "step" then
-      E.raise(E.EINVAL, "%s: state entries are { key, hidden = bool } with a key other than 'step' or 'hook.*'", what)
+    if type(s) ~= "table" or type(s[1]) ~= "string" or s[1]:find("^hook%.") or s[1] == "step"
+      or (s.min ~= nil and type(s.min) ~= "number") then
+      E.raise(E.EINVAL, "%s: state entries are { key, min = number } with a key other than 'step' or 'hook.*'", what)
     end
+    E.check_keys(s, STATE_KEYS, "state entry field", what)
   end
   derive(kind, entries)
   return kind

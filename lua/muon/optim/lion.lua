@@ -13,9 +13,7 @@ local O = require("muon.optim.options")
 local K = require("muon.optim.kind")
 local class = require("muon.optim.class")
 
-local kind = { name = "lion", class = "Lion",
-  -- an overflow of m shows in the update only as a sign: checked for NaN/Inf
-  state = { { "exp_avg" } } }
+local kind = { name = "lion", class = "Lion", state = { { "exp_avg" } } }
 
 -- lion-pytorch's defaults, in its order.
 kind.options = {
