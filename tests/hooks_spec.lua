@@ -348,3 +348,114 @@ return { groups = { {
     assert.is_true(math.abs(w:norm() - 2) < 1e-6)
   end)
 end)
+
+-- A trusted hook that yields (a trainer calling eng:step() inside a
+-- coroutine): refused where the hook is called, so the step fails like any
+-- failing hook and nothing is left suspended or busy.
+describe("hooks that yield", function()
+  local muon = require("muon")
+  local S = require("muon.step")
+
+  -- Every bit of the parameters and the state, and the step count.
+  local function snapshot(eng)
+    local parts = { tostring(eng:get("step")) }
+    for _, name in ipairs({ "w", "b" }) do
+      parts[#parts + 1] = table.concat(eng:param(name).value:flat(), ",")
+      for k, v in pairs(eng:state(name) or {}) do
+        parts[#parts + 1] = k .. "=" .. (T.is_tensor(v) and table.concat(v:flat(), ",") or tostring(v))
+      end
+    end
+    table.sort(parts)
+    return table.concat(parts, ";")
+  end
+
+  it("every kind of hook (with and without hook_budget), a schedule and a match function: the step fails naming "
+    .. "it, nothing changed, no coroutine left suspended; a dropped coroutine leaves the engine idle", function()
+    local yielding = true
+    local function y() if yielding then coroutine.yield("from a hook") end end
+    local function updates(grads) y() local u = {} for i, g in ipairs(grads) do u[i] = g:clone() end return u end
+    local hooks = {
+      post_update_fn = function() y() end, pre_ortho_fn = function() y() end, post_ortho_fn = function() y() end,
+      momentum_update_fn = function(grads, bufs, m1) for i = 1, #bufs do bufs[i]:mul_(m1):add_(grads[i]) end
+        return updates(grads) end,
+      zeropower_fn = function(x) y() return x end,
+      reshape_fn = function(_, x) y() return { x } end,
+    }
+    for _, budget in ipairs({ false, true }) do
+      for name, fn in pairs(hooks) do
+        local function make()
+          return engine.new({ groups = { { optimizer = "muon", match = "^w", lr = 0.02, [name] = fn },
+            { optimizer = "adamw", lr = 0.01 } }, hook_budget = budget and { seconds = 30 } or nil })
+        end
+        local eng, ref = make(), make() -- (ref steps only once the hook no longer yields)
+        for _, e in ipairs({ eng, ref }) do
+          e:add_param("w", T.randn({ 6, 4 }, 1), T.randn({ 6, 4 }, 2))
+          e:add_param("b", T.randn({ 4 }, 3), T.randn({ 4 }, 4))
+        end
+        yielding = true
+        local before = snapshot(eng)
+        local co = coroutine.create(function() return eng:step() end)
+        local ok, err = coroutine.resume(co)
+        local label = name .. (budget and " (hook_budget)" or "")
+        assert.is_false(ok, label)
+        assert.equal("dead", coroutine.status(co), label)
+        assert.equal(E.ELUA, E.code(err), label)
+        assert.truthy(tostring(err):find(name .. ": coroutine.yield inside a hook: a hook must return, not yield", 1,
+          true), tostring(err))
+        assert.equal(before, snapshot(eng), label)
+        -- a second coroutine, dropped while the first never suspended: the engine is idle
+        co = coroutine.wrap(function() return eng:step() end)
+        assert.is_false((pcall(co)))
+        co = nil
+        collectgarbage()
+        yielding = false
+        eng:step()
+        ref:step()
+        assert.equal(snapshot(ref), snapshot(eng), label .. ": the next step is the one a fresh engine takes")
+      end
+    end
+  end)
+
+  it("a schedule, a match function, a sandboxed config (no coroutine library) and the one-process optimizers", function()
+    local eng = engine.new({ groups = { { optimizer = "adamw" } },
+      schedule = function(step) coroutine.yield() return 0.01 * step end })
+    eng:add_param("b", T.randn({ 4 }, 3), T.randn({ 4 }, 4))
+    local co = coroutine.create(function() return eng:step() end)
+    local ok, err = coroutine.resume(co)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("schedule: coroutine.yield inside a hook", 1, true), tostring(err))
+    assert.equal(0, eng:get("step"))
+    local m = engine.new({ groups = { { optimizer = "adamw", match = function() coroutine.yield() return true end } } })
+    ok, err = coroutine.resume(coroutine.create(function() return m:add_param("b", T.zeros({ 2 }), T.zeros({ 2 })) end))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("match function: coroutine.yield inside a hook", 1, true), tostring(err))
+    assert.equal(0, #m:describe())
+    local path = H.tmpname(".lua")
+    local f = assert(io.open(path, "w"))
+    f:write("return { groups = { { optimizer = 'muon', post_update_fn = function() coroutine.yield() end } } }")
+    f:close()
+    local s = engine.new(path)
+    s:add_param("w", T.randn({ 6, 4 }, 1), T.randn({ 6, 4 }, 2))
+    ok, err = pcall(s.step, s)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("coroutine", 1, true), tostring(err))
+    os.remove(path)
+    local p = muon.param("w", T.randn({ 6, 4 }, 1), T.randn({ 6, 4 }, 2))
+    local opt = muon.optim.Muon({ p }, { post_update_fn = function() coroutine.yield() end })
+    ok, err = coroutine.resume(coroutine.create(function() return opt:step() end))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("post_update_fn: coroutine.yield inside a hook", 1, true), tostring(err))
+    assert.is_nil(opt.state[p])
+  end)
+
+  it("a yield that reaches one of the optimizer's calls another way fails that call and leaves it idle", function()
+    local st = S.new({ groups = {} })
+    local co = coroutine.create(function() return st:exclusive("step", function() coroutine.yield("x") end) end)
+    local ok, err = coroutine.resume(co)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("coroutine.yield inside step", 1, true), tostring(err))
+    assert.equal("dead", coroutine.status(co))
+    st:check_idle("step")
+    assert.equal(3, st:exclusive("step", function(a, b) return a + b end, 1, 2))
+  end)
+end)

@@ -58,7 +58,7 @@ function CC.derived(run, G, gr, entries)
     local t = list[bad]
     E.raise(E.ENONFINITE, "parameter '%s': its gradient is finite but %s overflowed to NaN or Inf%s (%s); nothing was "
       .. "changed", owner[bad].name, G.kind.ns and what[bad] == "the Newton-Schulz input"
-        and "the momentum (the Newton-Schulz input)" or ("state tensor '" .. what[bad] .. "'"),
+        and "the momentum (the Newton-Schulz input)" or ("the " .. what[bad]),
       t:dtype() == "bfloat16" and " in bfloat16 (state_dtype)" or "", G.label)
   end
   gr.skip_derived = true

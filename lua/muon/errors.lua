@@ -113,10 +113,14 @@ muon.errors.trim_traceback(tb)
 muon.errors.call_hook(what, fn, ...)
     Call a config function (hook, schedule, match); what it raises comes
     back as an ELUA object "<what>: <message>" with its traceback (ENOMEM
-    when memory or stack ran out).
+    when memory or stack ran out). It runs in a coroutine of its own: a
+    coroutine.yield in it fails it (E.yielded).
 muon.errors.call_hook_on(subject, what, fn, ...)
     call_hook naming subject ("parameter 'w'") when the call exceeds the
     hook budget.
+muon.errors.yielded(what)
+    The ELUA error of a coroutine.yield that reached what ("a hook", a
+    call of the engine's): refused, nothing changed.
 ]]
 local ffi = require("ffi")
 local core = require("muon.core")
@@ -466,19 +470,42 @@ local function hook_result(what, subject, ok, ...)
   error(e, 0)
 end
 
+-- The error of a coroutine.yield that reached a call of muon's (a hook's,
+-- or one of the engine's own calls): refused, since what it runs inside (a
+-- step: its agreements, its commit) cannot be suspended and left.
+function E.yielded(what)
+  return E.new(E.ELUA, ("coroutine.yield inside %s: a hook must return, not yield (the call it runs in cannot be "
+    .. "suspended; nothing was changed)"):format(what))
+end
+
+-- A hook runs as the body of a coroutine of its own, so that a
+-- coroutine.yield in it (a trusted config's) comes back here, failing the
+-- hook, instead of suspending the caller's call (a step left half-way,
+-- its engine busy for good once that coroutine is dropped).
+local co_create, co_resume, co_status = coroutine.create, coroutine.resume, coroutine.status
+local function captured(fn, ...) return xpcall(fn, E.capture, ...) end
+local function hook_done(what, subject, co, resumed, ...)
+  if not resumed then return hook_result(what, subject, false, (...)) end -- (the handler itself failed)
+  if co_status(co) ~= "dead" then return hook_result(what, subject, false, { E.yielded("a hook") }) end
+  return hook_result(what, subject, ...)
+end
+
 -- Call a user hook (a function of the config: hook, schedule, match
 -- function) and return its results. Whatever it raises comes back as an
 -- MU_ELUA object "<what>: <message>" (MU_ENOMEM when memory or stack ran
--- out), carrying the traceback down to the line that raised.
+-- out), carrying the traceback down to the line that raised; a hook that
+-- yields fails so (E.yielded).
 function E.call_hook(what, fn, ...)
-  return hook_result(what, nil, xpcall(fn, E.capture, ...))
+  local co = co_create(captured)
+  return hook_done(what, nil, co, co_resume(co, fn, ...))
 end
 
 -- E.call_hook for a hook that runs on one parameter or group: subject
 -- ("parameter 'w'", "group 1 ('hidden')") is named in the message when
 -- the call exceeds a limit of the hook budget.
 function E.call_hook_on(subject, what, fn, ...)
-  return hook_result(what, subject, xpcall(fn, E.capture, ...))
+  local co = co_create(captured)
+  return hook_done(what, subject, co, co_resume(co, fn, ...))
 end
 
 -- Raise an error object for a failed C status code (core.check).

@@ -177,12 +177,18 @@ function Stepper:check_idle(what)
   end
 end
 
--- f(...) as the call `what` (check_idle refuses calls until it returns).
+-- f(...) as the call `what` (check_idle refuses calls until it returns),
+-- in a coroutine of its own: hooks cannot yield (E.call_hook), and should
+-- anything else yield inside the call, the call fails instead of being
+-- suspended with the optimizer busy for good once its caller's coroutine
+-- is dropped.
 function Stepper:exclusive(what, f, ...)
   self:check_idle(what)
   self.running = what
-  local r = { pcall(f, ...) }
+  local co = coroutine.create(f)
+  local r = { coroutine.resume(co, ...) }
   self.running = nil
+  if r[1] and coroutine.status(co) ~= "dead" then error(E.yielded(what), 0) end
   if not r[1] then error(r[2], 0) end
   return unpack(r, 2, table.maxn(r))
 end

@@ -108,7 +108,7 @@ H.main(function()
   else
     local msg = tostring(err)
     H.check("error-everywhere", not ok and E.code(err) == E.ENONFINITE
-      and msg:find(bf16 and "parameter 'w': its gradient is finite but state tensor 'momentum_buffer' overflowed to "
+      and msg:find(bf16 and "parameter 'w': its gradient is finite but the momentum_buffer overflowed to "
         .. "NaN or Inf in bfloat16" or "parameter 'w': its gradient is finite but the momentum", 1, true) ~= nil, msg)
     H.check("error-one-process", not rok and E.code(rerr) == E.ENONFINITE, tostring(rerr))
     H.check("error-unchanged", bits_equal(loc.w.value, before) and bits_equal(loc.v.value, v_before), "a value changed")
