@@ -459,3 +459,119 @@ describe("hooks that yield", function()
     assert.equal(3, st:exclusive("step", function(a, b) return a + b end, 1, 2))
   end)
 end)
+
+-- ctx (and post_update_fn's parameter) is read-only, in trusted and
+-- sandboxed configs alike: a write to any field or nested field fails the
+-- step naming it, and nothing the engine keeps changes.
+describe("a hook's ctx is read-only", function()
+  -- hook -> the fields of its ctx, and a value to write into each
+  local FIELDS = {
+    pre_ortho_fn = { "param_fqn", "logical_shape", "region", "step", "lr", "weight_decay", "signals", "allreduce",
+      "global_norm" },
+    post_update_fn = { "param_fqn", "logical_shape", "box", "step", "lr", "weight_decay", "signals", "allreduce",
+      "global_norm" },
+  }
+  FIELDS.post_ortho_fn = FIELDS.pre_ortho_fn
+  -- nested writes: Lua source run as the hook's body (ctx, param: its arguments)
+  local NESTED = {
+    pre_ortho_fn = { { "ctx.logical_shape[1] = 2 * ctx.logical_shape[1]", "changed ctx.logical_shape[1] (6 -> 12)" },
+      { "ctx.region.start[2] = 3", "changed ctx.region.start[2] (0 -> 3)" },
+      { "ctx.region.len = { 1 }", "changed ctx.region.len[1] (6 -> 1)" },
+      { "table.insert(ctx.logical_shape, 1)", "changed ctx.logical_shape[3] (nil -> 1)" },
+      { "ctx.signals.s[1] = 5", "changed ctx.signals.s[1] (1 -> 5)" },
+      { "ctx.signals.t = { 1 }", "changed ctx.signals.t (nil -> a table)" } },
+    post_update_fn = { { "ctx.box.start[1] = 4", "changed ctx.box.start[1] (1 -> 4)" },
+      { "ctx.box.len[2] = 0", "changed ctx.box.len[2] (4 -> 0)" },
+      { "ctx.logical_shape[2] = 1", "changed ctx.logical_shape[2] (4 -> 1)" },
+      { "ctx.signals.s = nil", "changed ctx.signals.s (a table -> nil)" },
+      { "param.logical_shape[1] = 0", "changed param.logical_shape[1] (6 -> 0)" },
+      { "param.value = param.grad", "cannot set param.value: post_update_fn's parameter is read-only" },
+      { "param.name = 'x'", "cannot set param.name" } },
+  }
+  NESTED.post_ortho_fn = NESTED.pre_ortho_fn
+
+  -- An engine over w (6x4) and b (4) whose hook runs body(…) while
+  -- switch.on, from a config table (trusted) or a sandboxed file.
+  local function make(hook, body, sandboxed)
+    local src = ("return { groups = { { optimizer = 'muon', match = '^w', lr = 0.02, %s = function(a, b, ctx) "
+      .. "if WRITE then local param, ctx = a, ctx; %s end end }, { optimizer = 'adamw', lr = 0.01 } } }")
+      :format(hook, body)
+    local eng, switch
+    if sandboxed then
+      local path = H.tmpname(".lua")
+      -- (the sandbox has no shared globals: the switch is a set_signal)
+      H.write_file(path, (src:gsub("if WRITE then", "if ctx.signals.on[1] == 1 then")))
+      eng = engine.new(path)
+      os.remove(path)
+      switch = function(on) eng:set_signal("on", { on and 1 or 0 }) end
+    else
+      local env = setmetatable({ WRITE = false }, { __index = _G })
+      eng = engine.new(setfenv(assert(loadstring(src)), env)())
+      switch = function(on) env.WRITE = on end
+    end
+    eng:add_param("w", T.randn({ 6, 4 }, 1), T.randn({ 6, 4 }, 2))
+    eng:add_param("b", T.randn({ 4 }, 3), T.randn({ 4 }, 4))
+    eng:set_signal("s", { 1, 2 })
+    switch(false)
+    return eng, switch
+  end
+
+  local function snapshot(eng)
+    local parts = { tostring(eng:get("step")), T.shape_string(eng:describe()[1].shape) }
+    for _, name in ipairs({ "w", "b" }) do
+      parts[#parts + 1] = table.concat(eng:param(name).value:flat(), ",")
+      for k, v in pairs(eng:state(name) or {}) do
+        parts[#parts + 1] = k .. "=" .. (T.is_tensor(v) and table.concat(v:flat(), ",") or tostring(v))
+      end
+    end
+    table.sort(parts)
+    return table.concat(parts, ";")
+  end
+
+  it("a write to any field or nested field fails the step naming it, trusted and sandboxed; nothing changes, and "
+    .. "describe(), save and load go on as before", function()
+    local path = H.tmpname(".safetensors")
+    for _, sandboxed in ipairs({ false, true }) do
+      for hook, fields in pairs(FIELDS) do
+        local cases = {}
+        for _, f in ipairs(fields) do cases[#cases + 1] = { "ctx." .. f .. " = 1", "cannot set ctx." .. f .. ": " } end
+        for _, c in ipairs(NESTED[hook]) do cases[#cases + 1] = c end
+        for _, c in ipairs(cases) do
+          local eng, switch = make(hook, c[1], sandboxed)
+          local ref = make(hook, "", sandboxed)
+          eng:step()
+          ref:step()
+          local before = snapshot(eng)
+          switch(true)
+          local ok, err = pcall(eng.step, eng)
+          local label = ("%s %s (%s)"):format(hook, c[1], sandboxed and "sandboxed" or "trusted")
+          assert.is_false(ok, label)
+          assert.equal(E.ELUA, E.code(err), label)
+          assert.truthy(tostring(err):find(c[2], 1, true), label .. ": " .. tostring(err))
+          assert.equal(before, snapshot(eng), label)
+          switch(false)
+          eng:save(path)
+          eng:load(path)
+          eng:step()
+          ref:step()
+          assert.equal(snapshot(ref), snapshot(eng), label)
+        end
+      end
+    end
+    os.remove(path)
+  end)
+
+  it("reads work as on plain tables: #, ipairs, table.concat, unpack, nested fields", function()
+    local seen = {}
+    local eng = engine.new({ groups = { { optimizer = "muon", post_update_fn = function(param, _, ctx)
+      seen[#seen + 1] = table.concat({ #ctx.logical_shape, table.concat(ctx.logical_shape, "x"), ctx.param_fqn,
+        param.name, table.concat(param.logical_shape, "x"), select(2, unpack(ctx.box.len)), ctx.box.start[1],
+        #ctx.signals.s, ctx.signals.s[2], ctx.step, tostring(ctx):match("^read%-only ctx") and "view" or "?" }, " ")
+      for i, d in ipairs(ctx.logical_shape) do seen[#seen + 1] = i .. ":" .. d end
+    end } } })
+    eng:add_param("w", T.randn({ 6, 4 }, 1), T.randn({ 6, 4 }, 2))
+    eng:set_signal("s", { 7, 8, 9 })
+    eng:step()
+    assert.same({ "2 6x4 w w 6x4 4 1 3 8 1 view", "1:6", "2:4" }, seen)
+  end)
+end)

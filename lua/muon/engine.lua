@@ -169,6 +169,7 @@ local S = require("muon.checkpoint")
 local commlib = require("muon.comm")
 local G = require("muon.grads")
 local K = require("muon.optim.kind")
+local RO = require("muon.readonly")
 
 local engine = {}
 local Engine = {}
@@ -180,7 +181,8 @@ local DRY_KEYS = { world = true, rank = true, mesh = true }
 local function matches_any(list, name, shape)
   for _, m in ipairs(list) do
     if type(m) == "function" then
-      if E.call_hook_on("parameter '" .. name .. "'", "match function", m, name, shape) then return true end
+      -- (a copy of the shape: nothing the engine keeps is the function's)
+      if E.call_hook_on("parameter '" .. name .. "'", "match function", m, name, { unpack(shape) }) then return true end
     elseif sandbox.bounded_find(name, m, "match") then -- (a backtracking pattern is refused, not run)
       return true
     end
@@ -435,8 +437,9 @@ function Engine:_scheduled(step, lr_scale)
     local v = {}
     for _, k in ipairs(g.kind.SCHEDULE_ORDER) do v[k] = g.base[k] end
     if sched then
+      -- (a copy: nothing the engine keeps is the schedule's)
       local r = E.call_hook_on(g.label, "schedule", sched, step,
-        { index = g.index, name = g.name, optimizer = g.kind.name, base_lr = g.base.lr, base = g.base })
+        { index = g.index, name = g.name, optimizer = g.kind.name, base_lr = g.base.lr, base = RO.copy(g.base) })
       if type(r) == "number" then
         v.lr = r
       elseif type(r) == "table" then

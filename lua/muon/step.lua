@@ -85,6 +85,7 @@ local PP = require("muon.post_phase")
 local CC = require("muon.commit_checks")
 local GR = require("muon.grad_reduce")
 local RC = require("muon.replica_check")
+local RO = require("muon.readonly")
 
 local M = {}
 local Stepper = {}
@@ -483,6 +484,14 @@ local function direction_phase(self, run)
   end
 end
 
+-- The step's signals as its hooks leave them (ctx.signals: one copy per
+-- step, which they share): unchanged, or the step fails naming the value
+-- (a hook's ctx is read-only; on a mesh a change would make ranks differ).
+local function check_signals(self, run)
+  RO.unchanged(run.signals, self.signals, "ctx.signals", "a hook", "a hook's ctx is read-only (change a copy of what "
+    .. "you read)")
+end
+
 -- Phase 6 (local, after every hook of the step): the state the commit
 -- swaps in, the copies post_update_fn left, the other groups' applies.
 local function final_checks(self, run)
@@ -597,6 +606,7 @@ local function step_body(self, values, pre_err)
     self.agree:failure(run.failure, run)
     run:attempt(self.post_phase.run, self.post_phase, run, self.rec, self.index_of)
   end
+  if next(self.signals) ~= nil then run:attempt(check_signals, self, run) end
   run:attempt(final_checks, self, run)
   self.agree:failure(run.failure, run)
   commit_phase(self, run)

@@ -18,6 +18,7 @@ local K = require("muon.optim.kind")
 local class = require("muon.optim.class")
 local per_dtype = foreach.per_dtype
 local Rd = require("muon.reduce")
+local RO = require("muon.readonly")
 
 local M = {} -- what other modules use besides the kind (core_shape, call_in_place)
 
@@ -403,13 +404,21 @@ end
 local function call_in_place(hook, fn, what, x, ...) return call_in_place_on(nil, hook, fn, what, x, ...) end
 M.call_in_place = call_in_place
 
+-- A hook's ctx: a read-only view (muon.readonly) of fields; its signals
+-- are the step's (one copy per step, which the step checks after its
+-- hooks: muon.step), the rest copied for the call.
+local CTX_WHY = "a hook's ctx is read-only (change a copy of what you read)"
+local SHARED_SIGNALS = { signals = true }
+local function hook_ctx(fields) return RO.view(fields, "ctx", CTX_WHY, SHARED_SIGNALS) end
+
 -- pre_ortho_fn(G, state, ctx) / post_ortho_fn(O, state, ctx) on one item:
 -- x is its (k, A, B) core matrices (the Newton-Schulz input after momentum,
 -- or its output before the scale), state its hook state as (k, d1, d2)
 -- views (d1, d2: the rule's dims, K.HOOK_STATE_RULES), the same tensors
--- for both hooks of a step; the hook changes x (and state) in place. ctx:
--- param_fqn, logical_shape, region, step, lr, weight_decay, signals, and
--- allreduce / global_norm over the whole parameter (muon.reduce).
+-- for both hooks of a step; the hook changes x (and state) in place. ctx
+-- (read-only): param_fqn, logical_shape, region, step, lr, weight_decay,
+-- signals, and allreduce / global_norm over the whole parameter
+-- (muon.reduce).
 local function ortho_hook(hook, group, hp, it, x, a, b)
   local k = it.k
   local state = {}
@@ -418,12 +427,14 @@ local function ortho_hook(hook, group, hp, it, x, a, b)
     state[name] = it.state[name]:view({ k, rule_dim(r[2], a, b), rule_dim(r[3], a, b) })
   end
   local red = Rd.whole(hook)
+  local ctx = hook_ctx({
+    param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
+    lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
+    allreduce = red.allreduce, global_norm = red.global_norm,
+  })
   Rd.during(red, call_in_place_on, "parameter '" .. it.name .. "'", hook, group[hook],
-    hook == "pre_ortho_fn" and "G" or "O", x, state, {
-      param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
-      lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
-      allreduce = red.allreduce, global_norm = red.global_norm,
-    })
+    hook == "pre_ortho_fn" and "G" or "O", x, state, ctx)
+  RO.verify(ctx, hook)
 end
 
 -- pre_ortho_fn, then the Newton-Schulz input must still be finite.
@@ -598,19 +609,23 @@ end
 -- commit (params: the step's stand-ins, whose value is a private copy
 -- after the apply, which the commit copies into the parameter:
 -- muon.scratch).
--- ctx.box: where this rank's tensor lies in the parameter (1-based start
--- and length per dim; all of it on one process); ctx.signals: the values
--- the trainer set for this step (eng:set_signal); ctx.allreduce and
--- ctx.global_norm: reductions over the parameter's pieces on every rank
--- (reducers[i], muon.reduce).
+-- The hook gets param (read-only: name, value, grad, logical_shape) and
+-- ctx (read-only). ctx.box: where this rank's tensor lies in the parameter
+-- (1-based start and length per dim; all of it on one process);
+-- ctx.signals: the values the trainer set for this step (eng:set_signal);
+-- ctx.allreduce and ctx.global_norm: reductions over the parameter's
+-- pieces on every rank (reducers[i], muon.reduce).
 function kind.post_update(group, hp, params, boxes, signals, reducers)
   local fn = group.post_update_fn
   if not fn then return end
   for i, p in ipairs(params) do
     local red = reducers and reducers[i] or Rd.whole("post_update_fn", p.value:size())
-    Rd.during(red, call_in_place_on, "parameter '" .. p.name .. "'", "post_update_fn", fn, "the parameter", p, p.value, {
+    local shape = p.logical_shape or p.value:size()
+    local param = RO.view({ name = p.name, value = p.value, grad = p.grad, logical_shape = shape }, "param",
+      "post_update_fn's parameter is read-only (change param.value in place)")
+    local ctx = hook_ctx({
       param_fqn = p.name,
-      logical_shape = p.logical_shape or p.value:size(),
+      logical_shape = shape,
       lr = hp.lr,
       weight_decay = hp.weight_decay,
       step = group.step + 1, -- (the step being taken: the commit counts it)
@@ -618,6 +633,10 @@ function kind.post_update(group, hp, params, boxes, signals, reducers)
       signals = signals or {},
       allreduce = red.allreduce, global_norm = red.global_norm,
     })
+    Rd.during(red, call_in_place_on, "parameter '" .. p.name .. "'", "post_update_fn", fn, "the parameter", param,
+      p.value, ctx)
+    RO.verify(param, "post_update_fn")
+    RO.verify(ctx, "post_update_fn")
   end
 end
 
