@@ -216,6 +216,19 @@ describe("engine", function()
     for _, name in ipairs(good) do H.assert_equal_bits(eng:state(name).exp_avg, back:state(name).exp_avg, name) end
   end)
 
+  it("describe() and param_groups() hand out copies: writing them changes nothing the engine keeps", function()
+    local eng = engine.new({ groups = { { optimizer = "adamw", betas = { 0.8, 0.9 } } } })
+    eng:add_param("w", T.zeros({ 2, 3 }), T.zeros({ 2, 3 }))
+    eng:describe()[1].shape[1] = 99
+    eng:describe()[1].options.betas[1] = 0.1
+    eng:param_groups()[1].options.betas[2] = 0.2
+    assert.same({ 2, 3 }, eng:describe()[1].shape)
+    assert.same({ 2, 3 }, eng:param("w").logical_shape)
+    assert.same({ 0.8, 0.9 }, eng:param_groups()[1].options.betas)
+    eng:step()
+    assert.same({ 0.8, 0.9 }, eng.groups[1].options.betas)
+  end)
+
   it("reports routing problems and bad configs with clear messages", function()
     local eng = engine.new({ groups = { { optimizer = "muon", match = "^w" } } })
     local ok, err = pcall(eng.add_param, eng, "bias", T.zeros({ 2, 2 }))

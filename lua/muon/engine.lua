@@ -394,12 +394,12 @@ function Engine:set_grads(changes)
   self:_stepper():set_grads(list)
 end
 
--- A group's options as data (its base values but functions) and the names
--- of the hooks it runs.
+-- A group's options as data (copies of its base values but functions) and
+-- the names of the hooks it runs.
 local function options_and_hooks(g)
   local options, hooks = {}, {}
   for k, v in pairs(g.base) do
-    if type(v) ~= "function" then options[k] = v end
+    if type(v) ~= "function" then options[k] = RO.copy(v) end
   end
   for _, h in ipairs(g.kind.HOOKS) do
     if g.options[h] ~= nil then hooks[#hooks + 1] = h end
@@ -609,7 +609,7 @@ function Engine:describe()
   for _, e in ipairs(self.params) do
     local g = e.group
     local options, hooks = options_and_hooks(g)
-    rows[#rows + 1] = { name = e.param.name, shape = e.param.logical_shape, group = g.index, group_name = g.name,
+    rows[#rows + 1] = { name = e.param.name, shape = { unpack(e.param.logical_shape) }, group = g.index, group_name = g.name,
       optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks, order = g.kind.DISPLAY }
   end
   return rows
