@@ -211,6 +211,7 @@ enum { MAX_ARRAYS = 7 };
  * the argument struct, the kernel and the portable kernel for the tails. */
 typedef struct job {
     int n, narr;
+    int whole; /* a kernel that finds a bad value has written everything: go on (its first is kept) */
     mu_tensor *const *arr[MAX_ARRAYS];
     const void *args;
     kernel body, tail;
@@ -236,18 +237,20 @@ static void at(const job *J, int i, int64_t k, char **p)
 }
 
 /* Elements [k0, k0+len) of tensor index i: the kernel on the whole steps,
- * the portable kernel on the rest. 0 if all_finite found a bad value. */
+ * the portable kernel on the rest. 0 if the kernel found a bad value. */
 static int segment(const job *J, int i, int64_t k0, int64_t len)
 {
     char *p[MAX_ARRAYS];
     int64_t nv = len - len % J->body.width;
+    int ok = 1;
     if (nv > 0) {
         at(J, i, k0, p);
-        if (!J->body.fn(J->args, i, k0, nv, p)) return 0;
+        ok = J->body.fn(J->args, i, k0, nv, p);
+        if (!ok && !J->whole) return 0;
     }
-    if (nv == len) return 1;
+    if (nv == len) return ok;
     at(J, i, k0 + nv, p);
-    return J->tail.fn(J->args, i, k0 + nv, len - nv, p);
+    return J->tail.fn(J->args, i, k0 + nv, len - nv, p) && ok;
 }
 
 static int64_t range_edge(const job *J, int tid)
@@ -268,9 +271,9 @@ static void run_range(void *arg, int tid)
     for (int i = 0; i < J->n && base < hi; i++) {
         int64_t ne = mu_tensor_numel(ts[i]);
         int64_t s = lo > base ? lo - base : 0, e = hi - base < ne ? hi - base : ne;
-        if (s < e && !segment(J, i, s, e - s)) {
+        if (s < e && !segment(J, i, s, e - s) && J->bad[tid] < 0) {
             J->bad[tid] = i;
-            return; /* later tensors of this range cannot be "first" */
+            if (!J->whole) return; /* later tensors of this range cannot be "first" */
         }
         base += ne;
     }
@@ -332,9 +335,10 @@ static void run_job(job *J)
 /* Run body (the portable tail on the last len % width elements of each
  * segment) over n tensors per array, arrs in the kernels' order. */
 static void run(job *J, int n, int narr, mu_tensor *const *const *arrs, const void *args,
-                kernel body, kernel tail)
+                kernel body, kernel tail, int whole)
 {
     memset(J, 0, sizeof *J);
+    J->whole = whole;
     J->n = n;
     J->narr = narr;
     for (int a = 0; a < narr; a++) J->arr[a] = arrs[a];
@@ -344,11 +348,25 @@ static void run(job *J, int n, int narr, mu_tensor *const *const *arrs, const vo
     run_job(J);
 }
 
+/* The first tensor a job's kernels reported bad (all_finite, apply_finite;
+ * a NaN or Inf the state kernels wrote), or -1. */
+static int first_bad(const job *J)
+{
+    int first = -1;
+    for (int t = 0; t < J->nthreads; t++)
+        if (J->bad[t] >= 0 && (first < 0 || J->bad[t] < first)) first = J->bad[t];
+    return first;
+}
+
+/* The ops whose kernels write optimizer state: one that finds a NaN or
+ * Inf in what it wrote still writes everything. */
+static const int WHOLE[OP_COUNT] = { [OP_MOMENTUM] = 1, [OP_ADAMW] = 1, [OP_LION] = 1 };
+
 /* Run op on the variant's kernels, the instruction set picked per op. */
 static void run_op(job *J, int op, int var, int n, int narr, mu_tensor *const *const *arrs,
                    const void *args)
 {
-    run(J, n, narr, arrs, args, KERNELS[pick_isa(op)][var][op], KERNELS[FE_PORTABLE][var][op]);
+    run(J, n, narr, arrs, args, KERNELS[pick_isa(op)][var][op], KERNELS[FE_PORTABLE][var][op], WHOLE[op]);
 }
 
 /* ------------------------------------------------------------ validation */
@@ -466,8 +484,9 @@ static int check_state_op(int n, mu_tensor *const *const *arrs, const char *cons
 
 int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
                         mu_tensor *const *new_bufs, mu_tensor *const *updates, double m1,
-                        double m2, int nesterov)
+                        double m2, int nesterov, int *bad)
 {
+    if (bad) *bad = -1;
     mu_tensor *const *arrs[4] = { grads, bufs, new_bufs, updates };
     const char *names[4] = { "grads", "bufs", "new_bufs", "updates" };
     int dtype, rc = check_state_op(n, arrs, names, "m1", m1, "m2", m2, &dtype);
@@ -475,17 +494,8 @@ int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
     momentum_args a = { m1, m2, nesterov != 0 };
     job J;
     run_op(&J, OP_MOMENTUM, dtype, n, 4, arrs, &a);
+    if (bad) *bad = first_bad(&J);
     return MU_OK;
-}
-
-/* The first tensor a job's kernels reported bad (all_finite, apply_finite),
- * or -1. */
-static int first_bad(const job *J)
-{
-    int first = -1;
-    for (int t = 0; t < J->nthreads; t++)
-        if (J->bad[t] >= 0 && (first < 0 || J->bad[t] < first)) first = J->bad[t];
-    return first;
 }
 
 static int apply_job(int n, mu_tensor *const *params, mu_tensor *const *updates,
@@ -603,8 +613,9 @@ int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *grads,
 int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
                             mu_tensor *const *exp_avg_sqs, mu_tensor *const *new_exp_avgs,
                             mu_tensor *const *new_exp_avg_sqs, mu_tensor *const *updates,
-                            double lr, double beta1, double beta2, double eps, int64_t step)
+                            double lr, double beta1, double beta2, double eps, int64_t step, int *bad)
 {
+    if (bad) *bad = -1;
     mu_tensor *const *arrs[6] = { grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs,
                                   updates };
     const char *names[6] = { "grads", "exp_avgs", "exp_avg_sqs", "new_exp_avgs",
@@ -631,6 +642,7 @@ int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *const *ex
                                    new_exp_avgs, new_exp_avg_sqs, updates };
     job J;
     run_op(&J, OP_ADAMW, dtype, n, 7, karrs, &a);
+    if (bad) *bad = first_bad(&J);
     return MU_OK;
 }
 
@@ -691,7 +703,7 @@ static int pack_job(int n, mu_tensor *const *ts, const mu_tensor *batch, const i
     pack_args a = { batch->data, offsets, mu_dtype_size(dtype), unpack };
     mu_tensor *const *arrs[1] = { ts };
     job J;
-    run(&J, n, 1, arrs, &a, copy, copy);
+    run(&J, n, 1, arrs, &a, copy, copy, 0);
     return MU_OK;
 }
 
@@ -724,8 +736,9 @@ int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor *b, do
 
 int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
                            mu_tensor *const *new_exp_avgs, mu_tensor *const *updates,
-                           double beta1, double beta2)
+                           double beta1, double beta2, int *bad)
 {
+    if (bad) *bad = -1;
     mu_tensor *const *arrs[4] = { grads, exp_avgs, new_exp_avgs, updates };
     const char *names[4] = { "grads", "exp_avgs", "new_exp_avgs", "updates" };
     int dtype, rc = check_state_op(n, arrs, names, "beta1", beta1, "beta2", beta2, &dtype);
@@ -733,5 +746,6 @@ int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp
     lion_args a = { beta1, beta2 };
     job J;
     run_op(&J, OP_LION, dtype, n, 4, arrs, &a);
+    if (bad) *bad = first_bad(&J);
     return MU_OK;
 }

@@ -23,7 +23,10 @@
  * A kernel gets the op's argument struct (foreach.c), the tensor index i
  * (for per-tensor scales), the element offset k0 of this segment and the
  * segment's pointers p[] into the op's arrays (NULL for an unused one);
- * it returns 0 to report a bad value (all_finite), else 1.
+ * it returns 0 to report a bad value, else 1: all_finite's, and the
+ * kernels that write optimizer state report a NaN or Inf in what they
+ * wrote, as stored (read back: bfloat16 rounds float32-finite values to
+ * Inf), having written all of it.
  */
 
 static KATTR int R(momentum)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
@@ -34,6 +37,7 @@ static KATTR int R(momentum)(const void *va, int i, int64_t k0, int64_t len, cha
     state_t *nb = (state_t *)p[2];
     real *u = (real *)p[3];
     const vec m1 = VSET((real)a->m1), m2 = VSET((real)a->m2);
+    facc acc = FACC0;
     (void)i, (void)k0;
     for (int64_t k = 0; k < len; k += W) {
         vec gv = VLD(g + k), bv = SLD(b + k);
@@ -42,8 +46,9 @@ static KATTR int R(momentum)(const void *va, int i, int64_t k0, int64_t len, cha
         if (a->nesterov) uv = VADD(VMUL(uv, m1), gv);
         SST(nb + k, bn);
         VST(u + k, uv);
+        acc = FACC_ADD(FACC_ADD(acc, SLD(nb + k)), uv);
     }
-    return 1;
+    return !FACC_ANY(acc);
 }
 
 #if !FE_BF16
@@ -111,6 +116,7 @@ static KATTR int R(adamw)(const void *va, int i, int64_t k0, int64_t len, char *
     const vec vw = VSET(small ? w : w - (real)1), b2 = VSET((real)a->b2);
     const vec c2 = VSET((real)(1.0 - a->b2)), bc2s = VSET((real)a->bc2s);
     const vec eps = VSET((real)a->eps), nss = VSET((real)a->nss), dec = VSET((real)a->decay);
+    facc acc = FACC0;
     (void)i, (void)k0;
     for (int64_t k = 0; k < len; k += W) {
         vec gv = VLD(g + k), mv = SLD(m + k);
@@ -124,8 +130,9 @@ static KATTR int R(adamw)(const void *va, int i, int64_t k0, int64_t len, char *
         else VST(x + k, VADD(VMUL(VLD(x + k), dec), upd));
         SST(mo + k, mv);
         SST(vo + k, vv);
+        acc = FACC_ADD(FACC_ADD(acc, SLD(mo + k)), SLD(vo + k));
     }
-    return 1;
+    return !FACC_ANY(acc);
 }
 
 /* Lion: c = beta1*m + (1-beta1)*g, u = sign(c) (1, -1, +0 for either
@@ -142,14 +149,16 @@ static KATTR int R(lion)(const void *va, int i, int64_t k0, int64_t len, char *c
     const vec b1 = VSET((real)a->beta1), a1 = VSET((real)(1.0 - a->beta1));
     const vec b2 = VSET((real)a->beta2), a2 = VSET((real)(1.0 - a->beta2));
     const vec zero = VSET((real)0), one = VSET((real)1), mone = VSET((real)-1);
+    facc acc = FACC0;
     (void)i, (void)k0;
     for (int64_t k = 0; k < len; k += W) {
         vec gv = VLD(g + k), mv = SLD(m + k);
         vec c = VFMA(a1, gv, VMUL(mv, b1));
         VST(u + k, VSEL_LT(zero, c, one, VSEL_LT(c, zero, mone, VADD(c, zero))));
         SST(nm + k, VFMA(a2, gv, VMUL(mv, b2)));
+        acc = FACC_ADD(acc, SLD(nm + k));
     }
-    return 1;
+    return !FACC_ANY(acc);
 }
 
 /* 0 if an element is NaN or Inf (x is state_t: bfloat16 too). The flags

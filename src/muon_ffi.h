@@ -486,6 +486,12 @@ MU_API int mu_ns_preset_precond(const char *name);
  * env MU_FOREACH_SIMD=portable|avx2|avx512 asks for one). Large calls run
  * on the process's CPUs (env MU_FOREACH_THREADS overrides). */
 
+/* The state ops below (momentum, adamw_update, lion_update) report, in
+ * *bad (bad may be NULL), the index of the first tensor whose new state
+ * (as stored: a bfloat16 state rounds float32-finite values to Inf) or,
+ * for momentum, whose update holds NaN or Inf, or -1; they write every
+ * output either way. */
+
 /* Muon momentum as the seed: u = g + m1*buf; buf' = m2*buf + g;
  * nesterov: u = m1*u + g (float32: u = fma(m1, buf, g) as torch's
  * add(alpha=), then separately rounded products and sums). Reads
@@ -493,7 +499,7 @@ MU_API int mu_ns_preset_precond(const char *name);
  * in-place update; updates must not alias the others). */
 MU_API int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
                                mu_tensor *const *new_bufs, mu_tensor *const *updates,
-                               double m1, double m2, int nesterov);
+                               double m1, double m2, int nesterov, int *bad);
 
 /* Decoupled decay + apply: p = fma(alpha, update * scales[i], p * decay),
  * i.e. the seed's update.mul_(s); p.mul_(decay); p.add_(update, alpha=)
@@ -539,7 +545,8 @@ MU_API int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *g
 MU_API int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
                                    mu_tensor *const *exp_avg_sqs, mu_tensor *const *new_exp_avgs,
                                    mu_tensor *const *new_exp_avg_sqs, mu_tensor *const *updates,
-                                   double lr, double beta1, double beta2, double eps, int64_t step);
+                                   double lr, double beta1, double beta2, double eps, int64_t step,
+                                   int *bad);
 
 /* Lion (Chen et al. 2023) without touching the parameters: the update
  * direction sign(beta1*m + (1-beta1)*g) into updates (sign(0) = 0) and the
@@ -551,7 +558,7 @@ MU_API int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *co
  * Lion's step. updates must not alias the others. */
 MU_API int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
                                   mu_tensor *const *new_exp_avgs, mu_tensor *const *updates,
-                                  double beta1, double beta2);
+                                  double beta1, double beta2, int *bad);
 
 /* 1 if every element of every tensor is finite; else 0 and *bad is the
  * index of the first tensor holding NaN/Inf (negative on a bad argument). */

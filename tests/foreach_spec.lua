@@ -406,6 +406,89 @@ describe("foreach.all_finite", function()
   end)
 end)
 
+-- The state ops report the first tensor whose new state, as stored, or
+-- (momentum) update holds NaN or Inf, in every kernel variant, at any
+-- split into threads, having written every output.
+describe("foreach state ops: the first non-finite tensor they wrote", function()
+  local VARIANTS = { "portable", "avx2", "avx512" } -- (one the CPU lacks runs the widest it has)
+  local BIG = 3.397e38 -- finite in float32, Inf in bfloat16
+
+  -- Lists of n tensors of sizes (tails included) with value v at element
+  -- at of tensor bad (nil: none).
+  local function lists(n, pd, dt, bad, at, v)
+    local gs, ms, vs = {}, {}, {}
+    for i = 1, n do
+      local len = 37 + 16 * i
+      gs[i], ms[i], vs[i] = T.randn({ len }, i, pd):mul(0.5), T.randn({ len }, 50 + i, pd):mul(0.5):clone(dt),
+        T.randn({ len }, 90 + i, pd):abs():clone(dt)
+    end
+    if bad then gs[bad]:set(v, at) end
+    if bad and dt ~= "bfloat16" then ms[bad]:set(v, at) end -- (the buffer too: m2 = 1 doubles it)
+    return gs, ms, vs
+  end
+
+  local function outputs_written(us, n)
+    for i = 1, n do
+      if us[i]:abs():amax() == 0 then return false end
+    end
+    return true
+  end
+
+  it("momentum, adamw_update and lion_update, float32 / float64 / bfloat16 state, every variant and a tail", function()
+    for _, variant in ipairs(VARIANTS) do
+      ffi.C.setenv("MU_FOREACH_SIMD", variant, 1)
+      for _, c in ipairs({
+        -- { state dtype, param dtype, grad value, bad tensor, element }
+        { "float32", "float32", 3e38, 3, 40 }, { "float32", "float32", 3e38, 2, 69 }, -- (69: a tail element)
+        { "float64", "float64", 1.7e308, 4, 1 }, { "bfloat16", "float32", BIG, 2, 5 }, { "float32", "float32", 1, nil },
+      }) do
+        local sd, pd, v, bad, at = c[1], c[2], c[3], c[4], c[5]
+        local label = ("%s %s/%s %s@%s"):format(variant, pd, sd, tostring(bad), tostring(at))
+        local function gen() return lists(5, pd, sd, bad, at, v) end
+        -- momentum: m2 = 1 doubles a huge gradient's buffer (float32/64), bfloat16 rounds BIG itself
+        local g, m = gen()
+        local nb, u = zeros_like(m), zeros_like(g)
+        local _, first = F.momentum(g, m, nb, u, 0.9, sd == "bfloat16" and 0.5 or 1, false)
+        assert.equal(bad, first, "momentum " .. label)
+        assert.is_true(outputs_written(u, 5), label)
+        -- adamw_update: exp_avg_sq = (1-b2) g^2 overflows; bfloat16: exp_avg = g (beta1 = 0)
+        local m2, q
+        g, m2, q = gen()
+        local um = zeros_like(g)
+        first = F.adamw_update(g, m2, q, zeros_like(m2), zeros_like(q), um,
+          { lr = 0.1, beta1 = sd == "bfloat16" and 0 or 0.9, beta2 = 0.5, eps = 1e-8, step = 1 })
+        assert.equal(bad, first, "adamw " .. label)
+        assert.is_true(outputs_written(um, 5), label)
+        -- lion_update: m' = g when beta2 = 0 (Inf only in bfloat16); float: nothing overflows
+        g, m2 = gen()
+        local ul = zeros_like(g)
+        first = F.lion_update(g, m2, zeros_like(m2), ul, 0.9, 0)
+        assert.equal(sd == "bfloat16" and bad or nil, first, "lion " .. label)
+        assert.is_true(outputs_written(ul, 5), label)
+      end
+    end
+    ffi.C.setenv("MU_FOREACH_SIMD", "", 1)
+  end)
+
+  it("split over threads: the first bad tensor, every output written", function()
+    ffi.C.setenv("MU_FOREACH_MT_MIN", "65536", 1)
+    ffi.C.setenv("MU_FOREACH_THREADS", "3", 1)
+    local g = { T.randn({ 100000 }, 1), T.randn({ 300000 }, 2), T.randn({ 200000 }, 3) }
+    local m = { T.zeros({ 100000 }, "bfloat16"), T.zeros({ 300000 }, "bfloat16"), T.zeros({ 200000 }, "bfloat16") }
+    g[3]:set(BIG, 1)
+    g[2]:set(-BIG, 299999)
+    local u = zeros_like(g)
+    local _, first = F.momentum(g, m, zeros_like(m), u, 0.9, 0.5, false)
+    assert.equal(2, first)
+    assert.is_true(u[3]:get(200000) ~= 0 and u[1]:get(1) ~= 0)
+    g[2]:set(0, 299999)
+    _, first = F.momentum(g, m, zeros_like(m), u, 0.9, 0.5, false)
+    assert.equal(3, first)
+    ffi.C.setenv("MU_FOREACH_MT_MIN", "", 1)
+    ffi.C.setenv("MU_FOREACH_THREADS", "", 1)
+  end)
+end)
+
 describe("foreach.first_nonfinite", function()
   it("gives the lowest index over mixed dtypes (one fused pass per dtype), bfloat16 as stored", function()
     local xs = { T.zeros({ 5 }), T.zeros({ 3 }, "bfloat16"), T.zeros({ 4 }, "float64"), T.zeros({ 2 }, "bfloat16"),

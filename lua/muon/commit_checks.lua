@@ -43,9 +43,12 @@ end
 -- A finite gradient can still overflow what is derived from it: the NS
 -- input and every state tensor the step writes, as stored (a value that
 -- float32 keeps finite rounds to Inf in a bfloat16 state; the update
--- itself is checked by CC.apply). Under "skip" the NS inputs are zeroed so
--- that routing and Newton-Schulz stay finite.
+-- itself is checked by CC.apply). The kind's fused calls found them finite
+-- (gr.checked: Kind.direction's verdict), or they are looked at here.
+-- Under "skip" the NS inputs are zeroed so that routing and Newton-Schulz
+-- stay finite.
 function CC.derived(run, G, gr, entries)
+  if gr.checked == true then return end
   local list, owner, what = {}, {}, {}
   local keys = hook_writes_state(G) and {} or G.kind.state_keys
   for _, e in ipairs(entries) do

@@ -8,11 +8,15 @@
     Fused multi-tensor ops over Lua lists of tensors (mu_foreach_* in
     src/foreach.c): one threaded pass per call, every tensor of a call of
     one dtype and contiguous, everything checked before anything is written
-    (a failed call changes nothing); no allocation per tensor.
+    (a failed call changes nothing); no allocation per tensor. The ops that
+    write optimizer state (momentum, adamw_update, lion_update) also give
+    the 1-based index of the first tensor whose new state, as stored
+    (bfloat16 rounds float32-finite values to Inf), or momentum's update
+    holds NaN or Inf, or nil.
 muon.foreach.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
     The seed's momentum: u = g + m1 buf; buf' = m2 buf + g; nesterov:
     u = m1 u + g. new_bufs nil writes bufs in place; m2 nil means m1.
-    Returns updates.
+    Returns updates and the first non-finite index (see above).
 muon.foreach.apply(params, updates, scales, decay, alpha)
     p = p decay + alpha (u s); scales nil (1), a number, or one number per
     tensor.
@@ -33,11 +37,13 @@ muon.foreach.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)
 muon.foreach.adamw_update(grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs, updates, opts)
     AdamW's new moments (into new_*, which may be the old ones) and update
     direction, without touching the parameters; apply(params, updates, nil,
-    1 - lr wd, 1) then gives adamw's bits. opts as adamw.
+    1 - lr wd, 1) then gives adamw's bits. opts as adamw. Returns the first
+    non-finite index (see above).
 muon.foreach.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2)
     Lion's direction sign(beta1 m + (1 - beta1) g) (sign(0) = 0) into
     updates and its new moment beta2 m + (1 - beta2) g into new_exp_avgs
     (may be exp_avgs); then apply(params, updates, nil, 1 - lr wd, -lr).
+    Returns the first non-finite index (see above).
 muon.foreach.all_finite(xs)
     true when every element is finite; else false and the 1-based index of
     the first tensor holding NaN or Inf.
@@ -183,8 +189,12 @@ local function scales_arg(slot, s, n, what)
   return arr, 1.0
 end
 
+-- The first tensor a state op reported non-finite (1-based), or nil.
+local function first_of(bad) return bad[0] >= 0 and bad[0] + 1 or nil end
+
 -- u = g + m1*buf; buf' = m2*buf + g; nesterov: u = m1*u + g.
--- new_bufs nil means in place (bufs); m2 nil means m1. Returns updates.
+-- new_bufs nil means in place (bufs); m2 nil means m1. Returns updates and
+-- the first tensor whose new buf or update is not finite (or nil).
 function F.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
   local g, n = tensors("a", grads, "grads")
   same_count("bufs", n, bufs)
@@ -205,8 +215,9 @@ function F.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
   if type(nesterov) ~= "boolean" then
     blame(E.EINVAL, "nesterov must be a boolean, got " .. type(nesterov))
   end
-  check(C.mu_foreach_momentum(n, g, b, nb, u, m1, m2, nesterov and 1 or 0), "foreach.momentum")
-  return updates
+  local bad = int_box()
+  check(C.mu_foreach_momentum(n, g, b, nb, u, m1, m2, nesterov and 1 or 0, bad), "foreach.momentum")
+  return updates, first_of(bad)
 end
 
 -- p = p*decay + alpha*(update*scale_i); scales nil, a number or an array.
@@ -322,8 +333,10 @@ function F.adamw_update(grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_
     { "d", new_exp_avgs, "new_exp_avgs" }, { "e", new_exp_avg_sqs, "new_exp_avg_sqs" }, { "f", updates, "updates" } }
   local arrs = beside_grads(g, n, lists)
   local lr, b1, b2, eps, _, step = adamw_opts(opts)
-  check(C.mu_foreach_adamw_update(n, g, arrs[1], arrs[2], arrs[3], arrs[4], arrs[5], lr, b1, b2, eps, step),
+  local bad = int_box()
+  check(C.mu_foreach_adamw_update(n, g, arrs[1], arrs[2], arrs[3], arrs[4], arrs[5], lr, b1, b2, eps, step, bad),
     "foreach.adamw_update")
+  return first_of(bad)
 end
 
 -- Lion's update direction sign(beta1*m + (1-beta1)*g) into updates and
@@ -333,8 +346,10 @@ function F.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2)
   local g, n = tensors("a", grads, "grads")
   local lists = { { "b", exp_avgs, "exp_avgs" }, { "c", new_exp_avgs, "new_exp_avgs" }, { "d", updates, "updates" } }
   local arrs = beside_grads(g, n, lists)
-  check(C.mu_foreach_lion_update(n, g, arrs[1], arrs[2], arrs[3], number(beta1, "beta1"), number(beta2, "beta2")),
+  local bad = int_box()
+  check(C.mu_foreach_lion_update(n, g, arrs[1], arrs[2], arrs[3], number(beta1, "beta1"), number(beta2, "beta2"), bad),
     "foreach.lion_update")
+  return first_of(bad)
 end
 
 -- true, nil when every element is finite; else false and the 1-based index

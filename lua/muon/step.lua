@@ -445,6 +445,11 @@ local function check_phase(self, values, pre_err)
   return run
 end
 
+-- A kind's direction; gr.checked: its verdict on what it wrote (Kind.direction).
+local function direction(self, G, gr, entries)
+  gr.checked = G.kind.direction(self.ctx, G.options, gr.hp, entries)
+end
+
 -- Phase 3: each state holder's direction into scratch (the entries are
 -- the scratch's, kept across steps).
 local function direction_phase(self, run)
@@ -477,7 +482,7 @@ local function direction_phase(self, run)
         end
       end
       if #entries > 0 then
-        run:attempt(G.kind.direction, self.ctx, G.options, gr.hp, entries)
+        run:attempt(direction, self, G, gr, entries)
         run:attempt(CC.derived, run, G, gr, entries)
       end
     end

@@ -23,7 +23,8 @@ kind.options = {
   { "betas", { 0.9, 0.999 }, O.betas(), schedulable = true, show = 3 },
 }
 
--- Moments and update direction on the entries this rank keeps state for:
+-- Moments and update direction on the entries this rank keeps state for
+-- (returns whether the new moments are finite as stored):
 -- entry = { p, grad, old = { exp_avg, exp_avg_sq }, new = {...}, u,
 -- count = the parameter's step number after this step (torch counts steps
 -- per parameter) }.
@@ -47,10 +48,12 @@ function kind.direction(_, _, hp, entries)
     b.nm[n], b.nv[n], b.u[n] = e.new.exp_avg, e.new.exp_avg_sq, e.u
   end
   local b1, b2 = hp.betas[1], hp.betas[2]
+  local finite = true
   for _, b in ipairs(order) do
-    foreach.adamw_update(b.g, b.m, b.v, b.nm, b.nv, b.u,
-      { lr = hp.lr, beta1 = b1, beta2 = b2, eps = hp.eps, step = b.count })
+    if foreach.adamw_update(b.g, b.m, b.v, b.nm, b.nv, b.u,
+      { lr = hp.lr, beta1 = b1, beta2 = b2, eps = hp.eps, step = b.count }) then finite = false end
   end
+  return finite -- (the moments as stored; the update is checked by the commit's checks)
 end
 
 -- p = p * (1 - lr wd) + update (torch: p.mul_(1 - lr*wd); p.addcdiv_(...)).

@@ -62,7 +62,10 @@ Kind.direction(ctx, group, hp, entries)
     buffer, count = the parameter's step number after this step, work = a
     table for the kind's own buffers, kept across steps }; it reads old,
     writes new and u (and its work buffers) and changes nothing else; a
-    hook it calls sees work buffers, never old or new.
+    hook it calls sees work buffers, never old or new. Returns true when
+    it found every state tensor it wrote (as stored) and every
+    Newton-Schulz input finite, false when one is not, nil when it did not
+    look (the step then checks them itself).
 Kind.apply_coeffs(group, hp)
     -> decay, alpha, cautious (required): the commit does p = p * decay +
     alpha * u (cautious: the decay only where the update moves p towards 0).

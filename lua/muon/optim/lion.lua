@@ -23,7 +23,8 @@ kind.options = {
 }
 
 -- The new moment and the direction sign(c) on the entries this rank keeps
--- state for: entry = { p, grad, old = { exp_avg }, new = { exp_avg }, u }.
+-- state for: entry = { p, grad, old = { exp_avg }, new = { exp_avg }, u };
+-- returns whether the new moment is finite as stored.
 function kind.direction(_, _, hp, entries)
   local grads, ms, nms, us = {}, {}, {}, {}
   for i, e in ipairs(entries) do
@@ -31,7 +32,11 @@ function kind.direction(_, _, hp, entries)
     ms[i], nms[i], us[i] = e.old.exp_avg, e.new.exp_avg, e.u
   end
   local b1, b2 = hp.betas[1], hp.betas[2]
-  foreach.per_dtype(function(g, m, nm, u) foreach.lion_update(g, m, nm, u, b1, b2) end, { grads, ms, nms, us })
+  local finite = true
+  foreach.per_dtype(function(g, m, nm, u)
+    if foreach.lion_update(g, m, nm, u, b1, b2) then finite = false end
+  end, { grads, ms, nms, us })
+  return finite -- (the moment as stored; the update is checked by the commit's checks)
 end
 
 -- p = p * (1 - lr wd) - lr * sign(c) (lion-pytorch: p.mul_(1 - lr*wd); p.add_(update, alpha=-lr)).

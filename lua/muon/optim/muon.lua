@@ -273,10 +273,13 @@ function kind.direction(_, group, hp, entries)
       if u ~= e.u then e.u:copy(u:is_contiguous() and u:view(e.u:size()) or u:reshape(e.u:size())) end
     end
     for i = 1, #entries do new_bufs[i]:copy(work[i]) end
-  else
-    per_dtype(function(g, b, nb, u) foreach.momentum(g, b, nb, u, m1, m2, hp.nesterov) end,
-      { grads, bufs, new_bufs, updates })
+    return nil -- (the step checks what the hook wrote)
   end
+  local finite = true
+  per_dtype(function(g, b, nb, u)
+    if select(2, foreach.momentum(g, b, nb, u, m1, m2, hp.nesterov)) then finite = false end
+  end, { grads, bufs, new_bufs, updates })
+  return finite
 end
 
 -- Newton-Schulz (or the group's zeropower_fn) on a merged (n, A, B) buffer.
