@@ -355,19 +355,7 @@ end)
 describe("hooks that yield", function()
   local muon = require("muon")
   local S = require("muon.step")
-
-  -- Every bit of the parameters and the state, and the step count.
-  local function snapshot(eng)
-    local parts = { tostring(eng:get("step")) }
-    for _, name in ipairs({ "w", "b" }) do
-      parts[#parts + 1] = table.concat(eng:param(name).value:flat(), ",")
-      for k, v in pairs(eng:state(name) or {}) do
-        parts[#parts + 1] = k .. "=" .. (T.is_tensor(v) and table.concat(v:flat(), ",") or tostring(v))
-      end
-    end
-    table.sort(parts)
-    return table.concat(parts, ";")
-  end
+  local function snapshot(eng) return H.engine_bits(eng, { "w", "b" }) end
 
   it("every kind of hook (with and without hook_budget), a schedule and a match function: the step fails naming "
     .. "it, nothing changed, no coroutine left suspended; a dropped coroutine leaves the engine idle", function()
@@ -516,17 +504,7 @@ describe("a hook's ctx is read-only", function()
     return eng, switch
   end
 
-  local function snapshot(eng)
-    local parts = { tostring(eng:get("step")), T.shape_string(eng:describe()[1].shape) }
-    for _, name in ipairs({ "w", "b" }) do
-      parts[#parts + 1] = table.concat(eng:param(name).value:flat(), ",")
-      for k, v in pairs(eng:state(name) or {}) do
-        parts[#parts + 1] = k .. "=" .. (T.is_tensor(v) and table.concat(v:flat(), ",") or tostring(v))
-      end
-    end
-    table.sort(parts)
-    return table.concat(parts, ";")
-  end
+  local function snapshot(eng) return H.engine_bits(eng, { "w", "b" }) end
 
   it("a write to any field or nested field fails the step naming it, trusted and sandboxed; nothing changes, and "
     .. "describe(), save and load go on as before", function()

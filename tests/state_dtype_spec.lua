@@ -253,19 +253,7 @@ end)
 describe("state_dtype: nothing non-finite is committed or loaded", function()
   local E = require("muon.errors")
 
-  -- Every bit of the parameter, the state and the step count.
-  local function snapshot(eng, name)
-    local parts = { tostring(eng:get("step")), table.concat(eng:param(name).value:flat(), ",") }
-    local s = eng:state(name) or {}
-    local keys = {}
-    for k in pairs(s) do keys[#keys + 1] = k end
-    table.sort(keys)
-    for _, k in ipairs(keys) do
-      local v = s[k]
-      parts[#parts + 1] = k .. "=" .. (T.is_tensor(v) and table.concat(v:clone("float64"):flat(), ",") or tostring(v))
-    end
-    return table.concat(parts, ";")
-  end
+  local function snapshot(eng, name) return H.engine_bits(eng, { name }) end
 
   local function all_state_finite(eng, name)
     for k, v in pairs(eng:state(name) or {}) do
