@@ -36,6 +36,9 @@
  * - opts->method: the Gram iteration (src/ns_gram.c) takes over the
  *   matrices whose shape mu_ns_method_for sends to it, after the checks
  *   below (one tensor at a time, before the scheduler runs the others).
+ * - Matrices of more than one block (mu__split_plan: a long side of 8192
+ *   or more) run the blocked iteration of src/ns_split.c instead, the same
+ *   way: the bits of a split over any group of ranks.
  */
 #include "tensor_internal.h"
 
@@ -262,7 +265,8 @@ int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out)
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = 0;
     if (!ws) return mu__fail(MU_EINVAL, "ws is NULL");
-    size_t es = mu_dtype_size(ws->dtype), n = ws->sched_bytes + mu__dnnl_bytes(ws->dnnl);
+    size_t es = mu_dtype_size(ws->dtype),
+           n = ws->sched_bytes + mu__dnnl_bytes(ws->dnnl) + ws->split_bytes;
     for (int i = 0; i < ws->nslots; i++)
         n += ns_bytes(ws->cap_nm, es) + 2 * ns_bytes(ws->cap_nn, es) + ws->slot[i].g_bytes;
     *out = (int64_t)n;
@@ -274,6 +278,7 @@ void mu_ns_workspace_free(mu_ns_workspace *ws)
     if (!ws) return;
     for (int i = 0; i < ws->nslots; i++) ns_slot_free(&ws->slot[i]);
     free(ws->sched);
+    free(ws->split);
     mu__dnnl_close(ws->dnnl);
     free(ws);
 }
@@ -1633,6 +1638,29 @@ static int ns_run_gram(ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
     return MU_OK;
 }
 
+/* The jobs whose shape has more than one block (mu__split_plan): the
+ * blocked iteration (src/ns_split.c), one at a time on every worker, left
+ * out of the scheduler (batch set to 0); so one process gives the bits a
+ * split over any group size gives. */
+static int ns_run_split(ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
+{
+    for (int64_t j = 0; j < njobs; j++) {
+        ns_job *job = &jobs[j];
+        int64_t blocks = 1;
+        if (job->batch == 0 ||
+            mu__split_plan(job->rows, job->cols, job->opts, &blocks, NULL) != MU_OK || blocks < 2)
+            continue;
+        const mu__ns_batch b = {.dt = job->dt, .rows = job->rows, .cols = job->cols,
+                                .batch = job->batch, .in = job->in, .out = job->out,
+                                .opts = job->opts, .ws = ws, .norms = job->norms,
+                                .threads = ns_workers()};
+        int rc = mu__ns_split_batch(&b);
+        if (rc != MU_OK) return rc;
+        job->batch = 0;
+    }
+    return MU_OK;
+}
+
 int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
                     mu_ns_workspace *ws)
 {
@@ -1670,7 +1698,8 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
             ns_norm(job.dt, job.in + i * job.bytes_per, len, &l.norms[i]);
         job.norms = l.norms;
         l.jobs[0] = job;
-        rc = ns_dnnl_ready(l.jobs, 1, ws);
+        rc = ns_run_split(l.jobs, 1, ws);
+        if (rc == MU_OK) rc = ns_dnnl_ready(l.jobs, 1, ws);
         if (rc == MU_OK) rc = ns_run_gram(l.jobs, 1, ws);
         if (rc == MU_OK) rc = ns_schedule(l.jobs, 1, l.unit, l.tstart, ws);
     }
@@ -1774,6 +1803,7 @@ int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *c
         off += l.jobs[j].batch;
     }
     if (rc == MU_OK) rc = ns_check_aliasing(&l, count);
+    if (rc == MU_OK) rc = ns_run_split(l.jobs, count, ws);
     if (rc == MU_OK) rc = ns_dnnl_ready(l.jobs, count, ws);
     if (rc == MU_OK) rc = ns_run_gram(l.jobs, count, ws);
     if (rc == MU_OK) rc = ns_schedule(l.jobs, count, l.unit, l.tstart, ws);
@@ -1820,4 +1850,34 @@ void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t c
                   .inplace = in == out, .norms = &norm};
     ns_plan_init(&job.plan, dt, rows, cols, opts->path, 0);
     ns_one(&job, s, 0, 0); /* float32/64: no per-worker oneDNN objects */
+}
+
+/* ------------------------------------------------ for src/ns_split.c */
+
+int mu__ns_workers(void) { return ns_workers(); }
+
+float mu__ns_bf16_coef(double v) { return ns_bfc(v); }
+
+void mu__ns_bf16_round(uint16_t *d, const float *f, int64_t len) { NS_ROW(round, d, f, len); }
+
+void mu__ns_bf16_poly(uint16_t *d, const uint16_t *a, const float *f, int64_t len, float bc,
+                      float cc)
+{
+    NS_ROW(poly, d, a, f, len, bc, cc);
+}
+
+void mu__ns_bf16_apply(uint16_t *x, float *f, int64_t len, float ac, int out)
+{
+    NS_ROW(apply, x, f, len, ac, out);
+}
+
+void mu__ns_bf16_scale(uint16_t *d, const float *x, int64_t len, float s)
+{
+    NS_ROW(scale, d, x, len, s);
+}
+
+void mu__ns_bf16_mirror(uint16_t *m, int64_t n, int64_t r0, int64_t r1)
+{
+    const ns_rect rc = {(int)r0, (int)r1, (int)r0, (int)n};
+    ns_bf16_mirror(m, n, &rc);
 }
