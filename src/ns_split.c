@@ -45,7 +45,7 @@
  * Standard iteration per step: partials + 2 all-gathers; Gram: partials
  * per phase (1 + restarts), then per step 2 to 4 all-gathers.
  */
-#include "tensor_internal.h"
+#include "ns_split.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -70,21 +70,8 @@
 #define SPLIT_BLOCK 2048
 #define SPLIT_STRIPE 128
 #define SPLIT_STRIPE_BF16 192
-enum { SPLIT_NBUF = 5, SPLIT_CHUNK = 4096 };
 
 /* ---------------------------------------------------------------- plan */
-
-typedef struct split_plan {
-    int dt, bf16, gram, tall;
-    enum CBLAS_ORDER lo; /* of the blocks: RowMajor, or ColMajor for a tall matrix */
-    enum CBLAS_UPLO up;  /* the memory triangle c >= r in that layout */
-    int64_t rows, cols, n, m;
-    int64_t k, w;      /* blocks of w (the last m - (k - 1) w) */
-    int64_t sr, S, T;  /* stripes of sr rows (the last shorter); the triangle's elements */
-    const mu_ns_opts *o;
-    uint64_t restarts; /* Gram */
-    double band_lo, band_hi;
-} split_plan;
 
 /* The long side from which a matrix is blocked, the block width, the
  * stripe rows: the defaults or MU_NS_SPLIT_PLAN's. */
@@ -160,50 +147,6 @@ int mu__split_plan(int64_t rows, int64_t cols, const mu_ns_opts *opts, int64_t *
     if (width) *width = p.w;
     return MU_OK;
 }
-
-static int64_t block_width(const split_plan *p, int64_t j)
-{
-    return j + 1 < p->k ? p->w : p->m - (p->k - 1) * p->w;
-}
-
-static void stripe_rows(const split_plan *p, int64_t s, int64_t *r0, int64_t *r1)
-{
-    *r0 = s * p->sr;
-    *r1 = *r0 + p->sr < p->n ? *r0 + p->sr : p->n;
-}
-
-/* Elements of the packed upper triangle before row r. */
-static int64_t tri_before(const split_plan *p, int64_t r) { return r * p->n - r * (r - 1) / 2; }
-
-static int64_t stripe_tri(const split_plan *p, int64_t s)
-{
-    int64_t r0, r1;
-    stripe_rows(p, s, &r0, &r1);
-    return tri_before(p, r1) - tri_before(p, r0);
-}
-
-/* ------------------------------------------------------------- program
- *
- * A call runs, per matrix, a program of ops fixed by the plan. Ops name
- * their n x n buffers by index (nn[]) and their piece buffers (this rank's
- * blocks of an iterate) by PIECE_*. */
-
-enum { OP_PARTIALS, OP_COMBINE, OP_SP, OP_UPDATE, OP_GUARD, OP_NORMS /* (not in programs) */ };
-/* Piece buffers: the step-1 source (the input, or a copy), the output, two
- * scratch iterates, and the Gram result (the output, or a scratch in place). */
-enum { PIECE_X0, PIECE_OUT, PIECE_XP0, PIECE_XP1, PIECE_FINAL };
-
-typedef struct split_op {
-    int kind, k;   /* step k's coefficients */
-    int c, l, m;   /* PARTIALS, COMBINE: into nn[c]; SP: nn[c] = alpha nn[l] nn[m] (+ b nn[l] + a I);
-                    * UPDATE: the symmetric nn[c] */
-    int poly;      /* SP: alpha c_k, + b_k nn[l], + a_k I (else alpha 1, nothing added) */
-    int mirror;    /* COMBINE, SP: the result is read whole later (mirrored after its gather) */
-    int scaled;    /* PARTIALS: alpha s^2, UPDATE: alpha s (the first step or phase) */
-    int src, dst;  /* PARTIALS: src; UPDATE: src -> dst */
-    int last;      /* UPDATE: the call's last step */
-} split_op;
-
 /* The standard iteration's ops: per step PARTIALS, COMBINE, SP, UPDATE,
  * ping-ponging between XP0 and OUT so that the last step writes OUT. */
 static int prog_standard(const split_plan *p, split_op *ops)
@@ -304,55 +247,6 @@ enum {
     ST_STATUS_POST,
     ST_DONE
 };
-
-struct mu__split {
-    split_plan p;
-    mu_ns_opts opts;  /* heap machines: a copy (coefficients in coeffs) */
-    double *coeffs;
-    int g, rank, workers;
-    int64_t b0, nb;   /* own blocks [b0, b0 + nb) */
-    int64_t plen;     /* own piece: length along m */
-    int64_t *bstart;  /* g + 1: every rank's first block */
-    int *owner;       /* S: every stripe's owner */
-    int64_t *soff;    /* S: a stripe's offset in its owner's packed stripes */
-    int64_t *tri;     /* g: elements of every rank's stripes */
-    int64_t *own;     /* own stripes (nown) */
-    int64_t nown;
-    /* exchange tables, g entries each */
-    int64_t *x1sc, *x1sd, *x1rc, *x1rd; /* partials */
-    int64_t *agc, *agd;                 /* stripes */
-    int64_t *hc, *hd;                   /* head: 2 per rank */
-    int64_t *stc, *std_;                /* status: 1 per rank */
-    int64_t *gc, *gd;                   /* guard: 2 per block */
-    int64_t *nc, *nd;                   /* norms: 2 per block and matrix (set per call) */
-    /* buffers */
-    void *nn[SPLIT_NBUF];         /* n x n (bfloat16: nn[0] float32 A, nn[1] A and B bfloat16) */
-    void *tmp[MU__POOL_MAX];      /* per worker: max(n^2, bfloat16: n w) (float32 for bfloat16) */
-    void *xp[2];                  /* pieces (bfloat16: xp[0] is the bfloat16 iterate) */
-    void *send1, *recv1, *gsend, *grecv;
-    double head[2], *hrecv, status, *strecv, *gsendn, *grecvn;
-    double *nsend, *nrecv;        /* norms of a call (grown with the batch) */
-    int64_t ncap;                 /* doubles of nsend + nrecv */
-    void *mem, *nmem;             /* heap machines' buffers (mem: everything else) */
-    size_t bytes;
-    mu__dnnl *dnnl;
-    int own_dnnl;
-    split_op *prog;
-    int nstd, ngram, final_xp;    /* prog: standard ops [0, nstd), Gram ops after */
-    /* the call */
-    int state, err;
-    int64_t batch, i;
-    const char *in;
-    char *out;
-    int inplace;
-    const split_op *run;          /* the current program, its length, the next op */
-    int nrun, pc;
-    const split_op *pending;      /* an op whose exchange the driver made: its post is due */
-    const char *x0;               /* the current matrix's step-1 source */
-    double xs, norm, bfd;         /* the folded scale; the norm; bfloat16: the divisor */
-};
-
-static size_t split_es(const split_plan *p) { return mu_dtype_size(p->dt); }
 
 static size_t rnd64(size_t b) { return (b + 63) & ~(size_t)63; }
 
@@ -457,502 +351,7 @@ static int split_tables(mu__split *s)
     }
     return rc;
 }
-
-/* ------------------------------------------------------------- kernels */
-
-/* Own block j of a piece buffer (one matrix of this rank's pieces): its
- * first element; *ld its leading dimension (a wide piece's width; n). */
-static char *piece_block(const mu__split *s, const char *base, int64_t j, int64_t *ld)
-{
-    const split_plan *p = &s->p;
-    const int64_t off = (j - s->b0) * p->w;
-    *ld = p->tall ? p->n : s->plen;
-    return (char *)base + (p->tall ? off * p->n : off) * (int64_t)split_es(p);
-}
-
-/* Own block j of the bfloat16 iterate: n x width, row-major, packed. */
-static uint16_t *bf16_block(const mu__split *s, int64_t j)
-{
-    return (uint16_t *)s->xp[0] + (j - s->b0) * s->p.n * s->p.w;
-}
-
-static float bfr(float f) { return mu__f32_from_bf16(mu__bf16_from_f32(f)); }
-
-/* The norm terms of block j of x (ld): max |v| = f 2^e (f in [0.5, 1))
- * and ss = the sum of (v 2^-e)^2 in float64, with 8 running sums by
- * column index mod 8 over the block's memory rows in order, then added in
- * order; v = x, or bf16(x) for the bfloat16 iteration. out = {e, ss}; {0,
- * 0} for zeros, {NaN, NaN} when a value is NaN or Inf. The same bits
- * wherever the block lives (any ld). 2^-e is applied as two exact powers
- * of two (a float64 one may not fit in one). */
-#define SPLIT_NORM(NAME, TYPE, VAL)                                                                \
-    static void NAME(const TYPE *x, int64_t ld, int64_t R, int64_t Cn, double out[2])             \
-    {                                                                                              \
-        double amax = 0.0;                                                                         \
-        for (int64_t r = 0; r < R; r++) {                                                          \
-            const TYPE *row = x + r * ld;                                                          \
-            double m = 0.0;                                                                        \
-            int bad = 0;                                                                           \
-            for (int64_t c = 0; c < Cn; c++) {                                                     \
-                const double a = fabs((double)VAL(row[c]));                                        \
-                bad |= !(a <= 1.79769313486231570815e308); /* NaN or Inf */                        \
-                m = a > m ? a : m;                                                                 \
-            }                                                                                      \
-            if (bad) {                                                                             \
-                out[0] = out[1] = NAN;                                                             \
-                return;                                                                            \
-            }                                                                                      \
-            amax = m > amax ? m : amax;                                                            \
-        }                                                                                          \
-        out[0] = out[1] = 0.0;                                                                     \
-        if (amax == 0.0) return;                                                                   \
-        int e;                                                                                     \
-        frexp(amax, &e);                                                                           \
-        const double s1 = ldexp(1.0, -e / 2), s2 = ldexp(1.0, -e - (-e / 2));                       \
-        double acc[8] = {0};                                                                       \
-        for (int64_t r = 0; r < R; r++) {                                                          \
-            const TYPE *row = x + r * ld;                                                          \
-            int64_t c = 0;                                                                         \
-            for (; c + 8 <= Cn; c += 8)                                                            \
-                for (int l = 0; l < 8; l++) {                                                      \
-                    const double v = (double)VAL(row[c + l]) * s1 * s2;                            \
-                    acc[l] += v * v;                                                               \
-                }                                                                                  \
-            for (; c < Cn; c++) {                                                                  \
-                const double v = (double)VAL(row[c]) * s1 * s2;                                    \
-                acc[c & 7] += v * v;                                                               \
-            }                                                                                      \
-        }                                                                                          \
-        double ss = 0.0;                                                                           \
-        for (int l = 0; l < 8; l++) ss += acc[l];                                                  \
-        out[0] = e;                                                                                \
-        out[1] = ss;                                                                               \
-    }
-#define SPLIT_AS_IS(v) (v)
-SPLIT_NORM(norm_f32, float, SPLIT_AS_IS)
-SPLIT_NORM(norm_bf16, float, bfr)
-SPLIT_NORM(norm_f64, double, SPLIT_AS_IS)
-#undef SPLIT_AS_IS
-#undef SPLIT_NORM
-
-static void block_norm(const split_plan *p, const char *x, int64_t ld, int64_t wj, int bf16,
-                       double out[2])
-{
-    const int64_t R = p->tall ? wj : p->n, Cn = p->tall ? p->n : wj;
-    if (p->dt == MU_F64) norm_f64((const double *)x, ld, R, Cn, out);
-    else if (bf16) norm_bf16((const float *)x, ld, R, Cn, out);
-    else norm_f32((const float *)x, ld, R, Cn, out);
-}
-
-/* The norm of k blocks' terms (block order): 0 when one holds NaN/Inf. */
-static int combine_norms(const double *v, int64_t k, double *norm)
-{
-    double top = -INFINITY, ss = 0.0;
-    for (int64_t j = 0; j < k; j++) {
-        if (isnan(v[2 * j])) return 0;
-        if (v[2 * j + 1] > 0.0 && v[2 * j] > top) top = v[2 * j];
-    }
-    *norm = 0.0;
-    if (top == -INFINITY) return 1;
-    for (int64_t j = 0; j < k; j++)
-        if (v[2 * j + 1] > 0.0) ss += ldexp(v[2 * j + 1], 2 * (int)(v[2 * j] - top));
-    *norm = ldexp(sqrt(ss), (int)top);
-    return 1;
-}
-
-/* Stripe t of the upper triangle of n x n m (element size es) to / from
- * its packed form (rows r0.., each from its diagonal). */
-static void pack_stripe(const split_plan *p, size_t es, const void *m, int64_t t, void *dst)
-{
-    int64_t r0, r1;
-    stripe_rows(p, t, &r0, &r1);
-    const int64_t base = tri_before(p, r0);
-    for (int64_t r = r0; r < r1; r++)
-        memcpy((char *)dst + (tri_before(p, r) - base) * (int64_t)es,
-               (const char *)m + (r * p->n + r) * (int64_t)es, (size_t)(p->n - r) * es);
-}
-
-static void unpack_stripe(const split_plan *p, size_t es, const void *src, int64_t t, void *m)
-{
-    int64_t r0, r1;
-    stripe_rows(p, t, &r0, &r1);
-    const int64_t base = tri_before(p, r0);
-    for (int64_t r = r0; r < r1; r++)
-        memcpy((char *)m + (r * p->n + r) * (int64_t)es,
-               (const char *)src + (tri_before(p, r) - base) * (int64_t)es, (size_t)(p->n - r) * es);
-}
-
-/* Mirror rows [r0, r1) of the upper triangle of n x n m into the lower
- * one, in 16 x 16 squares (rows of a square read, columns written). */
-static void mirror_rows(int dt, void *m, int64_t n, int64_t r0, int64_t r1)
-{
-    enum { B = 16 };
-    for (int64_t i0 = r0; i0 < r1; i0 += B) {
-        const int64_t i1 = i0 + B < r1 ? i0 + B : r1;
-        for (int64_t j0 = i0; j0 < n; j0 += B) {
-            const int64_t j1 = j0 + B < n ? j0 + B : n;
-            for (int64_t c = j0; c < j1; c++) {
-                const int64_t re = i1 < c ? i1 : c;
-                if (dt == MU_F32) {
-                    float *a = m;
-                    for (int64_t r = i0; r < re; r++) a[c * n + r] = a[r * n + c];
-                } else {
-                    double *a = m;
-                    for (int64_t r = i0; r < re; r++) a[c * n + r] = a[r * n + c];
-                }
-            }
-        }
-    }
-}
-
-static void blas_syrk(int dt, enum CBLAS_ORDER lo, enum CBLAS_UPLO up, int64_t n, int64_t k,
-                      double alpha, const void *a, int64_t lda, void *c)
-{
-    if (dt == MU_F32)
-        cblas_ssyrk(lo, up, CblasNoTrans, (int)n, (int)k, (float)alpha, a, (int)lda, 0.0f, c, (int)n);
-    else
-        cblas_dsyrk(lo, up, CblasNoTrans, (int)n, (int)k, alpha, a, (int)lda, 0.0, c, (int)n);
-}
-
-/* The bfloat16 products' shapes (oneDNN primitives are made per shape). */
-static mu__dnnl_shape bf16_tile(int64_t M, int64_t N, int64_t K, int64_t ld, int64_t ldc)
-{
-    return (mu__dnnl_shape){.M = M, .N = N, .K = K, .lda = ld, .ldb = ld, .ldc = ldc, .transb = 1};
-}
-
-static mu__dnnl_shape bf16_update(int64_t n, int64_t wj)
-{
-    return (mu__dnnl_shape){.M = n, .N = wj, .K = n, .lda = n, .ldb = wj, .ldc = wj, .transb = 0};
-}
-
-/* C (float32, ld n) = X X^T on the upper tiles of the stripe grid, X n x
- * K bfloat16 (ld K): one oneDNN call per tile (stripes a <= b). */
-static void bf16_gram(const mu__split *s, int w, const uint16_t *x, int64_t K, float *c)
-{
-    const split_plan *p = &s->p;
-    for (int64_t a = 0; a < p->S; a++)
-        for (int64_t b = a; b < p->S; b++) {
-            int64_t a0, a1, b0, b1;
-            stripe_rows(p, a, &a0, &a1);
-            stripe_rows(p, b, &b0, &b1);
-            const mu__dnnl_shape sh = bf16_tile(a1 - a0, b1 - b0, K, K, p->n);
-            mu__dnnl_gemm(s->dnnl, w, &sh, x + a0 * K, x + b0 * K, c + a0 * p->n + b0);
-        }
-}
-
-/* Every product shape of the bfloat16 plan, wanted before workers run. */
-static int bf16_want(const mu__split *s)
-{
-    const split_plan *p = &s->p;
-    int rc = MU_OK;
-    const int64_t widths[2] = {p->w, block_width(p, p->k - 1)};
-    for (int64_t a = 0; rc == MU_OK && a < p->S; a++)
-        for (int64_t b = a; rc == MU_OK && b < p->S; b++) {
-            int64_t a0, a1, b0, b1;
-            stripe_rows(p, a, &a0, &a1);
-            stripe_rows(p, b, &b0, &b1);
-            mu__dnnl_shape sh = bf16_tile(a1 - a0, b1 - b0, p->n, p->n, p->n);
-            rc = mu__dnnl_want(s->dnnl, &sh);
-            for (int i = 0; rc == MU_OK && i < 2; i++) {
-                sh = bf16_tile(a1 - a0, b1 - b0, widths[i], widths[i], p->n);
-                rc = mu__dnnl_want(s->dnnl, &sh);
-            }
-        }
-    for (int i = 0; rc == MU_OK && i < 2; i++) {
-        const mu__dnnl_shape sh = bf16_update(p->n, widths[i]);
-        rc = mu__dnnl_want(s->dnnl, &sh);
-    }
-    return rc == MU_OK ? mu__dnnl_workers(s->dnnl, s->workers) : rc;
-}
-
-/* bfloat16: A (bfloat16) and B share nn[1]. */
-static uint16_t *bf16_A(const mu__split *s) { return (uint16_t *)s->nn[1]; }
-static uint16_t *bf16_B(const mu__split *s) { return (uint16_t *)s->nn[1] + s->p.n * s->p.n; }
-
-/* ------------------------------------------------------------- phases */
-
-/* One pool run: the post of an op whose exchange is done (or, g = 1, of
- * the op before: its stripes unpacked and mirrored), then an op's items. */
-typedef struct split_job {
-    mu__split *s;
-    const split_op *post, *op;
-    int64_t items;      /* the op's items (blocks or stripes) */
-    const char *src;    /* PARTIALS, UPDATE, NORMS: the piece read */
-    char *dst;          /* UPDATE: the piece written */
-    double alpha;
-    double *terms;      /* NORMS: 2 per block of each matrix */
-    int bf16;           /* NORMS: of the bfloat16-rounded values */
-    atomic_llong next, next_post, summed;
-} split_job;
-
-/* The stripe t of the result of op (COMBINE or SP) from its exchange, then
- * mirrored when the result is read whole later. */
-static void post_stripe(const mu__split *s, const split_op *op, int64_t t)
-{
-    const split_plan *p = &s->p;
-    const size_t es = split_es(p);
-    int64_t r0, r1;
-    stripe_rows(p, t, &r0, &r1);
-    if (p->bf16) {
-        uint16_t *dst = op->kind == OP_COMBINE ? bf16_A(s) : bf16_B(s);
-        if (s->g > 1) {
-            unpack_stripe(p, 2, (const uint16_t *)s->grecv + s->agd[s->owner[t]] + s->soff[t], t, dst);
-        } else if (op->kind == OP_COMBINE) { /* A = bf16(the float32 sum) */
-            const float *a = s->nn[0];
-            for (int64_t r = r0; r < r1; r++) mu__ns_bf16_round(dst + r * p->n + r, a + r * p->n + r, p->n - r);
-        }
-        if (op->mirror) mu__ns_bf16_mirror(dst, p->n, r0, r1);
-        return;
-    }
-    if (s->g > 1)
-        unpack_stripe(p, es, (const char *)s->grecv + (s->agd[s->owner[t]] + s->soff[t]) * (int64_t)es,
-                      t, s->nn[op->c]);
-    if (op->mirror) mirror_rows(p->dt, s->nn[op->c], p->n, r0, r1);
-}
-
-/* Block j's partial product P_j = alpha X_j X_j^T: g = 1, added to nn[c]
- * in block order (the first one written there); else its stripes packed
- * for their owners. */
-static void partials_item(split_job *jb, mu__pool *team, int w, int64_t j)
-{
-    const mu__split *s = jb->s;
-    const split_plan *p = &s->p;
-    const int64_t wj = block_width(p, j);
-    void *target = s->nn[jb->op->c];
-    const int direct = s->g == 1 && j == 0;
-    void *dst = direct ? target : s->tmp[w];
-    if (p->bf16) {
-        bf16_gram(s, w, bf16_block(s, j), wj, dst);
-    } else {
-        int64_t ld;
-        const char *x = piece_block(s, jb->src, j, &ld);
-        blas_syrk(p->dt, p->lo, p->up, p->n, wj, jb->alpha, x, ld, dst);
-    }
-    const int dt = p->bf16 ? MU_F32 : p->dt;
-    const size_t ef = mu_dtype_size(dt);
-    if (s->g == 1) {
-        if (!direct) {
-            mu__pool_wait(team, &jb->summed, j);
-            mu__ns_accumulate(dt, target, dst, p->n, 0, p->n);
-        }
-        atomic_store(&jb->summed, j + 1);
-        mu__pool_wake(team);
-        return;
-    }
-    for (int64_t t = 0; t < p->S; t++) {
-        const int q = s->owner[t];
-        const int64_t at = s->x1sd[q] + (j - s->b0) * s->tri[q] + s->soff[t];
-        pack_stripe(p, ef, dst, t, (char *)s->send1 + at * (int64_t)ef);
-    }
-}
-
-/* Own stripe t of A: the received partials summed in block order (chunk
- * by chunk), into the exchange's send buffer (bfloat16: rounded). */
-static void combine_item(const split_job *jb, int w, int64_t t)
-{
-    const mu__split *s = jb->s;
-    const split_plan *p = &s->p;
-    const int64_t len = stripe_tri(p, t), town = s->tri[s->rank];
-    for (int64_t e0 = 0; e0 < len; e0 += SPLIT_CHUNK) {
-        const int64_t e1 = e0 + SPLIT_CHUNK < len ? e0 + SPLIT_CHUNK : len, at = s->soff[t] + e0;
-        if (p->dt == MU_F64) {
-            double *acc = (double *)s->gsend + at;
-            const double *src = (const double *)s->recv1 + at;
-            memcpy(acc, src, (size_t)(e1 - e0) * sizeof *acc);
-            for (int64_t j = 1; j < p->k; j++)
-                for (int64_t e = 0; e < e1 - e0; e++) acc[e] += src[j * town + e];
-            continue;
-        }
-        float *acc = p->bf16 ? (float *)s->tmp[w] : (float *)s->gsend + at;
-        const float *src = (const float *)s->recv1 + at;
-        memcpy(acc, src, (size_t)(e1 - e0) * sizeof *acc);
-        for (int64_t j = 1; j < p->k; j++)
-            for (int64_t e = 0; e < e1 - e0; e++) acc[e] += src[j * town + e];
-        if (p->bf16) mu__ns_bf16_round((uint16_t *)s->gsend + at, acc, e1 - e0);
-    }
-}
-
-/* Stripe t of a small-side product (see split_op), packed for the
- * exchange when g > 1. bfloat16: B = bf16(bf16(b' A) + bf16(c' bf16(A A)))
- * on the stripe's tiles. */
-static void sp_item(const split_job *jb, int w, int64_t t)
-{
-    const mu__split *s = jb->s;
-    const split_plan *p = &s->p;
-    const split_op *op = jb->op;
-    const double *co = p->o->coeffs + 3 * op->k;
-    const int64_t n = p->n;
-    int64_t r0, r1;
-    stripe_rows(p, t, &r0, &r1);
-    if (p->bf16) {
-        const uint16_t *A = bf16_A(s);
-        uint16_t *B = bf16_B(s);
-        float *F = s->tmp[w];
-        const float bc = mu__ns_bf16_coef(co[1]), cc = mu__ns_bf16_coef(co[2]);
-        for (int64_t b = t; b < p->S; b++) {
-            int64_t c0, c1;
-            stripe_rows(p, b, &c0, &c1);
-            const mu__dnnl_shape sh = bf16_tile(r1 - r0, c1 - c0, n, n, n);
-            mu__dnnl_gemm(s->dnnl, w, &sh, A + r0 * n, A + c0 * n, F + r0 * n + c0);
-            for (int64_t r = r0; r < r1; r++) {
-                const int64_t cs = c0 > r ? c0 : r;
-                if (c1 > cs) mu__ns_bf16_poly(B + r * n + cs, A + r * n + cs, F + r * n + cs, c1 - cs, bc, cc);
-            }
-        }
-        if (s->g > 1) pack_stripe(p, 2, B, t, (uint16_t *)s->gsend + s->soff[t]);
-        return;
-    }
-    const int dt = p->dt;
-    const size_t es = split_es(p);
-    char *C = s->nn[op->c];
-    const char *L = s->nn[op->l], *M = s->nn[op->m];
-    double alpha = 1.0, beta = 0.0;
-    if (op->poly) { /* C = b L on the trapezoid's upper part, then c L M added */
-        for (int64_t r = r0; r < r1; r++)
-            for (int64_t c = r; c < n; c++) {
-                if (dt == MU_F32) ((float *)C)[r * n + c] = (float)co[1] * ((const float *)L)[r * n + c];
-                else ((double *)C)[r * n + c] = co[1] * ((const double *)L)[r * n + c];
-            }
-        alpha = co[2];
-        beta = 1.0;
-    }
-    const int64_t mm = r1 - r0, nn = n - r0;
-    char *c = C + (r0 * n + r0) * (int64_t)es;
-    if (dt == MU_F32)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)mm, (int)nn, (int)n, (float)alpha,
-                    (const float *)L + r0 * n, (int)n, (const float *)M + r0, (int)n, (float)beta,
-                    (float *)c, (int)n);
-    else
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)mm, (int)nn, (int)n, alpha,
-                    (const double *)L + r0 * n, (int)n, (const double *)M + r0, (int)n, beta,
-                    (double *)c, (int)n);
-    if (op->poly) mu__ns_add_diag(dt, C, n, r0, r1, co[0]);
-    if (s->g > 1) pack_stripe(p, es, C, t, (char *)s->gsend + s->soff[t] * (int64_t)es);
-}
-
-/* Own block j: X_j <- alpha S X_j (symm on nn[c]'s upper triangle), from
- * src to dst. bfloat16: X_j = bf16(bf16(a' X_j) + bf16(B X_j)) in place;
- * at the last step also written to the output (float32). */
-static void update_item(const split_job *jb, int w, int64_t j)
-{
-    const mu__split *s = jb->s;
-    const split_plan *p = &s->p;
-    const split_op *op = jb->op;
-    const int64_t n = p->n, wj = block_width(p, j);
-    if (!p->bf16) {
-        int64_t ld;
-        const char *x = piece_block(s, jb->src, j, &ld);
-        char *y = piece_block(s, jb->dst, j, &ld);
-        if (p->dt == MU_F32)
-            cblas_ssymm(p->lo, CblasLeft, p->up, (int)n, (int)wj, (float)jb->alpha, s->nn[op->c],
-                        (int)n, (const float *)x, (int)ld, 0.0f, (float *)y, (int)ld);
-        else
-            cblas_dsymm(p->lo, CblasLeft, p->up, (int)n, (int)wj, jb->alpha, s->nn[op->c], (int)n,
-                        (const double *)x, (int)ld, 0.0, (double *)y, (int)ld);
-        return;
-    }
-    uint16_t *x = bf16_block(s, j);
-    float *C = s->tmp[w];
-    const mu__dnnl_shape sh = bf16_update(n, wj);
-    mu__dnnl_gemm(s->dnnl, w, &sh, bf16_B(s), x, C);
-    const float ac = mu__ns_bf16_coef(p->o->coeffs[3 * op->k]);
-    for (int64_t i = 0; i < n; i++) mu__ns_bf16_apply(x + i * wj, C + i * wj, wj, ac, op->last);
-    if (!op->last) return;
-    int64_t ld;
-    float *out = (float *)piece_block(s, jb->dst, j, &ld);
-    if (!p->tall) {
-        for (int64_t i = 0; i < n; i++) memcpy(out + i * ld, C + i * wj, (size_t)wj * sizeof *out);
-        return;
-    }
-    for (int64_t r = 0; r < wj; r++) /* block rows r of the output: column r of X_j */
-        for (int64_t i = 0; i < n; i++) out[r * n + i] = C[i * wj + r];
-}
-
-static void split_worker(mu__pool *team, int rank, void *arg)
-{
-    split_job *jb = arg;
-    const mu__split *s = jb->s;
-    if (jb->post) {
-        for (;;) {
-            const long long t = atomic_fetch_add(&jb->next_post, 1);
-            if (t >= s->p.S) break;
-            post_stripe(s, jb->post, t);
-        }
-        mu__pool_sync(team, mu__pool_size(team));
-    }
-    if (!jb->op) return;
-    for (;;) {
-        const long long i = atomic_fetch_add(&jb->next, 1);
-        if (i >= jb->items) break;
-        switch (jb->op->kind) {
-        case OP_PARTIALS: partials_item(jb, team, rank, s->b0 + i); break;
-        case OP_COMBINE: combine_item(jb, rank, s->own[i]); break;
-        case OP_SP: sp_item(jb, rank, s->g == 1 ? i : s->own[i]); break;
-        case OP_NORMS: {
-            const int64_t m = i / s->nb, j = s->b0 + i % s->nb;
-            int64_t ld;
-            const char *x = piece_block(s, jb->src + m * s->p.n * s->plen * (int64_t)split_es(&s->p), j, &ld);
-            block_norm(&s->p, x, ld, block_width(&s->p, j), jb->bf16, jb->terms + 2 * i);
-            break;
-        }
-        default: update_item(jb, rank, s->b0 + i); break;
-        }
-    }
-}
-
-/* A piece buffer of matrix i. */
-static char *piece(const mu__split *s, int id)
-{
-    const int64_t bytes = s->p.n * s->plen * (int64_t)split_es(&s->p);
-    char *out = s->out + s->i * bytes;
-    switch (id) {
-    case PIECE_X0: return (char *)s->x0;
-    case PIECE_OUT: return out;
-    case PIECE_XP0: return s->xp[0];
-    case PIECE_XP1: return s->xp[1];
-    default: return s->inplace ? s->xp[s->final_xp] : out;
-    }
-}
-
-/* The norm terms of every own block of `matrices` matrices of pieces
- * from src into terms (matrix by matrix, 2 per block), on the team. */
-static void run_norms(mu__split *s, const char *src, int64_t matrices, int bf16, double *terms)
-{
-    static const split_op norms = {.kind = OP_NORMS};
-    split_job jb = {.s = s, .op = &norms, .items = matrices * s->nb, .src = src, .terms = terms,
-                    .bf16 = bf16};
-    atomic_init(&jb.next, 0);
-    atomic_init(&jb.next_post, 0);
-    atomic_init(&jb.summed, 0);
-    const mu__pool_cfg cfg = mu__ns_pool_cfg(s->workers);
-    mu__pool_run(&cfg, split_worker, &jb);
-}
-
-/* Run op (NULL: only the post) on the team, after the post of `post`. */
-static void run_op(mu__split *s, const split_op *post, const split_op *op)
-{
-    split_job jb = {.s = s, .post = post, .op = op};
-    atomic_init(&jb.next, 0);
-    atomic_init(&jb.next_post, 0);
-    atomic_init(&jb.summed, 0);
-    if (op) {
-        switch (op->kind) {
-        case OP_PARTIALS: jb.items = s->nb; break;
-        case OP_COMBINE: jb.items = s->g == 1 ? 0 : s->nown; break;
-        case OP_SP: jb.items = s->g == 1 ? s->p.S : s->nown; break;
-        default: jb.items = s->nb; break;
-        }
-        jb.src = piece(s, op->src);
-        jb.dst = op->kind == OP_UPDATE ? piece(s, op->dst) : NULL;
-        jb.alpha = op->scaled ? (op->kind == OP_PARTIALS ? s->xs * s->xs : s->xs) : 1.0;
-    }
-    const mu__pool_cfg cfg = mu__ns_pool_cfg(s->workers);
-    mu__pool_run(&cfg, split_worker, &jb);
-}
-
 /* ------------------------------------------------------------ the call */
-
-static int64_t piece_elems(const mu__split *s) { return s->p.n * s->plen; }
 
 static void scale_copy(int dt, void *dst, const void *src, int64_t len, double scale)
 {
@@ -970,7 +369,7 @@ static int matrix_norm(mu__split *s, int64_t i, double *norm)
         const int64_t nbq = s->bstart[q + 1] - s->bstart[q];
         memcpy(v + 2 * s->bstart[q], s->nrecv + s->nd[q] + 2 * i * nbq, (size_t)(2 * nbq) * sizeof *v);
     }
-    return combine_norms(v, s->p.k, norm);
+    return mu__split_combine_norms(v, s->p.k, norm);
 }
 
 /* The standard program's start: the step-1 source (the input; a copy in
@@ -1096,7 +495,7 @@ static void guard_post(mu__split *s)
 {
     const split_plan *p = &s->p;
     double got = 0.0;
-    const int ok = combine_norms(s->grecvn, p->k, &got) && got <= p->band_hi && got >= p->band_lo &&
+    const int ok = mu__split_combine_norms(s->grecvn, p->k, &got) && got <= p->band_hi && got >= p->band_lo &&
                    !mu__ns_gram_guard_forced();
     const int64_t bytes = piece_elems(s) * (int64_t)split_es(p);
     const char *in = s->in + s->i * bytes;
@@ -1126,16 +525,16 @@ static int run_next(mu__split *s, mu__split_xfer *x)
     }
     const split_op *op = &s->run[s->pc++];
     if (op->kind == OP_GUARD) {
-        if (post) run_op(s, post, NULL);
+        if (post) mu__split_run_op(s, post, NULL);
         const int64_t bytes = piece_elems(s) * (int64_t)split_es(p);
         const char *res = s->inplace ? s->xp[s->final_xp] : s->out + s->i * bytes;
-        run_norms(s, res, 1, 0, s->g > 1 ? s->gsendn : s->grecvn);
+        mu__split_run_norms(s, res, 1, 0, s->g > 1 ? s->gsendn : s->grecvn);
         s->state = ST_GUARD;
         if (s->g == 1) return 0;
         xfer_gather(x, MU_F64, s->gsendn, 2 * s->nb, s->grecvn, s->gc, s->gd);
         return 1;
     }
-    run_op(s, post, op);
+    mu__split_run_op(s, post, op);
     if (op->kind == OP_UPDATE) return 0;
     if (op->kind != OP_PARTIALS) s->pending = op;
     if (s->g == 1) return 0;
@@ -1172,7 +571,7 @@ static int split_step(mu__split *s, mu__split_xfer *x)
             break;
         }
         case ST_NORMS:
-            run_norms(s, s->in, s->batch, s->p.bf16, s->nsend);
+            mu__split_run_norms(s, s->in, s->batch, s->p.bf16, s->nsend);
             s->state = ST_NORMS_POST;
             if (s->g > 1) {
                 xfer_gather(x, MU_F64, s->nsend, 2 * s->nb * s->batch, s->nrecv, s->nc, s->nd);
@@ -1343,7 +742,7 @@ int mu__split_new(int dtype, int64_t rows, int64_t cols, const mu_ns_opts *opts,
         s->bytes = bytes + tables_layout(s, NULL);
         if (s->p.bf16) {
             rc = mu__dnnl_open(&s->dnnl);
-            if (rc == MU_OK) rc = bf16_want(s);
+            if (rc == MU_OK) rc = mu__split_bf16_want(s);
         }
     }
     if (rc != MU_OK) {
@@ -1548,7 +947,7 @@ int mu__ns_split_batch(const mu__ns_batch *b)
     if (s.p.bf16) {
         rc = ws->dnnl ? MU_OK : mu__dnnl_open(&ws->dnnl);
         s.dnnl = ws->dnnl;
-        if (rc == MU_OK) rc = bf16_want(&s);
+        if (rc == MU_OK) rc = mu__split_bf16_want(&s);
         if (rc != MU_OK) return rc;
     }
     s.in = b->in;
