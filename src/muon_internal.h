@@ -211,6 +211,9 @@ void mu__dnnl_gemm(mu__dnnl *d, int w, const mu__dnnl_shape *s, const uint16_t *
 void mu__dnnl_describe(char *buf, size_t cap);
 /* Grow the workspace to `want` slots (fewer on out of memory); returns the count. */
 int mu__ns_slots(mu_ns_workspace *ws, int want);
+/* Grow a workspace buffer (*buf, *bytes long, 64-byte aligned; contents
+ * dropped) to at least need bytes; MU_ENOMEM naming `what`. */
+int mu__ns_grow(void **buf, size_t *bytes, size_t need, const char *what);
 /* The Gram iteration's restarts (bit k: X recomputed before step k) and its
  * guard's band for n x m matrices: the result's Frobenius norm must lie in
  * [lo, hi]; MU_NS_GRAM_GUARD=fail (a test knob) rejects every result

@@ -37,8 +37,8 @@
  *   matrices whose shape mu_ns_method_for sends to it, after the checks
  *   below (one tensor at a time, before the scheduler runs the others).
  * - Matrices of more than one block (mu__split_plan: a long side of 8192
- *   or more) run the blocked iteration of src/ns_split.c instead, the same
- *   way: the bits of a split over any group of ranks.
+ *   or more) run the blocked iteration of src/ns_split.c instead, first,
+ *   the same way: the bits of a split over any group of ranks.
  */
 #include "tensor_internal.h"
 
@@ -1338,6 +1338,7 @@ static int ns_unit_cmp(const void *pa, const void *pb)
 
 static void ns_schedule_run(const ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
                             mu_ns_workspace *ws);
+static int ns_takes_split(const ns_job *job);
 
 /* When a job is bfloat16: oneDNN into the workspace (MU_EIO without it),
  * and every product shape of the bfloat16 jobs and the most workers the
@@ -1351,7 +1352,8 @@ static int ns_dnnl_ready(const ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
     int rc = ws->dnnl ? MU_OK : mu__dnnl_open(&ws->dnnl);
     for (int64_t j = 0; rc == MU_OK && j < njobs; j++) {
         const ns_plan *p = &jobs[j].plan;
-        if (jobs[j].batch == 0 || !p->bf16 || jobs[j].opts->steps == 0) continue;
+        if (jobs[j].batch == 0 || !p->bf16 || jobs[j].opts->steps == 0 || ns_takes_split(&jobs[j]))
+            continue; /* (the blocked iteration wants its own shapes) */
         static const int stages[] = {NS_GRAM_A, NS_GRAM_B, NS_APPLY};
         for (int k = 0; rc == MU_OK && k < 3; k++)
             for (int t = 0; rc == MU_OK && t < p->tiles[stages[k]]; t++) {
@@ -1593,6 +1595,17 @@ typedef struct ns_lists {
 
 static size_t ns_round(size_t b) { return (b + 63) & ~(size_t)63; }
 
+int mu__ns_grow(void **buf, size_t *bytes, size_t need, const char *what)
+{
+    if (need <= *bytes) return MU_OK;
+    void *p = aligned_alloc(64, need);
+    if (!p) return mu__fail(MU_ENOMEM, "ns: out of memory (%zu bytes of %s)", need, what);
+    free(*buf);
+    *buf = p;
+    *bytes = need;
+    return MU_OK;
+}
+
 static int ns_lists_get(mu_ns_workspace *ws, int64_t njobs, int64_t total, ns_lists *l)
 {
     const size_t bj = ns_round((size_t)njobs * sizeof(ns_job));
@@ -1601,13 +1614,8 @@ static int ns_lists_get(mu_ns_workspace *ws, int64_t njobs, int64_t total, ns_li
     const size_t bt = ns_round((size_t)(total + 1) * sizeof(int64_t));
     const size_t bo = ns_round((size_t)njobs * sizeof(int64_t));
     const size_t need = bj + bn + bu + bt + bo;
-    if (need > ws->sched_bytes) {
-        void *p = aligned_alloc(64, need);
-        if (!p) return mu__fail(MU_ENOMEM, "ns: out of memory (%zu bytes of lists)", need);
-        free(ws->sched);
-        ws->sched = p;
-        ws->sched_bytes = need;
-    }
+    const int rc = mu__ns_grow(&ws->sched, &ws->sched_bytes, need, "lists");
+    if (rc != MU_OK) return rc;
     char *b = ws->sched;
     l->jobs = (ns_job *)b;
     l->norms = (double *)(b + bj);
@@ -1617,48 +1625,48 @@ static int ns_lists_get(mu_ns_workspace *ws, int64_t njobs, int64_t total, ns_li
     return MU_OK;
 }
 
-/* The jobs whose shape mu_ns_method_for sends to the Gram iteration
- * (src/ns_gram.c), validated: run one at a time, each on every worker, and
- * left out of the scheduler (batch set to 0). Fails only with MU_ENOMEM
- * (the Gram buffers, allocated on first use). */
-static int ns_run_gram(ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
+/* The jobs `takes` claims, validated, run one at a time outside the
+ * scheduler, each with `run` on every worker, and are left out of it
+ * (batch set to 0). Fails only as `run` does (MU_ENOMEM: buffers allocated
+ * on first use; MU_EIO: oneDNN). */
+static int ns_run_aside(ns_job *jobs, int64_t njobs, mu_ns_workspace *ws,
+                        int (*takes)(const ns_job *), int (*run)(const mu__ns_batch *))
 {
     for (int64_t j = 0; j < njobs; j++) {
         ns_job *job = &jobs[j];
-        if (job->batch == 0 || mu_ns_method_for(job->rows, job->cols, job->opts) != MU_NS_GRAM)
-            continue;
-        const mu__ns_batch gb = {.dt = job->dt, .rows = job->rows, .cols = job->cols,
-                                 .batch = job->batch, .in = job->in, .out = job->out,
-                                 .opts = job->opts, .ws = ws, .norms = job->norms,
-                                 .threads = ns_workers()};
-        int rc = mu__ns_gram_batch(&gb);
+        if (job->batch == 0 || !takes(job)) continue;
+        const mu__ns_batch b = {.dt = job->dt, .rows = job->rows, .cols = job->cols,
+                                .batch = job->batch, .in = job->in, .out = job->out,
+                                .opts = job->opts, .ws = ws, .norms = job->norms,
+                                .threads = ns_workers()};
+        int rc = run(&b);
         if (rc != MU_OK) return rc;
         job->batch = 0;
     }
     return MU_OK;
 }
 
-/* The jobs whose shape has more than one block (mu__split_plan): the
- * blocked iteration (src/ns_split.c), one at a time on every worker, left
- * out of the scheduler (batch set to 0); so one process gives the bits a
- * split over any group size gives. */
-static int ns_run_split(ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
+/* The jobs whose shape mu_ns_method_for sends to the Gram iteration
+ * (src/ns_gram.c). */
+static int ns_takes_gram(const ns_job *job)
 {
-    for (int64_t j = 0; j < njobs; j++) {
-        ns_job *job = &jobs[j];
-        int64_t blocks = 1;
-        if (job->batch == 0 ||
-            mu__split_plan(job->rows, job->cols, job->opts, &blocks, NULL) != MU_OK || blocks < 2)
-            continue;
-        const mu__ns_batch b = {.dt = job->dt, .rows = job->rows, .cols = job->cols,
-                                .batch = job->batch, .in = job->in, .out = job->out,
-                                .opts = job->opts, .ws = ws, .norms = job->norms,
-                                .threads = ns_workers()};
-        int rc = mu__ns_split_batch(&b);
-        if (rc != MU_OK) return rc;
-        job->batch = 0;
-    }
-    return MU_OK;
+    return mu_ns_method_for(job->rows, job->cols, job->opts) == MU_NS_GRAM;
+}
+
+/* The jobs whose shape has more than one block (mu__split_plan): the
+ * blocked iteration (src/ns_split.c), so one process gives the bits a
+ * split over any group size gives. They go first (Gram ones too). */
+static int ns_takes_split(const ns_job *job)
+{
+    int64_t blocks = 1;
+    return mu__split_plan(job->rows, job->cols, job->opts, &blocks, NULL) == MU_OK && blocks > 1;
+}
+
+/* The jobs run aside: the blocked ones, then the Gram ones. */
+static int ns_run_asides(ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
+{
+    int rc = ns_run_aside(jobs, njobs, ws, ns_takes_split, mu__ns_split_batch);
+    return rc == MU_OK ? ns_run_aside(jobs, njobs, ws, ns_takes_gram, mu__ns_gram_batch) : rc;
 }
 
 int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
@@ -1698,9 +1706,8 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
             ns_norm(job.dt, job.in + i * job.bytes_per, len, &l.norms[i]);
         job.norms = l.norms;
         l.jobs[0] = job;
-        rc = ns_run_split(l.jobs, 1, ws);
-        if (rc == MU_OK) rc = ns_dnnl_ready(l.jobs, 1, ws);
-        if (rc == MU_OK) rc = ns_run_gram(l.jobs, 1, ws);
+        rc = ns_dnnl_ready(l.jobs, 1, ws);
+        if (rc == MU_OK) rc = ns_run_asides(l.jobs, 1, ws);
         if (rc == MU_OK) rc = ns_schedule(l.jobs, 1, l.unit, l.tstart, ws);
     }
     mu_ns_workspace_free(own);
@@ -1803,9 +1810,8 @@ int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *c
         off += l.jobs[j].batch;
     }
     if (rc == MU_OK) rc = ns_check_aliasing(&l, count);
-    if (rc == MU_OK) rc = ns_run_split(l.jobs, count, ws);
     if (rc == MU_OK) rc = ns_dnnl_ready(l.jobs, count, ws);
-    if (rc == MU_OK) rc = ns_run_gram(l.jobs, count, ws);
+    if (rc == MU_OK) rc = ns_run_asides(l.jobs, count, ws);
     if (rc == MU_OK) rc = ns_schedule(l.jobs, count, l.unit, l.tstart, ws);
     mu_ns_workspace_free(own);
     return rc;

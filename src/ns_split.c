@@ -928,13 +928,8 @@ int mu__ns_split_batch(const mu__ns_batch *b)
     s.plen = s.p.m;
     const size_t bb = split_layout(&s, NULL, 1);
     const size_t need = tb + bb + rnd64((size_t)norm_doubles(&s, s.batch) * sizeof(double));
-    if (need > ws->split_bytes) {
-        void *m = aligned_alloc(64, need);
-        if (!m) return mu__fail(MU_ENOMEM, "ns: out of memory (%zu bytes for the blocked iteration)", need);
-        free(ws->split);
-        ws->split = m;
-        ws->split_bytes = need;
-    }
+    rc = mu__ns_grow(&ws->split, &ws->split_bytes, need, "the blocked iteration's buffers");
+    if (rc != MU_OK) return rc;
     char *area = ws->split;
     tables_layout(&s, area);
     rc = split_arm(&s);
