@@ -56,16 +56,17 @@
 #include <string.h>
 
 /* The plan's sizes (src/muon.h; MU_NS_SPLIT_PLAN replaces them). Block
- * width 2048: measured on 2048 x 8192 float32 (Zen 4, SkylakeX core, 2
- * workers, medians of 5 interleaved rounds on a shared machine), the
- * blocked iteration took 0.95x the unblocked one's time with blocks of
- * 2048 and 1.07x with 1024 (each block's syrk writes all of its n x n
- * product and each symm repacks the n x n factor: k times per step). A
- * 2048 x 8192 matrix then has 4 blocks, a 12288 x 49152 one 24. Stripes of
- * 128 rows: measured single-threaded (n = 2048), the 16 stripe gemms of
- * the upper trapezoid take 1.11x one syrk of the whole (64 rows: 1.17x,
- * 512: 1.26x: their repacking against the wasted half of the diagonal
- * blocks); bfloat16 keeps src/ns.c's tile edge of 192. */
+ * width 2048: measured on 2048 x 8192 float32 (AMD EPYC Zen 3, AVX2,
+ * OpenBLAS Haswell core, 2 workers, medians of 5 interleaved rounds on a
+ * shared machine), the blocked iteration took 0.95x the unblocked one's
+ * time with blocks of 2048 and 1.07x with 1024 (each block's syrk writes
+ * all of its n x n product and each symm repacks the n x n factor: k
+ * times per step). A 2048 x 8192 matrix then has 4 blocks, a 12288 x
+ * 49152 one 24. Stripes of 128 rows: measured single-threaded (n = 2048,
+ * the same machine), the 16 stripe gemms of the upper trapezoid take 1.11x
+ * one syrk of the whole (64 rows: 1.17x, 512: 1.26x: their repacking
+ * against the wasted half of the diagonal blocks); bfloat16 keeps
+ * src/ns.c's tile edge of 192. */
 #define SPLIT_LONG 8192
 #define SPLIT_BLOCK 2048
 #define SPLIT_STRIPE 128
