@@ -433,7 +433,9 @@ MU_API int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out);
  * The bits of each output matrix depend on its input (and the build and
  * OpenBLAS core) only: not on the thread or worker count, the batch it is
  * in, or where it lives (every BLAS call is single-threaded on a fixed
- * partition of the products into tiles, see src/ns.c).
+ * partition of the products into tiles, see src/ns.c). Matrices whose long
+ * side reaches 8192 run the blocked iteration (src/ns_split.c, "split
+ * Newton-Schulz" below), whose bits a split over any group of ranks gives.
  * A non-finite input fails with MU_ENONFINITE naming the batch index and
  * leaves out untouched; eps = 0 with an all-zero matrix is MU_EINVAL. */
 MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
@@ -660,6 +662,96 @@ MU_API void mu_comm_abort(int code);
 /* World size: from MPI if initialized, else from the launcher's environment
  * (OMPI_COMM_WORLD_SIZE / PMI_SIZE), else 1. Does not initialize MPI. */
 MU_API int mu_comm_world_size(void);
+
+/* ---------------------------------------------- split Newton-Schulz */
+
+/* For the Lua router (src/ns_split.c); mu__split_* names may change
+ * without notice. */
+
+/* The blocked iteration. A rows x cols matrix (n x m with n <= m after the
+ * transpose of a tall one) whose long side m is at least 8192 is cut, along
+ * m, into k = ceil(m / 2048) blocks X_1..X_k of 2048 (the last shorter):
+ * column blocks of a wide matrix, row blocks of a tall one. Per step each
+ * block's partial Gram product P_j = X_j X_j^T is formed on its own; A =
+ * ((P_1 + P_2) + P_3) + ... in block order; the small side (B = b A + c A A,
+ * or the Gram iteration's n x n products) is cut into row stripes of 128
+ * (bfloat16: 192) rows, each one BLAS/oneDNN call on the upper trapezoid;
+ * then X_j <- (B + a I) X_j per block. Every call's sizes and every sum's
+ * order come from the shape only, so a group of g ranks, each holding some
+ * blocks and some stripes, gets the bits one process gets, for every g
+ * (g > k too: ranks without blocks still take stripes). The Frobenius norm
+ * is summed per block (power-of-two scaled, float64) in block order.
+ * Matrices below the threshold (k = 1), MU_NS_PLAIN and the AOL
+ * preconditioning keep the unblocked iteration of src/ns.c. The knob
+ * MU_NS_SPLIT_PLAN="LONG,BLOCK,STRIPE" (tests, measurements; "off": never
+ * block) replaces 8192, 2048 and the stripe rows: every process of a run
+ * must then set the same. */
+typedef struct mu__split mu__split;
+/* Exchange kinds a rank's step machine asks its driver for. */
+enum { MU__SPLIT_ALLTOALLV = 1, MU__SPLIT_ALLGATHERV = 2 };
+/* One exchange (mu__split_next): counts and displacements in elements of
+ * dtype (MU_F32, MU_F64 or MU_BF16), g entries each, as mu_comm_alltoallv
+ * (sendcounts, sdispls, recvcounts, rdispls) and mu_comm_allgatherv
+ * (sendcount, recvcounts, rdispls) take them. The pointers stay valid until
+ * the next call on the machine. */
+typedef struct mu__split_xfer {
+    int op;                              /* MU__SPLIT_ALLTOALLV or MU__SPLIT_ALLGATHERV */
+    int dtype;                           /* of the elements */
+    const void *send;                    /* this rank's send buffer */
+    int64_t sendcount;                   /* ALLGATHERV: elements this rank sends */
+    const int64_t *sendcounts, *sdispls; /* ALLTOALLV: to each peer */
+    void *recv;                          /* the receive buffer */
+    const int64_t *recvcounts, *rdispls; /* from each peer */
+} mu__split_xfer;
+/* A rank's view of a plan (mu__split_info). */
+typedef struct mu__split_info {
+    int64_t blocks, width;       /* k blocks of width (the last shorter) along the long side */
+    int64_t stripes, stripe_rows; /* of the n x n side */
+    int group, rank;              /* as made */
+    int64_t first_block, nblocks; /* this rank's blocks: [first_block, first_block + nblocks) */
+    int dim;                      /* the long side of rows x cols: 0 (rows: tall) or 1 (cols) */
+    int64_t start, length;        /* this rank's piece along dim (length 0: none) */
+    int64_t exchanges;            /* exchanges per matrix (the Gram guard's fallback adds more) */
+    int64_t bytes_sent, bytes_recv; /* per matrix: payload to / from other ranks, as
+                                     * mu_comm_stats counts it */
+    int64_t call_exchanges, call_bytes_sent, call_bytes_recv; /* per call, once */
+    int64_t workspace_bytes;      /* buffers this machine holds */
+} mu__split_info;
+/* The blocks of a rows x cols matrix under opts: *blocks = k (1: not
+ * blocked), *width (either may be NULL). */
+MU_API int mu__split_plan(int64_t rows, int64_t cols, const mu_ns_opts *opts, int64_t *blocks,
+                          int64_t *width);
+/* Rank `rank` of a group of `group` ranks running rows x cols matrices of
+ * dtype (MU_F32, MU_F64) with opts (copied): its blocks (contiguous, the
+ * group's k blocks dealt in rank order), its stripes (dealt by cost, the
+ * largest first to the least loaded rank) and its buffers, allocated here
+ * once (the step machine allocates nothing). The shape must have k > 1
+ * (MU_EINVAL otherwise). */
+MU_API int mu__split_new(int dtype, int64_t rows, int64_t cols, const mu_ns_opts *opts,
+                         int group, int rank, mu__split **out);
+/* Free a machine (NULL is a no-op). */
+MU_API void mu__split_free(mu__split *s);
+/* The plan as this rank sees it (mu__split_info) into *out. */
+MU_API int mu__split_get_info(const mu__split *s, mu__split_info *out);
+/* Start a call: in and out hold this rank's piece of every matrix, C
+ * contiguous, (batch x) piece rows x piece cols (a tall matrix's rows
+ * [start, start + length), a wide one's columns), dtype as made; out may be
+ * in. A bad argument is reported to every rank by the first exchange (all
+ * fail, nothing written). */
+MU_API int mu__split_begin(mu__split *s, const mu_tensor *in, mu_tensor *out);
+/* Run the machine to its next exchange: 1 with *x filled (the driver
+ * makes the exchange on the group, then calls again), 0 when the call is
+ * done (out written), or a negative MU_E* code, the same on every rank
+ * (NaN/Inf input, a rank's bad argument or failure). The phases, per
+ * matrix: norms (all-gather); per step, the partial products of the own
+ * blocks (all-to-all to the stripes' owners), the combine in block order
+ * (all-gather of A's stripes), the small-side stripes (all-gather), the
+ * update of the own blocks; then one status all-gather per call. With
+ * group 1 it never asks for an exchange. */
+MU_API int mu__split_next(mu__split *s, mu__split_xfer *x);
+/* The whole call over c (size group, this process rank `rank`): begin,
+ * then next with each exchange on c. */
+MU_API int mu__split_run(mu__split *s, mu_comm *c, const mu_tensor *in, mu_tensor *out);
 
 #ifndef MU_FFI_CDEF
 #ifdef __cplusplus

@@ -141,6 +141,8 @@ struct mu_ns_workspace {
     void *sched;        /* the scheduler's lists (grown, kept across calls) */
     size_t sched_bytes;
     struct mu__dnnl *dnnl; /* oneDNN, opened by the first bfloat16 call (src/ns_bf16.c) */
+    void *split;           /* the blocked iteration's buffers (src/ns_split.c), grown on use */
+    size_t split_bytes;
 };
 
 /* A batch call of mu_ns_zeropower, validated (inputs finite, workspace big
@@ -209,5 +211,32 @@ void mu__dnnl_gemm(mu__dnnl *d, int w, const mu__dnnl_shape *s, const uint16_t *
 void mu__dnnl_describe(char *buf, size_t cap);
 /* Grow the workspace to `want` slots (fewer on out of memory); returns the count. */
 int mu__ns_slots(mu_ns_workspace *ws, int want);
+/* Grow a workspace buffer (*buf, *bytes long, 64-byte aligned; contents
+ * dropped) to at least need bytes; MU_ENOMEM naming `what`. */
+int mu__ns_grow(void **buf, size_t *bytes, size_t need, const char *what);
+/* The Gram iteration's restarts (bit k: X recomputed before step k) and its
+ * guard's band for n x m matrices: the result's Frobenius norm must lie in
+ * [lo, hi]; MU_NS_GRAM_GUARD=fail (a test knob) rejects every result
+ * (src/ns_gram.c). */
+uint64_t mu__ns_gram_restarts(int steps);
+void mu__ns_gram_band(int64_t n, const mu_ns_opts *o, double *lo, double *hi);
+int mu__ns_gram_guard_forced(void);
+/* For src/ns_split.c (src/ns.c): the worker count of a call (OpenBLAS's
+ * threads or MU_NS_THREADS); the bfloat16 iteration's rows (see
+ * NS_BF16_ROWS: round, poly, apply, scale), a coefficient as torch rounds
+ * it, and the mirror of the rows [r0, r1) of an n x n bfloat16 matrix's
+ * upper triangle into the lower one. */
+int mu__ns_workers(void);
+float mu__ns_bf16_coef(double v);
+void mu__ns_bf16_round(uint16_t *d, const float *f, int64_t len);
+void mu__ns_bf16_poly(uint16_t *d, const uint16_t *a, const float *f, int64_t len, float bc,
+                      float cc);
+void mu__ns_bf16_apply(uint16_t *x, float *f, int64_t len, float ac, int out);
+void mu__ns_bf16_scale(uint16_t *d, const float *x, int64_t len, float s);
+void mu__ns_bf16_mirror(uint16_t *m, int64_t n, int64_t r0, int64_t r1);
+/* The blocked iteration (src/ns_split.c) on a batch whose shape has more
+ * than one block (mu__split_plan), in one process: the bits every group
+ * size gives. Fails only with MU_ENOMEM / MU_EIO (buffers, oneDNN). */
+int mu__ns_split_batch(const mu__ns_batch *b);
 
 #endif

@@ -36,6 +36,9 @@
  * - opts->method: the Gram iteration (src/ns_gram.c) takes over the
  *   matrices whose shape mu_ns_method_for sends to it, after the checks
  *   below (one tensor at a time, before the scheduler runs the others).
+ * - Matrices of more than one block (mu__split_plan: a long side of 8192
+ *   or more) run the blocked iteration of src/ns_split.c instead, first,
+ *   the same way: the bits of a split over any group of ranks.
  */
 #include "tensor_internal.h"
 
@@ -262,7 +265,8 @@ int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out)
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = 0;
     if (!ws) return mu__fail(MU_EINVAL, "ws is NULL");
-    size_t es = mu_dtype_size(ws->dtype), n = ws->sched_bytes + mu__dnnl_bytes(ws->dnnl);
+    size_t es = mu_dtype_size(ws->dtype),
+           n = ws->sched_bytes + mu__dnnl_bytes(ws->dnnl) + ws->split_bytes;
     for (int i = 0; i < ws->nslots; i++)
         n += ns_bytes(ws->cap_nm, es) + 2 * ns_bytes(ws->cap_nn, es) + ws->slot[i].g_bytes;
     *out = (int64_t)n;
@@ -274,6 +278,7 @@ void mu_ns_workspace_free(mu_ns_workspace *ws)
     if (!ws) return;
     for (int i = 0; i < ws->nslots; i++) ns_slot_free(&ws->slot[i]);
     free(ws->sched);
+    free(ws->split);
     mu__dnnl_close(ws->dnnl);
     free(ws);
 }
@@ -1333,6 +1338,7 @@ static int ns_unit_cmp(const void *pa, const void *pb)
 
 static void ns_schedule_run(const ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
                             mu_ns_workspace *ws);
+static int ns_takes_split(const ns_job *job);
 
 /* When a job is bfloat16: oneDNN into the workspace (MU_EIO without it),
  * and every product shape of the bfloat16 jobs and the most workers the
@@ -1346,7 +1352,8 @@ static int ns_dnnl_ready(const ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
     int rc = ws->dnnl ? MU_OK : mu__dnnl_open(&ws->dnnl);
     for (int64_t j = 0; rc == MU_OK && j < njobs; j++) {
         const ns_plan *p = &jobs[j].plan;
-        if (jobs[j].batch == 0 || !p->bf16 || jobs[j].opts->steps == 0) continue;
+        if (jobs[j].batch == 0 || !p->bf16 || jobs[j].opts->steps == 0 || ns_takes_split(&jobs[j]))
+            continue; /* (the blocked iteration wants its own shapes) */
         static const int stages[] = {NS_GRAM_A, NS_GRAM_B, NS_APPLY};
         for (int k = 0; rc == MU_OK && k < 3; k++)
             for (int t = 0; rc == MU_OK && t < p->tiles[stages[k]]; t++) {
@@ -1588,6 +1595,17 @@ typedef struct ns_lists {
 
 static size_t ns_round(size_t b) { return (b + 63) & ~(size_t)63; }
 
+int mu__ns_grow(void **buf, size_t *bytes, size_t need, const char *what)
+{
+    if (need <= *bytes) return MU_OK;
+    void *p = aligned_alloc(64, need);
+    if (!p) return mu__fail(MU_ENOMEM, "ns: out of memory (%zu bytes of %s)", need, what);
+    free(*buf);
+    *buf = p;
+    *bytes = need;
+    return MU_OK;
+}
+
 static int ns_lists_get(mu_ns_workspace *ws, int64_t njobs, int64_t total, ns_lists *l)
 {
     const size_t bj = ns_round((size_t)njobs * sizeof(ns_job));
@@ -1596,13 +1614,8 @@ static int ns_lists_get(mu_ns_workspace *ws, int64_t njobs, int64_t total, ns_li
     const size_t bt = ns_round((size_t)(total + 1) * sizeof(int64_t));
     const size_t bo = ns_round((size_t)njobs * sizeof(int64_t));
     const size_t need = bj + bn + bu + bt + bo;
-    if (need > ws->sched_bytes) {
-        void *p = aligned_alloc(64, need);
-        if (!p) return mu__fail(MU_ENOMEM, "ns: out of memory (%zu bytes of lists)", need);
-        free(ws->sched);
-        ws->sched = p;
-        ws->sched_bytes = need;
-    }
+    const int rc = mu__ns_grow(&ws->sched, &ws->sched_bytes, need, "lists");
+    if (rc != MU_OK) return rc;
     char *b = ws->sched;
     l->jobs = (ns_job *)b;
     l->norms = (double *)(b + bj);
@@ -1612,25 +1625,48 @@ static int ns_lists_get(mu_ns_workspace *ws, int64_t njobs, int64_t total, ns_li
     return MU_OK;
 }
 
-/* The jobs whose shape mu_ns_method_for sends to the Gram iteration
- * (src/ns_gram.c), validated: run one at a time, each on every worker, and
- * left out of the scheduler (batch set to 0). Fails only with MU_ENOMEM
- * (the Gram buffers, allocated on first use). */
-static int ns_run_gram(ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
+/* The jobs `takes` claims, validated, run one at a time outside the
+ * scheduler, each with `run` on every worker, and are left out of it
+ * (batch set to 0). Fails only as `run` does (MU_ENOMEM: buffers allocated
+ * on first use; MU_EIO: oneDNN). */
+static int ns_run_aside(ns_job *jobs, int64_t njobs, mu_ns_workspace *ws,
+                        int (*takes)(const ns_job *), int (*run)(const mu__ns_batch *))
 {
     for (int64_t j = 0; j < njobs; j++) {
         ns_job *job = &jobs[j];
-        if (job->batch == 0 || mu_ns_method_for(job->rows, job->cols, job->opts) != MU_NS_GRAM)
-            continue;
-        const mu__ns_batch gb = {.dt = job->dt, .rows = job->rows, .cols = job->cols,
-                                 .batch = job->batch, .in = job->in, .out = job->out,
-                                 .opts = job->opts, .ws = ws, .norms = job->norms,
-                                 .threads = ns_workers()};
-        int rc = mu__ns_gram_batch(&gb);
+        if (job->batch == 0 || !takes(job)) continue;
+        const mu__ns_batch b = {.dt = job->dt, .rows = job->rows, .cols = job->cols,
+                                .batch = job->batch, .in = job->in, .out = job->out,
+                                .opts = job->opts, .ws = ws, .norms = job->norms,
+                                .threads = ns_workers()};
+        int rc = run(&b);
         if (rc != MU_OK) return rc;
         job->batch = 0;
     }
     return MU_OK;
+}
+
+/* The jobs whose shape mu_ns_method_for sends to the Gram iteration
+ * (src/ns_gram.c). */
+static int ns_takes_gram(const ns_job *job)
+{
+    return mu_ns_method_for(job->rows, job->cols, job->opts) == MU_NS_GRAM;
+}
+
+/* The jobs whose shape has more than one block (mu__split_plan): the
+ * blocked iteration (src/ns_split.c), so one process gives the bits a
+ * split over any group size gives. They go first (Gram ones too). */
+static int ns_takes_split(const ns_job *job)
+{
+    int64_t blocks = 1;
+    return mu__split_plan(job->rows, job->cols, job->opts, &blocks, NULL) == MU_OK && blocks > 1;
+}
+
+/* The jobs run aside: the blocked ones, then the Gram ones. */
+static int ns_run_asides(ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
+{
+    int rc = ns_run_aside(jobs, njobs, ws, ns_takes_split, mu__ns_split_batch);
+    return rc == MU_OK ? ns_run_aside(jobs, njobs, ws, ns_takes_gram, mu__ns_gram_batch) : rc;
 }
 
 int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
@@ -1671,7 +1707,7 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
         job.norms = l.norms;
         l.jobs[0] = job;
         rc = ns_dnnl_ready(l.jobs, 1, ws);
-        if (rc == MU_OK) rc = ns_run_gram(l.jobs, 1, ws);
+        if (rc == MU_OK) rc = ns_run_asides(l.jobs, 1, ws);
         if (rc == MU_OK) rc = ns_schedule(l.jobs, 1, l.unit, l.tstart, ws);
     }
     mu_ns_workspace_free(own);
@@ -1775,7 +1811,7 @@ int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *c
     }
     if (rc == MU_OK) rc = ns_check_aliasing(&l, count);
     if (rc == MU_OK) rc = ns_dnnl_ready(l.jobs, count, ws);
-    if (rc == MU_OK) rc = ns_run_gram(l.jobs, count, ws);
+    if (rc == MU_OK) rc = ns_run_asides(l.jobs, count, ws);
     if (rc == MU_OK) rc = ns_schedule(l.jobs, count, l.unit, l.tstart, ws);
     mu_ns_workspace_free(own);
     return rc;
@@ -1820,4 +1856,34 @@ void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t c
                   .inplace = in == out, .norms = &norm};
     ns_plan_init(&job.plan, dt, rows, cols, opts->path, 0);
     ns_one(&job, s, 0, 0); /* float32/64: no per-worker oneDNN objects */
+}
+
+/* ------------------------------------------------ for src/ns_split.c */
+
+int mu__ns_workers(void) { return ns_workers(); }
+
+float mu__ns_bf16_coef(double v) { return ns_bfc(v); }
+
+void mu__ns_bf16_round(uint16_t *d, const float *f, int64_t len) { NS_ROW(round, d, f, len); }
+
+void mu__ns_bf16_poly(uint16_t *d, const uint16_t *a, const float *f, int64_t len, float bc,
+                      float cc)
+{
+    NS_ROW(poly, d, a, f, len, bc, cc);
+}
+
+void mu__ns_bf16_apply(uint16_t *x, float *f, int64_t len, float ac, int out)
+{
+    NS_ROW(apply, x, f, len, ac, out);
+}
+
+void mu__ns_bf16_scale(uint16_t *d, const float *x, int64_t len, float s)
+{
+    NS_ROW(scale, d, x, len, s);
+}
+
+void mu__ns_bf16_mirror(uint16_t *m, int64_t n, int64_t r0, int64_t r1)
+{
+    const ns_rect rc = {(int)r0, (int)r1, (int)r0, (int)n};
+    ns_bf16_mirror(m, n, &rc);
 }

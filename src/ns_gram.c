@@ -19,7 +19,7 @@
  * e.g. s = 5, r = 1 at 1024 x 4096: 44 n^3 against 65 n^3.
  *
  * Guard: the result's Frobenius norm must be finite and within the band
- * the scalar map of the schedule allows (see gram_band); otherwise that
+ * the scalar map of the schedule allows (see mu__ns_gram_band); otherwise that
  * matrix is redone with the standard iteration.
  *
  * Reproducible bits, as in src/ns.c: every product is a fixed list of
@@ -163,10 +163,9 @@ static double gram_map(const mu_ns_opts *o, double s)
  * [0, 1 / norm_scale] and the largest is at least 1 / (norm_scale sqrt(n)),
  * so ||result||_F is at most sqrt(n) max|g| and at least min|g| over the
  * largest one's range (g: the scalar map); with margins for rounding. */
-static void gram_band(gram_plan *p)
+void mu__ns_gram_band(int64_t n, const mu_ns_opts *o, double *band_lo, double *band_hi)
 {
-    const mu_ns_opts *o = p->opts;
-    const double top = 1.0 / o->norm_scale, low = top / sqrt((double)p->n);
+    const double top = 1.0 / o->norm_scale, low = top / sqrt((double)n);
     double hi = 0.0, lo = INFINITY;
     enum { SAMPLES = 2048 };
     for (int i = 0; i <= SAMPLES; i++) {
@@ -175,9 +174,11 @@ static void gram_band(gram_plan *p)
         if (s >= 0.99 * low) lo = fmin(lo, g);
     }
     lo = fmin(lo, fabs(gram_map(o, 0.99 * low)));
-    p->band_hi = 1.05 * sqrt((double)p->n) * hi + 1e-6;
-    p->band_lo = 0.5 * lo;
+    *band_hi = 1.05 * sqrt((double)n) * hi + 1e-6;
+    *band_lo = 0.5 * lo;
 }
+
+uint64_t mu__ns_gram_restarts(int steps) { return gram_restarts(steps); }
 
 static void gram_plan_init(gram_plan *p, int dt, int64_t rows, int64_t cols, const mu_ns_opts *opts)
 {
@@ -198,7 +199,7 @@ static void gram_plan_init(gram_plan *p, int dt, int64_t rows, int64_t cols, con
     /* rows [0, band) of the upper triangle hold half its elements */
     p->band = p->split ? round_up((int64_t)(p->n * (1.0 - sqrt(0.5)))) : p->n;
     p->restarts = gram_restarts(opts->steps);
-    gram_band(p);
+    mu__ns_gram_band(p->n, opts, &p->band_lo, &p->band_hi);
 }
 
 /* ---------------------------------------------------------------- team */
@@ -357,7 +358,7 @@ static void give(gram_pool *pl, const void *b)
 }
 
 /* Test knob: MU_NS_GRAM_GUARD=fail makes the guard reject every result. */
-static int guard_forced(void)
+int mu__ns_gram_guard_forced(void)
 {
     const char *e = getenv("MU_NS_GRAM_GUARD");
     return e && strcmp(e, "fail") == 0;
@@ -439,7 +440,7 @@ static int gram_one(const gram_plan *p, const gram_ctx *c, const gram_bufs *gb,
         if (!c->team || c->rank == 0) {
             double got = 0.0;
             int ok = mu__ns_norm(dt, base, len, &got) && got <= p->band_hi && got >= p->band_lo &&
-                     !guard_forced();
+                     !mu__ns_gram_guard_forced();
             if (c->team) atomic_store(c->verdict, ok);
             fallback = !ok;
         }
