@@ -453,7 +453,7 @@ enum { MU_NS_PRECOND_NONE = 0, MU_NS_PRECOND_AOL = 1 };
  * = bf16(eps), the division in float32); then per step
  * (a, b, c), with a', b', c' the coefficients rounded to bfloat16 (as torch
  * does with a scalar times a bfloat16 tensor) and every product taking
- * bfloat16 inputs and accumulating in float32 (oneDNN, src/ns_bf16.c):
+ * bfloat16 inputs and accumulating in float32 (oneDNN, src/dnnl.c):
  *     A = bf16(X X^T)
  *     B = bf16(bf16(b' A) + bf16(c' bf16(A A)))
  *     X = bf16(bf16(a' X) + bf16(B X))

@@ -30,7 +30,7 @@
  * afterwards; the others in two column blocks) for two workers; smaller
  * matrices make one call per product.
  */
-#include "muon_internal.h"
+#include "ns_internal.h"
 
 #include <cblas.h>
 #include <math.h>

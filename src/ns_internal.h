@@ -1,0 +1,155 @@
+/* Newton-Schulz internals (not part of the public API), shared by
+ * src/ns.c (the standard iteration, its tile plan, the scheduler and the
+ * API), src/ns_bf16.c (the bfloat16 iteration), src/ns_gram.c (the Gram
+ * iteration) and other iterations built on the same products and
+ * elementwise passes. Entry points declared here are kept stable: their
+ * meaning changes only together with every caller. */
+#ifndef MUON_NS_INTERNAL_H
+#define MUON_NS_INTERNAL_H
+
+#include "dnnl.h"
+#include "muon_internal.h"
+#include "pool.h"
+
+#include <cblas.h>
+
+enum { MU__NS_MAX_SLOTS = MU__POOL_MAX };
+
+/* One worker's buffers. */
+typedef struct mu__ns_slot {
+    void *x; /* n * m: ping-pong iterate */
+    void *a; /* n * n: Gram matrix */
+    void *b; /* n * n: polynomial matrix */
+    void *g; /* the Gram iteration's buffers (3 n*n + n*m), allocated on its first use */
+    size_t g_bytes; /* bytes of g (0 until allocated) */
+} mu__ns_slot;
+
+struct mu_ns_workspace {
+    int dtype;
+    int64_t cap_nm; /* elements of x */
+    int64_t cap_nn; /* elements of a and b */
+    int nslots;     /* slots allocated so far (>= 1) */
+    mu__ns_slot slot[MU__NS_MAX_SLOTS];
+    void *sched;        /* the scheduler's lists (grown, kept across calls) */
+    size_t sched_bytes;
+    struct mu__dnnl *dnnl; /* oneDNN, opened by the first bfloat16 call (src/dnnl.c) */
+};
+
+/* A batch call of mu_ns_zeropower, validated (inputs finite, workspace big
+ * enough), for the Gram iteration. */
+typedef struct mu__ns_batch {
+    int dt;
+    int64_t rows, cols, batch;
+    const char *in;
+    char *out;
+    const mu_ns_opts *opts;
+    const double *norms; /* per-matrix Frobenius norms, or NULL (recomputed) */
+    mu_ns_workspace *ws;
+    int threads; /* workers */
+} mu__ns_batch;
+
+/* ------------------------------------------------------- the tile plan
+ * (src/ns.c, "the tiling"): each product of a step is a fixed list of
+ * tiles, one single-threaded BLAS / oneDNN call each, chosen from the
+ * dtype and shape only; a step is these stages in order. */
+
+/* Sub-tile edge of the elementwise mirror passes; block sizes are rounded
+ * up to a multiple of MU__NS_TILE_ALIGN (the kernels' register blocking). */
+enum { MU__NS_BLK = 16, MU__NS_TILE_ALIGN = 16 }; /* (MU__NS_BLK: 16 measured best of 16..128) */
+
+enum { MU__NS_GRAM_A, MU__NS_PREP, MU__NS_GRAM_B, MU__NS_REDUCE, MU__NS_APPLY, MU__NS_NSTAGES };
+
+typedef struct mu__ns_plan {
+    int dt, plain;
+    enum CBLAS_ORDER lo;     /* RowMajor, or ColMajor for tall inputs */
+    enum CBLAS_UPLO up;      /* Upper (RowMajor) / Lower (ColMajor): same memory triangle */
+    int n, m, ldx;           /* X is n x m in layout lo, leading dimension ldx */
+    int nb, tn;              /* blocks of n: tn of nb (the last one shorter) */
+    int mb, tm;              /* APPLY: tm column blocks of mb */
+    int halves;              /* symmetric Gram products split in two halves */
+    int tiles[MU__NS_NSTAGES];   /* tiles per stage and step; 0: fused into the one before */
+    int nx;                  /* tiles per step */
+    int bf16, tall;          /* the bfloat16 iteration (its own plan: src/ns_bf16.c) */
+} mu__ns_plan;
+
+/* The memory rectangle rows [r0, r1) x columns [c0, c1) of an n x n buffer
+ * (for ColMajor, logical rows and columns are swapped; the stored triangle
+ * is c >= r either way). */
+typedef struct mu__ns_rect {
+    int r0, r1, c0, c1;
+} mu__ns_rect;
+
+/* A call's matrices of one shape and options (a batch), validated. */
+typedef struct mu__ns_job {
+    int dt;
+    int64_t rows, cols;
+    const char *in; /* batch base pointers */
+    char *out;
+    int64_t bytes_per; /* bytes per matrix */
+    int64_t batch;     /* matrices (0 when they are empty) */
+    const mu_ns_opts *opts;
+    int inplace;         /* out aliases in */
+    const double *norms; /* per-matrix norms from the check pass, or NULL */
+    mu__dnnl *dnnl;      /* the bfloat16 products (plan.bf16) */
+    mu__ns_plan plan;
+} mu__ns_job;
+
+/* One matrix's iteration: set by its prologue (ns_begin in src/ns.c), then
+ * its tiles run in order (stage by stage, ns_tile). */
+typedef struct mu__ns_iter {
+    const mu__ns_job *job;
+    const mu__ns_slot *s;
+    char *dst;
+    const void *x0;  /* step 1's input (the source, or a copy in the workspace) */
+    double xs0;      /* step 1's pending scale (normalization folded in) */
+    int dst_first;   /* step 1 writes dst (else the workspace) */
+    int done;        /* nothing left after ns_begin (zero input or 0 steps) */
+} mu__ns_iter;
+
+int mu__ns_check_opts(const mu_ns_opts *o);
+/* Estimated cost in flops of one rows x cols matrix with the iteration
+ * mu_ns_method_for picks (a scheduler's weight). */
+double mu__ns_cost(int64_t rows, int64_t cols, const mu_ns_opts *opts);
+/* The worker team of a Newton-Schulz call (src/pool.c): `workers` of them,
+ * on the host's OpenMP runtime when it has one, unless MU_NS_OPENMP=0. */
+mu__pool_cfg mu__ns_pool_cfg(int workers);
+/* The standard iteration on one matrix (src/ns.c), one worker. */
+void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols,
+                         const void *in, void *out, double norm, const mu__ns_slot *s);
+/* The Gram iteration on a batch (src/ns_gram.c). */
+int mu__ns_gram_batch(const mu__ns_batch *b);
+/* Helpers of src/ns.c shared with the other iterations. */
+/* ||x||_F of len values into *norm (in double, scaled so float64 squares do
+ * not overflow); 0 when a value is NaN or Inf. */
+int mu__ns_norm(int dt, const void *p, int64_t len, double *norm);
+/* Rows [r0, r1) of the stored triangle (c >= r) of n x n a: a += b first
+ * when sum; mirror a; b = bcoef * a (see ns_prep). */
+void mu__ns_prep(int dt, void *a, void *b, int64_t n, int64_t r0, int64_t r1, int sum,
+                 double bcoef);
+/* Rows [r0, r1) of the stored triangle of n x n b: b += s. */
+void mu__ns_accumulate(int dt, void *b, const void *s, int64_t n, int64_t r0, int64_t r1);
+/* Add v to the diagonal positions i*n + i, i in [i0, i1). */
+void mu__ns_add_diag(int dt, void *p, int64_t n, int64_t i0, int64_t i1, double v);
+/* Grow the workspace to `want` slots (fewer on out of memory); returns the count. */
+int mu__ns_slots(mu_ns_workspace *ws, int want);
+
+/* Number of blocks for a dimension d (block size in *blk): one block below
+ * 2 * min, else the smallest even count of blocks of at most `target`
+ * (before rounding to MU__NS_TILE_ALIGN). */
+int mu__ns_split(int64_t d, int64_t target, int64_t min, int *blk);
+/* Rectangle t of the stored triangle (c >= r) of p's n x n matrices in
+ * tn x tn blocks of nb: the off-diagonal blocks first (row by row), then
+ * the diagonal ones. */
+void mu__ns_tri_rect(const mu__ns_plan *p, int t, mu__ns_rect *r);
+
+/* The bfloat16 iteration (src/ns_bf16.c): its tile plan (p->n, p->m set;
+ * fills the blocks and tiles), its prologue (the seed's normalization into
+ * the slot's X; it->done stays 1 when nothing is left), tile t of stage
+ * `stage` of step k on worker w, and every product shape of its plan
+ * wanted from oneDNN (before the workers start). */
+void mu__ns_bf16_plan(mu__ns_plan *p);
+void mu__ns_bf16_begin(mu__ns_iter *it, const char *src);
+void mu__ns_bf16_tile(const mu__ns_iter *it, int k, int stage, int t, int w);
+int mu__ns_bf16_want(const mu__ns_plan *p, mu__dnnl *d);
+
+#endif
