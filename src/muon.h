@@ -509,6 +509,23 @@ MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts
  * code) for bad options. */
 MU_API int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts);
 
+/* The cost of one Newton-Schulz of a matrix (mu_ns_cost_of). */
+typedef struct mu_ns_cost {
+    double flops; /* floating-point operations its products perform (2 per multiply-add) */
+    double bytes; /* bytes its products and elementwise passes read and write */
+    int method;   /* the iteration it runs: MU_NS_STANDARD or MU_NS_GRAM */
+} mu_ns_cost;
+/* What one Newton-Schulz of a rows x cols matrix costs with opts, by the
+ * project's one cost model (src/ns_cost.c; the scheduler, the distributed
+ * plan, the sandbox's budget and `muon check` all use it), into *out: the
+ * iteration mu_ns_method_for picks, the flops its products perform as its
+ * tile plan runs them (a symmetric product counts the triangle it
+ * computes; a step with c = 0 has no A A), and the bytes its products and
+ * elementwise passes read and write, each operand once (float32 tensors;
+ * the input and output twice for float64). MU_EINVAL for bad options or
+ * sizes. */
+MU_API int mu_ns_cost_of(int64_t rows, int64_t cols, const mu_ns_opts *opts, mu_ns_cost *out);
+
 /* Orthogonalize count tensors in one call: in[i] into out[i] with opts[i]
  * (each as mu_ns_zeropower takes it: 2-D or a 3-D batch; shapes and
  * options may differ, one dtype per call). One scheduler spreads all their

@@ -444,7 +444,7 @@ static void ns_symm(int dt, enum CBLAS_ORDER lo, enum CBLAS_UPLO up, int m, int 
  * count, on how matrices are batched, or on which process computes them.
  * OpenBLAS's threaded calls split work by thread count, so every BLAS call
  * here runs single-threaded, and every product is a fixed list of tiles,
- * each one call, chosen by ns_plan_init from (dtype, rows, cols, path) only;
+ * each one call, chosen by mu__ns_plan_init from (dtype, rows, cols, path) only;
  * the elementwise passes between them are fixed too. A tile's call has the
  * same sizes, leading dimensions and scalars whichever worker runs it,
  * whenever, at whatever address, so each output element gets the same bits.
@@ -532,7 +532,7 @@ int mu__ns_split(int64_t d, int64_t target, int64_t min, int *blk)
     return (int)((d + *blk - 1) / *blk);
 }
 
-static void ns_plan_init(mu__ns_plan *p, int dt, int64_t rows, int64_t cols, int path, int bf16)
+void mu__ns_plan_init(mu__ns_plan *p, int dt, int64_t rows, int64_t cols, int path, int bf16)
 {
     const int tall = rows > cols;
     memset(p, 0, sizeof *p);
@@ -1209,7 +1209,7 @@ static int ns_job_init(const char *pre, const mu_tensor *in, mu_tensor *out,
     *job = (mu__ns_job){.dt = dt, .rows = rows, .cols = cols, .batch = n == 0 ? 0 : batch,
                     .in = ib, .out = ob, .bytes_per = len * (int64_t)mu_dtype_size(dt),
                     .opts = opts, .inplace = ib == (const char *)ob};
-    ns_plan_init(&job->plan, dt, rows, cols, opts->path, opts->dtype == MU_BF16);
+    mu__ns_plan_init(&job->plan, dt, rows, cols, opts->path, opts->dtype == MU_BF16);
     return MU_OK;
 }
 
@@ -1483,6 +1483,6 @@ void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t c
     mu__ns_job job = {.dt = dt, .rows = rows, .cols = cols, .in = in, .out = out,
                   .bytes_per = rows * cols * (int64_t)mu_dtype_size(dt), .opts = opts,
                   .inplace = in == out, .norms = &norm};
-    ns_plan_init(&job.plan, dt, rows, cols, opts->path, 0);
+    mu__ns_plan_init(&job.plan, dt, rows, cols, opts->path, 0);
     ns_one(&job, s, 0, 0); /* float32/64: no per-worker oneDNN objects */
 }

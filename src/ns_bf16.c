@@ -301,3 +301,18 @@ int mu__ns_bf16_want(const mu__ns_plan *p, mu__dnnl *d)
         }
     return rc;
 }
+
+double mu__ns_bf16_flops(const mu__ns_plan *p, const mu_ns_opts *o)
+{
+    static const int stages[] = {MU__NS_GRAM_A, MU__NS_GRAM_B, MU__NS_APPLY};
+    double per[3] = {0, 0, 0};
+    for (int k = 0; k < 3; k++)
+        for (int t = 0; t < p->tiles[stages[k]]; t++) {
+            mu__dnnl_shape sh;
+            ns_bf16_shape(p, stages[k], t, &sh);
+            per[k] += 2.0 * (double)sh.M * (double)sh.N * (double)sh.K;
+        }
+    double f = 0;
+    for (int k = 0; k < o->steps; k++) f += per[0] + per[1] + per[2];
+    return f;
+}

@@ -50,11 +50,10 @@ enum { GRAM_SPLIT_MIN = 512, GRAM_ALIGN = 16, GRAM_NBUF = 5 };
  * worker (as src/ns.c's MU__NS_BATCH_PAR_MAX). */
 #define GRAM_BATCH_PAR_MAX (1024 * 4096)
 
-/* Restarts: before which steps (0-based, a bit mask) X is recomputed.
- * Chosen from the accuracy measurements in the README: one restart in the
- * middle of the schedule (before step 3 of 5, every 3 steps for longer ones).
- */
-static uint64_t gram_restarts(int steps)
+/* Restarts (src/ns_internal.h): one in the middle of the schedule (before
+ * step 3 of 5, every 3 steps for longer ones), chosen from the accuracy
+ * measurements in the README. */
+uint64_t mu__ns_gram_restarts(int steps)
 {
     const char *env = getenv("MU_NS_GRAM_RESTARTS"); /* measurement knob: "2,4" or "none" */
     uint64_t mask = 0;
@@ -72,63 +71,6 @@ static uint64_t gram_restarts(int steps)
     for (int k = 3; k < steps && k < 64; k += 3)
         mask |= (uint64_t)1 << k;
     return mask;
-}
-
-static int popcount64(uint64_t v)
-{
-    int c = 0;
-    for (; v; v &= v - 1)
-        c++;
-    return c;
-}
-
-/* ------------------------------------------------------------ the method */
-
-static double std_flops(double n, double m, const mu_ns_opts *o)
-{
-    const double s = o->steps;
-    return o->path == MU_NS_PLAIN ? s * (4 * n * n * m + 2 * n * n * n)
-                                  : s * (3 * n * n * m + n * n * n);
-}
-
-static double gram_flops(double n, double m, const mu_ns_opts *o)
-{
-    const double phases = 1 + popcount64(gram_restarts(o->steps));
-    return 3 * phases * n * n * m + (6.0 * o->steps - 5 * phases) * n * n * n;
-}
-
-/* auto: the Gram iteration when its flops, weighted by GRAM_AUTO_WEIGHT
- * (its n x n products run below the rate of the standard iteration's
- * n x m ones), are fewer, and n is at least GRAM_AUTO_MIN_N (below, call
- * overheads dominate). Checked against measurements (README). */
-#define GRAM_AUTO_WEIGHT 1.15
-enum { GRAM_AUTO_MIN_N = 64 };
-
-int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts)
-{
-    int rc = mu__ns_check_opts(opts);
-    if (rc != MU_OK) return rc;
-    if (rows < 0 || cols < 0)
-        return mu__fail(MU_EINVAL, "ns: rows and cols must be >= 0, got %lld x %lld",
-                        (long long)rows, (long long)cols);
-    if (opts->precond == MU_NS_PRECOND_AOL) return MU_NS_STANDARD; /* (AOL: src/ns.c only) */
-    /* bfloat16: the standard iteration only (the seed's). The Gram
-     * iteration's restart points and guard band are derived for float32
-     * rounding (~1e-7); with bfloat16's ~4e-3 per rounding they would not
-     * bound its error, and it has no bfloat16 kernels. */
-    if (opts->dtype == MU_BF16) return MU_NS_STANDARD;
-    if (opts->method != MU_NS_AUTO) return opts->method;
-    const double n = (double)(rows < cols ? rows : cols), m = (double)(rows < cols ? cols : rows);
-    if (opts->steps < 2 || n < GRAM_AUTO_MIN_N) return MU_NS_STANDARD;
-    return GRAM_AUTO_WEIGHT * gram_flops(n, m, opts) < std_flops(n, m, opts) ? MU_NS_GRAM
-                                                                             : MU_NS_STANDARD;
-}
-
-double mu__ns_cost(int64_t rows, int64_t cols, const mu_ns_opts *opts)
-{
-    const double n = (double)(rows < cols ? rows : cols), m = (double)(rows < cols ? cols : rows);
-    return mu_ns_method_for(rows, cols, opts) == MU_NS_GRAM ? gram_flops(n, m, opts)
-                                                            : std_flops(n, m, opts);
 }
 
 /* ------------------------------------------------------------- the plan */
@@ -197,7 +139,7 @@ static void gram_plan_init(gram_plan *p, int dt, int64_t rows, int64_t cols, con
     p->mh = p->split ? round_up((p->m + 1) / 2) : p->m;
     /* rows [0, band) of the upper triangle hold half its elements */
     p->band = p->split ? round_up((int64_t)(p->n * (1.0 - sqrt(0.5)))) : p->n;
-    p->restarts = gram_restarts(opts->steps);
+    p->restarts = mu__ns_gram_restarts(opts->steps);
     gram_band(p);
 }
 

@@ -107,9 +107,12 @@ typedef struct mu__ns_iter {
 } mu__ns_iter;
 
 int mu__ns_check_opts(const mu_ns_opts *o);
-/* Estimated cost in flops of one rows x cols matrix with the iteration
- * mu_ns_method_for picks (a scheduler's weight). */
+/* The flops of one rows x cols matrix by the cost model (src/ns_cost.c,
+ * mu_ns_cost_of; opts valid): the scheduler's weight. */
 double mu__ns_cost(int64_t rows, int64_t cols, const mu_ns_opts *opts);
+/* Before which steps (0-based, a bit mask) the Gram iteration restarts
+ * (src/ns_gram.c; MU_NS_GRAM_RESTARTS overrides it for measurements). */
+uint64_t mu__ns_gram_restarts(int steps);
 /* The worker team of a Newton-Schulz call (src/pool.c): `workers` of them,
  * on the host's OpenMP runtime when it has one, unless MU_NS_OPENMP=0. */
 mu__pool_cfg mu__ns_pool_cfg(int workers);
@@ -133,6 +136,9 @@ void mu__ns_add_diag(int dt, void *p, int64_t n, int64_t i0, int64_t i1, double 
 /* Grow the workspace to `want` slots (fewer on out of memory); returns the count. */
 int mu__ns_slots(mu_ns_workspace *ws, int want);
 
+/* The tile plan of a rows x cols matrix (path: MU_NS_SYMMETRIC or
+ * MU_NS_PLAIN; bf16: the bfloat16 iteration's plan), from these only. */
+void mu__ns_plan_init(mu__ns_plan *p, int dt, int64_t rows, int64_t cols, int path, int bf16);
 /* Number of blocks for a dimension d (block size in *blk): one block below
  * 2 * min, else the smallest even count of blocks of at most `target`
  * (before rounding to MU__NS_TILE_ALIGN). */
@@ -151,5 +157,7 @@ void mu__ns_bf16_plan(mu__ns_plan *p);
 void mu__ns_bf16_begin(mu__ns_iter *it, const char *src);
 void mu__ns_bf16_tile(const mu__ns_iter *it, int k, int stage, int t, int w);
 int mu__ns_bf16_want(const mu__ns_plan *p, mu__dnnl *d);
+/* The flops the products of the bfloat16 plan p perform over opts' steps. */
+double mu__ns_bf16_flops(const mu__ns_plan *p, const mu_ns_opts *o);
 
 #endif

@@ -84,7 +84,7 @@ muon.dist.plan(records, mesh, opts)
     optimizer state lives and where each matrix is orthogonalized, and the
     items this rank takes part in. records: registration order, { name,
     shape (global), placement (normalized), group, dtype, ns, whole,
-    nd_mode, state_count, hooks }; opts.rank, opts.balance = "flops" |
+    nd_mode, ns_opts, state_count, hooks }; opts.rank, opts.balance = "flops" |
     "numel", opts.max_batch_numel = 512M. Sets mine, mine_n, holds, c,
     owner, items, hook_records on each record; returns { mesh, rank,
     records, batches, ns_load, balance }. O(P log W + W) plus this rank's
@@ -505,7 +505,7 @@ end
 -- returns the NS load of every rank (0-based array).
 local function assign(records, mesh, balance)
   local W = mesh.size
-  local function cost(shape, nd_mode) return balance == "flops" and ns.flops(shape, nd_mode) or D.numel(shape) end
+  local function cost(r, shape) return balance == "flops" and ns.shape_cost(shape, r.nd_mode, r.ns_opts) or D.numel(shape) end
   -- Pass 1: replica classes by state bytes, per set of replicate axes.
   local jobs = {}
   for _, r in ipairs(records) do
@@ -545,14 +545,14 @@ local function assign(records, mesh, balance)
       each_coords(mesh, r.batch_axes, coords, function(cc)
         local o = mesh:rank_of(cc)
         local region = region_of(r, D.local_box(r.shape, r.placement, mesh, o))
-        if D.numel(region.len) > 0 then load[o] = load[o] + cost(region.len, r.nd_mode) end
+        if D.numel(region.len) > 0 then load[o] = load[o] + cost(r, region.len) end
       end)
     end
   end
   -- Pass 2: single records by NS cost to the least loaded candidate.
   jobs = {}
   for _, r in ipairs(records) do
-    if r.single then jobs[#jobs + 1] = { cost = cost(r.shape, r.nd_mode), r = r } end
+    if r.single then jobs[#jobs + 1] = { cost = cost(r, r.shape), r = r } end
   end
   table.sort(jobs, function(x, y)
     if x.cost ~= y.cost then return x.cost > y.cost end
@@ -688,7 +688,8 @@ end
 -- rank) are
 --   { name, shape (global), placement (normalized), group (index), dtype,
 --     ns (bool: Newton-Schulz), whole (bool: orthogonalize the parameter
---     whole, for hooks that see it), nd_mode, state_count (state tensors
+--     whole, for hooks that see it), nd_mode, ns_opts (resolved muon.ns
+--     options: the cost model's), state_count (state tensors
 --     per element: 1 Muon, 2 AdamW), hooks = { {key, shape} } (hook state,
 --     shaped like the parameter with core dims collapsed to 1) }
 -- opts: { rank, balance = "flops" | "numel", max_batch_numel = n }.

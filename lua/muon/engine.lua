@@ -111,7 +111,8 @@ Engine:load(path, opts)
     with stale) checksums, written in Python.
 Engine:describe()
     Rows { name, shape, group, group_name, optimizer, options, defaults,
-    hooks, order } per parameter: what muon check prints.
+    hooks, order, ns_opts (the group's resolved muon.ns options, nil
+    without Newton-Schulz) } per parameter: what muon check prints.
 Engine:route(name, shape)
     The group a parameter of that name and shape would go to, or nil.
 Engine:set_comm(c)
@@ -641,7 +642,8 @@ function Engine:describe()
       if g.options[h] ~= nil then hooks[#hooks + 1] = h end
     end
     rows[#rows + 1] = { name = e.param.name, shape = e.param.logical_shape, group = g.index, group_name = g.name,
-      optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks, order = g.kind.DISPLAY }
+      optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks, order = g.kind.DISPLAY,
+      ns_opts = g.options._ns }
   end
   return rows
 end

@@ -55,7 +55,7 @@ muon.ns.workspace(dtype, rows, cols)
     orientation), freed by the GC.
 muon.ns.method_for(rows, cols, opts)
     "standard" or "gram": the iteration opts.method runs for a rows x cols
-    matrix ("auto" resolved by the cost model of src/ns_gram.c).
+    matrix ("auto" resolved by the cost model, see cost).
 muon.ns.coefficients(variant, steps, custom)
     The { {a, b, c}, ... } triples of a variant (default "asym5") and its
     norm scale; steps defaults to the variant's length.
@@ -69,9 +69,15 @@ muon.ns.core(shape, nd_mode)
     2-D (A, B); 3-D (A, 1, B): one (A, B); other N-D: a batch of the last
     two dims (nd_mode "batch", the default) or one dim-1 x rest matrix
     (nd_mode "flatten"). nil for 0-D and 1-D shapes.
-muon.ns.flops(shape, nd_mode)
-    Floating-point operations of one standard step over those matrices:
-    count * (4 m^2 n + 2 m^3), m the smaller side (0 without a core).
+muon.ns.cost(rows, cols, opts)
+    What one Newton-Schulz of a rows x cols matrix costs with opts (as
+    zeropower takes them; nil: the defaults), by the one cost model of
+    mu_ns_cost_of (src/muon.h): flops its products perform, bytes they
+    and its elementwise passes move, and the method ("standard" or
+    "gram") it runs.
+muon.ns.shape_cost(shape, nd_mode, opts)
+    The same summed over the core matrices of a parameter shape (core):
+    flops and bytes (0, 0 without a core matrix).
 muon.ns.VARIANTS
 muon.ns.METHODS
 muon.ns.DTYPES
@@ -355,15 +361,30 @@ function ns.core(shape, nd_mode)
   return shape[n - 1], shape[n], batch, { [n - 1] = true }, { [n] = true }
 end
 
--- The Newton-Schulz cost model, written once: floating-point operations of
--- one standard iteration step over every core matrix of a parameter of
--- this shape (m the smaller side, n the larger): X X^T (2 m^2 n) +
--- A A (2 m^3) + B X (2 m^2 n). 0 for shapes without a core matrix.
-function ns.flops(shape, nd_mode)
+-- The cost model (src/ns_cost.c, the one the scheduler runs on): flops,
+-- bytes and method of one rows x cols matrix with opts (resolved or not;
+-- nil: the defaults, resolved once).
+local cost_box = ffi.new("mu_ns_cost[1]")
+local default_resolved
+function ns.cost(rows, cols, opts)
+  if not is_int(rows) or not is_int(cols) or rows < 0 or cols < 0 then
+    blame(E.EINVAL, "cost: rows and cols must be non-negative integers")
+  end
+  if opts == nil then
+    default_resolved = default_resolved or resolve({})
+    opts = default_resolved
+  end
+  check(C.mu_ns_cost_of(rows, cols, resolve(opts).copts, cost_box), "cost")
+  local c = cost_box[0]
+  return c.flops, c.bytes, c.method == C.MU_NS_GRAM and "gram" or "standard"
+end
+
+-- Summed over the core matrices of a parameter shape (ns.core's rule).
+function ns.shape_cost(shape, nd_mode, opts)
   local a, b, batch = ns.core(shape, nd_mode)
-  if a == nil then return 0 end
-  local m, n = math.min(a, b), math.max(a, b)
-  return batch * (4 * m * m * n + 2 * m * m * m)
+  if a == nil then return 0, 0 end
+  local flops, bytes = ns.cost(a, b, opts)
+  return batch * flops, batch * bytes
 end
 
 -- ns.workspace(dtype, rows, cols): reusable buffers for matrices up to
