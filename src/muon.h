@@ -450,9 +450,12 @@ enum { MU_NS_PRECOND_NONE = 0, MU_NS_PRECOND_AOL = 1 };
 /* mu_ns_opts.dtype = MU_BF16 runs the seed's bfloat16 iteration on float32
  * tensors, from the seed's normalization of its bfloat16 input: x0 =
  * bf16(x), X = bf16(x0 / bf16(norm_scale bf16(||x0||_F) + eps')) (eps'
- * = bf16(eps), the division in float32); then per step
+ * = bf16(eps), the division in float32; beyond ||x||_F in [2^-60, 2^60]
+ * the same on c x and c eps, c a power of two bringing ||c x|| near 1, so
+ * neither the norm nor x0 leaves bfloat16's range); then per step
  * (a, b, c), with a', b', c' the coefficients rounded to bfloat16 (as torch
- * does with a scalar times a bfloat16 tensor) and every product taking
+ * does with a scalar times a bfloat16 tensor; kept in float32 with
+ * coeffs_f32) and every product taking
  * bfloat16 inputs and accumulating in float32 (oneDNN, src/dnnl.c):
  *     A = bf16(X X^T)
  *     B = bf16(bf16(b' A) + bf16(c' bf16(A A)))
@@ -474,6 +477,11 @@ typedef struct mu_ns_opts {
     int dtype;             /* the iteration's precision: MU_F32 (0, the default: the tensors'
                             * own, float32 or float64) or MU_BF16 (the seed's bfloat16
                             * iteration on float32 tensors, described above) */
+    int coeffs_f32;        /* MU_BF16 only: 0 (the default) rounds a, b, c to bfloat16 as the
+                            * seed does; 1 applies them in float32, as the authors of the
+                            * presets that are not the seed's do (rounded, cans' first
+                            * triple maps some singular values past its schedule's range,
+                            * and the iteration diverges) */
 } mu_ns_opts;
 
 typedef struct mu_ns_workspace mu_ns_workspace;

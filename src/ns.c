@@ -674,11 +674,13 @@ static void ns_product_tile(const mu__ns_plan *p, const ns_prod *pr, int t, mu__
  * arXiv:2208.03160; Turbo-Muon's use before Newton-Schulz): y = D x with
  * D = diag(1 / sqrt(max(r_i, eps))), r_i = sum_j |(x x^T)_ij|, which bounds
  * ||D x||_2 <= 1 (the Frobenius normalization's job) and starts the
- * iteration closer to orthogonal; a zero row (r_i = 0) stays zero. x is the
- * plan's n x m iterate (layout lo, ld ldx); y may be x. The Gram matrix goes
- * to A (n x n, the slot's), the scales to sc (n doubles). One syrk call of
- * fixed sizes on one worker: the bits depend on x alone. */
-static void ns_aol_scale(const mu__ns_plan *p, const void *x, void *y, void *A, double *sc, double eps)
+ * iteration closer to orthogonal; a zero row (r_i = 0) stays zero. x is c
+ * times the source (c a power of two that keeps its products in range), the
+ * plan's n x m iterate (layout lo, ld ldx); y = D source, and may be x. The
+ * Gram matrix goes to A (n x n, the slot's), the scales to sc (n doubles).
+ * One syrk call of fixed sizes on one worker: the bits depend on x alone. */
+static void ns_aol_scale(const mu__ns_plan *p, const void *x, void *y, void *A, double *sc, double eps,
+                         double c)
 {
     const int n = p->n, m = p->m, dt = p->dt;
     ns_syrk(dt, p->lo, p->up, n, m, 1.0, x, p->ldx, 0.0, A, n);
@@ -690,7 +692,10 @@ static void ns_aol_scale(const mu__ns_plan *p, const void *x, void *y, void *A, 
             sc[r] += v;
             if (c != r) sc[c] += v;
         }
-    for (int i = 0; i < n; i++) sc[i] = sc[i] > 0.0 ? 1.0 / sqrt(sc[i] > eps ? sc[i] : eps) : 0.0;
+    for (int i = 0; i < n; i++) {
+        const double r = sc[i] / c / c; /* the source's row sum */
+        sc[i] = r > 0.0 ? 1.0 / sqrt(r > eps ? r : eps) / c : 0.0;
+    }
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < m; j++) {
             const int64_t at = ns_row(p, i, p->ldx) + ns_col(p, j, p->ldx);
@@ -723,13 +728,25 @@ static void ns_begin(mu__ns_iter *it, const mu__ns_job *job, const mu__ns_slot *
     }
     const double scale = 1.0 / (o->norm_scale * norm + o->eps);
     if (job->plan.bf16) {
-        mu__ns_bf16_begin(it, src);
+        mu__ns_bf16_begin(it, src, norm);
         return;
     }
     const int aol = o->precond == MU_NS_PRECOND_AOL;
+    /* The scale (the seed's 1 / (norm_scale ||x|| + eps), in double) is
+     * folded into the first step's products (alpha = s^2 for X X^T) while
+     * the products of the unscaled input neither overflow nor underflow;
+     * otherwise the input is scaled first: by the scale itself, or for AOL,
+     * which divides by its own row sums, by a power of two c. */
+    const double lim = dt == MU_F32 ? 0x1p40 : 0x1p400;
+    const int fold = norm <= lim && norm >= 1.0 / lim;
+    const double c = fold ? 1.0 : ldexp(1.0, -ilogb(norm));
     if (o->steps == 0) {
-        if (aol) ns_aol_scale(&job->plan, src, it->dst, s->a, s->b, o->eps);
-        else ns_scale_copy(dt, it->dst, src, len, scale);
+        if (!aol) {
+            ns_scale_copy(dt, it->dst, src, len, scale);
+        } else {
+            if (!fold) ns_scale_copy(dt, it->dst, src, len, c);
+            ns_aol_scale(&job->plan, fold ? src : it->dst, it->dst, s->a, s->b, o->eps, c);
+        }
         return;
     }
     /* Ping-pong: the last step writes dst, the one before the workspace,
@@ -742,16 +759,10 @@ static void ns_begin(mu__ns_iter *it, const mu__ns_job *job, const mu__ns_slot *
         x = s->x;
     }
     it->xs0 = scale;
-    /* Folding the scale into the first step's alpha (s^2 for X X^T) is exact
-     * enough while the unscaled products neither overflow nor underflow;
-     * otherwise normalize first, into a buffer step 1 does not write. */
-    const double lim = dt == MU_F32 ? 0x1p40 : 0x1p400;
-    if (aol || !(norm <= lim && norm >= 1.0 / lim)) {
+    if (aol || !fold) { /* into a buffer step 1 does not write */
         void *buf = x == s->x ? s->x : it->dst_first ? s->x : (void *)it->dst;
-        /* (AOL: the Gram matrix of a huge or tiny input normalized first) */
-        if (!(norm <= lim && norm >= 1.0 / lim)) ns_scale_copy(dt, buf, x, len, 1.0 / norm);
-        if (aol) ns_aol_scale(&job->plan, x == buf || !(norm <= lim && norm >= 1.0 / lim) ? buf : x, buf, s->a,
-                              s->b, o->eps);
+        if (!fold) ns_scale_copy(dt, buf, x, len, aol ? c : scale);
+        if (aol) ns_aol_scale(&job->plan, fold ? x : buf, buf, s->a, s->b, o->eps, c);
         x = buf;
         it->xs0 = 1.0;
     }

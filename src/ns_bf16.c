@@ -62,6 +62,9 @@ static inline float ns_bf(uint16_t h) { return mu__f32_from_bf16(h); }
 static inline uint16_t ns_rb(float f) { return mu__bf16_from_f32(f); }
 /* a bfloat16 scalar as torch makes it from a Python float */
 static inline float ns_bfc(double v) { return ns_bf(mu__bf16_from_f64(v)); }
+/* a coefficient as the iteration applies it: rounded to bfloat16 as the
+ * seed's torch code does, or in float32 (opts->coeffs_f32) */
+static inline float ns_coef(const mu_ns_opts *o, double v) { return o->coeffs_f32 ? (float)v : ns_bfc(v); }
 
 /* The elementwise rows of the bfloat16 iteration, written once (NS_BF16_ROWS)
  * and compiled twice: for the build's baseline and, dispatched at run time,
@@ -134,8 +137,12 @@ NS_BF16_ROWS(_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"
 /* Prologue (bfloat16), the seed's normalization of its bfloat16 input:
  * x0 = bf16(x), d = bf16(norm_scale bf16(||x0||_F) + bf16(eps)) and
  * X = bf16(x0 / d) (the division in float32), transposed when tall; with 0
- * steps that is the output (as float32). */
-void mu__ns_bf16_begin(mu__ns_iter *it, const char *src)
+ * steps that is the output (as float32). At scales where the seed's
+ * bfloat16 values would overflow (||x|| beyond bfloat16's range: it would
+ * give zeros) or lose their bits (tiny x), the same formula runs on c x
+ * with c eps, c a power of two bringing ||c x|| near 1: the seed's result,
+ * scaled (rounding commutes with c); norm is ||x||_F, in double. */
+void mu__ns_bf16_begin(mu__ns_iter *it, const char *src, double norm)
 {
     const mu__ns_job *job = it->job;
     const mu__ns_plan *p = &job->plan;
@@ -143,12 +150,18 @@ void mu__ns_bf16_begin(mu__ns_iter *it, const char *src)
     const float *x = (const float *)src;
     float *out = (float *)it->dst;
     const int64_t n = p->n, m = p->m, len = n * m;
+    double c = 1.0;
+    if (!(norm <= 0x1p60 && norm >= 0x1p-60)) { /* c x into the output (free until the end) */
+        c = ldexp(1.0, -ilogb(norm));
+        for (int64_t i = 0; i < len; i++) out[i] = (float)(c * x[i]);
+        x = out;
+    }
     double acc[8] = {0}, ss = 0.0;
     NS_ROW(sumsq, acc, x, len); /* 8 running sums of the groups of 8 */
     for (int64_t i8 = len / 8 * 8; i8 < len; i8++) ss += (double)ns_bf(ns_rb(x[i8])) * ns_bf(ns_rb(x[i8]));
     for (int k = 0; k < 8; k++) ss += acc[k];
     const float nb = ns_bf(ns_rb((float)sqrt(ss)));
-    const float d = ns_bf(ns_rb((float)(o->norm_scale * nb) + ns_bfc(o->eps)));
+    const float d = ns_bf(ns_rb((float)(o->norm_scale * nb) + ns_bfc(c * o->eps)));
     if (job->opts->steps == 0) {
         for (int64_t i = 0; i < len; i++) out[i] = ns_bf(ns_rb(ns_bf(ns_rb(x[i])) / d));
         return;
@@ -263,7 +276,7 @@ void mu__ns_bf16_tile(const mu__ns_iter *it, int k, int stage, int t, int w)
         if (stage == MU__NS_GRAM_A) {
             NS_BF16_SYM(Ab, n, rr, NS_ROW(round, Ab + at, F + at, len));
         } else {
-            const float bc = ns_bfc(co[1]), cc = ns_bfc(co[2]);
+            const float bc = ns_coef(job->opts, co[1]), cc = ns_coef(job->opts, co[2]);
             NS_BF16_SYM(Bb, n, rr, NS_ROW(poly, Bb + at, Ab + at, F + at, len, bc, cc));
         }
         return;
@@ -275,7 +288,7 @@ void mu__ns_bf16_tile(const mu__ns_iter *it, int k, int stage, int t, int w)
     float *out = (float *)it->dst;
     float *C = p->tall ? out + j0 * n : out + j0;
     mu__dnnl_gemm(job->dnnl, w, &sh, Bb, X + j0, C);
-    const float ac = ns_bfc(co[0]);
+    const float ac = ns_coef(job->opts, co[0]);
     const int last = k == job->opts->steps - 1;
     for (int64_t i = 0; i < n; i++)
         NS_ROW(apply, X + i * m + j0, C + i * ldc, nj, ac, last && !p->tall);

@@ -149,12 +149,13 @@ int mu__ns_split(int64_t d, int64_t target, int64_t min, int *blk);
 void mu__ns_tri_rect(const mu__ns_plan *p, int t, mu__ns_rect *r);
 
 /* The bfloat16 iteration (src/ns_bf16.c): its tile plan (p->n, p->m set;
- * fills the blocks and tiles), its prologue (the seed's normalization into
- * the slot's X; it->done stays 1 when nothing is left), tile t of stage
+ * fills the blocks and tiles), its prologue (the seed's normalization of
+ * src, of norm ||src||_F, into the slot's X; it->done stays 1 when nothing
+ * is left), tile t of stage
  * `stage` of step k on worker w, and every product shape of its plan
  * wanted from oneDNN (before the workers start). */
 void mu__ns_bf16_plan(mu__ns_plan *p);
-void mu__ns_bf16_begin(mu__ns_iter *it, const char *src);
+void mu__ns_bf16_begin(mu__ns_iter *it, const char *src, double norm);
 void mu__ns_bf16_tile(const mu__ns_iter *it, int k, int stage, int t, int w);
 int mu__ns_bf16_want(const mu__ns_plan *p, mu__dnnl *d);
 /* The flops the products of the bfloat16 plan p perform over opts' steps. */

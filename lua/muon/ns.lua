@@ -33,7 +33,10 @@ muon.ns.zeropower(x, opts)
     (bfloat16 products on oneDNN accumulating in float32, every iterate
     rounded to bfloat16 where the seed's torch code holds one; rounding
     points: mu_ns_opts in src/muon.h); the standard iteration only
-    (method "auto" resolves to it; "gram" and variant "aol" are errors).
+    (method "auto" resolves to it; "gram" and variants "aol" and "cans"
+    are errors). The seed's variants (legacy, asym5, custom) round their
+    coefficients to bfloat16 as the seed does, the others apply theirs in
+    float32.
     opts.workspace = nil: a workspace from ns.workspace to reuse.
     An unknown option is an error listing the valid ones. Asked for more
     steps than a fixed schedule defines, it runs the defined ones (as the
@@ -240,6 +243,7 @@ local METHODS = { standard = C.MU_NS_STANDARD, gram = C.MU_NS_GRAM, auto = C.MU_
 -- (the seed's bf16 iteration on float32 tensors; see mu_ns_opts in src/muon.h)
 ns.DTYPES = { "float32", "bfloat16" }
 local DTYPES = { float32 = C.MU_F32, bfloat16 = C.MU_BF16 }
+local SEED_VARIANTS = { legacy = true, asym5 = true, custom = true }
 
 local function check_keys(opts, allowed)
   local unknown = {}
@@ -291,6 +295,11 @@ local function resolve(opts)
     blame(E.EINVAL, "variant 'aol' (its AOL preconditioning) runs in float32 only: dtype must be "
       .. "'float32', got 'bfloat16'")
   end
+  if variant == "cans" and dtype == "bfloat16" then
+    blame(E.EINVAL, "variant 'cans' diverges in bfloat16 (its first step maps singular values to the top of the "
+      .. "next steps' range with no margin, and bfloat16 rounding pushes some past it): dtype must be 'float32', "
+      .. "got 'bfloat16'")
+  end
   if precond == C.MU_NS_PRECOND_AOL and method == "gram" then
     blame(E.EINVAL, "variant 'aol' (its AOL preconditioning) runs the standard iteration: method must be "
       .. "'standard' or 'auto', got 'gram'")
@@ -310,6 +319,9 @@ local function resolve(opts)
   copts.method = METHODS[method]
   copts.precond = precond
   copts.dtype = DTYPES[dtype]
+  -- bfloat16: the seed's variants round their coefficients as the seed
+  -- does; the other presets apply theirs in float32 (see mu_ns_opts)
+  copts.coeffs_f32 = SEED_VARIANTS[variant] and 0 or 1
   return setmetatable({
     variant = variant, steps = n, eps = eps, path = path, norm_scale = scale, method = method,
     dtype = dtype,
