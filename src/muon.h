@@ -436,8 +436,9 @@ MU_API int mu_blas_set_threads(int threads);
 enum { MU_NS_SYMMETRIC = 0, MU_NS_PLAIN = 1 };
 
 /* Which iteration: the seed's on X (standard), the Gram iteration on the
- * small n x n X X^T with restarts and a guard (src/ns_gram.c), or auto:
- * gram where its cost model says it is faster for the shape. */
+ * small n x n X X^T with restarts and a guard (src/ns_gram.c; bfloat16:
+ * src/ns_gram_bf16.c), or auto: gram where the cost model says it is
+ * faster for the shape. */
 enum { MU_NS_STANDARD = 0, MU_NS_GRAM = 1, MU_NS_AUTO = 2 };
 
 /* The input's preconditioning (mu_ns_opts.precond). MU_NS_PRECOND_NONE:
@@ -461,9 +462,12 @@ enum { MU_NS_PRECOND_NONE = 0, MU_NS_PRECOND_AOL = 1 };
  *     B = bf16(bf16(b' A) + bf16(c' bf16(A A)))
  *     X = bf16(bf16(a' X) + bf16(B X))
  * (each sum in float32 first, as torch 1.13 computes bfloat16 elementwise
- * ops), and the output is float32(X). The standard iteration only:
- * MU_NS_AUTO resolves to it, MU_NS_GRAM and MU_NS_PRECOND_AOL are refused
- * (MU_EINVAL). It needs oneDNN (libdnnl.so.2, opened on first use; MU_EIO
+ * ops), and the output is float32(X). MU_NS_GRAM runs the Gram iteration
+ * in bfloat16 instead (src/ns_gram_bf16.c: X = bf16(x / (norm_scale ||x||
+ * + eps)) in float32, bfloat16 products on R = X X^T, restarts every 2
+ * steps, float32 output, a guard that falls back to the standard
+ * iteration); MU_NS_AUTO picks it by the cost model (mu_ns_cost_of);
+ * MU_NS_PRECOND_AOL is refused (MU_EINVAL). It needs oneDNN (libdnnl.so.2, opened on first use; MU_EIO
  * without it). Bits are fixed by the input, the build and oneDNN's CPU path
  * (mu_blas_info.bf16), as in float32. */
 typedef struct mu_ns_opts {
@@ -548,7 +552,7 @@ MU_API int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_te
                                 const mu_ns_opts *const *opts, mu_ns_workspace *ws);
 
 /* Named coefficient schedules ("legacy", "asym5", "polar_express",
- * "deepseekv4", "cans", "polar_express_8", "aol"; their sources in
+ * "deepseekv4", "cans", "polar_express_8", "aol", "cubic5"; their sources in
  * src/ns.c and the README): writes `steps` triples into coeffs (cap triples room) and
  * the preset's norm_scale. steps <= 0 means the preset's natural length;
  * a preset with per-step triples (all but "legacy") stops at its length

@@ -125,6 +125,15 @@ static const double ns_aol[4][3] = {
     {2.7215, -3.0494, 1.3169},
 };
 
+/* cubic5: the relaxed cubic schedule of NVIDIA Emerging-Optimizers (its
+ * "cubic5", citing arXiv:2606.00371): c = 0, so no A A product, its five
+ * (a, b) optimized for singular values down to bfloat16's effective
+ * l0 = 7e-3; the input divided by ||X||_F + eps. */
+static const double ns_cubic5[5][3] = {
+    {3.3656576, -3.3420992, 0.0}, {2.5744352, -1.4957376, 0.0}, {2.5368962, -1.4312570, 0.0},
+    {2.4418906, -1.2764040, 0.0}, {2.2230472, -0.9630650, 0.0},
+};
+
 int mu_ns_preset_precond(const char *name)
 {
     if (!name) return mu__fail(MU_EINVAL, "ns preset name is NULL");
@@ -160,10 +169,13 @@ int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *n
     } else if (strcmp(name, "aol") == 0) {
         natural = 4;
         fixed = 1;
+    } else if (strcmp(name, "cubic5") == 0) {
+        natural = 5;
+        fixed = 1;
     } else {
         return mu__fail(MU_EINVAL,
                         "ns preset must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', 'cans', "
-                        "'polar_express_8' or 'aol', got '%s'", name);
+                        "'polar_express_8', 'aol' or 'cubic5', got '%s'", name);
     }
     if (steps <= 0) steps = natural;
     /* A fixed schedule stops at its length, as the seed's slice
@@ -181,6 +193,7 @@ int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *n
         else if (strcmp(name, "cans") == 0) t = ns_cans[k];
         else if (strcmp(name, "polar_express_8") == 0) t = ns_polar_express_8[k];
         else if (strcmp(name, "aol") == 0) t = ns_aol[k];
+        else if (strcmp(name, "cubic5") == 0) t = ns_cubic5[k];
         else t = k < 8 ? ns_legacy : ns_dsv4_tail;
         memcpy(coeffs + 3 * k, t, 3 * sizeof(double));
     }
@@ -727,6 +740,10 @@ static void ns_begin(mu__ns_iter *it, const mu__ns_job *job, const mu__ns_slot *
         return;
     }
     const double scale = 1.0 / (o->norm_scale * norm + o->eps);
+    if (job->plan.g16) {
+        mu__ns_gram16_begin(it, src, norm);
+        return;
+    }
     if (job->plan.bf16) {
         mu__ns_bf16_begin(it, src, norm);
         return;
@@ -778,13 +795,17 @@ static int ns_stage(const mu__ns_plan *p, int *t)
     return st;
 }
 
-/* Tile u (0 <= u < steps * plan.nx) of the iteration: step u / nx, then the
+/* Tile u (0 <= u < ns_tickets) of the iteration: step u / nx, then the
  * stages in order, on worker w (the team rank: its per-worker oneDNN
  * objects). A tile may run only once every tile of the stages before its
  * own is done. */
 static void ns_tile(const mu__ns_iter *it, int64_t u, int w)
 {
     if (it->done) return;
+    if (it->job->plan.g16) {
+        mu__ns_gram16_tile(it, u, w);
+        return;
+    }
     const mu__ns_job *job = it->job;
     const mu__ns_plan *p = &job->plan;
     const int dt = p->dt, n = p->n;
@@ -846,12 +867,19 @@ static void ns_tile(const mu__ns_iter *it, int64_t u, int w)
     }
 }
 
+/* The tickets of one matrix after its prologue: every tile of every step
+ * (the bfloat16 Gram iteration's steps differ: src/ns_gram_bf16.c). */
+static int64_t ns_tickets(const mu__ns_job *job)
+{
+    return job->plan.g16 ? mu__ns_gram16_tickets(job) : (int64_t)job->opts->steps * job->plan.nx;
+}
+
 /* A whole matrix on worker w: the same tiles in order. */
 static void ns_one(const mu__ns_job *job, const mu__ns_slot *s, int64_t i, int w)
 {
     mu__ns_iter it;
     ns_begin(&it, job, s, i);
-    const int64_t ntiles = (int64_t)job->opts->steps * job->plan.nx;
+    const int64_t ntiles = ns_tickets(job);
     for (int64_t u = 0; u < ntiles && !it.done; u++) ns_tile(&it, u, w);
 }
 
@@ -896,6 +924,7 @@ static double ns_cost(const mu__ns_job *job)
 /* Whether a job's matrices have a stage of more than one tile. */
 static int ns_splittable(const mu__ns_job *job)
 {
+    if (job->plan.g16) return job->opts->steps > 0 && (job->plan.tn > 1 || job->plan.tm > 1);
     for (int st = 0; job->opts->steps > 0 && st < MU__NS_NSTAGES; st++)
         if (job->plan.tiles[st] > 1) return 1;
     return 0;
@@ -906,6 +935,7 @@ typedef struct ns_pool {
     const ns_unit *unit;    /* [0, nshared): shared; [nshared, nunits): whole */
     const int64_t *tstart;  /* first ticket of shared unit k; tstart[nshared]: all */
     mu_ns_workspace *ws;
+    int slots;              /* whole units: slots 0 .. slots-1 */
     int64_t nshared, nunits;
     atomic_llong next;      /* whole: next unit */
     atomic_llong ticket;    /* shared: next ticket */
@@ -928,11 +958,20 @@ static int64_t ns_shared_unit(const ns_pool *p, int64_t ticket)
 /* Ticket of shared unit k -> first ticket of its stage and one past its last. */
 static void ns_stage_of(const ns_pool *p, int64_t k, int64_t ticket, int64_t *start, int64_t *end)
 {
-    const mu__ns_plan *pl = &p->jobs[p->unit[k].job].plan;
+    const mu__ns_job *job = &p->jobs[p->unit[k].job];
+    const mu__ns_plan *pl = &job->plan;
     const int64_t u = ticket - p->tstart[k];
     if (u == 0) { /* prologue */
         *start = ticket;
         *end = ticket + 1;
+        return;
+    }
+    if (pl->g16) {
+        int64_t first;
+        int count;
+        mu__ns_gram16_stage(job, u - 1, &first, &count);
+        *start = p->tstart[k] + 1 + first;
+        *end = *start + count;
         return;
     }
     int t = (int)((u - 1) % pl->nx);
@@ -959,7 +998,7 @@ static void ns_worker(mu__pool *team, int rank, void *arg)
         else ns_tile(&p->it, u - 1, rank);
         if (atomic_fetch_add(&p->done, 1) + 1 == end) mu__pool_wake(team);
     }
-    if (rank >= p->ws->nslots) return; /* no slot of its own */
+    if (rank >= p->slots) return; /* no slot of its own */
     if (rank == 0 && count > 0) mu__pool_wait(team, &p->done, count);
     for (;;) { /* whole */
         const long long i = atomic_fetch_add(&p->next, 1);
@@ -1029,7 +1068,9 @@ static int ns_dnnl_ready(const mu__ns_job *jobs, int64_t njobs, mu_ns_workspace 
     for (int64_t j = 0; rc == MU_OK && j < njobs; j++) {
         const mu__ns_plan *p = &jobs[j].plan;
         if (jobs[j].batch == 0 || !p->bf16 || jobs[j].opts->steps == 0) continue;
-        rc = mu__ns_bf16_want(p, ws->dnnl);
+        rc = p->g16 ? mu__ns_gram16_want(&jobs[j], ws->dnnl) : mu__ns_bf16_want(p, ws->dnnl);
+        /* (the Gram iteration's buffers: slot 0's now, the others' when grown) */
+        if (rc == MU_OK && p->g16) rc = mu__ns_slot_gram(ws, &ws->slot[0]);
     }
     /* the team of ns_schedule_run has at most ns_workers() ranks */
     return rc == MU_OK ? mu__dnnl_workers(ws->dnnl, ns_workers()) : rc;
@@ -1076,7 +1117,8 @@ static void ns_schedule_run(const mu__ns_job *jobs, int64_t njobs, ns_unit *unit
     int threads = ns_workers_asked(&asked);
     if (!asked && sum < MU__NS_PAR_MIN_COST * (double)total) threads = 1;
     int64_t nshared = 0;
-    int most = 1; /* most tiles in a stage of a shared unit: its useful workers */
+    int most = 1;  /* most tiles in a stage of a shared unit: its useful workers */
+    int slots = 1; /* workspace slots the whole units may use */
     if (threads > 1) {
         qsort(unit, (size_t)total, sizeof *unit, ns_unit_cmp);
         int64_t small = 0; /* splittable units below MU__NS_BATCH_PAR_MAX */
@@ -1096,8 +1138,10 @@ static void ns_schedule_run(const mu__ns_job *jobs, int64_t njobs, ns_unit *unit
         for (int64_t u = 0; u < total; u++) {
             if (!unit[u].shared) continue;
             nshared++;
+            const mu__ns_plan *pl = &jobs[unit[u].job].plan;
             for (int st = 0; st < MU__NS_NSTAGES; st++)
-                if (jobs[unit[u].job].plan.tiles[st] > most) most = jobs[unit[u].job].plan.tiles[st];
+                if (pl->tiles[st] > most) most = pl->tiles[st];
+            if (pl->g16 && pl->tn * (pl->tn + 1) > most) most = pl->tn * (pl->tn + 1);
         }
         if (nshared > 0) qsort(unit, (size_t)total, sizeof *unit, ns_unit_cmp);
         /* Workers with something to do: a slot each for the whole units. */
@@ -1107,21 +1151,25 @@ static void ns_schedule_run(const mu__ns_job *jobs, int64_t njobs, ns_unit *unit
             if (ns_slot_alloc(ws, &ws->slot[ws->nslots]) != MU_OK) break;
             ws->nslots++;
         }
+        slots = ws->nslots;
+        for (int64_t j = 0, g16 = 0; j < njobs && !g16; j++) {
+            if (!(g16 = jobs[j].batch > 0 && jobs[j].plan.g16)) continue;
+            for (slots = 1; slots < ws->nslots && mu__ns_slot_gram(ws, &ws->slot[slots]) == MU_OK;) slots++;
+        }
         mu__clear_error(); /* out of memory only means fewer workers */
-        int useful = nwhole < ws->nslots ? (int)nwhole : ws->nslots;
+        int useful = nwhole < slots ? (int)nwhole : slots;
         if (nshared > 0 && most > useful) useful = most;
         if (threads > useful) threads = useful;
     }
     tstart[0] = 0;
     for (int64_t k = 0; k < nshared; k++)
-        tstart[k + 1] = tstart[k] + 1 + (int64_t)jobs[unit[k].job].opts->steps *
-                                            jobs[unit[k].job].plan.nx;
+        tstart[k + 1] = tstart[k] + 1 + ns_tickets(&jobs[unit[k].job]);
 
     /* Every BLAS call runs single-threaded (the count is process-wide). */
     const int saved = openblas_get_num_threads();
     if (saved != 1) openblas_set_num_threads(1);
     if (threads > 1) {
-        ns_pool pool = {.jobs = jobs, .unit = unit, .tstart = tstart, .ws = ws,
+        ns_pool pool = {.jobs = jobs, .unit = unit, .tstart = tstart, .ws = ws, .slots = slots,
                         .nshared = nshared, .nunits = total};
         atomic_init(&pool.next, nshared);
         atomic_init(&pool.ticket, 0);
@@ -1166,9 +1214,6 @@ static int ns_check_opts(const char *pre, const mu_ns_opts *o)
                         "(method MU_NS_STANDARD or MU_NS_AUTO)", pre);
     if (o->dtype != MU_F32 && o->dtype != MU_BF16)
         return mu__fail(MU_EINVAL, "%sdtype must be MU_F32 or MU_BF16, got %d", pre, o->dtype);
-    if (o->dtype == MU_BF16 && o->method == MU_NS_GRAM)
-        return mu__fail(MU_EINVAL, "%sdtype bfloat16 runs the standard iteration (method "
-                        "MU_NS_STANDARD or MU_NS_AUTO, not MU_NS_GRAM)", pre);
     if (o->dtype == MU_BF16 && o->precond == MU_NS_PRECOND_AOL)
         return mu__fail(MU_EINVAL, "%sdtype bfloat16 does not run the AOL preconditioning "
                         "(variant 'aol' is float32 only)", pre);
@@ -1221,6 +1266,7 @@ static int ns_job_init(const char *pre, const mu_tensor *in, mu_tensor *out,
                     .in = ib, .out = ob, .bytes_per = len * (int64_t)mu_dtype_size(dt),
                     .opts = opts, .inplace = ib == (const char *)ob};
     mu__ns_plan_init(&job->plan, dt, rows, cols, opts->path, opts->dtype == MU_BF16);
+    job->plan.g16 = job->plan.bf16 && opts->steps > 0 && mu_ns_method_for(rows, cols, opts) == MU_NS_GRAM;
     return MU_OK;
 }
 
@@ -1296,7 +1342,8 @@ static int ns_run_gram(mu__ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
 {
     for (int64_t j = 0; j < njobs; j++) {
         mu__ns_job *job = &jobs[j];
-        if (job->batch == 0 || mu_ns_method_for(job->rows, job->cols, job->opts) != MU_NS_GRAM)
+        if (job->batch == 0 || job->plan.bf16 ||
+            mu_ns_method_for(job->rows, job->cols, job->opts) != MU_NS_GRAM)
             continue;
         const mu__ns_batch gb = {.dt = job->dt, .rows = job->rows, .cols = job->cols,
                                  .batch = job->batch, .in = job->in, .out = job->out,
@@ -1478,6 +1525,18 @@ void mu__ns_add_diag(int dt, void *p, int64_t n, int64_t i0, int64_t i1, double 
 void mu__ns_accumulate(int dt, void *b, const void *s, int64_t n, int64_t r0, int64_t r1)
 {
     ns_accumulate(dt, b, s, n, r0, r1, 0, n);
+}
+
+int mu__ns_slot_gram(mu_ns_workspace *ws, mu__ns_slot *s)
+{
+    if (s->g) return MU_OK;
+    const size_t es = mu_dtype_size(ws->dtype);
+    const int64_t nn = ws->cap_nn > 0 ? ws->cap_nn : 1;
+    const size_t bytes = ((size_t)(3 * nn + ws->cap_nm + 16) * es + 63) & ~(size_t)63;
+    s->g = aligned_alloc(64, bytes);
+    if (!s->g) return mu__fail(MU_ENOMEM, "ns gram workspace: out of memory");
+    s->g_bytes = bytes;
+    return MU_OK;
 }
 
 int mu__ns_slots(mu_ns_workspace *ws, int want)

@@ -186,7 +186,7 @@ void mu__ns_bf16_begin(mu__ns_iter *it, const char *src, double norm)
  * for its positions above the diagonal (c > r). A plain copy: 8 x 8
  * squares wholly above the diagonal by an SSE2 transpose, the rest (the
  * diagonal's squares and ragged edges) element by element. */
-static void ns_bf16_mirror(uint16_t *M, int64_t n, const mu__ns_rect *rc)
+void mu__ns_bf16_mirror(uint16_t *M, int64_t n, const mu__ns_rect *rc)
 {
     for (int64_t c0 = rc->c0; c0 < rc->c1; c0 += 8)
         for (int64_t r0 = rc->r0; r0 < rc->r1 && r0 < c0 + 8; r0 += 8) {
@@ -235,12 +235,12 @@ static void ns_bf16_mirror(uint16_t *M, int64_t n, const mu__ns_rect *rc)
         const int64_t cs = (rc).c0 > r ? (rc).c0 : r, at = r * (n) + cs, len = (rc).c1 - cs; \
         if (len > 0) ROW;                                                                    \
     }                                                                                        \
-    ns_bf16_mirror(M, n, &(rc))
+    mu__ns_bf16_mirror(M, n, &(rc))
 
 /* The oneDNN product of tile t of stage `stage` (MU__NS_GRAM_A, MU__NS_GRAM_B or
  * MU__NS_APPLY) of the bfloat16 plan: its sizes and strides (ns_bf16_tile
  * adds the pointers). */
-static void ns_bf16_shape(const mu__ns_plan *p, int stage, int t, mu__dnnl_shape *s)
+void mu__ns_bf16_shape(const mu__ns_plan *p, int stage, int t, mu__dnnl_shape *s)
 {
     const int64_t n = p->n, m = p->m;
     if (stage == MU__NS_APPLY) {
@@ -265,19 +265,22 @@ void mu__ns_bf16_tile(const mu__ns_iter *it, int k, int stage, int t, int w)
     const double *co = job->opts->coeffs + 3 * k;
     NS_BF16_BUFS(it, n);
     mu__dnnl_shape sh;
-    ns_bf16_shape(p, stage, t, &sh);
+    mu__ns_bf16_shape(p, stage, t, &sh);
     mu__ns_rect rr;
     if (stage == MU__NS_GRAM_A || stage == MU__NS_GRAM_B) {
         mu__ns_tri_rect(p, t, &rr);
         const uint16_t *P = stage == MU__NS_GRAM_A ? X : Ab;
         const int64_t kk = sh.K;
         float *c = F + (int64_t)rr.r0 * n + rr.c0;
-        mu__dnnl_gemm(job->dnnl, w, &sh, P + (int64_t)rr.r0 * kk, P + (int64_t)rr.c0 * kk, c);
+        const float bc = ns_coef(job->opts, co[1]), cc = ns_coef(job->opts, co[2]);
+        if (stage == MU__NS_GRAM_A || cc != 0.0f) /* (c = 0: B = bf16(b' A), no A A) */
+            mu__dnnl_gemm(job->dnnl, w, &sh, P + (int64_t)rr.r0 * kk, P + (int64_t)rr.c0 * kk, c);
         if (stage == MU__NS_GRAM_A) {
             NS_BF16_SYM(Ab, n, rr, NS_ROW(round, Ab + at, F + at, len));
-        } else {
-            const float bc = ns_coef(job->opts, co[1]), cc = ns_coef(job->opts, co[2]);
+        } else if (cc != 0.0f) {
             NS_BF16_SYM(Bb, n, rr, NS_ROW(poly, Bb + at, Ab + at, F + at, len, bc, cc));
+        } else {
+            NS_BF16_SYM(Bb, n, rr, for (int64_t i = 0; i < len; i++) Bb[at + i] = ns_rb(bc * ns_bf(Ab[at + i])));
         }
         return;
     }
@@ -309,7 +312,7 @@ int mu__ns_bf16_want(const mu__ns_plan *p, mu__dnnl *d)
     for (int k = 0; rc == MU_OK && k < 3; k++)
         for (int t = 0; rc == MU_OK && t < p->tiles[stages[k]]; t++) {
             mu__dnnl_shape sh;
-            ns_bf16_shape(p, stages[k], t, &sh);
+            mu__ns_bf16_shape(p, stages[k], t, &sh);
             rc = mu__dnnl_want(d, &sh);
         }
     return rc;
@@ -322,10 +325,12 @@ double mu__ns_bf16_flops(const mu__ns_plan *p, const mu_ns_opts *o)
     for (int k = 0; k < 3; k++)
         for (int t = 0; t < p->tiles[stages[k]]; t++) {
             mu__dnnl_shape sh;
-            ns_bf16_shape(p, stages[k], t, &sh);
+            mu__ns_bf16_shape(p, stages[k], t, &sh);
             per[k] += 2.0 * (double)sh.M * (double)sh.N * (double)sh.K;
         }
     double f = 0;
-    for (int k = 0; k < o->steps; k++) f += per[0] + per[1] + per[2];
+    for (int k = 0; k < o->steps; k++) f += per[0] + (ns_coef(o, o->coeffs[3 * k + 2]) != 0.0f) * per[1] + per[2];
     return f;
 }
+
+void mu__ns_bf16_round(uint16_t *d, const float *f, int64_t len) { NS_ROW(round, d, f, len); }

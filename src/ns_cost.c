@@ -16,6 +16,10 @@
  *     bfloat16 standard     the blocks of its plan (src/ns_bf16.c): the
  *                           tiles on and above the diagonal of X X^T and
  *                           A A, and B X whole
+ *     bfloat16 Gram         the same blocks (src/ns_gram_bf16.c): per phase
+ *                           X X^T and Q X, per step its symmetric n x n
+ *                           products (2 to 4, tiles on and above the
+ *                           diagonal), restarts every 2 steps
  * bytes: what the products and elementwise passes read and write, each
  * operand once per use, in the iteration's element size (4, or 2 for
  * bfloat16), plus the input read and the output written (float32; twice
@@ -64,6 +68,9 @@ static double gram_flops(double n, double m, const mu_ns_opts *o)
  * overheads dominate). Checked against measurements (README). */
 #define GRAM_AUTO_WEIGHT 1.15
 enum { GRAM_AUTO_MIN_N = 64 };
+/* bfloat16: the same rule on the tile plans' flops (src/ns_gram_bf16.c,
+ * src/ns_bf16.c); measured (README). */
+#define GRAM16_AUTO_WEIGHT 1.15
 
 int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts)
 {
@@ -73,14 +80,16 @@ int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts)
         return mu__fail(MU_EINVAL, "ns: rows and cols must be >= 0, got %lld x %lld",
                         (long long)rows, (long long)cols);
     if (opts->precond == MU_NS_PRECOND_AOL) return MU_NS_STANDARD; /* (AOL: src/ns.c only) */
-    /* bfloat16: the standard iteration only (the seed's). The Gram
-     * iteration's restart points and guard band are derived for float32
-     * rounding (~1e-7); with bfloat16's ~4e-3 per rounding they would not
-     * bound its error, and it has no bfloat16 kernels. */
-    if (opts->dtype == MU_BF16) return MU_NS_STANDARD;
     if (opts->method != MU_NS_AUTO) return opts->method;
     const double n = (double)(rows < cols ? rows : cols), m = (double)(rows < cols ? cols : rows);
     if (opts->steps < 2 || n < GRAM_AUTO_MIN_N) return MU_NS_STANDARD;
+    if (opts->dtype == MU_BF16) {
+        mu__ns_plan p;
+        mu__ns_plan_init(&p, MU_F32, rows, cols, MU_NS_SYMMETRIC, 1);
+        return GRAM16_AUTO_WEIGHT * mu__ns_gram16_flops(&p, opts) < mu__ns_bf16_flops(&p, opts)
+                   ? MU_NS_GRAM
+                   : MU_NS_STANDARD;
+    }
     return GRAM_AUTO_WEIGHT * gram_flops(n, m, opts) < std_flops(n, m, opts) ? MU_NS_GRAM
                                                                              : MU_NS_STANDARD;
 }
@@ -95,8 +104,15 @@ static mu_ns_cost cost_of(int64_t rows, int64_t cols, const mu_ns_opts *o, int m
     if (n == 0) return c;
     double elems; /* elements the iteration reads and writes */
     if (method == MU_NS_GRAM) {
-        const double phases = 1 + popcount64(mu__ns_gram_restarts(o->steps));
-        c.flops = gram_flops(n, m, o);
+        const double phases = 1 + popcount64(o->dtype == MU_BF16 ? mu__ns_gram16_restarts(o->steps)
+                                                                 : mu__ns_gram_restarts(o->steps));
+        if (o->dtype == MU_BF16) {
+            mu__ns_plan p;
+            mu__ns_plan_init(&p, MU_F32, rows, cols, MU_NS_SYMMETRIC, 1);
+            c.flops = mu__ns_gram16_flops(&p, o);
+        } else {
+            c.flops = gram_flops(n, m, o);
+        }
         /* per phase R = X X^T (X in, R out) and X = Q X; per step the n x n
          * products and passes (P, Q, R: eight n x n operands) */
         elems = phases * (3 * n * m + 2 * n * n) + s * 8 * n * n;

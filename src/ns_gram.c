@@ -101,24 +101,27 @@ static double gram_map(const mu_ns_opts *o, double s)
     return s;
 }
 
-/* The guard's band. After normalization the singular values lie in
- * [0, 1 / norm_scale] and the largest is at least 1 / (norm_scale sqrt(n)),
- * so ||result||_F is at most sqrt(n) max|g| and at least min|g| over the
- * largest one's range (g: the scalar map); with margins for rounding. */
-static void gram_band(gram_plan *p)
+void mu__ns_gram_band(const mu_ns_opts *o, int64_t n, double top, double hi_margin, double lo_margin,
+                      double *lo, double *hi)
 {
-    const mu_ns_opts *o = p->opts;
-    const double top = 1.0 / o->norm_scale, low = top / sqrt((double)p->n);
-    double hi = 0.0, lo = INFINITY;
+    const double low = top / sqrt((double)n);
+    double h = 0.0, l = INFINITY;
     enum { SAMPLES = 2048 };
     for (int i = 0; i <= SAMPLES; i++) {
         const double s = top * i / SAMPLES, g = fabs(gram_map(o, s));
-        hi = fmax(hi, g);
-        if (s >= 0.99 * low) lo = fmin(lo, g);
+        h = fmax(h, g);
+        if (s >= 0.99 * low) l = fmin(l, g);
     }
-    lo = fmin(lo, fabs(gram_map(o, 0.99 * low)));
-    p->band_hi = 1.05 * sqrt((double)p->n) * hi + 1e-6;
-    p->band_lo = 0.5 * lo;
+    l = fmin(l, fabs(gram_map(o, 0.99 * low)));
+    *hi = hi_margin * sqrt((double)n) * h + 1e-6;
+    *lo = lo_margin * l;
+}
+
+/* The guard's band (float32: margins for its rounding). After
+ * normalization the singular values lie in [0, 1 / norm_scale]. */
+static void gram_band(gram_plan *p)
+{
+    mu__ns_gram_band(p->opts, p->n, 1.0 / p->opts->norm_scale, 1.05, 0.5, &p->band_lo, &p->band_hi);
 }
 
 static void gram_plan_init(gram_plan *p, int dt, int64_t rows, int64_t cols, const mu_ns_opts *opts)
@@ -258,12 +261,8 @@ static int gram_slot_bufs(mu_ns_workspace *ws, mu__ns_slot *s, gram_bufs *b)
 {
     const size_t es = mu_dtype_size(ws->dtype);
     const int64_t nn = ws->cap_nn > 0 ? ws->cap_nn : 1;
-    if (!s->g) {
-        size_t bytes = ((size_t)(3 * nn + ws->cap_nm + 16) * es + 63) & ~(size_t)63;
-        s->g = aligned_alloc(64, bytes);
-        if (!s->g) return mu__fail(MU_ENOMEM, "ns gram workspace: out of memory");
-        s->g_bytes = bytes;
-    }
+    const int rc = mu__ns_slot_gram(ws, s);
+    if (rc != MU_OK) return rc;
     char *g = s->g;
     b->nn[0] = s->a;
     b->nn[1] = s->b;

@@ -70,6 +70,7 @@ typedef struct mu__ns_plan {
     int tiles[MU__NS_NSTAGES];   /* tiles per stage and step; 0: fused into the one before */
     int nx;                  /* tiles per step */
     int bf16, tall;          /* the bfloat16 iteration (its own plan: src/ns_bf16.c) */
+    int g16;                 /* its Gram iteration (src/ns_gram_bf16.c), on the same blocks */
 } mu__ns_plan;
 
 /* The memory rectangle rows [r0, r1) x columns [c0, c1) of an n x n buffer
@@ -113,6 +114,13 @@ double mu__ns_cost(int64_t rows, int64_t cols, const mu_ns_opts *opts);
 /* Before which steps (0-based, a bit mask) the Gram iteration restarts
  * (src/ns_gram.c; MU_NS_GRAM_RESTARTS overrides it for measurements). */
 uint64_t mu__ns_gram_restarts(int steps);
+/* The Gram iterations' guard band for an n x n Gram matrix whose input's
+ * singular values lie in [0, top] (top = ||X||_F after the normalization;
+ * the largest is at least top / sqrt(n)): ||result||_F must lie in
+ * [lo, hi], hi = hi_margin sqrt(n) max |g| and lo = lo_margin min |g| over
+ * the largest one's range (g: the schedule's scalar map). */
+void mu__ns_gram_band(const mu_ns_opts *o, int64_t n, double top, double hi_margin, double lo_margin,
+                      double *lo, double *hi);
 /* The worker team of a Newton-Schulz call (src/pool.c): `workers` of them,
  * on the host's OpenMP runtime when it has one, unless MU_NS_OPENMP=0. */
 mu__pool_cfg mu__ns_pool_cfg(int workers);
@@ -158,7 +166,34 @@ void mu__ns_bf16_plan(mu__ns_plan *p);
 void mu__ns_bf16_begin(mu__ns_iter *it, const char *src, double norm);
 void mu__ns_bf16_tile(const mu__ns_iter *it, int k, int stage, int t, int w);
 int mu__ns_bf16_want(const mu__ns_plan *p, mu__dnnl *d);
+/* Pieces of it the other bfloat16 iterations share: the oneDNN product of
+ * tile t of stage MU__NS_GRAM_A (X X^T blocks, inner dimension m),
+ * MU__NS_GRAM_B (n x n blocks, inner dimension n) or MU__NS_APPLY (an
+ * n x n matrix times column block t of X); mirror block rectangle rc of an
+ * n x n bfloat16 matrix into the other triangle; d = bf16(f). */
+void mu__ns_bf16_shape(const mu__ns_plan *p, int stage, int t, mu__dnnl_shape *s);
+void mu__ns_bf16_mirror(uint16_t *M, int64_t n, const mu__ns_rect *rc);
+void mu__ns_bf16_round(uint16_t *d, const float *f, int64_t len);
 /* The flops the products of the bfloat16 plan p perform over opts' steps. */
 double mu__ns_bf16_flops(const mu__ns_plan *p, const mu_ns_opts *o);
+
+/* The Gram iteration in bfloat16 (src/ns_gram_bf16.c), run by the scheduler
+ * of src/ns.c on a bfloat16 plan with g16 set: its restarts (a bit mask of
+ * steps; MU_NS_GRAM16_RESTARTS overrides it for measurements), its ticket
+ * count after the prologue (the last one the guard), the stage of ticket u
+ * (its first ticket and tile count: a ticket may run once every ticket
+ * before its stage is done), its prologue (normalization in float32 into
+ * the slot, whose g buffers it needs: mu__ns_slot_gram), ticket u on
+ * worker w, its flops and the oneDNN shapes it needs. */
+uint64_t mu__ns_gram16_restarts(int steps);
+int64_t mu__ns_gram16_tickets(const mu__ns_job *job);
+void mu__ns_gram16_stage(const mu__ns_job *job, int64_t u, int64_t *first, int *count);
+void mu__ns_gram16_begin(mu__ns_iter *it, const char *src, double norm);
+void mu__ns_gram16_tile(const mu__ns_iter *it, int64_t u, int w);
+double mu__ns_gram16_flops(const mu__ns_plan *p, const mu_ns_opts *o);
+int mu__ns_gram16_want(const mu__ns_job *job, mu__dnnl *d);
+/* The Gram iterations' buffers of a slot (g: 3 n*n + n*m elements of the
+ * workspace's dtype), allocated on first use; MU_ENOMEM. */
+int mu__ns_slot_gram(mu_ns_workspace *ws, mu__ns_slot *s);
 
 #endif

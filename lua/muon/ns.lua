@@ -20,7 +20,8 @@ muon.ns.zeropower(x, opts)
     opts.steps = the variant's length (5; deepseekv4 10, polar_express_8 8,
     aol 4): iterations; 0 only normalizes.
     opts.variant = "asym5": "legacy", "asym5", "polar_express",
-    "deepseekv4", "cans", "polar_express_8", "aol" or "custom".
+    "deepseekv4", "cans", "polar_express_8", "aol", "cubic5" (c = 0: no
+    A A product) or "custom".
     opts.coefficients = nil: { {a, b, c}, ... } for variant "custom".
     opts.eps = 1e-10: added to the norm.
     opts.norm_scale = the variant's (1; polar_express 1.02): the norm's
@@ -32,11 +33,12 @@ muon.ns.zeropower(x, opts)
     opts.dtype = "float32": "bfloat16" runs the seed's bfloat16 iteration
     (bfloat16 products on oneDNN accumulating in float32, every iterate
     rounded to bfloat16 where the seed's torch code holds one; rounding
-    points: mu_ns_opts in src/muon.h); the standard iteration only
-    (method "auto" resolves to it; "gram" and variants "aol" and "cans"
-    are errors). The seed's variants (legacy, asym5, custom) round their
-    coefficients to bfloat16 as the seed does, the others apply theirs in
-    float32.
+    points: mu_ns_opts in src/muon.h); method "gram" runs the Gram
+    iteration in bfloat16 (normalized in float32, restarts every 2 steps,
+    float32 output), "auto" picks it by the cost model; variants "aol" and
+    "cans" are errors. The seed's variants (legacy, asym5, custom) round
+    their coefficients to bfloat16 as the seed does, the others apply
+    theirs in float32.
     opts.workspace = nil: a workspace from ns.workspace to reuse.
     An unknown option is an error listing the valid ones. Asked for more
     steps than a fixed schedule defines, it runs the defined ones (as the
@@ -102,16 +104,18 @@ local blame = E.blame
 
 local ns = {}
 
-ns.VARIANTS = { "legacy", "asym5", "polar_express", "deepseekv4", "cans", "polar_express_8", "aol", "custom" }
+ns.VARIANTS = { "legacy", "asym5", "polar_express", "deepseekv4", "cans", "polar_express_8", "aol", "cubic5",
+  "custom" }
 -- each preset's natural number of steps (its numbers: mu_ns_preset in src/ns.c)
-local PRESET = { legacy = 5, asym5 = 5, polar_express = 5, deepseekv4 = 10, cans = 5, polar_express_8 = 8, aol = 4 }
+local PRESET = { legacy = 5, asym5 = 5, polar_express = 5, deepseekv4 = 10, cans = 5, polar_express_8 = 8, aol = 4,
+  cubic5 = 5 }
 ns.DEFAULT_STEPS = 5
 ns.DEFAULT_VARIANT = "asym5"
 ns.DEFAULT_EPS = 1e-10
 ns.MAX_STEPS = 1000
 
 local VARIANT_MSG = "ns_variant must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', 'cans', "
-  .. "'polar_express_8', 'aol', or 'custom', got "
+  .. "'polar_express_8', 'aol', 'cubic5', or 'custom', got "
 
 local function repr(v)
   if type(v) == "string" then return "'" .. v .. "'" end
@@ -284,10 +288,6 @@ local function resolve(opts)
   local dtype = opts.dtype == nil and "float32" or opts.dtype
   if DTYPES[dtype] == nil then
     blame(E.EINVAL, "dtype must be 'float32' or 'bfloat16', got " .. repr(dtype))
-  end
-  if dtype == "bfloat16" and method == "gram" then
-    blame(E.EINVAL, "dtype 'bfloat16' runs the standard iteration: method must be 'standard' or "
-      .. "'auto', got 'gram'")
   end
   local arr, n, scale = schedule(variant, steps, opts.coefficients)
   local precond = PRESET[variant] and C.mu_ns_preset_precond(variant) or C.MU_NS_PRECOND_NONE
