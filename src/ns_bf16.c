@@ -169,15 +169,8 @@ void mu__ns_bf16_begin(mu__ns_iter *it, const char *src, double norm)
     uint16_t *X = (uint16_t *)it->s->x;
     if (!p->tall) {
         NS_ROW(scale, X, x, len, d);
-    } else { /* x is m x n: X[i][j] = x[j][i], MU__NS_BLK square by square */
-        for (int64_t j0 = 0; j0 < m; j0 += MU__NS_BLK)
-            for (int64_t i0 = 0; i0 < n; i0 += MU__NS_BLK) {
-                const int64_t j1 = j0 + MU__NS_BLK < m ? j0 + MU__NS_BLK : m;
-                const int64_t i1 = i0 + MU__NS_BLK < n ? i0 + MU__NS_BLK : n;
-                for (int64_t j = j0; j < j1; j++)
-                    for (int64_t i = i0; i < i1; i++)
-                        X[i * m + j] = ns_rb(ns_bf(ns_rb(x[j * n + i])) / d);
-            }
+    } else { /* x is m x n: X[i][j] = x[j][i] */
+        MU__NS_BLOCKED(n, 0, m, X[i * m + j] = ns_rb(ns_bf(ns_rb(x[j * n + i])) / d));
     }
     it->done = 0;
 }
@@ -296,13 +289,7 @@ void mu__ns_bf16_tile(const mu__ns_iter *it, int k, int stage, int t, int w)
     for (int64_t i = 0; i < n; i++)
         NS_ROW(apply, X + i * m + j0, C + i * ldc, nj, ac, last && !p->tall);
     if (last && p->tall) /* out rows j0:j1 = X[:, j0:j1]^T */
-        for (int64_t i0 = 0; i0 < n; i0 += MU__NS_BLK)
-            for (int64_t jb = 0; jb < nj; jb += MU__NS_BLK) {
-                const int64_t i1 = i0 + MU__NS_BLK < n ? i0 + MU__NS_BLK : n;
-                const int64_t jb1 = jb + MU__NS_BLK < nj ? jb + MU__NS_BLK : nj;
-                for (int64_t j = jb; j < jb1; j++)
-                    for (int64_t i = i0; i < i1; i++) C[j * n + i] = ns_bf(X[i * m + j0 + j]);
-            }
+        MU__NS_BLOCKED(n, 0, nj, C[j * n + i] = ns_bf(X[i * m + j0 + j]));
 }
 
 int mu__ns_bf16_want(const mu__ns_plan *p, mu__dnnl *d)

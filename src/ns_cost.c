@@ -57,9 +57,20 @@ static double std_flops(double n, double m, const mu_ns_opts *o)
 
 static double gram_flops(double n, double m, const mu_ns_opts *o)
 {
-    const double phases = 1 + popcount64(mu__ns_gram_restarts(o->steps));
+    const double phases = 1 + popcount64(mu__ns_gram_restarts(o->steps, MU_F32));
     return 3 * phases * n * n * m + (6.0 * o->steps - 5 * phases) * n * n * n -
            (o->steps - steps_with_c(o)) * n * n * n;
+}
+
+/* The flops of the iteration `method` (standard or Gram) on a rows x cols
+ * matrix with valid opts: from the bfloat16 tile plan, or the formulas. */
+static double flops_of(int64_t rows, int64_t cols, const mu_ns_opts *o, int method)
+{
+    const double n = (double)(rows < cols ? rows : cols), m = (double)(rows < cols ? cols : rows);
+    if (o->dtype != MU_BF16) return method == MU_NS_GRAM ? gram_flops(n, m, o) : std_flops(n, m, o);
+    mu__ns_plan p;
+    mu__ns_plan_init(&p, MU_F32, rows, cols, MU_NS_SYMMETRIC, 1);
+    return method == MU_NS_GRAM ? mu__ns_gram16_flops(&p, o) : mu__ns_bf16_flops(&p, o);
 }
 
 /* auto: the Gram iteration when its flops, weighted by GRAM_AUTO_WEIGHT
@@ -81,17 +92,11 @@ int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts)
                         (long long)rows, (long long)cols);
     if (opts->precond == MU_NS_PRECOND_AOL) return MU_NS_STANDARD; /* (AOL: src/ns.c only) */
     if (opts->method != MU_NS_AUTO) return opts->method;
-    const double n = (double)(rows < cols ? rows : cols), m = (double)(rows < cols ? cols : rows);
-    if (opts->steps < 2 || n < GRAM_AUTO_MIN_N) return MU_NS_STANDARD;
-    if (opts->dtype == MU_BF16) {
-        mu__ns_plan p;
-        mu__ns_plan_init(&p, MU_F32, rows, cols, MU_NS_SYMMETRIC, 1);
-        return GRAM16_AUTO_WEIGHT * mu__ns_gram16_flops(&p, opts) < mu__ns_bf16_flops(&p, opts)
-                   ? MU_NS_GRAM
-                   : MU_NS_STANDARD;
-    }
-    return GRAM_AUTO_WEIGHT * gram_flops(n, m, opts) < std_flops(n, m, opts) ? MU_NS_GRAM
-                                                                             : MU_NS_STANDARD;
+    if (opts->steps < 2 || (rows < cols ? rows : cols) < GRAM_AUTO_MIN_N) return MU_NS_STANDARD;
+    const double weight = opts->dtype == MU_BF16 ? GRAM16_AUTO_WEIGHT : GRAM_AUTO_WEIGHT;
+    return weight * flops_of(rows, cols, opts, MU_NS_GRAM) < flops_of(rows, cols, opts, MU_NS_STANDARD)
+               ? MU_NS_GRAM
+               : MU_NS_STANDARD;
 }
 
 /* The model for a valid opts and method. */
@@ -104,30 +109,16 @@ static mu_ns_cost cost_of(int64_t rows, int64_t cols, const mu_ns_opts *o, int m
     if (n == 0) return c;
     double elems; /* elements the iteration reads and writes */
     if (method == MU_NS_GRAM) {
-        const double phases = 1 + popcount64(o->dtype == MU_BF16 ? mu__ns_gram16_restarts(o->steps)
-                                                                 : mu__ns_gram_restarts(o->steps));
-        if (o->dtype == MU_BF16) {
-            mu__ns_plan p;
-            mu__ns_plan_init(&p, MU_F32, rows, cols, MU_NS_SYMMETRIC, 1);
-            c.flops = mu__ns_gram16_flops(&p, o);
-        } else {
-            c.flops = gram_flops(n, m, o);
-        }
+        const double phases = 1 + popcount64(mu__ns_gram_restarts(o->steps, o->dtype));
         /* per phase R = X X^T (X in, R out) and X = Q X; per step the n x n
          * products and passes (P, Q, R: eight n x n operands) */
         elems = phases * (3 * n * m + 2 * n * n) + s * 8 * n * n;
     } else {
-        if (o->dtype == MU_BF16) {
-            mu__ns_plan p;
-            mu__ns_plan_init(&p, MU_F32, rows, cols, MU_NS_SYMMETRIC, 1);
-            c.flops = mu__ns_bf16_flops(&p, o);
-        } else {
-            c.flops = std_flops(n, m, o);
-        }
         /* per step X X^T (X in, A out), A A (A in, B out) when c != 0, B X
          * (B, X in, X out), the elementwise passes over A and B */
         elems = s * (3 * n * m + 3 * n * n) + sc * 2 * n * n;
     }
+    c.flops = flops_of(rows, cols, o, method);
     c.bytes = es * (elems + n * m) + io * 2 * n * m; /* + the normalization; in, out */
     return c;
 }

@@ -50,12 +50,15 @@ enum { GRAM_SPLIT_MIN = 512, GRAM_ALIGN = 16, GRAM_NBUF = 5 };
  * worker (as src/ns.c's MU__NS_BATCH_PAR_MAX). */
 #define GRAM_BATCH_PAR_MAX (1024 * 4096)
 
-/* Restarts (src/ns_internal.h): one in the middle of the schedule (before
- * step 3 of 5, every 3 steps for longer ones), chosen from the accuracy
- * measurements in the README. */
-uint64_t mu__ns_gram_restarts(int steps)
+/* Restarts (src/ns_internal.h), chosen from the accuracy measurements in
+ * the README: float32 in the middle of the schedule (before step 3 of 5,
+ * every 3 steps for longer ones); bfloat16 before step 2 and every 2 steps
+ * (its rounding grows in R faster). */
+uint64_t mu__ns_gram_restarts(int steps, int dtype)
 {
-    const char *env = getenv("MU_NS_GRAM_RESTARTS"); /* measurement knob: "2,4" or "none" */
+    const int bf16 = dtype == MU_BF16, every = bf16 ? 2 : 3;
+    /* measurement knobs: "2,4" or "none" */
+    const char *env = getenv(bf16 ? "MU_NS_GRAM16_RESTARTS" : "MU_NS_GRAM_RESTARTS");
     uint64_t mask = 0;
     if (env && *env) {
         if (strcmp(env, "none") == 0) return 0;
@@ -68,8 +71,7 @@ uint64_t mu__ns_gram_restarts(int steps)
         }
         return mask;
     }
-    for (int k = 3; k < steps && k < 64; k += 3)
-        mask |= (uint64_t)1 << k;
+    for (int k = every; k < steps && k < 64; k += every) mask |= (uint64_t)1 << k;
     return mask;
 }
 
@@ -142,7 +144,7 @@ static void gram_plan_init(gram_plan *p, int dt, int64_t rows, int64_t cols, con
     p->mh = p->split ? round_up((p->m + 1) / 2) : p->m;
     /* rows [0, band) of the upper triangle hold half its elements */
     p->band = p->split ? round_up((int64_t)(p->n * (1.0 - sqrt(0.5)))) : p->n;
-    p->restarts = mu__ns_gram_restarts(opts->steps);
+    p->restarts = mu__ns_gram_restarts(opts->steps, MU_F32);
     gram_band(p);
 }
 

@@ -44,27 +44,6 @@
 static inline float bf(uint16_t h) { return mu__f32_from_bf16(h); }
 static inline uint16_t rb(float f) { return mu__bf16_from_f32(f); }
 
-/* Restarts: before which steps (0-based, a bit mask) X is recomputed; chosen
- * from measurements (README): before step 2 of 5 and then every 2 steps. */
-uint64_t mu__ns_gram16_restarts(int steps)
-{
-    const char *env = getenv("MU_NS_GRAM16_RESTARTS"); /* measurement knob: "2,4" or "none" */
-    uint64_t mask = 0;
-    if (env && *env) {
-        if (strcmp(env, "none") == 0) return 0;
-        for (const char *p = env; *p;) {
-            char *end;
-            long k = strtol(p, &end, 10);
-            if (end == p) break;
-            if (k > 0 && k < steps && k < 64) mask |= (uint64_t)1 << k;
-            p = *end ? end + 1 : end;
-        }
-        return mask;
-    }
-    for (int k = 2; k < steps && k < 64; k += 2) mask |= (uint64_t)1 << k;
-    return mask;
-}
-
 /* ----------------------------------------------------------- the stages */
 
 enum { G_R, G_ZP, G_QT, G_Q, G_T, G_RPT, G_XQ, G_GUARD };
@@ -118,7 +97,7 @@ static int64_t step_tickets(const g16_step *s)
 
 int64_t mu__ns_gram16_tickets(const mu__ns_job *job)
 {
-    const uint64_t restarts = mu__ns_gram16_restarts(job->opts->steps);
+    const uint64_t restarts = mu__ns_gram_restarts(job->opts->steps, MU_BF16);
     int64_t n = 0;
     for (int k = 0; k <= job->opts->steps; k++) {
         g16_step s;
@@ -133,7 +112,7 @@ int64_t mu__ns_gram16_tickets(const mu__ns_job *job)
 static void g16_locate(const mu__ns_job *job, int64_t u, int *k, g16_step *s, int *si, int *t,
                        int64_t *first)
 {
-    const uint64_t restarts = mu__ns_gram16_restarts(job->opts->steps);
+    const uint64_t restarts = mu__ns_gram_restarts(job->opts->steps, MU_BF16);
     int64_t at = 0;
     for (*k = 0; *k <= job->opts->steps; (*k)++) {
         g16_step_of(&job->plan, job->opts, restarts, *k, s);
@@ -198,14 +177,8 @@ void mu__ns_gram16_begin(mu__ns_iter *it, const char *src, double norm)
     g16_bufs_of(it, &b);
     if (!p->tall) {
         for (int64_t i = 0; i < n * m; i++) b.X[i] = rb((float)(scale * x[i]));
-    } else { /* x is m x n: X[i][j] = x[j][i], MU__NS_BLK square by square */
-        for (int64_t j0 = 0; j0 < m; j0 += MU__NS_BLK)
-            for (int64_t i0 = 0; i0 < n; i0 += MU__NS_BLK) {
-                const int64_t j1 = j0 + MU__NS_BLK < m ? j0 + MU__NS_BLK : m;
-                const int64_t i1 = i0 + MU__NS_BLK < n ? i0 + MU__NS_BLK : n;
-                for (int64_t j = j0; j < j1; j++)
-                    for (int64_t i = i0; i < i1; i++) b.X[i * m + j] = rb((float)(scale * x[j * n + i]));
-            }
+    } else { /* x is m x n: X[i][j] = x[j][i] */
+        MU__NS_BLOCKED(n, 0, m, b.X[i * m + j] = rb((float)(scale * x[j * n + i])));
     }
     memcpy(b.X0, b.X, (size_t)(n * m) * sizeof(uint16_t));
     it->xs0 = norm * scale;
@@ -274,13 +247,7 @@ void mu__ns_gram16_tile(const mu__ns_iter *it, int64_t u, int w)
             for (int64_t i = 0; i < n; i++) memcpy(out + i * m + j0, b.Y + i * m + j0, (size_t)nj * sizeof(float));
         } else { /* out (m x n) rows j0:j1 = Y[:, j0:j1]^T */
             float *out = (float *)it->dst;
-            for (int64_t i0 = 0; i0 < n; i0 += MU__NS_BLK)
-                for (int64_t jb = j0; jb < j0 + nj; jb += MU__NS_BLK) {
-                    const int64_t i1 = i0 + MU__NS_BLK < n ? i0 + MU__NS_BLK : n;
-                    const int64_t jb1 = jb + MU__NS_BLK < j0 + nj ? jb + MU__NS_BLK : j0 + nj;
-                    for (int64_t j = jb; j < jb1; j++)
-                        for (int64_t i = i0; i < i1; i++) out[j * n + i] = b.Y[i * m + j];
-                }
+            MU__NS_BLOCKED(n, j0, j0 + nj, out[j * n + i] = b.Y[i * m + j]);
         }
         return;
     }
@@ -378,7 +345,7 @@ static void g16_guard(const mu__ns_iter *it, int w)
 
 double mu__ns_gram16_flops(const mu__ns_plan *p, const mu_ns_opts *o)
 {
-    const uint64_t restarts = mu__ns_gram16_restarts(o->steps);
+    const uint64_t restarts = mu__ns_gram_restarts(o->steps, MU_BF16);
     double f = 0, nn = 0, xx = 0, xq = 0;
     for (int t = 0; t < p->tn * (p->tn + 1) / 2; t++) {
         mu__dnnl_shape a, g;

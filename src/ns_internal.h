@@ -57,6 +57,18 @@ typedef struct mu__ns_batch {
  * up to a multiple of MU__NS_TILE_ALIGN (the kernels' register blocking). */
 enum { MU__NS_BLK = 16, MU__NS_TILE_ALIGN = 16 }; /* (MU__NS_BLK: 16 measured best of 16..128) */
 
+/* BODY for every (i, j) in [0, ni) x [j0, j1), MU__NS_BLK x MU__NS_BLK square
+ * by square: the transposed copies between an n x m iterate and a tall
+ * (m x n) tensor stay within cache lines. */
+#define MU__NS_BLOCKED(ni, j0, j1, BODY)                                                            \
+    for (int64_t mu_jb_ = (j0); mu_jb_ < (j1); mu_jb_ += MU__NS_BLK)                               \
+        for (int64_t mu_ib_ = 0; mu_ib_ < (ni); mu_ib_ += MU__NS_BLK) {                            \
+            const int64_t mu_je_ = mu_jb_ + MU__NS_BLK < (j1) ? mu_jb_ + MU__NS_BLK : (j1);        \
+            const int64_t mu_ie_ = mu_ib_ + MU__NS_BLK < (ni) ? mu_ib_ + MU__NS_BLK : (ni);        \
+            for (int64_t j = mu_jb_; j < mu_je_; j++)                                              \
+                for (int64_t i = mu_ib_; i < mu_ie_; i++) BODY;                                    \
+        }
+
 enum { MU__NS_GRAM_A, MU__NS_PREP, MU__NS_GRAM_B, MU__NS_REDUCE, MU__NS_APPLY, MU__NS_NSTAGES };
 
 typedef struct mu__ns_plan {
@@ -111,9 +123,10 @@ int mu__ns_check_opts(const mu_ns_opts *o);
 /* The flops of one rows x cols matrix by the cost model (src/ns_cost.c,
  * mu_ns_cost_of; opts valid): the scheduler's weight. */
 double mu__ns_cost(int64_t rows, int64_t cols, const mu_ns_opts *opts);
-/* Before which steps (0-based, a bit mask) the Gram iteration restarts
- * (src/ns_gram.c; MU_NS_GRAM_RESTARTS overrides it for measurements). */
-uint64_t mu__ns_gram_restarts(int steps);
+/* Before which steps (0-based, a bit mask) the Gram iteration in dtype
+ * (MU_F32: float32 and float64; MU_BF16) restarts (src/ns_gram.c;
+ * MU_NS_GRAM_RESTARTS / MU_NS_GRAM16_RESTARTS override it for measurements). */
+uint64_t mu__ns_gram_restarts(int steps, int dtype);
 /* The Gram iterations' guard band for an n x n Gram matrix whose input's
  * singular values lie in [0, top] (top = ||X||_F after the normalization;
  * the largest is at least top / sqrt(n)): ||result||_F must lie in
@@ -178,14 +191,12 @@ void mu__ns_bf16_round(uint16_t *d, const float *f, int64_t len);
 double mu__ns_bf16_flops(const mu__ns_plan *p, const mu_ns_opts *o);
 
 /* The Gram iteration in bfloat16 (src/ns_gram_bf16.c), run by the scheduler
- * of src/ns.c on a bfloat16 plan with g16 set: its restarts (a bit mask of
- * steps; MU_NS_GRAM16_RESTARTS overrides it for measurements), its ticket
+ * of src/ns.c on a bfloat16 plan with g16 set: its ticket
  * count after the prologue (the last one the guard), the stage of ticket u
  * (its first ticket and tile count: a ticket may run once every ticket
  * before its stage is done), its prologue (normalization in float32 into
  * the slot, whose g buffers it needs: mu__ns_slot_gram), ticket u on
  * worker w, its flops and the oneDNN shapes it needs. */
-uint64_t mu__ns_gram16_restarts(int steps);
 int64_t mu__ns_gram16_tickets(const mu__ns_job *job);
 void mu__ns_gram16_stage(const mu__ns_job *job, int64_t u, int64_t *first, int *count);
 void mu__ns_gram16_begin(mu__ns_iter *it, const char *src, double norm);

@@ -4,12 +4,9 @@
 -- in float32 and bfloat16 as a fraction of each, per shape), printing each
 -- line as it is measured.
 --   luajit tests/bench/ns_roof_bench.lua [SHAPE ...]
-local build = os.getenv("MUON_BUILD") or "build"
-local prog = build .. "/bench/ns_roof"
-if os.execute("make -s " .. prog .. " >/dev/null 2>&1") ~= 0 then
-  print("ns_roof_bench: cannot build " .. prog .. " (needs libdnnl-dev); skipped")
-  return
-end
+local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua")
+local prog = B.build("ns_roof", "ns_roof_bench", "needs libdnnl-dev")
+if not prog then return end
 local args = {}
 for i, a in ipairs(arg) do args[i] = "'" .. a:gsub("'", "") .. "'" end
 local p = assert(io.popen(prog .. " " .. table.concat(args, " ") .. " 2>&1"))
