@@ -431,7 +431,9 @@ if torch then
   print("target seed f32/auto >= 1.4 (every shape): " .. verdict(bad.torch))
   print("target seed f32/auto >= 2.0 (768x3072, 3072x768, 1024x4096): " .. verdict(bad.auto_torch, ASPECT4))
   print("target seed f32/auto >= 1.0 (lone 768x768): " .. verdict(bad.lone, { ["768x768"] = true }))
-  if bf16_ws then
+  if bf16_ws and not seed16 then
+    print("targets against the seed's bf16 function and torch's bf16 matmul: n/a (no bf16 kernels on this CPU)")
+  elseif bf16_ws then
     print("target seed bf16/bf16 auto >= 1.6 (768x3072, 3072x768, 1024x4096): " .. verdict(bad.b16a, ASPECT4))
     print("target seed bf16/bf16 auto >= 1.3 (768^2, 2048^2, 12x768^2): " .. verdict(bad.b16s, SQUAREISH))
     if loaded then
