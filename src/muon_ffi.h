@@ -370,8 +370,9 @@ MU_API int mu_st_checksum_bytes(const void *data, size_t len, uint64_t *out);
 enum { MU_NS_SYMMETRIC = 0, MU_NS_PLAIN = 1 };
 
 /* Which iteration: the seed's on X (standard), the Gram iteration on the
- * small n x n X X^T with restarts and a guard (src/ns_gram.c), or auto:
- * gram where its cost model says it is faster for the shape. */
+ * small n x n X X^T with restarts and a guard (src/ns_gram.c; bfloat16:
+ * src/ns_gram_bf16.c), or auto: gram where the cost model says it is
+ * faster for the shape. */
 enum { MU_NS_STANDARD = 0, MU_NS_GRAM = 1, MU_NS_AUTO = 2 };
 
 /* The input's preconditioning (mu_ns_opts.precond). MU_NS_PRECOND_NONE:
@@ -384,18 +385,26 @@ enum { MU_NS_PRECOND_NONE = 0, MU_NS_PRECOND_AOL = 1 };
 /* mu_ns_opts.dtype = MU_BF16 runs the seed's bfloat16 iteration on float32
  * tensors, from the seed's normalization of its bfloat16 input: x0 =
  * bf16(x), X = bf16(x0 / bf16(norm_scale bf16(||x0||_F) + eps')) (eps'
- * = bf16(eps), the division in float32); then per step
+ * = bf16(eps), the division in float32; beyond ||x||_F in [2^-60, 2^60]
+ * the same on c x and c eps, c a power of two bringing ||c x|| near 1, so
+ * neither the norm nor x0 leaves bfloat16's range); then per step
  * (a, b, c), with a', b', c' the coefficients rounded to bfloat16 (as torch
- * does with a scalar times a bfloat16 tensor) and every product taking
- * bfloat16 inputs and accumulating in float32 (oneDNN, src/ns_bf16.c):
+ * does with a scalar times a bfloat16 tensor; kept in float32 with
+ * coeffs_f32) and every product taking
+ * bfloat16 inputs and accumulating in float32 (oneDNN, src/dnnl.c):
  *     A = bf16(X X^T)
  *     B = bf16(bf16(b' A) + bf16(c' bf16(A A)))
  *     X = bf16(bf16(a' X) + bf16(B X))
  * (each sum in float32 first, as torch 1.13 computes bfloat16 elementwise
- * ops), and the output is float32(X). The standard iteration only:
- * MU_NS_AUTO resolves to it, MU_NS_GRAM and MU_NS_PRECOND_AOL are refused
- * (MU_EINVAL). It needs oneDNN (libdnnl.so.2, opened on first use; MU_EIO
- * without it). Bits are fixed by the input, the build and oneDNN's CPU path
+ * ops), and the output is float32(X). MU_NS_GRAM runs the Gram iteration
+ * in bfloat16 instead (src/ns_gram_bf16.c: X = bf16(x / (norm_scale ||x||
+ * + eps)) in float32, bfloat16 products on R = X X^T, restarts every 2
+ * steps, float32 output, a guard that falls back to the standard
+ * iteration; unblocked at every size: the blocked iteration below runs
+ * the standard one only); MU_NS_AUTO picks it by the cost model
+ * (mu_ns_cost_of); MU_NS_PRECOND_AOL is refused (MU_EINVAL). It needs
+ * oneDNN (libdnnl.so.2, opened on first use; MU_EIO without it). Bits
+ * are fixed by the input, the build and oneDNN's CPU path
  * (mu_blas_info.bf16), as in float32. */
 typedef struct mu_ns_opts {
     int steps;             /* number of (a, b, c) triples used */
@@ -408,6 +417,11 @@ typedef struct mu_ns_opts {
     int dtype;             /* the iteration's precision: MU_F32 (0, the default: the tensors'
                             * own, float32 or float64) or MU_BF16 (the seed's bfloat16
                             * iteration on float32 tensors, described above) */
+    int coeffs_f32;        /* MU_BF16 only: 0 (the default) rounds a, b, c to bfloat16 as the
+                            * seed does; 1 applies them in float32, as the authors of the
+                            * presets that are not the seed's do (rounded, cans' first
+                            * triple maps some singular values past its schedule's range,
+                            * and the iteration diverges) */
 } mu_ns_opts;
 
 typedef struct mu_ns_workspace mu_ns_workspace;
@@ -435,7 +449,8 @@ MU_API int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out);
  * in, or where it lives (every BLAS call is single-threaded on a fixed
  * partition of the products into tiles, see src/ns.c). Matrices whose long
  * side reaches 8192 run the blocked iteration (src/ns_split.c, "split
- * Newton-Schulz" below), whose bits a split over any group of ranks gives.
+ * Newton-Schulz" below; not the Gram iteration in bfloat16), whose bits a
+ * split over any group of ranks gives.
  * A non-finite input fails with MU_ENONFINITE naming the batch index and
  * leaves out untouched; eps = 0 with an all-zero matrix is MU_EINVAL. */
 MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
@@ -444,6 +459,24 @@ MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts
  * or MU_NS_GRAM (MU_NS_AUTO resolved by the cost model); negative (an MU_E*
  * code) for bad options. */
 MU_API int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts);
+
+/* The cost of one Newton-Schulz of a matrix (mu_ns_cost_of). */
+typedef struct mu_ns_cost {
+    double flops; /* floating-point operations its products perform (2 per multiply-add) */
+    double bytes; /* bytes its products and elementwise passes read and write */
+    int method;   /* the iteration it runs: MU_NS_STANDARD or MU_NS_GRAM */
+} mu_ns_cost;
+/* What one Newton-Schulz of a rows x cols matrix costs with opts, by the
+ * project's one cost model (src/ns_cost.c; the scheduler, the distributed
+ * plan, the sandbox's budget and `muon check` all use it), into *out: the
+ * iteration mu_ns_method_for picks, the flops its products perform as its
+ * tile plan runs them (a symmetric product counts the triangle it
+ * computes; a step with c = 0 has no A A; a shape of more than one block:
+ * the blocked iteration's products, mu__split_plan), and the bytes its
+ * products and elementwise passes read and write, each operand once
+ * (float32 tensors; the input and output twice for float64; blocked shapes
+ * estimated as unblocked). MU_EINVAL for bad options or sizes. */
+MU_API int mu_ns_cost_of(int64_t rows, int64_t cols, const mu_ns_opts *opts, mu_ns_cost *out);
 
 /* Orthogonalize count tensors in one call: in[i] into out[i] with opts[i]
  * (each as mu_ns_zeropower takes it: 2-D or a 3-D batch; shapes and
@@ -459,7 +492,7 @@ MU_API int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_te
                                 const mu_ns_opts *const *opts, mu_ns_workspace *ws);
 
 /* Named coefficient schedules ("legacy", "asym5", "polar_express",
- * "deepseekv4", "cans", "polar_express_8", "aol"; their sources in
+ * "deepseekv4", "cans", "polar_express_8", "aol", "cubic5"; their sources in
  * src/ns.c and the README): writes `steps` triples into coeffs (cap triples room) and
  * the preset's norm_scale. steps <= 0 means the preset's natural length;
  * a preset with per-step triples (all but "legacy") stops at its length
@@ -681,8 +714,10 @@ MU_API int mu_comm_world_size(void);
  * blocks and some stripes, gets the bits one process gets, for every g
  * (g > k too: ranks without blocks still take stripes). The Frobenius norm
  * is summed per block (power-of-two scaled, float64) in block order.
- * Matrices below the threshold (k = 1), MU_NS_PLAIN and the AOL
- * preconditioning keep the unblocked iteration of src/ns.c. The knob
+ * Matrices below the threshold (k = 1), MU_NS_PLAIN, the AOL
+ * preconditioning and the Gram iteration in bfloat16 (method MU_NS_GRAM,
+ * or MU_NS_AUTO resolving to it) keep the unblocked iterations of src/ns.c
+ * and src/ns_gram_bf16.c: one block, at every size. The knob
  * MU_NS_SPLIT_PLAN="LONG,BLOCK,STRIPE" (tests, measurements; "off": never
  * block) replaces 8192, 2048 and the stripe rows: every process of a run
  * must then set the same. */

@@ -21,8 +21,11 @@
  * c R R + b R + a I, Q = P Q, F = P P, R = F R) as such stripes; its
  * products are kept symmetric (upper trapezoid, mirrored), so its bits are
  * its own. The bfloat16 iteration (mu_ns_opts.dtype = MU_BF16) rounds
- * where src/ns.c's does: P_j in float32 (oneDNN tiles of the stripe
- * grid), A = bf16(sum) once, B in tiles, X_j in bfloat16.
+ * where src/ns_bf16.c's does, with its rows and coefficients: P_j in
+ * float32 (oneDNN tiles of the stripe grid), A = bf16(sum) once, B in
+ * tiles (b' A alone when c' = 0), X_j in bfloat16. The Gram iteration in
+ * bfloat16 (src/ns_gram_bf16.c) has no blocked form: its shapes keep one
+ * block (split_plan_method).
  *
  * One machine per rank runs the phases of a call (mu__split_next); the
  * exchanges between phases are the driver's: one process (g = 1) has none
@@ -66,7 +69,7 @@
  * the same machine), the 16 stripe gemms of the upper trapezoid take 1.11x
  * one syrk of the whole (64 rows: 1.17x, 512: 1.26x: their repacking
  * against the wasted half of the diagonal blocks); bfloat16 keeps
- * src/ns.c's tile edge of 192. */
+ * src/ns_bf16.c's tile edge of 192. */
 #define SPLIT_LONG 8192
 #define SPLIT_BLOCK 2048
 #define SPLIT_STRIPE 128
@@ -92,11 +95,12 @@ static void split_sizes(int bf16, int64_t *lng, int64_t *blk, int64_t *str)
     }
 }
 
-static int split_plan_init(split_plan *p, int dt, int64_t rows, int64_t cols, const mu_ns_opts *o)
+/* The plan of a shape for the iteration `method` (MU_NS_STANDARD or
+ * MU_NS_GRAM, as mu_ns_method_for resolves it; o valid). */
+static int split_plan_method(split_plan *p, int dt, int64_t rows, int64_t cols, const mu_ns_opts *o,
+                             int method)
 {
     memset(p, 0, sizeof *p);
-    int rc = mu__ns_check_opts(o);
-    if (rc != MU_OK) return rc;
     if (dt != MU_F32 && dt != MU_F64)
         return mu__fail(MU_EDTYPE, "split ns: dtype must be MU_F32 or MU_F64, got %d", dt);
     if (o->dtype == MU_BF16 && dt != MU_F32)
@@ -116,24 +120,35 @@ static int split_plan_init(split_plan *p, int dt, int64_t rows, int64_t cols, co
     p->m = p->tall ? rows : cols;
     int64_t lng, blk, str;
     split_sizes(p->bf16, &lng, &blk, &str);
+    p->gram = method == MU_NS_GRAM;
     p->k = 1;
     p->w = p->m;
+    /* (the Gram iteration in bfloat16, src/ns_gram_bf16.c, has no blocked
+     * form: its shapes keep one block at every size, so one process runs it
+     * unblocked and a group never splits it; the choice follows the method,
+     * from the shape and options only, the same on every rank) */
     if (p->n > 0 && p->m >= lng && p->m > blk && o->path == MU_NS_SYMMETRIC &&
-        o->precond == MU_NS_PRECOND_NONE) {
+        o->precond == MU_NS_PRECOND_NONE && !(p->bf16 && p->gram)) {
         p->w = blk;
         p->k = (p->m + blk - 1) / blk;
     }
     p->sr = p->n >= 2 * str ? str : (p->n > 0 ? p->n : 1);
     p->S = (p->n + p->sr - 1) / p->sr;
     p->T = p->n * (p->n + 1) / 2;
-    const int method = mu_ns_method_for(rows, cols, o);
-    if (method < 0) return method;
-    p->gram = method == MU_NS_GRAM;
     if (p->gram) {
-        p->restarts = mu__ns_gram_restarts(o->steps);
-        mu__ns_gram_band(p->n, o, &p->band_lo, &p->band_hi);
+        p->restarts = mu__ns_gram_restarts(o->steps, MU_F32);
+        mu__ns_gram_band_f32(o, p->n, &p->band_lo, &p->band_hi);
     }
     return MU_OK;
+}
+
+static int split_plan_init(split_plan *p, int dt, int64_t rows, int64_t cols, const mu_ns_opts *o)
+{
+    memset(p, 0, sizeof *p);
+    int rc = mu__ns_check_opts(o);
+    if (rc != MU_OK) return rc;
+    const int method = mu_ns_method_for(rows, cols, o);
+    return method < 0 ? method : split_plan_method(p, dt, rows, cols, o, method);
 }
 
 int mu__split_plan(int64_t rows, int64_t cols, const mu_ns_opts *opts, int64_t *blocks,
@@ -148,24 +163,68 @@ int mu__split_plan(int64_t rows, int64_t cols, const mu_ns_opts *opts, int64_t *
     if (width) *width = p.w;
     return MU_OK;
 }
+
+/* ------------------------------------------------------------- program */
+
+/* A program being made: its ops (or only counted: ops NULL) and the flops
+ * they perform in one process. */
+typedef struct prog_out {
+    const split_plan *p;
+    split_op *ops;
+    int n;
+    double flops;
+} prog_out;
+
+/* The flops of op (2 per multiply-add), as src/ns_cost.c counts those of
+ * the unblocked iterations (a syrk: its triangle, n^2 per column): the
+ * partial products (bfloat16: the tiles on and above the stripe grid's
+ * diagonal), the stripes' gemms on the upper trapezoid (none for a
+ * polynomial step with c = 0), the update. */
+static double op_flops(const split_plan *p, const split_op *op)
+{
+    const double n = (double)p->n, m = (double)p->m;
+    double trap = 0; /* the upper trapezoid of the stripes: sum of 2 rows (n - r0) */
+    for (int64_t t = 0; t < p->S; t++) {
+        int64_t r0, r1;
+        stripe_rows(p, t, &r0, &r1);
+        trap += 2.0 * (double)(r1 - r0) * (n - (double)r0);
+    }
+    switch (op->kind) {
+    case OP_PARTIALS: return p->bf16 ? trap * m : n * n * m;
+    case OP_SP: {
+        const double c = p->o->coeffs[3 * op->k + 2];
+        const int skip = op->poly && (p->bf16 ? mu__ns_bf16_coef(p->o, c) == 0.0f : c == 0.0);
+        return skip ? 0 : trap * n;
+    }
+    case OP_UPDATE: return 2 * n * n * m;
+    default: return 0;
+    }
+}
+
+static void emit(prog_out *out, split_op op)
+{
+    if (out->ops) out->ops[out->n] = op;
+    out->n++;
+    out->flops += op_flops(out->p, &op);
+}
+
 /* The standard iteration's ops: per step PARTIALS, COMBINE, SP, UPDATE,
  * ping-ponging between XP0 and OUT so that the last step writes OUT. */
-static int prog_standard(const split_plan *p, split_op *ops)
+static int prog_standard(const split_plan *p, prog_out *out)
 {
     const int steps = p->o->steps, dst_first = steps % 2 == 1;
-    int n = 0;
     for (int k = 0; k < steps; k++) {
         const int to_out = dst_first ^ (k & 1);
         const int src = k == 0 ? PIECE_X0 : to_out ? PIECE_XP0 : PIECE_OUT;
         const int dst = to_out ? PIECE_OUT : PIECE_XP0;
-        ops[n++] = (split_op){.kind = OP_PARTIALS, .k = k, .c = 0, .scaled = k == 0, .src = src};
-        ops[n++] = (split_op){.kind = OP_COMBINE, .k = k, .c = 0, .mirror = 1};
-        ops[n++] = (split_op){.kind = OP_SP, .k = k, .c = 1, .l = 0, .m = 0, .poly = 1,
-                              .mirror = p->bf16};
-        ops[n++] = (split_op){.kind = OP_UPDATE, .k = k, .c = 1, .scaled = k == 0, .src = src,
-                              .dst = dst, .last = k + 1 == steps};
+        emit(out, (split_op){.kind = OP_PARTIALS, .k = k, .c = 0, .scaled = k == 0, .src = src});
+        emit(out, (split_op){.kind = OP_COMBINE, .k = k, .c = 0, .mirror = 1});
+        emit(out, (split_op){.kind = OP_SP, .k = k, .c = 1, .l = 0, .m = 0, .poly = 1,
+                              .mirror = p->bf16});
+        emit(out, (split_op){.kind = OP_UPDATE, .k = k, .c = 1, .scaled = k == 0, .src = src,
+                              .dst = dst, .last = k + 1 == steps});
     }
-    return n;
+    return out->n;
 }
 
 /* n x n buffers of the Gram program: the same choices on every rank. */
@@ -181,32 +240,33 @@ static int take(int *used)
 
 /* The Gram iteration's ops (the sequence of src/ns_gram.c's gram_one),
  * then GUARD; *final_xp: the scratch holding the result when in place. */
-static int prog_gram(const split_plan *p, split_op *ops, int *final_xp)
+static int prog_gram(const split_plan *p, prog_out *out, int *final_xp)
 {
     const int steps = p->o->steps;
-    int used[SPLIT_NBUF] = {0}, n = 0, nx = 0, base = PIECE_X0, R = -1, P = -1, Q = -1;
+    const int n0 = out->n;
+    int used[SPLIT_NBUF] = {0}, nx = 0, base = PIECE_X0, R = -1, P = -1, Q = -1;
     for (int k = 0; k < steps; k++) {
         const int start = k == 0 || (p->restarts >> k & 1);
         if (start) {
             R = take(used);
-            ops[n++] = (split_op){.kind = OP_PARTIALS, .k = k, .c = R, .scaled = k == 0, .src = base};
-            ops[n++] = (split_op){.kind = OP_COMBINE, .k = k, .c = R, .mirror = 1};
+            emit(out, (split_op){.kind = OP_PARTIALS, .k = k, .c = R, .scaled = k == 0, .src = base});
+            emit(out, (split_op){.kind = OP_COMBINE, .k = k, .c = R, .mirror = 1});
         }
         P = take(used);
-        ops[n++] = (split_op){.kind = OP_SP, .k = k, .c = P, .l = R, .m = R, .poly = 1, .mirror = 1};
+        emit(out, (split_op){.kind = OP_SP, .k = k, .c = P, .l = R, .m = R, .poly = 1, .mirror = 1});
         if (Q < 0) {
             Q = P;
         } else {
             const int Qn = take(used);
-            ops[n++] = (split_op){.kind = OP_SP, .k = k, .c = Qn, .l = P, .m = Q, .mirror = 1};
+            emit(out, (split_op){.kind = OP_SP, .k = k, .c = Qn, .l = P, .m = Q, .mirror = 1});
             used[Q] = 0;
             Q = Qn;
         }
         const int last = k + 1 == steps || (p->restarts >> (k + 1) & 1);
         if (!last) {
             const int F = take(used), Rn = take(used);
-            ops[n++] = (split_op){.kind = OP_SP, .k = k, .c = F, .l = P, .m = P, .mirror = 1};
-            ops[n++] = (split_op){.kind = OP_SP, .k = k, .c = Rn, .l = F, .m = R, .mirror = 1};
+            emit(out, (split_op){.kind = OP_SP, .k = k, .c = F, .l = P, .m = P, .mirror = 1});
+            emit(out, (split_op){.kind = OP_SP, .k = k, .c = Rn, .l = F, .m = R, .mirror = 1});
             used[F] = used[R] = 0;
             if (P != Q) used[P] = 0;
             R = Rn;
@@ -217,20 +277,34 @@ static int prog_gram(const split_plan *p, split_op *ops, int *final_xp)
             y = nx ? PIECE_XP1 : PIECE_XP0;
             nx ^= 1;
         }
-        ops[n++] = (split_op){.kind = OP_UPDATE, .k = k, .c = Q, .scaled = base == PIECE_X0,
-                              .src = base, .dst = y, .last = k + 1 == steps};
+        emit(out, (split_op){.kind = OP_UPDATE, .k = k, .c = Q, .scaled = base == PIECE_X0,
+                              .src = base, .dst = y, .last = k + 1 == steps});
         used[R] = used[Q] = 0;
         if (P != Q) used[P] = 0;
         R = P = Q = -1;
         base = y;
     }
     *final_xp = nx;
-    ops[n++] = (split_op){.kind = OP_GUARD};
-    return n;
+    emit(out, (split_op){.kind = OP_GUARD});
+    return out->n - n0;
 }
 
 /* Ops of both programs: at most 4 per step (standard), 2 + 4 per step (Gram). */
 static int prog_cap(const split_plan *p) { return 6 * p->o->steps + 4 + 4 * p->o->steps + 1; }
+
+int mu__ns_split_flops(int64_t rows, int64_t cols, const mu_ns_opts *o, int method, double *flops)
+{
+    split_plan p;
+    if (rows > INT32_MAX || cols > INT32_MAX ||
+        split_plan_method(&p, MU_F32, rows, cols, o, method) != MU_OK || p.k < 2)
+        return 0;
+    prog_out out = {.p = &p};
+    int final_xp;
+    if (p.gram) prog_gram(&p, &out, &final_xp);
+    else prog_standard(&p, &out);
+    *flops = out.flops;
+    return 1;
+}
 
 /* ------------------------------------------------------------- machine */
 
@@ -397,33 +471,44 @@ static void std_setup(mu__split *s, const char *in, char *out, double scale, int
     s->nrun = s->nstd;
 }
 
-/* bfloat16: X = bf16(bf16(x) / d), d = bf16(norm_scale bf16(||x||) +
- * bf16(eps)) (src/ns.c's prologue), into the bfloat16 iterate by block
- * (a tall matrix's blocks transposed); with 0 steps that is the output. */
+/* A tall matrix's block (wj x n, x) into the iterate's (n x wj, X). */
+static void bf16_block_tall(uint16_t *X, const float *x, int64_t n, int64_t wj, double c, float d)
+{
+    MU__NS_BLOCKED(n, 0, wj, X[i * wj + j] = mu__bf16_from_f32(bfr((float)(c * x[j * n + i])) / d));
+}
+
+/* bfloat16: X = bf16(bf16(c x) / d), d = bf16(norm_scale bf16(||c x||) +
+ * bf16(c eps)) (src/ns_bf16.c's prologue: c = 1, or beyond ||x|| in
+ * [2^-60, 2^60] the power of two bringing ||c x|| near 1; the norm is the
+ * blocks' of bf16_wide(x), times c), into the bfloat16 iterate by block (a
+ * tall matrix's blocks transposed); with 0 steps that is the output. */
 static int bf16_prologue(mu__split *s, const float *in, float *out)
 {
     const split_plan *p = &s->p;
-    const float nb = bfr((float)s->norm);
-    const float d = bfr((float)(p->o->norm_scale * nb) + mu__ns_bf16_coef(p->o->eps));
+    const double c = mu__ns_bf16_prescale(s->norm);
+    const float d = mu__ns_bf16_divisor(p->o, c * s->norm, c);
     if (p->o->steps == 0) {
-        for (int64_t e = 0; e < piece_elems(s); e++) out[e] = bfr(bfr(in[e]) / d);
+        for (int64_t e = 0; e < piece_elems(s); e++) out[e] = bfr(bfr((float)(c * in[e])) / d);
         return 0;
     }
+    float *row = s->tmp[0]; /* (c x: a row of a block at a time) */
     for (int64_t j = s->b0; j < s->b0 + s->nb; j++) {
         const int64_t wj = block_width(p, j), n = p->n;
         int64_t ld;
         const float *x = (const float *)piece_block(s, (const char *)in, j, &ld);
         uint16_t *X = bf16_block(s, j);
         if (!p->tall) {
-            for (int64_t i = 0; i < n; i++) mu__ns_bf16_scale(X + i * wj, x + i * ld, wj, d);
+            for (int64_t i = 0; i < n; i++) {
+                const float *xi = x + i * ld;
+                if (c != 1.0) {
+                    for (int64_t e = 0; e < wj; e++) row[e] = (float)(c * xi[e]);
+                    xi = row;
+                }
+                mu__ns_bf16_scale(X + i * wj, xi, wj, d);
+            }
             continue;
         }
-        enum { B = 16 };
-        for (int64_t r0 = 0; r0 < wj; r0 += B)
-            for (int64_t i0 = 0; i0 < n; i0 += B)
-                for (int64_t r = r0; r < r0 + B && r < wj; r++)
-                    for (int64_t i = i0; i < i0 + B && i < n; i++)
-                        X[i * wj + r] = mu__bf16_from_f32(bfr(x[r * n + i]) / d);
+        bf16_block_tall(X, x, n, wj, c, d);
     }
     s->run = s->prog;
     s->nrun = s->nstd;
@@ -679,8 +764,9 @@ static size_t tables_layout(mu__split *s, char *base)
 static int split_arm(mu__split *s)
 {
     int rc = split_tables(s);
-    s->nstd = prog_standard(&s->p, s->prog);
-    s->ngram = s->p.gram ? prog_gram(&s->p, s->prog + s->nstd, &s->final_xp) : 0;
+    prog_out out = {.p = &s->p, .ops = s->prog};
+    s->nstd = prog_standard(&s->p, &out);
+    s->ngram = s->p.gram ? prog_gram(&s->p, &out, &s->final_xp) : 0;
     return rc;
 }
 
@@ -714,7 +800,7 @@ int mu__split_new(int dtype, int64_t rows, int64_t cols, const mu_ns_opts *opts,
     int rc = split_plan_init(&s->p, dtype, rows, cols, opts);
     if (rc == MU_OK && s->p.k < 2)
         rc = mu__fail(MU_EINVAL, "split ns: a %lld x %lld matrix is one block (not split: the long "
-                      "side, the path or the preconditioning)", (long long)rows, (long long)cols);
+                      "side, the path, the preconditioning or the bfloat16 Gram iteration)", (long long)rows, (long long)cols);
     if (rc != MU_OK) {
         free(s);
         return rc;

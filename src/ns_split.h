@@ -6,6 +6,7 @@
 #ifndef MU_NS_SPLIT_H
 #define MU_NS_SPLIT_H
 
+#include "ns_internal.h"
 #include "tensor_internal.h"
 
 #include <cblas.h>

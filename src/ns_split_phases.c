@@ -11,10 +11,29 @@
 #include <stdatomic.h>
 #include <string.h>
 
+/* f rounded to bfloat16's 8 significant bits (to nearest, ties to even)
+ * at any exponent: bf16(f) where that is a normal bfloat16 number, and no
+ * overflow or subnormal loss beyond; c x rounded for a power of two c
+ * bringing it into range is c bf16_wide(x). */
+static double bf16_wide(float f)
+{
+    double d = f;
+    if (!isfinite(d)) return d;
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    enum { DROP = 52 - 7 }; /* float64's fraction bits beyond bfloat16's 7 */
+    u += (((uint64_t)1 << (DROP - 1)) - 1) + (u >> DROP & 1);
+    u &= ~(((uint64_t)1 << DROP) - 1);
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
+
 /* The norm terms of block j of x (ld): max |v| = f 2^e (f in [0.5, 1))
  * and ss = the sum of (v 2^-e)^2 in float64, with 8 running sums by
  * column index mod 8 over the block's memory rows in order, then added in
- * order; v = x, or bf16(x) for the bfloat16 iteration. out = {e, ss}; {0,
+ * order; v = x, or bf16_wide(x) for the bfloat16 iteration (whose
+ * normalization, as src/ns_bf16.c's, rounds c x for a power of two c when
+ * ||x|| lies beyond [2^-60, 2^60]). out = {e, ss}; {0,
  * 0} for zeros, {NaN, NaN} when a value is NaN or Inf. The same bits
  * wherever the block lives (any ld). 2^-e is applied as two exact powers
  * of two (a float64 one may not fit in one). */
@@ -63,7 +82,7 @@
     }
 #define SPLIT_AS_IS(v) (v)
 SPLIT_NORM(norm_f32, float, SPLIT_AS_IS)
-SPLIT_NORM(norm_bf16, float, bfr)
+SPLIT_NORM(norm_bf16, float, bf16_wide)
 SPLIT_NORM(norm_f64, double, SPLIT_AS_IS)
 #undef SPLIT_AS_IS
 #undef SPLIT_NORM
@@ -234,7 +253,7 @@ static void post_stripe(const mu__split *s, const split_op *op, int64_t t)
             const float *a = s->nn[0];
             for (int64_t r = r0; r < r1; r++) mu__ns_bf16_round(dst + r * p->n + r, a + r * p->n + r, p->n - r);
         }
-        if (op->mirror) mu__ns_bf16_mirror(dst, p->n, r0, r1);
+        if (op->mirror) mu__ns_bf16_mirror(dst, p->n, &(mu__ns_rect){(int)r0, (int)r1, (int)r0, (int)p->n});
         return;
     }
     if (s->g > 1)
@@ -321,15 +340,20 @@ static void sp_item(const split_job *jb, int w, int64_t t)
         const uint16_t *A = bf16_A(s);
         uint16_t *B = bf16_B(s);
         float *F = s->tmp[w];
-        const float bc = mu__ns_bf16_coef(co[1]), cc = mu__ns_bf16_coef(co[2]);
+        const float bc = mu__ns_bf16_coef(p->o, co[1]), cc = mu__ns_bf16_coef(p->o, co[2]);
         for (int64_t b = t; b < p->S; b++) {
             int64_t c0, c1;
             stripe_rows(p, b, &c0, &c1);
             const mu__dnnl_shape sh = bf16_tile(r1 - r0, c1 - c0, n, n, n);
-            mu__dnnl_gemm(s->dnnl, w, &sh, A + r0 * n, A + c0 * n, F + r0 * n + c0);
+            if (cc != 0.0f) /* (c = 0: B = bf16(b' A), no A A, as src/ns_bf16.c) */
+                mu__dnnl_gemm(s->dnnl, w, &sh, A + r0 * n, A + c0 * n, F + r0 * n + c0);
             for (int64_t r = r0; r < r1; r++) {
-                const int64_t cs = c0 > r ? c0 : r;
-                if (c1 > cs) mu__ns_bf16_poly(B + r * n + cs, A + r * n + cs, F + r * n + cs, c1 - cs, bc, cc);
+                const int64_t cs = c0 > r ? c0 : r, at = r * n + cs;
+                if (c1 <= cs) continue;
+                if (cc != 0.0f) mu__ns_bf16_poly(B + at, A + at, F + at, c1 - cs, bc, cc);
+                else
+                    for (int64_t i = 0; i < c1 - cs; i++)
+                        B[at + i] = mu__bf16_from_f32(bc * mu__f32_from_bf16(A[at + i]));
             }
         }
         if (s->g > 1) pack_stripe(p, 2, B, t, (uint16_t *)s->gsend + s->soff[t]);
@@ -351,11 +375,12 @@ static void sp_item(const split_job *jb, int w, int64_t t)
     }
     const int64_t mm = r1 - r0, nn = n - r0;
     char *c = C + (r0 * n + r0) * (int64_t)es;
-    if (dt == MU_F32)
+    /* (c = 0: no L M; gemm with alpha 0 would leave C as it is) */
+    if (alpha != 0.0 && dt == MU_F32)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)mm, (int)nn, (int)n, (float)alpha,
                     (const float *)L + r0 * n, (int)n, (const float *)M + r0, (int)n, (float)beta,
                     (float *)c, (int)n);
-    else
+    else if (alpha != 0.0)
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)mm, (int)nn, (int)n, alpha,
                     (const double *)L + r0 * n, (int)n, (const double *)M + r0, (int)n, beta,
                     (double *)c, (int)n);
@@ -388,7 +413,7 @@ static void update_item(const split_job *jb, int w, int64_t j)
     float *C = s->tmp[w];
     const mu__dnnl_shape sh = bf16_update(n, wj);
     mu__dnnl_gemm(s->dnnl, w, &sh, bf16_B(s), x, C);
-    const float ac = mu__ns_bf16_coef(p->o->coeffs[3 * op->k]);
+    const float ac = mu__ns_bf16_coef(p->o, p->o->coeffs[3 * op->k]);
     for (int64_t i = 0; i < n; i++) mu__ns_bf16_apply(x + i * wj, C + i * wj, wj, ac, op->last);
     if (!op->last) return;
     int64_t ld;

@@ -13,11 +13,7 @@ local core = require("muon.core")
 local C = core.C
 local ffi = require("ffi")
 
-pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
-pcall(ffi.cdef, [[
-  int unsetenv(const char *name);
-  int memcmp(const void *a, const void *b, size_t n);
-]])
+pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
 
 local function same_bits(a, b, what)
   assert.are.same(a:size(), b:size(), what)
@@ -25,20 +21,7 @@ local function same_bits(a, b, what)
   assert(ffi.C.memcmp(a.data, b.data, a:numel() * es) == 0, what .. ": the bits differ")
 end
 
--- Run fn with the environment variables of vars set (false: unset).
-local function with_env(vars, fn)
-  local saved = {}
-  for k, v in pairs(vars) do
-    saved[k] = os.getenv(k) or false
-    if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
-  end
-  local ok, r = pcall(fn)
-  for k, v in pairs(saved) do
-    if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
-  end
-  if not ok then error(r, 0) end
-  return r
-end
+local with_env = H.with_env
 
 local function plan(rows, cols, opts)
   local k, w = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
@@ -95,6 +78,27 @@ describe("ns split: the plan", function()
     end)
   end)
 
+  it("keeps the Gram iteration in bfloat16 whole at every size: the method decides, from shape and options", function()
+    with_env({ MU_NS_SPLIT_PLAN = false }, function()
+      local g16 = { dtype = "bfloat16", method = "gram" }
+      assert.are.same({ 1, 8192 }, { plan(2048, 8192, g16) })
+      assert.are.same({ 1, 8192 }, { plan(8192, 16, g16) })
+      assert.are.same({ 4, 2048 }, { plan(2048, 8192, { method = "gram" }) }) -- float32 Gram: blocked
+      -- auto in bfloat16: blocked exactly where it resolves to the standard iteration
+      local seen = {}
+      for _, sh in ipairs({ { 16, 8192 }, { 2048, 8192 }, { 4096, 8192 }, { 8192, 8192 }, { 8192, 1024 } }) do
+        local auto = { dtype = "bfloat16", method = "auto" }
+        local method = ns.method_for(sh[1], sh[2], auto)
+        seen[method] = true
+        assert.are.equal(method == "gram" and 1 or 4, (plan(sh[1], sh[2], auto)), table.concat(sh, "x") .. " " .. method)
+      end
+      assert.is_true(seen.gram and seen.standard)
+      local box = ffi.new("mu__split *[1]")
+      assert.are.equal(C.MU_EINVAL, C.mu__split_new(C.MU_F32, 2048, 8192, ns.resolve(g16).copts, 2, 0, box))
+      H.has(ffi.string(C.mu_last_error()), "the bfloat16 Gram iteration")
+    end)
+  end)
+
   it("refuses a shape of one block, a bad rank, a bad dtype", function()
     with_env({ MU_NS_SPLIT_PLAN = false }, function()
       local r = ns.resolve({})
@@ -116,6 +120,9 @@ describe("ns split: g virtual ranks give one process's bits", function()
   local iterations = {
     { "float32 standard", {} }, { "float32 gram", { method = "gram" } },
     { "bfloat16", { dtype = "bfloat16" } }, { "float64 standard", {}, "float64" },
+    -- c = 0 (no A A); coefficients applied in float32 (a preset not the seed's)
+    { "float32 cubic5", { variant = "cubic5" } }, { "bfloat16 cubic5", { dtype = "bfloat16", variant = "cubic5" } },
+    { "bfloat16 polar_express", { dtype = "bfloat16", variant = "polar_express" } },
   }
   for _, it_ in ipairs(iterations) do
     for _, shape in ipairs(shapes) do
@@ -178,6 +185,75 @@ describe("ns split: g virtual ranks give one process's bits", function()
       end
     end)
   end)
+end)
+
+describe("ns split: what the blocked iteration takes from the unblocked ones", function()
+  it("the Gram iteration in bfloat16 runs unblocked where the others are blocked, its guard's fallback too", function()
+    local x = T.randn({ 40, 100 }, 24)
+    local g16 = { dtype = "bfloat16", method = "gram" }
+    local function run(plan_env, opts, guard)
+      return with_env({ MU_NS_SPLIT_PLAN = plan_env, MU_NS_GRAM_GUARD = guard or false },
+        function() return ns.zeropower(x, opts) end)
+    end
+    same_bits(run("64,16,16", g16), run("off", g16), "one process")
+    assert.is_true(H.max_abs_diff(run("64,16,16", g16), run("64,16,16", { dtype = "bfloat16" })) > 0,
+      "not the blocked standard iteration")
+    -- its guard's fallback (the standard bfloat16 iteration from its
+    -- normalized input) stays unblocked too
+    same_bits(run("64,16,16", g16, "fail"), run("off", g16, "fail"), "the guard's fallback")
+    assert.is_true(H.max_abs_diff(run("off", g16, "fail"), run("off", g16)) > 0, "the guard failed")
+  end)
+
+  it("bfloat16 applies a preset's coefficients in float32 and the seed's rounded, as unblocked", function()
+    -- polar_express's triples as "custom" (a seed variant: rounded to
+    -- bfloat16) against the preset (kept in float32): the blocked results
+    -- differ as the unblocked ones do
+    local triples, norm_scale = ns.coefficients("polar_express")
+    local rounded = { dtype = "bfloat16", variant = "custom", coefficients = triples, norm_scale = norm_scale }
+    local kept = { dtype = "bfloat16", variant = "polar_express" }
+    local x = T.randn({ 40, 100 }, 25)
+    local function diff(plan_env)
+      return with_env({ MU_NS_SPLIT_PLAN = plan_env }, function()
+        return H.max_abs_diff(ns.zeropower(x, rounded), ns.zeropower(x, kept))
+      end)
+    end
+    local blocked, whole = diff("64,16,16"), diff("off")
+    assert.is_true(whole > 1e-3 and blocked > 0.25 * whole, ("blocked %g, unblocked %g"):format(blocked, whole))
+  end)
+end)
+
+describe("ns split: every scale", function()
+  -- The blocked iteration's normalization is the seed's X / (norm_scale
+  -- ||X|| + eps) from float32's smallest subnormal to 3e38 (bfloat16: on
+  -- c x for a power of two c outside [2^-60, 2^60], as unblocked), within
+  -- its own error at scale 1 of the unblocked float64 iteration; and g
+  -- ranks give one process's bits at the extremes.
+  local configs = { { "float32", {} }, { "float32 gram", { method = "gram" } }, { "bfloat16", { dtype = "bfloat16" } },
+    { "bfloat16 polar_express", { dtype = "bfloat16", variant = "polar_express" } } }
+  for _, c in ipairs(configs) do
+    it(c[1] .. ": 40x100 and 100x40 in 7 blocks, 1e-45 to 3e38", function()
+      with_env(SMALL, function()
+        local ref_opts = { variant = c[2].variant }
+        local function ref(x)
+          return with_env({ MU_NS_SPLIT_PLAN = "off" }, function() return ns.zeropower(x:clone("float64"), ref_opts) end)
+        end
+        for k, shape in ipairs({ { 40, 100 }, { 100, 40 } }) do
+          local x1 = H.scaled_randn(shape, 80 + k, 1)
+          local tol = 4 * H.max_abs_diff(ns.zeropower(x1, c[2]), ref(x1)) + 1e-5
+          for _, sc in ipairs(H.NS_SCALES) do
+            local x = H.scaled_randn(shape, 80 + k, sc)
+            local got, want = ns.zeropower(x, c[2]), ref(x)
+            local d = H.max_abs_diff(got, want)
+            assert.is_true(d <= tol, ("%dx%d at %g: max |got - float64| = %g > %g; |got| %g, |float64| %g"):format(
+              shape[1], shape[2], sc, d, tol, got:abs():amax(), want:abs():amax()))
+            if sc == 1e-45 or sc == 3e38 then
+              same_bits(SV.run(x, ns.resolve(c[2]), 3), got, ("g = 3 at %g"):format(sc))
+            end
+          end
+        end
+      end)
+    end)
+  end
 end)
 
 describe("ns split: accuracy of one process against the float64 iteration", function()

@@ -243,7 +243,7 @@ function R.waves(job, k)
   if c and c.k == k and c.items == job.items then return c.waves end
   local cost, total = {}, 0
   for i, r in ipairs(recs) do
-    cost[i] = r.ns and ns.flops(r.shape, r.nd_mode) or r.numel
+    cost[i] = r.ns and ns.shape_cost(r.shape, r.nd_mode, r.ns_opts) or r.numel
     total = total + cost[i]
   end
   local wave_of, before = {}, 0

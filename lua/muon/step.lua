@@ -308,7 +308,7 @@ function Stepper:plan_records(placement_of)
     local g = self.groups[w.gi]
     records[i] = { name = p.name, shape = p.logical_shape, placement = placement_of and placement_of(p) or w.placement,
       group = w.gi, dtype = p.value:dtype(), ns = g.kind.ns, whole = K.whole(g.kind, g.options),
-      nd_mode = g.options.nd_mode, state_count = #g.kind.state_keys, param = p,
+      nd_mode = g.options.nd_mode, ns_opts = g.options._ns, state_count = #g.kind.state_keys, param = p,
       state_dtype = self:state_dtype_of(w.gi, p),
       hooks = g.kind.hook_shapes and g.kind.hook_shapes(g.options, p.logical_shape) or nil }
   end

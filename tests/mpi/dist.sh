@@ -34,6 +34,11 @@ for c in "1 shard:1" "2 shard:2" "3 replicate:3" "4 replicate:2,shard:2" "4 shar
   set -- $c
   MU_TEST_NS_DTYPE=bfloat16 mpi_case "dist np=$1 mesh $2 bfloat16 Newton-Schulz" "$1" $RUN $S equal "$2"
 done
+for c in "1 shard:1" "2 shard:2" "4 replicate:2,shard:2"; do
+  set -- $c
+  MU_TEST_NS_DTYPE=bfloat16 MU_TEST_NS_METHOD=gram mpi_case "dist np=$1 mesh $2 bfloat16 Gram Newton-Schulz" "$1" \
+    $RUN $S equal "$2"
+done
 for c in "1 shard:1" "2 shard:2" "2 replicate:2" "3 shard:3" "4 replicate:2,shard:2" "4 shard:2,shard2:2"; do
   set -- $c
   mpi_case "variants np=$1 mesh $2" "$1" $RUN $S variants "$2" "$ck/variants.safetensors"

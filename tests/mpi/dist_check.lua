@@ -20,7 +20,8 @@
 --            flattening, QK-clip (signals): 10 steps bitwise vs one process
 --   nothing  a step where no rank has a grad steps nothing (on every rank);
 -- MU_TEST_STATE_DTYPE=bfloat16 runs the float32 groups with bfloat16 state.
--- MU_TEST_NS_DTYPE=bfloat16 runs the float32 Muon groups' Newton-Schulz in bfloat16.
+-- MU_TEST_NS_DTYPE=bfloat16 runs the float32 Muon groups' Newton-Schulz in bfloat16
+-- (MU_TEST_NS_METHOD=gram: the Gram iteration).
 --            empty shards without a grad step with their parameter; a grad
 --            on some holding ranks only fails everywhere
 --   overlap  small batches (many pipelined waves): every data exchange is
@@ -130,6 +131,11 @@ local function make_config(dist, here, variant)
   local nd = os.getenv("MU_TEST_NS_DTYPE")
   if nd and nd ~= "" then
     for _, i in ipairs({ 1, 2 }) do groups[i].ns_dtype = nd end
+  end
+  -- MU_TEST_NS_METHOD=gram: and the Gram iteration
+  local nm = os.getenv("MU_TEST_NS_METHOD")
+  if nm and nm ~= "" then
+    for _, i in ipairs({ 1, 2 }) do groups[i].ns_method = nm end
   end
   if mode == "overlap" then
     groups[1].post_ortho_fn = function(_, _, ctx)
