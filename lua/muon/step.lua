@@ -469,6 +469,11 @@ local function direction_phase(self, run)
           if r.holds then
             local e = self.scratch:entry(p, r, keys, self.state[p])
             e.count = (self.pstep[p] or 0) + 1
+            local dest = run.ns_inputs and run.ns_inputs[r]
+            if dest then -- (the NS input goes out from there: no copy)
+              e.u = dest
+              run.ns_direct[r] = true
+            end
             entries[#entries + 1] = e
           end
         end
@@ -575,6 +580,12 @@ local function step_body(self, values, pre_err)
   if next(run.stepping) == nil then return false end
   -- Phases 3-6: on one process the first error raises; on a mesh it is
   -- kept and the collectives still run, so no rank waits for another.
+  -- (the batches first: where the NS inputs go; local, plan-only work)
+  if W == 1 then self.ns_phase:prepare(self.plan, run)
+  else
+    local ok, e = pcall(self.ns_phase.prepare, self.ns_phase, self.plan, run)
+    if not ok then run.failure = e end
+  end
   run:attempt(direction_phase, self, run)
   -- (the router's own code does not fail on one rank only: its inputs are
   -- the plan, the same everywhere; the owners' work goes through attempt)
