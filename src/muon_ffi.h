@@ -525,10 +525,16 @@ MU_API int mu_ns_preset_precond(const char *name);
  * nesterov: u = m1*u + g (float32: u = fma(m1, buf, g) as torch's
  * add(alpha=), then separately rounded products and sums). Reads
  * grads/bufs, writes new_bufs and updates (new_bufs may alias bufs for an
- * in-place update; updates must not alias the others). */
+ * in-place update; updates must not alias the others). The same pass
+ * checks what it writes: returns 1 when every update and every new buffer
+ * value (as stored: rounded to bfloat16 for bfloat16 state) is finite; 0
+ * when one is NaN or Inf (everything is still written), with *bad (when
+ * not NULL) the index of the first such tensor; a negative status on a
+ * bad argument (nothing written). A NaN or Inf gradient always shows in
+ * its update. */
 MU_API int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
                                mu_tensor *const *new_bufs, mu_tensor *const *updates,
-                               double m1, double m2, int nesterov);
+                               double m1, double m2, int nesterov, int *bad);
 
 /* Decoupled decay + apply: p = fma(alpha, update * scales[i], p * decay),
  * i.e. the seed's update.mul_(s); p.mul_(decay); p.add_(update, alpha=)
@@ -570,11 +576,17 @@ MU_API int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *g
  * update direction (-lr/bc1 * m') / (sqrt(v')/sqrt(bc2) + eps); then
  * mu_foreach_apply(params, updates, NULL, 1 - lr*weight_decay, 1.0) gives
  * exactly the bits of mu_foreach_adamw. Used where the update is computed
- * before the step commits (atomic steps, replicated state). */
+ * before the step commits (atomic steps, replicated state). The same pass
+ * checks: with params (read only, else NULL) the value that apply with
+ * decay and alpha would write, p * decay + alpha * update, else the update,
+ * and the new moments as stored. Returns 1 when all are finite, 0 when one
+ * is NaN or Inf (everything is still written) with *bad (when not NULL)
+ * the first such index, or a negative status (nothing written). */
 MU_API int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
                                    mu_tensor *const *exp_avg_sqs, mu_tensor *const *new_exp_avgs,
                                    mu_tensor *const *new_exp_avg_sqs, mu_tensor *const *updates,
-                                   double lr, double beta1, double beta2, double eps, int64_t step);
+                                   double lr, double beta1, double beta2, double eps, int64_t step,
+                                   mu_tensor *const *params, double decay, double alpha, int *bad);
 
 /* Lion (Chen et al. 2023) without touching the parameters: the update
  * direction sign(beta1*m + (1-beta1)*g) into updates (sign(0) = 0) and the
@@ -583,10 +595,13 @@ MU_API int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *co
  * multiply-add over the rounded product, as lion-pytorch's
  * m.mul(beta1).add(g, alpha=1-beta1) in float32. Then
  * mu_foreach_apply(params, updates, NULL, 1 - lr*weight_decay, -lr) is
- * Lion's step. updates must not alias the others. */
+ * Lion's step. updates must not alias the others. Checks as
+ * mu_foreach_adamw_update (params, decay, alpha: the apply checked; bad;
+ * returns 1, 0 or a negative status). */
 MU_API int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
                                   mu_tensor *const *new_exp_avgs, mu_tensor *const *updates,
-                                  double beta1, double beta2);
+                                  double beta1, double beta2, mu_tensor *const *params,
+                                  double decay, double alpha, int *bad);
 
 /* 1 if every element of every tensor is finite; else 0 and *bad is the
  * index of the first tensor holding NaN/Inf (negative on a bad argument). */
