@@ -227,6 +227,17 @@ describe("engine", function()
     assert.same({ 0.8, 0.9 }, eng:param_groups()[1].options.betas)
     eng:step()
     assert.same({ 0.8, 0.9 }, eng.groups[1].options.betas)
+    -- the resolved Newton-Schulz options too (the C struct and its coefficients)
+    local m = engine.new({ groups = { { optimizer = "muon", ns_steps = 5 } } })
+    m:add_param("w", T.zeros({ 4, 3 }), T.zeros({ 4, 3 }))
+    local ns_opts = m:describe()[1].ns_opts
+    assert.equal(5, ns_opts.steps)
+    ns_opts.steps, ns_opts.copts.steps, ns_opts.coeffs[0] = 1, 1, 99
+    local r = m.groups[1].options._ns
+    assert.equal(5, r.steps)
+    assert.equal(5, r.copts.steps)
+    assert.are_not.equal(99, r.coeffs[0])
+    assert.equal(5, m:describe()[1].ns_opts.copts.steps)
   end)
 
   it("reports routing problems and bad configs with clear messages", function()

@@ -406,89 +406,6 @@ describe("foreach.all_finite", function()
   end)
 end)
 
--- The state ops report the first tensor whose new state, as stored, or
--- (momentum) update holds NaN or Inf, in every kernel variant, at any
--- split into threads, having written every output.
-describe("foreach state ops: the first non-finite tensor they wrote", function()
-  local VARIANTS = { "portable", "avx2", "avx512" } -- (one the CPU lacks runs the widest it has)
-  local BIG = 3.397e38 -- finite in float32, Inf in bfloat16
-
-  -- Lists of n tensors of sizes (tails included) with value v at element
-  -- at of tensor bad (nil: none).
-  local function lists(n, pd, dt, bad, at, v)
-    local gs, ms, vs = {}, {}, {}
-    for i = 1, n do
-      local len = 37 + 16 * i
-      gs[i], ms[i], vs[i] = T.randn({ len }, i, pd):mul(0.5), T.randn({ len }, 50 + i, pd):mul(0.5):clone(dt),
-        T.randn({ len }, 90 + i, pd):abs():clone(dt)
-    end
-    if bad then gs[bad]:set(v, at) end
-    if bad and dt ~= "bfloat16" then ms[bad]:set(v, at) end -- (the buffer too: m2 = 1 doubles it)
-    return gs, ms, vs
-  end
-
-  local function outputs_written(us, n)
-    for i = 1, n do
-      if us[i]:abs():amax() == 0 then return false end
-    end
-    return true
-  end
-
-  it("momentum, adamw_update and lion_update, float32 / float64 / bfloat16 state, every variant and a tail", function()
-    for _, variant in ipairs(VARIANTS) do
-      ffi.C.setenv("MU_FOREACH_SIMD", variant, 1)
-      for _, c in ipairs({
-        -- { state dtype, param dtype, grad value, bad tensor, element }
-        { "float32", "float32", 3e38, 3, 40 }, { "float32", "float32", 3e38, 2, 69 }, -- (69: a tail element)
-        { "float64", "float64", 1.7e308, 4, 1 }, { "bfloat16", "float32", BIG, 2, 5 }, { "float32", "float32", 1, nil },
-      }) do
-        local sd, pd, v, bad, at = c[1], c[2], c[3], c[4], c[5]
-        local label = ("%s %s/%s %s@%s"):format(variant, pd, sd, tostring(bad), tostring(at))
-        local function gen() return lists(5, pd, sd, bad, at, v) end
-        -- momentum: m2 = 1 doubles a huge gradient's buffer (float32/64), bfloat16 rounds BIG itself
-        local g, m = gen()
-        local nb, u = zeros_like(m), zeros_like(g)
-        local _, first = F.momentum(g, m, nb, u, 0.9, sd == "bfloat16" and 0.5 or 1, false)
-        assert.equal(bad, first, "momentum " .. label)
-        assert.is_true(outputs_written(u, 5), label)
-        -- adamw_update: exp_avg_sq = (1-b2) g^2 overflows; bfloat16: exp_avg = g (beta1 = 0)
-        local m2, q
-        g, m2, q = gen()
-        local um = zeros_like(g)
-        first = F.adamw_update(g, m2, q, zeros_like(m2), zeros_like(q), um,
-          { lr = 0.1, beta1 = sd == "bfloat16" and 0 or 0.9, beta2 = 0.5, eps = 1e-8, step = 1 })
-        assert.equal(bad, first, "adamw " .. label)
-        assert.is_true(outputs_written(um, 5), label)
-        -- lion_update: m' = g when beta2 = 0 (Inf only in bfloat16); float: nothing overflows
-        g, m2 = gen()
-        local ul = zeros_like(g)
-        first = F.lion_update(g, m2, zeros_like(m2), ul, 0.9, 0)
-        assert.equal(sd == "bfloat16" and bad or nil, first, "lion " .. label)
-        assert.is_true(outputs_written(ul, 5), label)
-      end
-    end
-    ffi.C.setenv("MU_FOREACH_SIMD", "", 1)
-  end)
-
-  it("split over threads: the first bad tensor, every output written", function()
-    ffi.C.setenv("MU_FOREACH_MT_MIN", "65536", 1)
-    ffi.C.setenv("MU_FOREACH_THREADS", "3", 1)
-    local g = { T.randn({ 100000 }, 1), T.randn({ 300000 }, 2), T.randn({ 200000 }, 3) }
-    local m = { T.zeros({ 100000 }, "bfloat16"), T.zeros({ 300000 }, "bfloat16"), T.zeros({ 200000 }, "bfloat16") }
-    g[3]:set(BIG, 1)
-    g[2]:set(-BIG, 299999)
-    local u = zeros_like(g)
-    local _, first = F.momentum(g, m, zeros_like(m), u, 0.9, 0.5, false)
-    assert.equal(2, first)
-    assert.is_true(u[3]:get(200000) ~= 0 and u[1]:get(1) ~= 0)
-    g[2]:set(0, 299999)
-    _, first = F.momentum(g, m, zeros_like(m), u, 0.9, 0.5, false)
-    assert.equal(3, first)
-    ffi.C.setenv("MU_FOREACH_MT_MIN", "", 1)
-    ffi.C.setenv("MU_FOREACH_THREADS", "", 1)
-  end)
-end)
-
 describe("foreach.first_nonfinite", function()
   it("gives the lowest index over mixed dtypes (one fused pass per dtype), bfloat16 as stored", function()
     local xs = { T.zeros({ 5 }), T.zeros({ 3 }, "bfloat16"), T.zeros({ 4 }, "float64"), T.zeros({ 2 }, "bfloat16"),
@@ -760,5 +677,193 @@ describe("foreach.apply_cautious", function()
     local c = p:clone()
     F.apply_cautious({ c }, { u:mul(-1) }, nil, 0.9, -0.1) -- every update grows |p|: no decay
     assert.are.same({ H.f32(1 + 0.1), H.f32(-2 - 0.1), H.f32(3 + H.f32(0.1 * 2)), H.f32(-4 - H.f32(0.1 * 3)) }, c:flat())
+  end)
+end)
+
+describe("the update passes check what they write", function()
+  -- momentum, adamw_update and lion_update write everything and return nil,
+  -- or the first tensor where a value they wrote (the update, or with
+  -- `against` the value apply would write instead; the state as stored, so
+  -- rounded for bfloat16) is NaN or Inf: the same answer as separate
+  -- all_finite / apply_finite passes over what they wrote, for each kernel
+  -- variant, at vector steps, in tails, and split over threads.
+  after_each(function()
+    for _, k in ipairs({ "MU_FOREACH_SIMD", "MU_FOREACH_MT_MIN", "MU_FOREACH_THREADS" }) do ffi.C.setenv(k, "", 1) end
+  end)
+  local MAX = 3.4028234663852886e38
+  -- The first index where any list holds a NaN/Inf (the separate checks).
+  local function first_bad(...)
+    local first
+    for _, l in ipairs({ ... }) do
+      local bad = F.first_nonfinite(l)
+      if bad and (first == nil or bad < first) then first = bad end
+    end
+    return first
+  end
+  -- apply_finite's answer as an index (nil: all finite).
+  local function apply_bad(p, u, decay, alpha)
+    local ok, i = F.apply_finite(p, u, nil, decay, alpha)
+    return not ok and i or nil
+  end
+  -- 64 x 33 tensors: a bad value at a vector step and in the tail.
+  local AT = { { 1, 1 }, { 40, 9 }, { 64, 33 } }
+
+  for _, simd in ipairs({ "portable", "avx2", "avx512" }) do
+    it("momentum (" .. simd .. "): finite, a NaN/Inf gradient, an overflow in u or in the new buffer only", function()
+      ffi.C.setenv("MU_FOREACH_SIMD", simd, 1)
+      local function run(g, b, m1, m2, state)
+        local gs, bs = { T.randn({ 5 }, 1), T.randn({ 64, 33 }, 2), g }, { T.randn({ 5 }, 3), T.randn({ 64, 33 }, 4), b }
+        if state then for i = 1, 3 do bs[i] = bs[i]:clone(state) end end
+        local nb, u = zeros_like(bs), zeros_like(gs)
+        local _, bad = F.momentum(gs, bs, nb, u, m1, m2, true)
+        -- everything written: the bits of a run without the check's report
+        local nb2, u2 = zeros_like(bs), zeros_like(gs)
+        F.momentum(gs, bs, nb2, u2, m1, m2, true)
+        for i = 1, 3 do
+          H.assert_equal_bits(nb[i], nb2[i], "new buf " .. i)
+          H.assert_equal_bits(u[i], u2[i], "update " .. i)
+        end
+        assert.are.equal(first_bad(u, nb), bad)
+        return bad
+      end
+      assert.is_nil(run(T.randn({ 64, 33 }, 5), T.randn({ 64, 33 }, 6), 0.9, 0.8))
+      for _, v in ipairs({ 0 / 0, math.huge, -math.huge }) do
+        for _, at in ipairs(AT) do
+          local g = T.randn({ 64, 33 }, 7)
+          g:set(v, at[1], at[2])
+          assert.are.equal(3, run(g, T.randn({ 64, 33 }, 8), 0.9, 0.8))
+        end
+      end
+      for _, at in ipairs(AT) do
+        local g, b = T.zeros({ 64, 33 }), T.zeros({ 64, 33 })
+        g:set(MAX, at[1], at[2])
+        b:set(MAX, at[1], at[2])
+        assert.are.equal(3, run(g, b, 0.9, 0.8)) -- u = g + 0.9 b overflows
+        assert.are.equal(3, run(g, b, 0, 1))     -- u = g, b' = b + g overflows
+        -- a float32 3.397e38 is finite; as bfloat16 it rounds to Inf
+        g = T.zeros({ 64, 33 })
+        g:set(3.397e38, at[1], at[2])
+        assert.is_nil(run(g, T.zeros({ 64, 33 }), 0, 0.5))
+        assert.are.equal(3, run(g, T.zeros({ 64, 33 }), 0, 0.5, "bfloat16"))
+      end
+    end)
+
+    it("adamw_update and lion_update (" .. simd .. "): the update, the state as stored, and the apply they check", function()
+      ffi.C.setenv("MU_FOREACH_SIMD", simd, 1)
+      local o = { lr = 1e-2, betas = { 0.9, 0.95 }, eps = 1e-8, step = 2 }
+      local function lists(state)
+        local g, p = { T.randn({ 5 }, 11), T.randn({ 64, 33 }, 12) }, { T.randn({ 5 }, 13), T.randn({ 64, 33 }, 14) }
+        local m = { T.randn({ 5 }, 15), T.randn({ 64, 33 }, 16) }
+        local v = { T.randn({ 5 }, 17):mul(T.randn({ 5 }, 17)), T.randn({ 64, 33 }, 18):mul(T.randn({ 64, 33 }, 18)) }
+        for i = 1, 2 do m[i], v[i] = m[i]:clone(state), v[i]:clone(state) end
+        return g, p, m, v
+      end
+      -- adamw: its report against separate checks of what it wrote
+      local function adamw(g, p, m, v, decay, alpha)
+        local nm, nv, u = zeros_like(m), zeros_like(v), zeros_like(g)
+        local bad = F.adamw_update(g, m, v, nm, nv, u, o, p and { params = p, decay = decay, alpha = alpha })
+        local want = first_bad(nm, nv, u)
+        local ab = p and apply_bad(p, u, decay, alpha)
+        if ab and (want == nil or ab < want) then want = ab end
+        assert.are.equal(want, bad)
+        return bad
+      end
+      local function lion(g, p, m, decay, alpha, beta2)
+        local nm, u = zeros_like(m), zeros_like(g)
+        local bad = F.lion_update(g, m, nm, u, 0.9, beta2 or 0.99, p and { params = p, decay = decay, alpha = alpha })
+        local want = first_bad(nm, u)
+        local ab = p and apply_bad(p, u, decay, alpha)
+        if ab and (want == nil or ab < want) then want = ab end
+        assert.are.equal(want, bad)
+        return bad
+      end
+      for _, state in ipairs({ "float32", "bfloat16" }) do
+        local g, p, m, v = lists(state)
+        assert.is_nil(adamw(g, p, m, v, 0.999, 1))
+        assert.is_nil(adamw(g, nil, m, v))
+        assert.is_nil(lion(g, p, m, 0.999, -0.01))
+        for _, at in ipairs(AT) do
+          for _, bad in ipairs({ 0 / 0, math.huge }) do
+            g, p, m, v = lists(state)
+            g[2]:set(bad, at[1], at[2]) -- a NaN/Inf gradient: Lion's update is a sign, its moment shows it
+            assert.are.equal(2, adamw(g, p, m, v, 0.999, 1))
+            assert.are.equal(2, lion(g, p, m, 0.999, -0.01))
+            assert.are.equal(2, lion(g, nil, m))
+            g, p, m, v = lists(state)
+            p[2]:set(bad, at[1], at[2]) -- a NaN/Inf parameter: the apply's value
+            assert.are.equal(2, adamw(g, p, m, v, 0.999, 1))
+            assert.is_nil(adamw(g, nil, m, v))
+            assert.are.equal(2, lion(g, p, m, 0.999, -0.01))
+          end
+          g, p, m, v = lists(state)
+          p[2]:set(MAX, at[1], at[2]) -- p * decay + alpha * u overflows
+          assert.are.equal(2, adamw(g, p, m, v, 1.5, 1))
+          assert.are.equal(2, lion(g, p, m, 1.5, -0.01))
+          assert.is_nil(lion(g, p, m, 1, 0))
+        end
+      end
+      -- the moment (beta2 = 0: m' = g) rounds to Inf only as bfloat16
+      local g, m = { T.zeros({ 64, 33 }) }, { T.zeros({ 64, 33 }) }
+      g[1]:set(3.397e38, 9, 9)
+      assert.is_nil(lion(g, nil, m, nil, nil, 0))
+      assert.are.equal(1, lion(g, nil, { m[1]:clone("bfloat16") }, nil, nil, 0))
+    end)
+  end
+
+  it("split over threads: the first bad tensor, every element written", function()
+    ffi.C.setenv("MU_FOREACH_MT_MIN", "4096", 1)
+    ffi.C.setenv("MU_FOREACH_THREADS", "3", 1)
+    local gs, bs = {}, {}
+    for i = 1, 6 do gs[i], bs[i] = T.randn({ 3001 }, 30 + i), T.randn({ 3001 }, 40 + i) end
+    gs[5]:set(0 / 0, 3001)
+    gs[2]:set(math.huge, 1)
+    local nb, u = zeros_like(bs), zeros_like(gs)
+    local _, bad = F.momentum(gs, bs, nb, u, 0.9, 0.9, false)
+    assert.are.equal(2, bad)
+    ffi.C.setenv("MU_FOREACH_THREADS", "1", 1)
+    local nb1, u1 = zeros_like(bs), zeros_like(gs)
+    F.momentum(gs, bs, nb1, u1, 0.9, 0.9, false)
+    for i = 1, 6 do
+      H.assert_equal_bits(nb[i], nb1[i], "new buf " .. i)
+      H.assert_equal_bits(u[i], u1[i], "update " .. i)
+    end
+  end)
+
+  it("float64 state: a new buffer or moment that overflows (a tail element)", function()
+    local g, b = { T.zeros({ 37 }, "float64") }, { T.zeros({ 37 }, "float64") }
+    g[1]:set(1.7e308, 36)
+    b[1]:set(1.7e308, 36)
+    local _, bad = F.momentum(g, b, zeros_like(b), zeros_like(g), 0, 1, false) -- u = g; b' = b + g overflows
+    assert.are.equal(1, bad)
+    assert.is_nil(select(2, F.momentum(g, b, zeros_like(b), zeros_like(g), 0, 0, false))) -- b' = g
+    -- (1 - beta2) g^2 overflows; Lion's m' = g (beta2 = 0) stays finite
+    assert.are.equal(1, F.adamw_update(g, b, zeros_like(b), zeros_like(b), zeros_like(b), zeros_like(g),
+      { lr = 0.1, beta1 = 0.9, beta2 = 0.5, eps = 1e-8, step = 1 }))
+    assert.is_nil(F.lion_update(g, b, zeros_like(b), zeros_like(g), 0.9, 0))
+  end)
+
+  it("rejects params that are written, of another size or dtype, touching nothing", function()
+    local g, m, v = { T.randn({ 4 }, 1) }, { T.randn({ 4 }, 2) }, { T.zeros({ 4 }) }
+    local nm, nv, u = zeros_like(m), zeros_like(v), zeros_like(g)
+    local o = { lr = 1e-2, step = 1 }
+    local cases = {
+      { { params = u, decay = 1, alpha = 1 }, "params[0] overlaps updates[0] (params are read only)" },
+      { { params = nm, decay = 1, alpha = 1 }, "params[0] overlaps new_exp_avgs[0]" },
+      { { params = { T.zeros({ 5 }) }, decay = 1, alpha = 1 }, "against.params[1] has 5 elements but grads[1] has 4" },
+      { { params = { T.zeros({ 4 }, "float64") }, decay = 1, alpha = 1 }, "against.params[1] is float64" },
+      { { params = g, decay = math.huge, alpha = 1 }, "decay = inf is not finite" },
+      { { params = g, alpha = 1 }, "against.decay must be a number" },
+      { { params = g, decay = 1, alpha = 1, scale = 2 }, "unknown key 'scale'" },
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(F.adamw_update, g, m, v, nm, nv, u, o, c[1])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
+      assert.are.equal(0, u[1]:norm())
+      assert.are.equal(0, nm[1]:norm())
+    end
+    local ok, err = pcall(F.lion_update, g, m, nm, u, 0.9, 0.99, { params = nm, decay = 1, alpha = 1 })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("params[0] overlaps new_exp_avgs[0]", 1, true), tostring(err))
   end)
 end)

@@ -141,7 +141,9 @@ Engine:load(path, opts)
     rank that cannot load its file fails every rank with its own error.
 Engine:describe()
     Rows { name, shape, group, group_name, optimizer, options, defaults,
-    hooks, order } per parameter: what muon check prints.
+    hooks, order, ns_opts (the group's resolved muon.ns options, nil
+    without Newton-Schulz) } per parameter: what muon check prints
+    (copies: writing them changes nothing the engine keeps).
 Engine:plan()
     This rank's plan of the registered parameters (muon.dist.plan: state
     holders, Newton-Schulz owners, items, batches, ns_load), by the rules
@@ -170,6 +172,7 @@ local commlib = require("muon.comm")
 local G = require("muon.grads")
 local K = require("muon.optim.kind")
 local RO = require("muon.readonly")
+local ns = require("muon.ns")
 
 local engine = {}
 local Engine = {}
@@ -610,7 +613,8 @@ function Engine:describe()
     local g = e.group
     local options, hooks = options_and_hooks(g)
     rows[#rows + 1] = { name = e.param.name, shape = { unpack(e.param.logical_shape) }, group = g.index, group_name = g.name,
-      optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks, order = g.kind.DISPLAY }
+      optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks, order = g.kind.DISPLAY,
+      ns_opts = g.options._ns and ns.copy(g.options._ns) }
   end
   return rows
 end
