@@ -194,6 +194,34 @@ print(("libraries: %s; %s; muon bf16 Newton-Schulz: %s"):format(info.config, jit
 local torch, why = torch_server()
 if torch then print("torch: " .. torch.versions .. " (the seed's function; bf16 matmuls on oneDNN)") end
 
+local function ms(v) return v and ("%.1f"):format(v * 1e3) or "n/a" end
+local function ratio(a, b) return (a and b) and ("%.2f"):format(a / b) or "n/a" end
+local function tms(row, k) return row.res["seed " .. k] end
+
+-- Each shape's two rows are printed as soon as it is measured: float32,
+-- then bfloat16 (its columns under the second header line).
+local F32 = "%-11s %8s %8s %8s %8s %8s %9s %9s %8s %8s %10s %9s %9s %8s"
+local B16 = "%-11s %8s %8s %9s %9s %9s %11s %11s %10s %8s"
+local function print_row(row)
+  local r = row.res
+  print(F32:format(row.s, ms(r.standard),
+    ms(r.plain), ms(r.gram), ms(r.auto), row.pick, ms(tms(row, "f32")), ("%.0f"):format(row.sgemm / 1e9),
+    ("%.2f"):format(r.standard / r.gram), ("%.2f"):format(row.model), ("%.2f"):format(r.standard / r.auto),
+    ("%.2f (%d)"):format(row.min.standard / row.min.auto, row.rounds),
+    ratio(tms(row, "f32"), r.auto), row.err and ("%.1e"):format(row.err) or "-"))
+  print(B16:format("  bf16", ms(r["bf16 standard"]), ms(r["bf16 auto"]),
+    ms(tms(row, "bf16")), ms(tms(row, "f32")), row.gemm and ("%.0f"):format(row.gemm / 1e9) or "n/a",
+    ratio(tms(row, "bf16"), r["bf16 standard"]), ratio(tms(row, "bf16"), r["bf16 auto"]),
+    ratio(tms(row, "bf16"), r.auto), row.err16 and ("%.1e"):format(row.err16) or "-"))
+end
+print()
+print("ms; ratios same run. float32 columns:")
+print(F32:format("shape", "std", "plain", "gram", "auto",
+  "auto", "seed f32", "sgemm GF", "std/gram", "model", "std/auto", "(best of)", "seed/auto", "err"))
+print("bfloat16 columns (the second line of each shape):")
+print(B16:format("", "std", "auto", "seed bf16", "seed f32",
+  "bf16 GF", "seed16/std", "seed16/auto", "seed16/f32", "err"))
+
 -- One run per shape: ours and the seed's in interleaved rounds, then the
 -- same-run sgemm and bf16 gemm rates.
 local METHODS = { "standard", "plain", "gram", "auto" }
@@ -267,36 +295,11 @@ for _, s in ipairs(SHAPES) do
   end
   rows[#rows + 1] = { s = s, res = res, gemm = gemm, pick = ns.method_for(r, c, opts.auto), sgemm = sgemm_rate(n, m),
     err = err, err16 = err16, model = model, min = min, rounds = rounds }
+  print_row(rows[#rows])
 end
 
 if torch then torch.close() end
 
-local function ms(v) return v and ("%.1f"):format(v * 1e3) or "n/a" end
-local function ratio(a, b) return (a and b) and ("%.2f"):format(a / b) or "n/a" end
-local function tms(row, k) return row.res["seed " .. k] end
-
-print()
-print("float32 (ms; ratios same run)")
-print(("%-11s %8s %8s %8s %8s %8s %9s %9s %8s %8s %10s %9s %9s %8s"):format("shape", "std", "plain", "gram", "auto",
-  "auto", "seed f32", "sgemm GF", "std/gram", "model", "std/auto", "(best of)", "seed/auto", "err"))
-for _, row in ipairs(rows) do
-  local r = row.res
-  print(("%-11s %8s %8s %8s %8s %8s %9s %9.0f %8.2f %8.2f %8.2f %10s %9s %8s"):format(row.s, ms(r.standard),
-    ms(r.plain), ms(r.gram), ms(r.auto), row.pick, ms(tms(row, "f32")), row.sgemm / 1e9, r.standard / r.gram,
-    row.model, r.standard / r.auto, ("%.2f (%d)"):format(row.min.standard / row.min.auto, row.rounds),
-    ratio(tms(row, "f32"), r.auto), row.err and ("%.1e"):format(row.err) or "-"))
-end
-print()
-print("bfloat16 (ms; ratios same run)")
-print(("%-11s %8s %8s %9s %9s %9s %11s %11s %10s %8s"):format("shape", "std", "auto", "seed bf16", "seed f32",
-  "bf16 GF", "seed16/std", "seed16/auto", "seed16/f32", "err"))
-for _, row in ipairs(rows) do
-  local r = row.res
-  print(("%-11s %8s %8s %9s %9s %9s %11s %11s %10s %8s"):format(row.s, ms(r["bf16 standard"]), ms(r["bf16 auto"]),
-    ms(tms(row, "bf16")), ms(tms(row, "f32")), row.gemm and ("%.0f"):format(row.gemm / 1e9) or "n/a",
-    ratio(tms(row, "bf16"), r["bf16 standard"]), ratio(tms(row, "bf16"), r["bf16 auto"]),
-    ratio(tms(row, "bf16"), r.auto), row.err16 and ("%.1e"):format(row.err16) or "-"))
-end
 print("sgemm GF: this run's standalone OpenBLAS sgemm rate on the (n x n)(n x m) product (n = smaller dim);")
 print("bf16 GF: torch's bf16 matmul (oneDNN) on the same product. seed f32 / seed bf16: the seed's function in")
 print("torch on float32 / bfloat16 input (2 threads). seed16/f32: seed bf16 over our float32 auto.")
