@@ -31,6 +31,18 @@ local function nonfinite(G, gr, fmt, ...)
   E.raise(E.ENONFINITE, fmt, ...)
 end
 
+-- The hooks a group runs that write `what` of its step ("input": the
+-- Newton-Schulz input, "update": the update; K.HOOKS' writes), as text:
+-- "post_ortho_fn", "zeropower_fn or post_ortho_fn", or nil for none.
+local function writers(G, what)
+  local list = {}
+  for _, h in ipairs(G.kind.HOOKS) do
+    if K.HOOK_NAMES[h].writes == what and G.options[h] ~= nil then list[#list + 1] = h end
+  end
+  if #list == 0 then return nil end
+  return table.concat(list, " or ")
+end
+
 -- A finite gradient can still overflow what is derived from it: the NS
 -- input, and the state the update does not show (kind.hidden_state_keys;
 -- the update itself is checked by CC.apply). Under "skip" the NS inputs are
@@ -45,6 +57,11 @@ function CC.derived(run, G, gr, entries)
   local bad = foreach.first_nonfinite(list)
   if not bad then return end
   if G.options.nonfinite ~= "skip" then
+    local hook = G.kind.ns and writers(G, "input")
+    if hook then
+      E.raise(E.ENONFINITE, "parameter '%s': the Newton-Schulz input holds NaN or Inf after %s (its gradient is "
+        .. "finite) (%s)", owner[bad].name, hook, G.label)
+    end
     E.raise(E.ENONFINITE, "parameter '%s': its gradient is finite but the %s overflowed to NaN or Inf (%s)",
       owner[bad].name, G.kind.ns and "momentum (the Newton-Schulz input)" or table.concat(G.kind.hidden_state_keys, ", "),
       G.label)
@@ -134,7 +151,12 @@ function CC.apply(G, gr, values, updates, names)
       if not ok then
         local name
         for n, v in ipairs(values) do if v == part[1][i] then name = names[n] end end
-        if not part[2][i]:all_finite() then
+        local hook = writers(G, "update")
+        if not part[2][i]:all_finite() and hook then
+          -- (its Newton-Schulz input was checked finite: the hook made it)
+          nonfinite(G, gr, "parameter '%s': the update holds NaN or Inf after %s (the Newton-Schulz input was "
+            .. "finite) (%s); nothing was changed", name, hook, G.label)
+        elseif not part[2][i]:all_finite() then
           nonfinite(G, gr, "parameter '%s': update holds NaN or Inf (%s)", name, G.label)
         else
           nonfinite(G, gr, "parameter '%s': the step would leave NaN or Inf in the parameter (value * %.17g + "

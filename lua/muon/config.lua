@@ -158,7 +158,7 @@ function config.hook_limits(budget, trusted, where)
   for k, v in pairs(sandbox.HOOK_BUDGET) do limits[k] = v end
   for k, v in pairs(budget) do
     if type(v) ~= "number" or v ~= v or v <= 0 then
-      fail(E.EINVAL, "config %s: hook_budget.%s must be a number > 0 (math.huge: no limit), got %s", where, k, tostring(v))
+      fail(E.EINVAL, "config %s: hook_budget.%s must be a number > 0 (math.huge: no limit), got %s", where, k, E.value(v))
     end
     limits[k] = v
   end
@@ -267,7 +267,7 @@ config.CONFIG_KEYS = {
     .. "gets one warning naming it",
     check = function(v)
       if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
-        config_fail("'nil_grad_warning' must be an integer >= 0 (steps; 0: never warn), got %s", tostring(v))
+        config_fail("'nil_grad_warning' must be an integer >= 0 (steps; 0: never warn), got %s", E.value(v))
       end
     end },
   { "hook_budget", "{ instructions, seconds, memory }: the limits of one hook call (config.hook_limits)" },
@@ -292,7 +292,7 @@ config.DIST_KEYS = {
     end },
   { "max_batch_numel", "elements per Newton-Schulz batch",
     check = function(v)
-      if type(v) ~= "number" or v < 1 then config_fail("max_batch_numel must be a number >= 1") end
+      if type(v) ~= "number" or v < 1 then config_fail("max_batch_numel must be a number >= 1, got %s", E.value(v)) end
     end },
   { "check_replicas", "'off' (default), 'grads' or 'params': compare a hash of every box over its replicas "
     .. "before the step (gradients) or after it (values); a difference fails on every rank, naming the parameter",
@@ -411,7 +411,10 @@ local function resolve_config(cfg, where)
       E.raise(E.EINVAL, "config %s: %s (%s): hook '%s' would never be called: hooks run in %s groups only "
         .. "(move it to a %s group or remove it)", where, label, kname, never[1], classes, classes)
     end
-    E.check_keys(g, valid, kname .. " option", ("config %s: %s"):format(where, label))
+    local bad = O.unknown_keys(g, valid)
+    if #bad > 0 then -- (the seed's sentence first, then the suggestions)
+      E.raise(E.EINVAL, "config %s: %s: %s", where, label, E.unexpected(kind.class, bad, valid))
+    end
     for k, v in pairs(g) do
       if not ROUTING_KEYS[k] then opts[k] = v end
     end

@@ -515,7 +515,7 @@ function Engine:set_signal(name, values)
   end
   for i = 1, n do
     if not O.is_finite(values[i]) then
-      E.raise(E.EINVAL, "set_signal '%s': values[%d] = %s is not a finite number", name, i, tostring(values[i]))
+      E.raise(E.EINVAL, "set_signal '%s': values[%d] = %s is not a finite number", name, i, E.value(values[i]))
     end
   end
   self:_stepper():set_signal(name, values)
@@ -551,7 +551,7 @@ end
 function Engine:set_lr(group, lr)
   local g = self:_group(group, "set_lr")
   if not O.is_finite(lr) or lr < 0 then
-    E.raise(E.EINVAL, "set_lr: %s: lr must be a finite number >= 0, got %s", g.label, tostring(lr))
+    E.raise(E.EINVAL, "set_lr: %s: lr must be a finite number >= 0, got %s", g.label, E.value(lr))
   end
   g.base.lr = lr
   g.options.lr = lr
@@ -566,7 +566,7 @@ function Engine:set(key, value)
     if key == "lr" or key == "step" then msg = msg .. " ('" .. key .. "' can be read with get; scale lrs with lr_scale)" end
     E.raise(E.EINVAL, "set: %s", msg)
   end
-  if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, tostring(value)) end
+  if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, E.value(value)) end
   if self.stepper then self.stepper:check_idle("set") end
   self[key] = value
 end

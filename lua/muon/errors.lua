@@ -81,6 +81,10 @@ muon.errors.name(code)
     The code's name ("EINVAL"), or nil.
 muon.errors.message(err)
     The message of any error value, without calling anything it holds.
+muon.errors.value(v)
+    A value as a message names it: a number or boolean as itself, a string
+    as `the string "0.02"` (so that lr = "0.02" does not read as a
+    number), anything else by its type ("a table").
 muon.errors.check(rc, what)
     Raise an error object for a failed C status (mu_last_error() as the
     detail, prefixed by what).
@@ -192,6 +196,16 @@ local function describe_value(v)
   if t == "string" then return ("%q"):format(#v > 40 and (v:sub(1, 40) .. "...") or v) end
   if t == "number" or t == "boolean" then return tostring(v) end
   return t
+end
+
+-- A value as a message names it (read raw: no metamethod is called): a
+-- number, boolean or nil as itself, a string as 'the string "0.02"' (cut
+-- at 40 bytes), else "a <type>".
+function E.value(v)
+  local t = type(v)
+  if t == "string" then return "the string " .. describe_value(v) end
+  if t == "number" or t == "boolean" or t == "nil" then return tostring(v) end
+  return "a " .. t
 end
 
 -- The message of any error value, without calling anything it may hold

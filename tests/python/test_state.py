@@ -103,6 +103,23 @@ class StateDict(unittest.TestCase):
 
 @needs_torch
 class Checkpoints(unittest.TestCase):
+    def test_a_checksum_mismatch_names_the_python_fix(self):
+        _, opt, _, _ = trained(1)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "c.safetensors")
+            opt.save(path)
+            with open(path, "r+b") as f:  # a byte of the data section
+                f.seek(-3, os.SEEK_END)
+                b = f.read(1)
+                f.seek(-3, os.SEEK_END)
+                f.write(bytes([(b[0] + 1) % 256]))
+            with self.assertRaises(libmuon.EFORMAT) as cm:
+                opt.load(path)
+            self.assertIn("checksum mismatch", str(cm.exception))
+            self.assertIn("load(path, checksum=False)", str(cm.exception))
+            self.assertNotIn("MU_LOAD_NO_CHECKSUM", str(cm.exception))
+            opt.load(path, checksum=False)
+
     def test_python_checkpoint_loads_in_lua_and_luas_in_python(self):
         model, opt, _, _ = trained(3)
         names = [n for n, _ in model.named_parameters()]

@@ -122,12 +122,15 @@ Kind.ns
 muon.optim.kind.HOOKS
     The hook options (Lua functions of a config), in the order `muon check`
     lists them: { name, signature, whole =, reshapes =, keeps_state =,
-    reduces =, writes_state = }. whole: a parameter of a group that sets it
+    reduces =, writes_state =, writes = }. whole: a parameter of a group that sets it
     is orthogonalized whole on one rank; reshapes: it reshapes the
     Newton-Schulz input; keeps_state: it sees the group's hook_state (one
     table for every such hook of a group); reduces: its ctx has allreduce
     and global_norm (muon.reduce); writes_state: it writes the kind's state
-    (checked for NaN/Inf on its own).
+    (checked for NaN/Inf on its own); writes: what of the step it writes
+    ("input": the Newton-Schulz input, "update": the update), for the
+    message that names the hook when that holds NaN or Inf (pre_ortho_fn's
+    result is checked where it runs).
 muon.optim.kind.HOOK_NAMES
     name -> its HOOKS entry.
 muon.optim.kind.HOOK_KEYS
@@ -196,15 +199,15 @@ K.MEMBERS = {
 
 -- (HOOKS, HOOK_STATE_RULES and their flags: see the reference block)
 K.HOOKS = {
-  { "zeropower_fn", "(x, steps) -> orthogonalized x" },
-  { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates", writes_state = true },
-  { "reshape_fn", "(name, x) -> views of x", whole = true, reshapes = true },
-  { "ns_transform_fn", "(name, x) -> nil or { tensors, restore }", whole = true, reshapes = true },
+  { "zeropower_fn", "(x, steps) -> orthogonalized x", writes = "update" },
+  { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates", writes_state = true, writes = "input" },
+  { "reshape_fn", "(name, x) -> views of x", whole = true, reshapes = true, writes = "update" },
+  { "ns_transform_fn", "(name, x) -> nil or { tensors, restore }", whole = true, reshapes = true, writes = "update" },
   { "post_update_fn", "(param, local_tensor, ctx)", reduces = true },
   { "pre_ortho_fn", "(G, state, ctx): on the Newton-Schulz input, after momentum", whole = true, keeps_state = true,
     reduces = true },
   { "post_ortho_fn", "(O, state, ctx): after Newton-Schulz, before the scale", whole = true, keeps_state = true,
-    reduces = true },
+    reduces = true, writes = "update" },
 }
 K.HOOK_STATE_RULES = {
   { "rows", "rows", 1 },

@@ -31,7 +31,7 @@ local function momentum_pair(m)
     return m, m
   end
   if type(m) ~= "table" or (#m ~= 1 and #m ~= 2) then
-    fail("momentum must be a number or a list of one or two numbers, got %s", tostring(m))
+    fail("momentum must be a number or a list of one or two numbers, got %s", E.value(m))
   end
   num(m[1], "momentum[1]")
   num(m[#m], "momentum[" .. #m .. "]")
@@ -46,13 +46,13 @@ local function replica_count(v)
   local n = 0
   for _ in pairs(list) do n = n + 1 end
   if n == 0 or n ~= #list then
-    fail("hsdp_replica_count must be an integer >= 1 or a list of them, got %s", tostring(v))
+    fail("hsdp_replica_count must be an integer >= 1 or a list of them, got %s", E.value(v))
   end
   local prod = 1
   for i = 1, #list do
     local x = list[i]
     if type(x) ~= "number" or x ~= math.floor(x) or x < 1 or x > 2 ^ 31 then
-      fail("hsdp_replica_count must be an integer >= 1 or a list of them, got %s", tostring(x))
+      fail("hsdp_replica_count must be an integer >= 1 or a list of them, got %s", E.value(x))
     end
     prod = prod * x
   end
