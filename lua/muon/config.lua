@@ -18,6 +18,7 @@ local commlib = require("muon.comm")
 local O = require("muon.optim.options")
 local K = require("muon.optim.kind")
 local kinds = require("muon.optim.kinds")
+local Rt = require("muon.routing")
 local config = {}
 
 local HOW_TO_ALLOW = sandbox.HOW_TO_ALLOW
@@ -355,6 +356,19 @@ local function as_list(v, what)
   return v
 end
 
+-- A group's match or exclude list (as_list's) whose patterns Lua reads as
+-- the config means them: regex syntax and malformed patterns are EINVAL
+-- naming the group, the pattern and its Lua spelling (muon.routing).
+local function check_patterns(list, what, given)
+  for i, m in ipairs(list) do
+    local why = type(m) == "string" and Rt.pattern_problem(m)
+    if why then
+      E.raise(E.EINVAL, "%s%s = %q %s", what, type(given) == "table" and ("[" .. i .. "]") or "", m, why)
+    end
+  end
+  return list
+end
+
 local function group_label(gi, name)
   return ("group %d%s"):format(gi, name and (" ('" .. tostring(name) .. "')") or "")
 end
@@ -433,8 +447,10 @@ local function resolve_config(cfg, where)
     groups[gi] = {
       index = gi, name = g.name, kind = kind, label = label, options = options,
       -- (no match: every name, without a pattern to run on it)
-      match = g.match and as_list(g.match, ("config %s: %s.match"):format(where, label)) or nil,
-      exclude = as_list(g.exclude, ("config %s: %s.exclude"):format(where, label)),
+      match = g.match and check_patterns(as_list(g.match, ("config %s: %s.match"):format(where, label)),
+        ("config %s: %s: match"):format(where, label), g.match) or nil,
+      exclude = check_patterns(as_list(g.exclude, ("config %s: %s.exclude"):format(where, label)),
+        ("config %s: %s: exclude"):format(where, label), g.exclude),
       min_dim = g.min_dim, max_dim = g.max_dim,
       base = O.merge(kind.DEFAULTS, opts),
     }

@@ -146,6 +146,12 @@ Engine:plan()
     process.
 Engine:route(name, shape)
     The group a parameter of that name and shape would go to, or nil.
+Engine:check_routes()
+    The routing's problems over the registered parameters (muon.routing's
+    report): errors and warnings, two lists of messages. The first step
+    (and the first after more add_param) fails with the first error
+    (EINVAL, on every rank) and prints each warning once (rank 0); muon
+    check lists them as problems and warnings.
 Engine:set_comm(c)
     Use communicator c (a muon.comm) instead of the world; a config with
     dist only, before the first add_param (ESTATE otherwise).
@@ -153,7 +159,6 @@ Engine:local_shape_of(name, shape, placement)
     This rank's shard shape of a parameter of global shape and placement.
 ]]
 local config = require("muon.config")
-local sandbox = require("muon.sandbox")
 local T = require("muon.tensor")
 local P = require("muon.param")
 local O = require("muon.optim.options")
@@ -165,6 +170,7 @@ local Step = require("muon.step")
 local S = require("muon.checkpoint")
 local commlib = require("muon.comm")
 local G = require("muon.grads")
+local Rt = require("muon.routing")
 
 local engine = {}
 local Engine = {}
@@ -172,17 +178,6 @@ Engine.__index = Engine
 
 local OPEN_KEYS = { trusted = true, dry_run = true, source = true }
 local DRY_KEYS = { world = true, rank = true, mesh = true }
-
-local function matches_any(list, name, shape)
-  for _, m in ipairs(list) do
-    if type(m) == "function" then
-      if E.call_hook_on("parameter '" .. name .. "'", "match function", m, name, shape) then return true end
-    elseif sandbox.bounded_find(name, m, "match") then -- (a backtracking pattern is refused, not run)
-      return true
-    end
-  end
-  return false
-end
 
 -- A dry run's dist (engine.new opts.dry_run: see the reference block), its
 -- mesh checked now; nil for a dry run of a config without dist.
@@ -265,15 +260,40 @@ function Engine:set_comm(c)
 end
 
 -- (Its contract: the reference block at the top.)
-function Engine:route(name, shape)
-  for _, g in ipairs(self.groups) do
-    local nd = #shape
-    if (g.min_dim == nil or nd >= g.min_dim) and (g.max_dim == nil or nd <= g.max_dim)
-      and (g.match == nil or matches_any(g.match, name, shape)) and not matches_any(g.exclude, name, shape) then
-      return g
+function Engine:route(name, shape) return Rt.route(self.groups, name, shape) end
+
+-- (Its contract: the reference block at the top.)
+function Engine:check_routes()
+  local params = {}
+  for i, e in ipairs(self.params) do
+    params[i] = { name = e.param.name, shape = e.param.logical_shape, group = e.group.index }
+  end
+  local errors, warnings = Rt.report(self.groups, params)
+  local where = self.source == "(table)" and "(table)" or ("'" .. self.source .. "'")
+  for i, m in ipairs(errors) do errors[i] = ("config %s: %s"):format(where, m) end
+  for i, m in ipairs(warnings) do warnings[i] = ("config %s: %s"):format(where, m) end
+  return errors, warnings
+end
+
+-- The routing check of a step (check_routes, once per registration set):
+-- nil, or the error that fails the step; its warnings printed once.
+function Engine:_routes_error()
+  if self.routes_checked == #self.params then return self.routes_err end
+  self.routes_checked = #self.params
+  local ok, errors, warnings = pcall(self.check_routes, self)
+  if not ok then
+    self.routes_err = E.is(errors) and errors or E.new(E.EINVAL, E.message(errors))
+    return self.routes_err
+  end
+  self.warned_routes = self.warned_routes or {}
+  for _, w in ipairs(warnings) do
+    if not self.warned_routes[w] then
+      self.warned_routes[w] = true
+      if self:_stepper():rank() == 0 then io.stderr:write("muon: warning: ", w, "\n") end
     end
   end
-  return nil
+  self.routes_err = errors[1] and E.new(E.EINVAL, errors[1]) or nil
+  return self.routes_err
 end
 
 local shape_str = T.shape_string
@@ -465,8 +485,10 @@ function Engine:step(closure)
   local st = self:_stepper()
   local step = self.step_count + 1
   local okv, values = pcall(self._scheduled, self, step)
+  -- (a routing error fails the step on every rank, as a bad value does)
+  local pre_err = self:_routes_error() or (not okv and values or nil)
   local before = st:stats().steps
-  local ok, stepped = pcall(st.step, st, okv and values or nil, not okv and values or nil)
+  local ok, stepped = pcall(st.step, st, okv and values or nil, pre_err)
   if st:stats().steps > before then self.step_count = step end
   if not ok then E.reraise(stepped, E.ELUA) end
   self.last_stepped = stepped
