@@ -770,6 +770,25 @@ MU_API void mu_comm_abort(int code) {
 #endif
 }
 
+MU_API int mu_comm_world_rank(void) {
+#ifdef MU_HAVE_MPI
+    int inited = 0, fin = 0, rank = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (inited && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    else {
+        /* Before MPI_Init: the launcher's environment tells the rank. */
+        const char *s = getenv("OMPI_COMM_WORLD_RANK");
+        if (!s) s = getenv("PMI_RANK");
+        if (s) rank = atoi(s);
+        if (rank < 0) rank = 0;
+    }
+    return rank;
+#else
+    return 0;
+#endif
+}
+
 MU_API int mu_comm_world_size(void) {
 #ifdef MU_HAVE_MPI
     int inited = 0, fin = 0, size = 1;

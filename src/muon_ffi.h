@@ -37,6 +37,8 @@ MU_API const char *mu_cdef(void);
  * Every loader of the library checks its files itself; this is for code
  * about to read a user-given path with io.open or fopen. */
 MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
+/* Seconds on CLOCK_MONOTONIC (muon.clock(), the step's timers). */
+MU_API double mu_clock(void);
 
 /* --------------------------------------------------------------- tensors */
 
@@ -660,6 +662,10 @@ MU_API void mu_comm_abort(int code);
 /* World size: from MPI if initialized, else from the launcher's environment
  * (OMPI_COMM_WORLD_SIZE / PMI_SIZE), else 1. Does not initialize MPI. */
 MU_API int mu_comm_world_size(void);
+/* This process's world rank: from MPI if initialized, else from the
+ * launcher's environment (OMPI_COMM_WORLD_RANK / PMI_RANK), else 0. Does
+ * not initialize MPI. */
+MU_API int mu_comm_world_rank(void);
 
 #ifndef MU_FFI_CDEF
 #ifdef __cplusplus

@@ -89,7 +89,7 @@ describe("option typos name the valid options and the closest one", function()
     { function() engine.new(cfg({ {} }, { hooks = { post_update = function() end } })) end,
       "hooks: unknown hook 'post_update' (did you mean 'post_update_fn'?)" },
     { function() engine.new(cfg({ {} }, { dist = { mesj = { { "dp", 1 } } } })) end,
-      "dist: unknown dist key 'mesj' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, max_batch_numel, mesh" },
+      "dist: unknown dist key 'mesj' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, independent, max_batch_numel, mesh" },
     { function() engine.new(cfg({ {} }), { trustd = true }) end,
       "engine.new: unknown option 'trustd' (did you mean 'trusted'?); valid options: dry_run, source, trusted" },
     { function() engine.new(cfg({ {} })):set("lr_scal", 1) end,

@@ -243,8 +243,8 @@ local function config_fail(fmt, ...) E.raise(E.EINVAL, fmt, ...) end
 
 -- A config's top-level keys, the keys of a group besides its kind's
 -- options (they route parameters to it), and the keys of its dist section:
--- { name, doc, check = function(v, name) (raises; run when the key is set,
--- or always when required) }. config.resolve checks them (config.check_keys)
+-- { name, doc, check = function(v, name, t) (raises; run when the key is
+-- set, or always when required; t: the whole table) }. config.resolve checks them (config.check_keys)
 -- in this order; groups, hooks and dist have more checks there.
 config.CONFIG_KEYS = {
   { "groups", "a non-empty list of groups, each { name, optimizer, match, ..., options }", required = true,
@@ -259,7 +259,8 @@ config.CONFIG_KEYS = {
     check = function(v)
       if type(v) ~= "table" then config_fail("'hooks' must be a table") end
     end },
-  { "dist", "{ mesh, balance, max_batch_numel, check_replicas, comm }: the distributed layout (config.DIST_KEYS)" },
+  { "dist", "{ mesh, balance, max_batch_numel, check_replicas, comm } (the distributed layout: config.DIST_KEYS), or "
+    .. "{ independent = true }: under mpirun each rank steps its own model on purpose" },
   { "name", "a label for the config (a string; `muon check` prints it)",
     check = function(v)
       if type(v) ~= "string" then config_fail("'name' must be a string (a label), got %s", type(v)) end
@@ -306,6 +307,18 @@ config.DIST_KEYS = {
     check = function(v)
       if not commlib.is_comm(v) then config_fail("comm must be a muon.comm communicator") end
     end },
+  { "independent", "true: under mpirun every rank steps its own model, on purpose (no mesh: the engine is one "
+    .. "process's on each rank); without it, an engine without a mesh refuses to step on a world of several ranks",
+    check = function(v, _, d)
+      if v ~= true then config_fail("independent must be true (or left out), got %s", E.value(v)) end
+      local other = {}
+      for k in pairs(d) do if k ~= "independent" then other[#other + 1] = tostring(k) end end
+      table.sort(other)
+      if #other > 0 then
+        config_fail("independent ranks take no other dist key (got %s): a mesh makes the ranks one run",
+          table.concat(other, ", "))
+      end
+    end },
 }
 
 -- A list of { name, ... } as a set.
@@ -323,7 +336,7 @@ function config.check_keys(t, list, what, where)
   for _, e in ipairs(list) do
     local v = t[e[1]]
     if e.check and (v ~= nil or e.required) then
-      local ok, err = pcall(e.check, v, e[1])
+      local ok, err = pcall(e.check, v, e[1], t)
       if not ok then E.raise(E.code(err) or E.EINVAL, "%s: %s", where, E.message(err)) end
     end
   end
@@ -488,14 +501,17 @@ end
 -- as messages name it): groups = list of { index, name, kind, label,
 -- options (the kind's option table, torch-like: params, step, options),
 -- match, exclude, min_dim, max_dim, base (the options the schedule starts
--- from) }; dist = a copy of the dist section, or nil. Raises EINVAL error
--- objects naming the key or option.
+-- from) }; dist = a copy of the dist section, or nil (none, or
+-- independent ranks); independent = true for dist = { independent = true }.
+-- Raises EINVAL error objects naming the key or option.
 function config.resolve(cfg, where)
   local groups = resolve_config(cfg, where)
   local dist
   if cfg.dist ~= nil then dist = resolve_dist(cfg.dist, where) end
+  local independent = dist ~= nil and dist.independent or nil
+  if independent then dist = nil end
   check_hsdp(groups, dist, where)
-  return groups, dist
+  return groups, dist, independent
 end
 
 return config

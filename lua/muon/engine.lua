@@ -18,10 +18,13 @@
     group that matches takes a parameter), schedule (function(step, group)
     -> an lr or a table of schedulable values), hooks (for every group
     whose kind takes hooks), dist ({ mesh, balance, max_batch_numel,
-    check_replicas = "off" | "grads" | "params", comm }),
-    name, nil_grad_warning (steps, default 1) and
+    check_replicas = "off" | "grads" | "params", comm }, or { independent
+    = true }), name, nil_grad_warning (steps, default 1) and
     hook_budget ({ instructions, seconds, memory }). Unknown keys are
-    errors.
+    errors. Under mpirun (a world of several ranks) an engine without a
+    mesh fails its collective calls (step, reduce_grads, clip_grad_norm,
+    save, load) on every rank, naming the fix, unless its config says the
+    ranks are independent on purpose: dist = { independent = true }.
 muon.engine.new(config, opts)
     An engine on a config file path (run sandboxed) or a config table.
     opts.trusted = false: true runs a config file with full Lua.
@@ -216,10 +219,16 @@ function engine.new(cfg_src, opts)
   opts = opts or {}
   if type(opts) ~= "table" then E.raise(E.EINVAL, "engine.new: options must be a table, got %s", type(opts)) end
   E.check_keys(opts, OPEN_KEYS, "option", "engine.new")
-  local ok, cfg, where = pcall(config.load, cfg_src, opts.trusted, opts.source)
+  -- (a dry run's config sees the world it stands for: muon.world())
+  local dry = opts.dry_run
+  local world = dry ~= nil and { size = type(dry) == "table" and tonumber(dry.world) or 1,
+    rank = type(dry) == "table" and tonumber(dry.rank) or 0 } or nil
+  local ok, cfg, where
+  if world then ok, cfg, where = pcall(commlib.as_world, world, config.load, cfg_src, opts.trusted, opts.source)
+  else ok, cfg, where = pcall(config.load, cfg_src, opts.trusted, opts.source) end
   if not ok then E.reraise(cfg, E.EINVAL) end
   local label = where == "(table)" and "(table)" or ("'" .. where .. "'")
-  local ok2, groups, dist = pcall(config.resolve, cfg, label)
+  local ok2, groups, dist, independent = pcall(config.resolve, cfg, label)
   if not ok2 then E.reraise(groups, E.EINVAL) end
   if opts.dry_run ~= nil then
     local ok5, d = pcall(dry_dist, opts.dry_run, dist, label)
@@ -229,7 +238,24 @@ function engine.new(cfg_src, opts)
   return setmetatable({
     config = cfg, source = where, groups = groups, params = {}, by_name = {},
     lr_scale = 1.0, step_count = 0, dist = dist, signals = {}, dry_run = opts.dry_run ~= nil or nil,
+    independent = independent,
   }, Engine)
+end
+
+-- A collective call (what: step, reduce_grads, clip_grad_norm, save, load)
+-- of an engine without a mesh on a world of several ranks (mpirun): every
+-- rank would train its own model, silently. Each rank sees the same world
+-- and config, so each fails alike, before any communication; unless the
+-- config says so (dist = { independent = true }).
+local function lone_on_world(self, what)
+  if self.dist or self.independent or self.dry_run then return end
+  local size = commlib.world_size()
+  if size <= 1 then return end
+  local where = self.source == "(table)" and "(table)" or ("'" .. self.source .. "'")
+  E.raise(E.EINVAL, "%s: this process is rank %d of %d (mpirun), but config %s has no dist section: every rank "
+    .. "would train its own copy of the model. For data parallelism add dist = { mesh = { { \"replicate\", %d } } } "
+    .. "(and call reduce_grads before each step); if the ranks are independent on purpose, add "
+    .. "dist = { independent = true }", what, commlib.world_rank(), size, where, size)
 end
 
 -- The step protocol over every group, made on first use (after set_comm).
@@ -481,6 +507,7 @@ end
 -- (parameters, state, the step count and so the schedule).
 function Engine:step(closure)
   live(self, "step")
+  lone_on_world(self, "step")
   local loss = class.run_closure(closure)
   local st = self:_stepper()
   local step = self.step_count + 1
@@ -503,6 +530,7 @@ end
 -- Returns the number of gradients reduced on this rank.
 function Engine:reduce_grads(opts)
   live(self, "reduce_grads")
+  lone_on_world(self, "reduce_grads")
   -- (a bad argument on one rank fails every rank: the stepper's gate)
   local op, err = nil, nil
   opts = opts == nil and {} or opts
@@ -552,6 +580,7 @@ end
 -- (Its contract: the reference block at the top; the maths: muon.grads.)
 function Engine:clip_grad_norm(max_norm)
   live(self, "clip_grad_norm")
+  lone_on_world(self, "clip_grad_norm")
   local ok, norm = pcall(G.clip, self:_stepper(), max_norm, "clip_grad_norm")
   if not ok then E.reraise(norm, E.EINVAL) end
   return norm
@@ -665,6 +694,7 @@ end
 
 function Engine:save(path)
   live(self, "save")
+  lone_on_world(self, "save")
   local ok, err = pcall(S.save, self:_stepper(), path, parts(self),
     { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) },
     path_error("save", path))
@@ -698,6 +728,7 @@ end
 -- checkpoint's step.
 function Engine:load(path, opts)
   live(self, "load")
+  lone_on_world(self, "load")
   local values
   local ps = parts(self)
   local ok, err = pcall(S.load, self:_stepper(), path, ps, function(meta)

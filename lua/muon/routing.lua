@@ -183,7 +183,7 @@ function Rt.pattern_problem(p)
         or "Write it with Lua patterns, or as a match function (name, shape) -> boolean")
   end
   local ok, err = pcall(string.find, "", p)
-  if not ok then return ("is not a valid Lua pattern (%s)"):format((tostring(err):gsub("^.-:%d+: ", ""))) end
+  if not ok then return ("is not a valid Lua pattern (%s)"):format(tostring(err)) end
   return nil
 end
 

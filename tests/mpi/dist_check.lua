@@ -161,7 +161,7 @@ local bits_equal = H.bits_equal
 -- Both engines: the one-process reference on full tensors, and this rank's
 -- part of the mesh engine.
 local function setup(here, variant)
-  local ref = engine.new(make_config(false, { wd_nan = true, betas = true, eps = true, post = true, nan_grad = true }))
+  local ref = engine.new(H.alone(make_config(false, { wd_nan = true, betas = true, eps = true, post = true, nan_grad = true })))
   local eng = engine.new(make_config(true, here, variant))
   local mesh = D.mesh(AXES, H.size)
   local locals = {}
@@ -396,7 +396,7 @@ H.main(function()
         -- the mesh's checkpoint (gathered from the holders) loads into one
         -- process with every state tensor, hook state included, bitwise
         eng:save(path)
-        local one = engine.new(make_config(false, {}))
+        local one = engine.new(H.alone(make_config(false, {})))
         for _, spec in ipairs(PARAMS) do
           one:add_param(spec[1], T.zeros(spec[2], spec.dtype or "float32"), T.zeros(spec[2], spec.dtype or "float32"))
         end

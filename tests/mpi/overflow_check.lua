@@ -30,7 +30,7 @@ local bits_equal = H.bits_equal
 
 H.main(function()
   H.init()
-  local ref = engine.new(config(false))
+  local ref = engine.new(H.alone(config(false)))
   local eng = engine.new(config(true))
   local mesh, loc = H.add_dim1_sharded(ref, eng, { { "w", SHAPES.w, 11 }, { "v", SHAPES.v, 12 } })
   -- step s: small gradients; at step 2, 3e38 in rank 0's part of w only
