@@ -505,7 +505,7 @@ function check.main(args)
     notes, warnings = rnotes or {}, {}
     if not shapes then text, problems = "", { bad }
     else
-      local rw
+      local rw, _
       text, problems, _, rw = require("muon.check_world").run(config, shapes, { world = world.world, rank = world.rank,
         mesh = world.mesh, trusted = trusted })
       warnings = rw or {}
