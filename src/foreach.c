@@ -488,6 +488,33 @@ static int first_bad(const job *J)
     return first;
 }
 
+int mu_foreach_momentum_part(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
+                             mu_tensor *const *new_bufs, mu_tensor *const *updates, double m1,
+                             double m2, int nesterov, int *bad)
+{
+    if (bad) *bad = -1;
+    if ((new_bufs == NULL) == (updates == NULL))
+        return mu__fail(MU_EINVAL, "momentum part: exactly one of new_bufs and updates must be NULL");
+    /* the three arrays given, checked as mu_foreach_momentum checks its four */
+    mu_tensor *const *given[3] = { grads, bufs, new_bufs ? new_bufs : updates };
+    const char *names[3] = { "grads", "bufs", new_bufs ? "new_bufs" : "updates" };
+    int dtype, rc = check_arrays(n, 3, given, names, new_bufs ? 0x6u : 0x2u, &dtype);
+    if (rc || (rc = finite_scalar("m1", m1)) || (rc = finite_scalar("m2", m2))) return rc;
+    for (int i = 0; updates && i < n; i++) {
+        const void *u = updates[i]->data;
+        if (mu_tensor_numel(updates[i]) > 0 && (u == grads[i]->data || u == bufs[i]->data))
+            return mu__fail(MU_EINVAL, "updates[%d] aliases an input", i);
+    }
+    mu_tensor *const *arrs[4] = { grads, bufs, new_bufs, updates };
+    momentum_args a = { m1, m2, nesterov != 0 };
+    job J;
+    run_op(&J, OP_MOMENTUM, dtype, n, 4, arrs, &a);
+    if (new_bufs) return 1;
+    const int first = first_bad(&J);
+    if (bad) *bad = first;
+    return first < 0 ? 1 : 0;
+}
+
 static int apply_job(int n, mu_tensor *const *params, mu_tensor *const *updates,
                      const double *scales, double decay, double alpha, int cautious, int *bad)
 {
@@ -646,6 +673,45 @@ int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad)
     int first = first_bad(&J);
     if (bad) *bad = first;
     return first < 0 ? 1 : 0;
+}
+
+int mu_foreach_sumsq(int n, mu_tensor *const *xs, double *out)
+{
+    if (n < 0) return mu__fail(MU_EINVAL, "n = %d is negative", n);
+    if (n > 0 && (!xs || !out)) return mu__fail(MU_EINVAL, "xs and out must not be NULL");
+    for (int i = 0; i < n; i++) { /* (each tensor its own dtype) */
+        char what[32];
+        snprintf(what, sizeof what, "xs[%d]", i);
+        int rc = mu__tensor_check(xs[i], what);
+        if (rc) return rc;
+        if (!mu_tensor_is_contiguous(xs[i])) return mu__fail(MU_EINVAL, "%s is not contiguous", what);
+    }
+    for (int i = 0; i < n; i++) {
+        const int64_t len = mu_tensor_numel(xs[i]);
+        double acc[8] = {0};
+        int64_t k = 0;
+        if (xs[i]->scalar == MU_F32) {
+            const float *x = (const float *)xs[i]->data;
+            for (; k + 8 <= len; k += 8)
+                for (int j = 0; j < 8; j++) acc[j] += (double)x[k + j] * (double)x[k + j];
+            for (; k < len; k++) acc[k % 8] += (double)x[k] * (double)x[k];
+        } else if (xs[i]->scalar == MU_F64) {
+            const double *x = (const double *)xs[i]->data;
+            for (; k + 8 <= len; k += 8)
+                for (int j = 0; j < 8; j++) acc[j] += x[k + j] * x[k + j];
+            for (; k < len; k++) acc[k % 8] += x[k] * x[k];
+        } else { /* bfloat16: the upper half of a float32 */
+            const uint16_t *x = (const uint16_t *)xs[i]->data;
+            for (; k < len; k++) {
+                const double v = mu__f32_from_bf16(x[k]);
+                acc[k % 8] += v * v;
+            }
+        }
+        double s = 0.0;
+        for (int j = 0; j < 8; j++) s += acc[j];
+        out[i] = s;
+    }
+    return MU_OK;
 }
 
 static int check_batch(int n, mu_tensor *const *ts, const char *tname, const mu_tensor *batch,

@@ -26,6 +26,10 @@
  * it returns 0 to report a bad value (all_finite), else 1.
  */
 
+/* Without new_bufs (p[2] NULL, mu_foreach_momentum_part): nothing of the
+ * new buffer is stored, and 0 is returned when a value it would hold (as
+ * stored: rounded to bfloat16 state) is NaN or Inf; without updates (p[3]
+ * NULL) only the new buffer is written. */
 static KATTR int R(momentum)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
 {
     const momentum_args *a = va;
@@ -34,16 +38,23 @@ static KATTR int R(momentum)(const void *va, int i, int64_t k0, int64_t len, cha
     state_t *nb = (state_t *)p[2];
     real *u = (real *)p[3];
     const vec m1 = VSET((real)a->m1), m2 = VSET((real)a->m2);
+    facc acc = FACC0;
     (void)i, (void)k0;
     for (int64_t k = 0; k < len; k += W) {
         vec gv = VLD(g + k), bv = SLD(b + k);
         vec uv = VFMA(m1, bv, gv);
         vec bn = VADD(VMUL(bv, m2), gv);
         if (a->nesterov) uv = VADD(VMUL(uv, m1), gv);
-        SST(nb + k, bn);
-        VST(u + k, uv);
+        if (nb) {
+            SST(nb + k, bn);
+        } else {
+            state_t st[W]; /* the value as the state would hold it */
+            SST(st, bn);
+            acc = FACC_ADD(acc, SLD(st));
+        }
+        if (u) VST(u + k, uv);
     }
-    return 1;
+    return nb || !FACC_ANY(acc);
 }
 
 #if !FE_BF16

@@ -429,6 +429,23 @@ MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
  * iteration's per-worker buffers once used) into *out (0 on failure): what
  * a step's scratch accounts for it. */
 MU_API int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out);
+/* What the Newton-Schulz calls on a workspace did (mu_ns_workspace_stats). */
+typedef struct mu_ns_stats {
+    double seconds;        /* wall time inside mu_ns_zeropower / _many */
+    int64_t matrices;      /* matrices orthogonalized */
+    int64_t residuals;     /* of them, those with a residual (below) */
+    double residual_max;   /* the largest residual */
+    double residual_sumsq; /* the sum of the residuals' squares */
+} mu_ns_stats;
+/* The stats of the calls on ws since it was made or last reset, into *out;
+ * reset nonzero zeroes them after the copy. The residual of a matrix is
+ * ||A - I||_F / sqrt(n) of the Gram matrix A = X X^T (n x n, n the smaller
+ * side) that its last step computes anyway, X being the iterate that step
+ * starts from: sqrt(mean (s^2 - 1)^2) over X's singular values s, which the
+ * last step maps to the output's a s + b s^3 + c s^5 (O(n^2) work, no
+ * product). The standard float32 / float64 iteration with steps >= 1 has
+ * one; bfloat16, the Gram iteration, zero inputs and 0 steps have none. */
+MU_API int mu_ns_workspace_stats(mu_ns_workspace *ws, int reset, mu_ns_stats *out);
 
 /* Orthogonalize in (n x m) or a batch (b x n x m), C-contiguous, into out
  * (same shape and dtype; out may be in). ws may be NULL (allocated inside).
@@ -497,6 +514,19 @@ MU_API int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const 
                                mu_tensor *const *new_bufs, mu_tensor *const *updates,
                                double m1, double m2, int nesterov);
 
+/* mu_foreach_momentum in two parts (the step keeps one buffer per state,
+ * updated in place at its commit): with new_bufs NULL only the updates are
+ * written, and the call returns 0 with *bad (when not NULL) the index of
+ * the first tensor whose new buffer would hold NaN or Inf (as stored: a
+ * bfloat16 state's rounding included), else 1; with updates NULL only
+ * new_bufs are written (they may be bufs: in place), returning 1. The
+ * values are those of mu_foreach_momentum bit for bit. Exactly one of
+ * new_bufs and updates is NULL (else MU_EINVAL); negative on a bad
+ * argument. */
+MU_API int mu_foreach_momentum_part(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
+                                    mu_tensor *const *new_bufs, mu_tensor *const *updates,
+                                    double m1, double m2, int nesterov, int *bad);
+
 /* Decoupled decay + apply: p = fma(alpha, update * scales[i], p * decay),
  * i.e. the seed's update.mul_(s); p.mul_(decay); p.add_(update, alpha=)
  * in one pass without writing update (scales NULL means 1). */
@@ -558,6 +588,12 @@ MU_API int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *con
 /* 1 if every element of every tensor is finite; else 0 and *bad is the
  * index of the first tensor holding NaN/Inf (negative on a bad argument). */
 MU_API int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad);
+/* out[i] = the sum of the squares of xs[i]'s elements (contiguous tensors,
+ * each of any dtype), in double: eight partial sums over the elements in
+ * order (element k goes to sum k % 8), added in order at the end; one
+ * thread, the same bits every call. For the step's statistics (gradient
+ * norm, update RMS). */
+MU_API int mu_foreach_sumsq(int n, mu_tensor *const *xs, double *out);
 
 /* Copy each src[i] into dst at element offset offsets[i] (pack), or back
  * (unpack). dst/src batch buffers are contiguous, of the tensors' dtype;

@@ -141,6 +141,7 @@ struct mu_ns_workspace {
     void *sched;        /* the scheduler's lists (grown, kept across calls) */
     size_t sched_bytes;
     struct mu__dnnl *dnnl; /* oneDNN, opened by the first bfloat16 call (src/ns_bf16.c) */
+    mu_ns_stats stats;     /* what its calls did since the last reset (mu_ns_workspace_stats) */
 };
 
 /* A batch call of mu_ns_zeropower, validated (inputs finite, workspace big

@@ -55,15 +55,21 @@ function CC.derived(run, G, gr, entries)
     for _ = #owner + 1, #list do owner[#owner + 1] = e.p end
   end
   local bad = foreach.first_nonfinite(list)
-  if not bad then return end
+  local name = bad and owner[bad].name
+  if not name then -- (the state a kind writes in place at the commit: its direction checked it)
+    for _, e in ipairs(entries) do
+      if e.overflow then name = e.p.name break end
+    end
+  end
+  if not name then return end
   if G.options.nonfinite ~= "skip" then
     local hook = G.kind.ns and writers(G, "input")
     if hook then
       E.raise(E.ENONFINITE, "parameter '%s': the Newton-Schulz input holds NaN or Inf after %s (its gradient is "
-        .. "finite) (%s)", owner[bad].name, hook, G.label)
+        .. "finite) (%s)", name, hook, G.label)
     end
     E.raise(E.ENONFINITE, "parameter '%s': its gradient is finite but the %s overflowed to NaN or Inf (%s)",
-      owner[bad].name, G.kind.ns and "momentum (the Newton-Schulz input)" or table.concat(G.kind.hidden_state_keys, ", "),
+      name, G.kind.ns and "momentum (the Newton-Schulz input)" or table.concat(G.kind.hidden_state_keys, ", "),
       G.label)
   end
   gr.skip_derived = true

@@ -273,6 +273,8 @@ config.CONFIG_KEYS = {
       end
     end },
   { "hook_budget", "{ instructions, seconds, memory }: the limits of one hook call (config.hook_limits)" },
+  { "log", "{ level = 'error' | 'warn' | 'info' | 'debug', every = N, file = path, format = 'csv' | 'jsonl' }: "
+    .. "messages at a level (MUON_LOG overrides it) and every N steps a row of eng:stats() (muon.log)" },
 }
 config.GROUP_KEYS = {
   { "name", "the group's name (messages, get('lr:<name>'), schedules' group.name)" },
@@ -503,9 +505,14 @@ end
 -- match, exclude, min_dim, max_dim, base (the options the schedule starts
 -- from) }; dist = a copy of the dist section, or nil (none, or
 -- independent ranks); independent = true for dist = { independent = true }.
+-- trusted: the config ran with full Lua (its log file may be anywhere).
 -- Raises EINVAL error objects naming the key or option.
-function config.resolve(cfg, where)
+function config.resolve(cfg, where, trusted)
   local groups = resolve_config(cfg, where)
+  if cfg.log ~= nil then
+    local ok, err = pcall(require("muon.log").check, cfg.log, trusted)
+    if not ok then E.raise(E.code(err) or E.EINVAL, "config %s: %s", where, E.message(err)) end
+  end
   local dist
   if cfg.dist ~= nil then dist = resolve_dist(cfg.dist, where) end
   local independent = dist ~= nil and dist.independent or nil

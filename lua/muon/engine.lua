@@ -111,8 +111,10 @@ Engine:set(key, v)
     Set "lr_scale" (a finite number >= 0, multiplies every group's lr).
 Engine:get(key)
     "lr" (group 1's), "lr:<group name or index>", "step", "stepped" (1 if
-    the last step stepped), "lr_scale", "state_bytes", "scratch_bytes". An
-    unknown key or group is EINVAL listing the valid ones.
+    the last step stepped), "lr_scale", "state_bytes", "scratch_bytes", and
+    "stats.<name>" / "stats.update_rms:<group>": a number of stats() (NaN
+    before the first step). An unknown key or group is EINVAL listing the
+    valid ones.
 Engine:set_signal(name, values)
     Per-step values (a list of finite numbers) for the hooks, read as
     ctx.signals[name]; kept until set again. On a mesh every rank sets the
@@ -123,10 +125,26 @@ Engine:state(name)
     The parameter's optimizer state on this rank (nil before its first
     step, or when another replica holds it).
 Engine:memory()
-    { state_bytes = n, scratch_bytes = n } this rank holds.
+    { state_bytes = n, scratch_bytes = n, scratch = { updates, state,
+    copies, routing, ns } } this rank holds: the optimizer state, and the
+    step's own buffers by kind (an update buffer per parameter; second
+    buffers of the state the kinds do not write in place, AdamW's moments,
+    and of the hooks' state; post_update_fn's copies; a mesh's routing
+    buffers; the Newton-Schulz workspace, per worker the largest matrix and
+    two n x n Gram buffers).
 Engine:stats()
     { steps = n, <kind> = { steps, skipped_nonfinite }, comm = ... (with
-    dist) }.
+    dist) } and, after a step, its measurements (muon.step_stats):
+    step_seconds, ns_seconds and hook_seconds (this rank's wall time: the
+    step, the Newton-Schulz calls and the config's functions in it),
+    grad_norm (of every stepping parameter's gradient), update_rms[group
+    name or index] (sqrt(mean u^2) of the update u the commit applies, p =
+    p * decay + alpha * u), ns_matrices, ns_residual and ns_residual_rms
+    (the largest and the RMS of ||A - I||_F / sqrt(n) over the matrices, A
+    the Gram matrix X X^T of the iterate X entering Newton-Schulz's last
+    step: how far its singular values s are from 1, sqrt(mean (s^2 - 1)^2),
+    computed from that step's own product), bytes_sent and bytes_recv (this
+    rank). The config's log = { every = N, file = path } writes them.
 Engine:comm_stats()
     Bytes and seconds per communicator of a distributed engine ({}
     without dist).
@@ -174,6 +192,7 @@ local S = require("muon.checkpoint")
 local commlib = require("muon.comm")
 local G = require("muon.grads")
 local Rt = require("muon.routing")
+local Log = require("muon.log")
 
 local engine = {}
 local Engine = {}
@@ -228,18 +247,25 @@ function engine.new(cfg_src, opts)
   else ok, cfg, where = pcall(config.load, cfg_src, opts.trusted, opts.source) end
   if not ok then E.reraise(cfg, E.EINVAL) end
   local label = where == "(table)" and "(table)" or ("'" .. where .. "'")
-  local ok2, groups, dist, independent = pcall(config.resolve, cfg, label)
+  local ok2, groups, dist, independent = pcall(config.resolve, cfg, label, opts.trusted or type(cfg_src) == "table")
   if not ok2 then E.reraise(groups, E.EINVAL) end
   if opts.dry_run ~= nil then
     local ok5, d = pcall(dry_dist, opts.dry_run, dist, label)
     if not ok5 then E.reraise(d, E.EINVAL) end
     dist = d
   end
-  return setmetatable({
+  local self = setmetatable({
     config = cfg, source = where, groups = groups, params = {}, by_name = {},
     lr_scale = 1.0, step_count = 0, dist = dist, signals = {}, dry_run = opts.dry_run ~= nil or nil,
     independent = independent,
   }, Engine)
+  -- (messages and the stats file from rank 0 of the engine's ranks: the
+  -- mesh's, or the job's for independent ranks)
+  self.log = Log.new(not self.dry_run and cfg.log or nil, function()
+    if self.dist then return self:_stepper():rank() end
+    return commlib.world_rank()
+  end)
+  return self
 end
 
 -- A collective call (what: step, reduce_grads, clip_grad_norm, save, load)
@@ -519,7 +545,25 @@ function Engine:step(closure)
   if st:stats().steps > before then self.step_count = step end
   if not ok then E.reraise(stepped, E.ELUA) end
   self.last_stepped = stepped
+  if stepped and self.log:due(self.step_count) then self.log:row(self:_stats_row()) end
   return loss, stepped
+end
+
+-- A group's key in the stats (its name, else its index).
+local function group_key(g) return g.name ~= nil and g.name or g.index end
+
+-- The log file's record of the last step: step, each group's lr, then
+-- eng:stats()'s measurements (muon.log writes it as CSV or JSON).
+function Engine:_stats_row()
+  local s = self:stats()
+  local row = { { "step", self.step_count } }
+  for _, g in ipairs(self.groups) do row[#row + 1] = { "lr:" .. group_key(g), g.options.lr } end
+  for _, k in ipairs({ "step_seconds", "ns_seconds", "hook_seconds", "grad_norm" }) do row[#row + 1] = { k, s[k] } end
+  for _, g in ipairs(self.groups) do row[#row + 1] = { "update_rms:" .. group_key(g), s.update_rms[group_key(g)] } end
+  for _, k in ipairs({ "ns_residual", "ns_residual_rms", "ns_matrices", "bytes_sent", "bytes_recv" }) do
+    row[#row + 1] = { k, s[k] }
+  end
+  return row
 end
 
 -- Average (opts.op = "mean", the default) or sum ("sum") every registered
@@ -609,7 +653,14 @@ function Engine:set_lr(group, lr)
 end
 
 local SETTABLE = { lr_scale = true }
+-- (the stats.* keys: eng:stats()'s numbers of the last step, NaN before one)
+local STATS_KEYS = { "step_seconds", "ns_seconds", "hook_seconds", "grad_norm", "ns_residual", "ns_residual_rms",
+  "ns_matrices", "bytes_sent", "bytes_recv" }
 local GETTABLE = { "lr", "lr:<group>", "step", "stepped", "lr_scale", "state_bytes", "scratch_bytes" }
+for _, k in ipairs(STATS_KEYS) do GETTABLE[#GETTABLE + 1] = "stats." .. k end
+GETTABLE[#GETTABLE + 1] = "stats.update_rms:<group>"
+local IS_STAT = {}
+for _, k in ipairs(STATS_KEYS) do IS_STAT[k] = true end
 
 function Engine:set(key, value)
   if not SETTABLE[key] then
@@ -631,6 +682,16 @@ function Engine:get(key)
   if type(key) == "string" then
     local which = key:match("^lr:(.+)$")
     if which then return self:_group(which, "get").options.lr end
+    local stat = key:match("^stats%.(.+)$")
+    if stat and IS_STAT[stat] then
+      local v = self:stats()[stat]
+      return v == nil and 0 / 0 or v
+    end
+    which = key:match("^stats%.update_rms:(.+)$")
+    if which then
+      local v = self:stats().update_rms[group_key(self:_group(which, "get"))]
+      return v == nil and 0 / 0 or v
+    end
   end
   E.raise(E.EINVAL, "get: %s", E.unknown("key", tostring(key), GETTABLE))
 end
@@ -659,11 +720,18 @@ end
 
 function Engine:stats()
   local st = self:_stepper()
-  local s = { steps = self.step_count }
+  local s = { steps = self.step_count, update_rms = {} }
   for kind, ks in pairs(st:stats().kinds) do
     s[kind] = { steps = ks.steps, skipped_nonfinite = ks.skipped_nonfinite }
   end
   if self.dist then s.comm = st:comm_stats() end
+  local last = st:last_step()
+  if last then
+    for k, v in pairs(last) do
+      if k ~= "update_rms" then s[k] = v end
+    end
+    for _, g in ipairs(self.groups) do s.update_rms[group_key(g)] = last.update_rms[g.index] end
+  end
   return s
 end
 

@@ -121,6 +121,10 @@ muon.errors.call_hook(what, fn, ...)
 muon.errors.call_hook_on(subject, what, fn, ...)
     call_hook naming subject ("parameter 'w'") when the call exceeds the
     hook budget.
+muon.errors.hook_seconds()
+    Seconds spent in the calls of call_hook / call_hook_on so far (the
+    outermost ones: a hook's own hook calls count once); a step's hook time
+    is the difference over the step.
 ]]
 local ffi = require("ffi")
 local core = require("muon.core")
@@ -480,20 +484,37 @@ local function hook_result(what, subject, ok, ...)
   error(e, 0)
 end
 
+-- The time spent in config functions (E.hook_seconds: the outermost
+-- calls only, a hook that calls another counts once).
+local hook_depth, hook_spent = 0, 0
+local mu_clock = C.mu_clock
+
+local function hook_done(what, subject, t0, ...)
+  hook_depth = hook_depth - 1
+  if t0 then hook_spent = hook_spent + (mu_clock() - t0) end
+  return hook_result(what, subject, ...)
+end
+
 -- Call a user hook (a function of the config: hook, schedule, match
 -- function) and return its results. Whatever it raises comes back as an
 -- MU_ELUA object "<what>: <message>" (MU_ENOMEM when memory or stack ran
 -- out), carrying the traceback down to the line that raised.
 function E.call_hook(what, fn, ...)
-  return hook_result(what, nil, xpcall(fn, E.capture, ...))
+  return E.call_hook_on(nil, what, fn, ...)
 end
 
 -- E.call_hook for a hook that runs on one parameter or group: subject
 -- ("parameter 'w'", "group 1 ('hidden')") is named in the message when
 -- the call exceeds a limit of the hook budget.
 function E.call_hook_on(subject, what, fn, ...)
-  return hook_result(what, subject, xpcall(fn, E.capture, ...))
+  hook_depth = hook_depth + 1
+  local t0 = hook_depth == 1 and mu_clock() or nil
+  return hook_done(what, subject, t0, xpcall(fn, E.capture, ...))
 end
+
+-- Seconds spent in config functions called through call_hook(_on) since
+-- muon.errors loaded (the step's hook time is a difference of two calls).
+function E.hook_seconds() return hook_spent end
 
 -- Raise an error object for a failed C status code (core.check).
 E.check = core.check

@@ -13,6 +13,12 @@ muon.foreach.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
     The seed's momentum: u = g + m1 buf; buf' = m2 buf + g; nesterov:
     u = m1 u + g. new_bufs nil writes bufs in place; m2 nil means m1.
     Returns updates.
+muon.foreach.momentum_updates(grads, bufs, updates, m1, m2, nesterov)
+muon.foreach.momentum_buffers(grads, bufs, new_bufs, m1, m2)
+    momentum in two parts, each with momentum's bits: the updates alone
+    (returns true, or false and the 1-based index of the first tensor
+    whose new buffer would hold NaN or Inf: nothing of it is stored), and
+    the new buffers alone (new_bufs may be bufs: in place).
 muon.foreach.apply(params, updates, scales, decay, alpha)
     p = p decay + alpha (u s); scales nil (1), a number, or one number per
     tensor.
@@ -41,6 +47,10 @@ muon.foreach.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2)
 muon.foreach.all_finite(xs)
     true when every element is finite; else false and the 1-based index of
     the first tensor holding NaN or Inf.
+muon.foreach.sumsq(xs)
+    The sum of the squares of each tensor's elements (one dtype), in
+    double (one C call; always the same bits): a list of numbers, one per
+    tensor.
 muon.foreach.pack(srcs, dst, offsets)
 muon.foreach.unpack(src, dsts, offsets)
     Copy tensors into / out of one contiguous batch tensor at element
@@ -209,6 +219,36 @@ function F.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
   return updates
 end
 
+-- The two parts of momentum (the reference block): out is the updates
+-- (buffers = false) or the new buffers (buffers = true).
+local function momentum_part(grads, bufs, out, m1, m2, nesterov, buffers)
+  local g, n = tensors("a", grads, "grads")
+  same_count("bufs", n, bufs)
+  same_count(buffers and "new_bufs" or "updates", n, out)
+  local b = tensors("b", bufs, "bufs")
+  local o = tensors(buffers and "c" or "d", out, buffers and "new_bufs" or "updates")
+  match(g, "grads", b, "bufs", n)
+  match(g, "grads", o, buffers and "new_bufs" or "updates", n)
+  number(m1, "m1")
+  if m2 == nil then m2 = m1 end
+  number(m2, "m2")
+  local bad = int_box()
+  local rc = C.mu_foreach_momentum_part(n, g, b, buffers and o or nil, not buffers and o or nil, m1, m2,
+    nesterov and 1 or 0, bad)
+  if rc < 0 then check(rc, "foreach.momentum") end
+  if rc == 1 then return true end
+  return false, bad[0] + 1
+end
+
+function F.momentum_updates(grads, bufs, updates, m1, m2, nesterov)
+  if type(nesterov) ~= "boolean" then blame(E.EINVAL, "nesterov must be a boolean, got " .. type(nesterov)) end
+  return momentum_part(grads, bufs, updates, m1, m2, nesterov, false)
+end
+
+function F.momentum_buffers(grads, bufs, new_bufs, m1, m2)
+  return momentum_part(grads, bufs, new_bufs, m1, m2, false, true)
+end
+
 -- p = p*decay + alpha*(update*scale_i); scales nil, a number or an array.
 -- cautious: the decay only where the subtracted update has p's sign.
 local function apply(params, updates, scales, decay, alpha, cautious, check_only)
@@ -346,6 +386,16 @@ function F.all_finite(xs)
   if rc < 0 then check(rc, "foreach.all_finite") end
   if rc == 1 then return true, nil end
   return false, bad[0] + 1
+end
+
+-- (Its contract: the reference block at the top.)
+function F.sumsq(xs)
+  local x, n = tensors("a", xs, "xs")
+  local out = ffi.new("double[?]", math.max(n, 1))
+  check(C.mu_foreach_sumsq(n, x, out), "foreach.sumsq")
+  local r = {}
+  for i = 1, n do r[i] = out[i - 1] end
+  return r
 end
 
 -- Offsets are element offsets into the batch (0 = its first element); nil

@@ -53,7 +53,8 @@
 --   st:state_table()                 -- param -> its state table (live; on its holder)
 --   st:state_of(p)                   -- one parameter's state table, or nil
 --   st:stats()                       -- { steps, skipped_nonfinite, kinds = { name -> {...} } } (live)
---   st:memory(), st:comm_stats()     -- bytes held; communicator counters
+--   st:last_step()                   -- the last step's measurements (muon.step_stats), nil before one
+--   st:memory(), st:comm_stats()     -- bytes held (scratch by kind: muon.scratch); communicator counters
 --   st:reduce_grads(op)              -- "mean"/"sum" of the grads over replicas (muon.grad_reduce; collective)
 --   st:check_replicas(what)          -- "grads"/"params": replicas bitwise equal, else raise (muon.replica_check)
 --   st:mesh(), st:rank(), st:size()  -- the mesh and this process in it
@@ -84,6 +85,7 @@ local PP = require("muon.post_phase")
 local CC = require("muon.commit_checks")
 local GR = require("muon.grad_reduce")
 local RC = require("muon.replica_check")
+local SS = require("muon.step_stats")
 
 local M = {}
 local Stepper = {}
@@ -188,6 +190,7 @@ function Stepper:group_specs() return self.groups end
 function Stepper:state_table() return self.state end
 function Stepper:state_of(p) return self.state[p] end
 function Stepper:stats() return self.counters end
+function Stepper:last_step() return self.last end
 function Stepper:mesh() return self.dmesh end
 function Stepper:rank() return self.me end
 function Stepper:size() return self.W end
@@ -351,13 +354,16 @@ end
 
 local function tensor_bytes(t) return t:numel() * T.DTYPE_SIZES[t:dtype()] end
 
--- { state_bytes, scratch_bytes } held by this rank.
+-- { state_bytes, scratch_bytes, scratch = its parts } held by this rank.
 function Stepper:memory()
   local state = 0
   for _, st in pairs(self.state) do
     for _, v in pairs(st) do if T.is_tensor(v) then state = state + tensor_bytes(v) end end
   end
-  return { state_bytes = state, scratch_bytes = self.scratch:bytes() + self.router:scratch_bytes() }
+  local scratch, parts = self.scratch:bytes()
+  local routing = self.router:scratch_bytes()
+  parts.routing = parts.routing + routing
+  return { state_bytes = state, scratch_bytes = scratch + routing, scratch = parts }
 end
 
 function Stepper:comm_stats()
@@ -440,6 +446,12 @@ local function direction_phase(self, run)
     gr.entries, gr.empties = entries, empties
     if not gr.skip then
       local keys = G.kind.state_keys
+      local in_place = G.kind.in_place_state and G.kind.in_place_state(G.options)
+      if in_place then
+        local set = {}
+        for _, k in ipairs(in_place) do set[k] = true end
+        in_place = set
+      end
       for _, p in ipairs(gr.params) do
         local r = self.rec[p]
         if r.mine_n == 0 and self.W == 1 then
@@ -456,7 +468,7 @@ local function direction_phase(self, run)
         elseif r.mine_n > 0 then
           self.scratch:update(p, r)
           if r.holds then
-            local e = self.scratch:entry(p, r, keys, self.state[p])
+            local e = self.scratch:entry(p, r, keys, self.state[p], in_place)
             e.count = (self.pstep[p] or 0) + 1
             entries[#entries + 1] = e
           end
@@ -515,6 +527,10 @@ local function commit_phase(self, run)
       else
         CC.write(gr.applies)
       end
+      -- the state the kind writes in place (its new value checked finite by direction)
+      if G.kind.commit_state and gr.entries[1] and gr.entries[1].in_place then
+        G.kind.commit_state(G.options, gr.hp, gr.entries)
+      end
     end
   end
   for _, ks in ipairs(self.kind_stats) do ks.steps = ks.steps + 1 end
@@ -547,6 +563,7 @@ end
 -- pre_err: see check_phase. Returns true, or false when no parameter has a
 -- grad (then nothing changed: parameters, state, step counts).
 local function step_body(self, values, pre_err)
+  local measured = SS.begin(self)
   self:gate("step")
   self:build_once()
   local W = self.W
@@ -587,6 +604,7 @@ local function step_body(self, values, pre_err)
   run:attempt(final_checks, self, run)
   self.agree:failure(run.failure, run)
   commit_phase(self, run)
+  self.last = SS.finish(self, run, measured)
   return true
 end
 

@@ -72,6 +72,32 @@ H.main(function()
     os.remove(path)
   end
 
+  do -- eng:stats() on a sharded mesh: the whole parameters' figures, as one process measures them
+    local D = require("muon.dist")
+    local cfg = { groups = { { name = "hidden", min_dim = 2 }, { name = "rest", optimizer = "adamw" } } }
+    local one = engine.new(H.alone({ groups = cfg.groups }))
+    cfg.dist = { mesh = { { "shard", W } } }
+    local eng = engine.new(cfg)
+    local mesh = D.mesh({ { "shard", W } }, W)
+    for i, shape in ipairs({ { 3 * W + 1, 5 }, { 7, 4 }, { 2 * W + 3 } }) do
+      local v, g = T.randn(shape, i), T.randn(shape, 10 + i)
+      one:add_param("p" .. i, v:clone(), g:clone())
+      local box = D.local_box(shape, D.placement({ "S(1)" }, mesh, #shape), mesh, me)
+      local pl = { "S(1)", shape = shape }
+      eng:add_param("p" .. i, D.box_view(v, box):clone(), D.box_view(g, box):clone(), pl)
+    end
+    one:step()
+    eng:step()
+    local a, b = one:stats(), eng:stats()
+    local close = function(x, y) return x and y and math.abs(x - y) <= 1e-6 * math.abs(y) end
+    H.check("stats-grad-norm-as-one-process", close(b.grad_norm, a.grad_norm), b.grad_norm .. " vs " .. a.grad_norm)
+    H.check("stats-update-rms-as-one-process", close(b.update_rms.hidden, a.update_rms.hidden)
+      and close(b.update_rms.rest, a.update_rms.rest), tostring(b.update_rms.hidden) .. " vs " .. a.update_rms.hidden)
+    H.check("stats-ns-residual-as-one-process", close(b.ns_residual, a.ns_residual) and b.ns_matrices == a.ns_matrices,
+      tostring(b.ns_residual) .. " vs " .. tostring(a.ns_residual))
+    H.check("stats-bytes-moved", b.bytes_sent > 0 and b.bytes_recv > 0)
+  end
+
   do -- a Muon group whose match selects nothing, on a mesh: every rank fails
     local eng = engine.new({ groups = { { name = "hidden", match = "attn" }, { name = "rest", optimizer = "adamw" } },
       dist = { mesh = { { "replicate", W } } } })

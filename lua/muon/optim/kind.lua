@@ -94,6 +94,16 @@ Kind.post_update(group, hp, params, boxes, signals, reducers)
     process).
 Kind.replica_count(v)
     -> n: the seed's hsdp_replica_count as a number.
+Kind.in_place_state(group)
+Kind.commit_state(group, hp, entries)
+    Both or neither. in_place_state -> the state keys of the group whose new
+    value the kind writes in place at the commit (no second buffer: the
+    step's scratch stays small), or nil. For those keys direction gets
+    old[k] (the state, or on a parameter's first step zeros that become it)
+    and no new[k]; it must check that the value commit_state will write is
+    finite and set entry.overflow = true when not (the nonfinite policy
+    applies); commit_state then writes it into old[k] from what it read
+    (grad, old), after the parameters' apply; it must not fail.
 ## What register derives from the schema (set on the kind)
 Kind.ENTRIES
     The schema's entries with the markers expanded, in check order.
@@ -193,6 +203,7 @@ K.MEMBERS = {
   { "apply_coeffs", "function", true }, { "resolve", "function", false }, { "check_param", "function", false },
   { "orthogonalize", "function", false }, { "ns_prepare", "function", false }, { "ns_finish", "function", false },
   { "hook_shapes", "function", false }, { "post_update", "function", false }, { "replica_count", "function", false },
+  { "in_place_state", "function", false }, { "commit_state", "function", false },
 }
 
 -------------------------------------------------------------- the hooks

@@ -230,10 +230,30 @@ end
 
 ------------------------------------------------------------- the step parts
 
+-- The momentum buffer is written in place at the commit (no second buffer
+-- in the step's scratch) unless a hook writes it (momentum_update_fn) or
+-- sees the gradient it is computed from (post_update_fn's param.grad).
+function kind.in_place_state(group)
+  if group.momentum_update_fn or group.post_update_fn then return nil end
+  return { "momentum_buffer" }
+end
+
+-- The commit's part of the momentum: buf' = m2 buf + g, in place.
+function kind.commit_state(_, hp, entries)
+  local m1, m2 = momentum_pair(hp.momentum)
+  local grads, bufs = {}, {}
+  for i, e in ipairs(entries) do
+    grads[i] = e.grad:is_contiguous() and e.grad or e.grad:contiguous()
+    bufs[i] = e.old.momentum_buffer
+  end
+  per_dtype(function(g, b) foreach.momentum_buffers(g, b, b, m1, m2) end, { grads, bufs })
+end
+
 -- Momentum on the entries this rank keeps state for (seed:
 -- _update_muon_momentum): entry = { p, grad, old = { momentum_buffer },
--- new = { momentum_buffer }, u }: writes new.momentum_buffer and the NS
--- input u, reading old (never written).
+-- new = { momentum_buffer } (none when in place: kind.in_place_state), u }:
+-- writes the NS input u (and new.momentum_buffer), reading old (never
+-- written).
 function kind.direction(_, group, hp, entries)
   local grads, bufs, new_bufs, updates = {}, {}, {}, {}
   for i, e in ipairs(entries) do
@@ -272,6 +292,11 @@ function kind.direction(_, group, hp, entries)
       if u ~= e.u then e.u:copy(u:is_contiguous() and u:view(e.u:size()) or u:reshape(e.u:size())) end
     end
     for i = 1, #entries do new_bufs[i]:copy(work[i]) end
+  elseif new_bufs[1] == nil then -- (in place: the commit writes the buffers, kind.commit_state)
+    per_dtype(function(g, b, u, owners)
+      local ok, bad = foreach.momentum_updates(g, b, u, m1, m2, hp.nesterov)
+      if not ok then owners[bad].overflow = true end
+    end, { grads, bufs, updates, entries })
   else
     per_dtype(function(g, b, nb, u) foreach.momentum(g, b, nb, u, m1, m2, hp.nesterov) end,
       { grads, bufs, new_bufs, updates })
