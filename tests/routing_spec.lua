@@ -125,6 +125,15 @@ describe("a Muon group whose match selects no parameter", function()
     assert.are.equal(1, eng:get("step"))
   end)
 
+  it("is a warning when the matrices go to another Newton-Schulz group (they still get it)", function()
+    local eng = engine.new({ groups = { { name = "hidden", min_dim = 2 }, { name = "legacy", match = "nothing" },
+      { name = "rest", optimizer = "adamw" } } })
+    model(eng)
+    local err = H.stderr_of(function() eng:step() end)
+    has(err, "muon: warning: config (table): group 2 ('legacy') (muon: match = \"nothing\") selects none of the 6 parameters")
+    assert.are.equal(1, eng:get("step"))
+  end)
+
   it("from C: mu_engine_step is MU_EINVAL with the message", function()
     local path = H.config_file("return { groups = { { name = 'hidden', match = 'attn' }, { optimizer = 'adamw' } } }\n")
     local rc, ce = H.c_engine_open(path)

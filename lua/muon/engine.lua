@@ -73,7 +73,9 @@ Engine:param_groups()
     The groups as plain data: a list of { index, name, optimizer, step,
     options (the group's values, the config's with set_lr applied; no
     functions), hooks (the names of the hooks it runs), params (the names
-    of its parameters, in registration order) }.
+    of its parameters, in registration order) }; tostring of one prints it
+    as torch.optim does ("Parameter Group 0\n    lr: 0.02 ..."), and
+    tostring(eng) all of them (the seed's repr).
 Engine:step(closure)
     One atomic step of every group: on failure nothing changed (parameters,
     state, step count). Calls closure() first when given; returns its value
@@ -193,6 +195,7 @@ local commlib = require("muon.comm")
 local G = require("muon.grads")
 local Rt = require("muon.routing")
 local Log = require("muon.log")
+local Rp = require("muon.repr")
 
 local engine = {}
 local Engine = {}
@@ -299,7 +302,7 @@ function Engine:_stepper()
   for gi, g in ipairs(self.groups) do specs[gi] = { kind = g.kind, options = g.options, label = g.label } end
   self.stepper = Step.new({ groups = specs, comm = comm, mesh = mesh,
     balance = d and d.balance, max_batch_numel = d and d.max_batch_numel, check_replicas = d and d.check_replicas,
-    nil_grad_warning = self.config.nil_grad_warning })
+    nil_grad_warning = self.config.nil_grad_warning, log = self.log })
   return self.stepper
 end
 
@@ -341,7 +344,7 @@ function Engine:_routes_error()
   for _, w in ipairs(warnings) do
     if not self.warned_routes[w] then
       self.warned_routes[w] = true
-      if self:_stepper():rank() == 0 then io.stderr:write("muon: warning: ", w, "\n") end
+      self.log:say("warn", "%s", w)
     end
   end
   self.routes_err = errors[1] and E.new(E.EINVAL, errors[1]) or nil
@@ -471,16 +474,35 @@ local function options_and_hooks(g)
   return options, hooks
 end
 
+-- A param_groups() entry's options as its tostring prints them: the
+-- options with the group's name and optimizer, hooks by name.
+local function shown(e)
+  local o = {}
+  for k, v in pairs(e.options) do o[k] = v end
+  o.name, o.optimizer = e.name, e.optimizer
+  for _, h in ipairs(e.hooks) do o[h] = "<function>" end
+  return o
+end
+
 function Engine:param_groups()
   local list = {}
   for _, g in ipairs(self.groups) do
     local options, hooks = options_and_hooks(g)
     local params = {}
     for i, p in ipairs(g.options.params) do params[i] = p.name end
-    list[#list + 1] = { index = g.index, name = g.name, optimizer = g.kind.name, step = g.options.step,
-      options = options, hooks = hooks, params = params }
+    list[#list + 1] = Rp.printable_group({ index = g.index, name = g.name, optimizer = g.kind.name, step = g.options.step,
+      options = options, hooks = hooks, params = params }, g.index - 1, shown)
   end
   return list
+end
+
+-- The seed's (torch.optim's) repr over the groups, the config named:
+-- "Engine (config 'configs/muon.lua', 4 parameters, step 0\nParameter Group 0\n    lr: ...\n)".
+function Engine:__tostring()
+  local groups = {}
+  for i, e in ipairs(self:param_groups()) do groups[i] = shown(e) end
+  return Rp.optimizer("Engine", groups, ("config %s, %d parameters, step %d"):format(
+    self.source == "(table)" and "(table)" or ("'" .. self.source .. "'"), #self.params, self.step_count))
 end
 
 -- (Its contract: the reference block at the top.)

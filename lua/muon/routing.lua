@@ -250,7 +250,7 @@ end
 -- { name, shape, group = the index of the group that took it }. Returns
 -- errors and warnings (lists of messages), per group left empty:
 --  * error: a Newton-Schulz group whose match selects no parameter name
---    while other groups take matrices (>= 2 dims): they all train
+--    while groups of other kinds take matrices (>= 2 dims): those train
 --    without Newton-Schulz;
 --  * warning: a group whose match selects no parameter; one whose match
 --    selects some but its exclude / min_dim / max_dim keep none; one whose
@@ -271,11 +271,13 @@ function Rt.report(groups, params)
         end
       end
       if #named == 0 then
+        -- (the matrices that train without Newton-Schulz: those other kinds took)
         local matrices, where = {}, {}
         for _, p in ipairs(params) do
-          if #p.shape >= 2 then
+          local owner = groups[p.group]
+          if #p.shape >= 2 and not owner.kind.ns then
             matrices[#matrices + 1] = p
-            where[groups[p.group].label .. " (" .. groups[p.group].kind.name .. ")"] = true
+            where[owner.label .. " (" .. owner.kind.name .. ")"] = true
           end
         end
         local names = {}

@@ -111,7 +111,8 @@ end
 -- option values), label }), comm (muon.comm, default: this process alone),
 -- mesh (muon.dist mesh over comm), balance, max_batch_numel,
 -- check_replicas, nil_grad_warning (steps without a grad before a
--- parameter's warning; default 1, 0: never).
+-- parameter's warning; default 1, 0: never), log (a muon.log logger;
+-- default: MUON_LOG's level, rank 0).
 function M.new(opts)
   local comm = opts.comm or commlib.self()
   local W = comm:size()
@@ -143,7 +144,8 @@ function M.new(opts)
   end
   self.agree = A.new(self.ctrl)
   self.router = R.new(self.data)
-  self.ctx = KC.new(self.scratch)
+  self.log = opts.log or require("muon.log").new(nil, function() return self.me end)
+  self.ctx = KC.new(self.scratch, self.log)
   self.ns_phase = NP.new({ groups = self.groups, scratch = self.scratch, router = self.router, ctx = self.ctx,
     me = self.me })
   self.post_phase = PP.new({ groups = self.groups, scratch = self.scratch, ctrl = self.ctrl })
@@ -335,11 +337,31 @@ function Stepper:build()
     r.hooks_list = r.hooks or {}
     self.rec[r.param] = r
   end
+  if self.log:enabled("debug") then self:log_uneven() end
   self.gparams, self.index_of = {}, {}
   for i, p in ipairs(self.order) do self.index_of[p] = i end
   for gi = 1, #self.groups do self.gparams[gi] = {} end
   for _, p in ipairs(self.order) do table.insert(self.gparams[self.where[p].gi], p) end
   self.built = true
+end
+
+-- The seed's debug_rank0 "[hyper-optimizer uneven-shard]" line for each
+-- parameter a shard axis does not divide evenly (torch.chunk's pieces of
+-- unequal length, possibly empty).
+function Stepper:log_uneven()
+  local mesh = self.dmesh
+  for _, r in ipairs(self.records) do
+    for a, pl in ipairs(r.placement) do
+      local d, k = pl.kind == "S" and pl.dim, mesh.sizes[a]
+      if d and k > 1 and r.shape[d] % k ~= 0 then
+        local sizes = {}
+        for i = 0, k - 1 do sizes[i + 1] = select(2, D.chunk(r.shape[d], k, i)) end
+        self.log:say("debug", "[hyper-optimizer uneven-shard] p %s placement %s device_mesh %s local_shape %s "
+          .. "global_shape %s rank %d shard_sizes %s", r.name, D.placement_string(r.placement), mesh:describe(),
+          T.shape_string(r.param.value:size()), T.shape_string(r.shape), self.me, T.shape_string(sizes))
+      end
+    end
+  end
 end
 
 function Stepper:build_once()

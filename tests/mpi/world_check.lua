@@ -77,6 +77,7 @@ H.main(function()
     local cfg = { groups = { { name = "hidden", min_dim = 2 }, { name = "rest", optimizer = "adamw" } } }
     local one = engine.new(H.alone({ groups = cfg.groups }))
     cfg.dist = { mesh = { { "shard", W } } }
+    cfg.log = { level = "debug" }
     local eng = engine.new(cfg)
     local mesh = D.mesh({ { "shard", W } }, W)
     for i, shape in ipairs({ { 3 * W + 1, 5 }, { 7, 4 }, { 2 * W + 3 } }) do
@@ -87,7 +88,11 @@ H.main(function()
       eng:add_param("p" .. i, D.box_view(v, box):clone(), D.box_view(g, box):clone(), pl)
     end
     one:step()
-    eng:step()
+    local said = require("helpers").stderr_of(function() eng:step() end)
+    -- the seed's debug_rank0 line for the unevenly sharded ones, rank 0 only
+    local want = ("muon: debug: [hyper-optimizer uneven-shard] p p1 placement (S(1)) device_mesh (shard=%d) "
+      .. "local_shape [%d, 5] global_shape [%d, 5]"):format(W, select(2, D.chunk(3 * W + 1, W, 0)), 3 * W + 1)
+    H.check("debug-uneven-shard-line", me == 0 and said:find(want, 1, true) ~= nil or me ~= 0 and said == "", said)
     local a, b = one:stats(), eng:stats()
     local close = function(x, y) return x and y and math.abs(x - y) <= 1e-6 * math.abs(y) end
     H.check("stats-grad-norm-as-one-process", close(b.grad_norm, a.grad_norm), b.grad_norm .. " vs " .. a.grad_norm)

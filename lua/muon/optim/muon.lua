@@ -378,7 +378,7 @@ end
 
 -- The tensors NS runs on for one working input, and how to write their
 -- updates back (seed: _prepare_ns_transform / _reshape_ns_input).
-local function prepare(group, name, working)
+local function prepare(ctx, group, name, working)
   if group.ns_transform_fn and name then
     local subject = "parameter '" .. name .. "'"
     local tr = E.call_hook_on(subject, "ns_transform_fn", group.ns_transform_fn, name, working)
@@ -400,6 +400,9 @@ local function prepare(group, name, working)
         end
       end
       views = r
+      if not P.same_shape(r[1], working) then -- (the seed's logger.info_rank0)
+        ctx:log("info", "Reshape %s from %s to %s", name, P.shape_string(working), P.shape_string(r[1]))
+      end
     end
   end
   return views, function(updates, output)
@@ -585,7 +588,7 @@ function kind.orthogonalize(ctx, group, hp, items)
   end
   local prepared, order, records = {}, {}, {}
   for i, it in ipairs(items) do
-    local tensors, restore = prepare(group, it.name, it.input)
+    local tensors, restore = prepare(ctx, group, it.name, it.input)
     prepared[i] = { tensors = tensors, restore = restore, updates = {} }
     for j, t in ipairs(tensors) do
       local a, b = core_shape(t:size(), group.nd_mode)
