@@ -42,6 +42,7 @@ muon.errors
 muon.foreach
 muon.ns
 muon.optim
+muon.plot
 muon.safetensors
 muon.schedules
     The public submodules, loaded on first use (each documents itself).
@@ -128,7 +129,7 @@ end
 -- other name is an error listing the valid ones (muon.optm is a typo, not
 -- nil).
 local MODULES = { "check", "comm", "config", "core", "dist", "engine", "errors", "foreach", "host", "ns", "optim",
-  "router", "safetensors", "sandbox", "schedules", "step" }
+  "plot", "router", "safetensors", "sandbox", "schedules", "step" }
 local is_module = {}
 for _, k in ipairs(MODULES) do is_module[k] = true end
 setmetatable(muon, {

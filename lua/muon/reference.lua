@@ -198,6 +198,7 @@ R.MODULES = {
   } },
   { name = "muon.errors" },
   { name = "muon.check" },
+  { name = "muon.plot" },
   { name = "muon.reference" },
 }
 

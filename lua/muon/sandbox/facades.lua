@@ -123,7 +123,7 @@ BUILDERS["muon"] = function(get)
   return facade_of(f, "muon.", { core = "(raw FFI library)", safetensors = "(file reads and writes)",
     comm = "(MPI communicators)", host = "(script host)", config = "(config loader)",
     engine = "(engine; open engines from the host program)", dist = "(distributed planner)",
-    check = "(muon check)", checkpoint = "(checkpoint files)" })
+    check = "(muon check)", checkpoint = "(checkpoint files)", plot = "(writes files)" })
 end
 
 function F.new_require(path)
