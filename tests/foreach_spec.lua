@@ -661,3 +661,55 @@ describe("foreach.apply_cautious", function()
     assert.are.same({ H.f32(1 + 0.1), H.f32(-2 - 0.1), H.f32(3 + H.f32(0.1 * 2)), H.f32(-4 - H.f32(0.1 * 3)) }, c:flat())
   end)
 end)
+
+describe("momentum in two parts (Muon's momentum written in place at the commit)", function()
+  local F = require("muon.foreach")
+  local TT = require("muon.tensor")
+  local function list(shapes, seed, dt, scale)
+    local out = {}
+    for i, s in ipairs(shapes) do
+      out[i] = TT.randn(s, seed + i):mul(scale or 1)
+      if dt then out[i] = out[i]:to(dt) end
+    end
+    return out
+  end
+  local SHAPES = { { 37, 5 }, { 3 }, { 64, 33 }, { 0, 4 } }
+
+  for _, case in ipairs({ { "float32" }, { "float64" }, { "float32", "bfloat16" } }) do
+    local dt, sdt = case[1], case[2] or case[1]
+    it(("%s, %s state: the updates alone, then the buffers alone in place, give momentum's bits"):format(dt, sdt), function()
+      for _, nesterov in ipairs({ true, false }) do
+        local g = list(SHAPES, 1, dt)
+        local b1, b2 = list(SHAPES, 50, sdt), list(SHAPES, 50, sdt)
+        local nb, u1, u2 = {}, {}, {}
+        for i, s in ipairs(SHAPES) do
+          nb[i], u1[i], u2[i] = TT.zeros(s, sdt), TT.zeros(s, dt), TT.zeros(s, dt)
+        end
+        F.momentum(g, b1, nb, u1, 0.9, 0.95, nesterov)
+        assert.is_true(F.momentum_updates(g, b2, u2, 0.9, 0.95, nesterov))
+        for i = 1, #SHAPES do H.assert_equal_bits(u2[i], u1[i], "update " .. i) end
+        assert.is_true(F.momentum_buffers(g, b2, b2, 0.9, 0.95))
+        for i = 1, #SHAPES do H.assert_equal_bits(b2[i], nb[i], "buffer " .. i) end
+      end
+    end)
+  end
+
+  it("the updates' call reports the first tensor whose new buffer would overflow, storing nothing of it", function()
+    local g, b = list(SHAPES, 1, "float32"), list(SHAPES, 50, "float32")
+    g[3]:set(3e38, 2, 2)
+    b[3]:set(3e38, 2, 2) -- 0.95 * 3e38 + 3e38 overflows; u = g + 0 * b stays finite with m1 = 0
+    local before = b[3]:clone()
+    local u = {}
+    for i, s in ipairs(SHAPES) do u[i] = TT.zeros(s) end
+    local ok, bad = F.momentum_updates(g, b, u, 0, 0.95, false)
+    assert.is_false(ok)
+    assert.are.equal(3, bad)
+    H.assert_equal_bits(b[3], before, "bufs untouched")
+    assert.truthy(u[3]:all_finite())
+    -- bfloat16 state: a float32 value that rounds past bfloat16's largest (3.3895e38; halfway to 2^128 is 3.3962e38) is caught too
+    local gb, bb = { TT.zeros({ 4 }):fill(3.397e38) }, { TT.zeros({ 4 }, "bfloat16") }
+    local ok2, bad2 = F.momentum_updates(gb, bb, { TT.zeros({ 4 }) }, 0, 1, false)
+    assert.is_false(ok2)
+    assert.are.equal(1, bad2)
+  end)
+end)
