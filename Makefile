@@ -160,6 +160,12 @@ $(BUILD)/bench/step_host: tests/bench/step_host.c $(LIB_A) $(PUBINC)/muon.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPCFLAGS) -I$(PUBINC) -o $@ $< $(HOSTLINK)
 
+# The Newton-Schulz roof benchmark (tests/bench/ns_roof_bench.lua builds it
+# on demand): oneDNN linked for its bf16 matmul rate.
+$(BUILD)/bench/ns_roof: tests/bench/ns_roof.c $(LIB_A) src/muon.h src/muon_ffi.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPCFLAGS) -Isrc -o $@ $< $(HOSTLINK) -ldnnl
+
 # test, demo and bench re-run make after deps: variables such as HAVE_MPI are
 # read when make starts, which on a fresh machine is before deps installed
 # the packages they look for.

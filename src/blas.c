@@ -1,4 +1,5 @@
 /* Which OpenBLAS core and how many threads this process runs with. */
+#include "dnnl.h"
 #include "muon_internal.h"
 
 #include <cblas.h>

@@ -35,6 +35,15 @@
  * the pragmas below enforce it for clang and GNU dialects as well. Never
  * build this file with -ffast-math.
  *
+ * Checks. The kernels that write an optimizer's step (momentum, adamw,
+ * lion) report, from the same pass, the first tensor where a value they
+ * wrote is NaN or Inf: the update (or, given the parameters, the value the
+ * apply would write: fma(alpha, u, p * decay)) and the new state as stored
+ * (bfloat16: the rounded value). They still write every element, so the
+ * caller decides; the step's NaN/Inf checks cost no pass of their own.
+ * The check-only ops (all_finite, apply's check) stop at the first bad
+ * value.
+ *
  * Threads: a call whose total element count reaches MU__FOREACH_MT_MIN runs
  * on up to the CPUs in the process affinity mask (capped at
  * MU__FOREACH_MAX_THREADS; the environment variable MU_FOREACH_THREADS
@@ -99,15 +108,17 @@ typedef struct scale_args { /* xs */
     double scale;
 } scale_args;
 typedef struct adamw_args { /* params (or NULL), grads, m, v, new m, new v, updates (or NULL) */
-    double decay; /* 1 - lr * weight_decay */
+    double decay; /* 1 - lr * weight_decay; with updates: the checked apply's decay */
+    double alpha; /* with params and updates: the checked apply's alpha */
     double w;     /* the lerp weight 1 - beta1 */
     double b2;    /* beta2 */
     double bc2s;  /* sqrt(1 - beta2^step) */
     double eps;
     double nss;   /* -lr / (1 - beta1^step) */
 } adamw_args;
-typedef struct lion_args { /* grads, m, new m, updates */
+typedef struct lion_args { /* grads, m, new m, updates, params (or NULL) */
     double beta1, beta2;
+    double decay, alpha; /* the checked apply's (with params) */
 } lion_args;
 typedef struct triad_args { /* dst, a, b */
     double s;
@@ -123,7 +134,7 @@ enum { OP_MOMENTUM, OP_APPLY, OP_SCALE, OP_ADAMW, OP_LION, OP_FINITE, OP_TRIAD, 
 
 /* A kernel: elements [k0, k0 + len) of tensor index i, p[] pointing at
  * element k0 of each of the op's arrays; len is a multiple of width.
- * Returns 0 when it found a bad value (all_finite), else 1. */
+ * Returns 0 when it found a bad value (a NaN or Inf it checks), else 1. */
 typedef int (*kernel_fn)(const void *args, int i, int64_t k0, int64_t len, char *const *p);
 typedef struct kernel {
     kernel_fn fn;
@@ -216,7 +227,8 @@ typedef struct job {
     kernel body, tail;
     int64_t total;
     int nthreads;
-    int bad[MU__FOREACH_MAX_THREADS]; /* all_finite: first bad tensor per thread */
+    int complete; /* a kernel that reports a bad value wrote it: go on (else stop there) */
+    int bad[MU__FOREACH_MAX_THREADS]; /* first tensor a kernel reported bad, per thread */
 } job;
 
 /* The first array given: its element counts are the ones split. */
@@ -236,18 +248,21 @@ static void at(const job *J, int i, int64_t k, char **p)
 }
 
 /* Elements [k0, k0+len) of tensor index i: the kernel on the whole steps,
- * the portable kernel on the rest. 0 if all_finite found a bad value. */
+ * the portable kernel on the rest. 0 if a kernel reported a bad value
+ * (a check-only job stops there). */
 static int segment(const job *J, int i, int64_t k0, int64_t len)
 {
     char *p[MAX_ARRAYS];
     int64_t nv = len - len % J->body.width;
+    int ok = 1;
     if (nv > 0) {
         at(J, i, k0, p);
-        if (!J->body.fn(J->args, i, k0, nv, p)) return 0;
+        ok = J->body.fn(J->args, i, k0, nv, p);
+        if (!ok && !J->complete) return 0;
     }
-    if (nv == len) return 1;
+    if (nv == len) return ok;
     at(J, i, k0 + nv, p);
-    return J->tail.fn(J->args, i, k0 + nv, len - nv, p);
+    return J->tail.fn(J->args, i, k0 + nv, len - nv, p) & ok;
 }
 
 static int64_t range_edge(const job *J, int tid)
@@ -268,9 +283,9 @@ static void run_range(void *arg, int tid)
     for (int i = 0; i < J->n && base < hi; i++) {
         int64_t ne = mu_tensor_numel(ts[i]);
         int64_t s = lo > base ? lo - base : 0, e = hi - base < ne ? hi - base : ne;
-        if (s < e && !segment(J, i, s, e - s)) {
+        if (s < e && !segment(J, i, s, e - s) && J->bad[tid] < 0) {
             J->bad[tid] = i;
-            return; /* later tensors of this range cannot be "first" */
+            if (!J->complete) return; /* later tensors of this range cannot be "first" */
         }
         base += ne;
     }
@@ -334,7 +349,6 @@ static void run_job(job *J)
 static void run(job *J, int n, int narr, mu_tensor *const *const *arrs, const void *args,
                 kernel body, kernel tail)
 {
-    memset(J, 0, sizeof *J);
     J->n = n;
     J->narr = narr;
     for (int a = 0; a < narr; a++) J->arr[a] = arrs[a];
@@ -344,10 +358,14 @@ static void run(job *J, int n, int narr, mu_tensor *const *const *arrs, const vo
     run_job(J);
 }
 
-/* Run op on the variant's kernels, the instruction set picked per op. */
+/* Run op on the variant's kernels, the instruction set picked per op.
+ * The ops that only check (all_finite, apply's check) stop at the first
+ * bad value; the others write everything. */
 static void run_op(job *J, int op, int var, int n, int narr, mu_tensor *const *const *arrs,
                    const void *args)
 {
+    memset(J, 0, sizeof *J);
+    J->complete = op != OP_FINITE && op != OP_APPLY;
     run(J, n, narr, arrs, args, KERNELS[pick_isa(op)][var][op], KERNELS[FE_PORTABLE][var][op]);
 }
 
@@ -447,16 +465,29 @@ static int finite_scalar(const char *what, double v)
 
 /* The arrays of a { grads, state, new state, updates } op (momentum, Lion)
  * and its two scalars: the state arrays may be bfloat16; the updates alias
- * none of the others (new state may be the state: in place). */
+ * none of the others (new state may be the state: in place). The arrays
+ * whose bit (1 << k) is set in `optional` may be NULL (momentum's parts):
+ * the others are checked alike. */
 static int check_state_op(int n, mu_tensor *const *const *arrs, const char *const *names,
-                          const char *s1, double v1, const char *s2, double v2, int *var)
+                          unsigned optional, const char *s1, double v1, const char *s2, double v2,
+                          int *var)
 {
-    int rc = check_arrays(n, 4, arrs, names, 0x6u, var);
+    mu_tensor *const *given[4];
+    const char *gnames[4];
+    unsigned state = 0;
+    int narr = 0;
+    for (int k = 0; k < 4; k++) {
+        if (!arrs[k] && ((optional >> k) & 1u)) continue;
+        if (k == 1 || k == 2) state |= 1u << narr;
+        given[narr] = arrs[k];
+        gnames[narr++] = names[k];
+    }
+    int rc = check_arrays(n, narr, given, gnames, state, var);
     if (rc || (rc = finite_scalar(s1, v1)) || (rc = finite_scalar(s2, v2))) return rc;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; arrs[3] && i < n; i++) {
         const void *u = arrs[3][i]->data;
         if (mu_tensor_numel(arrs[3][i]) > 0 &&
-            (u == arrs[0][i]->data || u == arrs[1][i]->data || u == arrs[2][i]->data))
+            (u == arrs[0][i]->data || u == arrs[1][i]->data || (arrs[2] && u == arrs[2][i]->data)))
             return mu__fail(MU_EINVAL, "updates[%d] aliases an input or %s[%d]", i, names[2], i);
     }
     return MU_OK;
@@ -464,22 +495,7 @@ static int check_state_op(int n, mu_tensor *const *const *arrs, const char *cons
 
 /* ------------------------------------------------------------ public API */
 
-int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
-                        mu_tensor *const *new_bufs, mu_tensor *const *updates, double m1,
-                        double m2, int nesterov)
-{
-    mu_tensor *const *arrs[4] = { grads, bufs, new_bufs, updates };
-    const char *names[4] = { "grads", "bufs", "new_bufs", "updates" };
-    int dtype, rc = check_state_op(n, arrs, names, "m1", m1, "m2", m2, &dtype);
-    if (rc) return rc;
-    momentum_args a = { m1, m2, nesterov != 0 };
-    job J;
-    run_op(&J, OP_MOMENTUM, dtype, n, 4, arrs, &a);
-    return MU_OK;
-}
-
-/* The first tensor a job's kernels reported bad (all_finite, apply_finite),
- * or -1. */
+/* The first tensor a job's kernels reported bad, or -1. */
 static int first_bad(const job *J)
 {
     int first = -1;
@@ -488,31 +504,30 @@ static int first_bad(const job *J)
     return first;
 }
 
-int mu_foreach_momentum_part(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
-                             mu_tensor *const *new_bufs, mu_tensor *const *updates, double m1,
-                             double m2, int nesterov, int *bad)
+/* A job's report: 1 (nothing bad), or 0 with *bad (when not NULL) the
+ * first tensor reported bad. */
+static int report(const job *J, int *bad)
+{
+    int first = first_bad(J);
+    if (bad) *bad = first;
+    return first < 0 ? 1 : 0;
+}
+
+int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
+                        mu_tensor *const *new_bufs, mu_tensor *const *updates, double m1,
+                        double m2, int nesterov, int *bad)
 {
     if (bad) *bad = -1;
-    if ((new_bufs == NULL) == (updates == NULL))
-        return mu__fail(MU_EINVAL, "momentum part: exactly one of new_bufs and updates must be NULL");
-    /* the three arrays given, checked as mu_foreach_momentum checks its four */
-    mu_tensor *const *given[3] = { grads, bufs, new_bufs ? new_bufs : updates };
-    const char *names[3] = { "grads", "bufs", new_bufs ? "new_bufs" : "updates" };
-    int dtype, rc = check_arrays(n, 3, given, names, new_bufs ? 0x6u : 0x2u, &dtype);
-    if (rc || (rc = finite_scalar("m1", m1)) || (rc = finite_scalar("m2", m2))) return rc;
-    for (int i = 0; updates && i < n; i++) {
-        const void *u = updates[i]->data;
-        if (mu_tensor_numel(updates[i]) > 0 && (u == grads[i]->data || u == bufs[i]->data))
-            return mu__fail(MU_EINVAL, "updates[%d] aliases an input", i);
-    }
+    if (!new_bufs && !updates)
+        return mu__fail(MU_EINVAL, "momentum: new_bufs and updates are both NULL (nothing to write)");
     mu_tensor *const *arrs[4] = { grads, bufs, new_bufs, updates };
+    const char *names[4] = { "grads", "bufs", "new_bufs", "updates" };
+    int dtype, rc = check_state_op(n, arrs, names, 0xCu, "m1", m1, "m2", m2, &dtype);
+    if (rc) return rc;
     momentum_args a = { m1, m2, nesterov != 0 };
     job J;
     run_op(&J, OP_MOMENTUM, dtype, n, 4, arrs, &a);
-    if (new_bufs) return 1;
-    const int first = first_bad(&J);
-    if (bad) *bad = first;
-    return first < 0 ? 1 : 0;
+    return report(&J, bad);
 }
 
 static int apply_job(int n, mu_tensor *const *params, mu_tensor *const *updates,
@@ -530,9 +545,7 @@ static int apply_job(int n, mu_tensor *const *params, mu_tensor *const *updates,
     apply_args a = { scales, decay, alpha, cautious, bad != NULL };
     job J;
     run_op(&J, OP_APPLY, dtype, n, 2, arrs, &a);
-    if (!bad) return MU_OK;
-    *bad = first_bad(&J);
-    return *bad < 0 ? 1 : 0;
+    return bad ? report(&J, bad) : MU_OK;
 }
 
 int mu_foreach_apply(int n, mu_tensor *const *params, mu_tensor *const *updates,
@@ -627,11 +640,34 @@ int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *grads,
     return MU_OK;
 }
 
+/* The parameters an update op checks its apply against (NULL: none): as
+ * grads (dtype, numel, contiguous) and read only: neither the same memory
+ * as nor overlapping any of the op's nout outputs; decay, alpha finite. */
+static int check_params(int n, mu_tensor *const *params, mu_tensor *const *grads, int nout,
+                        mu_tensor *const *const *outs, const char *const *onames, double decay,
+                        double alpha)
+{
+    if (!params) return MU_OK;
+    mu_tensor *const *arrs[2] = { grads, params };
+    const char *names[2] = { "grads", "params" };
+    int var, rc = check_arrays(n, 2, arrs, names, 0, &var);
+    if (rc || (rc = finite_scalar("decay", decay)) || (rc = finite_scalar("alpha", alpha))) return rc;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < nout; k++)
+            if (mu_tensor_numel(params[i]) > 0 &&
+                (params[i]->data == outs[k][i]->data || overlap_bad(params[i], outs[k][i])))
+                return mu__fail(MU_EINVAL, "index %d: params[%d] overlaps %s[%d] (params are read only)",
+                                i, i, onames[k], i);
+    return MU_OK;
+}
+
 int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
                             mu_tensor *const *exp_avg_sqs, mu_tensor *const *new_exp_avgs,
                             mu_tensor *const *new_exp_avg_sqs, mu_tensor *const *updates,
-                            double lr, double beta1, double beta2, double eps, int64_t step)
+                            double lr, double beta1, double beta2, double eps, int64_t step,
+                            mu_tensor *const *params, double decay, double alpha, int *bad)
 {
+    if (bad) *bad = -1;
     mu_tensor *const *arrs[6] = { grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs,
                                   updates };
     const char *names[6] = { "grads", "exp_avgs", "exp_avg_sqs", "new_exp_avgs",
@@ -654,11 +690,14 @@ int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *const *ex
                     return mu__fail(MU_EINVAL, "index %d: %s[%d] aliases %s[%d]", i, names[k + 3],
                                     i, names[l], i);
     }
-    mu_tensor *const *karrs[7] = { NULL,         grads,           exp_avgs, exp_avg_sqs,
+    if ((rc = check_params(n, params, grads, 3, outs, names + 3, decay, alpha))) return rc;
+    a.decay = decay;
+    a.alpha = alpha;
+    mu_tensor *const *karrs[7] = { params,       grads,           exp_avgs, exp_avg_sqs,
                                    new_exp_avgs, new_exp_avg_sqs, updates };
     job J;
     run_op(&J, OP_ADAMW, dtype, n, 7, karrs, &a);
-    return MU_OK;
+    return report(&J, bad);
 }
 
 int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad)
@@ -670,9 +709,7 @@ int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad)
     if ((rc = check_arrays(n, 1, arrs, names, 0x1u, &dtype))) return rc; /* any dtype */
     job J;
     run_op(&J, OP_FINITE, dtype, n, 1, arrs, NULL);
-    int first = first_bad(&J);
-    if (bad) *bad = first;
-    return first < 0 ? 1 : 0;
+    return report(&J, bad);
 }
 
 int mu_foreach_sumsq(int n, mu_tensor *const *xs, double *out)
@@ -757,6 +794,7 @@ static int pack_job(int n, mu_tensor *const *ts, const mu_tensor *batch, const i
     pack_args a = { batch->data, offsets, mu_dtype_size(dtype), unpack };
     mu_tensor *const *arrs[1] = { ts };
     job J;
+    memset(&J, 0, sizeof J);
     run(&J, n, 1, arrs, &a, copy, copy);
     return MU_OK;
 }
@@ -790,14 +828,16 @@ int mu__foreach_triad(mu_tensor *dst, const mu_tensor *a, const mu_tensor *b, do
 
 int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
                            mu_tensor *const *new_exp_avgs, mu_tensor *const *updates,
-                           double beta1, double beta2)
+                           double beta1, double beta2, mu_tensor *const *params, double decay,
+                           double alpha, int *bad)
 {
-    mu_tensor *const *arrs[4] = { grads, exp_avgs, new_exp_avgs, updates };
+    if (bad) *bad = -1;
+    mu_tensor *const *arrs[5] = { grads, exp_avgs, new_exp_avgs, updates, params };
     const char *names[4] = { "grads", "exp_avgs", "new_exp_avgs", "updates" };
-    int dtype, rc = check_state_op(n, arrs, names, "beta1", beta1, "beta2", beta2, &dtype);
-    if (rc) return rc;
-    lion_args a = { beta1, beta2 };
+    int dtype, rc = check_state_op(n, arrs, names, 0, "beta1", beta1, "beta2", beta2, &dtype);
+    if (rc || (rc = check_params(n, params, grads, 2, arrs + 2, names + 2, decay, alpha))) return rc;
+    lion_args a = { beta1, beta2, decay, alpha };
     job J;
-    run_op(&J, OP_LION, dtype, n, 4, arrs, &a);
-    return MU_OK;
+    run_op(&J, OP_LION, dtype, n, 5, arrs, &a);
+    return report(&J, bad);
 }

@@ -13,7 +13,9 @@
  *   facc        a non-finite flag: FACC0, FACC_ADD(acc, x), FACC_ANY(acc)
  *   state_t     the element type of optimizer state (real, or uint16_t for
  *               bfloat16 state when FE_BF16): SLD loads W of them as a vec
- *               (exactly), SST rounds a vec to them (once: to nearest even)
+ *               (exactly), SST rounds a vec to them (once: to nearest even),
+ *               SST_FIN(q, x, acc) stores as SST and returns acc with the
+ *               stored values' non-finite flags added (the rounded ones)
  * With FE_BF16 only the kernels that touch state are compiled.
  * Each kernel runs over a whole number of steps of W elements (len is a
  * multiple of W); the driver in foreach.c hands the last len % W elements
@@ -23,13 +25,19 @@
  * A kernel gets the op's argument struct (foreach.c), the tensor index i
  * (for per-tensor scales), the element offset k0 of this segment and the
  * segment's pointers p[] into the op's arrays (NULL for an unused one);
- * it returns 0 to report a bad value (all_finite), else 1.
+ * it returns 0 to report a bad value, else 1. The check-only kernels
+ * (all_finite, apply's check) may stop at the first bad value; the kernels
+ * that write (momentum, adamw, lion) write every element and report
+ * whether every value they wrote is finite (the update, or the apply it
+ * is checked against, and the state as stored): the step's checks fused
+ * into its passes.
  */
 
-/* Without new_bufs (p[2] NULL, mu_foreach_momentum_part): nothing of the
- * new buffer is stored, and 0 is returned when a value it would hold (as
- * stored: rounded to bfloat16 state) is NaN or Inf; without updates (p[3]
- * NULL) only the new buffer is written. */
+/* Momentum: the update and the new buffer, each checked as written (the
+ * buffer as stored: bfloat16 rounded). Without new_bufs (p[2] NULL: the
+ * step's first part) the new buffer is checked as it would be stored but
+ * not stored; without updates (p[3] NULL: the commit's part, in place)
+ * only the new buffer is written and checked. */
 static KATTR int R(momentum)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
 {
     const momentum_args *a = va;
@@ -46,15 +54,17 @@ static KATTR int R(momentum)(const void *va, int i, int64_t k0, int64_t len, cha
         vec bn = VADD(VMUL(bv, m2), gv);
         if (a->nesterov) uv = VADD(VMUL(uv, m1), gv);
         if (nb) {
-            SST(nb + k, bn);
-        } else {
-            state_t st[W]; /* the value as the state would hold it */
-            SST(st, bn);
-            acc = FACC_ADD(acc, SLD(st));
+            acc = SST_FIN(nb + k, bn, acc);
+        } else { /* checked as the state would hold it, not stored */
+            state_t st[W];
+            acc = SST_FIN(st, bn, acc);
         }
-        if (u) VST(u + k, uv);
+        if (u) {
+            acc = FACC_ADD(acc, uv);
+            VST(u + k, uv);
+        }
     }
-    return nb || !FACC_ANY(acc);
+    return !FACC_ANY(acc);
 }
 
 #if !FE_BF16
@@ -106,9 +116,11 @@ static KATTR int R(scale)(const void *va, int i, int64_t k0, int64_t len, char *
  *   p.addcdiv_(m, denom, value=-lr/bc1)     p = p + (nss*m)/denom
  * with bc1 = 1 - b1^step, bc2 = 1 - b2^step computed in double (adamw_args).
  * Reads g, m, v; writes the new moments to mo, vo (which may be m, v) and
- * either p = p*decay + upd (p given: the in-place step) or u = upd (the
+ * either p = p*decay + upd (u NULL: the in-place step) or u = upd (the
  * update direction, applied later by mu_foreach_apply with decay and
  * alpha 1: fma(1, u*1, p*decay) rounds like p*decay + upd, the same bits).
+ * With both p and u, p is read only: the value the apply would write,
+ * fma(alpha, u, p*decay), is computed and checked, not stored.
  */
 static KATTR int R(adamw)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
 {
@@ -122,6 +134,8 @@ static KATTR int R(adamw)(const void *va, int i, int64_t k0, int64_t len, char *
     const vec vw = VSET(small ? w : w - (real)1), b2 = VSET((real)a->b2);
     const vec c2 = VSET((real)(1.0 - a->b2)), bc2s = VSET((real)a->bc2s);
     const vec eps = VSET((real)a->eps), nss = VSET((real)a->nss), dec = VSET((real)a->decay);
+    const vec al = VSET((real)a->alpha);
+    facc acc = FACC0;
     (void)i, (void)k0;
     for (int64_t k = 0; k < len; k += W) {
         vec gv = VLD(g + k), mv = SLD(m + k);
@@ -131,18 +145,25 @@ static KATTR int R(adamw)(const void *va, int i, int64_t k0, int64_t len, char *
         vec vv = VADD(vb, VMUL(VMUL(c2, gv), gv));
         vec den = VADD(VDIV(VSQRT(vv), bc2s), eps);
         vec upd = VDIV(VMUL(nss, mv), den);
-        if (u) VST(u + k, upd);
-        else VST(x + k, VADD(VMUL(VLD(x + k), dec), upd));
-        SST(mo + k, mv);
-        SST(vo + k, vv);
+        if (!u) {
+            vec pv = VADD(VMUL(VLD(x + k), dec), upd);
+            acc = FACC_ADD(acc, pv);
+            VST(x + k, pv);
+        } else {
+            VST(u + k, upd);
+            acc = FACC_ADD(acc, x ? VFMA(al, upd, VMUL(VLD(x + k), dec)) : upd);
+        }
+        acc = SST_FIN(mo + k, mv, acc);
+        acc = SST_FIN(vo + k, vv, acc);
     }
-    return 1;
+    return !FACC_ANY(acc);
 }
 
 /* Lion: c = beta1*m + (1-beta1)*g, u = sign(c) (1, -1, +0 for either
  * zero, a NaN kept), m' = beta2*m + (1-beta2)*g, each sum one fused
  * multiply-add over the rounded product (lion-pytorch's
- * m.mul(beta1).add(g, alpha=1-beta1)). m' may be m. */
+ * m.mul(beta1).add(g, alpha=1-beta1)). m' may be m. With params (p[4]),
+ * read only: the apply's value fma(alpha, u, p*decay) is checked. */
 static KATTR int R(lion)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
 {
     const lion_args *a = va;
@@ -150,17 +171,22 @@ static KATTR int R(lion)(const void *va, int i, int64_t k0, int64_t len, char *c
     const state_t *m = (const state_t *)p[1];
     state_t *nm = (state_t *)p[2];
     real *u = (real *)p[3];
+    const real *x = (const real *)p[4];
     const vec b1 = VSET((real)a->beta1), a1 = VSET((real)(1.0 - a->beta1));
     const vec b2 = VSET((real)a->beta2), a2 = VSET((real)(1.0 - a->beta2));
     const vec zero = VSET((real)0), one = VSET((real)1), mone = VSET((real)-1);
+    const vec dec = VSET((real)a->decay), al = VSET((real)a->alpha);
+    facc acc = FACC0;
     (void)i, (void)k0;
     for (int64_t k = 0; k < len; k += W) {
         vec gv = VLD(g + k), mv = SLD(m + k);
         vec c = VFMA(a1, gv, VMUL(mv, b1));
-        VST(u + k, VSEL_LT(zero, c, one, VSEL_LT(c, zero, mone, VADD(c, zero))));
-        SST(nm + k, VFMA(a2, gv, VMUL(mv, b2)));
+        vec uv = VSEL_LT(zero, c, one, VSEL_LT(c, zero, mone, VADD(c, zero)));
+        VST(u + k, uv);
+        acc = FACC_ADD(acc, x ? VFMA(al, uv, VMUL(VLD(x + k), dec)) : uv);
+        acc = SST_FIN(nm + k, VFMA(a2, gv, VMUL(mv, b2)), acc);
     }
-    return 1;
+    return !FACC_ANY(acc);
 }
 
 /* 0 if an element is NaN or Inf (x is state_t: bfloat16 too). The flags

@@ -62,6 +62,7 @@
 #if FE_BF16
 #define SLD(q) mu__f32_from_bf16(*(q))
 #define SST(q, x) (*(q) = mu__bf16_from_f32(x))
+#define SST_FIN(q, x, acc) (SST(q, x), FACC_ADD(acc, mu__f32_from_bf16(*(q))))
 #endif
 #else
 #if FE_ISA == FE_AVX2
@@ -122,6 +123,7 @@
 #define FE_I(op) FE_CAT(FE_MM, op, , )
 #define SLD(q) FE_CAT(FE_MM, castsi, FE_BITS, _ps)(FE_I(slli_epi32)(FE_LD16(q), 16))
 #define SST(q, x) FE_ST16(q, R(bf16_round)(x))
+#define SST_FIN(q, x, acc) R(bf16_store_fin)(q, x, acc)
 #define FE_IVEC FE_CAT(__m, FE_BITS, i, )
 static inline KATTR FE_IVEC R(bf16_round)(vec x)
 {
@@ -129,6 +131,13 @@ static inline KATTR FE_IVEC R(bf16_round)(vec x)
     const FE_IVEC lsb = FE_CAT(FE_MM, and_si, FE_BITS, )(FE_I(srli_epi32)(u, 16), FE_I(set1_epi32)(1));
     const FE_IVEC r = FE_I(srli_epi32)(FE_I(add_epi32)(u, FE_I(add_epi32)(lsb, FE_I(set1_epi32)(0x7fff))), 16);
     return FE_NAN16(r, x);
+}
+/* SST, and acc with the stored (rounded) values' non-finite flags added. */
+static inline KATTR facc R(bf16_store_fin)(uint16_t *q, vec x, facc acc)
+{
+    const FE_IVEC r = R(bf16_round)(x);
+    FE_ST16(q, r);
+    return FACC_ADD(acc, FE_CAT(FE_MM, castsi, FE_BITS, _ps)(FE_I(slli_epi32)(r, 16)));
 }
 #endif
 #endif
@@ -138,6 +147,7 @@ static inline KATTR FE_IVEC R(bf16_round)(vec x)
 #define state_t real
 #define SLD VLD
 #define SST VST
+#define SST_FIN(q, x, acc) (VST(q, x), FACC_ADD(acc, x))
 #endif
 
 
@@ -184,4 +194,5 @@ static inline KATTR FE_IVEC R(bf16_round)(vec x)
 #undef FE_IVEC
 #undef SLD
 #undef SST
+#undef SST_FIN
 #undef state_t

@@ -372,8 +372,9 @@ MU_API int mu_st_checksum_bytes(const void *data, size_t len, uint64_t *out);
 enum { MU_NS_SYMMETRIC = 0, MU_NS_PLAIN = 1 };
 
 /* Which iteration: the seed's on X (standard), the Gram iteration on the
- * small n x n X X^T with restarts and a guard (src/ns_gram.c), or auto:
- * gram where its cost model says it is faster for the shape. */
+ * small n x n X X^T with restarts and a guard (src/ns_gram.c; bfloat16:
+ * src/ns_gram_bf16.c), or auto: gram where the cost model says it is
+ * faster for the shape. */
 enum { MU_NS_STANDARD = 0, MU_NS_GRAM = 1, MU_NS_AUTO = 2 };
 
 /* The input's preconditioning (mu_ns_opts.precond). MU_NS_PRECOND_NONE:
@@ -386,18 +387,26 @@ enum { MU_NS_PRECOND_NONE = 0, MU_NS_PRECOND_AOL = 1 };
 /* mu_ns_opts.dtype = MU_BF16 runs the seed's bfloat16 iteration on float32
  * tensors, from the seed's normalization of its bfloat16 input: x0 =
  * bf16(x), X = bf16(x0 / bf16(norm_scale bf16(||x0||_F) + eps')) (eps'
- * = bf16(eps), the division in float32); then per step
+ * = bf16(eps), the division in float32; beyond ||x||_F in [2^-60, 2^60]
+ * the same on c x and c eps, c a power of two bringing ||c x|| near 1, so
+ * neither the norm nor x0 leaves bfloat16's range); then per step
  * (a, b, c), with a', b', c' the coefficients rounded to bfloat16 (as torch
- * does with a scalar times a bfloat16 tensor) and every product taking
- * bfloat16 inputs and accumulating in float32 (oneDNN, src/ns_bf16.c):
+ * does with a scalar times a bfloat16 tensor; kept in float32 with
+ * coeffs_f32) and every product taking
+ * bfloat16 inputs and accumulating in float32 (oneDNN, src/dnnl.c):
  *     A = bf16(X X^T)
  *     B = bf16(bf16(b' A) + bf16(c' bf16(A A)))
  *     X = bf16(bf16(a' X) + bf16(B X))
  * (each sum in float32 first, as torch 1.13 computes bfloat16 elementwise
- * ops), and the output is float32(X). The standard iteration only:
- * MU_NS_AUTO resolves to it, MU_NS_GRAM and MU_NS_PRECOND_AOL are refused
- * (MU_EINVAL). It needs oneDNN (libdnnl.so.2, opened on first use; MU_EIO
- * without it). Bits are fixed by the input, the build and oneDNN's CPU path
+ * ops), and the output is float32(X). MU_NS_GRAM runs the Gram iteration
+ * in bfloat16 instead (src/ns_gram_bf16.c: X = bf16(x / (norm_scale ||x||
+ * + eps)) in float32, bfloat16 products on R = X X^T, restarts every 2
+ * steps, float32 output, a guard that falls back to the standard
+ * iteration; unblocked at every size: the blocked iteration below runs
+ * the standard one only); MU_NS_AUTO picks it by the cost model
+ * (mu_ns_cost_of); MU_NS_PRECOND_AOL is refused (MU_EINVAL). It needs
+ * oneDNN (libdnnl.so.2, opened on first use; MU_EIO without it). Bits
+ * are fixed by the input, the build and oneDNN's CPU path
  * (mu_blas_info.bf16), as in float32. */
 typedef struct mu_ns_opts {
     int steps;             /* number of (a, b, c) triples used */
@@ -410,6 +419,11 @@ typedef struct mu_ns_opts {
     int dtype;             /* the iteration's precision: MU_F32 (0, the default: the tensors'
                             * own, float32 or float64) or MU_BF16 (the seed's bfloat16
                             * iteration on float32 tensors, described above) */
+    int coeffs_f32;        /* MU_BF16 only: 0 (the default) rounds a, b, c to bfloat16 as the
+                            * seed does; 1 applies them in float32, as the authors of the
+                            * presets that are not the seed's do (rounded, cans' first
+                            * triple maps some singular values past its schedule's range,
+                            * and the iteration diverges) */
 } mu_ns_opts;
 
 typedef struct mu_ns_workspace mu_ns_workspace;
@@ -444,7 +458,8 @@ typedef struct mu_ns_stats {
  * starts from: sqrt(mean (s^2 - 1)^2) over X's singular values s, which the
  * last step maps to the output's a s + b s^3 + c s^5 (O(n^2) work, no
  * product). The standard float32 / float64 iteration with steps >= 1 has
- * one; bfloat16, the Gram iteration, zero inputs and 0 steps have none. */
+ * one; bfloat16, the Gram iteration, the blocked iteration (a long side
+ * past one block, src/ns_split.c), zero inputs and 0 steps have none. */
 MU_API int mu_ns_workspace_stats(mu_ns_workspace *ws, int reset, mu_ns_stats *out);
 
 /* Orthogonalize in (n x m) or a batch (b x n x m), C-contiguous, into out
@@ -452,7 +467,10 @@ MU_API int mu_ns_workspace_stats(mu_ns_workspace *ws, int reset, mu_ns_stats *ou
  * The bits of each output matrix depend on its input (and the build and
  * OpenBLAS core) only: not on the thread or worker count, the batch it is
  * in, or where it lives (every BLAS call is single-threaded on a fixed
- * partition of the products into tiles, see src/ns.c).
+ * partition of the products into tiles, see src/ns.c). Matrices whose long
+ * side reaches 8192 run the blocked iteration (src/ns_split.c, "split
+ * Newton-Schulz" below; not the Gram iteration in bfloat16), whose bits a
+ * split over any group of ranks gives.
  * A non-finite input fails with MU_ENONFINITE naming the batch index and
  * leaves out untouched; eps = 0 with an all-zero matrix is MU_EINVAL. */
 MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
@@ -461,6 +479,24 @@ MU_API int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts
  * or MU_NS_GRAM (MU_NS_AUTO resolved by the cost model); negative (an MU_E*
  * code) for bad options. */
 MU_API int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts);
+
+/* The cost of one Newton-Schulz of a matrix (mu_ns_cost_of). */
+typedef struct mu_ns_cost {
+    double flops; /* floating-point operations its products perform (2 per multiply-add) */
+    double bytes; /* bytes its products and elementwise passes read and write */
+    int method;   /* the iteration it runs: MU_NS_STANDARD or MU_NS_GRAM */
+} mu_ns_cost;
+/* What one Newton-Schulz of a rows x cols matrix costs with opts, by the
+ * project's one cost model (src/ns_cost.c; the scheduler, the distributed
+ * plan, the sandbox's budget and `muon check` all use it), into *out: the
+ * iteration mu_ns_method_for picks, the flops its products perform as its
+ * tile plan runs them (a symmetric product counts the triangle it
+ * computes; a step with c = 0 has no A A; a shape of more than one block:
+ * the blocked iteration's products, mu__split_plan), and the bytes its
+ * products and elementwise passes read and write, each operand once
+ * (float32 tensors; the input and output twice for float64; blocked shapes
+ * estimated as unblocked). MU_EINVAL for bad options or sizes. */
+MU_API int mu_ns_cost_of(int64_t rows, int64_t cols, const mu_ns_opts *opts, mu_ns_cost *out);
 
 /* Orthogonalize count tensors in one call: in[i] into out[i] with opts[i]
  * (each as mu_ns_zeropower takes it: 2-D or a 3-D batch; shapes and
@@ -476,7 +512,7 @@ MU_API int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_te
                                 const mu_ns_opts *const *opts, mu_ns_workspace *ws);
 
 /* Named coefficient schedules ("legacy", "asym5", "polar_express",
- * "deepseekv4", "cans", "polar_express_8", "aol"; their sources in
+ * "deepseekv4", "cans", "polar_express_8", "aol", "cubic5"; their sources in
  * src/ns.c and the README): writes `steps` triples into coeffs (cap triples room) and
  * the preset's norm_scale. steps <= 0 means the preset's natural length;
  * a preset with per-step triples (all but "legacy") stops at its length
@@ -509,23 +545,20 @@ MU_API int mu_ns_preset_precond(const char *name);
  * nesterov: u = m1*u + g (float32: u = fma(m1, buf, g) as torch's
  * add(alpha=), then separately rounded products and sums). Reads
  * grads/bufs, writes new_bufs and updates (new_bufs may alias bufs for an
- * in-place update; updates must not alias the others). */
+ * in-place update; updates must not alias the others). The same pass
+ * checks what it writes: returns 1 when every update and every new buffer
+ * value (as stored: rounded to bfloat16 for bfloat16 state) is finite; 0
+ * when one is NaN or Inf (everything is still written), with *bad (when
+ * not NULL) the index of the first such tensor; a negative status on a
+ * bad argument (nothing written). A NaN or Inf gradient always shows in
+ * its update. In two parts (a step that keeps one buffer per state and
+ * updates it in place at its commit), with the same bits: new_bufs NULL
+ * writes only the updates, still checking the new buffers as they would
+ * be stored; updates NULL writes (and checks) only new_bufs, which may be
+ * bufs. Both NULL is MU_EINVAL. */
 MU_API int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
                                mu_tensor *const *new_bufs, mu_tensor *const *updates,
-                               double m1, double m2, int nesterov);
-
-/* mu_foreach_momentum in two parts (the step keeps one buffer per state,
- * updated in place at its commit): with new_bufs NULL only the updates are
- * written, and the call returns 0 with *bad (when not NULL) the index of
- * the first tensor whose new buffer would hold NaN or Inf (as stored: a
- * bfloat16 state's rounding included), else 1; with updates NULL only
- * new_bufs are written (they may be bufs: in place), returning 1. The
- * values are those of mu_foreach_momentum bit for bit. Exactly one of
- * new_bufs and updates is NULL (else MU_EINVAL); negative on a bad
- * argument. */
-MU_API int mu_foreach_momentum_part(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
-                                    mu_tensor *const *new_bufs, mu_tensor *const *updates,
-                                    double m1, double m2, int nesterov, int *bad);
+                               double m1, double m2, int nesterov, int *bad);
 
 /* Decoupled decay + apply: p = fma(alpha, update * scales[i], p * decay),
  * i.e. the seed's update.mul_(s); p.mul_(decay); p.add_(update, alpha=)
@@ -567,11 +600,17 @@ MU_API int mu_foreach_adamw(int n, mu_tensor *const *params, mu_tensor *const *g
  * update direction (-lr/bc1 * m') / (sqrt(v')/sqrt(bc2) + eps); then
  * mu_foreach_apply(params, updates, NULL, 1 - lr*weight_decay, 1.0) gives
  * exactly the bits of mu_foreach_adamw. Used where the update is computed
- * before the step commits (atomic steps, replicated state). */
+ * before the step commits (atomic steps, replicated state). The same pass
+ * checks: with params (read only, else NULL) the value that apply with
+ * decay and alpha would write, p * decay + alpha * update, else the update,
+ * and the new moments as stored. Returns 1 when all are finite, 0 when one
+ * is NaN or Inf (everything is still written) with *bad (when not NULL)
+ * the first such index, or a negative status (nothing written). */
 MU_API int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
                                    mu_tensor *const *exp_avg_sqs, mu_tensor *const *new_exp_avgs,
                                    mu_tensor *const *new_exp_avg_sqs, mu_tensor *const *updates,
-                                   double lr, double beta1, double beta2, double eps, int64_t step);
+                                   double lr, double beta1, double beta2, double eps, int64_t step,
+                                   mu_tensor *const *params, double decay, double alpha, int *bad);
 
 /* Lion (Chen et al. 2023) without touching the parameters: the update
  * direction sign(beta1*m + (1-beta1)*g) into updates (sign(0) = 0) and the
@@ -580,10 +619,13 @@ MU_API int mu_foreach_adamw_update(int n, mu_tensor *const *grads, mu_tensor *co
  * multiply-add over the rounded product, as lion-pytorch's
  * m.mul(beta1).add(g, alpha=1-beta1) in float32. Then
  * mu_foreach_apply(params, updates, NULL, 1 - lr*weight_decay, -lr) is
- * Lion's step. updates must not alias the others. */
+ * Lion's step. updates must not alias the others. Checks as
+ * mu_foreach_adamw_update (params, decay, alpha: the apply checked; bad;
+ * returns 1, 0 or a negative status). */
 MU_API int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp_avgs,
                                   mu_tensor *const *new_exp_avgs, mu_tensor *const *updates,
-                                  double beta1, double beta2);
+                                  double beta1, double beta2, mu_tensor *const *params,
+                                  double decay, double alpha, int *bad);
 
 /* 1 if every element of every tensor is finite; else 0 and *bad is the
  * index of the first tensor holding NaN/Inf (negative on a bad argument). */
@@ -702,6 +744,98 @@ MU_API int mu_comm_world_size(void);
  * launcher's environment (OMPI_COMM_WORLD_RANK / PMI_RANK), else 0. Does
  * not initialize MPI. */
 MU_API int mu_comm_world_rank(void);
+
+/* ---------------------------------------------- split Newton-Schulz */
+
+/* For the Lua router (src/ns_split.c); mu__split_* names may change
+ * without notice. */
+
+/* The blocked iteration. A rows x cols matrix (n x m with n <= m after the
+ * transpose of a tall one) whose long side m is at least 8192 is cut, along
+ * m, into k = ceil(m / 2048) blocks X_1..X_k of 2048 (the last shorter):
+ * column blocks of a wide matrix, row blocks of a tall one. Per step each
+ * block's partial Gram product P_j = X_j X_j^T is formed on its own; A =
+ * ((P_1 + P_2) + P_3) + ... in block order; the small side (B = b A + c A A,
+ * or the Gram iteration's n x n products) is cut into row stripes of 128
+ * (bfloat16: 192) rows, each one BLAS/oneDNN call on the upper trapezoid;
+ * then X_j <- (B + a I) X_j per block. Every call's sizes and every sum's
+ * order come from the shape only, so a group of g ranks, each holding some
+ * blocks and some stripes, gets the bits one process gets, for every g
+ * (g > k too: ranks without blocks still take stripes). The Frobenius norm
+ * is summed per block (power-of-two scaled, float64) in block order.
+ * Matrices below the threshold (k = 1), MU_NS_PLAIN, the AOL
+ * preconditioning and the Gram iteration in bfloat16 (method MU_NS_GRAM,
+ * or MU_NS_AUTO resolving to it) keep the unblocked iterations of src/ns.c
+ * and src/ns_gram_bf16.c: one block, at every size. The knob
+ * MU_NS_SPLIT_PLAN="LONG,BLOCK,STRIPE" (tests, measurements; "off": never
+ * block) replaces 8192, 2048 and the stripe rows: every process of a run
+ * must then set the same. */
+typedef struct mu__split mu__split;
+/* Exchange kinds a rank's step machine asks its driver for. */
+enum { MU__SPLIT_ALLTOALLV = 1, MU__SPLIT_ALLGATHERV = 2 };
+/* One exchange (mu__split_next): counts and displacements in elements of
+ * dtype (MU_F32, MU_F64 or MU_BF16), g entries each, as mu_comm_alltoallv
+ * (sendcounts, sdispls, recvcounts, rdispls) and mu_comm_allgatherv
+ * (sendcount, recvcounts, rdispls) take them. The pointers stay valid until
+ * the next call on the machine. */
+typedef struct mu__split_xfer {
+    int op;                              /* MU__SPLIT_ALLTOALLV or MU__SPLIT_ALLGATHERV */
+    int dtype;                           /* of the elements */
+    const void *send;                    /* this rank's send buffer */
+    int64_t sendcount;                   /* ALLGATHERV: elements this rank sends */
+    const int64_t *sendcounts, *sdispls; /* ALLTOALLV: to each peer */
+    void *recv;                          /* the receive buffer */
+    const int64_t *recvcounts, *rdispls; /* from each peer */
+} mu__split_xfer;
+/* A rank's view of a plan (mu__split_info). */
+typedef struct mu__split_info {
+    int64_t blocks, width;       /* k blocks of width (the last shorter) along the long side */
+    int64_t stripes, stripe_rows; /* of the n x n side */
+    int group, rank;              /* as made */
+    int64_t first_block, nblocks; /* this rank's blocks: [first_block, first_block + nblocks) */
+    int dim;                      /* the long side of rows x cols: 0 (rows: tall) or 1 (cols) */
+    int64_t start, length;        /* this rank's piece along dim (length 0: none) */
+    int64_t exchanges;            /* exchanges per matrix (the Gram guard's fallback adds more) */
+    int64_t bytes_sent, bytes_recv; /* per matrix: payload to / from other ranks, as
+                                     * mu_comm_stats counts it */
+    int64_t call_exchanges, call_bytes_sent, call_bytes_recv; /* per call, once */
+    int64_t workspace_bytes;      /* buffers this machine holds */
+} mu__split_info;
+/* The blocks of a rows x cols matrix under opts: *blocks = k (1: not
+ * blocked), *width (either may be NULL). */
+MU_API int mu__split_plan(int64_t rows, int64_t cols, const mu_ns_opts *opts, int64_t *blocks,
+                          int64_t *width);
+/* Rank `rank` of a group of `group` ranks running rows x cols matrices of
+ * dtype (MU_F32, MU_F64) with opts (copied): its blocks (contiguous, the
+ * group's k blocks dealt in rank order), its stripes (dealt by cost, the
+ * largest first to the least loaded rank) and its buffers, allocated here
+ * once (the step machine allocates nothing). The shape must have k > 1
+ * (MU_EINVAL otherwise). */
+MU_API int mu__split_new(int dtype, int64_t rows, int64_t cols, const mu_ns_opts *opts,
+                         int group, int rank, mu__split **out);
+/* Free a machine (NULL is a no-op). */
+MU_API void mu__split_free(mu__split *s);
+/* The plan as this rank sees it (mu__split_info) into *out. */
+MU_API int mu__split_get_info(const mu__split *s, mu__split_info *out);
+/* Start a call: in and out hold this rank's piece of every matrix, C
+ * contiguous, (batch x) piece rows x piece cols (a tall matrix's rows
+ * [start, start + length), a wide one's columns), dtype as made; out may be
+ * in. A bad argument is reported to every rank by the first exchange (all
+ * fail, nothing written). */
+MU_API int mu__split_begin(mu__split *s, const mu_tensor *in, mu_tensor *out);
+/* Run the machine to its next exchange: 1 with *x filled (the driver
+ * makes the exchange on the group, then calls again), 0 when the call is
+ * done (out written), or a negative MU_E* code, the same on every rank
+ * (NaN/Inf input, a rank's bad argument or failure). The phases, per
+ * matrix: norms (all-gather); per step, the partial products of the own
+ * blocks (all-to-all to the stripes' owners), the combine in block order
+ * (all-gather of A's stripes), the small-side stripes (all-gather), the
+ * update of the own blocks; then one status all-gather per call. With
+ * group 1 it never asks for an exchange. */
+MU_API int mu__split_next(mu__split *s, mu__split_xfer *x);
+/* The whole call over c (size group, this process rank `rank`): begin,
+ * then next with each exchange on c. */
+MU_API int mu__split_run(mu__split *s, mu_comm *c, const mu_tensor *in, mu_tensor *out);
 
 #ifndef MU_FFI_CDEF
 #ifdef __cplusplus

@@ -31,12 +31,16 @@
  *   runtime a parallel region of it, so an OpenMP host shares its thread
  *   team with the engine.
  * - opts->dtype = MU_BF16: the seed's bfloat16 iteration, its own plan
- *   (ns_bf16_plan) of oneDNN products (src/ns_bf16.c) under the same
+ *   (src/ns_bf16.c) of oneDNN products (src/dnnl.c) under the same
  *   scheduler.
  * - opts->method: the Gram iteration (src/ns_gram.c) takes over the
  *   matrices whose shape mu_ns_method_for sends to it, after the checks
  *   below (one tensor at a time, before the scheduler runs the others).
+ * - Matrices of more than one block (mu__split_plan: a long side of 8192
+ *   or more) run the blocked iteration of src/ns_split.c instead, first,
+ *   the same way: the bits of a split over any group of ranks.
  */
+#include "ns_internal.h"
 #include "tensor_internal.h"
 
 #include <cblas.h>
@@ -46,9 +50,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 /* Batches whose matrices have at most this many elements (n * m) run one
  * matrix per worker; larger ones share each matrix's tiles among the
@@ -69,7 +70,7 @@
 #define MU__NS_PAR_MIN_COST 65536.0
 #endif
 
-/* mu__ns_slot and struct mu_ns_workspace: src/muon_internal.h */
+/* mu__ns_slot, struct mu_ns_workspace, the plan and job types: src/ns_internal.h */
 
 /* ------------------------------------------------------------ presets */
 
@@ -127,6 +128,15 @@ static const double ns_aol[4][3] = {
     {2.7215, -3.0494, 1.3169},
 };
 
+/* cubic5: the relaxed cubic schedule of NVIDIA Emerging-Optimizers (its
+ * "cubic5", citing arXiv:2606.00371): c = 0, so no A A product, its five
+ * (a, b) optimized for singular values down to bfloat16's effective
+ * l0 = 7e-3; the input divided by ||X||_F + eps. */
+static const double ns_cubic5[5][3] = {
+    {3.3656576, -3.3420992, 0.0}, {2.5744352, -1.4957376, 0.0}, {2.5368962, -1.4312570, 0.0},
+    {2.4418906, -1.2764040, 0.0}, {2.2230472, -0.9630650, 0.0},
+};
+
 int mu_ns_preset_precond(const char *name)
 {
     if (!name) return mu__fail(MU_EINVAL, "ns preset name is NULL");
@@ -162,10 +172,13 @@ int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *n
     } else if (strcmp(name, "aol") == 0) {
         natural = 4;
         fixed = 1;
+    } else if (strcmp(name, "cubic5") == 0) {
+        natural = 5;
+        fixed = 1;
     } else {
         return mu__fail(MU_EINVAL,
                         "ns preset must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', 'cans', "
-                        "'polar_express_8' or 'aol', got '%s'", name);
+                        "'polar_express_8', 'aol' or 'cubic5', got '%s'", name);
     }
     if (steps <= 0) steps = natural;
     /* A fixed schedule stops at its length, as the seed's slice
@@ -183,6 +196,7 @@ int mu_ns_preset(const char *name, int steps, double *coeffs, int cap, double *n
         else if (strcmp(name, "cans") == 0) t = ns_cans[k];
         else if (strcmp(name, "polar_express_8") == 0) t = ns_polar_express_8[k];
         else if (strcmp(name, "aol") == 0) t = ns_aol[k];
+        else if (strcmp(name, "cubic5") == 0) t = ns_cubic5[k];
         else t = k < 8 ? ns_legacy : ns_dsv4_tail;
         memcpy(coeffs + 3 * k, t, 3 * sizeof(double));
     }
@@ -262,7 +276,8 @@ int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out)
     if (!out) return mu__fail(MU_EINVAL, "out is NULL");
     *out = 0;
     if (!ws) return mu__fail(MU_EINVAL, "ws is NULL");
-    size_t es = mu_dtype_size(ws->dtype), n = ws->sched_bytes + mu__dnnl_bytes(ws->dnnl);
+    size_t es = mu_dtype_size(ws->dtype),
+           n = ws->sched_bytes + mu__dnnl_bytes(ws->dnnl) + ws->split_bytes;
     for (int i = 0; i < ws->nslots; i++)
         n += ns_bytes(ws->cap_nm, es) + 2 * ns_bytes(ws->cap_nn, es) + ws->slot[i].g_bytes;
     *out = (int64_t)n;
@@ -274,6 +289,7 @@ void mu_ns_workspace_free(mu_ns_workspace *ws)
     if (!ws) return;
     for (int i = 0; i < ws->nslots; i++) ns_slot_free(&ws->slot[i]);
     free(ws->sched);
+    free(ws->split);
     mu__dnnl_close(ws->dnnl);
     free(ws);
 }
@@ -320,24 +336,22 @@ static int ns_norm(int dt, const void *p, int64_t len, double *norm)
     return 1;
 }
 
-enum { NS_BLK = 16 }; /* sub-tile edge of the mirror (measured: 16 beats 32..128) */
-
 /* The computed triangle of an n x n symmetric matrix is, in memory, the
  * positions r*n + c with c >= r (RowMajor Upper == ColMajor Lower).
  * ns_prep: on the memory rectangle rows [r0, r1) x columns [c0, c1) of that
  * triangle, first A += B when `sum` (B then holds the second half of a
  * split Gram product), then mirror A into the other triangle and set
- * B = b * A, NS_BLK sub-tile by sub-tile (rows of the sub-tile read,
+ * B = b * A, MU__NS_BLK sub-tile by sub-tile (rows of the sub-tile read,
  * columns written). A rectangle touches only its own positions and their
  * mirror images, so rectangles can be done concurrently. */
 #define NS_PREP_BODY(TYPE)                                                                  \
     do {                                                                                    \
         TYPE *restrict a = ap, *restrict b = bp;                                            \
         const TYPE bf = (TYPE)bcoef;                                                        \
-        for (int64_t i0 = r0; i0 < r1; i0 += NS_BLK) {                                      \
-            int64_t i1 = i0 + NS_BLK < r1 ? i0 + NS_BLK : r1;                               \
-            for (int64_t j0 = c0; j0 < c1; j0 += NS_BLK) {                                  \
-                int64_t j1 = j0 + NS_BLK < c1 ? j0 + NS_BLK : c1;                           \
+        for (int64_t i0 = r0; i0 < r1; i0 += MU__NS_BLK) {                                      \
+            int64_t i1 = i0 + MU__NS_BLK < r1 ? i0 + MU__NS_BLK : r1;                               \
+            for (int64_t j0 = c0; j0 < c1; j0 += MU__NS_BLK) {                                  \
+                int64_t j1 = j0 + MU__NS_BLK < c1 ? j0 + MU__NS_BLK : c1;                           \
                 if (j1 <= i0) continue; /* below the diagonal */                            \
                 for (int64_t r = i0; r < i1; r++) {                                         \
                     TYPE *ar = a + r * n, *br = b + r * n;                                  \
@@ -462,7 +476,7 @@ static void ns_symm(int dt, enum CBLAS_ORDER lo, enum CBLAS_UPLO up, int m, int 
  * count, on how matrices are batched, or on which process computes them.
  * OpenBLAS's threaded calls split work by thread count, so every BLAS call
  * here runs single-threaded, and every product is a fixed list of tiles,
- * each one call, chosen by ns_plan_init from (dtype, rows, cols, path) only;
+ * each one call, chosen by mu__ns_plan_init from (dtype, rows, cols, path) only;
  * the elementwise passes between them are fixed too. A tile's call has the
  * same sizes, leading dimensions and scalars whichever worker runs it,
  * whenever, at whatever address, so each output element gets the same bits.
@@ -511,7 +525,7 @@ static void ns_symm(int dt, enum CBLAS_ORDER lo, enum CBLAS_UPLO up, int m, int 
  * (one per layer) that keep both cores busy anyway. The price is a lone
  * matrix below 1024 running on one core: 768x768 alone takes ~45 ms
  * instead of ~23 (still 1.5x faster than the seed's torch). Block sizes
- * and the halves are rounded up to a multiple of NS_TILE_ALIGN (the
+ * and the halves are rounded up to a multiple of MU__NS_TILE_ALIGN (the
  * kernels' register blocking). With more than two workers the Gram stages
  * still have two tiles: the plan is sized for the 2-core target.
  *
@@ -527,90 +541,30 @@ static void ns_symm(int dt, enum CBLAS_ORDER lo, enum CBLAS_UPLO up, int m, int 
 #ifndef MU__NS_TILE_M
 #define MU__NS_TILE_M 2048
 #endif
-enum { NS_TILE_ALIGN = 16 };
-
-enum { NS_GRAM_A, NS_PREP, NS_GRAM_B, NS_REDUCE, NS_APPLY, NS_NSTAGES };
-
-typedef struct ns_plan {
-    int dt, plain;
-    enum CBLAS_ORDER lo;     /* RowMajor, or ColMajor for tall inputs */
-    enum CBLAS_UPLO up;      /* Upper (RowMajor) / Lower (ColMajor): same memory triangle */
-    int n, m, ldx;           /* X is n x m in layout lo, leading dimension ldx */
-    int nb, tn;              /* blocks of n: tn of nb (the last one shorter) */
-    int mb, tm;              /* APPLY: tm column blocks of mb */
-    int halves;              /* symmetric Gram products split in two halves */
-    int tiles[NS_NSTAGES];   /* tiles per stage and step; 0: fused into the one before */
-    int nx;                  /* tiles per step */
-    int bf16, tall;          /* the bfloat16 iteration (its own plan, see ns_bf16_plan) */
-} ns_plan;
 
 static int64_t ns_half(int64_t d) /* first half of a split inner dimension */
 {
     int64_t h = (d + 1) / 2;
-    h = (h + NS_TILE_ALIGN - 1) / NS_TILE_ALIGN * NS_TILE_ALIGN;
+    h = (h + MU__NS_TILE_ALIGN - 1) / MU__NS_TILE_ALIGN * MU__NS_TILE_ALIGN;
     return h < d ? h : d;
 }
 
 /* Number of blocks for a dimension d (block size in *blk): one block below
  * 2 * min, else the smallest even count of blocks of at most `target`
- * (before rounding to NS_TILE_ALIGN). */
-static int ns_split(int64_t d, int64_t target, int64_t min, int *blk)
+ * (before rounding to MU__NS_TILE_ALIGN). */
+int mu__ns_split(int64_t d, int64_t target, int64_t min, int *blk)
 {
     int64_t count = 1, b = d;
     if (d >= 2 * min) {
         count = 2 * ((d + 2 * target - 1) / (2 * target));
         b = (d + count - 1) / count;
-        b = (b + NS_TILE_ALIGN - 1) / NS_TILE_ALIGN * NS_TILE_ALIGN;
+        b = (b + MU__NS_TILE_ALIGN - 1) / MU__NS_TILE_ALIGN * MU__NS_TILE_ALIGN;
     }
     *blk = (int)(b > 0 ? b : 1);
     return (int)((d + *blk - 1) / *blk);
 }
 
-/* The bfloat16 plan (mu_ns_opts.dtype = MU_BF16). X is held n x m
- * row-major in bfloat16 (a tall input transposed when converted), and
- * every product is a oneDNN call into float32, rounded by its tile:
- *   GRAM_A  A = X X^T: the tn(tn+1)/2 blocks on and above the diagonal of
- *           tn x tn blocks of nb (the others are their mirror images), each
- *           one call rounded to bfloat16 into A and its mirror block
- *   GRAM_B  B = b' A + c' A A over the same blocks (A A is symmetric)
- *   APPLY   X = a' X + B X in tm column blocks of mb, in place (a column
- *           block of B X reads only that block of X)
- * Blocks of about MU__NS_BF16_NB (one block below 2 * NS_BF16_MIN, none
- * split when n * m < NS_BF16_SPLIT), column blocks an even count of at most
- * MU__NS_BF16_MB: sizes from the shape only, so a lone matrix splits over
- * the workers with the calls a batch makes one worker at a time (no
- * separate threshold: the one-thread oneDNN calls on these blocks run at
- * the whole-matrix rate, ~400 GFLOP/s on the Zen 4 target). */
-#ifndef MU__NS_BF16_NB
-#define MU__NS_BF16_NB 192
-#endif
-#ifndef MU__NS_BF16_MB
-#define MU__NS_BF16_MB 512
-#endif
-enum { NS_BF16_MIN = 128, NS_BF16_SPLIT = 128 * 256 };
-
-static void ns_bf16_plan(ns_plan *p)
-{
-    const int64_t n = p->n, m = p->m;
-    p->tn = 1;
-    p->nb = (int)n;
-    p->tm = 1;
-    p->mb = (int)m;
-    if (n * m >= NS_BF16_SPLIT) {
-        if (n >= 2 * NS_BF16_MIN) {
-            int64_t t = (n + MU__NS_BF16_NB - 1) / MU__NS_BF16_NB, b = (n + t - 1) / t;
-            b = (b + NS_TILE_ALIGN - 1) / NS_TILE_ALIGN * NS_TILE_ALIGN;
-            p->nb = (int)b;
-            p->tn = (int)((n + b - 1) / b);
-        }
-        p->tm = ns_split(m, MU__NS_BF16_MB, NS_BF16_MIN, &p->mb);
-    }
-    p->tiles[NS_GRAM_A] = p->tiles[NS_GRAM_B] = p->tn * (p->tn + 1) / 2;
-    p->tiles[NS_APPLY] = p->tm;
-    p->nx = p->tiles[NS_GRAM_A] + p->tiles[NS_GRAM_B] + p->tm;
-}
-
-static void ns_plan_init(ns_plan *p, int dt, int64_t rows, int64_t cols, int path, int bf16)
+void mu__ns_plan_init(mu__ns_plan *p, int dt, int64_t rows, int64_t cols, int path, int bf16)
 {
     const int tall = rows > cols;
     memset(p, 0, sizeof *p);
@@ -623,7 +577,7 @@ static void ns_plan_init(ns_plan *p, int dt, int64_t rows, int64_t cols, int pat
         p->n = (int)(tall ? cols : rows);
         p->m = (int)(tall ? rows : cols);
         p->ldx = p->m;
-        ns_bf16_plan(p);
+        mu__ns_bf16_plan(p);
         return;
     }
     p->dt = dt;
@@ -633,44 +587,37 @@ static void ns_plan_init(ns_plan *p, int dt, int64_t rows, int64_t cols, int pat
     p->n = (int)(tall ? cols : rows);
     p->m = (int)(tall ? rows : cols);
     p->ldx = tall ? p->n : p->m;
-    p->tn = ns_split(p->n, MU__NS_TILE_N, MU__NS_TILE_MIN, &p->nb);
+    p->tn = mu__ns_split(p->n, MU__NS_TILE_N, MU__NS_TILE_MIN, &p->nb);
     p->tm = 1;
     p->mb = p->m;
-    if (p->tn > 1) p->tm = ns_split(p->m, MU__NS_TILE_M, MU__NS_TILE_MIN, &p->mb);
+    if (p->tn > 1) p->tm = mu__ns_split(p->m, MU__NS_TILE_M, MU__NS_TILE_MIN, &p->mb);
     p->halves = !p->plain && p->tn > 1;
     if (p->halves) {
         const int rects = p->tn * (p->tn + 1) / 2; /* blocks of the stored triangle */
-        p->tiles[NS_GRAM_A] = p->tiles[NS_GRAM_B] = 2;
-        p->tiles[NS_PREP] = p->tiles[NS_REDUCE] = rects;
+        p->tiles[MU__NS_GRAM_A] = p->tiles[MU__NS_GRAM_B] = 2;
+        p->tiles[MU__NS_PREP] = p->tiles[MU__NS_REDUCE] = rects;
     } else {
-        p->tiles[NS_GRAM_A] = p->tiles[NS_GRAM_B] = p->tn; /* row blocks (1: the whole) */
+        p->tiles[MU__NS_GRAM_A] = p->tiles[MU__NS_GRAM_B] = p->tn; /* row blocks (1: the whole) */
     }
-    p->tiles[NS_APPLY] = p->tm;
-    for (int st = 0; st < NS_NSTAGES; st++) p->nx += p->tiles[st];
+    p->tiles[MU__NS_APPLY] = p->tm;
+    for (int st = 0; st < MU__NS_NSTAGES; st++) p->nx += p->tiles[st];
 }
 
 /* Element offsets of logical row i / column j of a matrix in layout lo. */
-static int64_t ns_row(const ns_plan *p, int64_t i, int ld)
+static int64_t ns_row(const mu__ns_plan *p, int64_t i, int ld)
 {
     return p->lo == CblasRowMajor ? i * ld : i;
 }
 
-static int64_t ns_col(const ns_plan *p, int64_t j, int ld)
+static int64_t ns_col(const mu__ns_plan *p, int64_t j, int ld)
 {
     return p->lo == CblasRowMajor ? j : j * ld;
 }
 
-/* The memory rectangle rows [r0, r1) x columns [c0, c1) of an n x n buffer
- * (for ColMajor, logical rows and columns are swapped; the stored triangle
- * is c >= r either way). */
-typedef struct ns_rect {
-    int r0, r1, c0, c1;
-} ns_rect;
-
 /* Rectangle t of the stored triangle in tn x tn blocks: the off-diagonal
  * blocks first (row by row: twice the elements of a diagonal one), then
  * the diagonal ones. */
-static void ns_tri_rect(const ns_plan *p, int t, ns_rect *r)
+void mu__ns_tri_rect(const mu__ns_plan *p, int t, mu__ns_rect *r)
 {
     const int noff = p->tn * (p->tn - 1) / 2;
     int bi = 0, bj;
@@ -705,7 +652,7 @@ typedef struct ns_prod {
  * column blocks; Gram on the plain path, row blocks (memory rows [r0, r1)
  * of C, returned in *rows); split symmetric Gram, the halves of k (the
  * first with beta into c, the second with beta 0 into c2); else the whole. */
-static void ns_product_tile(const ns_plan *p, const ns_prod *pr, int t, ns_rect *rows)
+static void ns_product_tile(const mu__ns_plan *p, const ns_prod *pr, int t, mu__ns_rect *rows)
 {
     const int dt = p->dt, n = p->n;
     const int64_t es = (int64_t)mu_dtype_size(dt);
@@ -749,48 +696,23 @@ static void ns_product_tile(const ns_plan *p, const ns_prod *pr, int t, ns_rect 
     ns_gemm(dt, p->lo, (enum CBLAS_TRANSPOSE)pr->qtrans, ni, nj, pr->k, pr->alpha,
             P + ns_row(p, i0, pr->ldp) * es, pr->ldp, P + qoff * es, pr->ldp, pr->beta,
             (char *)pr->c + (int64_t)r0 * pr->ldc * es, pr->ldc);
-    *rows = (ns_rect){r0, r1, 0, n};
+    *rows = (mu__ns_rect){r0, r1, 0, n};
 }
 
 /* ------------------------------------------------------------ one matrix */
 
-typedef struct ns_job {
-    int dt;
-    int64_t rows, cols;
-    const char *in; /* batch base pointers */
-    char *out;
-    int64_t bytes_per; /* bytes per matrix */
-    int64_t batch;     /* matrices (0 when they are empty) */
-    const mu_ns_opts *opts;
-    int inplace;         /* out aliases in */
-    const double *norms; /* per-matrix norms from the check pass, or NULL */
-    double *resid;       /* per-matrix residuals (mu_ns_stats), NaN until known; or NULL */
-    mu__dnnl *dnnl;      /* the bfloat16 products (plan.bf16) */
-    ns_plan plan;
-} ns_job;
-
-/* One matrix's iteration: set by ns_begin, then its tiles run in order
- * (stage by stage) with ns_tile. */
-typedef struct ns_iter {
-    const ns_job *job;
-    const mu__ns_slot *s;
-    char *dst;
-    const void *x0;  /* step 1's input (the source, or a copy in the workspace) */
-    double xs0;      /* step 1's pending scale (normalization folded in) */
-    int dst_first;   /* step 1 writes dst (else the workspace) */
-    int done;        /* nothing left after ns_begin (zero input or 0 steps) */
-    double *resid;   /* where the last step's residual goes, or NULL */
-} ns_iter;
 
 /* AOL preconditioning (Prach, Lampert 2022, "Almost-orthogonal layers",
  * arXiv:2208.03160; Turbo-Muon's use before Newton-Schulz): y = D x with
  * D = diag(1 / sqrt(max(r_i, eps))), r_i = sum_j |(x x^T)_ij|, which bounds
  * ||D x||_2 <= 1 (the Frobenius normalization's job) and starts the
- * iteration closer to orthogonal; a zero row (r_i = 0) stays zero. x is the
- * plan's n x m iterate (layout lo, ld ldx); y may be x. The Gram matrix goes
- * to A (n x n, the slot's), the scales to sc (n doubles). One syrk call of
- * fixed sizes on one worker: the bits depend on x alone. */
-static void ns_aol_scale(const ns_plan *p, const void *x, void *y, void *A, double *sc, double eps)
+ * iteration closer to orthogonal; a zero row (r_i = 0) stays zero. x is c
+ * times the source (c a power of two that keeps its products in range), the
+ * plan's n x m iterate (layout lo, ld ldx); y = D source, and may be x. The
+ * Gram matrix goes to A (n x n, the slot's), the scales to sc (n doubles).
+ * One syrk call of fixed sizes on one worker: the bits depend on x alone. */
+static void ns_aol_scale(const mu__ns_plan *p, const void *x, void *y, void *A, double *sc, double eps,
+                         double c)
 {
     const int n = p->n, m = p->m, dt = p->dt;
     ns_syrk(dt, p->lo, p->up, n, m, 1.0, x, p->ldx, 0.0, A, n);
@@ -802,7 +724,10 @@ static void ns_aol_scale(const ns_plan *p, const void *x, void *y, void *A, doub
             sc[r] += v;
             if (c != r) sc[c] += v;
         }
-    for (int i = 0; i < n; i++) sc[i] = sc[i] > 0.0 ? 1.0 / sqrt(sc[i] > eps ? sc[i] : eps) : 0.0;
+    for (int i = 0; i < n; i++) {
+        const double r = sc[i] / c / c; /* the source's row sum */
+        sc[i] = r > 0.0 ? 1.0 / sqrt(r > eps ? r : eps) / c : 0.0;
+    }
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < m; j++) {
             const int64_t at = ns_row(p, i, p->ldx) + ns_col(p, j, p->ldx);
@@ -811,243 +736,10 @@ static void ns_aol_scale(const ns_plan *p, const void *x, void *y, void *A, doub
         }
 }
 
-/* ----------------------------------------------- the bfloat16 iteration */
-
-static inline float ns_bf(uint16_t h) { return mu__f32_from_bf16(h); }
-static inline uint16_t ns_rb(float f) { return mu__bf16_from_f32(f); }
-/* a bfloat16 scalar as torch makes it from a Python float */
-static inline float ns_bfc(double v) { return ns_bf(mu__bf16_from_f64(v)); }
-
-/* The elementwise rows of the bfloat16 iteration, written once (NS_BF16_ROWS)
- * and compiled twice: for the build's baseline and, dispatched at run time,
- * for AVX-512 (vectorized); both compute the same roundings bit for bit.
- *   round: d = bf16(f)
- *   poly:  d = bf16(bf16(b' a) + bf16(c' bf16(f)))
- *   apply: x = bf16(bf16(a' x) + bf16(f)); with out, f = float32(x) too */
-#define NS_BF16_ROWS(SFX, ATTR)                                                             \
-    ATTR static void ns_row_round##SFX(uint16_t *restrict d, const float *restrict f,         \
-                                       int64_t len)                                          \
-    {                                                                                       \
-        for (int64_t i = 0; i < len; i++) d[i] = ns_rb(f[i]);                                \
-    }                                                                                       \
-    ATTR static void ns_row_poly##SFX(uint16_t *restrict d, const uint16_t *restrict a,       \
-                                      const float *restrict f, int64_t len, float bc, float cc) \
-    {                                                                                       \
-        for (int64_t i = 0; i < len; i++)                                                   \
-            d[i] = ns_rb(ns_bf(ns_rb(bc * ns_bf(a[i]))) + ns_bf(ns_rb(cc * ns_bf(ns_rb(f[i]))))); \
-    }                                                                                       \
-    ATTR static void ns_row_apply##SFX(uint16_t *restrict x, float *restrict f, int64_t len,  \
-                                       float ac, int out)                                    \
-    {                                                                                       \
-        if (!out)                                                                           \
-            for (int64_t i = 0; i < len; i++)                                               \
-                x[i] = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i])));           \
-        else                                                                                \
-            for (int64_t i = 0; i < len; i++) {                                             \
-                const uint16_t v = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i]))); \
-                x[i] = v;                                                                   \
-                f[i] = ns_bf(v);                                                            \
-            }                                                                               \
-    }                                                                                       \
-    ATTR static void ns_row_sumsq##SFX(double *restrict acc, const float *restrict x,         \
-                                       int64_t len)                                          \
-    {                                                                                       \
-        for (int64_t i = 0; i + 8 <= len; i += 8)                                           \
-            for (int k = 0; k < 8; k++) {                                                   \
-                const double v = ns_bf(ns_rb(x[i + k]));                                     \
-                acc[k] += v * v;                                                            \
-            }                                                                               \
-    }                                                                                       \
-    ATTR static void ns_row_scale##SFX(uint16_t *restrict d, const float *restrict x,         \
-                                       int64_t len, float s)                                 \
-    {                                                                                       \
-        for (int64_t i = 0; i < len; i++) d[i] = ns_rb(ns_bf(ns_rb(x[i])) / s);              \
-    }
-
-NS_BF16_ROWS(_base, )
-#if defined(__x86_64__) && defined(__GNUC__)
-#ifdef __clang__ /* (clang has no optimize attribute; it vectorizes these loops at -O2) */
-#define NS_BF16_O3
-#else
-#define NS_BF16_O3 , optimize("O3")
-#endif
-NS_BF16_ROWS(_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq") NS_BF16_O3)))
-#define NS_ROW(name, ...)                                                                    \
-    (__builtin_cpu_supports("avx512bw") ? ns_row_##name##_avx512(__VA_ARGS__)                \
-                                        : ns_row_##name##_base(__VA_ARGS__))
-#else
-#define NS_ROW(name, ...) ns_row_##name##_base(__VA_ARGS__)
-#endif
-
-/* The buffers of a slot for the bfloat16 iteration: X (n x m bfloat16) in
- * x, the float32 products in a (n x n), A and B (bfloat16) in b. */
-#define NS_BF16_BUFS(it, n)                                                                 \
-    uint16_t *X = (uint16_t *)(it)->s->x;                                                   \
-    float *F = (float *)(it)->s->a;                                                         \
-    uint16_t *Ab = (uint16_t *)(it)->s->b, *Bb = Ab + (int64_t)(n) * (n)
-
-/* Prologue (bfloat16), the seed's normalization of its bfloat16 input:
- * x0 = bf16(x), d = bf16(norm_scale bf16(||x0||_F) + bf16(eps)) and
- * X = bf16(x0 / d) (the division in float32), transposed when tall; with 0
- * steps that is the output (as float32). */
-static void ns_bf16_begin(ns_iter *it, const char *src)
-{
-    const ns_job *job = it->job;
-    const ns_plan *p = &job->plan;
-    const mu_ns_opts *o = job->opts;
-    const float *x = (const float *)src;
-    float *out = (float *)it->dst;
-    const int64_t n = p->n, m = p->m, len = n * m;
-    double acc[8] = {0}, ss = 0.0;
-    NS_ROW(sumsq, acc, x, len); /* 8 running sums of the groups of 8 */
-    for (int64_t i8 = len / 8 * 8; i8 < len; i8++) ss += (double)ns_bf(ns_rb(x[i8])) * ns_bf(ns_rb(x[i8]));
-    for (int k = 0; k < 8; k++) ss += acc[k];
-    const float nb = ns_bf(ns_rb((float)sqrt(ss)));
-    const float d = ns_bf(ns_rb((float)(o->norm_scale * nb) + ns_bfc(o->eps)));
-    if (job->opts->steps == 0) {
-        for (int64_t i = 0; i < len; i++) out[i] = ns_bf(ns_rb(ns_bf(ns_rb(x[i])) / d));
-        return;
-    }
-    uint16_t *X = (uint16_t *)it->s->x;
-    if (!p->tall) {
-        NS_ROW(scale, X, x, len, d);
-    } else { /* x is m x n: X[i][j] = x[j][i], NS_BLK square by square */
-        for (int64_t j0 = 0; j0 < m; j0 += NS_BLK)
-            for (int64_t i0 = 0; i0 < n; i0 += NS_BLK) {
-                const int64_t j1 = j0 + NS_BLK < m ? j0 + NS_BLK : m;
-                const int64_t i1 = i0 + NS_BLK < n ? i0 + NS_BLK : n;
-                for (int64_t j = j0; j < j1; j++)
-                    for (int64_t i = i0; i < i1; i++)
-                        X[i * m + j] = ns_rb(ns_bf(ns_rb(x[j * n + i])) / d);
-            }
-    }
-    it->done = 0;
-}
-
-/* Mirror block rectangle rc of the n x n bfloat16 matrix M: (c, r) = (r, c)
- * for its positions above the diagonal (c > r). A plain copy: 8 x 8
- * squares wholly above the diagonal by an SSE2 transpose, the rest (the
- * diagonal's squares and ragged edges) element by element. */
-static void ns_bf16_mirror(uint16_t *M, int64_t n, const ns_rect *rc)
-{
-    for (int64_t c0 = rc->c0; c0 < rc->c1; c0 += 8)
-        for (int64_t r0 = rc->r0; r0 < rc->r1 && r0 < c0 + 8; r0 += 8) {
-            const int64_t c1 = c0 + 8 < rc->c1 ? c0 + 8 : rc->c1;
-            const int64_t r1 = r0 + 8 < rc->r1 ? r0 + 8 : rc->r1;
-#if defined(__SSE2__)
-            if (c1 - c0 == 8 && r1 - r0 == 8 && r0 + 8 <= c0) {
-                const uint16_t *q = M + r0 * n + c0;
-                uint16_t *o = M + c0 * n + r0;
-#define NS_LD(i) _mm_loadu_si128((const __m128i *)(q + (i) * n))
-                const __m128i a0 = _mm_unpacklo_epi16(NS_LD(0), NS_LD(1));
-                const __m128i a1 = _mm_unpackhi_epi16(NS_LD(0), NS_LD(1));
-                const __m128i a2 = _mm_unpacklo_epi16(NS_LD(2), NS_LD(3));
-                const __m128i a3 = _mm_unpackhi_epi16(NS_LD(2), NS_LD(3));
-                const __m128i a4 = _mm_unpacklo_epi16(NS_LD(4), NS_LD(5));
-                const __m128i a5 = _mm_unpackhi_epi16(NS_LD(4), NS_LD(5));
-                const __m128i a6 = _mm_unpacklo_epi16(NS_LD(6), NS_LD(7));
-                const __m128i a7 = _mm_unpackhi_epi16(NS_LD(6), NS_LD(7));
-#undef NS_LD
-                const __m128i b0 = _mm_unpacklo_epi32(a0, a2), b1 = _mm_unpackhi_epi32(a0, a2);
-                const __m128i b2 = _mm_unpacklo_epi32(a1, a3), b3 = _mm_unpackhi_epi32(a1, a3);
-                const __m128i b4 = _mm_unpacklo_epi32(a4, a6), b5 = _mm_unpackhi_epi32(a4, a6);
-                const __m128i b6 = _mm_unpacklo_epi32(a5, a7), b7 = _mm_unpackhi_epi32(a5, a7);
-#define NS_ST(i, v) _mm_storeu_si128((__m128i *)(o + (i) * n), v)
-                NS_ST(0, _mm_unpacklo_epi64(b0, b4));
-                NS_ST(1, _mm_unpackhi_epi64(b0, b4));
-                NS_ST(2, _mm_unpacklo_epi64(b1, b5));
-                NS_ST(3, _mm_unpackhi_epi64(b1, b5));
-                NS_ST(4, _mm_unpacklo_epi64(b2, b6));
-                NS_ST(5, _mm_unpackhi_epi64(b2, b6));
-                NS_ST(6, _mm_unpacklo_epi64(b3, b7));
-                NS_ST(7, _mm_unpackhi_epi64(b3, b7));
-#undef NS_ST
-                continue;
-            }
-#endif
-            for (int64_t c = c0; c < c1; c++)
-                for (int64_t r = r0; r < r1 && r < c; r++) M[c * n + r] = M[r * n + c];
-        }
-}
-
-/* Write v at (r, c) of an n x n matrix and at its mirror (c, r), for the
- * positions of block rectangle r (c >= r on a diagonal block). */
-#define NS_BF16_SYM(M, n, rc, ROW)                                                           \
-    for (int64_t r = (rc).r0; r < (rc).r1; r++) {                                            \
-        const int64_t cs = (rc).c0 > r ? (rc).c0 : r, at = r * (n) + cs, len = (rc).c1 - cs; \
-        if (len > 0) ROW;                                                                    \
-    }                                                                                        \
-    ns_bf16_mirror(M, n, &(rc))
-
-/* The oneDNN product of tile t of stage `stage` (NS_GRAM_A, NS_GRAM_B or
- * NS_APPLY) of the bfloat16 plan: its sizes and strides (ns_bf16_tile
- * adds the pointers). */
-static void ns_bf16_shape(const ns_plan *p, int stage, int t, mu__dnnl_shape *s)
-{
-    const int64_t n = p->n, m = p->m;
-    if (stage == NS_APPLY) {
-        const int64_t j0 = (int64_t)t * p->mb, nj = j0 + p->mb < m ? p->mb : m - j0;
-        *s = (mu__dnnl_shape){.M = n, .N = nj, .K = n, .lda = n, .ldb = m,
-                              .ldc = p->tall ? nj : m, .transb = 0};
-        return;
-    }
-    ns_rect rr;
-    ns_tri_rect(p, t, &rr);
-    const int64_t kk = stage == NS_GRAM_A ? m : n;
-    *s = (mu__dnnl_shape){.M = rr.r1 - rr.r0, .N = rr.c1 - rr.c0, .K = kk, .lda = kk, .ldb = kk,
-                          .ldc = n, .transb = 1};
-}
-
-/* Tile t of stage `stage` of step k (bfloat16; see ns_bf16_plan), on worker w. */
-static void ns_bf16_tile(const ns_iter *it, int k, int stage, int t, int w)
-{
-    const ns_job *job = it->job;
-    const ns_plan *p = &job->plan;
-    const int64_t n = p->n, m = p->m;
-    const double *co = job->opts->coeffs + 3 * k;
-    NS_BF16_BUFS(it, n);
-    mu__dnnl_shape sh;
-    ns_bf16_shape(p, stage, t, &sh);
-    ns_rect rr;
-    if (stage == NS_GRAM_A || stage == NS_GRAM_B) {
-        ns_tri_rect(p, t, &rr);
-        const uint16_t *P = stage == NS_GRAM_A ? X : Ab;
-        const int64_t kk = sh.K;
-        float *c = F + (int64_t)rr.r0 * n + rr.c0;
-        mu__dnnl_gemm(job->dnnl, w, &sh, P + (int64_t)rr.r0 * kk, P + (int64_t)rr.c0 * kk, c);
-        if (stage == NS_GRAM_A) {
-            NS_BF16_SYM(Ab, n, rr, NS_ROW(round, Ab + at, F + at, len));
-        } else {
-            const float bc = ns_bfc(co[1]), cc = ns_bfc(co[2]);
-            NS_BF16_SYM(Bb, n, rr, NS_ROW(poly, Bb + at, Ab + at, F + at, len, bc, cc));
-        }
-        return;
-    }
-    /* NS_APPLY: X[:, j0:j1] = a' X + B X into float32 scratch C in the
-     * output: its columns j0:j1 (ld m), or when tall its rows j0:j1 (the
-     * same columns of X, transposed: compact n x nj). */
-    const int64_t j0 = (int64_t)t * p->mb, nj = sh.N, ldc = sh.ldc;
-    float *out = (float *)it->dst;
-    float *C = p->tall ? out + j0 * n : out + j0;
-    mu__dnnl_gemm(job->dnnl, w, &sh, Bb, X + j0, C);
-    const float ac = ns_bfc(co[0]);
-    const int last = k == job->opts->steps - 1;
-    for (int64_t i = 0; i < n; i++)
-        NS_ROW(apply, X + i * m + j0, C + i * ldc, nj, ac, last && !p->tall);
-    if (last && p->tall) /* out rows j0:j1 = X[:, j0:j1]^T */
-        for (int64_t i0 = 0; i0 < n; i0 += NS_BLK)
-            for (int64_t jb = 0; jb < nj; jb += NS_BLK) {
-                const int64_t i1 = i0 + NS_BLK < n ? i0 + NS_BLK : n;
-                const int64_t jb1 = jb + NS_BLK < nj ? jb + NS_BLK : nj;
-                for (int64_t j = jb; j < jb1; j++)
-                    for (int64_t i = i0; i < i1; i++) C[j * n + i] = ns_bf(X[i * m + j0 + j]);
-            }
-}
-
 /* Prologue of matrix i (serial, O(rows * cols)): the norm, zero input and
  * 0 steps, and the buffers of the ping-pong. The input is known finite
  * and, if zero, eps > 0. */
-static void ns_begin(ns_iter *it, const ns_job *job, const mu__ns_slot *s, int64_t i)
+static void ns_begin(mu__ns_iter *it, const mu__ns_job *job, const mu__ns_slot *s, int64_t i)
 {
     const int dt = job->dt;
     const size_t es = mu_dtype_size(dt);
@@ -1068,14 +760,30 @@ static void ns_begin(ns_iter *it, const ns_job *job, const mu__ns_slot *s, int64
         return;
     }
     const double scale = 1.0 / (o->norm_scale * norm + o->eps);
+    if (job->plan.g16) {
+        mu__ns_gram16_begin(it, src, norm);
+        return;
+    }
     if (job->plan.bf16) {
-        ns_bf16_begin(it, src);
+        mu__ns_bf16_begin(it, src, norm);
         return;
     }
     const int aol = o->precond == MU_NS_PRECOND_AOL;
+    /* The scale (the seed's 1 / (norm_scale ||x|| + eps), in double) is
+     * folded into the first step's products (alpha = s^2 for X X^T) while
+     * the products of the unscaled input neither overflow nor underflow;
+     * otherwise the input is scaled first: by the scale itself, or for AOL,
+     * which divides by its own row sums, by a power of two c. */
+    const double lim = dt == MU_F32 ? 0x1p40 : 0x1p400;
+    const int fold = norm <= lim && norm >= 1.0 / lim;
+    const double c = fold ? 1.0 : ldexp(1.0, -ilogb(norm));
     if (o->steps == 0) {
-        if (aol) ns_aol_scale(&job->plan, src, it->dst, s->a, s->b, o->eps);
-        else ns_scale_copy(dt, it->dst, src, len, scale);
+        if (!aol) {
+            ns_scale_copy(dt, it->dst, src, len, scale);
+        } else {
+            if (!fold) ns_scale_copy(dt, it->dst, src, len, c);
+            ns_aol_scale(&job->plan, fold ? src : it->dst, it->dst, s->a, s->b, o->eps, c);
+        }
         return;
     }
     /* Ping-pong: the last step writes dst, the one before the workspace,
@@ -1088,16 +796,10 @@ static void ns_begin(ns_iter *it, const ns_job *job, const mu__ns_slot *s, int64
         x = s->x;
     }
     it->xs0 = scale;
-    /* Folding the scale into the first step's alpha (s^2 for X X^T) is exact
-     * enough while the unscaled products neither overflow nor underflow;
-     * otherwise normalize first, into a buffer step 1 does not write. */
-    const double lim = dt == MU_F32 ? 0x1p40 : 0x1p400;
-    if (aol || !(norm <= lim && norm >= 1.0 / lim)) {
+    if (aol || !fold) { /* into a buffer step 1 does not write */
         void *buf = x == s->x ? s->x : it->dst_first ? s->x : (void *)it->dst;
-        /* (AOL: the Gram matrix of a huge or tiny input normalized first) */
-        if (!(norm <= lim && norm >= 1.0 / lim)) ns_scale_copy(dt, buf, x, len, 1.0 / norm);
-        if (aol) ns_aol_scale(&job->plan, x == buf || !(norm <= lim && norm >= 1.0 / lim) ? buf : x, buf, s->a,
-                              s->b, o->eps);
+        if (!fold) ns_scale_copy(dt, buf, x, len, aol ? c : scale);
+        if (aol) ns_aol_scale(&job->plan, fold ? x : buf, buf, s->a, s->b, o->eps, c);
         x = buf;
         it->xs0 = 1.0;
     }
@@ -1106,28 +808,32 @@ static void ns_begin(ns_iter *it, const ns_job *job, const mu__ns_slot *s, int64
 }
 
 /* Stage of tile t of a step (0 <= t < nx); t becomes the index within it. */
-static int ns_stage(const ns_plan *p, int *t)
+static int ns_stage(const mu__ns_plan *p, int *t)
 {
     int st = 0;
     while (*t >= p->tiles[st]) *t -= p->tiles[st++];
     return st;
 }
 
-/* Tile u (0 <= u < steps * plan.nx) of the iteration: step u / nx, then the
+/* Tile u (0 <= u < ns_tickets) of the iteration: step u / nx, then the
  * stages in order, on worker w (the team rank: its per-worker oneDNN
  * objects). A tile may run only once every tile of the stages before its
  * own is done. */
-static void ns_tile(const ns_iter *it, int64_t u, int w)
+static void ns_tile(const mu__ns_iter *it, int64_t u, int w)
 {
     if (it->done) return;
-    const ns_job *job = it->job;
-    const ns_plan *p = &job->plan;
+    if (it->job->plan.g16) {
+        mu__ns_gram16_tile(it, u, w);
+        return;
+    }
+    const mu__ns_job *job = it->job;
+    const mu__ns_plan *p = &job->plan;
     const int dt = p->dt, n = p->n;
     const int k = (int)(u / p->nx);
     int t = (int)(u % p->nx);
     const int stage = ns_stage(p, &t);
     if (p->bf16) {
-        ns_bf16_tile(it, k, stage, t, w);
+        mu__ns_bf16_tile(it, k, stage, t, w);
         return;
     }
     const double *co = job->opts->coeffs + 3 * k; /* a, b, c */
@@ -1137,10 +843,10 @@ static void ns_tile(const ns_iter *it, int64_t u, int w)
     void *y = to_dst ? (void *)it->dst : it->s->x;
     const double xs = k == 0 ? it->xs0 : 1.0;
     void *A = it->s->a, *B = it->s->b;
-    ns_rect r = {0, n, 0, n}; /* the whole matrix unless a tile says otherwise */
+    mu__ns_rect r = {0, n, 0, n}; /* the whole matrix unless a tile says otherwise */
 
     switch (stage) {
-    case NS_GRAM_A: { /* A = xs^2 X X^T (second half into B) */
+    case MU__NS_GRAM_A: { /* A = xs^2 X X^T (second half into B) */
         const ns_prod pr = {.p = x, .ldp = p->ldx, .k = p->m, .qtrans = CblasTrans,
                             .alpha = xs * xs, .beta = 0.0, .c = A, .c2 = B, .ldc = n};
         ns_product_tile(p, &pr, t, &r);
@@ -1155,11 +861,11 @@ static void ns_tile(const ns_iter *it, int64_t u, int w)
         }
         return;
     }
-    case NS_PREP: /* A = A + B (the halves), mirrored; B = b A */
-        ns_tri_rect(p, t, &r);
+    case MU__NS_PREP: /* A = A + B (the halves), mirrored; B = b A */
+        mu__ns_tri_rect(p, t, &r);
         ns_prep(dt, A, B, n, r.r0, r.r1, r.c0, r.c1, 1, co[1]);
         return;
-    case NS_GRAM_B: { /* B = c A A^T + B (plain: c A A + b B); second half into y */
+    case MU__NS_GRAM_B: { /* B = c A A^T + B (plain: c A A + b B); second half into y */
         const ns_prod pr = {.p = A, .ldp = n, .k = n,
                             .qtrans = p->plain ? CblasNoTrans : CblasTrans, .alpha = co[2],
                             .beta = p->plain ? co[1] : 1.0, .c = B, .c2 = y, .ldc = n};
@@ -1167,12 +873,12 @@ static void ns_tile(const ns_iter *it, int64_t u, int w)
         if (!p->halves) ns_add_diag(dt, B, n, r.r0, r.r1, co[0]);
         return;
     }
-    case NS_REDUCE: /* B = B + second half, + a I */
-        ns_tri_rect(p, t, &r);
+    case MU__NS_REDUCE: /* B = B + second half, + a I */
+        mu__ns_tri_rect(p, t, &r);
         ns_accumulate(dt, B, y, n, r.r0, r.r1, r.c0, r.c1);
         if (r.r0 == r.c0) ns_add_diag(dt, B, n, r.r0, r.r1, co[0]);
         return;
-    default: { /* NS_APPLY: Y = xs (B + a I) X */
+    default: { /* MU__NS_APPLY: Y = xs (B + a I) X */
         /* (the last step's Gram A, complete and mirrored since PREP, is only
          * read from here on: one tile takes its residual) */
         if (t == 0 && it->resid && k == job->opts->steps - 1) *it->resid = ns_residual(dt, A, n);
@@ -1184,12 +890,19 @@ static void ns_tile(const ns_iter *it, int64_t u, int w)
     }
 }
 
-/* A whole matrix on worker w: the same tiles in order. */
-static void ns_one(const ns_job *job, const mu__ns_slot *s, int64_t i, int w)
+/* The tickets of one matrix after its prologue: every tile of every step
+ * (the bfloat16 Gram iteration's steps differ: src/ns_gram_bf16.c). */
+static int64_t ns_tickets(const mu__ns_job *job)
 {
-    ns_iter it;
+    return job->plan.g16 ? mu__ns_gram16_tickets(job) : (int64_t)job->opts->steps * job->plan.nx;
+}
+
+/* A whole matrix on worker w: the same tiles in order. */
+static void ns_one(const mu__ns_job *job, const mu__ns_slot *s, int64_t i, int w)
+{
+    mu__ns_iter it;
     ns_begin(&it, job, s, i);
-    const int64_t ntiles = (int64_t)job->opts->steps * job->plan.nx;
+    const int64_t ntiles = ns_tickets(job);
     for (int64_t u = 0; u < ntiles && !it.done; u++) ns_tile(&it, u, w);
 }
 
@@ -1226,29 +939,31 @@ typedef struct ns_unit {
 /* Estimated cost of one matrix of a job: the standard iteration's
  * plain-gemm flops (+ the prologue's pass). It orders the whole units
  * only; any estimate proportional to the time keeps the schedule good. */
-static double ns_cost(const ns_job *job)
+static double ns_cost(const mu__ns_job *job)
 {
     return mu__ns_cost(job->rows, job->cols, job->opts);
 }
 
 /* Whether a job's matrices have a stage of more than one tile. */
-static int ns_splittable(const ns_job *job)
+static int ns_splittable(const mu__ns_job *job)
 {
-    for (int st = 0; job->opts->steps > 0 && st < NS_NSTAGES; st++)
+    if (job->plan.g16) return job->opts->steps > 0 && (job->plan.tn > 1 || job->plan.tm > 1);
+    for (int st = 0; job->opts->steps > 0 && st < MU__NS_NSTAGES; st++)
         if (job->plan.tiles[st] > 1) return 1;
     return 0;
 }
 
 typedef struct ns_pool {
-    const ns_job *jobs;
+    const mu__ns_job *jobs;
     const ns_unit *unit;    /* [0, nshared): shared; [nshared, nunits): whole */
     const int64_t *tstart;  /* first ticket of shared unit k; tstart[nshared]: all */
     mu_ns_workspace *ws;
+    int slots;              /* whole units: slots 0 .. slots-1 */
     int64_t nshared, nunits;
     atomic_llong next;      /* whole: next unit */
     atomic_llong ticket;    /* shared: next ticket */
     atomic_llong done;      /* shared: tickets done */
-    ns_iter it;             /* shared: the current matrix (set by its prologue) */
+    mu__ns_iter it;             /* shared: the current matrix (set by its prologue) */
 } ns_pool;
 
 /* The shared unit a ticket belongs to (binary search of tstart). */
@@ -1266,11 +981,20 @@ static int64_t ns_shared_unit(const ns_pool *p, int64_t ticket)
 /* Ticket of shared unit k -> first ticket of its stage and one past its last. */
 static void ns_stage_of(const ns_pool *p, int64_t k, int64_t ticket, int64_t *start, int64_t *end)
 {
-    const ns_plan *pl = &p->jobs[p->unit[k].job].plan;
+    const mu__ns_job *job = &p->jobs[p->unit[k].job];
+    const mu__ns_plan *pl = &job->plan;
     const int64_t u = ticket - p->tstart[k];
     if (u == 0) { /* prologue */
         *start = ticket;
         *end = ticket + 1;
+        return;
+    }
+    if (pl->g16) {
+        int64_t first;
+        int count;
+        mu__ns_gram16_stage(job, u - 1, &first, &count);
+        *start = p->tstart[k] + 1 + first;
+        *end = *start + count;
         return;
     }
     int t = (int)((u - 1) % pl->nx);
@@ -1297,7 +1021,7 @@ static void ns_worker(mu__pool *team, int rank, void *arg)
         else ns_tile(&p->it, u - 1, rank);
         if (atomic_fetch_add(&p->done, 1) + 1 == end) mu__pool_wake(team);
     }
-    if (rank >= p->ws->nslots) return; /* no slot of its own */
+    if (rank >= p->slots) return; /* no slot of its own */
     if (rank == 0 && count > 0) mu__pool_wait(team, &p->done, count);
     for (;;) { /* whole */
         const long long i = atomic_fetch_add(&p->next, 1);
@@ -1327,7 +1051,7 @@ static int ns_workers_asked(int *asked)
     return w < MU__NS_MAX_SLOTS ? w : MU__NS_MAX_SLOTS;
 }
 
-static int ns_workers(void)
+int mu__ns_workers(void)
 {
     int asked;
     return ns_workers_asked(&asked);
@@ -1351,32 +1075,30 @@ static int ns_unit_cmp(const void *pa, const void *pb)
     return (a->index > b->index) - (a->index < b->index);
 }
 
-static void ns_schedule_run(const ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
+static void ns_schedule_run(const mu__ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
                             mu_ns_workspace *ws);
+static int ns_takes_split(const mu__ns_job *job);
 
 /* When a job is bfloat16: oneDNN into the workspace (MU_EIO without it),
  * and every product shape of the bfloat16 jobs and the most workers the
  * call can have made ready in it (MU_ENOMEM), so the workers' products
  * allocate nothing. Serial, before anything is written. */
-static int ns_dnnl_ready(const ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
+static int ns_dnnl_ready(const mu__ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
 {
     int bf16 = 0;
     for (int64_t j = 0; j < njobs; j++) bf16 |= jobs[j].batch > 0 && jobs[j].plan.bf16;
     if (!bf16) return MU_OK;
     int rc = ws->dnnl ? MU_OK : mu__dnnl_open(&ws->dnnl);
     for (int64_t j = 0; rc == MU_OK && j < njobs; j++) {
-        const ns_plan *p = &jobs[j].plan;
-        if (jobs[j].batch == 0 || !p->bf16 || jobs[j].opts->steps == 0) continue;
-        static const int stages[] = {NS_GRAM_A, NS_GRAM_B, NS_APPLY};
-        for (int k = 0; rc == MU_OK && k < 3; k++)
-            for (int t = 0; rc == MU_OK && t < p->tiles[stages[k]]; t++) {
-                mu__dnnl_shape sh;
-                ns_bf16_shape(p, stages[k], t, &sh);
-                rc = mu__dnnl_want(ws->dnnl, &sh);
-            }
+        const mu__ns_plan *p = &jobs[j].plan;
+        if (jobs[j].batch == 0 || !p->bf16 || jobs[j].opts->steps == 0 || ns_takes_split(&jobs[j]))
+            continue; /* (the blocked iteration wants its own shapes) */
+        rc = p->g16 ? mu__ns_gram16_want(&jobs[j], ws->dnnl) : mu__ns_bf16_want(p, ws->dnnl);
+        /* (the Gram iteration's buffers: slot 0's now, the others' when grown) */
+        if (rc == MU_OK && p->g16) rc = mu__ns_slot_gram(ws, &ws->slot[0]);
     }
-    /* the team of ns_schedule_run has at most ns_workers() ranks */
-    return rc == MU_OK ? mu__dnnl_workers(ws->dnnl, ns_workers()) : rc;
+    /* the team of ns_schedule_run has at most mu__ns_workers() ranks */
+    return rc == MU_OK ? mu__dnnl_workers(ws->dnnl, mu__ns_workers()) : rc;
 }
 
 /* Run every matrix of jobs[0, njobs) (validated; norms filled) with the
@@ -1385,7 +1107,7 @@ static int ns_dnnl_ready(const ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
  * products run one thread each: the caller's OpenMP thread count is 1
  * during the call and restored after. Fails with oneDNN missing (MU_EIO,
  * before anything is written) or a failed product (MU_ENOMEM). */
-static int ns_schedule(ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
+static int ns_schedule(mu__ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
                        mu_ns_workspace *ws)
 {
     int bf16 = 0;
@@ -1402,13 +1124,13 @@ static int ns_schedule(ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tsta
     return mu__dnnl_take_failure(ws->dnnl);
 }
 
-static void ns_schedule_run(const ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
+static void ns_schedule_run(const mu__ns_job *jobs, int64_t njobs, ns_unit *unit, int64_t *tstart,
                         mu_ns_workspace *ws)
 {
     int64_t total = 0;
     double sum = 0;
     for (int64_t j = 0; j < njobs; j++) {
-        const ns_job *job = &jobs[j];
+        const mu__ns_job *job = &jobs[j];
         if (job->plan.n == 0) continue;
         const double cost = ns_cost(job);
         for (int64_t i = 0; i < job->batch; i++)
@@ -1420,18 +1142,19 @@ static void ns_schedule_run(const ns_job *jobs, int64_t njobs, ns_unit *unit, in
     int threads = ns_workers_asked(&asked);
     if (!asked && sum < MU__NS_PAR_MIN_COST * (double)total) threads = 1;
     int64_t nshared = 0;
-    int most = 1; /* most tiles in a stage of a shared unit: its useful workers */
+    int most = 1;  /* most tiles in a stage of a shared unit: its useful workers */
+    int slots = 1; /* workspace slots the whole units may use */
     if (threads > 1) {
         qsort(unit, (size_t)total, sizeof *unit, ns_unit_cmp);
         int64_t small = 0; /* splittable units below MU__NS_BATCH_PAR_MAX */
         for (int64_t u = 0; u < total; u++) {
-            const ns_job *job = &jobs[unit[u].job];
+            const mu__ns_job *job = &jobs[unit[u].job];
             if (!ns_splittable(job)) continue;
             if (job->rows * job->cols > MU__NS_BATCH_PAR_MAX) unit[u].shared = 1;
             else small++;
         }
         for (int64_t u = total - 1, left = small % threads; u >= 0 && left > 0; u--) {
-            const ns_job *job = &jobs[unit[u].job];
+            const mu__ns_job *job = &jobs[unit[u].job];
             if (!unit[u].shared && ns_splittable(job)) {
                 unit[u].shared = 1;
                 left--;
@@ -1440,8 +1163,10 @@ static void ns_schedule_run(const ns_job *jobs, int64_t njobs, ns_unit *unit, in
         for (int64_t u = 0; u < total; u++) {
             if (!unit[u].shared) continue;
             nshared++;
-            for (int st = 0; st < NS_NSTAGES; st++)
-                if (jobs[unit[u].job].plan.tiles[st] > most) most = jobs[unit[u].job].plan.tiles[st];
+            const mu__ns_plan *pl = &jobs[unit[u].job].plan;
+            for (int st = 0; st < MU__NS_NSTAGES; st++)
+                if (pl->tiles[st] > most) most = pl->tiles[st];
+            if (pl->g16 && pl->tn * (pl->tn + 1) > most) most = pl->tn * (pl->tn + 1);
         }
         if (nshared > 0) qsort(unit, (size_t)total, sizeof *unit, ns_unit_cmp);
         /* Workers with something to do: a slot each for the whole units. */
@@ -1451,21 +1176,25 @@ static void ns_schedule_run(const ns_job *jobs, int64_t njobs, ns_unit *unit, in
             if (ns_slot_alloc(ws, &ws->slot[ws->nslots]) != MU_OK) break;
             ws->nslots++;
         }
+        slots = ws->nslots;
+        for (int64_t j = 0, g16 = 0; j < njobs && !g16; j++) {
+            if (!(g16 = jobs[j].batch > 0 && jobs[j].plan.g16)) continue;
+            for (slots = 1; slots < ws->nslots && mu__ns_slot_gram(ws, &ws->slot[slots]) == MU_OK;) slots++;
+        }
         mu__clear_error(); /* out of memory only means fewer workers */
-        int useful = nwhole < ws->nslots ? (int)nwhole : ws->nslots;
+        int useful = nwhole < slots ? (int)nwhole : slots;
         if (nshared > 0 && most > useful) useful = most;
         if (threads > useful) threads = useful;
     }
     tstart[0] = 0;
     for (int64_t k = 0; k < nshared; k++)
-        tstart[k + 1] = tstart[k] + 1 + (int64_t)jobs[unit[k].job].opts->steps *
-                                            jobs[unit[k].job].plan.nx;
+        tstart[k + 1] = tstart[k] + 1 + ns_tickets(&jobs[unit[k].job]);
 
     /* Every BLAS call runs single-threaded (the count is process-wide). */
     const int saved = openblas_get_num_threads();
     if (saved != 1) openblas_set_num_threads(1);
     if (threads > 1) {
-        ns_pool pool = {.jobs = jobs, .unit = unit, .tstart = tstart, .ws = ws,
+        ns_pool pool = {.jobs = jobs, .unit = unit, .tstart = tstart, .ws = ws, .slots = slots,
                         .nshared = nshared, .nunits = total};
         atomic_init(&pool.next, nshared);
         atomic_init(&pool.ticket, 0);
@@ -1510,9 +1239,6 @@ static int ns_check_opts(const char *pre, const mu_ns_opts *o)
                         "(method MU_NS_STANDARD or MU_NS_AUTO)", pre);
     if (o->dtype != MU_F32 && o->dtype != MU_BF16)
         return mu__fail(MU_EINVAL, "%sdtype must be MU_F32 or MU_BF16, got %d", pre, o->dtype);
-    if (o->dtype == MU_BF16 && o->method == MU_NS_GRAM)
-        return mu__fail(MU_EINVAL, "%sdtype bfloat16 runs the standard iteration (method "
-                        "MU_NS_STANDARD or MU_NS_AUTO, not MU_NS_GRAM)", pre);
     if (o->dtype == MU_BF16 && o->precond == MU_NS_PRECOND_AOL)
         return mu__fail(MU_EINVAL, "%sdtype bfloat16 does not run the AOL preconditioning "
                         "(variant 'aol' is float32 only)", pre);
@@ -1524,7 +1250,7 @@ int mu__ns_check_opts(const mu_ns_opts *o) { return ns_check_opts("ns: ", o); }
 /* Check one (in, out, opts) triple and describe it as a job (without its
  * norms). `pre` starts every message ("ns: ", or naming the index). */
 static int ns_job_init(const char *pre, const mu_tensor *in, mu_tensor *out,
-                       const mu_ns_opts *opts, ns_job *job)
+                       const mu_ns_opts *opts, mu__ns_job *job)
 {
     if (!in || !out) return mu__fail(MU_EINVAL, "%sin and out must not be NULL", pre);
     int rc = mu__tensor_check(in, "ns: in");
@@ -1561,16 +1287,17 @@ static int ns_job_init(const char *pre, const mu_tensor *in, mu_tensor *out,
     char *ob = out->data;
     if (ib != (const char *)ob && ib < ob + bytes && ob < ib + bytes)
         return mu__fail(MU_EINVAL, "%sout partially overlaps the input", pre);
-    *job = (ns_job){.dt = dt, .rows = rows, .cols = cols, .batch = n == 0 ? 0 : batch,
+    *job = (mu__ns_job){.dt = dt, .rows = rows, .cols = cols, .batch = n == 0 ? 0 : batch,
                     .in = ib, .out = ob, .bytes_per = len * (int64_t)mu_dtype_size(dt),
                     .opts = opts, .inplace = ib == (const char *)ob};
-    ns_plan_init(&job->plan, dt, rows, cols, opts->path, opts->dtype == MU_BF16);
+    mu__ns_plan_init(&job->plan, dt, rows, cols, opts->path, opts->dtype == MU_BF16);
+    job->plan.g16 = job->plan.bf16 && opts->steps > 0 && mu_ns_method_for(rows, cols, opts) == MU_NS_GRAM;
     return MU_OK;
 }
 
 /* The norms of a job's matrices into norms[] (set as job->norms); fails,
  * before anything is written, on NaN/Inf or a zero matrix with eps = 0. */
-static int ns_job_norms(const char *pre, ns_job *job, double *norms)
+static int ns_job_norms(const char *pre, mu__ns_job *job, double *norms)
 {
     const int64_t len = job->rows * job->cols;
     for (int64_t i = 0; i < job->batch; i++) {
@@ -1585,7 +1312,7 @@ static int ns_job_norms(const char *pre, ns_job *job, double *norms)
     return MU_OK;
 }
 
-static int ns_ws_fits(const char *pre, const mu_ns_workspace *ws, const ns_job *job)
+static int ns_ws_fits(const char *pre, const mu_ns_workspace *ws, const mu__ns_job *job)
 {
     if (ws->dtype != job->dt)
         return mu__fail(MU_EDTYPE, "%sworkspace dtype differs from the input's", pre);
@@ -1599,7 +1326,7 @@ static int ns_ws_fits(const char *pre, const mu_ns_workspace *ws, const ns_job *
 /* The scheduler's lists for njobs jobs of `total` matrices in all, carved
  * from one buffer of the workspace (grown, so a step loop allocates once). */
 typedef struct ns_lists {
-    ns_job *jobs;
+    mu__ns_job *jobs;
     double *norms;
     double *resid;   /* total: the matrices' residuals */
     ns_unit *unit;
@@ -1609,23 +1336,29 @@ typedef struct ns_lists {
 
 static size_t ns_round(size_t b) { return (b + 63) & ~(size_t)63; }
 
+int mu__ns_grow(void **buf, size_t *bytes, size_t need, const char *what)
+{
+    if (need <= *bytes) return MU_OK;
+    void *p = aligned_alloc(64, need);
+    if (!p) return mu__fail(MU_ENOMEM, "ns: out of memory (%zu bytes of %s)", need, what);
+    free(*buf);
+    *buf = p;
+    *bytes = need;
+    return MU_OK;
+}
+
 static int ns_lists_get(mu_ns_workspace *ws, int64_t njobs, int64_t total, ns_lists *l)
 {
-    const size_t bj = ns_round((size_t)njobs * sizeof(ns_job));
+    const size_t bj = ns_round((size_t)njobs * sizeof(mu__ns_job));
     const size_t bn = ns_round((size_t)total * sizeof(double));
     const size_t bu = ns_round((size_t)total * sizeof(ns_unit));
     const size_t bt = ns_round((size_t)(total + 1) * sizeof(int64_t));
     const size_t bo = ns_round((size_t)njobs * sizeof(int64_t));
     const size_t need = bj + 2 * bn + bu + bt + bo;
-    if (need > ws->sched_bytes) {
-        void *p = aligned_alloc(64, need);
-        if (!p) return mu__fail(MU_ENOMEM, "ns: out of memory (%zu bytes of lists)", need);
-        free(ws->sched);
-        ws->sched = p;
-        ws->sched_bytes = need;
-    }
+    const int rc = mu__ns_grow(&ws->sched, &ws->sched_bytes, need, "lists");
+    if (rc != MU_OK) return rc;
     char *b = ws->sched;
-    l->jobs = (ns_job *)b;
+    l->jobs = (mu__ns_job *)b;
     l->norms = (double *)(b + bj);
     l->unit = (ns_unit *)(b + bj + bn);
     l->tstart = (int64_t *)(b + bj + bn + bu);
@@ -1635,21 +1368,21 @@ static int ns_lists_get(mu_ns_workspace *ws, int64_t njobs, int64_t total, ns_li
     return MU_OK;
 }
 
-/* The jobs whose shape mu_ns_method_for sends to the Gram iteration
- * (src/ns_gram.c), validated: run one at a time, each on every worker, and
- * left out of the scheduler (batch set to 0). Fails only with MU_ENOMEM
- * (the Gram buffers, allocated on first use). */
-static int ns_run_gram(ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
+/* The jobs `takes` claims, validated, run one at a time outside the
+ * scheduler, each with `run` on every worker, and are left out of it
+ * (batch set to 0). Fails only as `run` does (MU_ENOMEM: buffers allocated
+ * on first use; MU_EIO: oneDNN). */
+static int ns_run_aside(mu__ns_job *jobs, int64_t njobs, mu_ns_workspace *ws,
+                        int (*takes)(const mu__ns_job *), int (*run)(const mu__ns_batch *))
 {
     for (int64_t j = 0; j < njobs; j++) {
-        ns_job *job = &jobs[j];
-        if (job->batch == 0 || mu_ns_method_for(job->rows, job->cols, job->opts) != MU_NS_GRAM)
-            continue;
-        const mu__ns_batch gb = {.dt = job->dt, .rows = job->rows, .cols = job->cols,
-                                 .batch = job->batch, .in = job->in, .out = job->out,
-                                 .opts = job->opts, .ws = ws, .norms = job->norms,
-                                 .threads = ns_workers()};
-        int rc = mu__ns_gram_batch(&gb);
+        mu__ns_job *job = &jobs[j];
+        if (job->batch == 0 || !takes(job)) continue;
+        const mu__ns_batch b = {.dt = job->dt, .rows = job->rows, .cols = job->cols,
+                                .batch = job->batch, .in = job->in, .out = job->out,
+                                .opts = job->opts, .ws = ws, .norms = job->norms,
+                                .threads = mu__ns_workers()};
+        int rc = run(&b);
         if (rc != MU_OK) return rc;
         job->batch = 0;
     }
@@ -1680,11 +1413,35 @@ int mu_ns_workspace_stats(mu_ns_workspace *ws, int reset, mu_ns_stats *out)
     return MU_OK;
 }
 
+/* The float32 and float64 jobs whose shape mu_ns_method_for sends to the
+ * Gram iteration (src/ns_gram.c; the bfloat16 one, src/ns_gram_bf16.c, runs
+ * in the scheduler). */
+static int ns_takes_gram(const mu__ns_job *job)
+{
+    return !job->plan.bf16 && mu_ns_method_for(job->rows, job->cols, job->opts) == MU_NS_GRAM;
+}
+
+/* The jobs whose shape has more than one block (mu__split_plan): the
+ * blocked iteration (src/ns_split.c), so one process gives the bits a
+ * split over any group size gives. They go first (Gram ones too). */
+static int ns_takes_split(const mu__ns_job *job)
+{
+    int64_t blocks = 1;
+    return mu__split_plan(job->rows, job->cols, job->opts, &blocks, NULL) == MU_OK && blocks > 1;
+}
+
+/* The jobs run aside: the blocked ones, then the Gram ones. */
+static int ns_run_asides(mu__ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
+{
+    int rc = ns_run_aside(jobs, njobs, ws, ns_takes_split, mu__ns_split_batch);
+    return rc == MU_OK ? ns_run_aside(jobs, njobs, ws, ns_takes_gram, mu__ns_gram_batch) : rc;
+}
+
 int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
                     mu_ns_workspace *ws)
 {
     const double t0 = mu_clock();
-    ns_job job;
+    mu__ns_job job;
     int rc = ns_job_init("ns: ", in, out, opts, &job);
     if (rc != MU_OK) return rc;
     if (job.batch == 0) return MU_OK;
@@ -1720,7 +1477,7 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
         job.resid = l.resid;
         l.jobs[0] = job;
         rc = ns_dnnl_ready(l.jobs, 1, ws);
-        if (rc == MU_OK) rc = ns_run_gram(l.jobs, 1, ws);
+        if (rc == MU_OK) rc = ns_run_asides(l.jobs, 1, ws);
         if (rc == MU_OK) rc = ns_schedule(l.jobs, 1, l.unit, l.tstart, ws);
         if (rc == MU_OK) ns_account(ws, l.resid, job.batch, t0);
     }
@@ -1732,7 +1489,7 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
  * input may overlap no output but its own identical one (in place). */
 static int ns_check_aliasing(const ns_lists *l, int64_t count)
 {
-    const ns_job *jobs = l->jobs;
+    const mu__ns_job *jobs = l->jobs;
     int64_t n = 0;
     for (int64_t j = 0; j < count; j++)
         if (jobs[j].batch > 0) l->order[n++] = j;
@@ -1787,7 +1544,7 @@ int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *c
     int64_t total = 0;
     int dt = -1;
     for (int64_t j = 0; j < count; j++) {
-        ns_job job;
+        mu__ns_job job;
         mu__name_index(pre, sizeof pre, "ns many: tensor ", "", (long long)j, ": ");
         if (!in[j] || !out[j])
             return mu__fail(MU_EINVAL, "%sin[%lld] and out[%lld] must not be NULL", pre,
@@ -1827,7 +1584,7 @@ int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *c
     }
     if (rc == MU_OK) rc = ns_check_aliasing(&l, count);
     if (rc == MU_OK) rc = ns_dnnl_ready(l.jobs, count, ws);
-    if (rc == MU_OK) rc = ns_run_gram(l.jobs, count, ws);
+    if (rc == MU_OK) rc = ns_run_asides(l.jobs, count, ws);
     if (rc == MU_OK) rc = ns_schedule(l.jobs, count, l.unit, l.tstart, ws);
     if (rc == MU_OK) ns_account(ws, l.resid, total, t0);
     mu_ns_workspace_free(own);
@@ -1857,6 +1614,18 @@ void mu__ns_accumulate(int dt, void *b, const void *s, int64_t n, int64_t r0, in
     ns_accumulate(dt, b, s, n, r0, r1, 0, n);
 }
 
+int mu__ns_slot_gram(mu_ns_workspace *ws, mu__ns_slot *s)
+{
+    if (s->g) return MU_OK;
+    const size_t es = mu_dtype_size(ws->dtype);
+    const int64_t nn = ws->cap_nn > 0 ? ws->cap_nn : 1;
+    const size_t bytes = ((size_t)(3 * nn + ws->cap_nm + 16) * es + 63) & ~(size_t)63;
+    s->g = aligned_alloc(64, bytes);
+    if (!s->g) return mu__fail(MU_ENOMEM, "ns gram workspace: out of memory");
+    s->g_bytes = bytes;
+    return MU_OK;
+}
+
 int mu__ns_slots(mu_ns_workspace *ws, int want)
 {
     if (want > MU__NS_MAX_SLOTS) want = MU__NS_MAX_SLOTS;
@@ -1868,9 +1637,10 @@ int mu__ns_slots(mu_ns_workspace *ws, int want)
 void mu__ns_standard_one(const mu_ns_opts *opts, int dt, int64_t rows, int64_t cols,
                          const void *in, void *out, double norm, const mu__ns_slot *s)
 {
-    ns_job job = {.dt = dt, .rows = rows, .cols = cols, .in = in, .out = out,
+    mu__ns_job job = {.dt = dt, .rows = rows, .cols = cols, .in = in, .out = out,
                   .bytes_per = rows * cols * (int64_t)mu_dtype_size(dt), .opts = opts,
                   .inplace = in == out, .norms = &norm};
-    ns_plan_init(&job.plan, dt, rows, cols, opts->path, 0);
+    mu__ns_plan_init(&job.plan, dt, rows, cols, opts->path, 0);
     ns_one(&job, s, 0, 0); /* float32/64: no per-worker oneDNN objects */
 }
+

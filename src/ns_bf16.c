@@ -1,460 +1,342 @@
 /*
- * bfloat16 matrix products for Newton-Schulz (mu_ns_opts.dtype = MU_BF16),
- * on oneDNN's matmul primitive (Debian libdnnl2): bfloat16 inputs,
- * float32 accumulation and output. oneDNN picks its kernels by CPU:
- * AVX512_BF16 (vdpbf16ps) or AMX where the CPU has them, else an emulation
- * on AVX-512 / AVX2 (slower, the same maths); `muon info` names the path.
- *
- * The library is opened with dlopen on a workspace's first bfloat16 call
- * (and closed with it), so a process that never asks for bfloat16 does not
- * load it (nor its OpenMP runtime and OpenCL loader); without it, bfloat16
- * calls fail with MU_EIO naming the library.
- *
- * Below AVX-512 (e.g. ONEDNN_MAX_CPU_ISA=AVX2), oneDNN 2.x has no bfloat16
- * matmul: each product then widens its bfloat16 tiles to float32 (exact)
- * into its worker's staging buffer and runs OpenBLAS sgemm, the same maths
- * (float32 accumulation of exact products), slower.
- *
- * No allocation per product: before a call's workers start, src/ns.c names
- * every product shape of the call (mu__dnnl_want) and its most workers
- * (mu__dnnl_workers). Made then and kept with the workspace: a matmul
- * primitive per distinct shape (a handful per matrix shape: the plan's
- * full and ragged blocks), each worker's stream and, per primitive, its
- * memory objects, and each worker's buffers sized by the largest shape:
- * oneDNN's scratchpad (the primitives use a user scratchpad, so any worker
- * may run any of them, concurrently, each with its own) or the widened
- * path's copies; mu_ns_workspace_bytes counts the buffers. A product then
- * only points its worker's memory objects at the tile and runs.
- *
- * Reproducible bits: every product here runs on one thread (the calling
- * worker's; its OpenMP thread count is set to 1 for the call and was 1
- * when its primitive was made, which fixes the kernels' split), on a tile
- * whose sizes, strides and scalars come from the shape only (src/ns.c);
- * which worker runs it, and where its scratchpad is, do not change the
- * kernels. oneDNN's kernels depend on
- * the CPU's ISA (as OpenBLAS's on its core): processes of one distributed
- * run must share it (ONEDNN_MAX_CPU_ISA can pin it).
+ * The seed's bfloat16 Newton-Schulz iteration (mu_ns_opts.dtype = MU_BF16):
+ * its tile plan, its prologue and its tiles, run by the scheduler of
+ * src/ns.c; the products are oneDNN calls (src/dnnl.c) taking bfloat16
+ * inputs into float32, and every elementwise pass rounds where the seed's
+ * torch 1.13 code holds bfloat16 tensors (src/muon.h, mu_ns_opts).
  */
-#include "muon_internal.h"
+#include "ns_internal.h"
 
-#include <cblas.h>
-#include <dlfcn.h>
-#include <oneapi/dnnl/dnnl.h>
-#include <oneapi/dnnl/dnnl_debug.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include <math.h>
+#include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
-/* The functions muon calls, looked up in the library (their types come
- * from its header). */
-#define MU__DNNL_FNS(X)                                                                         \
-    X(dnnl_engine_create)                                                                       \
-    X(dnnl_engine_destroy)                                                                      \
-    X(dnnl_stream_create)                                                                       \
-    X(dnnl_stream_destroy)                                                                      \
-    X(dnnl_stream_wait)                                                                         \
-    X(dnnl_memory_desc_init_by_strides)                                                         \
-    X(dnnl_matmul_desc_init)                                                                    \
-    X(dnnl_primitive_desc_create)                                                               \
-    X(dnnl_primitive_desc_destroy)                                                              \
-    X(dnnl_primitive_create)                                                                    \
-    X(dnnl_primitive_destroy)                                                                   \
-    X(dnnl_memory_create)                                                                       \
-    X(dnnl_memory_destroy)                                                                      \
-    X(dnnl_memory_set_data_handle)                                                              \
-    X(dnnl_memory_desc_get_size)                                                                \
-    X(dnnl_primitive_attr_create)                                                               \
-    X(dnnl_primitive_attr_destroy)                                                              \
-    X(dnnl_primitive_attr_set_scratchpad_mode)                                                  \
-    X(dnnl_primitive_desc_query_md)                                                             \
-    X(dnnl_primitive_execute)                                                                   \
-    X(dnnl_get_effective_cpu_isa)                                                               \
-    X(dnnl_cpu_isa2str)                                                                         \
-    X(dnnl_version)
+/* The bfloat16 plan (mu_ns_opts.dtype = MU_BF16). X is held n x m
+ * row-major in bfloat16 (a tall input transposed when converted), and
+ * every product is a oneDNN call into float32, rounded by its tile:
+ *   GRAM_A  A = X X^T: the tn(tn+1)/2 blocks on and above the diagonal of
+ *           tn x tn blocks of nb (the others are their mirror images), each
+ *           one call rounded to bfloat16 into A and its mirror block
+ *   GRAM_B  B = b' A + c' A A over the same blocks (A A is symmetric)
+ *   APPLY   X = a' X + B X in tm column blocks of mb, in place (a column
+ *           block of B X reads only that block of X)
+ * Blocks of about MU__NS_BF16_NB (one block below 2 * NS_BF16_MIN, none
+ * split when n * m < NS_BF16_SPLIT), column blocks an even count of at most
+ * MU__NS_BF16_MB: sizes from the shape only, so a lone matrix splits over
+ * the workers with the calls a batch makes one worker at a time (no
+ * separate threshold: the one-thread oneDNN calls on these blocks run at
+ * the whole-matrix rate, ~400 GFLOP/s on the Zen 4 target). */
+#ifndef MU__NS_BF16_NB
+#define MU__NS_BF16_NB 192
+#endif
+#ifndef MU__NS_BF16_MB
+#define MU__NS_BF16_MB 512
+#endif
+enum { NS_BF16_MIN = 128, NS_BF16_SPLIT = 128 * 256 };
 
-enum { DNNL_NARGS = 4 }; /* src, weights, dst, scratchpad */
-
-/* A matmul primitive of one product shape, made once, and each worker's
- * memory objects for it (their data handles set per product). */
-typedef struct dnnl_prim {
-    mu__dnnl_shape key;
-    dnnl_primitive_t prim;
-    dnnl_memory_desc_t md[DNNL_NARGS];
-    int nargs; /* 4 with a scratchpad, else 3 */
-    size_t scratch_bytes;
-    dnnl_memory_t mem[MU__POOL_MAX][DNNL_NARGS];
-} dnnl_prim;
-
-#define MU__DNNL_FIELD(f) __typeof__(&f) f;
-struct mu__dnnl {
-    void *lib;
-    MU__DNNL_FNS(MU__DNNL_FIELD)
-    int (*omp_get_max_threads)(void);
-    void (*omp_set_num_threads)(int);
-    dnnl_engine_t engine;
-    int widen;         /* oneDNN has no bfloat16 matmul on this CPU (below AVX-512) */
-    atomic_int failed; /* a product failed (set by any worker) */
-    int nworkers;      /* workers with buffers: ranks 0 .. nworkers-1 */
-    int64_t stage_need;  /* widened: float32 elements of the largest wanted product's copies */
-    int64_t stage_elems; /* widened: elements of each worker's stage (>= stage_need once ready) */
-    float *stage[MU__POOL_MAX]; /* widened: worker w's copies of A and B */
-    dnnl_prim *prims;           /* the wanted shapes' primitives */
-    int nprims, prims_cap;
-    int *index;                 /* open addressing into prims: -1 free; at most half full */
-    size_t index_cap;           /* a power of two (0: none yet) */
-    size_t scratch_need;        /* bytes of the largest primitive's scratchpad */
-    size_t scratch_bytes;       /* bytes of each worker's scratchpad (>= scratch_need once ready) */
-    void *scratch[MU__POOL_MAX];
-    dnnl_stream_t stream[MU__POOL_MAX];
-};
-#undef MU__DNNL_FIELD
-
-static const char *const dnnl_soname = "libdnnl.so.2";
-
-void mu__dnnl_close(mu__dnnl *d)
+void mu__ns_bf16_plan(mu__ns_plan *p)
 {
-    if (!d) return;
-    for (int i = 0; i < d->nprims; i++) {
-        dnnl_prim *e = &d->prims[i];
-        for (int w = 0; w < MU__POOL_MAX; w++)
-            for (int a = 0; a < DNNL_NARGS; a++)
-                if (e->mem[w][a]) d->dnnl_memory_destroy(e->mem[w][a]);
-        d->dnnl_primitive_destroy(e->prim);
-    }
-    free(d->prims);
-    free(d->index);
-    for (int w = 0; w < MU__POOL_MAX; w++) {
-        free(d->stage[w]);
-        free(d->scratch[w]);
-        if (d->stream[w]) d->dnnl_stream_destroy(d->stream[w]);
-    }
-    if (d->engine) d->dnnl_engine_destroy(d->engine);
-    if (d->lib) dlclose(d->lib);
-    free(d);
-}
-
-/* Open the library: its functions, a CPU engine. */
-int mu__dnnl_open(mu__dnnl **out)
-{
-    *out = NULL;
-    mu__dnnl *d = calloc(1, sizeof *d);
-    if (!d) return mu__fail(MU_ENOMEM, "ns: out of memory");
-    d->lib = dlopen(dnnl_soname, RTLD_NOW | RTLD_LOCAL);
-    if (!d->lib) {
-        const char *why = dlerror();
-        free(d);
-        return mu__fail(MU_EIO, "ns: dtype bfloat16 needs oneDNN (%s, Debian package libdnnl2): %s",
-                        dnnl_soname, why ? why : "not found");
-    }
-    const char *missing = NULL;
-#define MU__DNNL_LOAD(f)                                                                        \
-    if (!missing && !(*(void **)&d->f = dlsym(d->lib, #f))) missing = #f;
-    MU__DNNL_FNS(MU__DNNL_LOAD)
-#undef MU__DNNL_LOAD
-    if (!missing && !(*(void **)&d->omp_get_max_threads = dlsym(d->lib, "omp_get_max_threads")))
-        missing = "omp_get_max_threads";
-    if (!missing && !(*(void **)&d->omp_set_num_threads = dlsym(d->lib, "omp_set_num_threads")))
-        missing = "omp_set_num_threads";
-    if (missing) {
-        mu__dnnl_close(d);
-        return mu__fail(MU_EIO, "ns: %s lacks %s (oneDNN 2.x with an OpenMP runtime is needed)",
-                        dnnl_soname, missing);
-    }
-    if (d->dnnl_engine_create(&d->engine, dnnl_cpu, 0) != dnnl_success) {
-        d->engine = NULL;
-        mu__dnnl_close(d);
-        return mu__fail(MU_EIO, "ns: oneDNN: no CPU engine");
-    }
-    atomic_init(&d->failed, 0);
-    /* Whether oneDNN has a bfloat16 matmul here (a 16 x 16 one). */
-    dnnl_memory_desc_t md;
-    const dnnl_dims_t dims = {16, 16}, st = {16, 1};
-    dnnl_matmul_desc_t desc;
-    dnnl_primitive_desc_t pd = NULL;
-    d->dnnl_memory_desc_init_by_strides(&md, 2, dims, dnnl_bf16, st);
-    dnnl_memory_desc_t mc;
-    d->dnnl_memory_desc_init_by_strides(&mc, 2, dims, dnnl_f32, st);
-    d->widen = d->dnnl_matmul_desc_init(&desc, &md, &md, NULL, &mc) != dnnl_success ||
-               d->dnnl_primitive_desc_create(&pd, &desc, NULL, d->engine, NULL) != dnnl_success;
-    if (pd) d->dnnl_primitive_desc_destroy(pd);
-    *out = d;
-    return MU_OK;
-}
-
-/* The 2-D row-major memory descriptors of a product: A, B (or B^T's
- * strides), C. */
-static int dnnl_mds(const mu__dnnl *d, const mu__dnnl_shape *s, dnnl_memory_desc_t md[3])
-{
-    const dnnl_dims_t da = {s->M, s->K}, db = {s->K, s->N}, dc = {s->M, s->N};
-    const dnnl_dims_t sa = {s->lda, 1}, sc = {s->ldc, 1};
-    dnnl_dims_t sb = {s->ldb, 1};
-    if (s->transb) {
-        sb[0] = 1;
-        sb[1] = s->ldb;
-    }
-    return d->dnnl_memory_desc_init_by_strides(&md[0], 2, da, dnnl_bf16, sa) == dnnl_success &&
-           d->dnnl_memory_desc_init_by_strides(&md[1], 2, db, dnnl_bf16, sb) == dnnl_success &&
-           d->dnnl_memory_desc_init_by_strides(&md[2], 2, dc, dnnl_f32, sc) == dnnl_success;
-}
-
-static size_t dnnl_hash(const mu__dnnl_shape *s)
-{
-    const uint64_t v[7] = {(uint64_t)s->M,   (uint64_t)s->N,   (uint64_t)s->K,     (uint64_t)s->lda,
-                           (uint64_t)s->ldb, (uint64_t)s->ldc, (uint64_t)s->transb};
-    uint64_t h = 14695981039346656037ull;
-    for (int i = 0; i < 7; i++) h = (h ^ v[i]) * 1099511628211ull;
-    return (size_t)(h ^ (h >> 29));
-}
-
-static int dnnl_same(const mu__dnnl_shape *a, const mu__dnnl_shape *b)
-{
-    return a->M == b->M && a->N == b->N && a->K == b->K && a->lda == b->lda &&
-           a->ldb == b->ldb && a->ldc == b->ldc && a->transb == b->transb;
-}
-
-/* The primitive of shape s, or -1. */
-static int dnnl_find(const mu__dnnl *d, const mu__dnnl_shape *s)
-{
-    if (!d->index_cap) return -1;
-    for (size_t i = dnnl_hash(s) & (d->index_cap - 1);; i = (i + 1) & (d->index_cap - 1)) {
-        const int e = d->index[i];
-        if (e < 0 || dnnl_same(&d->prims[e].key, s)) return e;
-    }
-}
-
-/* Room for one more primitive in prims and index. */
-static int dnnl_room(mu__dnnl *d)
-{
-    if (d->nprims == d->prims_cap) {
-        const int cap = d->prims_cap ? 2 * d->prims_cap : 16;
-        dnnl_prim *p = realloc(d->prims, (size_t)cap * sizeof *p);
-        if (!p) return 0;
-        d->prims = p;
-        d->prims_cap = cap;
-    }
-    if (2 * ((size_t)d->nprims + 1) > d->index_cap) { /* rebuild, twice as large */
-        const size_t cap = d->index_cap ? 2 * d->index_cap : 32;
-        int *ix = malloc(cap * sizeof *ix);
-        if (!ix) return 0;
-        for (size_t i = 0; i < cap; i++) ix[i] = -1;
-        for (int e = 0; e < d->nprims; e++) {
-            size_t i = dnnl_hash(&d->prims[e].key) & (cap - 1);
-            while (ix[i] >= 0) i = (i + 1) & (cap - 1);
-            ix[i] = e;
+    const int64_t n = p->n, m = p->m;
+    p->tn = 1;
+    p->nb = (int)n;
+    p->tm = 1;
+    p->mb = (int)m;
+    if (n * m >= NS_BF16_SPLIT) {
+        if (n >= 2 * NS_BF16_MIN) {
+            int64_t t = (n + MU__NS_BF16_NB - 1) / MU__NS_BF16_NB, b = (n + t - 1) / t;
+            b = (b + MU__NS_TILE_ALIGN - 1) / MU__NS_TILE_ALIGN * MU__NS_TILE_ALIGN;
+            p->nb = (int)b;
+            p->tn = (int)((n + b - 1) / b);
         }
-        free(d->index);
-        d->index = ix;
-        d->index_cap = cap;
+        p->tm = mu__ns_split(m, MU__NS_BF16_MB, NS_BF16_MIN, &p->mb);
     }
-    return 1;
+    p->tiles[MU__NS_GRAM_A] = p->tiles[MU__NS_GRAM_B] = p->tn * (p->tn + 1) / 2;
+    p->tiles[MU__NS_APPLY] = p->tm;
+    p->nx = p->tiles[MU__NS_GRAM_A] + p->tiles[MU__NS_GRAM_B] + p->tm;
 }
 
-/* Make the primitive of shape s into e (one OpenMP thread: the kernels'
- * thread count is fixed when the primitive is made). */
-static int dnnl_make(mu__dnnl *d, const mu__dnnl_shape *s, dnnl_prim *e)
-{
-    memset(e, 0, sizeof *e);
-    e->key = *s;
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_primitive_desc_t pd = NULL;
-    dnnl_matmul_desc_t desc;
-    const int saved = d->omp_get_max_threads();
-    d->omp_set_num_threads(1);
-    int ok = d->dnnl_primitive_attr_create(&attr) == dnnl_success &&
-             d->dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) ==
-                 dnnl_success &&
-             dnnl_mds(d, s, e->md) &&
-             d->dnnl_matmul_desc_init(&desc, &e->md[0], &e->md[1], NULL, &e->md[2]) ==
-                 dnnl_success &&
-             d->dnnl_primitive_desc_create(&pd, &desc, attr, d->engine, NULL) == dnnl_success &&
-             d->dnnl_primitive_create(&e->prim, pd) == dnnl_success;
-    if (ok) {
-        const dnnl_memory_desc_t *sp = d->dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-        e->scratch_bytes = sp ? d->dnnl_memory_desc_get_size(sp) : 0;
-        e->nargs = e->scratch_bytes ? 4 : 3;
-        if (e->scratch_bytes) e->md[3] = *sp;
+static inline float ns_bf(uint16_t h) { return mu__f32_from_bf16(h); }
+static inline uint16_t ns_rb(float f) { return mu__bf16_from_f32(f); }
+/* a bfloat16 scalar as torch makes it from a Python float */
+static inline float ns_bfc(double v) { return ns_bf(mu__bf16_from_f64(v)); }
+float mu__ns_bf16_coef(const mu_ns_opts *o, double v) { return o->coeffs_f32 ? (float)v : ns_bfc(v); }
+
+/* The elementwise rows of the bfloat16 iteration, written once (NS_BF16_ROWS)
+ * and compiled twice: for the build's baseline and, dispatched at run time,
+ * for AVX-512 (vectorized); both compute the same roundings bit for bit.
+ *   round: d = bf16(f)
+ *   poly:  d = bf16(bf16(b' a) + bf16(c' bf16(f)))
+ *   apply: x = bf16(bf16(a' x) + bf16(f)); with out, f = float32(x) too */
+#define NS_BF16_ROWS(SFX, ATTR)                                                             \
+    ATTR static void ns_row_round##SFX(uint16_t *restrict d, const float *restrict f,         \
+                                       int64_t len)                                          \
+    {                                                                                       \
+        for (int64_t i = 0; i < len; i++) d[i] = ns_rb(f[i]);                                \
+    }                                                                                       \
+    ATTR static void ns_row_poly##SFX(uint16_t *restrict d, const uint16_t *restrict a,       \
+                                      const float *restrict f, int64_t len, float bc, float cc) \
+    {                                                                                       \
+        for (int64_t i = 0; i < len; i++)                                                   \
+            d[i] = ns_rb(ns_bf(ns_rb(bc * ns_bf(a[i]))) + ns_bf(ns_rb(cc * ns_bf(ns_rb(f[i]))))); \
+    }                                                                                       \
+    ATTR static void ns_row_apply##SFX(uint16_t *restrict x, float *restrict f, int64_t len,  \
+                                       float ac, int out)                                    \
+    {                                                                                       \
+        if (!out)                                                                           \
+            for (int64_t i = 0; i < len; i++)                                               \
+                x[i] = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i])));           \
+        else                                                                                \
+            for (int64_t i = 0; i < len; i++) {                                             \
+                const uint16_t v = ns_rb(ns_bf(ns_rb(ac * ns_bf(x[i]))) + ns_bf(ns_rb(f[i]))); \
+                x[i] = v;                                                                   \
+                f[i] = ns_bf(v);                                                            \
+            }                                                                               \
+    }                                                                                       \
+    ATTR static void ns_row_sumsq##SFX(double *restrict acc, const float *restrict x,         \
+                                       int64_t len)                                          \
+    {                                                                                       \
+        for (int64_t i = 0; i + 8 <= len; i += 8)                                           \
+            for (int k = 0; k < 8; k++) {                                                   \
+                const double v = ns_bf(ns_rb(x[i + k]));                                     \
+                acc[k] += v * v;                                                            \
+            }                                                                               \
+    }                                                                                       \
+    ATTR static void ns_row_scale##SFX(uint16_t *restrict d, const float *restrict x,         \
+                                       int64_t len, float s)                                 \
+    {                                                                                       \
+        for (int64_t i = 0; i < len; i++) d[i] = ns_rb(ns_bf(ns_rb(x[i])) / s);              \
     }
-    d->omp_set_num_threads(saved);
-    if (pd) d->dnnl_primitive_desc_destroy(pd);
-    if (attr) d->dnnl_primitive_attr_destroy(attr);
-    if (!ok)
-        return mu__fail(MU_EIO, "ns: oneDNN made no bfloat16 matmul for %lld x %lld x %lld",
-                        (long long)s->M, (long long)s->N, (long long)s->K);
-    return MU_OK;
+
+NS_BF16_ROWS(_base, )
+#if defined(__x86_64__) && defined(__GNUC__)
+#ifdef __clang__ /* (clang has no optimize attribute; it vectorizes these loops at -O2) */
+#define NS_BF16_O3
+#else
+#define NS_BF16_O3 , optimize("O3")
+#endif
+NS_BF16_ROWS(_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq") NS_BF16_O3)))
+#define NS_ROW(name, ...)                                                                    \
+    (__builtin_cpu_supports("avx512bw") ? ns_row_##name##_avx512(__VA_ARGS__)                \
+                                        : ns_row_##name##_base(__VA_ARGS__))
+#else
+#define NS_ROW(name, ...) ns_row_##name##_base(__VA_ARGS__)
+#endif
+
+/* The buffers of a slot for the bfloat16 iteration: X (n x m bfloat16) in
+ * x, the float32 products in a (n x n), A and B (bfloat16) in b. */
+#define NS_BF16_BUFS(it, n)                                                                 \
+    uint16_t *X = (uint16_t *)(it)->s->x;                                                   \
+    float *F = (float *)(it)->s->a;                                                         \
+    uint16_t *Ab = (uint16_t *)(it)->s->b, *Bb = Ab + (int64_t)(n) * (n)
+
+double mu__ns_bf16_prescale(double norm)
+{
+    return norm <= 0x1p60 && norm >= 0x1p-60 ? 1.0 : ldexp(1.0, -ilogb(norm));
 }
 
-int mu__dnnl_want(mu__dnnl *d, const mu__dnnl_shape *s)
+float mu__ns_bf16_divisor(const mu_ns_opts *o, double nrm, double c)
 {
-    if (d->widen) {
-        const int64_t need = s->M * s->K + s->K * s->N;
-        if (need > d->stage_need) d->stage_need = need;
-        return MU_OK;
-    }
-    if (dnnl_find(d, s) >= 0) return MU_OK;
-    if (!dnnl_room(d)) return mu__fail(MU_ENOMEM, "ns: out of memory (oneDNN primitives)");
-    dnnl_prim *e = &d->prims[d->nprims];
-    const int rc = dnnl_make(d, s, e);
-    if (rc != MU_OK) return rc;
-    if (e->scratch_bytes > d->scratch_need) d->scratch_need = e->scratch_bytes;
-    size_t i = dnnl_hash(s) & (d->index_cap - 1);
-    while (d->index[i] >= 0) i = (i + 1) & (d->index_cap - 1);
-    d->index[i] = d->nprims++;
-    return MU_OK;
+    const float nb = ns_bf(ns_rb((float)nrm));
+    return ns_bf(ns_rb((float)(o->norm_scale * nb) + ns_bfc(c * o->eps)));
 }
 
-/* Bytes of a per-worker buffer of `bytes` (rounded up to a cache line, at least one). */
-static size_t dnnl_round(size_t bytes) { return ((bytes ? bytes : 1) + 63) & ~(size_t)63; }
-
-/* Worker w's stream, buffers and memory objects for every primitive. */
-static int dnnl_worker(mu__dnnl *d, int w)
+/* Prologue (bfloat16), the seed's normalization of its bfloat16 input:
+ * x0 = bf16(x), d = bf16(norm_scale bf16(||x0||_F) + bf16(eps)) and
+ * X = bf16(x0 / d) (the division in float32), transposed when tall; with 0
+ * steps that is the output (as float32). At scales where the seed's
+ * bfloat16 values would overflow (||x|| beyond bfloat16's range: it would
+ * give zeros) or lose their bits (tiny x), the same formula runs on c x
+ * with c eps, c a power of two bringing ||c x|| near 1: the seed's result,
+ * scaled (rounding commutes with c); norm is ||x||_F, in double. */
+void mu__ns_bf16_begin(mu__ns_iter *it, const char *src, double norm)
 {
-    if (d->widen) {
-        if (!d->stage[w] &&
-            !(d->stage[w] = aligned_alloc(64, dnnl_round((size_t)d->stage_elems * sizeof(float)))))
-            return mu__fail(MU_ENOMEM, "ns: out of memory (bfloat16 staging, %lld floats)",
-                            (long long)d->stage_elems);
-        return MU_OK;
+    const mu__ns_job *job = it->job;
+    const mu__ns_plan *p = &job->plan;
+    const mu_ns_opts *o = job->opts;
+    const float *x = (const float *)src;
+    float *out = (float *)it->dst;
+    const int64_t n = p->n, m = p->m, len = n * m;
+    const double c = mu__ns_bf16_prescale(norm);
+    if (c != 1.0) { /* c x into the output (free until the end) */
+        for (int64_t i = 0; i < len; i++) out[i] = (float)(c * x[i]);
+        x = out;
     }
-    if (!d->stream[w] &&
-        d->dnnl_stream_create(&d->stream[w], d->engine, dnnl_stream_default_flags) != dnnl_success) {
-        d->stream[w] = NULL;
-        return mu__fail(MU_EIO, "ns: oneDNN: no stream");
+    double acc[8] = {0}, ss = 0.0;
+    NS_ROW(sumsq, acc, x, len); /* 8 running sums of the groups of 8 */
+    for (int64_t i8 = len / 8 * 8; i8 < len; i8++) ss += (double)ns_bf(ns_rb(x[i8])) * ns_bf(ns_rb(x[i8]));
+    for (int k = 0; k < 8; k++) ss += acc[k];
+    const float d = mu__ns_bf16_divisor(o, sqrt(ss), c);
+    if (job->opts->steps == 0) {
+        for (int64_t i = 0; i < len; i++) out[i] = ns_bf(ns_rb(ns_bf(ns_rb(x[i])) / d));
+        return;
     }
-    if (d->scratch_bytes && !d->scratch[w] &&
-        !(d->scratch[w] = aligned_alloc(4096, d->scratch_bytes))) /* page-aligned as oneDNN's own */
-        return mu__fail(MU_ENOMEM, "ns: out of memory (oneDNN scratchpad, %zu bytes)",
-                        d->scratch_bytes);
-    for (int i = 0; i < d->nprims; i++) {
-        dnnl_prim *e = &d->prims[i];
-        for (int a = 0; a < e->nargs; a++)
-            if (!e->mem[w][a] && d->dnnl_memory_create(&e->mem[w][a], &e->md[a], d->engine,
-                                                       DNNL_MEMORY_NONE) != dnnl_success) {
-                e->mem[w][a] = NULL;
-                return mu__fail(MU_ENOMEM, "ns: out of memory (oneDNN memory objects)");
+    uint16_t *X = (uint16_t *)it->s->x;
+    if (!p->tall) {
+        NS_ROW(scale, X, x, len, d);
+    } else { /* x is m x n: X[i][j] = x[j][i] */
+        MU__NS_BLOCKED(n, 0, m, X[i * m + j] = ns_rb(ns_bf(ns_rb(x[j * n + i])) / d));
+    }
+    it->done = 0;
+}
+
+/* Mirror block rectangle rc of the n x n bfloat16 matrix M: (c, r) = (r, c)
+ * for its positions above the diagonal (c > r). A plain copy: 8 x 8
+ * squares wholly above the diagonal by an SSE2 transpose, the rest (the
+ * diagonal's squares and ragged edges) element by element. */
+void mu__ns_bf16_mirror(uint16_t *M, int64_t n, const mu__ns_rect *rc)
+{
+    for (int64_t c0 = rc->c0; c0 < rc->c1; c0 += 8)
+        for (int64_t r0 = rc->r0; r0 < rc->r1 && r0 < c0 + 8; r0 += 8) {
+            const int64_t c1 = c0 + 8 < rc->c1 ? c0 + 8 : rc->c1;
+            const int64_t r1 = r0 + 8 < rc->r1 ? r0 + 8 : rc->r1;
+#if defined(__SSE2__)
+            if (c1 - c0 == 8 && r1 - r0 == 8 && r0 + 8 <= c0) {
+                const uint16_t *q = M + r0 * n + c0;
+                uint16_t *o = M + c0 * n + r0;
+#define NS_LD(i) _mm_loadu_si128((const __m128i *)(q + (i) * n))
+                const __m128i a0 = _mm_unpacklo_epi16(NS_LD(0), NS_LD(1));
+                const __m128i a1 = _mm_unpackhi_epi16(NS_LD(0), NS_LD(1));
+                const __m128i a2 = _mm_unpacklo_epi16(NS_LD(2), NS_LD(3));
+                const __m128i a3 = _mm_unpackhi_epi16(NS_LD(2), NS_LD(3));
+                const __m128i a4 = _mm_unpacklo_epi16(NS_LD(4), NS_LD(5));
+                const __m128i a5 = _mm_unpackhi_epi16(NS_LD(4), NS_LD(5));
+                const __m128i a6 = _mm_unpacklo_epi16(NS_LD(6), NS_LD(7));
+                const __m128i a7 = _mm_unpackhi_epi16(NS_LD(6), NS_LD(7));
+#undef NS_LD
+                const __m128i b0 = _mm_unpacklo_epi32(a0, a2), b1 = _mm_unpackhi_epi32(a0, a2);
+                const __m128i b2 = _mm_unpacklo_epi32(a1, a3), b3 = _mm_unpackhi_epi32(a1, a3);
+                const __m128i b4 = _mm_unpacklo_epi32(a4, a6), b5 = _mm_unpackhi_epi32(a4, a6);
+                const __m128i b6 = _mm_unpacklo_epi32(a5, a7), b7 = _mm_unpackhi_epi32(a5, a7);
+#define NS_ST(i, v) _mm_storeu_si128((__m128i *)(o + (i) * n), v)
+                NS_ST(0, _mm_unpacklo_epi64(b0, b4));
+                NS_ST(1, _mm_unpackhi_epi64(b0, b4));
+                NS_ST(2, _mm_unpacklo_epi64(b1, b5));
+                NS_ST(3, _mm_unpackhi_epi64(b1, b5));
+                NS_ST(4, _mm_unpacklo_epi64(b2, b6));
+                NS_ST(5, _mm_unpackhi_epi64(b2, b6));
+                NS_ST(6, _mm_unpacklo_epi64(b3, b7));
+                NS_ST(7, _mm_unpackhi_epi64(b3, b7));
+#undef NS_ST
+                continue;
             }
-        if (e->nargs == 4 &&
-            d->dnnl_memory_set_data_handle(e->mem[w][3], d->scratch[w]) != dnnl_success)
-            return mu__fail(MU_EIO, "ns: oneDNN: cannot set the scratchpad");
-    }
-    return MU_OK;
-}
-
-int mu__dnnl_workers(mu__dnnl *d, int workers)
-{
-    if (workers > MU__POOL_MAX) workers = MU__POOL_MAX;
-    if (workers < d->nworkers) workers = d->nworkers;
-    if (d->stage_need > d->stage_elems) { /* every worker's stage grows */
-        for (int w = 0; w < MU__POOL_MAX; w++) {
-            free(d->stage[w]);
-            d->stage[w] = NULL;
+#endif
+            for (int64_t c = c0; c < c1; c++)
+                for (int64_t r = r0; r < r1 && r < c; r++) M[c * n + r] = M[r * n + c];
         }
-        d->stage_elems = d->stage_need;
+}
+
+/* Write v at (r, c) of an n x n matrix and at its mirror (c, r), for the
+ * positions of block rectangle r (c >= r on a diagonal block). */
+#define NS_BF16_SYM(M, n, rc, ROW)                                                           \
+    for (int64_t r = (rc).r0; r < (rc).r1; r++) {                                            \
+        const int64_t cs = (rc).c0 > r ? (rc).c0 : r, at = r * (n) + cs, len = (rc).c1 - cs; \
+        if (len > 0) ROW;                                                                    \
+    }                                                                                        \
+    mu__ns_bf16_mirror(M, n, &(rc))
+
+/* The oneDNN product of tile t of stage `stage` (MU__NS_GRAM_A, MU__NS_GRAM_B or
+ * MU__NS_APPLY) of the bfloat16 plan: its sizes and strides (ns_bf16_tile
+ * adds the pointers). */
+void mu__ns_bf16_shape(const mu__ns_plan *p, int stage, int t, mu__dnnl_shape *s)
+{
+    const int64_t n = p->n, m = p->m;
+    if (stage == MU__NS_APPLY) {
+        const int64_t j0 = (int64_t)t * p->mb, nj = j0 + p->mb < m ? p->mb : m - j0;
+        *s = (mu__dnnl_shape){.M = n, .N = nj, .K = n, .lda = n, .ldb = m,
+                              .ldc = p->tall ? nj : m, .transb = 0};
+        return;
     }
-    if (d->scratch_need > d->scratch_bytes) { /* every worker's scratchpad grows */
-        for (int w = 0; w < MU__POOL_MAX; w++) {
-            free(d->scratch[w]);
-            d->scratch[w] = NULL;
+    mu__ns_rect rr;
+    mu__ns_tri_rect(p, t, &rr);
+    const int64_t kk = stage == MU__NS_GRAM_A ? m : n;
+    *s = (mu__dnnl_shape){.M = rr.r1 - rr.r0, .N = rr.c1 - rr.c0, .K = kk, .lda = kk, .ldb = kk,
+                          .ldc = n, .transb = 1};
+}
+
+/* Tile t of stage `stage` of step k (bfloat16; see ns_bf16_plan), on worker w. */
+void mu__ns_bf16_tile(const mu__ns_iter *it, int k, int stage, int t, int w)
+{
+    const mu__ns_job *job = it->job;
+    const mu__ns_plan *p = &job->plan;
+    const int64_t n = p->n, m = p->m;
+    const double *co = job->opts->coeffs + 3 * k;
+    NS_BF16_BUFS(it, n);
+    mu__dnnl_shape sh;
+    mu__ns_bf16_shape(p, stage, t, &sh);
+    mu__ns_rect rr;
+    if (stage == MU__NS_GRAM_A || stage == MU__NS_GRAM_B) {
+        mu__ns_tri_rect(p, t, &rr);
+        const uint16_t *P = stage == MU__NS_GRAM_A ? X : Ab;
+        const int64_t kk = sh.K;
+        float *c = F + (int64_t)rr.r0 * n + rr.c0;
+        const float bc = mu__ns_bf16_coef(job->opts, co[1]), cc = mu__ns_bf16_coef(job->opts, co[2]);
+        if (stage == MU__NS_GRAM_A || cc != 0.0f) /* (c = 0: B = bf16(b' A), no A A) */
+            mu__dnnl_gemm(job->dnnl, w, &sh, P + (int64_t)rr.r0 * kk, P + (int64_t)rr.c0 * kk, c);
+        if (stage == MU__NS_GRAM_A) {
+            NS_BF16_SYM(Ab, n, rr, NS_ROW(round, Ab + at, F + at, len));
+        } else if (cc != 0.0f) {
+            NS_BF16_SYM(Bb, n, rr, NS_ROW(poly, Bb + at, Ab + at, F + at, len, bc, cc));
+        } else {
+            NS_BF16_SYM(Bb, n, rr, for (int64_t i = 0; i < len; i++) Bb[at + i] = ns_rb(bc * ns_bf(Ab[at + i])));
         }
-        d->scratch_bytes = (d->scratch_need + 4095) & ~(size_t)4095;
+        return;
     }
-    for (int w = 0; w < workers; w++) {
-        const int rc = dnnl_worker(d, w);
-        if (rc != MU_OK) {
-            d->nworkers = w; /* the workers before w are ready */
-            return rc;
+    /* MU__NS_APPLY: X[:, j0:j1] = a' X + B X into float32 scratch C in the
+     * output: its columns j0:j1 (ld m), or when tall its rows j0:j1 (the
+     * same columns of X, transposed: compact n x nj). */
+    const int64_t j0 = (int64_t)t * p->mb, nj = sh.N, ldc = sh.ldc;
+    float *out = (float *)it->dst;
+    float *C = p->tall ? out + j0 * n : out + j0;
+    mu__dnnl_gemm(job->dnnl, w, &sh, Bb, X + j0, C);
+    const float ac = mu__ns_bf16_coef(job->opts, co[0]);
+    const int last = k == job->opts->steps - 1;
+    for (int64_t i = 0; i < n; i++)
+        NS_ROW(apply, X + i * m + j0, C + i * ldc, nj, ac, last && !p->tall);
+    if (last && p->tall) /* out rows j0:j1 = X[:, j0:j1]^T */
+        MU__NS_BLOCKED(n, 0, nj, C[j * n + i] = ns_bf(X[i * m + j0 + j]));
+}
+
+int mu__ns_bf16_want(const mu__ns_plan *p, mu__dnnl *d)
+{
+    static const int stages[] = {MU__NS_GRAM_A, MU__NS_GRAM_B, MU__NS_APPLY};
+    int rc = MU_OK;
+    for (int k = 0; rc == MU_OK && k < 3; k++)
+        for (int t = 0; rc == MU_OK && t < p->tiles[stages[k]]; t++) {
+            mu__dnnl_shape sh;
+            mu__ns_bf16_shape(p, stages[k], t, &sh);
+            rc = mu__dnnl_want(d, &sh);
         }
-    }
-    d->nworkers = workers;
-    return MU_OK;
+    return rc;
 }
 
-size_t mu__dnnl_bytes(const mu__dnnl *d)
+double mu__ns_bf16_flops(const mu__ns_plan *p, const mu_ns_opts *o)
 {
-    if (!d) return 0;
-    size_t n = 0;
-    for (int w = 0; w < MU__POOL_MAX; w++) {
-        if (d->stage[w]) n += dnnl_round((size_t)d->stage_elems * sizeof(float));
-        if (d->scratch[w]) n += d->scratch_bytes;
-    }
-    return n;
+    static const int stages[] = {MU__NS_GRAM_A, MU__NS_GRAM_B, MU__NS_APPLY};
+    double per[3] = {0, 0, 0};
+    for (int k = 0; k < 3; k++)
+        for (int t = 0; t < p->tiles[stages[k]]; t++) {
+            mu__dnnl_shape sh;
+            mu__ns_bf16_shape(p, stages[k], t, &sh);
+            per[k] += 2.0 * (double)sh.M * (double)sh.N * (double)sh.K;
+        }
+    double f = 0;
+    for (int k = 0; k < o->steps; k++) f += per[0] + (mu__ns_bf16_coef(o, o->coeffs[3 * k + 2]) != 0.0f) * per[1] + per[2];
+    return f;
 }
 
-/* The widened product (no bfloat16 matmul in oneDNN on this CPU), through
- * worker w's stage. */
-static void dnnl_widened(mu__dnnl *d, int w, const mu__dnnl_shape *s, const uint16_t *a,
-                         const uint16_t *b, float *c)
+void mu__ns_bf16_round(uint16_t *d, const float *f, int64_t len) { NS_ROW(round, d, f, len); }
+
+void mu__ns_bf16_poly(uint16_t *d, const uint16_t *a, const float *f, int64_t len, float bc, float cc)
 {
-    const int64_t M = s->M, N = s->N, K = s->K, lda = s->lda, ldb = s->ldb;
-    if (w < 0 || w >= d->nworkers || M * K + K * N > d->stage_elems) { /* not wanted first */
-        atomic_store(&d->failed, 1);
-        return;
-    }
-    float *wa = d->stage[w], *wb = wa + M * K;
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t k = 0; k < K; k++) wa[i * K + k] = mu__f32_from_bf16(a[i * lda + k]);
-    const int64_t br = s->transb ? N : K, bc = s->transb ? K : N;
-    for (int64_t i = 0; i < br; i++)
-        for (int64_t k = 0; k < bc; k++) wb[i * bc + k] = mu__f32_from_bf16(b[i * ldb + k]);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, s->transb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                (int)K, 1.0f, wa, (int)K, wb, (int)bc, 0.0f, c, (int)s->ldc);
+    NS_ROW(poly, d, a, f, len, bc, cc);
 }
 
-int mu__dnnl_threads(const mu__dnnl *d) { return d->omp_get_max_threads(); }
-
-void mu__dnnl_set_threads(const mu__dnnl *d, int n) { d->omp_set_num_threads(n); }
-
-int mu__dnnl_take_failure(mu__dnnl *d)
+void mu__ns_bf16_apply(uint16_t *x, float *f, int64_t len, float ac, int out)
 {
-    if (!atomic_exchange(&d->failed, 0)) return MU_OK;
-    return mu__fail(MU_ENOMEM, "ns: a oneDNN bfloat16 product failed (out of memory?)");
+    NS_ROW(apply, x, f, len, ac, out);
 }
 
-void mu__dnnl_gemm(mu__dnnl *d, int w, const mu__dnnl_shape *s, const uint16_t *a,
-                   const uint16_t *b, float *c)
-{
-    if (d->widen) {
-        dnnl_widened(d, w, s, a, b, c);
-        return;
-    }
-    const int i = dnnl_find(d, s);
-    if (i < 0 || w < 0 || w >= d->nworkers) { /* not wanted first */
-        atomic_store(&d->failed, 1);
-        return;
-    }
-    const dnnl_prim *e = &d->prims[i];
-    dnnl_memory_t const *m = e->mem[w];
-    const dnnl_exec_arg_t args[DNNL_NARGS] = {{DNNL_ARG_SRC, m[0]},
-                                              {DNNL_ARG_WEIGHTS, m[1]},
-                                              {DNNL_ARG_DST, m[2]},
-                                              {DNNL_ARG_SCRATCHPAD, m[3]}};
-    d->omp_set_num_threads(1); /* this thread's products: one thread (fixed bits) */
-    const int ok = d->dnnl_memory_set_data_handle(m[0], (void *)a) == dnnl_success &&
-                   d->dnnl_memory_set_data_handle(m[1], (void *)b) == dnnl_success &&
-                   d->dnnl_memory_set_data_handle(m[2], c) == dnnl_success &&
-                   d->dnnl_primitive_execute(e->prim, d->stream[w], e->nargs, args) ==
-                       dnnl_success &&
-                   d->dnnl_stream_wait(d->stream[w]) == dnnl_success;
-    if (!ok) atomic_store(&d->failed, 1);
-}
-
-/* "oneDNN 2.6.3 avx512_core_bf16 (AVX512_BF16 instructions)" or why not. */
-void mu__dnnl_describe(char *buf, size_t cap)
-{
-    mu__dnnl *d;
-    if (mu__dnnl_open(&d) != MU_OK) {
-        snprintf(buf, cap, "none (%s not loadable)", dnnl_soname);
-        mu__clear_error();
-        return;
-    }
-    const dnnl_version_t *v = d->dnnl_version();
-    const dnnl_cpu_isa_t isa = d->dnnl_get_effective_cpu_isa();
-    const char *how = d->widen ? "no bf16 kernels here: widened to float32, OpenBLAS sgemm"
-                      : (isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx
-                          ? "AMX"
-                      : (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16
-                          ? "AVX512_BF16 instructions"
-                          : "emulated on AVX-512, no bf16 instructions";
-    snprintf(buf, cap, "oneDNN %d.%d.%d %s (%s)", v->major, v->minor, v->patch,
-             d->dnnl_cpu_isa2str(isa), how);
-    mu__dnnl_close(d);
-}
+void mu__ns_bf16_scale(uint16_t *d, const float *x, int64_t len, float s) { NS_ROW(scale, d, x, len, s); }

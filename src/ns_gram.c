@@ -19,7 +19,7 @@
  * e.g. s = 5, r = 1 at 1024 x 4096: 44 n^3 against 65 n^3.
  *
  * Guard: the result's Frobenius norm must be finite and within the band
- * the scalar map of the schedule allows (see gram_band); otherwise that
+ * the scalar map of the schedule allows (see mu__ns_gram_band); otherwise that
  * matrix is redone with the standard iteration.
  *
  * Reproducible bits, as in src/ns.c: every product is a fixed list of
@@ -30,7 +30,7 @@
  * afterwards; the others in two column blocks) for two workers; smaller
  * matrices make one call per product.
  */
-#include "muon_internal.h"
+#include "ns_internal.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -50,13 +50,15 @@ enum { GRAM_SPLIT_MIN = 512, GRAM_ALIGN = 16, GRAM_NBUF = 5 };
  * worker (as src/ns.c's MU__NS_BATCH_PAR_MAX). */
 #define GRAM_BATCH_PAR_MAX (1024 * 4096)
 
-/* Restarts: before which steps (0-based, a bit mask) X is recomputed.
- * Chosen from the accuracy measurements in the README: one restart in the
- * middle of the schedule (before step 3 of 5, every 3 steps for longer ones).
- */
-static uint64_t gram_restarts(int steps)
+/* Restarts (src/ns_internal.h), chosen from the accuracy measurements in
+ * the README: float32 in the middle of the schedule (before step 3 of 5,
+ * every 3 steps for longer ones); bfloat16 before step 2 and every 2 steps
+ * (its rounding grows in R faster). */
+uint64_t mu__ns_gram_restarts(int steps, int dtype)
 {
-    const char *env = getenv("MU_NS_GRAM_RESTARTS"); /* measurement knob: "2,4" or "none" */
+    const int bf16 = dtype == MU_BF16, every = bf16 ? 2 : 3;
+    /* measurement knobs: "2,4" or "none" */
+    const char *env = getenv(bf16 ? "MU_NS_GRAM16_RESTARTS" : "MU_NS_GRAM_RESTARTS");
     uint64_t mask = 0;
     if (env && *env) {
         if (strcmp(env, "none") == 0) return 0;
@@ -69,66 +71,8 @@ static uint64_t gram_restarts(int steps)
         }
         return mask;
     }
-    for (int k = 3; k < steps && k < 64; k += 3)
-        mask |= (uint64_t)1 << k;
+    for (int k = every; k < steps && k < 64; k += every) mask |= (uint64_t)1 << k;
     return mask;
-}
-
-static int popcount64(uint64_t v)
-{
-    int c = 0;
-    for (; v; v &= v - 1)
-        c++;
-    return c;
-}
-
-/* ------------------------------------------------------------ the method */
-
-static double std_flops(double n, double m, const mu_ns_opts *o)
-{
-    const double s = o->steps;
-    return o->path == MU_NS_PLAIN ? s * (4 * n * n * m + 2 * n * n * n)
-                                  : s * (3 * n * n * m + n * n * n);
-}
-
-static double gram_flops(double n, double m, const mu_ns_opts *o)
-{
-    const double phases = 1 + popcount64(gram_restarts(o->steps));
-    return 3 * phases * n * n * m + (6.0 * o->steps - 5 * phases) * n * n * n;
-}
-
-/* auto: the Gram iteration when its flops, weighted by GRAM_AUTO_WEIGHT
- * (its n x n products run below the rate of the standard iteration's
- * n x m ones), are fewer, and n is at least GRAM_AUTO_MIN_N (below, call
- * overheads dominate). Checked against measurements (README). */
-#define GRAM_AUTO_WEIGHT 1.15
-enum { GRAM_AUTO_MIN_N = 64 };
-
-int mu_ns_method_for(int64_t rows, int64_t cols, const mu_ns_opts *opts)
-{
-    int rc = mu__ns_check_opts(opts);
-    if (rc != MU_OK) return rc;
-    if (rows < 0 || cols < 0)
-        return mu__fail(MU_EINVAL, "ns: rows and cols must be >= 0, got %lld x %lld",
-                        (long long)rows, (long long)cols);
-    if (opts->precond == MU_NS_PRECOND_AOL) return MU_NS_STANDARD; /* (AOL: src/ns.c only) */
-    /* bfloat16: the standard iteration only (the seed's). The Gram
-     * iteration's restart points and guard band are derived for float32
-     * rounding (~1e-7); with bfloat16's ~4e-3 per rounding they would not
-     * bound its error, and it has no bfloat16 kernels. */
-    if (opts->dtype == MU_BF16) return MU_NS_STANDARD;
-    if (opts->method != MU_NS_AUTO) return opts->method;
-    const double n = (double)(rows < cols ? rows : cols), m = (double)(rows < cols ? cols : rows);
-    if (opts->steps < 2 || n < GRAM_AUTO_MIN_N) return MU_NS_STANDARD;
-    return GRAM_AUTO_WEIGHT * gram_flops(n, m, opts) < std_flops(n, m, opts) ? MU_NS_GRAM
-                                                                             : MU_NS_STANDARD;
-}
-
-double mu__ns_cost(int64_t rows, int64_t cols, const mu_ns_opts *opts)
-{
-    const double n = (double)(rows < cols ? rows : cols), m = (double)(rows < cols ? cols : rows);
-    return mu_ns_method_for(rows, cols, opts) == MU_NS_GRAM ? gram_flops(n, m, opts)
-                                                            : std_flops(n, m, opts);
 }
 
 /* ------------------------------------------------------------- the plan */
@@ -159,24 +103,25 @@ static double gram_map(const mu_ns_opts *o, double s)
     return s;
 }
 
-/* The guard's band. After normalization the singular values lie in
- * [0, 1 / norm_scale] and the largest is at least 1 / (norm_scale sqrt(n)),
- * so ||result||_F is at most sqrt(n) max|g| and at least min|g| over the
- * largest one's range (g: the scalar map); with margins for rounding. */
-static void gram_band(gram_plan *p)
+void mu__ns_gram_band(const mu_ns_opts *o, int64_t n, double top, double hi_margin, double lo_margin,
+                      double *lo, double *hi)
 {
-    const mu_ns_opts *o = p->opts;
-    const double top = 1.0 / o->norm_scale, low = top / sqrt((double)p->n);
-    double hi = 0.0, lo = INFINITY;
+    const double low = top / sqrt((double)n);
+    double h = 0.0, l = INFINITY;
     enum { SAMPLES = 2048 };
     for (int i = 0; i <= SAMPLES; i++) {
         const double s = top * i / SAMPLES, g = fabs(gram_map(o, s));
-        hi = fmax(hi, g);
-        if (s >= 0.99 * low) lo = fmin(lo, g);
+        h = fmax(h, g);
+        if (s >= 0.99 * low) l = fmin(l, g);
     }
-    lo = fmin(lo, fabs(gram_map(o, 0.99 * low)));
-    p->band_hi = 1.05 * sqrt((double)p->n) * hi + 1e-6;
-    p->band_lo = 0.5 * lo;
+    l = fmin(l, fabs(gram_map(o, 0.99 * low)));
+    *hi = hi_margin * sqrt((double)n) * h + 1e-6;
+    *lo = lo_margin * l;
+}
+
+void mu__ns_gram_band_f32(const mu_ns_opts *o, int64_t n, double *lo, double *hi)
+{
+    mu__ns_gram_band(o, n, 1.0 / o->norm_scale, 1.05, 0.5, lo, hi);
 }
 
 static void gram_plan_init(gram_plan *p, int dt, int64_t rows, int64_t cols, const mu_ns_opts *opts)
@@ -197,8 +142,8 @@ static void gram_plan_init(gram_plan *p, int dt, int64_t rows, int64_t cols, con
     p->mh = p->split ? round_up((p->m + 1) / 2) : p->m;
     /* rows [0, band) of the upper triangle hold half its elements */
     p->band = p->split ? round_up((int64_t)(p->n * (1.0 - sqrt(0.5)))) : p->n;
-    p->restarts = gram_restarts(opts->steps);
-    gram_band(p);
+    p->restarts = mu__ns_gram_restarts(opts->steps, MU_F32);
+    mu__ns_gram_band_f32(opts, p->n, &p->band_lo, &p->band_hi);
 }
 
 /* ---------------------------------------------------------------- team */
@@ -316,12 +261,8 @@ static int gram_slot_bufs(mu_ns_workspace *ws, mu__ns_slot *s, gram_bufs *b)
 {
     const size_t es = mu_dtype_size(ws->dtype);
     const int64_t nn = ws->cap_nn > 0 ? ws->cap_nn : 1;
-    if (!s->g) {
-        size_t bytes = ((size_t)(3 * nn + ws->cap_nm + 16) * es + 63) & ~(size_t)63;
-        s->g = aligned_alloc(64, bytes);
-        if (!s->g) return mu__fail(MU_ENOMEM, "ns gram workspace: out of memory");
-        s->g_bytes = bytes;
-    }
+    const int rc = mu__ns_slot_gram(ws, s);
+    if (rc != MU_OK) return rc;
     char *g = s->g;
     b->nn[0] = s->a;
     b->nn[1] = s->b;
@@ -357,7 +298,7 @@ static void give(gram_pool *pl, const void *b)
 }
 
 /* Test knob: MU_NS_GRAM_GUARD=fail makes the guard reject every result. */
-static int guard_forced(void)
+int mu__ns_gram_guard_forced(void)
 {
     const char *e = getenv("MU_NS_GRAM_GUARD");
     return e && strcmp(e, "fail") == 0;
@@ -439,7 +380,7 @@ static int gram_one(const gram_plan *p, const gram_ctx *c, const gram_bufs *gb,
         if (!c->team || c->rank == 0) {
             double got = 0.0;
             int ok = mu__ns_norm(dt, base, len, &got) && got <= p->band_hi && got >= p->band_lo &&
-                     !guard_forced();
+                     !mu__ns_gram_guard_forced();
             if (c->team) atomic_store(c->verdict, ok);
             fallback = !ok;
         }

@@ -1,6 +1,6 @@
 /*
  * One worker pool for the C core's parallel work (src/pool.c): Newton-Schulz
- * (src/ns.c, src/ns_gram.c) and the fused multi-tensor ops.
+ * (src/ns.c, src/ns_gram.c, src/ns_bf16.c) and the fused multi-tensor ops.
  *
  * A call runs one function on a team of workers and returns when all of
  * them have returned. There is nothing to create or free and no state

@@ -17,11 +17,11 @@ local write_cfg = H.config_file
 local CFG = "return { groups = { { name = 'hidden', optimizer = 'muon', lr = 0.02, min_dim = 2 }, "
   .. "{ name = 'rest', optimizer = 'adamw', lr = 3e-4 } } }"
 
--- Newton-Schulz flops of one standard step on an a x b matrix (m the
--- smaller side): X X^T, A A, B X.
+-- Newton-Schulz flops of one symmetric standard step on an a x b matrix
+-- (m the smaller side): X X^T (its triangle), A A (its triangle), B X.
 local function ns_step_flops(a, b)
   local m, n = math.min(a, b), math.max(a, b)
-  return 2 * m * m * n + 2 * m * m * m + 2 * m * m * n
+  return m * m * n + m * m * m + 2 * m * m * n
 end
 
 local function capture(cmd)

@@ -335,6 +335,34 @@ describe("every tensor the commit writes is checked", function()
     end)
   end
 
+  it("state that overflows only as stored (bfloat16 state, finite float32 maths): error names it; skip skips", function()
+    -- A gradient of 3.397e38 is finite in float32; the new momentum (Muon,
+    -- momentum {0, 0.5}: u = g) or moment (Lion, betas {0.9, 0}: m' = g)
+    -- rounds to Inf in bfloat16 while the update stays finite: the
+    -- direction pass checks the state as it would be stored.
+    for _, case in ipairs({ { "muon", { momentum = { 0, 0.5 } }, "momentum_buffer" },
+                            { "lion", { betas = { 0.9, 0 } }, "exp_avg" } }) do
+      for _, policy in ipairs({ "error", "skip" }) do
+        local g = { optimizer = case[1], lr = 0.01, state_dtype = "bfloat16", nonfinite = policy }
+        for k, v in pairs(case[2]) do g[k] = v end
+        local eng = engine.new({ groups = { g } })
+        eng:add_param("w", T.randn({ 4, 6 }, 1), T.randn({ 4, 6 }, 2))
+        eng:step()
+        eng:param("w").grad:set(3.397e38, 2, 3)
+        if policy == "error" then
+          step_fails_unchanged(eng, "parameter 'w': state tensor '" .. case[3] .. "' would hold NaN or Inf after the step")
+        else
+          local w, st = eng:param("w").value:clone(), eng:state("w")[case[3]]:clone()
+          eng:step()
+          assert.are.equal(1, eng:stats()[case[1]].skipped_nonfinite)
+          H.assert_equal_bits(eng:param("w").value, w, "w")
+          H.assert_equal_bits(eng:state("w")[case[3]], st, case[3])
+          eng:save(H.tmpname(".safetensors")) -- (nothing non-finite was committed)
+        end
+      end
+    end
+  end)
+
   it("a parameter already holding NaN fails the step under 'error' (cautious decay too)", function()
     for _, mode in ipairs({ "decoupled", "cautious" }) do
       local eng = pair({ weight_decay = 0.1, weight_decay_mode = mode })

@@ -103,15 +103,17 @@ describe("dist NS cost and owners", function()
     assert.are.same({ 8, 27, 1 }, core({ 8, 3, 3, 3 }, "flatten"))
     assert.are.same({ 3, 3, 24 }, core({ 8, 3, 3, 3 }, "batch"))
     assert.is_nil(ns.core({ 7 }))
-    -- m=4, n=6: 4*16*6 + 2*64 = 512 per matrix
-    assert.are.equal(3 * 512, ns.flops({ 3, 6, 4 }))
-    assert.are.equal(512, ns.flops({ 4, 6 }))
+    -- the default iteration, 5 symmetric steps: 5 (3 m^2 n + m^3), m the
+    -- smaller side; m=4, n=6: 5 (288 + 64) = 1760 per matrix
+    local function flops(shape, mode) return (ns.shape_cost(shape, mode)) end
+    assert.are.equal(3 * 1760, flops({ 3, 6, 4 }))
+    assert.are.equal(1760, flops({ 4, 6 }))
     -- flatten: the cost of the flattened (out, in*kh*kw) matrix, by hand:
-    -- m=8, n=27: 4*64*27 + 2*512 = 7936 (the batch reading costs 24 3x3s)
-    assert.are.equal(7936, ns.flops({ 8, 3, 3, 3 }, "flatten"))
-    assert.are.equal(ns.flops({ 8, 27 }), ns.flops({ 8, 3, 3, 3 }, "flatten"))
-    assert.are.equal(24 * (4 * 27 + 2 * 27), ns.flops({ 8, 3, 3, 3 }, "batch"))
-    assert.are.equal(0, ns.flops({ 5 }))
+    -- m=8, n=27: 5 (3*64*27 + 512) = 28480 (the batch reading costs 24 3x3s)
+    assert.are.equal(28480, flops({ 8, 3, 3, 3 }, "flatten"))
+    assert.are.equal(flops({ 8, 27 }), flops({ 8, 3, 3, 3 }, "flatten"))
+    assert.are.equal(24 * 5 * (3 * 27 + 27), flops({ 8, 3, 3, 3 }, "batch"))
+    assert.are.equal(0, flops({ 5 }))
   end)
   it("assigns largest first to the least loaded, ties to the smallest coordinate", function()
     local owners, load = D.build_owner_by_size({ 5, 9, 9, 3, 7 }, 2)
@@ -139,14 +141,15 @@ describe("dist NS cost and owners", function()
     end
     local recs = recs_of()
     local plan = D.plan(recs, m, { max_batch_numel = 16, rank = 0 })
-    -- Owners largest first by flops (4 m^2 n + 2 m^3) onto the least loaded
-    -- rank, ties to the smaller: b (3072) to rank 0, c (3072) to rank 1,
-    -- a (384) to rank 0, then e (48) to rank 1.
+    -- Owners largest first by flops (the cost model, default options: 5 (3
+    -- m^2 n + m^3) = 20 n^3 for n x n) onto the least loaded rank, ties to
+    -- the smaller: b (10240) to rank 0, c (10240) to rank 1, a (1280) to
+    -- rank 0, then e (160) to rank 1.
     assert.are.equal(0, recs[2].owner)
     assert.are.equal(1, recs[3].owner)
     assert.are.equal(0, recs[1].owner)
     assert.are.equal(1, recs[5].owner)
-    assert.are.same({ [0] = 3072 + 384, [1] = 3072 + 48 }, plan.ns_load)
+    assert.are.same({ [0] = 10240 + 1280, [1] = 10240 + 160 }, plan.ns_load)
     -- Sharded boxes: every rank holds its own (one class); e: its owner.
     assert.is_true(recs[1].holds)
     assert.is_false(recs[5].holds)

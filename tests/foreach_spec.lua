@@ -663,7 +663,6 @@ describe("foreach.apply_cautious", function()
 end)
 
 describe("momentum in two parts (Muon's momentum written in place at the commit)", function()
-  local F = require("muon.foreach")
   local TT = require("muon.tensor")
   local function list(shapes, seed, dt, scale)
     local out = {}
@@ -673,43 +672,225 @@ describe("momentum in two parts (Muon's momentum written in place at the commit)
     end
     return out
   end
-  local SHAPES = { { 37, 5 }, { 3 }, { 64, 33 }, { 0, 4 } }
+  local PART_SHAPES = { { 37, 5 }, { 3 }, { 64, 33 }, { 0, 4 } }
 
   for _, case in ipairs({ { "float32" }, { "float64" }, { "float32", "bfloat16" } }) do
     local dt, sdt = case[1], case[2] or case[1]
     it(("%s, %s state: the updates alone, then the buffers alone in place, give momentum's bits"):format(dt, sdt), function()
       for _, nesterov in ipairs({ true, false }) do
-        local g = list(SHAPES, 1, dt)
-        local b1, b2 = list(SHAPES, 50, sdt), list(SHAPES, 50, sdt)
+        local g = list(PART_SHAPES, 1, dt)
+        local b1, b2 = list(PART_SHAPES, 50, sdt), list(PART_SHAPES, 50, sdt)
         local nb, u1, u2 = {}, {}, {}
-        for i, s in ipairs(SHAPES) do
+        for i, s in ipairs(PART_SHAPES) do
           nb[i], u1[i], u2[i] = TT.zeros(s, sdt), TT.zeros(s, dt), TT.zeros(s, dt)
         end
         F.momentum(g, b1, nb, u1, 0.9, 0.95, nesterov)
-        assert.is_true(F.momentum_updates(g, b2, u2, 0.9, 0.95, nesterov))
-        for i = 1, #SHAPES do H.assert_equal_bits(u2[i], u1[i], "update " .. i) end
-        assert.is_true(F.momentum_buffers(g, b2, b2, 0.9, 0.95))
-        for i = 1, #SHAPES do H.assert_equal_bits(b2[i], nb[i], "buffer " .. i) end
+        assert.is_nil(F.momentum_updates(g, b2, u2, 0.9, 0.95, nesterov))
+        for i = 1, #PART_SHAPES do H.assert_equal_bits(u2[i], u1[i], "update " .. i) end
+        assert.is_nil(F.momentum_buffers(g, b2, b2, 0.9, 0.95))
+        for i = 1, #PART_SHAPES do H.assert_equal_bits(b2[i], nb[i], "buffer " .. i) end
       end
     end)
   end
 
   it("the updates' call reports the first tensor whose new buffer would overflow, storing nothing of it", function()
-    local g, b = list(SHAPES, 1, "float32"), list(SHAPES, 50, "float32")
+    local g, b = list(PART_SHAPES, 1, "float32"), list(PART_SHAPES, 50, "float32")
     g[3]:set(3e38, 2, 2)
     b[3]:set(3e38, 2, 2) -- 0.95 * 3e38 + 3e38 overflows; u = g + 0 * b stays finite with m1 = 0
     local before = b[3]:clone()
     local u = {}
-    for i, s in ipairs(SHAPES) do u[i] = TT.zeros(s) end
-    local ok, bad = F.momentum_updates(g, b, u, 0, 0.95, false)
-    assert.is_false(ok)
-    assert.are.equal(3, bad)
+    for i, s in ipairs(PART_SHAPES) do u[i] = TT.zeros(s) end
+    assert.are.equal(3, F.momentum_updates(g, b, u, 0, 0.95, false))
     H.assert_equal_bits(b[3], before, "bufs untouched")
     assert.truthy(u[3]:all_finite())
     -- bfloat16 state: a float32 value that rounds past bfloat16's largest (3.3895e38; halfway to 2^128 is 3.3962e38) is caught too
     local gb, bb = { TT.zeros({ 4 }):fill(3.397e38) }, { TT.zeros({ 4 }, "bfloat16") }
-    local ok2, bad2 = F.momentum_updates(gb, bb, { TT.zeros({ 4 }) }, 0, 1, false)
-    assert.is_false(ok2)
-    assert.are.equal(1, bad2)
+    assert.are.equal(1, F.momentum_updates(gb, bb, { TT.zeros({ 4 }) }, 0, 1, false))
+  end)
+end)
+
+describe("the update passes check what they write", function()
+  -- momentum, adamw_update and lion_update write everything and return nil,
+  -- or the first tensor where a value they wrote (the update, or with
+  -- `against` the value apply would write instead; the state as stored, so
+  -- rounded for bfloat16) is NaN or Inf: the same answer as separate
+  -- all_finite / apply_finite passes over what they wrote, for each kernel
+  -- variant, at vector steps, in tails, and split over threads.
+  after_each(function()
+    for _, k in ipairs({ "MU_FOREACH_SIMD", "MU_FOREACH_MT_MIN", "MU_FOREACH_THREADS" }) do ffi.C.setenv(k, "", 1) end
+  end)
+  local MAX = 3.4028234663852886e38
+  -- The first index where any list holds a NaN/Inf (the separate checks).
+  local function first_bad(...)
+    local first
+    for _, l in ipairs({ ... }) do
+      local bad = F.first_nonfinite(l)
+      if bad and (first == nil or bad < first) then first = bad end
+    end
+    return first
+  end
+  -- apply_finite's answer as an index (nil: all finite).
+  local function apply_bad(p, u, decay, alpha)
+    local ok, i = F.apply_finite(p, u, nil, decay, alpha)
+    return not ok and i or nil
+  end
+  -- 64 x 33 tensors: a bad value at a vector step and in the tail.
+  local AT = { { 1, 1 }, { 40, 9 }, { 64, 33 } }
+
+  for _, simd in ipairs({ "portable", "avx2", "avx512" }) do
+    it("momentum (" .. simd .. "): finite, a NaN/Inf gradient, an overflow in u or in the new buffer only", function()
+      ffi.C.setenv("MU_FOREACH_SIMD", simd, 1)
+      local function run(g, b, m1, m2, state)
+        local gs, bs = { T.randn({ 5 }, 1), T.randn({ 64, 33 }, 2), g }, { T.randn({ 5 }, 3), T.randn({ 64, 33 }, 4), b }
+        if state then for i = 1, 3 do bs[i] = bs[i]:clone(state) end end
+        local nb, u = zeros_like(bs), zeros_like(gs)
+        local _, bad = F.momentum(gs, bs, nb, u, m1, m2, true)
+        -- everything written: the bits of a run without the check's report
+        local nb2, u2 = zeros_like(bs), zeros_like(gs)
+        F.momentum(gs, bs, nb2, u2, m1, m2, true)
+        for i = 1, 3 do
+          H.assert_equal_bits(nb[i], nb2[i], "new buf " .. i)
+          H.assert_equal_bits(u[i], u2[i], "update " .. i)
+        end
+        assert.are.equal(first_bad(u, nb), bad)
+        -- in two parts (the buffers written in place at the step's commit):
+        -- the same bits, the same report, the buffers untouched by the first
+        local bs2, u3 = {}, zeros_like(gs)
+        for i = 1, 3 do bs2[i] = bs[i]:clone() end
+        assert.are.equal(bad, F.momentum_updates(gs, bs2, u3, m1, m2, true))
+        for i = 1, 3 do H.assert_equal_bits(bs2[i], bs[i], "buf " .. i .. " before the commit's part") end
+        assert.are.equal(first_bad(nb), F.momentum_buffers(gs, bs2, bs2, m1, m2))
+        for i = 1, 3 do
+          H.assert_equal_bits(u3[i], u[i], "update " .. i .. " (parts)")
+          H.assert_equal_bits(bs2[i], nb[i], "new buf " .. i .. " (parts, in place)")
+        end
+        return bad
+      end
+      assert.is_nil(run(T.randn({ 64, 33 }, 5), T.randn({ 64, 33 }, 6), 0.9, 0.8))
+      for _, v in ipairs({ 0 / 0, math.huge, -math.huge }) do
+        for _, at in ipairs(AT) do
+          local g = T.randn({ 64, 33 }, 7)
+          g:set(v, at[1], at[2])
+          assert.are.equal(3, run(g, T.randn({ 64, 33 }, 8), 0.9, 0.8))
+        end
+      end
+      for _, at in ipairs(AT) do
+        local g, b = T.zeros({ 64, 33 }), T.zeros({ 64, 33 })
+        g:set(MAX, at[1], at[2])
+        b:set(MAX, at[1], at[2])
+        assert.are.equal(3, run(g, b, 0.9, 0.8)) -- u = g + 0.9 b overflows
+        assert.are.equal(3, run(g, b, 0, 1))     -- u = g, b' = b + g overflows
+        -- a float32 3.397e38 is finite; as bfloat16 it rounds to Inf
+        g = T.zeros({ 64, 33 })
+        g:set(3.397e38, at[1], at[2])
+        assert.is_nil(run(g, T.zeros({ 64, 33 }), 0, 0.5))
+        assert.are.equal(3, run(g, T.zeros({ 64, 33 }), 0, 0.5, "bfloat16"))
+      end
+    end)
+
+    it("adamw_update and lion_update (" .. simd .. "): the update, the state as stored, and the apply they check", function()
+      ffi.C.setenv("MU_FOREACH_SIMD", simd, 1)
+      local o = { lr = 1e-2, betas = { 0.9, 0.95 }, eps = 1e-8, step = 2 }
+      local function lists(state)
+        local g, p = { T.randn({ 5 }, 11), T.randn({ 64, 33 }, 12) }, { T.randn({ 5 }, 13), T.randn({ 64, 33 }, 14) }
+        local m = { T.randn({ 5 }, 15), T.randn({ 64, 33 }, 16) }
+        local v = { T.randn({ 5 }, 17):mul(T.randn({ 5 }, 17)), T.randn({ 64, 33 }, 18):mul(T.randn({ 64, 33 }, 18)) }
+        for i = 1, 2 do m[i], v[i] = m[i]:clone(state), v[i]:clone(state) end
+        return g, p, m, v
+      end
+      -- adamw: its report against separate checks of what it wrote
+      local function adamw(g, p, m, v, decay, alpha)
+        local nm, nv, u = zeros_like(m), zeros_like(v), zeros_like(g)
+        local bad = F.adamw_update(g, m, v, nm, nv, u, o, p and { params = p, decay = decay, alpha = alpha })
+        local want = first_bad(nm, nv, u)
+        local ab = p and apply_bad(p, u, decay, alpha)
+        if ab and (want == nil or ab < want) then want = ab end
+        assert.are.equal(want, bad)
+        return bad
+      end
+      local function lion(g, p, m, decay, alpha, beta2)
+        local nm, u = zeros_like(m), zeros_like(g)
+        local bad = F.lion_update(g, m, nm, u, 0.9, beta2 or 0.99, p and { params = p, decay = decay, alpha = alpha })
+        local want = first_bad(nm, u)
+        local ab = p and apply_bad(p, u, decay, alpha)
+        if ab and (want == nil or ab < want) then want = ab end
+        assert.are.equal(want, bad)
+        return bad
+      end
+      for _, state in ipairs({ "float32", "bfloat16" }) do
+        local g, p, m, v = lists(state)
+        assert.is_nil(adamw(g, p, m, v, 0.999, 1))
+        assert.is_nil(adamw(g, nil, m, v))
+        assert.is_nil(lion(g, p, m, 0.999, -0.01))
+        for _, at in ipairs(AT) do
+          for _, bad in ipairs({ 0 / 0, math.huge }) do
+            g, p, m, v = lists(state)
+            g[2]:set(bad, at[1], at[2]) -- a NaN/Inf gradient: Lion's update is a sign, its moment shows it
+            assert.are.equal(2, adamw(g, p, m, v, 0.999, 1))
+            assert.are.equal(2, lion(g, p, m, 0.999, -0.01))
+            assert.are.equal(2, lion(g, nil, m))
+            g, p, m, v = lists(state)
+            p[2]:set(bad, at[1], at[2]) -- a NaN/Inf parameter: the apply's value
+            assert.are.equal(2, adamw(g, p, m, v, 0.999, 1))
+            assert.is_nil(adamw(g, nil, m, v))
+            assert.are.equal(2, lion(g, p, m, 0.999, -0.01))
+          end
+          g, p, m, v = lists(state)
+          p[2]:set(MAX, at[1], at[2]) -- p * decay + alpha * u overflows
+          assert.are.equal(2, adamw(g, p, m, v, 1.5, 1))
+          assert.are.equal(2, lion(g, p, m, 1.5, -0.01))
+          assert.is_nil(lion(g, p, m, 1, 0))
+        end
+      end
+      -- the moment (beta2 = 0: m' = g) rounds to Inf only as bfloat16
+      local g, m = { T.zeros({ 64, 33 }) }, { T.zeros({ 64, 33 }) }
+      g[1]:set(3.397e38, 9, 9)
+      assert.is_nil(lion(g, nil, m, nil, nil, 0))
+      assert.are.equal(1, lion(g, nil, { m[1]:clone("bfloat16") }, nil, nil, 0))
+    end)
+  end
+
+  it("split over threads: the first bad tensor, every element written", function()
+    ffi.C.setenv("MU_FOREACH_MT_MIN", "4096", 1)
+    ffi.C.setenv("MU_FOREACH_THREADS", "3", 1)
+    local gs, bs = {}, {}
+    for i = 1, 6 do gs[i], bs[i] = T.randn({ 3001 }, 30 + i), T.randn({ 3001 }, 40 + i) end
+    gs[5]:set(0 / 0, 3001)
+    gs[2]:set(math.huge, 1)
+    local nb, u = zeros_like(bs), zeros_like(gs)
+    local _, bad = F.momentum(gs, bs, nb, u, 0.9, 0.9, false)
+    assert.are.equal(2, bad)
+    ffi.C.setenv("MU_FOREACH_THREADS", "1", 1)
+    local nb1, u1 = zeros_like(bs), zeros_like(gs)
+    F.momentum(gs, bs, nb1, u1, 0.9, 0.9, false)
+    for i = 1, 6 do
+      H.assert_equal_bits(nb[i], nb1[i], "new buf " .. i)
+      H.assert_equal_bits(u[i], u1[i], "update " .. i)
+    end
+  end)
+
+  it("rejects params that are written, of another size or dtype, touching nothing", function()
+    local g, m, v = { T.randn({ 4 }, 1) }, { T.randn({ 4 }, 2) }, { T.zeros({ 4 }) }
+    local nm, nv, u = zeros_like(m), zeros_like(v), zeros_like(g)
+    local o = { lr = 1e-2, step = 1 }
+    local cases = {
+      { { params = u, decay = 1, alpha = 1 }, "params[0] overlaps updates[0] (params are read only)" },
+      { { params = nm, decay = 1, alpha = 1 }, "params[0] overlaps new_exp_avgs[0]" },
+      { { params = { T.zeros({ 5 }) }, decay = 1, alpha = 1 }, "against.params[1] has 5 elements but grads[1] has 4" },
+      { { params = { T.zeros({ 4 }, "float64") }, decay = 1, alpha = 1 }, "against.params[1] is float64" },
+      { { params = g, decay = math.huge, alpha = 1 }, "decay = inf is not finite" },
+      { { params = g, alpha = 1 }, "against.decay must be a number" },
+      { { params = g, decay = 1, alpha = 1, scale = 2 }, "unknown key 'scale'" },
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(F.adamw_update, g, m, v, nm, nv, u, o, c[1])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
+      assert.are.equal(0, u[1]:norm())
+      assert.are.equal(0, nm[1]:norm())
+    end
+    local ok, err = pcall(F.lion_update, g, m, nm, u, 0.9, 0.99, { params = nm, decay = 1, alpha = 1 })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("params[0] overlaps new_exp_avgs[0]", 1, true), tostring(err))
   end)
 end)

@@ -362,6 +362,33 @@ function H.portable_then_simd(fn)
   return portable, fn()
 end
 
+-- fn() with the environment variables of vars set (false: unset), then
+-- restored (also when fn fails); fn's result.
+pcall(ffi_.cdef, "int unsetenv(const char *name);")
+function H.with_env(vars, fn)
+  local saved = {}
+  for k, v in pairs(vars) do
+    saved[k] = os.getenv(k) or false
+    if v then ffi_.C.setenv(k, v, 1) else ffi_.C.unsetenv(k) end
+  end
+  local ok, r = pcall(fn)
+  for k, v in pairs(saved) do
+    if v then ffi_.C.setenv(k, v, 1) else ffi_.C.unsetenv(k) end
+  end
+  if not ok then error(r, 0) end
+  return r
+end
+
+-- Newton-Schulz inputs at every scale: the scales tests sweep (float32's
+-- smallest subnormal to near its largest value), and randn with its
+-- largest |value| 1, times s, as float32.
+H.NS_SCALES = { 1e-45, 3e-44, 5e-43, 1e-40, 1e-38, 1e-35, 1e-30, 1e-25, 1e-20, 1e-16, 1e-14, 1e-12, 1e-11, 1e-10,
+  1e-9, 1e-8, 1e-6, 1e-3, 1, 1e3, 1e8, 1e12, 0x1p40, 1e13, 1e20, 1e30, 1e36, 1e38, 3e38 }
+function H.scaled_randn(shape, seed, s)
+  local x = T.randn(shape, seed, "float64")
+  return x:div(x:abs():amax()):mul(s):clone("float32")
+end
+
 H.T = T
 H.muon = muon
 return H

@@ -176,7 +176,7 @@ describe("Muon validation", function()
     -- the seed's text (names sorted), then the valid options
     { { foo = 1, bar = 2 }, "Muon got unexpected keyword arguments: bar, foo; valid options: apply_lr_in_update, " },
     { { momentm = 0.9, zz = 1 }, "Muon got unexpected keyword arguments: momentm, zz (did you mean 'momentum' for 'momentm'?); valid options: apply_lr_in_update, " },
-    { { ns_variant = "quintic" }, "ns_variant must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', 'cans', 'polar_express_8', 'aol', or 'custom', got 'quintic'" },
+    { { ns_variant = "quintic" }, "ns_variant must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', 'cans', 'polar_express_8', 'aol', 'cubic5', or 'custom', got 'quintic'" },
     { { ns_epsilon = -1 }, "ns_epsilon must be a finite non-negative value, got -1" },
     { { ns_epsilon = math.huge }, "ns_epsilon must be a finite non-negative value, got inf" },
     { { zero_rms_scale_mode = "one" }, "zero_rms_scale_mode must be 'zero' or 'use_lr', got 'one'" },

@@ -1,6 +1,7 @@
 -- bfloat16 Newton-Schulz accuracy against the seed's: on random and on
 -- low-rank (rank 4) inputs, the max-abs and RMS errors of
--- muon.ns.zeropower(x, { dtype = "bfloat16" }) from the float64 standard
+-- muon.ns.zeropower(x, { dtype = "bfloat16" }) (the standard and the Gram
+-- iteration, and auto's pick) from the float64 standard
 -- iteration are at most 1.25x those of the seed's function run in bfloat16
 -- by torch on the same inputs: per input, and over each set of inputs.
 -- Fixture: tests/fixtures/ns_bf16/cases.safetensors, written once by
@@ -62,7 +63,7 @@ describe("bfloat16 Newton-Schulz accuracy (fixture of the seed's torch bf16)", f
       return
     end
     assert(ok, err)
-    for _, method in ipairs({ "standard", "auto" }) do
+    for _, method in ipairs({ "standard", "auto", "gram" }) do
       local sets = {}
       for _, c in ipairs(CASES) do
         local x, ref, seed = FIX.tensors[c .. ".x"], FIX.tensors[c .. ".ref"], FIX.tensors[c .. ".seed"]

@@ -136,11 +136,14 @@ describe("ns bfloat16", function()
     -- 300x520 and its transpose split into tiles (2 x 2 Gram blocks of
     -- 160, column blocks of 272 and 248): alone shared by the workers, in a batch
     -- one worker each; 40x24 is one tile.
-    for _, shape in ipairs({ { 300, 520 }, { 520, 300 }, { 40, 24 } }) do
-      it(("%dx%d: the same bits for 1/2 OpenBLAS threads, 1/2/3 workers, alone or batched"):format(
-        shape[1], shape[2]), function()
+    for _, case in ipairs({ { 300, 520 }, { 520, 300 }, { 40, 24 }, { 300, 520, "gram" }, { 520, 300, "gram" },
+                            { 40, 24, "gram" } }) do
+      local shape, method = { case[1], case[2] }, case[3] or "standard"
+      it(("%dx%d, %s: the same bits for 1/2 OpenBLAS threads, 1/2/3 workers, alone or batched"):format(
+        shape[1], shape[2], method), function()
         local x = T.randn(shape, 11)
-        local r = ns.resolve({ dtype = "bfloat16", steps = 3 })
+        -- (5 steps: the Gram iteration restarts before steps 2 and 4)
+        local r = ns.resolve({ dtype = "bfloat16", steps = method == "gram" and 5 or 3, method = method })
         local want = with_threads(1, 1, function() return ns.zeropower(x, r) end)
         for _, s in ipairs({ { 2, nil }, { 1, 2 }, { 2, 3 } }) do
           H.assert_equal_bits(want, with_threads(s[1], s[2], function() return ns.zeropower(x, r) end),
@@ -162,13 +165,13 @@ describe("ns bfloat16", function()
     end
   end)
 
-  it("resolves auto to the standard iteration and refuses gram, aol and float64", function()
-    assert.equal("standard", ns.method_for(1024, 4096, { dtype = "bfloat16", method = "auto" }))
-    local ok, err = pcall(ns.zeropower, T.randn({ 4, 6 }, 1), { dtype = "bfloat16", method = "gram" })
-    assert.is_false(ok)
-    assert.truthy(err:find("dtype 'bfloat16' runs the standard iteration", 1, true), err)
-    ok, err = pcall(ns.zeropower, T.randn({ 4, 6 }, 1), { dtype = "bfloat16", variant = "aol" })
+  it("resolves auto by the cost model (Gram on wide shapes) and refuses aol, cans and float64", function()
+    assert.equal("gram", ns.method_for(1024, 4096, { dtype = "bfloat16", method = "auto" }))
+    assert.equal("standard", ns.method_for(1024, 1024, { dtype = "bfloat16", method = "auto" }))
+    local ok, err = pcall(ns.zeropower, T.randn({ 4, 6 }, 1), { dtype = "bfloat16", variant = "aol" })
     assert.truthy(not ok and err:find("runs in float32 only", 1, true), err)
+    ok, err = pcall(ns.zeropower, T.randn({ 4, 6 }, 1), { dtype = "bfloat16", variant = "cans" })
+    assert.truthy(not ok and err:find("variant 'cans' diverges in bfloat16", 1, true), err)
     ok, err = pcall(ns.zeropower, T.randn({ 4, 6 }, 1, "float64"), { dtype = "bfloat16" })
     assert.truthy(not ok and err:find("dtype bfloat16 takes float32 tensors, got float64", 1, true), err)
     ok, err = pcall(ns.zeropower, T.randn({ 4, 6 }, 1), { dtype = "float16" })

@@ -143,6 +143,64 @@ describe("ns gram: reproducible bits", function()
   end
 end)
 
+describe("ns gram: bfloat16 (restarts every 2 steps, the guard)", function()
+  -- a float32 tensor whose every value is a bfloat16 one (what the standard
+  -- bfloat16 iteration outputs; the Gram iteration's last product is not
+  -- rounded)
+  local function bf16_valued(t)
+    local p = ffi.cast("const uint32_t *", t.data)
+    for i = 0, t:numel() - 1 do if p[i] % 65536 ~= 0 then return false end end
+    return true
+  end
+  local function err(x, opts) return H.max_abs_diff(ns.zeropower(x, opts), ns.zeropower(x:to("float64"))) end
+
+  it("restarts keep low-rank and decaying inputs at the standard bfloat16 iteration's error", function()
+    -- measured (README): without restarts up to 15x the standard's error
+    -- (square random), with one restart up to 1.9x (decaying spectra), every
+    -- 2 steps at most 0.7x on wide shapes
+    local x = low_rank({ 128, 320 }, 4, 75)
+    local std = err(x, { dtype = "bfloat16" })
+    local gram = err(x, { dtype = "bfloat16", method = "gram" })
+    assert.is_true(gram <= std, ("gram %g, standard %g"):format(gram, std))
+    local square = T.randn({ 128, 128 }, 3 * 7)
+    local none = with_env("MU_NS_GRAM16_RESTARTS", "none", function()
+      return err(square, { dtype = "bfloat16", method = "gram" })
+    end)
+    local every2 = err(square, { dtype = "bfloat16", method = "gram" })
+    std = err(square, { dtype = "bfloat16" })
+    assert.is_true(none > 4 * std and every2 <= 1.25 * std,
+      ("square random: no restart %g, every 2 steps %g, standard %g"):format(none, every2, std))
+  end)
+
+  it("a rejected result is redone by the standard bfloat16 iteration, the same bits every way", function()
+    local C_ = muon.blas_info().threads
+    local batch = T.randn({ 3, 200, 520 }, 93)
+    local r = ns.resolve({ dtype = "bfloat16", method = "gram" })
+    local function run(x) return ns.zeropower_into(T.zeros(x:size()), x, r) end
+    local ok = run(batch:select(1, 2):clone())
+    assert.is_false(bf16_valued(ok), "the guard passes a sound result")
+    local forced = with_env("MU_NS_GRAM_GUARD", "fail", function() return run(batch:select(1, 2):clone()) end)
+    assert.is_true(bf16_valued(forced), "forced: the standard iteration's output")
+    assert.is_true(H.max_abs_diff(forced, ns.zeropower(batch:select(1, 2):to("float64"))) < 0.05)
+    with_env("MU_NS_GRAM_GUARD", "fail", function()
+      C.mu_blas_set_threads(2)
+      local yb = with_env("MU_NS_THREADS", "2", function() return run(batch) end)
+      same_bits(yb:select(1, 2), forced, "batch of 3 on 2 workers, item 2")
+      local inplace = batch:clone()
+      with_env("MU_NS_THREADS", "1", function() ns.zeropower_into(inplace, inplace, r) end)
+      same_bits(inplace, yb, "batch in place, 1 worker")
+      C.mu_blas_set_threads(C_)
+    end)
+  end)
+
+  it("at every scale the guard's band follows the normalized norm (eps-dominated inputs keep the Gram result)", function()
+    local x = T.randn({ 64, 160 }, 94):mul(1e-13) -- ||x|| ~ 1e-11 << eps
+    local y = ns.zeropower(x, { dtype = "bfloat16", method = "gram" })
+    assert.is_false(bf16_valued(y))
+    H.assert_close(y, ns.zeropower(x:to("float64")), 0.02, "tiny")
+  end)
+end)
+
 describe("ns gram: method choice and options", function()
   it("auto picks gram for wide or tall enough shapes only (cost model)", function()
     local auto = { method = "auto" }

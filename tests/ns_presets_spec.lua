@@ -1,6 +1,6 @@
--- The Newton-Schulz presets of issue 20: "cans", "polar_express_8" and
+-- The Newton-Schulz presets of issues 20 and 30: "cans", "polar_express_8",
 -- "aol" (Turbo-Muon's AOL preconditioning in place of the Frobenius
--- normalization). Their triples against the published tables (NVIDIA
+-- normalization) and "cubic5" (c = 0). Their triples against the published tables (NVIDIA
 -- Emerging-Optimizers' _COEFFICIENT_SETS, which cite the CANS paper, the
 -- Polar Express paper and flash-newton-schulz), and the AOL iteration
 -- against a double-precision reference written from its formula.
@@ -18,6 +18,8 @@ local PUBLISHED = {
     { 1.8564, -1.2132, 0.3568 }, { 1.8750, -1.2500, 0.3750 } },
   aol = { { 4.0098, -7.0585, 2.4635 }, { 3.4585, -5.5479, 2.5959 }, { 2.7573, -3.2939, 1.4254 },
     { 2.7215, -3.0494, 1.3169 } },
+  cubic5 = { { 3.3656576, -3.3420992, 0 }, { 2.5744352, -1.4957376, 0 }, { 2.5368962, -1.4312570, 0 },
+    { 2.4418906, -1.2764040, 0 }, { 2.2230472, -0.9630650, 0 } },
 }
 
 -- AOL then Newton-Schulz in double precision: x (rows of rows), wide
@@ -68,12 +70,13 @@ describe("Newton-Schulz presets cans, polar_express_8, aol", function()
   end)
 
   it("are ns_variant values of Muon groups, and unknown names list them", function()
-    for _, v in ipairs({ "cans", "polar_express_8", "aol" }) do
+    for _, v in ipairs({ "cans", "polar_express_8", "aol", "cubic5" }) do
       assert.has_no.errors(function() muon.engine.new({ groups = { { ns_variant = v } } }) end)
     end
     local ok, err = pcall(muon.engine.new, { groups = { { ns_variant = "aoll" } } })
     assert.is_false(ok)
-    assert.truthy(tostring(err):find("'cans', 'polar_express_8', 'aol', or 'custom', got 'aoll'", 1, true), tostring(err))
+    assert.truthy(tostring(err):find("'cans', 'polar_express_8', 'aol', 'cubic5', or 'custom', got 'aoll'", 1, true),
+      tostring(err))
   end)
 
   for _, dtype in ipairs({ "float64", "float32" }) do
@@ -103,9 +106,9 @@ describe("Newton-Schulz presets cans, polar_express_8, aol", function()
     end
     H.assert_close(d, flat_of(want), 1e-15, "D X")
     -- scale invariance: 1e30 x gives the same result (the Gram matrix of the
-    -- normalized input), in float32 too
+    -- input scaled by a power of two), in float32 too (to its rounding of 1e30 y)
     local y = T.randn({ 5, 8 }, 4)
-    H.assert_close(ns.zeropower(y:mul(1e30), { variant = "aol" }), ns.zeropower(y, { variant = "aol" }), 1e-6, "1e30 x")
+    H.assert_close(ns.zeropower(y:mul(1e30), { variant = "aol" }), ns.zeropower(y, { variant = "aol" }), 4e-6, "1e30 x")
     local ok, err = pcall(ns.zeropower, y, { variant = "aol", method = "gram" })
     assert.is_false(ok)
     assert.truthy(tostring(err):find("method must be 'standard' or 'auto'", 1, true), tostring(err))
@@ -113,11 +116,24 @@ describe("Newton-Schulz presets cans, polar_express_8, aol", function()
     assert.equal("standard", ns.method_for(2048, 4096, { variant = "aol", method = "auto" }))
   end)
 
-  it("cans and polar_express_8 run the Frobenius-normalized iteration (float64 reference)", function()
-    for _, v in ipairs({ "cans", "polar_express_8" }) do
+  it("cans, polar_express_8 and cubic5 run the Frobenius-normalized iteration (float64 reference)", function()
+    for _, v in ipairs({ "cans", "polar_express_8", "cubic5" }) do
       local x = T.randn({ 6, 10 }, 8, "float64")
       local want = R.ns(rows_of(x), PUBLISHED[v], 1e-10)
       H.assert_close(ns.zeropower(x, { variant = v }), flat_of(want), 1e-12, v)
     end
+  end)
+
+  it("cubic5 (c = 0, no A A product) in both dtypes, standard and Gram, against float64", function()
+    local x = T.randn({ 48, 120 }, 9)
+    local want = ns.zeropower(x:clone("float64"), { variant = "cubic5" })
+    H.assert_close(want, flat_of(R.ns(rows_of(x:clone("float64")), PUBLISHED.cubic5, 1e-10)), 1e-12, "float64")
+    for _, o in ipairs({ {}, { method = "gram" }, { dtype = "bfloat16" }, { dtype = "bfloat16", method = "gram" } }) do
+      o.variant = "cubic5"
+      local tol = o.dtype and 0.03 or 2e-5
+      H.assert_close(ns.zeropower(x, o), want, tol, ("%s %s"):format(o.dtype or "float32", o.method or "standard"))
+    end
+    -- its cost has no A A: 5 (3 n^2 m) flops (symmetric float32 iteration)
+    assert.are.equal(5 * 3 * 48 * 48 * 120, (ns.cost(48, 120, { variant = "cubic5" })))
   end)
 end)

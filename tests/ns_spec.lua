@@ -373,7 +373,7 @@ describe("ns coefficients and validation", function()
       err_of(ns.coefficients, "custom", 1, { { 1, 1 / 0, 3 } }), 1, true)
     assert.matches("ns_coefficients can only be provided when ns_variant='custom'",
       err_of(ns.zeropower, x, { variant = "asym5", coefficients = { { 1, 2, 3 } } }), 1, true)
-    assert.matches("ns_variant must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', 'cans', 'polar_express_8', 'aol', or 'custom', got 'bogus'",
+    assert.matches("ns_variant must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', 'cans', 'polar_express_8', 'aol', 'cubic5', or 'custom', got 'bogus'",
       err_of(ns.zeropower, x, { variant = "bogus" }), 1, true)
     assert.are.same({ { 1, 2, 3 } }, ns.validate("custom", 1, { { 1, 2, 3 } }))
     assert.is_nil(ns.validate("legacy", 5))

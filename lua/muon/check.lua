@@ -46,8 +46,8 @@ muon.check.totals(rows)
     Per group of engine.check's rows (in group order), then "all": {
     label, optimizer, params, elements, state_bytes (the kind's state in
     its state_dtype and the hook state in float32, for float32 parameters
-    on one process), flops (Newton-Schulz flops per step: muon.ns.flops
-    times ns_steps; nil when a zeropower_fn hook replaces it) }.
+    on one process), flops (Newton-Schulz flops per step: muon.ns.shape_cost
+    with the group's options; nil when a zeropower_fn hook replaces it) }.
 muon.check.warnings(rows)
     Messages for matrices routed to a Newton-Schulz kind that usually
     belong in AdamW: 1xN and Nx1 (as Newton-Schulz sees them),
@@ -212,8 +212,8 @@ function check.ns_shape(shape, nd_mode)
   return ("%d x %s: dims 1..%d batched; nd_mode=flatten gives %s"):format(batch, ab, n - 2, flattened(shape))
 end
 
--- NS flops per step of a row (0 for other kinds): the cost model of the
--- standard iteration (muon.ns.flops) times ns_steps; nil when a hook
+-- NS flops per step of a row (0 for other kinds): the cost model
+-- (muon.ns.shape_cost) with the group's options; nil when a hook
 -- (zeropower_fn) replaces Newton-Schulz.
 local function ns_flops(row)
   local kinds = require("muon.optim.kinds")
@@ -222,7 +222,7 @@ local function ns_flops(row)
   for _, h in ipairs(row.hooks or {}) do
     if h == "zeropower_fn" then return nil end
   end
-  return require("muon.ns").flops(row.shape, row.options.nd_mode) * (row.options.ns_steps or 5)
+  return (require("muon.ns").shape_cost(row.shape, row.options.nd_mode, row.ns_opts))
 end
 
 -- Optimizer-state bytes of a row: the kind's state tensors (state_dtype:

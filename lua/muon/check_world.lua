@@ -29,7 +29,7 @@ end
 
 -- Rank plan.rank's figures: parameters it holds a piece of and holds the
 -- state of, items it owns (Newton-Schulz and elementwise), its state bytes,
--- Newton-Schulz flops per iteration, bytes sent and received per step (every
+-- Newton-Schulz flops per step (the cost model), bytes sent and received per step (every
 -- parameter stepping), and the job's NS imbalance.
 function CW.figures(plan)
   local me = plan.rank
@@ -46,7 +46,7 @@ function CW.figures(plan)
       if it.owner == me then
         if it.ns then
           f.owned_ns = f.owned_ns + 1
-          f.ns_flops = f.ns_flops + ns.flops(it.region.len, r.nd_mode)
+          f.ns_flops = f.ns_flops + ns.shape_cost(it.region.len, r.nd_mode, r.ns_opts)
           f.owned_names[#f.owned_names + 1] = r.name
         else
           f.owned_elementwise = f.owned_elementwise + 1
@@ -100,7 +100,7 @@ function CW.run(config_path, shapes, opts)
     #names > 0 and (" (" .. table.concat(names, ", ", 1, math.min(#names, 8)) .. (#names > 8 and ", ..." or "") .. ")") or "",
     f.owned_elementwise, f.owned_elementwise == 1 and "" or "s")
   line("  state bytes: %d", f.state_bytes)
-  line("  Newton-Schulz flops per iteration: %.6g", f.ns_flops)
+  line("  Newton-Schulz flops per step: %.6g", f.ns_flops)
   line("  bytes per step: sent %d, received %d", f.bytes_sent, f.bytes_recv)
   line("  job NS imbalance (largest rank / mean, by %s): %.4f", plan.balance, f.imbalance)
   local rss = peak_rss_mb()

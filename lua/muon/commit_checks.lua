@@ -6,11 +6,11 @@
 -- writes a parameter or the state.
 --
 --   local CC = require("muon.commit_checks")
---   CC.derived(run, G, gr, entries)          -- the NS input / hidden state a finite gradient overflowed
+--   CC.derived(run, G, gr, entries, bad, applies) -- what direction wrote (kind.checks: its own report)
 --   CC.state(scratch, records, G, gr)        -- hook state (copied from the hooks' buffers) and hook-written state
---   CC.parts(gr, rec, scratch, copies)       -- values, updates, names of the parts this rank holds
---   CC.apply(G, gr, values, updates, names)  -- value * decay + alpha * update, computed without writing
---                                            --> the apply list of the commit ({ values, updates, decay, alpha, cautious })
+--   CC.parts(G, gr, rec, scratch, copies)    -- values, updates, names, scales, checked of the parts this rank holds
+--   CC.apply(G, gr, values, updates, names, scales, checked) -- value * decay + alpha * update * scale, computed
+--                                            -- without writing --> the apply list of the commit
 --   CC.write(applies)                        -- the commit's writes of an apply list (nothing to check: it was)
 --   CC.stand_ins(G, gr, stand_ins)           -- what post_update_fn left in the parameters' private copies
 local foreach = require("muon.foreach")
@@ -45,9 +45,9 @@ end
 
 -- A finite gradient can still overflow what is derived from it: the NS
 -- input, and the state the update does not show (kind.hidden_state_keys;
--- the update itself is checked by CC.apply). Under "skip" the NS inputs are
--- zeroed so that routing and Newton-Schulz stay finite.
-function CC.derived(run, G, gr, entries)
+-- the update itself is checked by CC.apply): the first entry holding NaN
+-- or Inf, and its message; nil when they are finite.
+local function derived_failure(G, entries)
   local list, owner = {}, {}
   for _, e in ipairs(entries) do
     if G.kind.ns then list[#list + 1] = e.u end
@@ -55,23 +55,71 @@ function CC.derived(run, G, gr, entries)
     for _ = #owner + 1, #list do owner[#owner + 1] = e.p end
   end
   local bad = foreach.first_nonfinite(list)
-  local name = bad and owner[bad].name
-  if not name then -- (the state a kind writes in place at the commit: its direction checked it)
-    for _, e in ipairs(entries) do
-      if e.overflow then name = e.p.name break end
+  if not bad then return nil end
+  local hook = G.kind.ns and writers(G, "input")
+  if hook then
+    return ("parameter '%s': the Newton-Schulz input holds NaN or Inf after %s (its gradient is finite) (%s)")
+      :format(owner[bad].name, hook, G.label)
+  end
+  return ("parameter '%s': its gradient is finite but the %s overflowed to NaN or Inf (%s)"):format(owner[bad].name,
+    G.kind.ns and "momentum (the Newton-Schulz input)" or table.concat(G.kind.hidden_state_keys, ", "), G.label)
+end
+
+local apply_failure -- (below)
+
+-- Which check a bad value that a kind's direction reported fails (its
+-- passes check everything at once): the gradients, the derived values,
+-- the applies it checked, the state it wrote, as the separate checks
+-- would have found them, in that order (state a kind writes in place at
+-- the commit is not written yet: then the reported entry bad holds it).
+-- Returns the message.
+local function failure_of(G, gr, entries, bad, applies)
+  local grads = {}
+  for i, e in ipairs(entries) do grads[i] = e.grad:is_contiguous() and e.grad or e.grad:contiguous() end
+  local g = foreach.first_nonfinite(grads)
+  if g then return ("parameter '%s': gradient holds NaN or Inf (%s)"):format(entries[g].p.name, G.label) end
+  local msg = derived_failure(G, entries)
+  if msg then return msg end
+  if applies then
+    local values, updates, names, scales = {}, {}, {}, {}
+    for i, e in ipairs(entries) do
+      values[i], updates[i], names[i] = e.p.value, e.u, e.p.name
+      scales[i] = G.kind.apply_scale and G.kind.apply_scale(G.options, gr.hp, e.p.logical_shape) or 1
+    end
+    msg = apply_failure(G, gr, values, updates, names, scales)
+    if msg then return msg end
+  end
+  for i, e in ipairs(entries) do
+    for _, k in ipairs(G.kind.state_keys) do
+      local t = e.new[k]
+      if t == nil and i == bad or t ~= nil and not t:all_finite() then
+        return ("parameter '%s': state tensor '%s' would hold NaN or Inf after the step (%s); nothing was changed")
+          :format(e.p.name, k, G.label)
+      end
     end
   end
-  if not name then return end
-  if G.options.nonfinite ~= "skip" then
-    local hook = G.kind.ns and writers(G, "input")
-    if hook then
-      E.raise(E.ENONFINITE, "parameter '%s': the Newton-Schulz input holds NaN or Inf after %s (its gradient is "
-        .. "finite) (%s)", name, hook, G.label)
+  return ("parameter '%s': the step would write NaN or Inf (%s); nothing was changed"):format(entries[1].p.name, G.label)
+end
+
+-- What the direction of a group wrote (entries) is finite: with
+-- kind.checks, direction reported it (bad: nil, or an entry holding NaN or
+-- Inf; applies: it checked the applies too, which CC.apply then skips);
+-- else the NS input and the hidden state are checked here (a NaN/Inf
+-- gradient was checked before). Under "skip" the NS inputs are zeroed so
+-- that routing and Newton-Schulz stay finite.
+function CC.derived(run, G, gr, entries, bad, applies)
+  local msg
+  if G.kind.checks then
+    if bad == nil then
+      gr.apply_checked = applies == true
+      return
     end
-    E.raise(E.ENONFINITE, "parameter '%s': its gradient is finite but the %s overflowed to NaN or Inf (%s)",
-      name, G.kind.ns and "momentum (the Newton-Schulz input)" or table.concat(G.kind.hidden_state_keys, ", "),
-      G.label)
+    msg = failure_of(G, gr, entries, bad, applies)
+  else
+    msg = derived_failure(G, entries)
+    if not msg then return end
   end
+  if G.options.nonfinite ~= "skip" then E.raise(E.ENONFINITE, "%s", msg) end
   gr.skip_derived = true
   if run.W == 1 then gr.skip = true end
   for _, e in ipairs(entries) do e.u:zero() end
@@ -123,25 +171,61 @@ end
 -- This rank's parts of a group's stepping parameters (gr.params; rec:
 -- param -> plan record; those this rank holds elements of): their values
 -- (copies[i].value with copies, the stand-ins of post_update_fn), their
--- update buffers (scratch) and names, three lists for CC.apply.
-function CC.parts(gr, rec, scratch, copies)
-  local values, updates, names = {}, {}, {}
+-- update buffers (scratch), names, scales (kind.apply_scale; nil when the
+-- kind has none: all 1) and whether direction checked their apply
+-- (gr.apply_checked, for the parameters whose state this rank holds), five
+-- lists for CC.apply.
+function CC.parts(G, gr, rec, scratch, copies)
+  local values, updates, names, checked = {}, {}, {}, {}
+  local scale_of = G.kind.apply_scale
+  local scales = scale_of and {} or nil
+  local was = gr.apply_checked and not copies
   for i, p in ipairs(gr.params) do
-    if rec[p].mine_n > 0 then
+    local r = rec[p]
+    if r.mine_n > 0 then
       local n = #values + 1
       values[n], updates[n], names[n] = copies and copies[i].value or p.value, scratch:update_of(p), p.name
+      checked[n] = was and r.holds or false
+      if scales then scales[n] = scale_of(G.options, gr.hp, p.logical_shape) end
     end
   end
-  return values, updates, names
+  return values, updates, names, scales, checked
 end
 
--- The apply of a group's parameters (values[i] += ... updates[i], names[i]
--- for messages): one read of the values and updates, computing what the
--- commit writes without writing it. A NaN/Inf update makes its result
--- NaN/Inf too (alpha * u with alpha finite, 0 * Inf = NaN), so this is also
--- the updates' check; which one it was is looked up only on a failure.
--- Returns the apply list of the commit (per dtype).
-function CC.apply(G, gr, values, updates, names)
+-- The message of the first of these applies that would write NaN or Inf
+-- (one read of values and updates, writing nothing), or nil.
+apply_failure = function(G, gr, values, updates, names, scales)
+  local decay, alpha, cautious = G.kind.apply_coeffs(G.options, gr.hp)
+  for _, part in ipairs(foreach.split_dtype(values, updates, scales or {})) do
+    local ok, i = foreach.apply_finite(part[1], part[2], scales and part[3], decay, alpha, cautious)
+    if not ok then
+      local name
+      for n, v in ipairs(values) do if v == part[1][i] then name = names[n] end end
+      if not part[2][i]:all_finite() then
+        local hook = writers(G, "update")
+        if hook then -- (its Newton-Schulz input was checked finite: the hook made it)
+          return ("parameter '%s': the update holds NaN or Inf after %s (the Newton-Schulz input was finite) (%s); "
+            .. "nothing was changed"):format(name, hook, G.label)
+        end
+        return ("parameter '%s': update holds NaN or Inf (%s)"):format(name, G.label)
+      end
+      return ("parameter '%s': the step would leave NaN or Inf in the parameter (value * %.17g + "
+        .. "%.17g * update overflows, or the value holds NaN or Inf) (%s); nothing was changed")
+        :format(name, decay, alpha, G.label)
+    end
+  end
+  return nil
+end
+
+-- The apply of a group's parameters (values[i] = values[i] * decay + alpha
+-- * updates[i] * scales[i], names[i] for messages): one read of the values
+-- and updates, computing what the commit writes without writing it,
+-- except for the parts direction checked already (checked[i]). A NaN/Inf
+-- update makes its result NaN/Inf too (alpha * u with alpha finite, 0 *
+-- Inf = NaN), so this is also the updates' check; which one it was is
+-- looked up only on a failure. Returns the apply list of the commit (per
+-- dtype).
+function CC.apply(G, gr, values, updates, names, scales, checked)
   local decay, alpha, cautious = G.kind.apply_coeffs(G.options, gr.hp)
   if not (finite(decay) and finite(alpha)) then
     E.raise(E.EINVAL, "%s: the step's decay (%s) or alpha (%s) is not finite", G.label, tostring(decay), tostring(alpha))
@@ -150,27 +234,23 @@ function CC.apply(G, gr, values, updates, names)
     if not v:is_contiguous() then E.raise(E.EINVAL, "parameter '%s': value is not contiguous", names[i]) end
   end
   local applies = {}
-  for _, part in ipairs(foreach.split_dtype(values, updates)) do
-    applies[#applies + 1] = { part[1], part[2], decay, alpha, cautious }
-    if not gr.skip_derived then
-      local ok, i = foreach.apply_finite(part[1], part[2], nil, decay, alpha, cautious)
-      if not ok then
-        local name
-        for n, v in ipairs(values) do if v == part[1][i] then name = names[n] end end
-        local hook = writers(G, "update")
-        if not part[2][i]:all_finite() and hook then
-          -- (its Newton-Schulz input was checked finite: the hook made it)
-          nonfinite(G, gr, "parameter '%s': the update holds NaN or Inf after %s (the Newton-Schulz input was "
-            .. "finite) (%s); nothing was changed", name, hook, G.label)
-        elseif not part[2][i]:all_finite() then
-          nonfinite(G, gr, "parameter '%s': update holds NaN or Inf (%s)", name, G.label)
-        else
-          nonfinite(G, gr, "parameter '%s': the step would leave NaN or Inf in the parameter (value * %.17g + "
-            .. "%.17g * update overflows, or the value holds NaN or Inf) (%s); nothing was changed",
-            name, decay, alpha, G.label)
+  for _, part in ipairs(foreach.split_dtype(values, updates, scales or {})) do
+    applies[#applies + 1] = { part[1], part[2], decay, alpha, cautious, scales and part[3] }
+  end
+  if not gr.skip_derived then
+    local cv, cu, cn, cs = values, updates, names, scales
+    if checked then
+      cv, cu, cn, cs = {}, {}, {}, scales and {}
+      for i = 1, #values do
+        if not checked[i] then
+          local n = #cv + 1
+          cv[n], cu[n], cn[n] = values[i], updates[i], names[i]
+          if cs then cs[n] = scales[i] end
         end
       end
     end
+    local msg = apply_failure(G, gr, cv, cu, cn, cs)
+    if msg then nonfinite(G, gr, "%s", msg) end
   end
   return applies
 end
@@ -179,8 +259,8 @@ end
 -- raises: CC.apply checked the same arguments.
 function CC.write(applies)
   for _, a in ipairs(applies) do
-    if a[5] then foreach.apply_cautious(a[1], a[2], nil, a[3], a[4])
-    else foreach.apply(a[1], a[2], nil, a[3], a[4]) end
+    if a[5] then foreach.apply_cautious(a[1], a[2], a[6], a[3], a[4])
+    else foreach.apply(a[1], a[2], a[6], a[3], a[4]) end
   end
 end
 

@@ -28,7 +28,7 @@ muon.dist.plan(records, mesh, opts)
     optimizer state lives and where each matrix is orthogonalized, and the
     items this rank takes part in. records: registration order, { name,
     shape (global), placement (normalized), group, dtype, ns, whole,
-    nd_mode, state_count, hooks }; opts.rank, opts.balance = "flops" |
+    nd_mode, ns_opts, state_count, hooks }; opts.rank, opts.balance = "flops" |
     "numel", opts.max_batch_numel = 512M. Sets mine, mine_n, holds, c,
     owner, items, hook_records on each record; returns { mesh, rank,
     records, batches, ns_load, balance } (ns_load[q]: rank q's
@@ -291,7 +291,7 @@ local NO_LOAD = { __index = function() return 0 end }
 -- Sets r.c (holder class) on every record, r.owner on single records;
 -- returns the NS load of the ranks that have some (0-based, sparse).
 local function assign(records, mesh, balance)
-  local function cost(shape, nd_mode) return balance == "flops" and ns.flops(shape, nd_mode) or G.numel(shape) end
+  local function cost(r, shape) return balance == "flops" and ns.shape_cost(shape, r.nd_mode, r.ns_opts) or G.numel(shape) end
   local function by_cost(x, y)
     if x.cost ~= y.cost then return x.cost > y.cost end
     return x.r.index < y.r.index
@@ -328,7 +328,7 @@ local function assign(records, mesh, balance)
       set_class(r, mesh, r.c, coords)
       G.each_box(r.shape, r.placement, mesh, r.batch_axes, coords, function(cc, box)
         local region = region_of(r, box)
-        add_load(load, mesh:rank_of(cc), cost(region.len, r.nd_mode))
+        add_load(load, mesh:rank_of(cc), cost(r, region.len))
       end)
     end
   end
@@ -337,7 +337,7 @@ local function assign(records, mesh, balance)
   -- of a non-spanning record's one box).
   jobs = {}
   for _, r in ipairs(records) do
-    if r.single then jobs[#jobs + 1] = { cost = cost(r.shape, r.nd_mode), r = r } end
+    if r.single then jobs[#jobs + 1] = { cost = cost(r, r.shape), r = r } end
   end
   table.sort(jobs, by_cost)
   local pools, plist = {}, {}
@@ -484,7 +484,8 @@ end
 -- rank) are
 --   { name, shape (global), placement (normalized), group (index), dtype,
 --     ns (bool: Newton-Schulz), whole (bool: orthogonalize the parameter
---     whole, for hooks that see it), nd_mode, state_count (state tensors
+--     whole, for hooks that see it), nd_mode, ns_opts (resolved muon.ns
+--     options: the cost model's), state_count (state tensors
 --     per element: 1 Muon, 2 AdamW), hooks = { {key, shape} } (hook state,
 --     shaped like the parameter with core dims collapsed to 1) }
 -- opts: { rank, balance = "flops" | "numel", max_batch_numel = n }.

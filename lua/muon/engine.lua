@@ -161,7 +161,8 @@ Engine:load(path, opts)
     with stale) checksums, written in Python.
 Engine:describe()
     Rows { name, shape, group, group_name, optimizer, options, defaults,
-    hooks, order } per parameter: what muon check prints.
+    hooks, order, ns_opts (the group's resolved muon.ns options, nil
+    without Newton-Schulz) } per parameter: what muon check prints.
 Engine:plan()
     This rank's plan of the registered parameters (muon.dist.plan: state
     holders, Newton-Schulz owners, items, batches, ns_load), by the rules
@@ -735,7 +736,8 @@ function Engine:describe()
     local g = e.group
     local options, hooks = options_and_hooks(g)
     rows[#rows + 1] = { name = e.param.name, shape = e.param.logical_shape, group = g.index, group_name = g.name,
-      optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks, order = g.kind.DISPLAY }
+      optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks, order = g.kind.DISPLAY,
+      ns_opts = g.options._ns }
   end
   return rows
 end

@@ -12,13 +12,18 @@
 muon.foreach.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
     The seed's momentum: u = g + m1 buf; buf' = m2 buf + g; nesterov:
     u = m1 u + g. new_bufs nil writes bufs in place; m2 nil means m1.
-    Returns updates.
+    Returns updates, and nil or the 1-based index of the first tensor
+    whose update or new buffer (as stored) holds NaN or Inf (the same
+    pass checks them; everything is written either way). A NaN or Inf
+    gradient always shows in its update.
 muon.foreach.momentum_updates(grads, bufs, updates, m1, m2, nesterov)
 muon.foreach.momentum_buffers(grads, bufs, new_bufs, m1, m2)
-    momentum in two parts, each with momentum's bits: the updates alone
-    (returns true, or false and the 1-based index of the first tensor
-    whose new buffer would hold NaN or Inf: nothing of it is stored), and
-    the new buffers alone (new_bufs may be bufs: in place).
+    momentum in two parts, each with momentum's bits (a step that keeps
+    one buffer and writes it in place at its commit): the updates alone,
+    checking the new buffers as they would be stored without storing
+    them; then the new buffers alone (new_bufs may be bufs: in place).
+    Each returns nil, or the 1-based index of the first tensor whose
+    update or new buffer (as stored) holds NaN or Inf.
 muon.foreach.apply(params, updates, scales, decay, alpha)
     p = p decay + alpha (u s); scales nil (1), a number, or one number per
     tensor.
@@ -36,14 +41,20 @@ muon.foreach.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)
     opts.beta2 = 0.999 (or opts.betas = {b1, b2}), opts.eps = 1e-8,
     opts.weight_decay = 1e-2, opts.step (>= 1: the step number after
     incrementing, as torch's state["step"]).
-muon.foreach.adamw_update(grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs, updates, opts)
+muon.foreach.adamw_update(grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs, updates, opts, against)
     AdamW's new moments (into new_*, which may be the old ones) and update
     direction, without touching the parameters; apply(params, updates, nil,
-    1 - lr wd, 1) then gives adamw's bits. opts as adamw.
-muon.foreach.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2)
+    1 - lr wd, 1) then gives adamw's bits. opts as adamw. The same pass
+    checks what it writes, and with against = { params = list, decay =,
+    alpha = } (params read only) the value apply(params, updates, nil,
+    decay, alpha) would write instead of the update: returns nil, or the
+    1-based index of the first tensor where one of them is NaN or Inf
+    (everything is written either way).
+muon.foreach.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2, against)
     Lion's direction sign(beta1 m + (1 - beta1) g) (sign(0) = 0) into
     updates and its new moment beta2 m + (1 - beta2) g into new_exp_avgs
     (may be exp_avgs); then apply(params, updates, nil, 1 - lr wd, -lr).
+    Checks and returns as adamw_update.
 muon.foreach.all_finite(xs)
     true when every element is finite; else false and the 1-based index of
     the first tensor holding NaN or Inf.
@@ -62,9 +73,12 @@ muon.foreach.numel(xs)
 muon.foreach.per_dtype(fn, lists)
     fn(sublists...) once per dtype of lists[1]'s tensors (the fused calls
     take one dtype each): the lists split alike, in first-seen order.
-muon.foreach.split_dtype(as, bs)
-    The pairs (as[i], bs[i]) split by as[i]'s dtype: a list of
-    { as_part, bs_part } (one when all share a dtype, none when empty).
+    Returns the smallest index (into lists[1]) that a call of fn returned
+    (fn returns nil or an index into its sublists), or nil.
+muon.foreach.split_dtype(as, ...)
+    The tuples (as[i], bs[i], ...) of as and the lists after it split by
+    as[i]'s dtype: a list of { as_part, bs_part, ... } (one when all
+    share a dtype, none when empty). A list after as may hold numbers.
 muon.foreach.first_nonfinite(xs)
     The index of the first tensor of xs (any dtypes) holding NaN or Inf,
     or nil (one fused pass per call when they share a dtype).
@@ -193,60 +207,47 @@ local function scales_arg(slot, s, n, what)
   return arr, 1.0
 end
 
--- u = g + m1*buf; buf' = m2*buf + g; nesterov: u = m1*u + g.
--- new_bufs nil means in place (bufs); m2 nil means m1. Returns updates.
-function F.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
+-- A checking update call's status: nil (all finite) or the 1-based index
+-- of the first bad tensor.
+local function first_bad(rc, bad, what)
+  if rc < 0 then check(rc, what) end
+  if rc == 1 then return nil end
+  return bad[0] + 1
+end
+
+-- mu_foreach_momentum: u = g + m1*buf; buf' = m2*buf + g; nesterov: u =
+-- m1*u + g. new_bufs (may be bufs: in place) or updates false leaves that
+-- part out (momentum's two parts: the reference block). m2 nil means m1.
+-- Returns nil or the first tensor holding NaN or Inf (first_bad).
+local function momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
   local g, n = tensors("a", grads, "grads")
-  same_count("bufs", n, bufs)
-  same_count("updates", n, updates)
-  local b = tensors("b", bufs, "bufs")
-  local nb = b
-  if new_bufs ~= nil then
-    same_count("new_bufs", n, new_bufs)
-    nb = tensors("c", new_bufs, "new_bufs")
-  end
-  local u = tensors("d", updates, "updates")
-  match(g, "grads", b, "bufs", n)
-  if nb ~= b then match(g, "grads", nb, "new_bufs", n) end
-  match(g, "grads", u, "updates", n)
+  local b = beside_grads(g, n, { { "b", bufs, "bufs" } })[1]
+  local nb, u
+  if new_bufs == bufs then nb = b
+  elseif new_bufs ~= false then nb = beside_grads(g, n, { { "c", new_bufs, "new_bufs" } })[1] end
+  if updates ~= false then u = beside_grads(g, n, { { "d", updates, "updates" } })[1] end
   number(m1, "m1")
   if m2 == nil then m2 = m1 end
   number(m2, "m2")
   if type(nesterov) ~= "boolean" then
     blame(E.EINVAL, "nesterov must be a boolean, got " .. type(nesterov))
   end
-  check(C.mu_foreach_momentum(n, g, b, nb, u, m1, m2, nesterov and 1 or 0), "foreach.momentum")
-  return updates
+  local bad = int_box()
+  return first_bad(C.mu_foreach_momentum(n, g, b, nb, u, m1, m2, nesterov and 1 or 0, bad), bad, "foreach.momentum")
 end
 
--- The two parts of momentum (the reference block): out is the updates
--- (buffers = false) or the new buffers (buffers = true).
-local function momentum_part(grads, bufs, out, m1, m2, nesterov, buffers)
-  local g, n = tensors("a", grads, "grads")
-  same_count("bufs", n, bufs)
-  same_count(buffers and "new_bufs" or "updates", n, out)
-  local b = tensors("b", bufs, "bufs")
-  local o = tensors(buffers and "c" or "d", out, buffers and "new_bufs" or "updates")
-  match(g, "grads", b, "bufs", n)
-  match(g, "grads", o, buffers and "new_bufs" or "updates", n)
-  number(m1, "m1")
-  if m2 == nil then m2 = m1 end
-  number(m2, "m2")
-  local bad = int_box()
-  local rc = C.mu_foreach_momentum_part(n, g, b, buffers and o or nil, not buffers and o or nil, m1, m2,
-    nesterov and 1 or 0, bad)
-  if rc < 0 then check(rc, "foreach.momentum") end
-  if rc == 1 then return true end
-  return false, bad[0] + 1
+-- (Their contracts: the reference block at the top.)
+function F.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
+  if new_bufs == nil then new_bufs = bufs end
+  return updates, momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
 end
 
 function F.momentum_updates(grads, bufs, updates, m1, m2, nesterov)
-  if type(nesterov) ~= "boolean" then blame(E.EINVAL, "nesterov must be a boolean, got " .. type(nesterov)) end
-  return momentum_part(grads, bufs, updates, m1, m2, nesterov, false)
+  return momentum(grads, bufs, false, updates, m1, m2, nesterov)
 end
 
 function F.momentum_buffers(grads, bufs, new_bufs, m1, m2)
-  return momentum_part(grads, bufs, new_bufs, m1, m2, false, true)
+  return momentum(grads, bufs, new_bufs, false, m1, m2, false)
 end
 
 -- p = p*decay + alpha*(update*scale_i); scales nil, a number or an array.
@@ -352,29 +353,49 @@ function F.adamw(params, grads, exp_avgs, exp_avg_sqs, opts)
   check(C.mu_foreach_adamw(n, p, g, m, v, lr, b1, b2, eps, wd, step), "foreach.adamw")
 end
 
+-- The apply an update call checks its values against (nil, or { params =
+-- list, decay =, alpha = }): the params' array (or nil) and the two numbers.
+local APPLY_KEYS = { params = true, decay = true, alpha = true }
+local function apply_arg(g, n, a)
+  if a == nil then return nil, 0, 0 end
+  if type(a) ~= "table" then blame(E.EINVAL, "against must be nil or a table { params, decay, alpha }, got " .. type(a)) end
+  for k in pairs(a) do
+    if not APPLY_KEYS[k] then blame(E.EINVAL, "against: " .. E.unknown("key", tostring(k), APPLY_KEYS)) end
+  end
+  local p = beside_grads(g, n, { { "p", a.params, "against.params" } })[1]
+  return p, number(a.decay, "against.decay"), number(a.alpha, "against.alpha")
+end
+
 -- AdamW without touching the parameters: new moments into new_exp_avgs /
 -- new_exp_avg_sqs (which may be the old ones) and the update direction into
 -- updates; F.apply(params, updates, nil, 1 - lr*weight_decay, 1) then gives
--- F.adamw's bits. opts as F.adamw (weight_decay is not used here).
-function F.adamw_update(grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs, updates, opts)
+-- F.adamw's bits. opts as F.adamw (weight_decay is not used here). against:
+-- see apply_arg. Returns nil or the first tensor whose written values (or
+-- the apply's) hold NaN or Inf.
+function F.adamw_update(grads, exp_avgs, exp_avg_sqs, new_exp_avgs, new_exp_avg_sqs, updates, opts, against)
   local g, n = tensors("a", grads, "grads")
   local lists = { { "b", exp_avgs, "exp_avgs" }, { "c", exp_avg_sqs, "exp_avg_sqs" },
     { "d", new_exp_avgs, "new_exp_avgs" }, { "e", new_exp_avg_sqs, "new_exp_avg_sqs" }, { "f", updates, "updates" } }
   local arrs = beside_grads(g, n, lists)
   local lr, b1, b2, eps, _, step = adamw_opts(opts)
-  check(C.mu_foreach_adamw_update(n, g, arrs[1], arrs[2], arrs[3], arrs[4], arrs[5], lr, b1, b2, eps, step),
-    "foreach.adamw_update")
+  local p, decay, alpha = apply_arg(g, n, against)
+  local bad = int_box()
+  return first_bad(C.mu_foreach_adamw_update(n, g, arrs[1], arrs[2], arrs[3], arrs[4], arrs[5], lr, b1, b2, eps,
+    step, p, decay, alpha, bad), bad, "foreach.adamw_update")
 end
 
 -- Lion's update direction sign(beta1*m + (1-beta1)*g) into updates and
 -- its new moment beta2*m + (1-beta2)*g into new_exp_avgs (may be exp_avgs):
 -- mu_foreach_lion_update; then F.apply(params, updates, nil, 1 - lr*wd, -lr).
-function F.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2)
+-- against and the result as F.adamw_update.
+function F.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2, against)
   local g, n = tensors("a", grads, "grads")
   local lists = { { "b", exp_avgs, "exp_avgs" }, { "c", new_exp_avgs, "new_exp_avgs" }, { "d", updates, "updates" } }
   local arrs = beside_grads(g, n, lists)
-  check(C.mu_foreach_lion_update(n, g, arrs[1], arrs[2], arrs[3], number(beta1, "beta1"), number(beta2, "beta2")),
-    "foreach.lion_update")
+  local p, decay, alpha = apply_arg(g, n, against)
+  local bad = int_box()
+  return first_bad(C.mu_foreach_lion_update(n, g, arrs[1], arrs[2], arrs[3], number(beta1, "beta1"),
+    number(beta2, "beta2"), p, decay, alpha, bad), bad, "foreach.lion_update")
 end
 
 -- true, nil when every element is finite; else false and the 1-based index
@@ -454,53 +475,54 @@ end
 
 ------------------------------------------------------- lists of dtypes
 
--- Call fn(sublists...) once per dtype: the fused calls take one dtype each.
-function F.per_dtype(fn, lists)
+-- The lists split by the dtype of lists[1]'s tensors: a list of parts,
+-- each { sublist per list..., index = the positions in lists[1] }; nil
+-- when they share one dtype.
+local function split_lists(lists)
   local first = lists[1]
   local mixed = false
   for i = 2, #first do
     if first[i].scalar ~= first[1].scalar then mixed = true break end
   end
-  if not mixed then return fn(unpack(lists)) end
-  local parts, order = {}, {}
+  if not mixed then return nil end
+  local parts, by = {}, {}
   for i = 1, #first do
     local dt = first[i].scalar
-    if not parts[dt] then
-      parts[dt] = {}
-      for j = 1, #lists do parts[dt][j] = {} end
-      order[#order + 1] = dt
-    end
-    for j = 1, #lists do
-      local l = parts[dt][j]
-      l[#l + 1] = lists[j][i]
-    end
-  end
-  for _, dt in ipairs(order) do fn(unpack(parts[dt])) end
-end
-
--- The pairs (as[i], bs[i]) split by the dtype of as[i]: a list of
--- { as_part, bs_part } (one entry when all share a dtype; none when empty).
-function F.split_dtype(as, bs)
-  local n = #as
-  if n == 0 then return {} end
-  local dt = as[1].scalar
-  local mixed = false
-  for i = 2, n do
-    if as[i].scalar ~= dt then mixed = true break end
-  end
-  if not mixed then return { { as, bs } } end
-  local parts, by = {}, {}
-  for i = 1, n do
-    local d = as[i].scalar
-    local part = by[d]
+    local part = by[dt]
     if not part then
-      part = { {}, {} }
-      by[d] = part
+      part = { index = {} }
+      for j = 1, #lists do part[j] = {} end
+      by[dt] = part
       parts[#parts + 1] = part
     end
-    part[1][#part[1] + 1], part[2][#part[2] + 1] = as[i], bs[i]
+    for j = 1, #lists do
+      local l = part[j]
+      l[#l + 1] = lists[j][i]
+    end
+    part.index[#part.index + 1] = i
   end
   return parts
+end
+
+-- Call fn(sublists...) once per dtype: the fused calls take one dtype
+-- each. Returns the smallest index fn returned, mapped back to lists[1].
+function F.per_dtype(fn, lists)
+  local parts = split_lists(lists)
+  if not parts then return fn(unpack(lists)) end
+  local first
+  for _, part in ipairs(parts) do
+    local bad = fn(unpack(part, 1, #lists))
+    if bad ~= nil and (first == nil or part.index[bad] < first) then first = part.index[bad] end
+  end
+  return first
+end
+
+-- The tuples (as[i], ...) split by the dtype of as[i]: a list of
+-- { as_part, ... } (one entry when all share a dtype; none when empty).
+function F.split_dtype(...)
+  local lists = { ... }
+  if #lists[1] == 0 then return {} end
+  return split_lists(lists) or { lists }
 end
 
 -- The index of the first tensor of xs (any dtypes) holding NaN or Inf, or

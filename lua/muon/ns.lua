@@ -20,7 +20,8 @@ muon.ns.zeropower(x, opts)
     opts.steps = the variant's length (5; deepseekv4 10, polar_express_8 8,
     aol 4): iterations; 0 only normalizes.
     opts.variant = "asym5": "legacy", "asym5", "polar_express",
-    "deepseekv4", "cans", "polar_express_8", "aol" or "custom".
+    "deepseekv4", "cans", "polar_express_8", "aol", "cubic5" (c = 0: no
+    A A product) or "custom".
     opts.coefficients = nil: { {a, b, c}, ... } for variant "custom".
     opts.eps = 1e-10: added to the norm.
     opts.norm_scale = the variant's (1; polar_express 1.02): the norm's
@@ -32,8 +33,12 @@ muon.ns.zeropower(x, opts)
     opts.dtype = "float32": "bfloat16" runs the seed's bfloat16 iteration
     (bfloat16 products on oneDNN accumulating in float32, every iterate
     rounded to bfloat16 where the seed's torch code holds one; rounding
-    points: the README's "Precision"); the standard iteration only
-    (method "auto" resolves to it; "gram" and variant "aol" are errors).
+    points: the README's "Precision"); method "gram" runs the Gram
+    iteration in bfloat16 (normalized in float32, restarts every 2 steps,
+    float32 output), "auto" picks it by the cost model; variants "aol" and
+    "cans" are errors. The seed's variants (legacy, asym5, custom) round
+    their coefficients to bfloat16 as the seed does, the others apply
+    theirs in float32.
     opts.workspace = nil: a workspace from ns.workspace to reuse.
     An unknown option is an error listing the valid ones. Asked for more
     steps than a fixed schedule defines, it runs the defined ones (as the
@@ -61,7 +66,7 @@ muon.ns.workspace_stats(ws, reset)
     X^T, X the iterate that step starts from; no extra product).
 muon.ns.method_for(rows, cols, opts)
     "standard" or "gram": the iteration opts.method runs for a rows x cols
-    matrix ("auto" resolved by the cost model of src/ns_gram.c).
+    matrix ("auto" resolved by the cost model, see cost).
 muon.ns.coefficients(variant, steps, custom)
     The { {a, b, c}, ... } triples of a variant (default "asym5") and its
     norm scale; steps defaults to the variant's length.
@@ -75,9 +80,16 @@ muon.ns.core(shape, nd_mode)
     2-D (A, B); 3-D (A, 1, B): one (A, B); other N-D: a batch of the last
     two dims (nd_mode "batch", the default) or one dim-1 x rest matrix
     (nd_mode "flatten"). nil for 0-D and 1-D shapes.
-muon.ns.flops(shape, nd_mode)
-    Floating-point operations of one standard step over those matrices:
-    count * (4 m^2 n + 2 m^3), m the smaller side (0 without a core).
+muon.ns.cost(rows, cols, opts)
+    What one Newton-Schulz of a rows x cols matrix costs with opts (as
+    zeropower takes them; nil: the defaults), by the one cost model of
+    mu_ns_cost_of (src/muon_ffi.h): flops its products perform (a long
+    side of 8192 or more: the blocked iteration's, src/ns_split.c), bytes
+    they and its elementwise passes move, and the method ("standard" or
+    "gram") it runs.
+muon.ns.shape_cost(shape, nd_mode, opts)
+    The same summed over the core matrices of a parameter shape (core):
+    flops and bytes (0, 0 without a core matrix).
 muon.ns.VARIANTS
 muon.ns.METHODS
 muon.ns.DTYPES
@@ -99,16 +111,18 @@ local blame = E.blame
 
 local ns = {}
 
-ns.VARIANTS = { "legacy", "asym5", "polar_express", "deepseekv4", "cans", "polar_express_8", "aol", "custom" }
+ns.VARIANTS = { "legacy", "asym5", "polar_express", "deepseekv4", "cans", "polar_express_8", "aol", "cubic5",
+  "custom" }
 -- each preset's natural number of steps (its numbers: mu_ns_preset in src/ns.c)
-local PRESET = { legacy = 5, asym5 = 5, polar_express = 5, deepseekv4 = 10, cans = 5, polar_express_8 = 8, aol = 4 }
+local PRESET = { legacy = 5, asym5 = 5, polar_express = 5, deepseekv4 = 10, cans = 5, polar_express_8 = 8, aol = 4,
+  cubic5 = 5 }
 ns.DEFAULT_STEPS = 5
 ns.DEFAULT_VARIANT = "asym5"
 ns.DEFAULT_EPS = 1e-10
 ns.MAX_STEPS = 1000
 
 local VARIANT_MSG = "ns_variant must be 'legacy', 'asym5', 'polar_express', 'deepseekv4', 'cans', "
-  .. "'polar_express_8', 'aol', or 'custom', got "
+  .. "'polar_express_8', 'aol', 'cubic5', or 'custom', got "
 
 local function repr(v)
   if type(v) == "string" then return "'" .. v .. "'" end
@@ -240,6 +254,7 @@ local METHODS = { standard = C.MU_NS_STANDARD, gram = C.MU_NS_GRAM, auto = C.MU_
 -- (the seed's bf16 iteration on float32 tensors; see mu_ns_opts in src/muon_ffi.h)
 ns.DTYPES = { "float32", "bfloat16" }
 local DTYPES = { float32 = C.MU_F32, bfloat16 = C.MU_BF16 }
+local SEED_VARIANTS = { legacy = true, asym5 = true, custom = true }
 
 local function check_keys(opts, allowed)
   local unknown = {}
@@ -281,15 +296,16 @@ local function resolve(opts)
   if DTYPES[dtype] == nil then
     blame(E.EINVAL, "dtype must be 'float32' or 'bfloat16', got " .. repr(dtype))
   end
-  if dtype == "bfloat16" and method == "gram" then
-    blame(E.EINVAL, "dtype 'bfloat16' runs the standard iteration: method must be 'standard' or "
-      .. "'auto', got 'gram'")
-  end
   local arr, n, scale = schedule(variant, steps, opts.coefficients)
   local precond = PRESET[variant] and C.mu_ns_preset_precond(variant) or C.MU_NS_PRECOND_NONE
   if precond == C.MU_NS_PRECOND_AOL and dtype == "bfloat16" then
     blame(E.EINVAL, "variant 'aol' (its AOL preconditioning) runs in float32 only: dtype must be "
       .. "'float32', got 'bfloat16'")
+  end
+  if variant == "cans" and dtype == "bfloat16" then
+    blame(E.EINVAL, "variant 'cans' diverges in bfloat16 (its first step maps singular values to the top of the "
+      .. "next steps' range with no margin, and bfloat16 rounding pushes some past it): dtype must be 'float32', "
+      .. "got 'bfloat16'")
   end
   if precond == C.MU_NS_PRECOND_AOL and method == "gram" then
     blame(E.EINVAL, "variant 'aol' (its AOL preconditioning) runs the standard iteration: method must be "
@@ -310,6 +326,9 @@ local function resolve(opts)
   copts.method = METHODS[method]
   copts.precond = precond
   copts.dtype = DTYPES[dtype]
+  -- bfloat16: the seed's variants round their coefficients as the seed
+  -- does; the other presets apply theirs in float32 (see mu_ns_opts)
+  copts.coeffs_f32 = SEED_VARIANTS[variant] and 0 or 1
   return setmetatable({
     variant = variant, steps = n, eps = eps, path = path, norm_scale = scale, method = method,
     dtype = dtype,
@@ -361,15 +380,30 @@ function ns.core(shape, nd_mode)
   return shape[n - 1], shape[n], batch, { [n - 1] = true }, { [n] = true }
 end
 
--- The Newton-Schulz cost model, written once: floating-point operations of
--- one standard iteration step over every core matrix of a parameter of
--- this shape (m the smaller side, n the larger): X X^T (2 m^2 n) +
--- A A (2 m^3) + B X (2 m^2 n). 0 for shapes without a core matrix.
-function ns.flops(shape, nd_mode)
+-- The cost model (src/ns_cost.c, the one the scheduler runs on): flops,
+-- bytes and method of one rows x cols matrix with opts (resolved or not;
+-- nil: the defaults, resolved once).
+local cost_box = ffi.new("mu_ns_cost[1]")
+local default_resolved
+function ns.cost(rows, cols, opts)
+  if not is_int(rows) or not is_int(cols) or rows < 0 or cols < 0 then
+    blame(E.EINVAL, "cost: rows and cols must be non-negative integers")
+  end
+  if opts == nil then
+    default_resolved = default_resolved or resolve({})
+    opts = default_resolved
+  end
+  check(C.mu_ns_cost_of(rows, cols, resolve(opts).copts, cost_box), "cost")
+  local c = cost_box[0]
+  return c.flops, c.bytes, c.method == C.MU_NS_GRAM and "gram" or "standard"
+end
+
+-- Summed over the core matrices of a parameter shape (ns.core's rule).
+function ns.shape_cost(shape, nd_mode, opts)
   local a, b, batch = ns.core(shape, nd_mode)
-  if a == nil then return 0 end
-  local m, n = math.min(a, b), math.max(a, b)
-  return batch * (4 * m * m * n + 2 * m * m * m)
+  if a == nil then return 0, 0 end
+  local flops, bytes = ns.cost(a, b, opts)
+  return batch * flops, batch * bytes
 end
 
 -- ns.workspace(dtype, rows, cols): reusable buffers for matrices up to

@@ -8,11 +8,16 @@
 -- kind.ns_finish); the bits are those of one call per batch. Everything is
 -- computed into the step's scratch (muon.scratch): the NS input and the
 -- update in the parameter's update buffer, hook state in the buffers the
--- hooks see (refreshed here from the state's current value).
+-- hooks see (refreshed here from the state's current value). On a mesh
+-- the NS inputs that leave this rank are written by the kinds straight
+-- into the router's send buffers (or the owner's region buffer): prepare
+-- says where, before the direction phase computes them.
 --
 --   local NP = require("muon.ns_phase")
 --   local np = NP.new({ groups =, scratch =, router =, ctx =, me = })
---   np:run(plan, run)   -- run: the step's (run.g[gi].hp, .skip; run.stepping; run:attempt(f, ...))
+--   np:prepare(plan, run) -- the step's batches; run.ns_inputs = record -> where its NS input goes (or nil),
+--                         -- run.ns_direct = {} (the direction phase marks the records it wrote there)
+--   np:run(plan, run)     -- run: the step's (run.g[gi].hp, .skip; run.stepping; run:attempt(f, ...))
 local NP = {}
 local Phase = {}
 Phase.__index = Phase
@@ -26,6 +31,7 @@ local function make_io(self)
     if r.parent then return sc:of(r.parent.param).entry.old[r.key] end
     return sc:update_of(r.param)
   end
+  function io.direct(r) return io.run.ns_direct[r] end
   function io.dest(r)
     if r.parent then return sc:hook_buffer(r.parent.param, r.key) end
     return sc:update_of(r.param)
@@ -106,10 +112,13 @@ function Phase:_compute_local(run, batches)
   for _, p in ipairs(pending) do run:attempt(p.G.kind.ns_finish, self.ctx, p.G.options, p.hp, p.list, p.done) end
 end
 
--- The phase: the local batches, then the routed ones (on a mesh the
--- router overlaps the exchanges with the owners' work).
-function Phase:run(plan, run)
+-- The step's batches (after its stepping set and skipped groups are
+-- agreed): the local ones and the routed ones, and where the routed NS
+-- inputs go out from (run.ns_inputs: the router lays the waves' send
+-- buffers out now; nil on one process).
+function Phase:prepare(plan, run)
   self.io.run = run
+  run.ns_direct = {}
   local locals, routed = {}, {}
   for _, batch in ipairs(plan.batches) do
     local gi = batch.group
@@ -135,9 +144,19 @@ function Phase:run(plan, run)
       end
     end
   end
-  if #locals > 0 then self:_compute_local(run, locals) end
+  run.ns_jobs = { locals = locals, routed = routed }
   -- (on one process every batch is local: nothing is routed)
-  if #routed > 0 then self.router:run_batches(routed, self.io) end
+  run.ns_inputs = #routed > 0 and self.router:inputs(routed, self.io) or nil
+end
+
+-- The phase: the local batches, then the routed ones (on a mesh the
+-- router overlaps the exchanges with the owners' work).
+function Phase:run(plan, run)
+  if not run.ns_jobs then self:prepare(plan, run) end
+  self.io.run = run
+  local jobs = run.ns_jobs
+  if #jobs.locals > 0 then self:_compute_local(run, jobs.locals) end
+  if #jobs.routed > 0 then self.router:run_batches(jobs.routed, self.io) end
 end
 
 return NP

@@ -44,7 +44,7 @@ function Phase:stage(run, rec)
       local stand_ins = {}
       for i, p in ipairs(gr.params) do stand_ins[i] = self.scratch:stand_in(p) end
       gr.stand_ins = stand_ins
-      local applies = CC.apply(G, gr, CC.parts(gr, rec, self.scratch, stand_ins))
+      local applies = CC.apply(G, gr, CC.parts(G, gr, rec, self.scratch, stand_ins))
       if not gr.skip_derived then CC.write(applies) end
     end
   end

@@ -6,15 +6,24 @@
 -- on its own buffers.
 --
 --   local router = require("muon.router").new(data_comm)
+--   router:inputs(jobs, io)        -- record -> where its NS input goes out from (before it is computed)
 --   router:run_batches(jobs, io)   -- jobs: { records, items, dtypes, moves_in, moves_out, group },
 --                                  -- communication overlapped with the owners' work
 --     io.source(record)    -> what this rank sends for the record (its box):
 --                             the NS input, or a hook state's current value
+--     io.direct(record)    -> true when the NS input was written where
+--                             inputs() said (nothing to copy), else nil
 --     io.dest(record)      -> where this rank receives it back (the update,
 --                             or the hook state's next value)
 --     io.buffer(item)      -> the owner's buffer for an item's region
 --     io.compute(owned, wave) -> the owners' work on { item, input, state = { key -> buffer } }
 --   router:exchange(dtype, sends, recvs)   -- one blocking all-to-all-v of pieces
+--   router.inputs_placed, router.inputs_copied -- NS input elements that went out (or into this
+--                                  -- rank's region buffer) from where the kinds wrote them / by a copy
+-- The inputs' send buffers are the waves' own, laid out before the step's
+-- kinds compute the inputs, so that they write them there: a rank's NS
+-- input leaves with no copy (its box in a peer's send segment, or in its
+-- own region buffer when it owns the item).
 local T = require("muon.tensor")
 local D = require("muon.dist")
 local ns = require("muon.ns")
@@ -24,49 +33,54 @@ local Router = {}
 Router.__index = Router
 
 function R.new(comm)
-  return setmetatable({ comm = comm, W = comm:size(), me = comm:rank(), bufs = {}, posted = 0 }, Router)
+  return setmetatable({ comm = comm, W = comm:size(), me = comm:rank(), bufs = {}, posted = 0, inputs_placed = 0,
+    inputs_copied = 0 }, Router)
 end
 
 -- Bytes held by the staging buffers.
 function Router:scratch_bytes()
   local n = 0
-  for _, b in pairs(self.bufs) do
-    n = n + b.send:numel() * T.DTYPE_SIZES[b.send:dtype()]
-    n = n + b.recv:numel() * T.DTYPE_SIZES[b.recv:dtype()]
-  end
+  for _, b in pairs(self.bufs) do n = n + b:numel() * T.DTYPE_SIZES[b:dtype()] end
   return n
 end
 
--- Staging buffers of one slot and dtype, kept across steps (grown when
--- needed): the blocking exchange uses slot "", the pipeline four slots
--- (in / out, two each), so at most four exchanges per dtype are in flight.
-function Router:_staging(dtype, slot, stot, rtot)
-  local key = dtype .. slot
+-- A staging buffer of at least n elements, kept across steps under key
+-- (grown when needed): the blocking exchange uses "<dtype>/send" and
+-- "<dtype>/recv", the pipeline's receives four slots (in / out, two
+-- each: at most four exchanges per dtype in flight), its input sends one
+-- buffer per wave of the step (R.inputs lays them out) and its update
+-- sends two slots.
+function Router:_staging(key, dtype, n)
   local b = self.bufs[key]
-  if not b or b.send:numel() < stot or b.recv:numel() < rtot then
-    b = { send = T.zeros({ math.max(stot, b and b.send:numel() or 1, 1) }, dtype),
-          recv = T.zeros({ math.max(rtot, b and b.recv:numel() or 1, 1) }, dtype) }
+  if not b or b:numel() < n then
+    b = T.zeros({ math.max(n, b and b:numel() or 1, 1) }, dtype)
     self.bufs[key] = b
   end
-  return b.send, b.recv
+  return b
 end
 
--- Counts per peer and the packed send buffer of an all-to-all-v.
-function Router:_pack(dtype, slot, sends, recvs)
-  local W = self.W
-  local scount, rcount, stot, rtot = {}, {}, 0, 0
+-- Counts per peer of pieces (lists per peer of { n, ... }) and their total.
+local function counts(W, lists)
+  local c, tot = {}, 0
   for q = 1, W do
-    local s, r = 0, 0
-    for _, x in ipairs(sends[q]) do s = s + x.n end
-    for _, x in ipairs(recvs[q]) do r = r + x.n end
-    scount[q], rcount[q] = s, r
-    stot, rtot = stot + s, rtot + r
+    local n = 0
+    for _, x in ipairs(lists[q]) do n = n + x.n end
+    c[q], tot = n, tot + n
   end
-  local sbuf, rbuf = self:_staging(dtype, slot, stot, rtot)
+  return c, tot
+end
+
+-- Counts per peer and the packed send buffer of an all-to-all-v (staging
+-- keys sk, rk). The pieces marked direct are in the send buffer already.
+function Router:_pack(dtype, sk, rk, sends, recvs)
+  local W = self.W
+  local scount, stot = counts(W, sends)
+  local rcount, rtot = counts(W, recvs)
+  local sbuf, rbuf = self:_staging(sk, dtype, stot), self:_staging(rk, dtype, rtot)
   local off = 0
   for q = 1, W do
     for _, x in ipairs(sends[q]) do
-      sbuf:narrow(1, off + 1, x.n):view(x.src:size()):copy(x.src)
+      if not x.direct then sbuf:narrow(1, off + 1, x.n):view(x.src:size()):copy(x.src) end
       off = off + x.n
     end
   end
@@ -86,7 +100,7 @@ end
 -- One all-to-all-v over the data communicator. sends[q+1] = list of
 -- { n = elements, src = tensor }; recvs[q+1] = list of { n, dst = tensor }.
 function Router:exchange(dtype, sends, recvs)
-  local sbuf, scount, rbuf, rcount = self:_pack(dtype, "", sends, recvs)
+  local sbuf, scount, rbuf, rcount = self:_pack(dtype, dtype .. "/send", dtype .. "/recv", sends, recvs)
   self.comm:alltoallv(sbuf, scount, rbuf, rcount)
   unpack_recv(self.W, rbuf, recvs)
 end
@@ -124,18 +138,36 @@ local function work_buffer(it, io)
   return io.buffer(it)
 end
 
--- One item's pieces on their way in (to the owner) or out (back).
-local function route(it, me, io, sends, recvs, out)
+-- Count n elements of a record's NS input in: placed by its kind, or copied.
+local function count_input(self, r, n, placed)
+  if r.parent then return end
+  if placed then self.inputs_placed = self.inputs_placed + n
+  else self.inputs_copied = self.inputs_copied + n end
+end
+
+-- One item's pieces on their way in (to the owner) or out (back). This
+-- rank's own piece of an item it owns is copied at once (in: from the
+-- source, unless io.direct says it is there; out: to the dest), or, with
+-- locals (a list: inputs' dry run), listed as { v = its view, record }.
+local function route(self, it, io, sends, recvs, out, locals)
+  local me = self.me
   local o = it.owner
   local pieces = out and D.dests(it) or it.sources
+  local r = it.record
   if o == me then
     local inplace = R.in_place(it)
-    local buf = inplace and io.dest(it.record) or io.buffer(it)
+    local buf = inplace and io.dest(r) or io.buffer(it)
     for _, p in ipairs(pieces) do
       if p.rank ~= me or not inplace then
         local v = D.box_view(buf, p.box, it.region)
         if p.rank == me then
-          if out then io.dest(it.record):copy(v) else v:copy(io.source(it.record)) end
+          if out then io.dest(r):copy(v)
+          elseif locals then locals[#locals + 1] = { v = v, record = r }
+          else
+            local placed = io.direct(r)
+            if not placed then v:copy(io.source(r)) end
+            count_input(self, r, D.numel(p.box.len), placed)
+          end
         elseif out then
           table.insert(sends[p.rank + 1], { n = D.numel(p.box.len), src = v })
         else
@@ -146,21 +178,28 @@ local function route(it, me, io, sends, recvs, out)
   else
     for _, p in ipairs(pieces) do
       if p.rank == me then
-        if out then table.insert(recvs[o + 1], { n = D.numel(p.box.len), dst = io.dest(it.record) })
-        else table.insert(sends[o + 1], { n = D.numel(p.box.len), src = io.source(it.record) }) end
+        local n = D.numel(p.box.len)
+        if out then table.insert(recvs[o + 1], { n = n, dst = io.dest(r) })
+        else
+          local placed = io.direct(r)
+          -- (laying out the inputs, hook state has no source yet: it is copied later)
+          local src = not (locals and r.parent) and io.source(r) or nil
+          table.insert(sends[o + 1], { n = n, src = src, record = r, direct = placed })
+          if not locals then count_input(self, r, n, placed) end
+        end
       end
     end
   end
 end
 
 -- The pieces of a batch's items (and their attached hook state) in
--- (out = false) or out, per dtype.
-local function pieces(self, items, dt, io, out)
+-- (out = false) or out, per dtype (locals: see route).
+local function pieces(self, items, dt, io, out, locals)
   local sends, recvs = lists(self.W)
   for _, it in ipairs(items) do
     if it.record.dtype == dt then
-      route(it, self.me, io, sends, recvs, out)
-      for _, a in ipairs(it.attached or {}) do route(a, self.me, io, sends, recvs, out) end
+      route(self, it, io, sends, recvs, out, locals)
+      for _, a in ipairs(it.attached or {}) do route(self, a, io, sends, recvs, out, locals) end
     end
   end
   return sends, recvs
@@ -182,14 +221,61 @@ local function owned_of(items, me, io)
   return owned
 end
 
--- Post a batch's exchanges of one direction (non-blocking, staging slot
--- `slot`); local pieces are copied now. Returns what _finish completes.
-function Router:_post(job, out, slot, io)
+-- The staging key of wave k's input sends of dtype dt (one per wave: the
+-- kinds write the inputs there before the exchanges start).
+local function input_key(k, dt) return dt .. "/in-send" .. k end
+
+-- Where the NS inputs of this step's batches (jobs, as run_batches gets
+-- them) go out from, laid out before they are computed: record -> a
+-- tensor of its box's shape, for the records whose whole box goes to one
+-- owner as one piece (a segment of the wave's send buffer) or into its
+-- own region buffer as a contiguous view; the others go out from
+-- io.source as before. Hook state is always copied. Writing there and
+-- saying so through io.direct saves the copy.
+function Router:inputs(jobs, io)
+  local K = self.waves or R.WAVES
+  local out, seen = {}, {}
+  local function put(r, t)
+    if r.parent then return end
+    if seen[r] then out[r] = nil else out[r] = t end
+    seen[r] = true
+  end
+  local k = 0
+  for _, job in ipairs(jobs) do
+    for _, w in ipairs(R.waves(job, K)) do
+      k = k + 1
+      for _, dt in ipairs(w.dtypes) do
+        local locals = {}
+        local sends = pieces(self, w.items, dt, io, false, locals)
+        if w.moves_in then
+          local _, stot = counts(self.W, sends)
+          local buf, off = self:_staging(input_key(k, dt), dt, stot), 0
+          for q = 1, self.W do
+            for _, x in ipairs(sends[q]) do
+              if x.record and x.src and x.n == x.src:numel() then put(x.record, buf:narrow(1, off + 1, x.n):view(x.src:size())) end
+              off = off + x.n
+            end
+          end
+        end
+        for _, l in ipairs(locals) do
+          if l.v:is_contiguous() then put(l.record, l.v) end
+        end
+      end
+    end
+  end
+  return out
+end
+
+-- Post a batch's exchanges of one direction (non-blocking; in: wave k's
+-- own send buffer, a receive slot; out: send and receive slots `slot`);
+-- local pieces are copied now. Returns what _finish completes.
+function Router:_post(job, out, slot, io, k)
   local pending = { n = 0, out = out }
   for _, dt in ipairs(job.dtypes) do
     local sends, recvs = pieces(self, job.items, dt, io, out)
     if out and job.moves_out or not out and job.moves_in then
-      local sbuf, scount, rbuf, rcount = self:_pack(dt, slot, sends, recvs)
+      local sk = out and (dt .. slot .. "/send") or input_key(k, dt)
+      local sbuf, scount, rbuf, rcount = self:_pack(dt, sk, dt .. slot .. "/recv", sends, recvs)
       pending.n = pending.n + 1
       pending[pending.n] = { q = self.comm:ialltoallv(sbuf, scount, rbuf, rcount), rbuf = rbuf, recvs = recvs }
       self.posted = self.posted + 1
@@ -243,7 +329,7 @@ function R.waves(job, k)
   if c and c.k == k and c.items == job.items then return c.waves end
   local cost, total = {}, 0
   for i, r in ipairs(recs) do
-    cost[i] = r.ns and ns.flops(r.shape, r.nd_mode) or r.numel
+    cost[i] = r.ns and ns.shape_cost(r.shape, r.nd_mode, r.ns_opts) or r.numel
     total = total + cost[i]
   end
   local wave_of, before = {}, 0
@@ -288,7 +374,7 @@ function Router:run_batches(jobs, io)
   local me, n = self.me, #list
   local ins, outs = {}, {}
   local function post_in(k)
-    if k <= n then ins[k] = self:_post(list[k], false, "/in" .. (k % (A + 1)), io) end
+    if k <= n then ins[k] = self:_post(list[k], false, "/in" .. (k % (A + 1)), io, k) end
   end
   local ok, err = pcall(function()
     for k = 1, A + 1 do post_in(k) end

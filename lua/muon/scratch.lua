@@ -75,7 +75,7 @@ function Scratch:entry(p, rec, keys, state, in_place)
     e = { p = p, old = {}, new = {}, work = {} }
     s.entry = e
   end
-  e.grad, e.u, e.overflow = p.grad, self:update(p, rec), nil
+  e.grad, e.u = p.grad, self:update(p, rec)
   e.in_place = in_place
   local nk = #keys
   for i = 1, nk + #rec.hooks_list do

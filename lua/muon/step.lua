@@ -9,11 +9,14 @@
 --   1. values   the step's values (group options + the schedule's), each
 --               checked (finite, in range; the error names group, key, value)
 --   2. grads    which parameters step (those with a grad), shapes, the
---               NaN/Inf policy per group; on a mesh, one all-reduce agrees
---               on failures, skipped groups, the stepping set and the values
+--               NaN/Inf policy per group (for the grads no direction pass
+--               checks: see 3); on a mesh, one all-reduce agrees on
+--               failures, skipped groups, the stepping set and the values
 --   3. direction each state holder's kind computes the new state and the
 --               NS input (Muon) or the update (AdamW, Lion) into scratch
---               (kind.direction; momentum_update_fn)
+--               (kind.direction; momentum_update_fn), checking in the same
+--               pass what it writes (kind.checks: its gradients too, and
+--               for AdamW and Lion the apply's result)
 --   4. ns       per batch, NS inputs go to the rank that orthogonalizes them
 --               and every update slice comes back (muon.ns_phase; hooks
 --               around Newton-Schulz)
@@ -313,7 +316,7 @@ function Stepper:plan_records(placement_of)
     local g = self.groups[w.gi]
     records[i] = { name = p.name, shape = p.logical_shape, placement = placement_of and placement_of(p) or w.placement,
       group = w.gi, dtype = p.value:dtype(), ns = g.kind.ns, whole = K.whole(g.kind, g.options),
-      nd_mode = g.options.nd_mode, state_count = #g.kind.state_keys, param = p,
+      nd_mode = g.options.nd_mode, ns_opts = g.options._ns, state_count = #g.kind.state_keys, param = p,
       state_dtype = self:state_dtype_of(w.gi, p),
       hooks = g.kind.hook_shapes and g.kind.hook_shapes(g.options, p.logical_shape) or nil }
   end
@@ -431,14 +434,16 @@ local function check_phase(self, values, pre_err)
     local ok, err = pcall(K.check_step, G.kind, hp)
     if not ok then E.raise(E.EINVAL, "%s, step %d: %s", G.label, opts.step + 1, E.message(err)) end
     local params, grads, owners = {}, {}, {}
+    local checks = G.kind.checks -- (the holders' grads: checked by direction's pass)
     for _, p in ipairs(self.gparams[gi]) do
       local g = p.grad
       if g ~= nil then
         P.check(p.name, p.value, g) -- a grad set after add_param: dtype, shape
         if G.kind.check_param then G.kind.check_param(p, hp) end
         params[#params + 1] = p
-        run.stepping[self.rec[p]] = true
-        if g:numel() > 0 then
+        local r = self.rec[p]
+        run.stepping[r] = true
+        if g:numel() > 0 and not (checks and r.holds) then
           grads[#grads + 1] = g
           owners[#owners + 1] = p
         end
@@ -457,6 +462,12 @@ local function check_phase(self, values, pre_err)
     run.g[gi] = { hp = hp, over = over, params = params, skip = skip }
   end
   return run
+end
+
+-- A group's direction and its checks (kind.checks: its report).
+local function direction(self, run, G, gr, entries)
+  local bad, applies = G.kind.direction(self.ctx, G.options, gr.hp, entries)
+  CC.derived(run, G, gr, entries, bad, applies)
 end
 
 -- Phase 3: each state holder's direction into scratch (the entries are
@@ -492,14 +503,16 @@ local function direction_phase(self, run)
           if r.holds then
             local e = self.scratch:entry(p, r, keys, self.state[p], in_place)
             e.count = (self.pstep[p] or 0) + 1
+            local dest = run.ns_inputs and run.ns_inputs[r]
+            if dest then -- (the NS input goes out from there: no copy)
+              e.u = dest
+              run.ns_direct[r] = true
+            end
             entries[#entries + 1] = e
           end
         end
       end
-      if #entries > 0 then
-        run:attempt(G.kind.direction, self.ctx, G.options, gr.hp, entries)
-        run:attempt(CC.derived, run, G, gr, entries)
-      end
+      if #entries > 0 then run:attempt(direction, self, run, G, gr, entries) end
     end
   end
 end
@@ -514,7 +527,7 @@ local function final_checks(self, run)
       if PP.runs(G, gr) then
         CC.stand_ins(G, gr, gr.stand_ins)
       else
-        gr.applies = CC.apply(G, gr, CC.parts(gr, self.rec, self.scratch))
+        gr.applies = CC.apply(G, gr, CC.parts(G, gr, self.rec, self.scratch))
       end
     end
   end
@@ -606,6 +619,12 @@ local function step_body(self, values, pre_err)
   if next(run.stepping) == nil then return false end
   -- Phases 3-6: on one process the first error raises; on a mesh it is
   -- kept and the collectives still run, so no rank waits for another.
+  -- (the batches first: where the NS inputs go; local, plan-only work)
+  if W == 1 then self.ns_phase:prepare(self.plan, run)
+  else
+    local ok, e = pcall(self.ns_phase.prepare, self.ns_phase, self.plan, run)
+    if not ok then run.failure = e end
+  end
   run:attempt(direction_phase, self, run)
   -- (the router's own code does not fail on one rank only: its inputs are
   -- the plan, the same everywhere; the owners' work goes through attempt)

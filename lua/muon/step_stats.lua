@@ -12,10 +12,11 @@
 --   grad_norm      sqrt of the sum of g^2 over every stepping parameter's
 --                  gradient (the whole parameters: each piece counted once, by
 --                  the rank that keeps its state)
---   update_rms     per group index: sqrt(mean u^2) over the group's stepping
---                  parameters' updates u (the commit does p = p * decay +
---                  alpha * u, alpha = -lr unless apply_lr_in_update); nil
---                  for a group that did not step
+--   update_rms     per group index: sqrt(mean (s u)^2) over the group's
+--                  stepping parameters' updates u (the commit does p = p *
+--                  decay + alpha * u * s, alpha = -lr unless
+--                  apply_lr_in_update, s the kind's apply_scale: Muon's
+--                  per-slice scale, else 1); nil for a group that did not step
 --   ns_matrices    matrices orthogonalized (every rank's)
 --   ns_residual    the largest Newton-Schulz residual (muon.ns.workspace_stats:
 --                  ||A - I||_F / sqrt(n) of each matrix's last Gram matrix),
@@ -48,11 +49,12 @@ function SS.begin(st)
   return { t0 = C.mu_clock(), hooks = E.hook_seconds(), sent = sent, recv = recv }
 end
 
-local function sum(list)
+-- The sum of the tensors' squares, each times its weight (weights nil: 1).
+local function sum(list, weights)
   local s = 0
-  foreach.per_dtype(function(part)
-    for _, x in ipairs(foreach.sumsq(part)) do s = s + x end
-  end, { list })
+  foreach.per_dtype(function(part, w)
+    for i, x in ipairs(foreach.sumsq(part)) do s = s + x * (w and w[i] or 1) end
+  end, { list, weights })
   return s
 end
 
@@ -62,19 +64,21 @@ function SS.finish(st, run, m)
   -- this rank's sums: the grads and updates of the pieces it keeps state for
   local grads, sums = {}, { 0 }
   for gi = 1, #st.groups do
-    local gr = run.g[gi]
-    local us, n = {}, 0
+    local gr, G = run.g[gi], st.groups[gi]
+    local scale_of = G.kind.apply_scale
+    local us, w, n = {}, {}, 0
     for _, p in ipairs(gr.params) do
       local r = st.rec[p]
       if r.mine_n > 0 and (st.W == 1 or r.holds) then
         grads[#grads + 1] = contiguous(p.grad)
         if not (gr.skip or gr.skip_derived) then
           us[#us + 1] = st.scratch:update_of(p)
+          w[#us] = scale_of and scale_of(G.options, gr.hp, p.logical_shape) ^ 2 or 1
           n = n + r.mine_n
         end
       end
     end
-    sums[2 * gi], sums[2 * gi + 1] = #us > 0 and sum(us) or 0, n
+    sums[2 * gi], sums[2 * gi + 1] = #us > 0 and sum(us, w) or 0, n
   end
   sums[1] = sum(grads)
   local ns = st.scratch:ns_stats(false)

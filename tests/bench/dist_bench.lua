@@ -158,7 +158,7 @@ local seed_recv = D.seed_step_elements(plan, rank) * 4
 local flops = 0
 for _, r in ipairs(plan.records) do
   for _, it in ipairs(r.items) do
-    if it.ns and it.owner == rank then flops = flops + require("muon.ns").flops(it.region.len, r.nd_mode) end
+    if it.ns and it.owner == rank then flops = flops + require("muon.ns").shape_cost(it.region.len, r.nd_mode, r.ns_opts) end
   end
 end
 -- The owner-free floor of the items this rank owns: whoever owns an item,

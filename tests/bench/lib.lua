@@ -37,6 +37,18 @@ function B.capture(cmd)
   return out
 end
 
+-- The path of a program under the build tree (MUON_BUILD, default build)
+-- that `make` builds on demand (tests/bench/NAME.c), made if needed; nil
+-- and a line saying the bench `who` is skipped when it cannot be.
+function B.build(name, who, needs)
+  local prog = (os.getenv("MUON_BUILD") or "build") .. "/bench/" .. name
+  if os.execute("make -s " .. prog .. " >/dev/null 2>&1") ~= 0 then
+    print(("%s: cannot build %s (%s); skipped"):format(who, prog, needs))
+    return nil
+  end
+  return prog
+end
+
 -- The tree of revision rev built into /tmp/muon-bench-baseline-<rev>
 -- (once); its path, or nil when rev is not in this checkout's git history.
 function B.baseline(rev, who)

@@ -13,12 +13,8 @@ local host_n = tonumber(arg[1] or "") or 65536
 local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua")
 local capture, median = B.capture, B.median
 
-local build = os.getenv("MUON_BUILD") or "build"
-local prog = build .. "/bench/omp_host"
-if os.execute("make -s " .. prog .. " >/dev/null 2>&1") ~= 0 then
-  print("omp_bench: cannot build " .. prog .. " (needs a compiler with -fopenmp); skipped")
-  return
-end
+local prog = B.build("omp_host", "omp_bench", "needs a compiler with -fopenmp")
+if not prog then return end
 local config = os.tmpname()
 local f = assert(io.open(config, "w"))
 f:write('return { groups = { { name = "hidden", optimizer = "muon", match = ".*" } } }\n')

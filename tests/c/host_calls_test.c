@@ -156,13 +156,22 @@ static void test_switch_core(void)
     const char *want = mu_blas_cpu_core();
     const char *env = getenv("OPENBLAS_CORETYPE");
     int user = env && *env;
-    int rc = mu_blas_switch_core();
     mu_blas_info info;
     mu_blas_get_info(&info);
+    /* OpenBLAS may have picked that core itself (under valgrind, whose
+     * CPUID it reads as Haswell's): then nothing changes, the variable
+     * included */
+    int already = strcasecmp(info.core, want) == 0;
+    int rc = mu_blas_switch_core();
+    mu_blas_get_info(&info);
+    const char *now = getenv("OPENBLAS_CORETYPE");
     if (user || !*want)
         ok(rc == MU_OK, "switch_core: nothing to do (OPENBLAS_CORETYPE=%s, cpu core '%s')", env ? env : "", want);
+    else if (already)
+        ok(rc == MU_OK && strcasecmp(info.core, want) == 0 && !(now && *now),
+           "switch_core: OpenBLAS already runs %s, the variable stays unset (%s)", want, info.core);
     else
-        ok(rc == MU_OK && strcasecmp(info.core, want) == 0 && strcmp(getenv("OPENBLAS_CORETYPE"), want) == 0,
+        ok(rc == MU_OK && strcasecmp(info.core, want) == 0 && now && strcmp(now, want) == 0,
            "switch_core: OpenBLAS runs %s, the variable says it (%s)", want, info.core);
     ok(mu_blas_switch_core() == MU_OK, "switch_core: a second call has nothing to do");
 }

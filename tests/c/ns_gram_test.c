@@ -4,7 +4,7 @@
  * against the cost model; mu_ns_method_for.
  * TAP output; exit 1 on any failure.
  */
-#include "muon_internal.h"
+#include "ns_internal.h"
 #include "tap.h"
 
 #include <cblas.h>

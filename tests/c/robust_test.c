@@ -183,15 +183,18 @@ static void null_calls(void)
     (void)ws;
 
     /* foreach */
-    NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, NULL, ts, ts, ts, 0.9, 0.9, 0));
-    NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, ts, nts, ts, ts, 0.9, 0.9, 0));
+    NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, NULL, ts, ts, ts, 0.9, 0.9, 0, &bad));
+    NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, ts, nts, ts, ts, 0.9, 0.9, 0, NULL));
+    NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, ts, ts, NULL, NULL, 0.9, 0.9, 0, &bad)); /* nothing to write */
+    NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, ts, ts, nts, NULL, 0.9, 0.9, 0, &bad));
+    NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, ts, ts, NULL, nts, 0.9, 0.9, 0, &bad));
     NULL_CALL(MU_EINVAL, mu_foreach_apply(1, NULL, ts, NULL, 1, 1));
     NULL_CALL(MU_EINVAL, mu_foreach_apply(1, ts, nts, NULL, 1, 1));
     NULL_CALL(MU_EINVAL, mu_foreach_apply_cautious(1, nts, ts, NULL, 1, 1));
     NULL_CALL(MU_EINVAL, mu_foreach_scale(1, NULL, NULL, 2));
     NULL_CALL(MU_EINVAL, mu_foreach_scale(1, nts, NULL, 2));
     NULL_CALL(MU_EINVAL, mu_foreach_adamw(1, ts, NULL, ts, ts, 0.1, 0.9, 0.99, 1e-8, 0, 1));
-    NULL_CALL(MU_EINVAL, mu_foreach_adamw_update(1, ts, ts, nts, ts, ts, ts, 0.1, 0.9, 0.99, 1e-8, 1));
+    NULL_CALL(MU_EINVAL, mu_foreach_adamw_update(1, ts, ts, nts, ts, ts, ts, 0.1, 0.9, 0.99, 1e-8, 1, NULL, 1, 1, &bad));
     NULL_CALL(MU_EINVAL, mu_foreach_all_finite(1, NULL, &bad));
     NULL_CALL(MU_EINVAL, mu_foreach_all_finite(1, nts, &bad));
     NULL_CALL(MU_EINVAL, mu_foreach_pack(1, NULL, T4, off));
@@ -345,7 +348,7 @@ static void hostile_tensors(void)
         BAD_CALL(mu_foreach_scale(1, bad1, NULL, 2));
         BAD_CALL(mu_foreach_all_finite(1, bad1, NULL));
         BAD_CALL(mu_foreach_apply(1, bad1, good, NULL, 1, 1));
-        BAD_CALL(mu_foreach_momentum(1, good, good, good, bad1, 0.9, 0.9, 0));
+        BAD_CALL(mu_foreach_momentum(1, good, good, good, bad1, 0.9, 0.9, 0, NULL));
         BAD_CALL(mu_foreach_pack(1, bad1, T4, off));
         BAD_CALL(mu_foreach_unpack(1, T4, bad1, off));
         BAD_CALL(mu__foreach_triad(bp, T4, T4, 1));

@@ -5,7 +5,8 @@
 # 2 threads, including the steps after failed ones; failures that reach
 # every rank; configs that differ; batch-sharded experts that move nothing;
 # replicated state; bfloat16 Newton-Schulz; checkpoints resharded across world sizes; the pipelined
-# (overlapped) exchanges and a failure in the middle of them. Every kind
+# (overlapped) exchanges and a failure in the middle of them; NS inputs
+# written where they leave from (no pack). Every kind
 # (Muon, AdamW, Lion) is in the meshes.
 . "$(dirname "$0")/lib.bash"
 S=tests/mpi/dist_check.lua
@@ -34,6 +35,11 @@ for c in "1 shard:1" "2 shard:2" "3 replicate:3" "4 replicate:2,shard:2" "4 shar
   set -- $c
   MU_TEST_NS_DTYPE=bfloat16 mpi_case "dist np=$1 mesh $2 bfloat16 Newton-Schulz" "$1" $RUN $S equal "$2"
 done
+for c in "1 shard:1" "2 shard:2" "4 replicate:2,shard:2"; do
+  set -- $c
+  MU_TEST_NS_DTYPE=bfloat16 MU_TEST_NS_METHOD=gram mpi_case "dist np=$1 mesh $2 bfloat16 Gram Newton-Schulz" "$1" \
+    $RUN $S equal "$2"
+done
 for c in "1 shard:1" "2 shard:2" "2 replicate:2" "3 shard:3" "4 replicate:2,shard:2" "4 shard:2,shard2:2"; do
   set -- $c
   mpi_case "variants np=$1 mesh $2" "$1" $RUN $S variants "$2" "$ck/variants.safetensors"
@@ -41,6 +47,10 @@ done
 for c in "1 shard:1" "2 shard:2" "3 replicate:3" "4 replicate:2,shard:2" "4 shard:2,shard2:2"; do
   set -- $c
   mpi_case "overlap np=$1 mesh $2" "$1" $RUN $S overlap "$2"
+done
+for c in "2 shard:2" "3 shard:3" "4 replicate:2,shard:2"; do
+  set -- $c
+  mpi_case "direct NS inputs np=$1 mesh $2" "$1" $RUN $S direct "$2"
 done
 mpi_case "dist np=3 config differs on rank 2" 3 $RUN $S config "shard:3"
 mpi_case "dist np=3 hook_state (a nested table) differs on rank 2" 3 $RUN $S config "shard:3" hook_state

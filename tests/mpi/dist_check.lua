@@ -20,13 +20,18 @@
 --            flattening, QK-clip (signals): 10 steps bitwise vs one process
 --   nothing  a step where no rank has a grad steps nothing (on every rank);
 -- MU_TEST_STATE_DTYPE=bfloat16 runs the float32 groups with bfloat16 state.
--- MU_TEST_NS_DTYPE=bfloat16 runs the float32 Muon groups' Newton-Schulz in bfloat16.
+-- MU_TEST_NS_DTYPE=bfloat16 runs the float32 Muon groups' Newton-Schulz in bfloat16
+-- (MU_TEST_NS_METHOD=gram: the Gram iteration).
 --            empty shards without a grad step with their parameter; a grad
 --            on some holding ranks only fails everywhere
 --   overlap  small batches (many pipelined waves): every data exchange is
 --            a non-blocking one; a post_ortho_fn that raises in the middle
 --            of step 4 on the rank that owns same.2 fails the step on every
 --            rank with nothing changed; 8 steps bitwise vs one process
+--   direct   row-sharded matrices: every NS input this rank routes was
+--            written by the momentum pass where it leaves from (a peer's
+--            send segment, its own region buffer), none copied; 3 steps
+--            bitwise vs one process
 local H = require("mpi.harness")
 local T = require("muon.tensor")
 local D = require("muon.dist")
@@ -60,6 +65,10 @@ local PARAMS = {
   { "lion.b", { 10 }, { 1 }, 5 },           -- Lion, 1-D
 }
 if mode == "experts" then PARAMS = { { "experts", { 4, 32, 48 }, { 1 }, 1 } } end
+if mode == "direct" then
+  PARAMS = { { "d.a", { 16, 12 }, { 1 }, 1 }, { "d.b", { 24, 8 }, { 1 }, 1 }, { "d.c", { 12, 20 }, { 1 }, 1 },
+    { "d.d", { 8, 8 }, { 1 }, 4 } }
+end
 if mode == "variants" then
   PARAMS = {
     { "n.a", { 8, 6 }, { 1, 2 }, 1 }, { "n.b", { 9, 5 }, { 2, 1 }, 1 }, { "n.experts", { 3, 6, 4 }, { 1, 2 }, 1 },
@@ -130,6 +139,11 @@ local function make_config(dist, here, variant)
   local nd = os.getenv("MU_TEST_NS_DTYPE")
   if nd and nd ~= "" then
     for _, i in ipairs({ 1, 2 }) do groups[i].ns_dtype = nd end
+  end
+  -- MU_TEST_NS_METHOD=gram: and the Gram iteration
+  local nm = os.getenv("MU_TEST_NS_METHOD")
+  if nm and nm ~= "" then
+    for _, i in ipairs({ 1, 2 }) do groups[i].ns_method = nm end
   end
   if mode == "overlap" then
     groups[1].post_ortho_fn = function(_, _, ctx)
@@ -251,7 +265,8 @@ H.main(function()
       [INJECT.eps] = { E.EINVAL, "group 3 ('adamw'), step 5: ", "eps must be >= 0, got -1" },
       -- (after the routing, before the commit: nothing changes anywhere)
       [INJECT.post] = { E.ELUA, "post_update_fn: boom in post_update_fn on w_col", routed = true },
-      [INJECT.nan_grad] = { E.ENONFINITE, "parameter 'w_uneven': gradient holds NaN or Inf" },
+      -- (the momentum pass finds it, so the step's exchanges still run)
+      [INJECT.nan_grad] = { E.ENONFINITE, "parameter 'w_uneven': gradient holds NaN or Inf", routed = true },
     }
     if W > 1 then
       expect[INJECT.lr_differs] = { E.EINVAL, "scheduled values differ across ranks at group 2 ('legacy').lr",
@@ -385,6 +400,23 @@ H.main(function()
     H.check("experts-zero-bytes", cs.bytes_sent == 0 and cs.bytes_recv == 0 and cs.calls == 0,
       ("sent %d recv %d calls %d"):format(cs.bytes_sent, cs.bytes_recv, cs.calls))
     compare("experts-bitwise", ref, eng, locals)
+  elseif mode == "direct" then
+    local ref, eng, locals = setup({})
+    local in_place = require("muon.router").in_place
+    for step = 1, 3 do
+      set_grads(ref, locals, step)
+      eng:step()
+      ref_step(ref)
+    end
+    local want = 0
+    for _, spec in ipairs(PARAMS) do
+      local r = eng.stepper:record(eng:param(spec[1]))
+      if r.holds and r.items[1] and not in_place(r.items[1]) then want = want + 3 * r.mine_n end
+    end
+    local router = eng.stepper.router
+    H.check("direct-inputs", router.inputs_copied == 0 and router.inputs_placed == want and (W == 1 or want > 0),
+      ("placed %d (want %d), copied %d"):format(router.inputs_placed, want, router.inputs_copied))
+    compare("direct-bitwise", ref, eng, locals)
   elseif mode == "variants" then
     local ref, eng, locals = setup({})
     for step = 1, 10 do

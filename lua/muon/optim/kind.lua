@@ -59,24 +59,42 @@ Kind.direction(ctx, group, hp, entries)
     buffer, count = the parameter's step number after this step, work = a
     table for the kind's own buffers, kept across steps }; it reads old,
     writes new and u (and its work buffers) and changes nothing else; a
-    hook it calls sees work buffers, never old or new.
+    hook it calls sees work buffers, never old or new. A kind with checks
+    returns what it checked in the same passes (see Kind.checks).
+Kind.checks
+    true: direction checks what it writes, in its own passes, and returns
+    bad, applies: bad nil when every entry's u and new state (as stored)
+    is finite, else the index of an entry where one is NaN or Inf (a
+    NaN/Inf gradient always shows there; state a hook wrote is the step's
+    to check, naming the hook); applies true when the same passes
+    also checked the apply's result for every entry (e.p.value * decay +
+    alpha * e.u * scale, with apply_coeffs' and apply_scale's values). The
+    step then checks neither those gradients, nor those outputs, nor (with
+    applies) those applies again; on a bad value it finds out which check
+    failed for its message. Without it the step checks the gradients, the
+    Newton-Schulz input or the hidden state, and every apply.
 Kind.apply_coeffs(group, hp)
     -> decay, alpha, cautious (required): the commit does p = p * decay +
-    alpha * u (cautious: the decay only where the update moves p towards 0).
+    alpha * u * scale (cautious: the decay only where the update moves p
+    towards 0; scale: apply_scale's, else 1).
+Kind.apply_scale(group, hp, shape)
+    -> the scale the apply multiplies the update of a parameter of this
+    global shape by (one pass fewer when orthogonalize leaves it to the
+    apply); a kind without it gets 1.
 Kind.resolve(group)
     Checks across options and derived values (fields starting with "_"),
     after every option's own check.
 Kind.check_param(p, group)
     Raises for a parameter the kind cannot step.
 Kind.orthogonalize(ctx, group, hp, items)
-    Newton-Schulz and the scale in place on the owner's items { name,
-    input, state, shape, signals, region }; a kind with it runs
-    Newton-Schulz (its inputs are routed to owners on a mesh). ctx is the
-    step's narrow context (muon.kind_context): ctx:batch_buffer(dtype, n,
-    a, b, slot) -> a reusable (n, a, b) tensor, ctx:ns_workspace(dtype, a,
-    b) -> a Newton-Schulz workspace, ctx:ns_many(jobs) -> Newton-Schulz in
-    place on every { x = tensor, r = resolved options } in one scheduler
-    call.
+    Newton-Schulz (and its scale, unless apply_scale takes it) in place
+    on the owner's items { name, input, state, shape, signals, region }; a
+    kind with it runs Newton-Schulz (its inputs are routed to owners on a
+    mesh). ctx is the step's narrow context (muon.kind_context):
+    ctx:batch_buffer(dtype, n, a, b, slot) -> a reusable (n, a, b) tensor,
+    ctx:ns_workspace(dtype, a, b) -> a Newton-Schulz workspace,
+    ctx:ns_many(jobs) -> Newton-Schulz in place on every { x = tensor, r =
+    resolved options } in one scheduler call.
 Kind.ns_prepare(ctx, group, hp, items, jobs)
 Kind.ns_finish(ctx, group, hp, items, done)
     The two halves of orthogonalize around one scheduler call for many
@@ -96,14 +114,14 @@ Kind.replica_count(v)
     -> n: the seed's hsdp_replica_count as a number.
 Kind.in_place_state(group)
 Kind.commit_state(group, hp, entries)
-    Both or neither. in_place_state -> the state keys of the group whose new
-    value the kind writes in place at the commit (no second buffer: the
-    step's scratch stays small), or nil. For those keys direction gets
-    old[k] (the state, or on a parameter's first step zeros that become it)
-    and no new[k]; it must check that the value commit_state will write is
-    finite and set entry.overflow = true when not (the nonfinite policy
-    applies); commit_state then writes it into old[k] from what it read
-    (grad, old), after the parameters' apply; it must not fail.
+    Both or neither, with checks. in_place_state -> the state keys of the
+    group whose new value the kind writes in place at the commit (no second
+    buffer: the step's scratch stays small), or nil. For those keys
+    direction gets old[k] (the state, or on a parameter's first step zeros
+    that become it) and no new[k]; its report (Kind.checks) covers the value
+    commit_state will write, as stored (the nonfinite policy applies);
+    commit_state then writes it into old[k] from what it read (grad, old),
+    after the parameters' apply; it must not fail.
 ## What register derives from the schema (set on the kind)
 Kind.ENTRIES
     The schema's entries with the markers expanded, in check order.
@@ -200,7 +218,8 @@ for _, e in ipairs(K.KINDS) do BY_NAME[e.name] = e end
 K.MEMBERS = {
   { "name", "string", true }, { "class", "string", true }, { "options", "table", true },
   { "state", "table", true }, { "counts_steps", "boolean", false }, { "direction", "function", true },
-  { "apply_coeffs", "function", true }, { "resolve", "function", false }, { "check_param", "function", false },
+  { "checks", "boolean", false }, { "apply_coeffs", "function", true }, { "apply_scale", "function", false },
+  { "resolve", "function", false }, { "check_param", "function", false },
   { "orthogonalize", "function", false }, { "ns_prepare", "function", false }, { "ns_finish", "function", false },
   { "hook_shapes", "function", false }, { "post_update", "function", false }, { "replica_count", "function", false },
   { "in_place_state", "function", false }, { "commit_state", "function", false },
@@ -375,6 +394,9 @@ function K.register(kind)
   E.check_keys(kind, valid, "member", what)
   if (kind.ns_prepare == nil) ~= (kind.ns_finish == nil) or (kind.ns_prepare and not kind.orthogonalize) then
     E.raise(E.EINVAL, "%s: ns_prepare and ns_finish come together, with orthogonalize", what)
+  end
+  if (kind.in_place_state == nil) ~= (kind.commit_state == nil) or (kind.in_place_state and not kind.checks) then
+    E.raise(E.EINVAL, "%s: in_place_state and commit_state come together, with checks = true", what)
   end
   local entries, seen = expand(kind.options), {}
   for i, e in ipairs(entries) do

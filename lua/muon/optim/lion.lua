@@ -14,8 +14,9 @@ local K = require("muon.optim.kind")
 local class = require("muon.optim.class")
 
 local kind = { name = "lion", class = "Lion",
-  -- an overflow of m shows in the update only as a sign: checked for NaN/Inf
-  state = { { "exp_avg" } } }
+  -- an overflow of m shows in the update only as a sign: direction checks
+  -- the new moment and the apply in its pass (kind.checks)
+  state = { { "exp_avg" } }, checks = true }
 
 -- lion-pytorch's defaults, in its order.
 kind.options = {
@@ -26,14 +27,22 @@ kind.options = {
 
 -- The new moment and the direction sign(c) on the entries this rank keeps
 -- state for: entry = { p, grad, old = { exp_avg }, new = { exp_avg }, u }.
-function kind.direction(_, _, hp, entries)
-  local grads, ms, nms, us = {}, {}, {}, {}
+-- The same pass checks the new moment and the apply's result (reading p):
+-- returns the first bad entry or nil, and whether the applies were checked
+-- (kind.checks).
+function kind.direction(_, group, hp, entries)
+  local grads, ms, nms, us, ps = {}, {}, {}, {}, {}
+  local applies = true
   for i, e in ipairs(entries) do
     grads[i] = e.grad:is_contiguous() and e.grad or e.grad:contiguous()
-    ms[i], nms[i], us[i] = e.old.exp_avg, e.new.exp_avg, e.u
+    ms[i], nms[i], us[i], ps[i] = e.old.exp_avg, e.new.exp_avg, e.u, e.p.value
+    applies = applies and ps[i]:is_contiguous()
   end
   local b1, b2 = hp.betas[1], hp.betas[2]
-  foreach.per_dtype(function(g, m, nm, u) foreach.lion_update(g, m, nm, u, b1, b2) end, { grads, ms, nms, us })
+  local decay, alpha = kind.apply_coeffs(group, hp)
+  return foreach.per_dtype(function(g, m, nm, u, p)
+    return foreach.lion_update(g, m, nm, u, b1, b2, applies and { params = p, decay = decay, alpha = alpha } or nil)
+  end, { grads, ms, nms, us, ps }), applies
 end
 
 -- p = p * (1 - lr wd) - lr * sign(c) (lion-pytorch: p.mul_(1 - lr*wd); p.add_(update, alpha=-lr)).

@@ -3,8 +3,8 @@
 -- + apply -> post_update_fn.
 --
 -- This module is the Muon *kind*: its options, their checks, and the parts
--- of a step that are Muon's own (momentum, orthogonalize + scale, the apply
--- coefficients, post_update_fn). The step protocol that runs them (checks,
+-- of a step that are Muon's own (momentum, orthogonalize, the scale and the
+-- apply coefficients, post_update_fn). The step protocol that runs them (checks,
 -- routing, agreement across ranks, the atomic commit) is muon.step, the
 -- same for one process and for every mesh. muon.optim.Muon(params, opts) is
 -- a one-process optimizer over that protocol.
@@ -78,8 +78,9 @@ local function check_coefficients(v, _, g)
 end
 
 local kind = { name = "muon", class = "Muon",
-  -- an overflowing momentum shows in the NS input (muon.step checks it)
-  state = { { "momentum_buffer" } } }
+  -- direction checks the NS input and the momentum in its pass (a NaN/Inf
+  -- gradient shows in the NS input)
+  state = { { "momentum_buffer" } }, checks = true }
 
 -- The seed's options (its Muon.__init__ and _MUON_ADVANCED_DEFAULTS), with
 -- its checks and messages, in its order; then the extensions.
@@ -212,6 +213,14 @@ local function as_batch3(t, nd_mode)
   return t:contiguous():view({ k, a, b }), k, a, b
 end
 
+-- Whether the owner scales the update (orthogonalize) rather than the
+-- apply (kind.apply_scale, one pass fewer): when a hook reshapes the
+-- Newton-Schulz input or replaces Newton-Schulz (the scale then belongs
+-- to the tensors it ran on). The same on every rank (the group's options).
+local function owner_scales(group)
+  return group.ns_transform_fn ~= nil or group.reshape_fn ~= nil or group.zeropower_fn ~= nil
+end
+
 -- Scale of an update slice with logical dims a x b (seed: compute_muon_slice_scale).
 local function slice_scale(hp, a, b)
   local s
@@ -253,7 +262,11 @@ end
 -- _update_muon_momentum): entry = { p, grad, old = { momentum_buffer },
 -- new = { momentum_buffer } (none when in place: kind.in_place_state), u }:
 -- writes the NS input u (and new.momentum_buffer), reading old (never
--- written).
+-- written). Returns the first entry whose gradient, NS input or new
+-- momentum (written, or in place: as the commit will write it) holds NaN
+-- or Inf (kind.checks: the momentum pass checks what it writes;
+-- momentum_update_fn gets checked gradients, and the momentum it writes is
+-- the step's to check, naming the hook), or nil.
 function kind.direction(_, group, hp, entries)
   local grads, bufs, new_bufs, updates = {}, {}, {}, {}
   for i, e in ipairs(entries) do
@@ -262,6 +275,8 @@ function kind.direction(_, group, hp, entries)
   end
   local m1, m2 = momentum_pair(hp.momentum)
   if group.momentum_update_fn then
+    local bad = foreach.first_nonfinite(grads) -- (the hook never sees a NaN/Inf gradient)
+    if bad then return bad end
     -- The hook may update buffers in place: it gets copies in buffers of
     -- its own (e.work), never the state nor what becomes it, so that no
     -- view it keeps can reach the state; copied into new_bufs on success.
@@ -292,15 +307,16 @@ function kind.direction(_, group, hp, entries)
       if u ~= e.u then e.u:copy(u:is_contiguous() and u:view(e.u:size()) or u:reshape(e.u:size())) end
     end
     for i = 1, #entries do new_bufs[i]:copy(work[i]) end
-  elseif new_bufs[1] == nil then -- (in place: the commit writes the buffers, kind.commit_state)
-    per_dtype(function(g, b, u, owners)
-      local ok, bad = foreach.momentum_updates(g, b, u, m1, m2, hp.nesterov)
-      if not ok then owners[bad].overflow = true end
-    end, { grads, bufs, updates, entries })
-  else
-    per_dtype(function(g, b, nb, u) foreach.momentum(g, b, nb, u, m1, m2, hp.nesterov) end,
-      { grads, bufs, new_bufs, updates })
+    return foreach.first_nonfinite(updates)
   end
+  if new_bufs[1] == nil then -- (in place: the commit writes the buffers, kind.commit_state)
+    return per_dtype(function(g, b, u) return foreach.momentum_updates(g, b, u, m1, m2, hp.nesterov) end,
+      { grads, bufs, updates })
+  end
+  return per_dtype(function(g, b, nb, u)
+    local _, bad = foreach.momentum(g, b, nb, u, m1, m2, hp.nesterov)
+    return bad
+  end, { grads, bufs, new_bufs, updates })
 end
 
 -- Newton-Schulz (or the group's zeropower_fn) on a merged (n, A, B) buffer.
@@ -339,7 +355,7 @@ local function ns_merged(ctx, group, hp, tensors, slot)
   end
   if n > 0 then
     zeropower(ctx, group, merged, dtype, a, b)
-    foreach.scale({ merged }, slice_scale(hp, a, b))
+    if owner_scales(group) then foreach.scale({ merged }, slice_scale(hp, a, b)) end
   end
   local updates = {}
   off = 0
@@ -486,7 +502,7 @@ end
 -- general path (kind.orthogonalize). The results have the bits of one
 -- call per batch (src/ns.c: each matrix's bits depend on it alone).
 function kind.ns_prepare(_, group, hp, items, jobs)
-  if group.ns_transform_fn or group.reshape_fn or group.zeropower_fn then return nil end
+  if owner_scales(group) then return nil end
   for _, it in ipairs(items) do
     if not it.input:is_contiguous() then return nil end
   end
@@ -504,24 +520,14 @@ function kind.ns_prepare(_, group, hp, items, jobs)
   return done
 end
 
--- post_ortho_fn (when set) on each item, then the scale: one fused call
--- per dtype with a scale per input.
+-- post_ortho_fn (when set) on each item; the scale is the apply's
+-- (kind.apply_scale: ns_prepare runs for groups whose owner does not scale).
 function kind.ns_finish(_, group, hp, _, done)
-  local by, order = {}, {}
+  if not group.post_ortho_fn then return end
   for _, d in ipairs(done) do
     local v = d.v
-    if group.post_ortho_fn then ortho_hook("post_ortho_fn", group, hp, d.it, v.x, v.a, v.b) end
-    local dt = v.x.scalar
-    local list = by[dt]
-    if not list then
-      list = { xs = {}, scales = {} }
-      by[dt] = list
-      order[#order + 1] = list
-    end
-    list.xs[#list.xs + 1] = v.x
-    list.scales[#list.scales + 1] = slice_scale(hp, v.a, v.b)
+    ortho_hook("post_ortho_fn", group, hp, d.it, v.x, v.a, v.b)
   end
-  for _, list in ipairs(order) do foreach.scale(list.xs, list.scales) end
 end
 
 -- zeropower_fn without a hook that reshapes: the inputs of one core shape
@@ -569,7 +575,7 @@ local function orthogonalize_packed(ctx, group, hp, items)
         off = off + it.k
       end
     end
-    foreach.scale({ merged }, slice_scale(hp, a, b))
+    if owner_scales(group) then foreach.scale({ merged }, slice_scale(hp, a, b)) end
     foreach.unpack(merged, list.tensors)
   end
 end
@@ -614,12 +620,20 @@ function kind.orthogonalize(ctx, group, hp, items)
   end
 end
 
--- p = p * decay + alpha * update (the seed's foreach mul_ / add_); with
--- weight_decay_mode "cautious" the decay only where the update moves p
--- towards zero.
+-- p = p * decay + alpha * update * scale (the seed's foreach mul_ /
+-- add_); with weight_decay_mode "cautious" the decay only where the update
+-- moves p towards zero.
 function kind.apply_coeffs(group, hp)
   return 1.0 - hp.lr * hp.weight_decay, hp.apply_lr_in_update and 1.0 or -hp.lr,
     group.weight_decay_mode == "cautious"
+end
+
+-- The scale of the update of a parameter of this global shape: the
+-- seed's per-slice scale, applied by the apply (u * s rounds as the seed's
+-- update.mul_(s) before its add_), or 1 where the owner scaled.
+function kind.apply_scale(group, hp, shape)
+  if owner_scales(group) then return 1 end
+  return slice_scale(hp, core_shape(shape, group.nd_mode))
 end
 
 -- post_update_fn on this rank's part of each stepped parameter, before the

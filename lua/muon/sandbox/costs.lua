@@ -24,24 +24,30 @@ function C.matmul_cost(a, b)
   return 2 * math.max(a:numel() * n, b:numel() * m) / FLOPS_PER_INSTRUCTION
 end
 
--- Newton-Schulz on x (..., m, n): per step about 3 matmuls over the small
--- side, ~6 * numel * min(m, n) flops.
-function C.ns_cost(x, steps)
-  if not T.is_tensor(x) then return 0 end
-  local s = x:size()
-  local small = #s >= 2 and math.min(s[#s - 1], s[#s]) or 1
-  steps = math.min(tonumber(steps) or 5, 100)
-  return (steps + 1) * 6 * x:numel() * small / FLOPS_PER_INSTRUCTION
+-- Newton-Schulz on x (a matrix or a batch of them) with these options: the
+-- flops of the cost model (muon.ns.cost; 0 for options the call refuses).
+function C.ns_cost(x, opts)
+  if not T.is_tensor(x) or x:dim() < 2 then return 0 end
+  local s, batch = x:size(), 1
+  for d = 1, #s - 2 do batch = batch * s[d] end
+  local ok, flops = pcall(require("muon.ns").cost, s[#s - 1], s[#s], opts)
+  return ok and batch * flops / FLOPS_PER_INSTRUCTION or 0
 end
 
--- One step of an optimizer made by the config over these (host) params.
+-- One step of an optimizer made by the config over these (host) params:
+-- ns_steps iterations on each core matrix (as the "legacy" schedule, which
+-- runs any number of them), plus the elementwise passes.
 function C.step_cost(params, opts)
-  local steps = type(opts) == "table" and opts.ns_steps or nil
+  local steps = type(opts) == "table" and tonumber(opts.ns_steps) or 5
+  local ns_opts = { variant = "legacy", steps = math.max(0, math.min(math.floor(steps), 1000)) }
   local cost = 0
   if type(params) ~= "table" then return 0 end
   for _, p in ipairs(params) do
     local v = type(p) == "table" and rawget(p, "value")
-    if T.is_tensor(v) then cost = cost + C.ns_cost(v, steps) + 32 * v:numel() end
+    if T.is_tensor(v) then
+      local ok, flops = pcall(require("muon.ns").shape_cost, v:size(), "batch", ns_opts)
+      cost = cost + (ok and flops / FLOPS_PER_INSTRUCTION or 0) + 32 * v:numel()
+    end
   end
   return cost
 end

@@ -60,7 +60,7 @@ BUILDERS["muon.ns"] = function()
   local zp = f.zeropower
   f.zeropower = function(x, opts)
     if type(opts) == "table" and opts.workspace ~= nil then SE.blocked_error("muon.ns.zeropower's workspace option") end
-    B.charge_host(C.ns_cost(real_of(x), type(opts) == "table" and rawget(opts, "steps") or nil))
+    B.charge_host(C.ns_cost(real_of(x), opts))
     return zp(x, opts)
   end
   return facade_of(f, "muon.ns.", { workspace = "(raw workspace handle)",
