@@ -250,7 +250,7 @@ describe("engine", function()
     ok, err = pcall(eng.add_param, eng, "w2", T.zeros({ 2, 2 }))
     assert.truthy(err:find("'w2' is already registered", 1, true), err)
     local cases = {
-      { { groups = { { optimizer = "muon", lrr = 1 } } }, "group 1: unknown muon option 'lrr' (did you mean 'lr'?)" },
+      { { groups = { { optimizer = "muon", lrr = 1 } } }, "group 1: Muon got unexpected keyword arguments: lrr (did you mean 'lr' for 'lrr'?)" },
       { { groups = { { optimizer = "sgd" } } }, "group 1: unknown optimizer 'sgd'; valid optimizers: adamw, lion, muon" },
       { { groups = {} }, "'groups' must be a non-empty list" },
       { { groups = { { optimizer = "adamw", lr = -3 } } }, "lr must be >= 0" },

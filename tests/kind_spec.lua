@@ -177,7 +177,7 @@ describe("the config's own keys", function()
   it("top-level seed is refused (nothing reads it); name is a string label that muon check prints", function()
     local ok, err = pcall(muon.engine.new, { groups = { {} }, seed = 1 })
     assert.is_false(ok)
-    assert.truthy(tostring(err):find("unknown top-level key 'seed'; valid top-level keys: dist, groups, hook_budget, hooks, name, "
+    assert.truthy(tostring(err):find("unknown top-level key 'seed'; valid top-level keys: dist, groups, hook_budget, hooks, log, name, "
       .. "nil_grad_warning, schedule", 1, true),
       tostring(err))
     ok, err = pcall(muon.engine.new, { groups = { {} }, name = 3 })

@@ -582,14 +582,12 @@ function S.decode(file, path, verify, kinds)
   if verify ~= false then
     if meta["muon.checksum"] == nil or meta[META_SUM] == nil then
       format_error(("'%s': checkpoint has no checksum (muon.checksum, %s): corrupted or not written by muon "
-        .. "(a file written by another program loads with load(path, { checksum = false }) or "
-        .. "mu_engine_load_ex(eng, path, MU_LOAD_NO_CHECKSUM))"):format(path, META_SUM))
+        .. "(a file written by another program loads with load(path, { checksum = false }))"):format(path, META_SUM))
     end
     local want, got = meta[META_SUM], meta_checksum(meta)
     if want:lower() ~= got then
       format_error(("'%s': metadata checksum mismatch (header says %s, metadata gives %s): the file is corrupted "
-        .. "(or edited by another program: load(path, { checksum = false }) or "
-        .. "mu_engine_load_ex(eng, path, MU_LOAD_NO_CHECKSUM) skips the checksums)")
+        .. "(or edited by another program: load(path, { checksum = false }) skips the checksums)")
         :format(path, want, got))
     end
   end

@@ -40,6 +40,18 @@ local function hook_writes_state(G)
   return false
 end
 
+-- The hooks a group runs that write `what` of its step ("input": the
+-- Newton-Schulz input, "update": the update; K.HOOKS' writes), as text:
+-- "post_ortho_fn", "zeropower_fn or post_ortho_fn", or nil for none.
+local function writers(G, what)
+  local list = {}
+  for _, h in ipairs(G.kind.HOOKS) do
+    if K.HOOK_NAMES[h].writes == what and G.options[h] ~= nil then list[#list + 1] = h end
+  end
+  if #list == 0 then return nil end
+  return table.concat(list, " or ")
+end
+
 -- A finite gradient can still overflow what is derived from it: the NS
 -- input and every state tensor direction wrote, as stored (a value that
 -- float32 keeps finite rounds to Inf in a bfloat16 state; state a hook
@@ -50,10 +62,18 @@ local function derived_failure(G, entries)
   local keys = hook_writes_state(G) and {} or G.kind.state_keys
   for _, e in ipairs(entries) do
     if G.kind.ns then list[#list + 1], owner[#list + 1], what[#list + 1] = e.u, e.p, "the Newton-Schulz input" end
-    for _, k in ipairs(keys) do list[#list + 1], owner[#list + 1], what[#list + 1] = e.new[k], e.p, k end
+    for _, k in ipairs(keys) do
+      -- (state written in place at the commit is not there yet: failure_of finds it)
+      if e.new[k] ~= nil then list[#list + 1], owner[#list + 1], what[#list + 1] = e.new[k], e.p, k end
+    end
   end
   local bad = foreach.first_nonfinite(list)
   if not bad then return nil end
+  local hook = G.kind.ns and what[bad] == "the Newton-Schulz input" and writers(G, "input")
+  if hook then
+    return ("parameter '%s': the Newton-Schulz input holds NaN or Inf after %s (its gradient is finite) (%s)")
+      :format(owner[bad].name, hook, G.label)
+  end
   return ("parameter '%s': its gradient is finite but %s overflowed to NaN or Inf%s (%s); nothing was changed")
     :format(owner[bad].name, G.kind.ns and what[bad] == "the Newton-Schulz input"
       and "the momentum (the Newton-Schulz input)" or ("the " .. what[bad]),
@@ -64,14 +84,15 @@ local apply_failure -- (below)
 
 -- Which check a bad value that a kind's direction reported fails (its
 -- passes check everything at once): the gradients, the derived values
--- (the NS input, the state as stored), the applies it checked, as the
--- separate checks would have found them, in that order. Returns the
--- message.
-local function failure_of(G, gr, entries, applies)
+-- (the NS input, the state as stored), the applies it checked, the state
+-- it wrote, as the separate checks would have found them, in that order
+-- (state a kind writes in place at the commit is not written yet: then
+-- the reported entry bad holds it). Returns the message.
+local function failure_of(G, gr, entries, bad, applies)
   local grads = {}
   for i, e in ipairs(entries) do grads[i] = e.grad:is_contiguous() and e.grad or e.grad:contiguous() end
-  local bad = foreach.first_nonfinite(grads)
-  if bad then return ("parameter '%s': gradient holds NaN or Inf (%s)"):format(entries[bad].p.name, G.label) end
+  local g = foreach.first_nonfinite(grads)
+  if g then return ("parameter '%s': gradient holds NaN or Inf (%s)"):format(entries[g].p.name, G.label) end
   local msg = derived_failure(G, entries)
   if msg then return msg end
   if applies then
@@ -82,6 +103,15 @@ local function failure_of(G, gr, entries, applies)
     end
     msg = apply_failure(G, gr, values, updates, names, scales)
     if msg then return msg end
+  end
+  for i, e in ipairs(entries) do
+    for _, k in ipairs(G.kind.state_keys) do
+      local t = e.new[k]
+      if t == nil and i == bad or t ~= nil and not t:all_finite() then
+        return ("parameter '%s': state tensor '%s' would hold NaN or Inf after the step (%s); nothing was changed")
+          :format(e.p.name, k, G.label)
+      end
+    end
   end
   return ("parameter '%s': the step would write NaN or Inf (%s); nothing was changed"):format(entries[1].p.name, G.label)
 end
@@ -99,7 +129,7 @@ function CC.derived(run, G, gr, entries, bad, applies)
       gr.apply_checked = applies == true
       return
     end
-    msg = failure_of(G, gr, entries, applies)
+    msg = failure_of(G, gr, entries, bad, applies)
   else
     msg = derived_failure(G, entries)
     if not msg then return end
@@ -170,7 +200,14 @@ apply_failure = function(G, gr, values, updates, names, scales)
     if not ok then
       local name
       for n, v in ipairs(values) do if v == part[1][i] then name = names[n] end end
-      if not part[2][i]:all_finite() then return ("parameter '%s': update holds NaN or Inf (%s)"):format(name, G.label) end
+      if not part[2][i]:all_finite() then
+        local hook = writers(G, "update")
+        if hook then -- (its Newton-Schulz input was checked finite: the hook made it)
+          return ("parameter '%s': the update holds NaN or Inf after %s (the Newton-Schulz input was finite) (%s); "
+            .. "nothing was changed"):format(name, hook, G.label)
+        end
+        return ("parameter '%s': update holds NaN or Inf (%s)"):format(name, G.label)
+      end
       return ("parameter '%s': the step would leave NaN or Inf in the parameter (value * %.17g + "
         .. "%.17g * update overflows, or the value holds NaN or Inf) (%s); nothing was changed")
         :format(name, decay, alpha, G.label)

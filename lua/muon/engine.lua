@@ -18,10 +18,13 @@
     group that matches takes a parameter), schedule (function(step, group)
     -> an lr or a table of schedulable values), hooks (for every group
     whose kind takes hooks), dist ({ mesh, balance, max_batch_numel,
-    check_replicas = "off" | "grads" | "params", comm }),
-    name, nil_grad_warning (steps, default 1) and
+    check_replicas = "off" | "grads" | "params", comm }, or { independent
+    = true }), name, nil_grad_warning (steps, default 1) and
     hook_budget ({ instructions, seconds, memory }). Unknown keys are
-    errors.
+    errors. Under mpirun (a world of several ranks) an engine without a
+    mesh fails its collective calls (step, reduce_grads, clip_grad_norm,
+    save, load) on every rank, naming the fix, unless its config says the
+    ranks are independent on purpose: dist = { independent = true }.
 muon.engine.new(config, opts)
     An engine on a config file path (run sandboxed) or a config table.
     opts.trusted = false: true runs a config file with full Lua.
@@ -70,7 +73,9 @@ Engine:param_groups()
     The groups as plain data: a list of { index, name, optimizer, step,
     options (the group's values, the config's with set_lr applied; no
     functions), hooks (the names of the hooks it runs), params (the names
-    of its parameters, in registration order) }.
+    of its parameters, in registration order) }; tostring of one prints it
+    as torch.optim does ("Parameter Group 0\n    lr: 0.02 ..."), and
+    tostring(eng) all of them (the seed's repr).
 Engine:step(closure)
     One atomic step of every group: on failure nothing changed (parameters,
     state, step count). Calls closure() first when given; returns its value
@@ -109,8 +114,10 @@ Engine:set(key, v)
     Set "lr_scale" (a finite number >= 0, multiplies every group's lr).
 Engine:get(key)
     "lr" (group 1's), "lr:<group name or index>", "step", "stepped" (1 if
-    the last step stepped), "lr_scale", "state_bytes", "scratch_bytes". An
-    unknown key or group is EINVAL listing the valid ones.
+    the last step stepped), "lr_scale", "state_bytes", "scratch_bytes", and
+    "stats.<name>" / "stats.update_rms:<group>": a number of stats() (NaN
+    before the first step). An unknown key or group is EINVAL listing the
+    valid ones.
 Engine:set_signal(name, values)
     Per-step values (a list of finite numbers) for the hooks, read as
     ctx.signals[name]; kept until set again. On a mesh every rank sets the
@@ -121,10 +128,26 @@ Engine:state(name)
     The parameter's optimizer state on this rank (nil before its first
     step, or when another replica holds it).
 Engine:memory()
-    { state_bytes = n, scratch_bytes = n } this rank holds.
+    { state_bytes = n, scratch_bytes = n, scratch = { updates, state,
+    copies, routing, ns } } this rank holds: the optimizer state, and the
+    step's own buffers by kind (an update buffer per parameter; second
+    buffers of the state the kinds do not write in place, AdamW's moments,
+    and of the hooks' state; post_update_fn's copies; a mesh's routing
+    buffers; the Newton-Schulz workspace, per worker the largest matrix and
+    two n x n Gram buffers).
 Engine:stats()
     { steps = n, <kind> = { steps, skipped_nonfinite }, comm = ... (with
-    dist) }.
+    dist) } and, after a step, its measurements (muon.step_stats):
+    step_seconds, ns_seconds and hook_seconds (this rank's wall time: the
+    step, the Newton-Schulz calls and the config's functions in it),
+    grad_norm (of every stepping parameter's gradient), update_rms[group
+    name or index] (sqrt(mean u^2) of the update u the commit applies, p =
+    p * decay + alpha * u), ns_matrices, ns_residual and ns_residual_rms
+    (the largest and the RMS of ||A - I||_F / sqrt(n) over the matrices, A
+    the Gram matrix X X^T of the iterate X entering Newton-Schulz's last
+    step: how far its singular values s are from 1, sqrt(mean (s^2 - 1)^2),
+    computed from that step's own product), bytes_sent and bytes_recv (this
+    rank). The config's log = { every = N, file = path } writes them.
 Engine:comm_stats()
     Bytes and seconds per communicator of a distributed engine ({}
     without dist).
@@ -151,6 +174,12 @@ Engine:plan()
     process.
 Engine:route(name, shape)
     The group a parameter of that name and shape would go to, or nil.
+Engine:check_routes()
+    The routing's problems over the registered parameters (muon.routing's
+    report): errors and warnings, two lists of messages. The first step
+    (and the first after more add_param) fails with the first error
+    (EINVAL, on every rank) and prints each warning once (rank 0); muon
+    check lists them as problems and warnings.
 Engine:set_comm(c)
     Use communicator c (a muon.comm) instead of the world; a config with
     dist only, before the first add_param (ESTATE otherwise).
@@ -158,7 +187,6 @@ Engine:local_shape_of(name, shape, placement)
     This rank's shard shape of a parameter of global shape and placement.
 ]]
 local config = require("muon.config")
-local sandbox = require("muon.sandbox")
 local T = require("muon.tensor")
 local P = require("muon.param")
 local O = require("muon.optim.options")
@@ -173,6 +201,9 @@ local G = require("muon.grads")
 local K = require("muon.optim.kind")
 local RO = require("muon.readonly")
 local ns = require("muon.ns")
+local Rt = require("muon.routing")
+local Log = require("muon.log")
+local Rp = require("muon.repr")
 
 local engine = {}
 local Engine = {}
@@ -180,18 +211,6 @@ Engine.__index = Engine
 
 local OPEN_KEYS = { trusted = true, dry_run = true, source = true }
 local DRY_KEYS = { world = true, rank = true, mesh = true }
-
-local function matches_any(list, name, shape)
-  for _, m in ipairs(list) do
-    if type(m) == "function" then
-      -- (a copy of the shape: nothing the engine keeps is the function's)
-      if E.call_hook_on("parameter '" .. name .. "'", "match function", m, name, { unpack(shape) }) then return true end
-    elseif sandbox.bounded_find(name, m, "match") then -- (a backtracking pattern is refused, not run)
-      return true
-    end
-  end
-  return false
-end
 
 -- A dry run's dist (engine.new opts.dry_run: see the reference block), its
 -- mesh checked now; nil for a dry run of a config without dist.
@@ -230,20 +249,50 @@ function engine.new(cfg_src, opts)
   opts = opts or {}
   if type(opts) ~= "table" then E.raise(E.EINVAL, "engine.new: options must be a table, got %s", type(opts)) end
   E.check_keys(opts, OPEN_KEYS, "option", "engine.new")
-  local ok, cfg, where = pcall(config.load, cfg_src, opts.trusted, opts.source)
+  -- (a dry run's config sees the world it stands for: muon.world())
+  local dry = opts.dry_run
+  local world = dry ~= nil and { size = type(dry) == "table" and tonumber(dry.world) or 1,
+    rank = type(dry) == "table" and tonumber(dry.rank) or 0 } or nil
+  local ok, cfg, where
+  if world then ok, cfg, where = pcall(commlib.as_world, world, config.load, cfg_src, opts.trusted, opts.source)
+  else ok, cfg, where = pcall(config.load, cfg_src, opts.trusted, opts.source) end
   if not ok then E.reraise(cfg, E.EINVAL) end
   local label = where == "(table)" and "(table)" or ("'" .. where .. "'")
-  local ok2, groups, dist = pcall(config.resolve, cfg, label)
+  local ok2, groups, dist, independent = pcall(config.resolve, cfg, label, opts.trusted or type(cfg_src) == "table")
   if not ok2 then E.reraise(groups, E.EINVAL) end
   if opts.dry_run ~= nil then
     local ok5, d = pcall(dry_dist, opts.dry_run, dist, label)
     if not ok5 then E.reraise(d, E.EINVAL) end
     dist = d
   end
-  return setmetatable({
+  local self = setmetatable({
     config = cfg, source = where, groups = groups, params = {}, by_name = {},
     lr_scale = 1.0, step_count = 0, dist = dist, signals = {}, dry_run = opts.dry_run ~= nil or nil,
+    independent = independent,
   }, Engine)
+  -- (messages and the stats file from rank 0 of the engine's ranks: the
+  -- mesh's, or the job's for independent ranks)
+  self.log = Log.new(not self.dry_run and cfg.log or nil, function()
+    if self.dist then return self:_stepper():rank() end
+    return commlib.world_rank()
+  end)
+  return self
+end
+
+-- A collective call (what: step, reduce_grads, clip_grad_norm, save, load)
+-- of an engine without a mesh on a world of several ranks (mpirun): every
+-- rank would train its own model, silently. Each rank sees the same world
+-- and config, so each fails alike, before any communication; unless the
+-- config says so (dist = { independent = true }).
+local function lone_on_world(self, what)
+  if self.dist or self.independent or self.dry_run then return end
+  local size = commlib.world_size()
+  if size <= 1 then return end
+  local where = self.source == "(table)" and "(table)" or ("'" .. self.source .. "'")
+  E.raise(E.EINVAL, "%s: this process is rank %d of %d (mpirun), but config %s has no dist section: every rank "
+    .. "would train its own copy of the model. For data parallelism add dist = { mesh = { { \"replicate\", %d } } } "
+    .. "(and call reduce_grads before each step); if the ranks are independent on purpose, add "
+    .. "dist = { independent = true }", what, commlib.world_rank(), size, where, size)
 end
 
 -- The step protocol over every group, made on first use (after set_comm).
@@ -261,7 +310,7 @@ function Engine:_stepper()
   for gi, g in ipairs(self.groups) do specs[gi] = { kind = g.kind, options = g.options, label = g.label } end
   self.stepper = Step.new({ groups = specs, comm = comm, mesh = mesh,
     balance = d and d.balance, max_batch_numel = d and d.max_batch_numel, check_replicas = d and d.check_replicas,
-    nil_grad_warning = self.config.nil_grad_warning,
+    nil_grad_warning = self.config.nil_grad_warning, log = self.log,
     -- (a hook over its budget on one rank fails the step on every rank)
     settings = { { "hook_budget", K.serialize(self.config.hook_budget) } } })
   return self.stepper
@@ -276,15 +325,40 @@ function Engine:set_comm(c)
 end
 
 -- (Its contract: the reference block at the top.)
-function Engine:route(name, shape)
-  for _, g in ipairs(self.groups) do
-    local nd = #shape
-    if (g.min_dim == nil or nd >= g.min_dim) and (g.max_dim == nil or nd <= g.max_dim)
-      and (g.match == nil or matches_any(g.match, name, shape)) and not matches_any(g.exclude, name, shape) then
-      return g
+function Engine:route(name, shape) return Rt.route(self.groups, name, shape) end
+
+-- (Its contract: the reference block at the top.)
+function Engine:check_routes()
+  local params = {}
+  for i, e in ipairs(self.params) do
+    params[i] = { name = e.param.name, shape = e.param.logical_shape, group = e.group.index }
+  end
+  local errors, warnings = Rt.report(self.groups, params)
+  local where = self.source == "(table)" and "(table)" or ("'" .. self.source .. "'")
+  for i, m in ipairs(errors) do errors[i] = ("config %s: %s"):format(where, m) end
+  for i, m in ipairs(warnings) do warnings[i] = ("config %s: %s"):format(where, m) end
+  return errors, warnings
+end
+
+-- The routing check of a step (check_routes, once per registration set):
+-- nil, or the error that fails the step; its warnings printed once.
+function Engine:_routes_error()
+  if self.routes_checked == #self.params then return self.routes_err end
+  self.routes_checked = #self.params
+  local ok, errors, warnings = pcall(self.check_routes, self)
+  if not ok then
+    self.routes_err = E.is(errors) and errors or E.new(E.EINVAL, E.message(errors))
+    return self.routes_err
+  end
+  self.warned_routes = self.warned_routes or {}
+  for _, w in ipairs(warnings) do
+    if not self.warned_routes[w] then
+      self.warned_routes[w] = true
+      self.log:say("warn", "%s", w)
     end
   end
-  return nil
+  self.routes_err = errors[1] and E.new(E.EINVAL, errors[1]) or nil
+  return self.routes_err
 end
 
 local shape_str = T.shape_string
@@ -410,16 +484,35 @@ local function options_and_hooks(g)
   return options, hooks
 end
 
+-- A param_groups() entry's options as its tostring prints them: the
+-- options with the group's name and optimizer, hooks by name.
+local function shown(e)
+  local o = {}
+  for k, v in pairs(e.options) do o[k] = v end
+  o.name, o.optimizer = e.name, e.optimizer
+  for _, h in ipairs(e.hooks) do o[h] = "<function>" end
+  return o
+end
+
 function Engine:param_groups()
   local list = {}
   for _, g in ipairs(self.groups) do
     local options, hooks = options_and_hooks(g)
     local params = {}
     for i, p in ipairs(g.options.params) do params[i] = p.name end
-    list[#list + 1] = { index = g.index, name = g.name, optimizer = g.kind.name, step = g.options.step,
-      options = options, hooks = hooks, params = params }
+    list[#list + 1] = Rp.printable_group({ index = g.index, name = g.name, optimizer = g.kind.name, step = g.options.step,
+      options = options, hooks = hooks, params = params }, g.index - 1, shown)
   end
   return list
+end
+
+-- The seed's (torch.optim's) repr over the groups, the config named:
+-- "Engine (config 'configs/muon.lua', 4 parameters, step 0\nParameter Group 0\n    lr: ...\n)".
+function Engine:__tostring()
+  local groups = {}
+  for i, e in ipairs(self:param_groups()) do groups[i] = shown(e) end
+  return Rp.optimizer("Engine", groups, ("config %s, %d parameters, step %d"):format(
+    self.source == "(table)" and "(table)" or ("'" .. self.source .. "'"), #self.params, self.step_count))
 end
 
 -- (Its contract: the reference block at the top.)
@@ -473,16 +566,37 @@ end
 -- (parameters, state, the step count and so the schedule).
 function Engine:step(closure)
   live(self, "step")
+  lone_on_world(self, "step")
   local loss = class.run_closure(closure)
   local st = self:_stepper()
   local step = self.step_count + 1
   local okv, values = pcall(self._scheduled, self, step)
+  -- (a routing error fails the step on every rank, as a bad value does)
+  local pre_err = self:_routes_error() or (not okv and values or nil)
   local before = st:stats().steps
-  local ok, stepped = pcall(st.step, st, okv and values or nil, not okv and values or nil)
+  local ok, stepped = pcall(st.step, st, okv and values or nil, pre_err)
   if st:stats().steps > before then self.step_count = step end
   if not ok then E.reraise(stepped, E.ELUA) end
   self.last_stepped = stepped
+  if stepped and self.log:due(self.step_count) then self.log:row(self:_stats_row()) end
   return loss, stepped
+end
+
+-- A group's key in the stats (its name, else its index).
+local function group_key(g) return g.name ~= nil and g.name or g.index end
+
+-- The log file's record of the last step: step, each group's lr, then
+-- eng:stats()'s measurements (muon.log writes it as CSV or JSON).
+function Engine:_stats_row()
+  local s = self:stats()
+  local row = { { "step", self.step_count } }
+  for _, g in ipairs(self.groups) do row[#row + 1] = { "lr:" .. group_key(g), g.options.lr } end
+  for _, k in ipairs({ "step_seconds", "ns_seconds", "hook_seconds", "grad_norm" }) do row[#row + 1] = { k, s[k] } end
+  for _, g in ipairs(self.groups) do row[#row + 1] = { "update_rms:" .. group_key(g), s.update_rms[group_key(g)] } end
+  for _, k in ipairs({ "ns_residual", "ns_residual_rms", "ns_matrices", "bytes_sent", "bytes_recv" }) do
+    row[#row + 1] = { k, s[k] }
+  end
+  return row
 end
 
 -- Average (opts.op = "mean", the default) or sum ("sum") every registered
@@ -493,6 +607,7 @@ end
 -- Returns the number of gradients reduced on this rank.
 function Engine:reduce_grads(opts)
   live(self, "reduce_grads")
+  lone_on_world(self, "reduce_grads")
   -- (a bad argument on one rank fails every rank: the stepper's gate)
   local op, err = nil, nil
   opts = opts == nil and {} or opts
@@ -527,7 +642,7 @@ function Engine:set_signal(name, values)
   end
   for i = 1, n do
     if not O.is_finite(values[i]) then
-      E.raise(E.EINVAL, "set_signal '%s': values[%d] = %s is not a finite number", name, i, tostring(values[i]))
+      E.raise(E.EINVAL, "set_signal '%s': values[%d] = %s is not a finite number", name, i, E.value(values[i]))
     end
   end
   self:_stepper():set_signal(name, values)
@@ -542,6 +657,7 @@ end
 -- (Its contract: the reference block at the top; the maths: muon.grads.)
 function Engine:clip_grad_norm(max_norm)
   live(self, "clip_grad_norm")
+  lone_on_world(self, "clip_grad_norm")
   local ok, norm = pcall(G.clip, self:_stepper(), max_norm, "clip_grad_norm")
   if not ok then E.reraise(norm, E.EINVAL) end
   return norm
@@ -563,14 +679,21 @@ end
 function Engine:set_lr(group, lr)
   local g = self:_group(group, "set_lr")
   if not O.is_finite(lr) or lr < 0 then
-    E.raise(E.EINVAL, "set_lr: %s: lr must be a finite number >= 0, got %s", g.label, tostring(lr))
+    E.raise(E.EINVAL, "set_lr: %s: lr must be a finite number >= 0, got %s", g.label, E.value(lr))
   end
   g.base.lr = lr
   g.options.lr = lr
 end
 
 local SETTABLE = { lr_scale = true }
+-- (the stats.* keys: eng:stats()'s numbers of the last step, NaN before one)
+local STATS_KEYS = { "step_seconds", "ns_seconds", "hook_seconds", "grad_norm", "ns_residual", "ns_residual_rms",
+  "ns_matrices", "bytes_sent", "bytes_recv" }
 local GETTABLE = { "lr", "lr:<group>", "step", "stepped", "lr_scale", "state_bytes", "scratch_bytes" }
+for _, k in ipairs(STATS_KEYS) do GETTABLE[#GETTABLE + 1] = "stats." .. k end
+GETTABLE[#GETTABLE + 1] = "stats.update_rms:<group>"
+local IS_STAT = {}
+for _, k in ipairs(STATS_KEYS) do IS_STAT[k] = true end
 
 function Engine:set(key, value)
   if not SETTABLE[key] then
@@ -578,7 +701,7 @@ function Engine:set(key, value)
     if key == "lr" or key == "step" then msg = msg .. " ('" .. key .. "' can be read with get; scale lrs with lr_scale)" end
     E.raise(E.EINVAL, "set: %s", msg)
   end
-  if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, tostring(value)) end
+  if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, E.value(value)) end
   if self.stepper then self.stepper:check_idle("set") end
   self[key] = value
 end
@@ -592,6 +715,16 @@ function Engine:get(key)
   if type(key) == "string" then
     local which = key:match("^lr:(.+)$")
     if which then return self:_group(which, "get").options.lr end
+    local stat = key:match("^stats%.(.+)$")
+    if stat and IS_STAT[stat] then
+      local v = self:stats()[stat]
+      return v == nil and 0 / 0 or v
+    end
+    which = key:match("^stats%.update_rms:(.+)$")
+    if which then
+      local v = self:stats().update_rms[group_key(self:_group(which, "get"))]
+      return v == nil and 0 / 0 or v
+    end
   end
   E.raise(E.EINVAL, "get: %s", E.unknown("key", tostring(key), GETTABLE))
 end
@@ -621,11 +754,18 @@ end
 
 function Engine:stats()
   local st = self:_stepper()
-  local s = { steps = self.step_count }
+  local s = { steps = self.step_count, update_rms = {} }
   for kind, ks in pairs(st:stats().kinds) do
     s[kind] = { steps = ks.steps, skipped_nonfinite = ks.skipped_nonfinite }
   end
   if self.dist then s.comm = st:comm_stats() end
+  local last = st:last_step()
+  if last then
+    for k, v in pairs(last) do
+      if k ~= "update_rms" then s[k] = v end
+    end
+    for _, g in ipairs(self.groups) do s.update_rms[group_key(g)] = last.update_rms[g.index] end
+  end
   return s
 end
 
@@ -656,6 +796,7 @@ end
 
 function Engine:save(path)
   live(self, "save")
+  lone_on_world(self, "save")
   local ok, err = pcall(S.save, self:_stepper(), path, parts(self),
     { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) },
     path_error("save", path))
@@ -689,6 +830,7 @@ end
 -- checkpoint's step.
 function Engine:load(path, opts)
   live(self, "load")
+  lone_on_world(self, "load")
   local values
   local ps = parts(self)
   local ok, err = pcall(S.load, self:_stepper(), path, ps, function(meta)

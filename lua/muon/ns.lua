@@ -61,6 +61,12 @@ muon.ns.zeropower_many(outs, xs, rs, ws, count)
 muon.ns.workspace(dtype, rows, cols)
     A reusable workspace for matrices up to rows x cols (either
     orientation), freed by the GC.
+muon.ns.workspace_stats(ws, reset)
+    What the calls on a workspace did since it was made or reset (reset =
+    true zeroes it after reading): { seconds, matrices, residuals,
+    residual_max, residual_rms } (mu_ns_workspace_stats: the residual of a
+    matrix is ||A - I||_F / sqrt(n) of its last step's Gram matrix A = X
+    X^T, X the iterate that step starts from; no extra product).
 muon.ns.method_for(rows, cols, opts)
     "standard" or "gram": the iteration opts.method runs for a rows x cols
     matrix ("auto" resolved by the cost model, see cost).
@@ -424,6 +430,16 @@ function ns.workspace(dtype, rows, cols)
   local box = ffi.new("mu_ns_workspace *[1]")
   check(C.mu_ns_workspace_new(T.dtype_code(dtype), rows, cols, box), "workspace")
   return ffi.gc(box[0], C.mu_ns_workspace_free)
+end
+
+-- (Its contract: the reference block at the top.)
+local stats_box = ffi.new("mu_ns_stats")
+function ns.workspace_stats(ws, reset)
+  check(C.mu_ns_workspace_stats(ws, reset and 1 or 0, stats_box), "workspace_stats")
+  local s = stats_box
+  local n = tonumber(s.residuals)
+  return { seconds = s.seconds, matrices = tonumber(s.matrices), residuals = n, residual_max = n > 0 and s.residual_max or nil,
+    residual_rms = n > 0 and math.sqrt(s.residual_sumsq / n) or nil, residual_sumsq = s.residual_sumsq }
 end
 
 -- ns.zeropower_into(out, x, resolved, ws): the C call without validation of

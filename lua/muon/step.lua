@@ -57,7 +57,8 @@
 --   st:state_table()                 -- param -> its state table (live; on its holder)
 --   st:state_of(p)                   -- one parameter's state table, or nil
 --   st:stats()                       -- { steps, skipped_nonfinite, kinds = { name -> {...} } } (live)
---   st:memory(), st:comm_stats()     -- bytes held; communicator counters
+--   st:last_step()                   -- the last step's measurements (muon.step_stats), nil before one
+--   st:memory(), st:comm_stats()     -- bytes held (scratch by kind: muon.scratch); communicator counters
 --   st:reduce_grads(op)              -- "mean"/"sum" of the grads over replicas (muon.grad_reduce; collective)
 --   st:check_replicas(what)          -- "grads"/"params": replicas bitwise equal, else raise (muon.replica_check)
 --   st:mesh(), st:rank(), st:size()  -- the mesh and this process in it
@@ -89,6 +90,7 @@ local CC = require("muon.commit_checks")
 local GR = require("muon.grad_reduce")
 local RC = require("muon.replica_check")
 local RO = require("muon.readonly")
+local SS = require("muon.step_stats")
 
 local M = {}
 local Stepper = {}
@@ -116,7 +118,8 @@ end
 -- check_replicas, nil_grad_warning (steps without a grad before a
 -- parameter's warning; default 1, 0: never), settings (more { key, value }
 -- strings the ranks must agree on: the caller's config keys that change
--- what a step does).
+-- what a step does), log (a muon.log logger; default: MUON_LOG's level,
+-- rank 0).
 function M.new(opts)
   local comm = opts.comm or commlib.self()
   local W = comm:size()
@@ -148,7 +151,8 @@ function M.new(opts)
   end
   self.agree = A.new(self.ctrl)
   self.router = R.new(self.data)
-  self.ctx = KC.new(self.scratch)
+  self.log = opts.log or require("muon.log").new(nil, function() return self.me end)
+  self.ctx = KC.new(self.scratch, self.log)
   self.ns_phase = NP.new({ groups = self.groups, scratch = self.scratch, router = self.router, ctx = self.ctx,
     me = self.me })
   self.post_phase = PP.new({ groups = self.groups, scratch = self.scratch, ctrl = self.ctrl })
@@ -201,6 +205,7 @@ function Stepper:group_specs() return self.groups end
 function Stepper:state_table() return self.state end
 function Stepper:state_of(p) return self.state[p] end
 function Stepper:stats() return self.counters end
+function Stepper:last_step() return self.last end
 function Stepper:mesh() return self.dmesh end
 function Stepper:rank() return self.me end
 function Stepper:size() return self.W end
@@ -349,11 +354,31 @@ function Stepper:build()
     r.hooks_list = r.hooks or {}
     self.rec[r.param] = r
   end
+  if self.log:enabled("debug") then self:log_uneven() end
   self.gparams, self.index_of = {}, {}
   for i, p in ipairs(self.order) do self.index_of[p] = i end
   for gi = 1, #self.groups do self.gparams[gi] = {} end
   for _, p in ipairs(self.order) do table.insert(self.gparams[self.where[p].gi], p) end
   self.built = true
+end
+
+-- The seed's debug_rank0 "[hyper-optimizer uneven-shard]" line for each
+-- parameter a shard axis does not divide evenly (torch.chunk's pieces of
+-- unequal length, possibly empty).
+function Stepper:log_uneven()
+  local mesh = self.dmesh
+  for _, r in ipairs(self.records) do
+    for a, pl in ipairs(r.placement) do
+      local d, k = pl.kind == "S" and pl.dim, mesh.sizes[a]
+      if d and k > 1 and r.shape[d] % k ~= 0 then
+        local sizes = {}
+        for i = 0, k - 1 do sizes[i + 1] = select(2, D.chunk(r.shape[d], k, i)) end
+        self.log:say("debug", "[hyper-optimizer uneven-shard] p %s placement %s device_mesh %s local_shape %s "
+          .. "global_shape %s rank %d shard_sizes %s", r.name, D.placement_string(r.placement), mesh:describe(),
+          T.shape_string(r.param.value:size()), T.shape_string(r.shape), self.me, T.shape_string(sizes))
+      end
+    end
+  end
 end
 
 function Stepper:build_once()
@@ -368,13 +393,16 @@ end
 
 local function tensor_bytes(t) return t:numel() * T.DTYPE_SIZES[t:dtype()] end
 
--- { state_bytes, scratch_bytes } held by this rank.
+-- { state_bytes, scratch_bytes, scratch = its parts } held by this rank.
 function Stepper:memory()
   local state = 0
   for _, st in pairs(self.state) do
     for _, v in pairs(st) do if T.is_tensor(v) then state = state + tensor_bytes(v) end end
   end
-  return { state_bytes = state, scratch_bytes = self.scratch:bytes() + self.router:scratch_bytes() }
+  local scratch, parts = self.scratch:bytes()
+  local routing = self.router:scratch_bytes()
+  parts.routing = parts.routing + routing
+  return { state_bytes = state, scratch_bytes = scratch + routing, scratch = parts }
 end
 
 function Stepper:comm_stats()
@@ -465,6 +493,12 @@ local function direction_phase(self, run)
     gr.entries, gr.empties = entries, empties
     if not gr.skip then
       local keys = G.kind.state_keys
+      local in_place = G.kind.in_place_state and G.kind.in_place_state(G.options)
+      if in_place then
+        local set = {}
+        for _, k in ipairs(in_place) do set[k] = true end
+        in_place = set
+      end
       for _, p in ipairs(gr.params) do
         local r = self.rec[p]
         if r.mine_n == 0 and self.W == 1 then
@@ -481,7 +515,7 @@ local function direction_phase(self, run)
         elseif r.mine_n > 0 then
           self.scratch:update(p, r)
           if r.holds then
-            local e = self.scratch:entry(p, r, keys, self.state[p])
+            local e = self.scratch:entry(p, r, keys, self.state[p], in_place)
             e.count = (self.pstep[p] or 0) + 1
             local dest = run.ns_inputs and run.ns_inputs[r]
             if dest then -- (the NS input goes out from there: no copy)
@@ -550,6 +584,10 @@ local function commit_phase(self, run)
       else
         CC.write(gr.applies)
       end
+      -- the state the kind writes in place (its new value checked finite by direction)
+      if G.kind.commit_state and gr.entries[1] and gr.entries[1].in_place then
+        G.kind.commit_state(G.options, gr.hp, gr.entries)
+      end
     end
   end
   for _, ks in ipairs(self.kind_stats) do ks.steps = ks.steps + 1 end
@@ -582,6 +620,7 @@ end
 -- pre_err: see check_phase. Returns true, or false when no parameter has a
 -- grad (then nothing changed: parameters, state, step counts).
 local function step_body(self, values, pre_err)
+  local measured = SS.begin(self)
   self:gate("step")
   self:build_once()
   local W = self.W
@@ -629,6 +668,7 @@ local function step_body(self, values, pre_err)
   run:attempt(final_checks, self, run)
   self.agree:failure(run.failure, run)
   commit_phase(self, run)
+  self.last = SS.finish(self, run, measured)
   return true
 end
 

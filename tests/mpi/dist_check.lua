@@ -175,7 +175,7 @@ local bits_equal = H.bits_equal
 -- Both engines: the one-process reference on full tensors, and this rank's
 -- part of the mesh engine.
 local function setup(here, variant)
-  local ref = engine.new(make_config(false, { wd_nan = true, betas = true, eps = true, post = true, nan_grad = true }))
+  local ref = engine.new(H.alone(make_config(false, { wd_nan = true, betas = true, eps = true, post = true, nan_grad = true })))
   local eng = engine.new(make_config(true, here, variant))
   local mesh = D.mesh(AXES, H.size)
   local locals = {}
@@ -265,7 +265,8 @@ H.main(function()
       [INJECT.eps] = { E.EINVAL, "group 3 ('adamw'), step 5: ", "eps must be >= 0, got -1" },
       -- (after the routing, before the commit: nothing changes anywhere)
       [INJECT.post] = { E.ELUA, "post_update_fn: boom in post_update_fn on w_col", routed = true },
-      [INJECT.nan_grad] = { E.ENONFINITE, "parameter 'w_uneven': gradient holds NaN or Inf" },
+      -- (the momentum pass finds it, so the step's exchanges still run)
+      [INJECT.nan_grad] = { E.ENONFINITE, "parameter 'w_uneven': gradient holds NaN or Inf", routed = true },
     }
     -- The NaN gradient (element 1, 1 of w_uneven) stops the step before its
     -- exchanges when a rank that does not hold its state has it (the step's
@@ -435,7 +436,7 @@ H.main(function()
         -- the mesh's checkpoint (gathered from the holders) loads into one
         -- process with every state tensor, hook state included, bitwise
         eng:save(path)
-        local one = engine.new(make_config(false, {}))
+        local one = engine.new(H.alone(make_config(false, {})))
         for _, spec in ipairs(PARAMS) do
           one:add_param(spec[1], T.zeros(spec[2], spec.dtype or "float32"), T.zeros(spec[2], spec.dtype or "float32"))
         end

@@ -37,7 +37,7 @@ local SHAPES = { w1 = { 8, 6 }, w2 = { 5, 7 }, b = { 6, 4 } }
 H.main(function()
   H.init()
   local live = {}
-  local ref, eng = engine.new(config(false, {})), engine.new(config(true, live))
+  local ref, eng = engine.new(H.alone(config(false, {}))), engine.new(config(true, live))
   local mesh, loc = H.add_dim1_sharded(ref, eng, { { "w1", SHAPES.w1, 11 }, { "w2", SHAPES.w2, 12 },
     { "b", SHAPES.b, 13 } })
   for _, e in ipairs({ ref, eng }) do e:set_signal("s", { 1, 2, 3 }) end

@@ -78,7 +78,7 @@ local function config(dist, tag)
 end
 
 local function setup()
-  local ref = engine.new(config(false, "ref"))
+  local ref = engine.new(H.alone(config(false, "ref")))
   local eng = engine.new(config(true, "mesh"))
   local mesh = D.mesh(AXES, H.size)
   local locals = {}
@@ -129,7 +129,7 @@ H.main(function()
       ref_step(ref)
       if step == 5 and path then
         eng:save(path)
-        local one = engine.new(config(false, "one"))
+        local one = engine.new(H.alone(config(false, "one")))
         for _, spec in ipairs(PARAMS) do one:add_param(spec[1], T.zeros(spec[2]), T.zeros(spec[2])) end
         one:load(path)
         local same, first = true, nil

@@ -24,7 +24,7 @@ rm -rf "$ck"
 # The first call that builds the engine's communicators (a collective)
 # failing on rank 1 only, uncaught: the host aborts the job with rank 1's
 # message instead of rank 0 waiting (tests/mpi/first_call_check.lua).
-for c in "add_param|grad has shape [5] but the value has shape [4]" "open|lr must be a finite number, got fast"; do
+for c in "add_param|grad has shape [5] but the value has shape [4]" "open|lr must be a finite number, got the string \"fast\""; do
   how=${c%%|*} want=${c#*|}
   t0=$(date +%s)
   out=$(mpi_run 2 build/muon run tests/mpi/first_call_check.lua "$how")

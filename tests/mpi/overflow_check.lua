@@ -37,7 +37,7 @@ local function load_mode()
     return { groups = { { optimizer = "muon", match = "^w", state_dtype = dtype }, { optimizer = "adamw", match = "^v" } },
       dist = dist and { mesh = { { "shard", H.size } } } or nil }
   end
-  local ref, eng = engine.new(cfg(false, "float32")), engine.new(cfg(true, "bfloat16"))
+  local ref, eng = engine.new(H.alone(cfg(false, "float32"))), engine.new(cfg(true, "bfloat16"))
   local _, loc = H.add_dim1_sharded(ref, eng, { { "w", { 8, 6 }, 11 }, { "v", { 6, 6 }, 12 } })
   H.set_dim1_grads(ref, loc, 1)
   ref:step()
@@ -77,7 +77,7 @@ local bits_equal = H.bits_equal
 H.main(function()
   H.init()
   if mode == "load" then return load_mode() end
-  local ref = engine.new(config(false))
+  local ref = engine.new(H.alone(config(false)))
   local eng = engine.new(config(true))
   local mesh, loc = H.add_dim1_sharded(ref, eng, { { "w", SHAPES.w, 11 }, { "v", SHAPES.v, 12 } })
   -- step s: small gradients; at step 2, 3e38 in rank 0's part of w only

@@ -80,7 +80,7 @@ class Errors(unittest.TestCase):
         with self.assertRaises(libmuon.EINVAL) as cm:
             libmuon.Muon([("w", np.zeros((2, 2), np.float32), None)], momentm=0.9)
         msg = str(cm.exception)
-        self.assertIn("unknown muon option 'momentm' (did you mean 'momentum'?)", msg)
+        self.assertIn("Muon got unexpected keyword arguments: momentm (did you mean 'momentum' for 'momentm'?)", msg)
         self.assertEqual(cm.exception.code, -1)
 
     def test_a_config_of_another_type_is_einval(self):

@@ -116,6 +116,16 @@ Kind.post_update(group, hp, params, boxes, signals, reducers)
     process).
 Kind.replica_count(v)
     -> n: the seed's hsdp_replica_count as a number.
+Kind.in_place_state(group)
+Kind.commit_state(group, hp, entries)
+    Both or neither, with checks. in_place_state -> the state keys of the
+    group whose new value the kind writes in place at the commit (no second
+    buffer: the step's scratch stays small), or nil. For those keys
+    direction gets old[k] (the state, or on a parameter's first step zeros
+    that become it) and no new[k]; its report (Kind.checks) covers the value
+    commit_state will write, as stored (the nonfinite policy applies);
+    commit_state then writes it into old[k] from what it read (grad, old),
+    after the parameters' apply; it must not fail.
 ## What register derives from the schema (set on the kind)
 Kind.ENTRIES
     The schema's entries with the markers expanded, in check order.
@@ -145,12 +155,15 @@ Kind.ns
 muon.optim.kind.HOOKS
     The hook options (Lua functions of a config), in the order `muon check`
     lists them: { name, signature, whole =, reshapes =, keeps_state =,
-    reduces =, writes_state = }. whole: a parameter of a group that sets it
+    reduces =, writes_state =, writes = }. whole: a parameter of a group that sets it
     is orthogonalized whole on one rank; reshapes: it reshapes the
     Newton-Schulz input; keeps_state: it sees the group's hook_state (one
     table for every such hook of a group); reduces: its ctx has allreduce
     and global_norm (muon.reduce); writes_state: it writes the kind's state
-    (checked for NaN/Inf on its own).
+    (checked for NaN/Inf on its own); writes: what of the step it writes
+    ("input": the Newton-Schulz input, "update": the update), for the
+    message that names the hook when that holds NaN or Inf (pre_ortho_fn's
+    result is checked where it runs).
 muon.optim.kind.HOOK_NAMES
     name -> its HOOKS entry.
 muon.optim.kind.HOOK_KEYS
@@ -214,21 +227,22 @@ K.MEMBERS = {
   { "resolve", "function", false }, { "check_param", "function", false },
   { "orthogonalize", "function", false }, { "ns_prepare", "function", false }, { "ns_finish", "function", false },
   { "hook_shapes", "function", false }, { "post_update", "function", false }, { "replica_count", "function", false },
+  { "in_place_state", "function", false }, { "commit_state", "function", false },
 }
 
 -------------------------------------------------------------- the hooks
 
 -- (HOOKS, HOOK_STATE_RULES and their flags: see the reference block)
 K.HOOKS = {
-  { "zeropower_fn", "(x, steps) -> orthogonalized x" },
-  { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates", writes_state = true },
-  { "reshape_fn", "(name, x) -> views of x", whole = true, reshapes = true },
-  { "ns_transform_fn", "(name, x) -> nil or { tensors, restore }", whole = true, reshapes = true },
+  { "zeropower_fn", "(x, steps) -> orthogonalized x", writes = "update" },
+  { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates", writes_state = true, writes = "input" },
+  { "reshape_fn", "(name, x) -> views of x", whole = true, reshapes = true, writes = "update" },
+  { "ns_transform_fn", "(name, x) -> nil or { tensors, restore }", whole = true, reshapes = true, writes = "update" },
   { "post_update_fn", "(param, local_tensor, ctx)", reduces = true },
   { "pre_ortho_fn", "(G, state, ctx): on the Newton-Schulz input, after momentum", whole = true, keeps_state = true,
     reduces = true },
   { "post_ortho_fn", "(O, state, ctx): after Newton-Schulz, before the scale", whole = true, keeps_state = true,
-    reduces = true },
+    reduces = true, writes = "update" },
 }
 K.HOOK_STATE_RULES = {
   { "rows", "rows", 1 },
@@ -387,6 +401,9 @@ function K.register(kind)
   E.check_keys(kind, valid, "member", what)
   if (kind.ns_prepare == nil) ~= (kind.ns_finish == nil) or (kind.ns_prepare and not kind.orthogonalize) then
     E.raise(E.EINVAL, "%s: ns_prepare and ns_finish come together, with orthogonalize", what)
+  end
+  if (kind.in_place_state == nil) ~= (kind.commit_state == nil) or (kind.in_place_state and not kind.checks) then
+    E.raise(E.EINVAL, "%s: in_place_state and commit_state come together, with checks = true", what)
   end
   local entries, seen = expand(kind.options), {}
   for i, e in ipairs(entries) do
