@@ -108,8 +108,8 @@ local function failure_of(G, gr, entries, bad, applies)
     for _, k in ipairs(G.kind.state_keys) do
       local t = e.new[k]
       if t == nil and i == bad or t ~= nil and not t:all_finite() then
-        return ("parameter '%s': state tensor '%s' would hold NaN or Inf after the step (%s); nothing was changed")
-          :format(e.p.name, k, G.label)
+        return ("parameter '%s': its gradient is finite but the %s overflowed to NaN or Inf%s (%s); nothing was changed")
+          :format(e.p.name, k, G.options.state_dtype == "bfloat16" and " in bfloat16 (state_dtype)" or "", G.label)
       end
     end
   end
