@@ -273,8 +273,8 @@ H.main(function()
     -- gradient check, agreed); state holders find it in their momentum pass
     -- (kind.checks), after the agreement: the exchanges then run.
     local l = locals.w_uneven
-    local early = numel(l.box.len) > 0 and l.box.start[1] == 0 and l.box.start[2] == 0
-      and not eng.stepper:record(eng:param("w_uneven")).holds
+    local holds = eng.stepper:record(eng:param("w_uneven")).holds -- (the plan's first build is collective)
+    local early = numel(l.box.len) > 0 and l.box.start[1] == 0 and l.box.start[2] == 0 and not holds
     expect[INJECT.nan_grad].routed = H.world:allreduce({ early and 1 or 0 }, "max")[1] == 0
     if W > 1 then
       expect[INJECT.lr_differs] = { E.EINVAL, "scheduled values differ across ranks at group 2 ('legacy').lr",
