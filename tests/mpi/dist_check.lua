@@ -20,6 +20,7 @@
 --            flattening, QK-clip (signals): 10 steps bitwise vs one process
 --   nothing  a step where no rank has a grad steps nothing (on every rank);
 -- MU_TEST_STATE_DTYPE=bfloat16 runs the float32 groups with bfloat16 state.
+-- MU_TEST_SHARDED=1: save writes a sharded checkpoint (PATH a directory).
 -- MU_TEST_NS_DTYPE=bfloat16 runs the float32 Muon groups' Newton-Schulz in bfloat16
 -- (MU_TEST_NS_METHOD=gram: the Gram iteration).
 --            empty shards without a grad step with their parameter; a grad
@@ -372,7 +373,7 @@ H.main(function()
       if mode == "resume" then ref_step(ref) end
     end
     if mode == "save" then
-      eng:save(path)
+      eng:save(path, os.getenv("MU_TEST_SHARDED") == "1" and { sharded = true } or nil)
       H.check("saved", true)
     else
       H.check("resumed-step", eng:get("step") == 10, eng:get("step"))
@@ -426,7 +427,7 @@ H.main(function()
       if step == 5 and path then
         -- the mesh's checkpoint (gathered from the holders) loads into one
         -- process with every state tensor, hook state included, bitwise
-        eng:save(path)
+        eng:save(path, os.getenv("MU_TEST_SHARDED") == "1" and { sharded = true } or nil)
         local one = engine.new(make_config(false, {}))
         for _, spec in ipairs(PARAMS) do
           one:add_param(spec[1], T.zeros(spec[2], spec.dtype or "float32"), T.zeros(spec[2], spec.dtype or "float32"))
