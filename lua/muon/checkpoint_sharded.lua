@@ -244,17 +244,17 @@ function save_body(stepper, dir, parts, extra_meta, pre_err)
       idx.checksum = index_checksum(idx)
       local text = S.canonical_json(idx) .. "\n"
       core.check(C.mu_file_write_atomic(join(dir, INDEX), text, #text), "save")
+      -- committed: the earlier saves' files go (before the agreement, so
+      -- that on every rank the save returns with the directory as it stays)
+      local keep = {}
+      for _, n in ipairs(names) do keep[n] = true end
+      for _, n in ipairs(list_dir(dir) or {}) do
+        if n:match(SHARD_NAME) and not keep[n] then os.remove(join(dir, n)) end
+      end
     end)
     if not okw then err = ew end
   end
   agree_or_remove(stepper, err, mine)
-  if me == 0 then
-    local keep = {}
-    for _, n in ipairs(names) do keep[n] = true end
-    for _, n in ipairs(list_dir(dir) or {}) do
-      if n:match(SHARD_NAME) and not keep[n] then os.remove(join(dir, n)) end
-    end
-  end
 end
 
 ------------------------------------------------------------------- load
