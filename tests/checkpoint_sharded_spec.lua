@@ -93,6 +93,29 @@ describe("sharded checkpoints", function()
     for i = 1, #pa do H.assert_equal_bits(pa[i].value, pb[i].value, pa[i].name) end
   end)
 
+  it("keep hook state (NorMuon's) by its key, and load it back bitwise", function()
+    local function normuon(seed)
+      local e = engine.new("configs/normuon.lua")
+      return e, model(e, seed)
+    end
+    local a, pa = normuon(40)
+    for _ = 1, 3 do a:step() end
+    a:save(dir, { sharded = true })
+    local idx = cjson.decode(H.read_file(dir .. "/index.json"))
+    local hooks = 0
+    for name in pairs(idx.tensors) do
+      if name:match("/hook%.") then hooks = hooks + 1 end
+    end
+    assert.is_true(hooks > 0, "the index lists hook state")
+    local b, pb = normuon(999)
+    for i = 1, #pa do pb[i].value:copy(pa[i].value) pb[i].grad:copy(pa[i].grad) end
+    b:load(dir)
+    assert_state(b, pb, state_of(a, pa))
+    a:step()
+    b:step()
+    for i = 1, #pa do H.assert_equal_bits(pa[i].value, pb[i].value, pa[i].name) end
+  end)
+
   it("replace the previous save's files; a save that fails keeps the previous checkpoint whole", function()
     local a, pa = trained(1)
     a:save(dir, { sharded = true })

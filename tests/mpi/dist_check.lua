@@ -427,7 +427,7 @@ H.main(function()
       if step == 5 and path then
         -- the mesh's checkpoint (gathered from the holders) loads into one
         -- process with every state tensor, hook state included, bitwise
-        eng:save(path, os.getenv("MU_TEST_SHARDED") == "1" and { sharded = true } or nil)
+        eng:save(path)
         local one = engine.new(make_config(false, {}))
         for _, spec in ipairs(PARAMS) do
           one:add_param(spec[1], T.zeros(spec[2], spec.dtype or "float32"), T.zeros(spec[2], spec.dtype or "float32"))

@@ -3,7 +3,7 @@
 # meshes replicate:2,shard:2 and shard:4, loaded at np 4, 3, 2 and 1 on
 # other meshes, 5 more steps bitwise equal to 10 steps in one process
 # (tests/mpi/dist_check.lua save / resume, every kind, empty shards,
-# replicated state, bfloat16 state, hook state); a missing, extra or corrupt shard and
+# replicated state, bfloat16 state); a missing, extra or corrupt shard and
 # a failed save on one rank fail every rank with nothing changed; the bytes
 # a rank's save allocates (tests/mpi/sharded_check.lua).
 . "$(dirname "$0")/lib.bash"
@@ -26,11 +26,6 @@ done
 # the directory's files at np=1 resume from the np=4 shards: a sharded save at np 1 loads at np 4
 MU_TEST_SHARDED=1 mpi_case "sharded np=1 save" 1 $RUN $S save "shard:1" "$ck/one"
 mpi_case "sharded np=4 resume from np=1" 4 $RUN $S resume "replicate:2,shard:2" "$ck/one"
-# hook state (NorMuon) and the other variants: a sharded save at step 5 loads into one process
-for c in "4 replicate:2,shard:2" "3 shard:3"; do
-  set -- $c
-  MU_TEST_SHARDED=1 mpi_case "sharded variants np=$1 mesh $2" "$1" $RUN $S variants "$2" "$ck/variants$1"
-done
 X=tests/mpi/sharded_check.lua
 for c in "4 replicate:2,shard:2" "4 shard:4" "3 shard:3" "1 shard:1"; do
   set -- $c
