@@ -728,19 +728,19 @@ function S_load_body(stepper, path, parts, check, opts, pre_err, reader)
     end
   end)
   if opened then opened.close() end
+  -- A rank that failed above (its file missing, malformed, not matching)
+  -- fails every rank with its own error (the lowest failing rank's).
+  stepper:agree_failure(not ok and err or nil)
   if stepper:size() > 1 then
     -- Every rank must load the same file: its step and checksums agree
-    -- (one all-reduce when they do; a rank that failed above compares as
-    -- failed, and its error is the one raised).
-    local entries = ok and {
+    -- (one all-reduce when they do; the message is the same on every rank).
+    local msg = stepper:agree_entries({
       { "step", tostring(meta["muon.engine.step"] or "(none)") },
       { "data checksum", tostring(meta["muon.checksum"] or "(none)") },
       { "metadata checksum", tostring(meta_checksum(meta)) },
-    } or { { "step", "(the load failed)" }, { "data checksum", "(the load failed)" }, { "metadata checksum", "(the load failed)" } }
-    local msg = stepper:agree_entries(entries, ("checkpoints loaded from '%s'"):format(path))
-    if ok and msg then ok, err = false, E.new(E.EINVAL, msg .. ": every rank must load the same file") end
+    }, ("checkpoints loaded from '%s'"):format(path))
+    if msg then E.raise(E.EINVAL, "%s: every rank must load the same file", msg) end
   end
-  stepper:agree_failure(not ok and err or nil)
   local converted = {}
   for _, s in ipairs(staged) do
     commit(stepper, s)

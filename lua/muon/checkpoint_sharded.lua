@@ -396,6 +396,10 @@ function SH.reader(dir, verify, kinds, stepper)
     local function bad(fmt, ...)
       E.raise(E.EFORMAT, "sharded checkpoint '%s': shard file '%s' does not match %s: " .. fmt, dir, path, INDEX, ...)
     end
+    local rank = ("%d of %d"):format(i - 1, #idx.files)
+    if f.metadata["muon.shard"] ~= rank then
+      bad("it says it is rank %s's file, the index lists it as rank %s's", tostring(f.metadata["muon.shard"]), rank)
+    end
     local want = per[i]
     for _, en in ipairs(f.entries) do
       local b = want[en.name]
