@@ -758,13 +758,18 @@ static int mu__fail_collective(mu__eng *eng, const char *op, const char *what, i
     return mu__call_run(eng, "fail_collective", what, code, mu__push_fail, &a, NULL);
 }
 
-static int eng_save(mu__eng *eng, const char *path)
+static int eng_save(mu__eng *eng, const char *path, int flags)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_save: eng is NULL");
+    /* (an argument error fails the call the other ranks make: the same flags) */
+    const char *op = (flags & MU_SAVE_SHARDED) ? "save_sharded" : "save";
     if (!path || !*path)
-        return mu__fail_collective(eng, "save", "mu_engine_save",
+        return mu__fail_collective(eng, op, "mu_engine_save",
                                    mu__fail(MU_EINVAL, "mu_engine_save: path is NULL or empty"));
-    mu__key_args a = {.key = path};
+    if (flags & ~MU_SAVE_SHARDED)
+        return mu__fail_collective(eng, op, "mu_engine_save_ex",
+                                   mu__fail(MU_EINVAL, "mu_engine_save_ex: unknown flags 0x%x", (unsigned)flags));
+    mu__key_args a = {.key = path, .nvalues = 2, .flag = (flags & MU_SAVE_SHARDED) != 0};
     return mu__call_run(eng, "save", "mu_engine_save", MU_EIO, mu__push_key, &a, NULL);
 }
 
@@ -882,7 +887,8 @@ int mu_engine_clip_grad_norm(mu_engine *h, double max_norm, double *norm)
     MU__ENGINE_CALL(clip_grad_norm, max_norm, norm);
 }
 int mu_engine_set_lr(mu_engine *h, const char *group, double lr) { MU__ENGINE_CALL(set_lr, group, lr); }
-int mu_engine_save(mu_engine *h, const char *path) { MU__ENGINE_CALL(save, path); }
+int mu_engine_save(mu_engine *h, const char *path) { MU__ENGINE_CALL(save, path, 0); }
+int mu_engine_save_ex(mu_engine *h, const char *path, int flags) { MU__ENGINE_CALL(save, path, flags); }
 int mu_engine_load(mu_engine *h, const char *path) { MU__ENGINE_CALL(load, path, 0); }
 int mu_engine_load_ex(mu_engine *h, const char *path, int flags) { MU__ENGINE_CALL(load, path, flags); }
 int mu_engine_set_grads(mu_engine *h, int64_t n, const char *const *names, void *const *grads)

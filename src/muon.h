@@ -236,7 +236,17 @@ MU_API int mu_engine_set_lr(mu_engine *eng, const char *group, double lr);
  * symbolic link, is MU_EIO (through a link to a file, that file is
  * replaced). */
 MU_API int mu_engine_save(mu_engine *eng, const char *path);
-/* Load a checkpoint of mu_engine_save: MU_EIO when the file cannot be
+/* mu_engine_save with flags: MU_SAVE_SHARDED writes path as a directory
+ * (made if needed) where each rank writes the state boxes it holds, one
+ * safetensors file per rank, and rank 0 an index.json last: nothing is
+ * gathered, and mu_engine_load reads it on any number of ranks and mesh.
+ * On a mesh every rank passes the same flags. A failure on any rank fails
+ * every rank and leaves the previous checkpoint in path whole. */
+enum { MU_SAVE_SHARDED = 1 };
+/* mu_engine_save with flags (0 or MU_SAVE_SHARDED), the same codes. */
+MU_API int mu_engine_save_ex(mu_engine *eng, const char *path, int flags);
+/* Load a checkpoint of mu_engine_save (a file, or a directory of
+ * MU_SAVE_SHARDED, saved on any number of ranks): MU_EIO when the file cannot be
  * read, MU_EFORMAT for a malformed one (truncated, bad header, checksum
  * mismatch), MU_EINVAL when it does not match the registered parameters;
  * nothing changes on failure. */

@@ -39,6 +39,17 @@ MU_API const char *mu_cdef(void);
 MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
 /* Seconds on CLOCK_MONOTONIC (muon.clock(), the step's timers). */
 MU_API double mu_clock(void);
+/* The names in directory path (but "." and ".."), each followed by a NUL:
+ * *len gets their total bytes; they are copied into buf only when they all
+ * fit in cap bytes (*len <= cap; buf NULL with cap 0 asks for the length).
+ * MU_EIO when path cannot be listed (missing, not a directory). */
+MU_API int mu_dir_list(const char *path, char *buf, size_t cap, size_t *len);
+/* Make directory path (one level, mode 0777 & ~umask); MU_OK when it
+ * already is one, MU_EIO otherwise. */
+MU_API int mu_dir_make(const char *path);
+/* Write len bytes to path atomically (a temporary file in its directory,
+ * synced, then renamed over path): MU_EIO when it cannot. */
+MU_API int mu_file_write_atomic(const char *path, const void *data, size_t len);
 
 /* --------------------------------------------------------------- tensors */
 

@@ -21,7 +21,7 @@ local Agree = {}
 Agree.__index = Agree
 
 -- The collective calls of an engine, each with its tag in the gate.
-A.OPS = { "step", "save", "load", "reduce_grads", "clip_grad_norm" }
+A.OPS = { "step", "save", "load", "reduce_grads", "clip_grad_norm", "save_sharded" }
 local OP_TAG = {}
 for i, op in ipairs(A.OPS) do OP_TAG[op] = i end
 

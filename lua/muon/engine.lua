@@ -151,11 +151,15 @@ Engine:stats()
 Engine:comm_stats()
     Bytes and seconds per communicator of a distributed engine ({}
     without dist).
-Engine:save(path)
+Engine:save(path, opts)
     One safetensors checkpoint of every group's state, the step count and
-    lr_scale (atomic write, checksummed).
+    lr_scale (atomic write, checksummed). opts.sharded = false: true
+    writes a directory instead, each rank its own boxes of the state plus
+    an index (muon.checkpoint_sharded), nothing gathered; every rank passes
+    the same opts.
 Engine:load(path, opts)
-    Load a checkpoint of save(): everything is checked before anything
+    Load a checkpoint of save() (a file, or a sharded checkpoint's
+    directory, saved on any world size and mesh): everything is checked before anything
     changes. State, step counts and lr_scale are the checkpoint's; options
     the config keeps stay the config's; every saved value that differs is a
     note on stderr. opts.checksum = true: false loads a file without (or
@@ -196,6 +200,7 @@ local kinds = require("muon.optim.kinds")
 local class = require("muon.optim.class")
 local Step = require("muon.step")
 local S = require("muon.checkpoint")
+local SH = require("muon.checkpoint_sharded")
 local commlib = require("muon.comm")
 local G = require("muon.grads")
 local K = require("muon.optim.kind")
@@ -794,12 +799,26 @@ local function path_error(fn, path)
   if path == "" then return E.new(E.EINVAL, fn .. ": path is empty") end
 end
 
-function Engine:save(path)
+-- save's options: whether the checkpoint is sharded (or the error).
+local function save_options(opts)
+  if opts == nil then return false end
+  if type(opts) ~= "table" then return false, E.new(E.EINVAL, "save: options must be a table { sharded = true }, got " .. type(opts)) end
+  for k in pairs(opts) do
+    if k ~= "sharded" then return false, E.new(E.EINVAL, "save: " .. E.unknown("option", tostring(k), { "sharded" })) end
+  end
+  if opts.sharded ~= nil and type(opts.sharded) ~= "boolean" then
+    return false, E.new(E.EINVAL, "save: sharded must be a boolean, got " .. type(opts.sharded))
+  end
+  return opts.sharded == true
+end
+
+function Engine:save(path, opts)
   live(self, "save")
   lone_on_world(self, "save")
-  local ok, err = pcall(S.save, self:_stepper(), path, parts(self),
+  local sharded, oerr = save_options(opts)
+  local ok, err = pcall(sharded and SH.save or S.save, self:_stepper(), path, parts(self),
     { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) },
-    path_error("save", path))
+    path_error("save", path) or oerr)
   if not ok then E.reraise(err, E.EIO) end
 end
 
@@ -808,7 +827,9 @@ end
 function Engine:_fail_collective(op, err)
   if self.dist == nil then error(err, 0) end
   local st = self:_stepper()
-  if op == "save" then S.save(st, nil, parts(self), nil, err) else S.load(st, nil, parts(self), nil, nil, err) end
+  if op == "save" then S.save(st, nil, parts(self), nil, err)
+  elseif op == "save_sharded" then SH.save(st, nil, parts(self), nil, err)
+  else S.load(st, nil, parts(self), nil, nil, err) end
 end
 
 -- The engine's values in a checkpoint's metadata, checked like config values.
@@ -847,7 +868,7 @@ function Engine:load(path, opts)
         end
       end
     end
-  end, opts, path_error("load", path))
+  end, opts, path_error("load", path), SH.reader)
   if not ok then E.reraise(err, E.EFORMAT) end
   self.step_count, self.lr_scale = values[1], values[2]
 end

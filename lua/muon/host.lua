@@ -129,10 +129,11 @@ function host.zero_grad(eng) eng:zero_grad() end
 function host.clip_grad_norm(eng, max_norm) return eng:clip_grad_norm(max_norm) end
 function host.set_lr(eng, group, lr) eng:set_lr(group, lr) end
 
-function host.save(eng, path) eng:save(path) end
+function host.save(eng, path, sharded) eng:save(path, sharded and { sharded = true } or nil) end
 
--- A C-side argument error of mu_engine_save / mu_engine_load (op "save" or
--- "load"; code and message): raised on every rank of a distributed engine.
+-- A C-side argument error of mu_engine_save / mu_engine_load (op "save",
+-- "save_sharded" or "load"; code and message): raised on every rank of a
+-- distributed engine.
 function host.fail_collective(eng, op, code, msg) eng:_fail_collective(op, E.new(code, msg)) end
 
 -- The fixes a message names, as a C host spells them: what the Lua side

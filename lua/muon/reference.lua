@@ -182,6 +182,7 @@ R.MODULES = {
   { name = "muon.schedules" },
   { name = "muon.foreach" },
   { name = "muon.safetensors" },
+  { name = "muon.checkpoint_sharded" },
   { name = "muon.comm", classes = {
     Comm = function(c) return members(getmetatable(c.self())) end,
     Request = function(c)

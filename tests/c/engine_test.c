@@ -418,6 +418,30 @@ int main(void)
     ok(rc == MU_OK && memcmp(w, w_after, sizeof w) == 0 && memcmp(b, b_after, sizeof b) == 0,
        "step after load reproduces the step after save bit for bit");
 
+    /* the same through a sharded checkpoint (a directory) */
+    {
+        char sdir[320];
+        snprintf(sdir, sizeof sdir, "%s/sharded", dir);
+        memcpy(w, w_saved, sizeof w);
+        memcpy(b, b_saved, sizeof b);
+        rc = mu_engine_load(eng, ckpt);
+        rc |= mu_engine_save_ex(eng, sdir, MU_SAVE_SHARDED);
+        char index[340];
+        snprintf(index, sizeof index, "%s/index.json", sdir);
+        ok(rc == MU_OK && access(index, R_OK) == 0, "save_ex(MU_SAVE_SHARDED) writes a directory with index.json "
+           "(rc %d: %s)", rc, line1(mu_engine_error(eng)));
+        rc = mu_engine_step(eng);
+        memcpy(w, w_saved, sizeof w);
+        memcpy(b, b_saved, sizeof b);
+        rc |= mu_engine_load(eng, sdir);
+        rc |= mu_engine_step(eng);
+        ok(rc == MU_OK && memcmp(w, w_after, sizeof w) == 0 && memcmp(b, b_after, sizeof b) == 0,
+           "mu_engine_load of it: the step after it is the step after save, bit for bit");
+        rc = mu_engine_save_ex(eng, sdir, 4);
+        ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "flags"), "save_ex unknown flags: MU_EINVAL");
+        ok(mu_engine_save_ex(NULL, sdir, MU_SAVE_SHARDED) == MU_EINVAL, "save_ex NULL engine: MU_EINVAL");
+    }
+
     /* a checkpoint edited by another program (stale checksums): refused by
      * mu_engine_load, accepted by mu_engine_load_ex(MU_LOAD_NO_CHECKSUM) */
     {

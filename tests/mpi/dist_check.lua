@@ -20,6 +20,7 @@
 --            flattening, QK-clip (signals): 10 steps bitwise vs one process
 --   nothing  a step where no rank has a grad steps nothing (on every rank);
 -- MU_TEST_STATE_DTYPE=bfloat16 runs the float32 groups with bfloat16 state.
+-- MU_TEST_SHARDED=1: save writes a sharded checkpoint (PATH a directory).
 -- MU_TEST_NS_DTYPE=bfloat16 runs the float32 Muon groups' Newton-Schulz in bfloat16
 -- (MU_TEST_NS_METHOD=gram: the Gram iteration).
 --            empty shards without a grad step with their parameter; a grad
@@ -381,7 +382,7 @@ H.main(function()
       if mode == "resume" then ref_step(ref) end
     end
     if mode == "save" then
-      eng:save(path)
+      eng:save(path, os.getenv("MU_TEST_SHARDED") == "1" and { sharded = true } or nil)
       H.check("saved", true)
     else
       H.check("resumed-step", eng:get("step") == 10, eng:get("step"))

@@ -153,6 +153,24 @@ class Checkpoints(unittest.TestCase):
                 for k, t in st.items():
                     self.assertTrue(torch.equal(t, s2["state"][i][k]), (i, k))
 
+    def test_sharded_save_loads_in_a_new_optimizer(self):
+        model, opt, _, _ = trained(3)
+        with tempfile.TemporaryDirectory() as d:
+            ck = os.path.join(d, "ck")
+            opt.save(ck, sharded=True)
+            self.assertIn("index.json", os.listdir(ck))
+            model2 = fresh()
+            with torch.no_grad():
+                for a, b in zip(model2.parameters(), model.parameters()):
+                    a.copy_(b)
+            opt2 = libmuon.Optimizer(model2.named_parameters(), config=MUON)
+            opt2.load(ck)
+            self.assertEqual(opt2.get("step"), 3)
+            s1, s2 = opt.state_dict(), opt2.state_dict()
+            for i, st in s1["state"].items():
+                for k, t in st.items():
+                    self.assertTrue(torch.equal(t, s2["state"][i][k]), (i, k))
+
 
 class NumpyWriter(unittest.TestCase):
     def test_the_numpy_only_writer_loads_without_checksums_only(self):
