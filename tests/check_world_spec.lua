@@ -88,6 +88,32 @@ describe("muon check --world", function()
     assert.is_true(rc == 2 * 256 or rc == false, tostring(rc))
     assert.truthy(err:find("--world 2147483648: at most 2147483647 ranks (MPI numbers ranks with C ints)", 1, true), err)
   end)
+  -- The GPT-3-like shapes (d 12288, 96 layers; tests/fixtures/gpt3_shapes.txt)
+  -- at 4096 ranks: one owner per matrix leaves the job NS imbalance near
+  -- 14 (the largest matrix on one rank); split Newton-Schulz brings it
+  -- within 1.10, planned in under 2 s (CPU bound generous: shared machine)
+  -- and 300 MB per rank.
+  it("splits the GPT-3-like shapes at 4096 ranks: job NS imbalance <= 1.10, plan in 300 MB", function()
+    if not have_cli then pending("build/muon not built") return end
+    for _, rank in ipairs({ 0, 4095 }) do
+      local out, tv = os.tmpname(), os.tmpname()
+      local rc = os.execute(("/usr/bin/time -v build/muon check configs/muon.lua --params tests/fixtures/gpt3_shapes.txt "
+        .. "--world 4096 --rank %d --mesh replicate:2,shard:2048 >%s 2>%s"):format(rank, out, tv))
+      local text = assert(io.open(out)):read("*a")
+      local t = assert(io.open(tv)):read("*a")
+      os.remove(out); os.remove(tv)
+      assert.is_true(rc == 0 or rc == true, text)
+      local cpu = tonumber(t:match("User time %(seconds%): ([%d.]+)")) + tonumber(t:match("System time %(seconds%): ([%d.]+)"))
+      local rss = tonumber(t:match("Maximum resident set size %(kbytes%): (%d+)"))
+      assert.is_true(cpu < 6, ("%.2f s of CPU"):format(cpu))
+      assert.is_true(rss < 300 * 1024, ("%d kB peak RSS"):format(rss))
+      local imb = tonumber(text:match("job NS imbalance %(largest rank / mean, by flops%): ([%d.]+)"))
+      assert.is_true(imb <= 1.10, text)
+      assert.truthy(text:find("split Newton-Schulz: 384 matrices over", 1, true), text)
+      assert.truthy(text:match(("rank %d is in %%d+ groups? %%("):format(rank)), text)
+      assert.truthy(text:find("split Newton-Schulz bytes per step: sent", 1, true), text)
+    end
+  end)
   it("gives a rank the figures of its plan: one replicated matrix on a 2-rank mesh", function()
     local cfg = tmpfile([[return { groups = { { optimizer = "muon", lr = 0.02 } }, dist = { mesh = { { "replicate", 2 } } } }]])
     local shapes = assert(check.read_shapes(tmpfile("w 8 4\n")))

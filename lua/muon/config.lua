@@ -258,7 +258,8 @@ config.CONFIG_KEYS = {
     check = function(v)
       if type(v) ~= "table" then config_fail("'hooks' must be a table") end
     end },
-  { "dist", "{ mesh, balance, max_batch_numel, check_replicas, comm }: the distributed layout (config.DIST_KEYS)" },
+  { "dist", "{ mesh, balance, max_batch_numel, check_replicas, split_ns, comm }: the distributed layout "
+    .. "(config.DIST_KEYS)" },
   { "name", "a label for the config (a string; `muon check` prints it)",
     check = function(v)
       if type(v) ~= "string" then config_fail("'name' must be a string (a label), got %s", type(v)) end
@@ -300,6 +301,12 @@ config.DIST_KEYS = {
       if v ~= "off" and v ~= "grads" and v ~= "params" then
         config_fail("check_replicas must be 'off', 'grads' or 'params', got %s", tostring(v))
       end
+    end },
+  { "split_ns", "'auto' (default), 'off' or { max_group = n, imbalance = x }: Newton-Schulz of the largest "
+    .. "matrices over a group of ranks (muon.dist.plan)",
+    check = function(v)
+      local ok, err = pcall(D.split_options, v)
+      if not ok then E.raise(E.code(err) or E.EINVAL, "%s", E.message(err)) end
     end },
   { "comm", "a muon.comm communicator (default: the world)",
     check = function(v)

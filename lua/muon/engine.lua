@@ -18,7 +18,7 @@
     group that matches takes a parameter), schedule (function(step, group)
     -> an lr or a table of schedulable values), hooks (for every group
     whose kind takes hooks), dist ({ mesh, balance, max_batch_numel,
-    check_replicas = "off" | "grads" | "params", comm }),
+    check_replicas = "off" | "grads" | "params", split_ns, comm }),
     name, nil_grad_warning (steps, default 1) and
     hook_budget ({ instructions, seconds, memory }). Unknown keys are
     errors.
@@ -253,6 +253,7 @@ function Engine:_stepper()
   for gi, g in ipairs(self.groups) do specs[gi] = { kind = g.kind, options = g.options, label = g.label } end
   self.stepper = Step.new({ groups = specs, comm = comm, mesh = mesh,
     balance = d and d.balance, max_batch_numel = d and d.max_batch_numel, check_replicas = d and d.check_replicas,
+    split_ns = d and d.split_ns,
     nil_grad_warning = self.config.nil_grad_warning })
   return self.stepper
 end
@@ -592,7 +593,7 @@ function Engine:memory() return self:_stepper():memory() end
 function Engine:plan()
   local st, d = self:_stepper(), self.dist or {}
   return D.plan(st:plan_records(), st:mesh(), { rank = st:rank(), balance = d.balance,
-    max_batch_numel = d.max_batch_numel })
+    max_batch_numel = d.max_batch_numel, split_ns = d.split_ns })
 end
 
 -- Rows for `muon check` and humans: which parameter went where.
