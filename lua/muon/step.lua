@@ -110,7 +110,7 @@ end
 
 -- opts: groups (list of { kind, options = the group table (params, step,
 -- option values), label }), comm (muon.comm, default: this process alone),
--- mesh (muon.dist mesh over comm), balance, max_batch_numel,
+-- mesh (muon.dist mesh over comm), balance, max_batch_numel, split_ns,
 -- check_replicas, nil_grad_warning (steps without a grad before a
 -- parameter's warning; default 1, 0: never).
 function M.new(opts)
@@ -120,7 +120,7 @@ function M.new(opts)
   local self = setmetatable({
     groups = {},
     comm = comm, W = W, me = comm:rank(), dmesh = mesh,
-    balance = opts.balance or "flops", max_batch_numel = opts.max_batch_numel,
+    balance = opts.balance or "flops", max_batch_numel = opts.max_batch_numel, split_ns = opts.split_ns,
     check_replicas_mode = opts.check_replicas or "off",
     order = {}, where = {},
     state = {},     -- param -> { momentum_buffer } / { step, exp_avg, exp_avg_sq } (on its holder)
@@ -289,6 +289,7 @@ function Stepper:config_entries()
   add("mesh", self.dmesh:describe())
   add("balance", self.balance)
   add("max_batch_numel", tostring(self.max_batch_numel or ""))
+  add("split_ns", K.serialize(self.split_ns or "auto"))
   for gi, g in ipairs(self.groups) do
     local keys = {}
     for k in pairs(g.kind.OPTIONS) do keys[#keys + 1] = k end
@@ -329,7 +330,7 @@ function Stepper:build()
     if problem then E.raise(E.EINVAL, problem) end
   end
   self.plan = D.plan(records, self.dmesh, { rank = self.me, balance = self.balance,
-    max_batch_numel = self.max_batch_numel })
+    max_batch_numel = self.max_batch_numel, split_ns = self.split_ns })
   self.records, self.rec = records, {}
   for _, r in ipairs(records) do
     r.hooks_list = r.hooks or {}
