@@ -13,6 +13,19 @@ local function tmpfile(text)
   return p
 end
 
+-- `build/muon check configs/muon.lua ARGS` under /usr/bin/time -v: its
+-- output, CPU seconds and peak RSS (kB); it must succeed.
+local function timed_check(args)
+  local out, tv = os.tmpname(), os.tmpname()
+  local rc = os.execute(("/usr/bin/time -v build/muon check configs/muon.lua %s >%s 2>%s"):format(args, out, tv))
+  local text = assert(io.open(out)):read("*a")
+  local t = assert(io.open(tv)):read("*a")
+  os.remove(out); os.remove(tv)
+  assert.is_true(rc == 0 or rc == true, text)
+  local cpu = tonumber(t:match("User time %(seconds%): ([%d.]+)")) + tonumber(t:match("System time %(seconds%): ([%d.]+)"))
+  return text, cpu, tonumber(t:match("Maximum resident set size %(kbytes%): (%d+)"))
+end
+
 -- A GPT-like shapes file: embeddings, then 12 tensors per layer.
 local function gpt_shapes(n, d)
   local lines = { ("embed.wte 50304 %d"):format(d), ("embed.wpe 2048 %d"):format(d) }
@@ -66,15 +79,7 @@ describe("muon check --world", function()
     for _, c in ipairs({ { "examples/demo_shapes.txt", 0, "" }, { "examples/demo_shapes.txt", 2147483646, "" },
       { moe, 7, " --mesh replicate:2,shard:1073741823" } }) do
       local world = c[3] == "" and 2147483647 or 2147483646
-      local out, tv = os.tmpname(), os.tmpname()
-      local rc = os.execute(("/usr/bin/time -v build/muon check configs/muon.lua --params %s --world %d --rank %d%s "
-        .. ">%s 2>%s"):format(c[1], world, c[2], c[3], out, tv))
-      local text = assert(io.open(out)):read("*a")
-      local t = assert(io.open(tv)):read("*a")
-      os.remove(out); os.remove(tv)
-      assert.is_true(rc == 0 or rc == true, text)
-      local cpu = tonumber(t:match("User time %(seconds%): ([%d.]+)")) + tonumber(t:match("System time %(seconds%): ([%d.]+)"))
-      local rss = tonumber(t:match("Maximum resident set size %(kbytes%): (%d+)"))
+      local text, cpu, rss = timed_check(("--params %s --world %d --rank %d%s"):format(c[1], world, c[2], c[3]))
       assert.is_true(cpu < 2, ("%.2f s of CPU"):format(cpu))
       assert.is_true(rss < 64 * 1024, ("%d kB peak RSS"):format(rss))
       assert.truthy(text:find(("plan of rank %d of %d"):format(c[2], world), 1, true), text)
@@ -96,15 +101,8 @@ describe("muon check --world", function()
   it("splits the GPT-3-like shapes at 4096 ranks: job NS imbalance <= 1.10, plan in 300 MB", function()
     if not have_cli then pending("build/muon not built") return end
     for _, rank in ipairs({ 0, 4095 }) do
-      local out, tv = os.tmpname(), os.tmpname()
-      local rc = os.execute(("/usr/bin/time -v build/muon check configs/muon.lua --params tests/fixtures/gpt3_shapes.txt "
-        .. "--world 4096 --rank %d --mesh replicate:2,shard:2048 >%s 2>%s"):format(rank, out, tv))
-      local text = assert(io.open(out)):read("*a")
-      local t = assert(io.open(tv)):read("*a")
-      os.remove(out); os.remove(tv)
-      assert.is_true(rc == 0 or rc == true, text)
-      local cpu = tonumber(t:match("User time %(seconds%): ([%d.]+)")) + tonumber(t:match("System time %(seconds%): ([%d.]+)"))
-      local rss = tonumber(t:match("Maximum resident set size %(kbytes%): (%d+)"))
+      local text, cpu, rss = timed_check(("--params tests/fixtures/gpt3_shapes.txt --world 4096 --rank %d "
+        .. "--mesh replicate:2,shard:2048"):format(rank))
       assert.is_true(cpu < 6, ("%.2f s of CPU"):format(cpu))
       assert.is_true(rss < 300 * 1024, ("%d kB peak RSS"):format(rss))
       local imb = tonumber(text:match("job NS imbalance %(largest rank / mean, by flops%): ([%d.]+)"))
