@@ -225,6 +225,51 @@ describe("dist NS cost and owners", function()
       -- a loose bound leaves big whole
       assert.is_nil(plan(0, { imbalance = 100 }).records[1].ns_group)
     end)
+    -- the moves of a split record's pieces (D.split_moves), as every rank
+    -- sees them on a 2 x 2 mesh: what p sends q is what q receives from p
+    -- (the same boxes, in the same order), every element of the matrix
+    -- reaches the one member whose piece holds it (in), and every rank
+    -- holding a box gets each of its elements once (out)
+    H.with_env({ MU_NS_SPLIT_PLAN = "64,16,16" }, function()
+      local m2 = D.mesh({ { "r", 2 }, { "s", 2 } }, 4)
+      for _, pl in ipairs({ { "R", "S(1)" }, { "R", "S(2)" }, { "S(2)", "S(1)" } }) do
+        local plans = {}
+        for q = 0, 3 do
+          local rec = { name = "big", shape = { 40, 100 }, placement = D.placement(pl, m2, 2), group = 1, ns = true,
+            dtype = "float32", state_count = 1 }
+          plans[q] = D.plan({ rec, { name = "x", shape = { 8, 8 }, placement = D.placement({ "R", "R" }, m2, 2),
+            group = 1, ns = true, dtype = "float32", state_count = 1 } }, m2, { rank = q }).records[1]
+        end
+        assert.truthy(plans[0].ns_group, table.concat(pl, ","))
+        for _, out in ipairs({ false, true }) do
+          local sent, got, covered = {}, {}, {}
+          for q = 0, 3 do
+            D.split_moves(plans[q], m2, q, out, function(peer, box, send)
+              local key = send and (q .. ">" .. peer) or (peer .. ">" .. q)
+              local t = send and sent or got
+              t[key] = t[key] or {}
+              table.insert(t[key], table.concat(box.start, ",") .. "+" .. table.concat(box.len, ","))
+              if not send then
+                for i = box.start[1], box.start[1] + box.len[1] - 1 do
+                  for j = box.start[2], box.start[2] + box.len[2] - 1 do
+                    local e = q .. ":" .. i .. "," .. j
+                    assert.is_nil(covered[e], "twice: " .. e)
+                    covered[e] = true
+                  end
+                end
+              end
+            end)
+          end
+          assert.are.same(sent, got)
+          local n = 0
+          for _ in pairs(covered) do n = n + 1 end
+          -- in: each element once (to its piece's member); out: once per holder of it
+          local holders = 0
+          for q = 0, 3 do holders = holders + plans[q].mine_n end
+          assert.are.equal(out and holders or 4000, n, table.concat(pl, ",") .. (out and " out" or " in"))
+        end
+      end
+    end)
     -- the options, checked
     for _, c in ipairs({
       { "on", "dist: split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got on" },

@@ -70,7 +70,7 @@ function CW.figures(plan)
         end
       end
     end
-    local s, v = D.step_elements({ records = { r } }, me)
+    local s, v = D.step_elements({ records = { r }, mesh = plan.mesh }, me)
     f.bytes_sent, f.bytes_recv = f.bytes_sent + s * ESIZE[r.dtype], f.bytes_recv + v * ESIZE[r.dtype]
   end
   for _, sg in ipairs(f.split_groups) do

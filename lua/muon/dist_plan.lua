@@ -53,6 +53,18 @@ muon.dist.plan(records, mesh, opts)
     group-rank order), shares (each one's cost), blocks }; its owner is
     ranks[1]. (The router runs a split record's Newton-Schulz on its
     owner, whole: the blocked iteration's bits, which the group gives.)
+muon.dist.split_pieces(r)
+    A split record's pieces: [gq + 1] = group rank gq's piece of the
+    matrix as a global box (its blocks: columns of a wide matrix, rows of
+    a tall one).
+muon.dist.meet(a, b)
+    The intersection of two global boxes (nil when empty).
+muon.dist.split_moves(r, mesh, me, out, fn)
+    The pieces rank me sends and receives for split record r, in (the
+    state holders' boxes of the NS input to the members' pieces) or out
+    (the members' pieces of the update to every rank holding a box):
+    fn(peer, box, send, within) each, within the box the piece is a view
+    of (me's box or me's piece), in an order both sides share.
 muon.dist.split_options(v)
     dist.split_ns checked and normalized: "auto" (or nil) -> {
     imbalance = 1.05 }; "off" (or max_group = 1) -> nil; { max_group = n
@@ -337,7 +349,8 @@ end
 
 -- Every rank's share of a record split over g ranks (ns.split_cost, per
 -- matrix times the batch; balance "numel": its fraction of the numel), in
--- group-rank order, with .blocks; cached per shape, options and g.
+-- group-rank order, with .blocks and .pieces (each one's piece of a 2-D
+-- matrix as a global box); cached per shape, options and g.
 local share_cache = setmetatable({}, { __mode = "k" })
 function split_shares(r, g, balance)
   local rows, cols, batch = ns.core(r.shape, r.nd_mode)
@@ -349,12 +362,15 @@ function split_shares(r, g, balance)
   end
   local key = table.concat({ rows, cols, batch, g, balance, r.dtype }, ":")
   if per[key] then return per[key] end
-  local shares, total = {}, 0
+  local shares, total = { pieces = {} }, 0
   for q = 0, g - 1 do
     local c = ns.split_cost(rows, cols, opts, g, q, r.dtype == "float64" and "float64" or "float32")
     shares[q + 1] = c.flops * batch
     shares.blocks = c.blocks
     total = total + shares[q + 1]
+    local box = { start = { 0, 0 }, len = { rows, cols } } -- (2-D: only those split)
+    box.start[c.dim], box.len[c.dim] = c.start, c.length
+    shares.pieces[q + 1] = box
   end
   if balance ~= "flops" then
     for i = 1, g do shares[i] = total > 0 and shares[i] / total * r.numel or 0 end
@@ -399,14 +415,18 @@ local function load_imbalance(load, W)
 end
 
 -- The group sizes a split may take for a job: at most max_group, the
--- candidate ranks, and max(blocks, stripes) (beyond, ranks have nothing).
+-- candidate ranks, and max(blocks, stripes) (beyond, ranks have nothing);
+-- 1 (no split) but for 2-D float32 or float64 matrices of more than one
+-- block whose record allows it (split_ok: no hook of its group needs the
+-- matrix whole or replaces Newton-Schulz).
 local function split_cap(j, mesh, split)
   local r = j.r
   if j.cap == nil then
     local rows, cols = ns.core(r.shape, r.nd_mode)
     local k = rows and ns.split_blocks(rows, cols, r.ns_opts or {}) or 1
     j.k = k
-    if k < 2 then
+    -- (2-D float matrices whose group has no hook around Newton-Schulz)
+    if k < 2 or #r.shape ~= 2 or r.split_ok == false or (r.dtype ~= "float32" and r.dtype ~= "float64") then
       j.cap = 1
     else
       local c = ns.split_cost(rows, cols, r.ns_opts or {}, 2, 0)
@@ -466,6 +486,56 @@ local function grow_splits(jobs, sizes)
     end
   end
   return grown and out or nil
+end
+
+-- The pieces of a split record's group: pieces[gq + 1] = group rank gq's
+-- piece of the matrix as a global box (columns of a wide matrix, rows of a
+-- tall one: ns.split_cost's).
+function P.split_pieces(r) return r.ns_group.shares.pieces end
+
+-- The intersection of two global boxes, or nil when empty.
+function P.meet(a, b)
+  local box = { start = {}, len = {} }
+  for d = 1, #a.len do
+    local s = math.max(a.start[d], b.start[d])
+    local e = math.min(a.start[d] + a.len[d], b.start[d] + b.len[d])
+    if e <= s then return nil end
+    box.start[d], box.len[d] = s, e - s
+  end
+  return box
+end
+
+-- Who sends a split record's pieces to whom, as rank `me` sees it: in
+-- (out = false), the state holders' boxes of the Newton-Schulz input to
+-- the members' pieces; out, the members' pieces of the update to every
+-- rank holding a box (each holder's box on every replica). Calls
+-- fn(peer, box, send) for each piece this rank sends (send true) or
+-- receives, in an order both sides share (as a holder, the members in
+-- group order; as a member, the boxes in shard-coordinate then replica
+-- order: one piece per pair of ranks and record). O(boxes) for a member.
+function P.split_moves(r, mesh, me, out, fn)
+  local pieces = P.split_pieces(r)
+  local mine = (out and r.mine_n > 0 or not out and r.holds) and r.mine or nil
+  if mine then
+    for q, rank in ipairs(r.ns_group.ranks) do
+      local m = P.meet(mine, pieces[q])
+      if m then fn(rank, m, not out, mine) end
+    end
+  end
+  local gq
+  for i, q in ipairs(r.ns_group.ranks) do
+    if q == me then gq = i - 1 end
+  end
+  if not gq then return end
+  local piece = pieces[gq + 1]
+  for _, b in ipairs(P.boxes_of(r, mesh)) do
+    local coords = mesh:coords(b.holder)
+    for c = 0, (out and r.nrep or 1) - 1 do
+      if out then set_class(r, mesh, c, coords) end
+      local m = P.meet(b.box, piece)
+      if m then fn(mesh:rank_of(coords), m, out, piece) end
+    end
+  end
 end
 
 -- plan.ns_load: a rank without Newton-Schulz work reads 0.
@@ -854,7 +924,9 @@ end
 -- Elements plan.rank sends and receives for one step of `plan` (records
 -- for which stepping(record) is true; all when nil): NS input pieces from
 -- state holders to owners, then each update slice from the owner to every
--- other rank that holds it. `rank` must be the plan's rank.
+-- other rank that holds it (split records: to and from the pieces of its
+-- group, P.split_moves; the group's own exchanges are the machines',
+-- ns.split_cost). `rank` must be the plan's rank.
 function P.step_elements(plan, rank, stepping)
   local sent, recv = 0, 0
   local function count(it)
@@ -874,11 +946,20 @@ function P.step_elements(plan, rank, stepping)
       end
     end
   end
+  local function split(peer, box, send)
+    if peer == rank then return end
+    if send then sent = sent + G.numel(box.len) else recv = recv + G.numel(box.len) end
+  end
   for _, r in ipairs(plan.records) do
     if stepping == nil or stepping(r) then
-      for _, it in ipairs(r.items) do
-        count(it)
-        for _, a in ipairs(it.attached or {}) do count(a) end
+      if r.ns_group then
+        P.split_moves(r, plan.mesh, rank, false, split)
+        P.split_moves(r, plan.mesh, rank, true, split)
+      else
+        for _, it in ipairs(r.items) do
+          count(it)
+          for _, a in ipairs(it.attached or {}) do count(a) end
+        end
       end
     end
   end

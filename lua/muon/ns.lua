@@ -89,7 +89,8 @@ muon.ns.split_cost(rows, cols, opts, group, rank, dtype)
     `group` ranks splitting one rows x cols matrix (the same model: flops
     of its blocks' partial products and updates and of its stripes, bytes
     it sends and receives per matrix, src/muon_ffi.h mu__split_info), as
-    { blocks, stripes, flops, bytes_sent, bytes_recv, exchanges,
+    { blocks, stripes, flops, bytes_sent, bytes_recv (per matrix),
+    call_bytes_sent, call_bytes_recv (once per call), exchanges,
     first_block (0-based), nblocks, dim, start, length } (dim 1-based: 1 rows of a tall matrix, 2 cols), or nil
     when the shape is one block (k = 1: it cannot split). dtype: "float32"
     (default) or "float64".
@@ -428,7 +429,8 @@ function ns.split_cost(rows, cols, opts, group, rank, dtype)
     "split_cost")
   local i = info_box[0]
   return { blocks = tonumber(i.blocks), stripes = tonumber(i.stripes), flops = i.flops, bytes_sent = tonumber(i.bytes_sent),
-    bytes_recv = tonumber(i.bytes_recv), exchanges = tonumber(i.exchanges), first_block = tonumber(i.first_block), nblocks = tonumber(i.nblocks),
+    bytes_recv = tonumber(i.bytes_recv), call_bytes_sent = tonumber(i.call_bytes_sent),
+    call_bytes_recv = tonumber(i.call_bytes_recv), exchanges = tonumber(i.exchanges), first_block = tonumber(i.first_block), nblocks = tonumber(i.nblocks),
     dim = i.dim + 1, start = tonumber(i.start), length = tonumber(i.length) }
 end
 
