@@ -82,6 +82,7 @@ local B = require("muon.buffers")
 local A = require("muon.agree")
 local Sc = require("muon.scratch")
 local KC = require("muon.kind_context")
+local SP = require("muon.split_phase")
 local NP = require("muon.ns_phase")
 local PP = require("muon.post_phase")
 local CC = require("muon.commit_checks")
@@ -145,8 +146,9 @@ function M.new(opts)
   self.agree = A.new(self.ctrl)
   self.router = R.new(self.data)
   self.ctx = KC.new(self.scratch)
+  self.split_phase = SP.new(self.router, self.dmesh)
   self.ns_phase = NP.new({ groups = self.groups, scratch = self.scratch, router = self.router, ctx = self.ctx,
-    me = self.me })
+    me = self.me, split_phase = self.split_phase })
   self.post_phase = PP.new({ groups = self.groups, scratch = self.scratch, ctrl = self.ctrl })
   for _, g in ipairs(opts.groups) do self:add_group(g) end
   return self
@@ -313,6 +315,7 @@ function Stepper:plan_records(placement_of)
     records[i] = { name = p.name, shape = p.logical_shape, placement = placement_of and placement_of(p) or w.placement,
       group = w.gi, dtype = p.value:dtype(), ns = g.kind.ns, whole = K.whole(g.kind, g.options),
       nd_mode = g.options.nd_mode, ns_opts = g.options._ns, state_count = #g.kind.state_keys, param = p,
+      split_ok = g.kind.ns and not K.whole(g.kind, g.options) and g.options.zeropower_fn == nil,
       state_dtype = self:state_dtype_of(w.gi, p),
       hooks = g.kind.hook_shapes and g.kind.hook_shapes(g.options, p.logical_shape) or nil }
   end
@@ -361,11 +364,12 @@ function Stepper:memory()
   for _, st in pairs(self.state) do
     for _, v in pairs(st) do if T.is_tensor(v) then state = state + tensor_bytes(v) end end
   end
-  return { state_bytes = state, scratch_bytes = self.scratch:bytes() + self.router:scratch_bytes() }
+  return { state_bytes = state,
+    scratch_bytes = self.scratch:bytes() + self.router:scratch_bytes() + self.split_phase:bytes() }
 end
 
 function Stepper:comm_stats()
-  return { data = commlib.stats(self.data), control = commlib.stats(self.ctrl) }
+  return { data = commlib.stats(self.data), control = commlib.stats(self.ctrl), split_ns = self.split_phase:stats() }
 end
 
 -- Values the trainer passes to hooks (ctx.signals[name]), kept until set
