@@ -51,8 +51,8 @@ muon.dist.plan(records, mesh, opts)
     blocks take stripes of the small side only), as long as a round
     gains 1%. A split record's ns_group = { size, ranks (world ranks in
     group-rank order), shares (each one's cost), blocks }; its owner is
-    ranks[1]. (The router runs a split record's Newton-Schulz on its
-    owner, whole: the blocked iteration's bits, which the group gives.)
+    ranks[1]. muon.split_phase runs it over the group (the blocked
+    iteration's bits, one process's).
 muon.dist.split_pieces(r)
     A split record's pieces: [gq + 1] = group rank gq's piece of the
     matrix as a global box (its blocks: columns of a wide matrix, rows of
@@ -887,7 +887,9 @@ function P.batch(recs, group, shard)
     end
     b.moves_in = b.moves_in or r.moves_in
     b.moves_out = b.moves_out or r.moves_out
-    for _, it in ipairs(r.items) do b.items[#b.items + 1] = it end
+    if not r.ns_group then -- (split records run in muon.split_phase, not routed)
+      for _, it in ipairs(r.items) do b.items[#b.items + 1] = it end
+    end
   end
   table.sort(b.dtypes)
   return b

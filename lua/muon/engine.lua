@@ -126,7 +126,9 @@ Engine:stats()
     dist) }.
 Engine:comm_stats()
     Bytes and seconds per communicator of a distributed engine ({}
-    without dist).
+    without dist): { data (the plan's moves), control (agreements),
+    split_ns (the split Newton-Schulz groups' exchanges, summed) }, each
+    as muon.comm.stats gives them.
 Engine:save(path)
     One safetensors checkpoint of every group's state, the step count and
     lr_scale (atomic write, checksummed).
