@@ -28,7 +28,8 @@ muon.dist.plan(records, mesh, opts)
     optimizer state lives and where each matrix is orthogonalized, and the
     items this rank takes part in. records: registration order, { name,
     shape (global), placement (normalized), group, dtype, ns, whole,
-    nd_mode, ns_opts, state_count, hooks }; opts.rank, opts.balance = "flops" |
+    nd_mode, ns_opts, state_count, hooks, split_ok (false: never split)
+    }; opts.rank, opts.balance = "flops" |
     "numel", opts.max_batch_numel = 512M, opts.split_ns (split_options).
     Sets mine, mine_n, holds, c, owner, ns_group, items, hook_records on
     each record; returns { mesh, rank, records, batches, ns_load, balance,
@@ -38,9 +39,9 @@ muon.dist.plan(records, mesh, opts)
     plus this rank's own items, one entry per item of records whose
     Newton-Schulz splits along batch axes, and O(g log W) per split
     matrix of a group of g (a few rounds).
-    Split Newton-Schulz: a matrix whose shape has more than one block
-    (the blocked iteration, ns.split_blocks: a long side of 8192 or more)
-    splits when its cost alone exceeds split_ns.imbalance (1.05) times the
+    Split Newton-Schulz: a 2-D float32 or float64 matrix whose shape has
+    more than one block (the blocked iteration, ns.split_blocks: a long
+    side of 8192 or more) and whose record allows it splits when its cost alone exceeds split_ns.imbalance (1.05) times the
     mean rank's NS cost (so whenever there are more ranks than matrices
     of like cost), over the fewest ranks whose largest share
     (ns.split_cost) is within that bound; every piece (a whole matrix, or
