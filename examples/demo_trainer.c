@@ -524,84 +524,22 @@ static int write_csv(const char *path, const options *o, run_result *rs)
     return fclose(f) != 0;
 }
 
-/* Train loss as a moving average over `w` steps. */
-static double smooth(const double *v, int n, int i, int w)
+/* The loss plot: the CSV drawn by muon's plotter (lua/muon/plot.lua, what
+ * `muon plot` runs), the train losses as moving averages over a 50th of
+ * the steps, each run in one color. */
+static int write_svg(const char *csv, const char *path, const options *o)
 {
-    int lo = i - w + 1 < 0 ? 0 : i - w + 1;
-    double s = 0.0;
-    for (int j = lo; j <= i && j < n; j++) s += v[j];
-    return s / (i - lo + 1);
-}
-
-static int write_svg(const char *path, const options *o, run_result *rs)
-{
-    FILE *f = fopen(path, "w");
-    if (!f) { fprintf(stderr, "demo_trainer: cannot write %s: %s\n", path, strerror(errno)); return 1; }
-    const double W = 760, Hh = 460, L = 70, R = 20, T = 40, Bm = 55;
-    const double pw = W - L - R, ph = Hh - T - Bm;
-    int win = o->steps / 50 > 1 ? o->steps / 50 : 1;
-    double lo = INFINITY, hi = -INFINITY;
-    for (int k = 0; k < 2; k++)
-        for (int s = 0; s < o->steps; s++) {
-            double v = smooth(rs[k].train, o->steps, s, win);
-            if (s >= win) { if (v > hi) hi = v; }
-            if (v < lo) lo = v;
-            if (!isnan(rs[k].heldout[s])) { if (rs[k].heldout[s] < lo) lo = rs[k].heldout[s]; if (s >= win && rs[k].heldout[s] > hi) hi = rs[k].heldout[s]; }
-        }
-    if (!(hi > lo)) hi = lo + 1;
-    lo = floor(lo * 10 - 1) / 10;
-    hi = ceil(hi * 10) / 10;
-    #define X(s) (L + pw * ((double)(s) / (double)o->steps))
-    #define Y(v) (T + ph * (1.0 - ((v) - lo) / (hi - lo)))
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-               "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", W, Hh, W, Hh);
-    fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"%.0f\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">"
-               "Character-level MLP on /usr/share/dict/words: Muon vs AdamW</text>\n", W / 2);
-    /* grid and ticks */
-    for (int i = 0; i <= 5; i++) {
-        double v = lo + (hi - lo) * i / 5.0, y = Y(v);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, y, L + pw, y);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.2f</text>\n", L - 6, y + 4, v);
-    }
-    for (int i = 0; i <= 5; i++) {
-        int s = (int)((double)o->steps * i / 5.0);
-        double x = X(s);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x, T, x, T + ph);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", x, T + ph + 18, s);
-    }
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"black\"/>\n", L, T, pw, ph);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step</text>\n", L + pw / 2, Hh - 12);
-    fprintf(f, "<text x=\"16\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 16 %.1f)\">"
-               "cross-entropy loss (nats per character)</text>\n", T + ph / 2, T + ph / 2);
-    fprintf(f, "<clipPath id=\"plot\"><rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\"/></clipPath>\n", L, T, pw, ph);
-    static const char *colors[2] = {"#d62728", "#1f77b4"};
-    for (int k = 0; k < 2; k++) {
-        fprintf(f, "<polyline clip-path=\"url(#plot)\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", colors[k]);
-        for (int s = 0; s < o->steps; s++) fprintf(f, "%.1f,%.1f ", X(s + 1), Y(smooth(rs[k].train, o->steps, s, win)));
-        fprintf(f, "\"/>\n");
-        fprintf(f, "<polyline clip-path=\"url(#plot)\" fill=\"none\" stroke=\"%s\" stroke-width=\"2\" stroke-dasharray=\"6 4\" points=\"", colors[k]);
-        for (int s = 0; s < o->steps; s++)
-            if (!isnan(rs[k].heldout[s])) fprintf(f, "%.1f,%.1f ", X(s + 1), Y(rs[k].heldout[s]));
-        fprintf(f, "\"/>\n");
-        for (int s = 0; s < o->steps; s++)
-            if (!isnan(rs[k].heldout[s]))
-                fprintf(f, "<circle clip-path=\"url(#plot)\" cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", X(s + 1), Y(rs[k].heldout[s]), colors[k]);
-    }
-    /* legend */
-    double lx = L + pw - 290, ly = T + 14;
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"282\" height=\"78\" fill=\"white\" stroke=\"#999\"/>\n", lx - 6, ly - 12);
-    for (int k = 0; k < 2; k++) {
-        double y = ly + k * 36;
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", lx, y, lx + 26, y, colors[k]);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s train (moving average, %d steps)</text>\n", lx + 32, y + 4, rs[k].label, win);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\" stroke-dasharray=\"6 4\"/>\n", lx, y + 16, lx + 26, y + 16, colors[k]);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s held-out (final %.4f)</text>\n", lx + 32, y + 20, rs[k].label, rs[k].final_heldout);
-    }
-    fprintf(f, "</svg>\n");
-    #undef X
-    #undef Y
-    return fclose(f) != 0;
+    char win[16];
+    snprintf(win, sizeof win, "%d", o->steps / 50 > 1 ? o->steps / 50 : 1);
+    char *args[] = {(char *)csv, "--out", (char *)path, "--title",
+                    "Character-level MLP on /usr/share/dict/words: Muon vs AdamW", "--ylabel",
+                    "cross-entropy loss (nats per character)", "--smooth", win,
+                    "--y", "muon_train_loss=muon train", "--y", "muon_heldout_loss=muon held-out",
+                    "--y", "adamw_train_loss=adamw train", "--y", "adamw_heldout_loss=adamw held-out"};
+    int status = 1;
+    int rc = mu_script_run_module("muon.plot", (int)(sizeof args / sizeof args[0]), args, 0, &status);
+    if (rc != MU_OK) fprintf(stderr, "demo_trainer: plotting %s: %s\n", csv, mu_last_error());
+    return rc != MU_OK || status != 0;
 }
 
 static int mkdirs(const char *path)
@@ -729,9 +667,10 @@ int main(int argc, char **argv)
                 snprintf(path, sizeof path, "%s/loss.csv", o.out);
                 status |= write_csv(path, &o, rs);
                 printf("wrote %s\n", path);
-                snprintf(path, sizeof path, "%s/loss.svg", o.out);
-                status |= write_svg(path, &o, rs);
-                printf("wrote %s\n", path);
+                char svg[1100];
+                snprintf(svg, sizeof svg, "%s/loss.svg", o.out);
+                fflush(stdout);
+                status |= write_svg(path, svg, &o); /* (prints "wrote <svg>") */
             }
         }
         for (int k = 0; k < 2; k++) { free(rs[k].train); free(rs[k].lr); free(rs[k].heldout); }

@@ -770,20 +770,37 @@ MU_API void mu_comm_abort(int code) {
 #endif
 }
 
-MU_API int mu_comm_world_size(void) {
 #ifdef MU_HAVE_MPI
-    int inited = 0, fin = 0, size = 1;
+/* The world's size (size = 1) or this process's rank (size = 0) without
+ * initializing MPI: MPI's once it runs, else the launcher's environment
+ * (Open MPI's variable, then PMI's), else the default; at least min. */
+static int mu__world_value(int size, const char *ompi, const char *pmi, int dflt, int min) {
+    int inited = 0, fin = 0, v = dflt;
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
-    if (inited && !fin) MPI_Comm_size(MPI_COMM_WORLD, &size);
-    else {
-        /* Before MPI_Init: the launcher's environment tells the size. */
-        const char *s = getenv("OMPI_COMM_WORLD_SIZE");
-        if (!s) s = getenv("PMI_SIZE");
-        if (s) size = atoi(s);
-        if (size < 1) size = 1;
+    if (inited && !fin) {
+        if (size) MPI_Comm_size(MPI_COMM_WORLD, &v);
+        else MPI_Comm_rank(MPI_COMM_WORLD, &v);
+        return v;
     }
-    return size;
+    const char *s = getenv(ompi);
+    if (!s) s = getenv(pmi);
+    if (s) v = atoi(s);
+    return v < min ? min : v;
+}
+#endif
+
+MU_API int mu_comm_world_rank(void) {
+#ifdef MU_HAVE_MPI
+    return mu__world_value(0, "OMPI_COMM_WORLD_RANK", "PMI_RANK", 0, 0);
+#else
+    return 0;
+#endif
+}
+
+MU_API int mu_comm_world_size(void) {
+#ifdef MU_HAVE_MPI
+    return mu__world_value(1, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", 1, 1);
 #else
     return 1;
 #endif

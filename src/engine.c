@@ -488,11 +488,67 @@ static int mu__push_param(lua_State *L, const void *p)
     return a->placements ? 6 : 5;
 }
 
+/* The offset of the first byte of s[0..n) that does not begin a valid
+ * UTF-8 character (no overlongs, no surrogates, at most U+10FFFF), or n. */
+static size_t mu__utf8_bad(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t len;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) len = 1;
+        else if (c == 0xE0) len = 2, lo = 0xA0;
+        else if (c == 0xED) len = 2, hi = 0x9F;
+        else if (c >= 0xE1 && c <= 0xEF) len = 2;
+        else if (c == 0xF0) len = 3, lo = 0x90;
+        else if (c >= 0xF1 && c <= 0xF3) len = 3;
+        else if (c == 0xF4) len = 3, hi = 0x8F;
+        else return i;
+        if (n - i <= len || s[i + 1] < lo || s[i + 1] > hi) return i;
+        for (size_t k = 2; k <= len; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+        i += len + 1;
+    }
+    return n;
+}
+
+/* A name add_param takes (fn: the call, for the message): non-empty, at
+ * most MU_MAX_NAME bytes of valid UTF-8 (checkpoints store names as
+ * text); else MU_EINVAL showing its first 60 bytes, control characters
+ * and bytes above 0x7E as \xNN (as the Lua side's muon.param.check_name). */
+static int mu__check_name(mu__eng *eng, const char *fn, const char *name)
+{
+    if (!name || !*name) return MU__EFAIL(eng, MU_EINVAL, "%s: name is NULL or empty", fn);
+    size_t n = strnlen(name, (size_t)MU_MAX_NAME + 1);
+    size_t bad = n > MU_MAX_NAME ? n : mu__utf8_bad((const unsigned char *)name, n);
+    if (bad == n && n <= MU_MAX_NAME) return MU_OK;
+    char shown[60 * 4 + 4];
+    size_t k = 0;
+    for (size_t i = 0; i < n && i < 60; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c < 0x20 || c > 0x7E) k += (size_t)snprintf(shown + k, sizeof shown - k, "\\x%02X", c);
+        else shown[k++] = (char)c;
+    }
+    shown[k] = '\0';
+    if (n > MU_MAX_NAME)
+        return MU__EFAIL(eng, MU_EINVAL, "%s: parameter name '%s...' is longer than %d bytes (MU_MAX_NAME)", fn, shown,
+                         (int)MU_MAX_NAME);
+    return MU__EFAIL(eng, MU_EINVAL, "%s: parameter name '%s%s' is not valid UTF-8 (byte %zu is 0x%02X): "
+                     "checkpoints store names as UTF-8 text", fn, shown, n > 60 ? "..." : "", bad + 1,
+                     (unsigned)(unsigned char)name[bad]);
+}
+
 static int eng_add_param(mu__eng *eng, const char *name, int dtype, int ndim,
                         const int64_t *shape, void *data, void *grad)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_add_param: eng is NULL");
-    if (!name || !*name) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_add_param: name is NULL or empty");
+    int rc = mu__check_name(eng, "mu_engine_add_param", name);
+    if (rc) return rc;
     if (dtype != MU_F32 && dtype != MU_F64)
         return MU__EFAIL(eng, MU_EDTYPE,
                          "mu_engine_add_param: parameter '%s': dtype %d is not MU_F32 or MU_F64",
@@ -545,7 +601,8 @@ static int eng_add_param_sharded(mu__eng *eng, const char *name, int dtype, int 
                                 const mu_placement *placements, void *local_data, void *local_grad)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_add_param_sharded: eng is NULL");
-    if (!name || !*name) return MU__EFAIL(eng, MU_EINVAL, "mu_engine_add_param_sharded: name is NULL or empty");
+    int rc = mu__check_name(eng, "mu_engine_add_param_sharded", name);
+    if (rc) return rc;
     if (ndim < 0 || ndim > MU_MAX_DIMS || (ndim > 0 && !global_shape))
         return MU__EFAIL(eng, MU_EINVAL, "mu_engine_add_param_sharded: parameter '%s': bad ndim %d or NULL shape",
                          name, ndim);
@@ -701,13 +758,18 @@ static int mu__fail_collective(mu__eng *eng, const char *op, const char *what, i
     return mu__call_run(eng, "fail_collective", what, code, mu__push_fail, &a, NULL);
 }
 
-static int eng_save(mu__eng *eng, const char *path)
+static int eng_save(mu__eng *eng, const char *path, int flags)
 {
     if (!eng) return mu__fail(MU_EINVAL, "mu_engine_save: eng is NULL");
+    /* (an argument error fails the call the other ranks make: the same flags) */
+    const char *op = (flags & MU_SAVE_SHARDED) ? "save_sharded" : "save";
     if (!path || !*path)
-        return mu__fail_collective(eng, "save", "mu_engine_save",
+        return mu__fail_collective(eng, op, "mu_engine_save",
                                    mu__fail(MU_EINVAL, "mu_engine_save: path is NULL or empty"));
-    mu__key_args a = {.key = path};
+    if (flags & ~MU_SAVE_SHARDED)
+        return mu__fail_collective(eng, op, "mu_engine_save_ex",
+                                   mu__fail(MU_EINVAL, "mu_engine_save_ex: unknown flags 0x%x", (unsigned)flags));
+    mu__key_args a = {.key = path, .nvalues = 2, .flag = (flags & MU_SAVE_SHARDED) != 0};
     return mu__call_run(eng, "save", "mu_engine_save", MU_EIO, mu__push_key, &a, NULL);
 }
 
@@ -825,7 +887,8 @@ int mu_engine_clip_grad_norm(mu_engine *h, double max_norm, double *norm)
     MU__ENGINE_CALL(clip_grad_norm, max_norm, norm);
 }
 int mu_engine_set_lr(mu_engine *h, const char *group, double lr) { MU__ENGINE_CALL(set_lr, group, lr); }
-int mu_engine_save(mu_engine *h, const char *path) { MU__ENGINE_CALL(save, path); }
+int mu_engine_save(mu_engine *h, const char *path) { MU__ENGINE_CALL(save, path, 0); }
+int mu_engine_save_ex(mu_engine *h, const char *path, int flags) { MU__ENGINE_CALL(save, path, flags); }
 int mu_engine_load(mu_engine *h, const char *path) { MU__ENGINE_CALL(load, path, 0); }
 int mu_engine_load_ex(mu_engine *h, const char *path, int flags) { MU__ENGINE_CALL(load, path, flags); }
 int mu_engine_set_grads(mu_engine *h, int64_t n, const char *const *names, void *const *grads)

@@ -166,26 +166,71 @@ static mode_t current_umask(void)
     return um;
 }
 
+/* The file a save replaces: path itself, or the file a symbolic link at
+ * path leads to (rename would replace the link, not the file it names: a
+ * save writes through the link, as a plain open would). A directory, a
+ * FIFO, a socket or a device -- directly or through links -- is refused
+ * (rename would put the file in the place of a link to a directory, or of
+ * a device node), as is a link that leads nowhere. *target: the resolved
+ * path (malloc'd), or NULL for path itself. */
+static int save_target(const char *path, char **target)
+{
+    *target = NULL;
+    struct stat ls, st;
+    if (lstat(path, &ls) != 0) return MU_OK; /* a new file (a missing directory fails later) */
+    int link = S_ISLNK(ls.st_mode);
+    if (stat(path, &st) != 0) {
+        if (!link) return MU_OK;
+        return mu__fail(MU_EIO, "cannot save '%s': it is a symbolic link that leads to no file (%s)", path,
+                        strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        const char *kind = mu__kind(st.st_mode);
+        return mu__fail(MU_EIO, "cannot save '%s': it is %s%s, not a file", path,
+                        link ? "a symbolic link to " : "", kind ? kind : "a directory");
+    }
+    if (!link) return MU_OK;
+    char buf[PATH_MAX];
+    if (!realpath(path, buf))
+        return mu__fail(MU_EIO, "cannot save '%s': cannot resolve the symbolic link: %s", path, strerror(errno));
+    if (!(*target = strdup(buf))) return mu__fail(MU_ENOMEM, "cannot save '%s': out of memory", path);
+    return MU_OK;
+}
+
+/* tmp is one allocation: the temporary's name, its NUL, then the path of
+ * the file the commit replaces (the target of save_target). */
 int mu__tmp_create(const char *path, char **tmp_out, int *fd_out)
 {
     static const char suffix[] = ".tmp.XXXXXX";
     *tmp_out = NULL;
     *fd_out = -1;
-    const char *slash = strrchr(path, '/');
-    const char *base = slash ? slash + 1 : path;
-    size_t dirlen = (size_t)(base - path), blen = strlen(base);
-    if (blen == 0) return mu__fail(MU_EIO, "cannot save '%s': the path names a directory", path);
+    char *target;
+    int rc = save_target(path, &target);
+    if (rc) return rc;
+    const char *file = target ? target : path;
+    const char *slash = strrchr(file, '/');
+    const char *base = slash ? slash + 1 : file;
+    size_t dirlen = (size_t)(base - file), blen = strlen(base), flen = strlen(file);
+    if (blen == 0) {
+        free(target);
+        return mu__fail(MU_EIO, "cannot save '%s': the path names a directory", path);
+    }
     /* keep the temporary name within NAME_MAX: cut the base if needed */
     size_t keep = NAME_MAX - (sizeof suffix - 1);
     if (blen > keep) blen = keep;
-    char *tmp = malloc(dirlen + blen + sizeof suffix);
-    if (!tmp) return mu__fail(MU_ENOMEM, "cannot save '%s': out of memory", path);
-    memcpy(tmp, path, dirlen + blen);
+    char *tmp = malloc(dirlen + blen + sizeof suffix + flen + 1);
+    if (!tmp) {
+        free(target);
+        return mu__fail(MU_ENOMEM, "cannot save '%s': out of memory", path);
+    }
+    memcpy(tmp, file, dirlen + blen);
     memcpy(tmp + dirlen + blen, suffix, sizeof suffix);
+    memcpy(tmp + dirlen + blen + sizeof suffix, file, flen + 1);
+    free(target);
     int fd = mkstemp(tmp); /* O_EXCL, mode 0600: a name nobody else holds */
     if (fd < 0) {
-        int rc = mu__fail(MU_EIO, "cannot save '%s': cannot create a temporary file in its "
-                          "directory: %s", path, strerror(errno));
+        rc = mu__fail(MU_EIO, "cannot save '%s': cannot create a temporary file in its "
+                      "directory: %s", path, strerror(errno));
         free(tmp);
         return rc;
     }
@@ -223,7 +268,7 @@ int mu__tmp_commit(const char *path, char *tmp, int fd)
     ok = ok && c == 0;
     if (ok) {
         step = "renaming";
-        ok = rename(tmp, path) == 0;
+        ok = rename(tmp, tmp + strlen(tmp) + 1) == 0; /* onto the target (mu__tmp_create) */
     }
     if (!ok) {
         int rc = mu__fail(MU_EIO, "cannot save '%s': %s temporary file '%s' failed: %s", path,
@@ -232,7 +277,7 @@ int mu__tmp_commit(const char *path, char *tmp, int fd)
         free(tmp);
         return rc;
     }
-    sync_parent_dir(path);
+    sync_parent_dir(tmp);
     free(tmp);
     return MU_OK;
 }

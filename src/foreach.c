@@ -465,16 +465,29 @@ static int finite_scalar(const char *what, double v)
 
 /* The arrays of a { grads, state, new state, updates } op (momentum, Lion)
  * and its two scalars: the state arrays may be bfloat16; the updates alias
- * none of the others (new state may be the state: in place). */
+ * none of the others (new state may be the state: in place). The arrays
+ * whose bit (1 << k) is set in `optional` may be NULL (momentum's parts):
+ * the others are checked alike. */
 static int check_state_op(int n, mu_tensor *const *const *arrs, const char *const *names,
-                          const char *s1, double v1, const char *s2, double v2, int *var)
+                          unsigned optional, const char *s1, double v1, const char *s2, double v2,
+                          int *var)
 {
-    int rc = check_arrays(n, 4, arrs, names, 0x6u, var);
+    mu_tensor *const *given[4];
+    const char *gnames[4];
+    unsigned state = 0;
+    int narr = 0;
+    for (int k = 0; k < 4; k++) {
+        if (!arrs[k] && ((optional >> k) & 1u)) continue;
+        if (k == 1 || k == 2) state |= 1u << narr;
+        given[narr] = arrs[k];
+        gnames[narr++] = names[k];
+    }
+    int rc = check_arrays(n, narr, given, gnames, state, var);
     if (rc || (rc = finite_scalar(s1, v1)) || (rc = finite_scalar(s2, v2))) return rc;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; arrs[3] && i < n; i++) {
         const void *u = arrs[3][i]->data;
         if (mu_tensor_numel(arrs[3][i]) > 0 &&
-            (u == arrs[0][i]->data || u == arrs[1][i]->data || u == arrs[2][i]->data))
+            (u == arrs[0][i]->data || u == arrs[1][i]->data || (arrs[2] && u == arrs[2][i]->data)))
             return mu__fail(MU_EINVAL, "updates[%d] aliases an input or %s[%d]", i, names[2], i);
     }
     return MU_OK;
@@ -505,9 +518,11 @@ int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
                         double m2, int nesterov, int *bad)
 {
     if (bad) *bad = -1;
+    if (!new_bufs && !updates)
+        return mu__fail(MU_EINVAL, "momentum: new_bufs and updates are both NULL (nothing to write)");
     mu_tensor *const *arrs[4] = { grads, bufs, new_bufs, updates };
     const char *names[4] = { "grads", "bufs", "new_bufs", "updates" };
-    int dtype, rc = check_state_op(n, arrs, names, "m1", m1, "m2", m2, &dtype);
+    int dtype, rc = check_state_op(n, arrs, names, 0xCu, "m1", m1, "m2", m2, &dtype);
     if (rc) return rc;
     momentum_args a = { m1, m2, nesterov != 0 };
     job J;
@@ -697,6 +712,45 @@ int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad)
     return report(&J, bad);
 }
 
+int mu_foreach_sumsq(int n, mu_tensor *const *xs, double *out)
+{
+    if (n < 0) return mu__fail(MU_EINVAL, "n = %d is negative", n);
+    if (n > 0 && (!xs || !out)) return mu__fail(MU_EINVAL, "xs and out must not be NULL");
+    for (int i = 0; i < n; i++) { /* (each tensor its own dtype) */
+        char what[32];
+        snprintf(what, sizeof what, "xs[%d]", i);
+        int rc = mu__tensor_check(xs[i], what);
+        if (rc) return rc;
+        if (!mu_tensor_is_contiguous(xs[i])) return mu__fail(MU_EINVAL, "%s is not contiguous", what);
+    }
+    for (int i = 0; i < n; i++) {
+        const int64_t len = mu_tensor_numel(xs[i]);
+        double acc[8] = {0};
+        int64_t k = 0;
+        if (xs[i]->scalar == MU_F32) {
+            const float *x = (const float *)xs[i]->data;
+            for (; k + 8 <= len; k += 8)
+                for (int j = 0; j < 8; j++) acc[j] += (double)x[k + j] * (double)x[k + j];
+            for (; k < len; k++) acc[k % 8] += (double)x[k] * (double)x[k];
+        } else if (xs[i]->scalar == MU_F64) {
+            const double *x = (const double *)xs[i]->data;
+            for (; k + 8 <= len; k += 8)
+                for (int j = 0; j < 8; j++) acc[j] += x[k + j] * x[k + j];
+            for (; k < len; k++) acc[k % 8] += x[k] * x[k];
+        } else { /* bfloat16: the upper half of a float32 */
+            const uint16_t *x = (const uint16_t *)xs[i]->data;
+            for (; k < len; k++) {
+                const double v = mu__f32_from_bf16(x[k]);
+                acc[k % 8] += v * v;
+            }
+        }
+        double s = 0.0;
+        for (int j = 0; j < 8; j++) s += acc[j];
+        out[i] = s;
+    }
+    return MU_OK;
+}
+
 static int check_batch(int n, mu_tensor *const *ts, const char *tname, const mu_tensor *batch,
                        const char *bname, const int64_t *offsets, int *dtype_out)
 {
@@ -780,7 +834,7 @@ int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *const *exp
     if (bad) *bad = -1;
     mu_tensor *const *arrs[5] = { grads, exp_avgs, new_exp_avgs, updates, params };
     const char *names[4] = { "grads", "exp_avgs", "new_exp_avgs", "updates" };
-    int dtype, rc = check_state_op(n, arrs, names, "beta1", beta1, "beta2", beta2, &dtype);
+    int dtype, rc = check_state_op(n, arrs, names, 0, "beta1", beta1, "beta2", beta2, &dtype);
     if (rc || (rc = check_params(n, params, grads, 2, arrs + 2, names + 2, decay, alpha))) return rc;
     lion_args a = { beta1, beta2, decay, alpha };
     job J;

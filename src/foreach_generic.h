@@ -33,6 +33,11 @@
  * into its passes.
  */
 
+/* Momentum: the update and the new buffer, each checked as written (the
+ * buffer as stored: bfloat16 rounded). Without new_bufs (p[2] NULL: the
+ * step's first part) the new buffer is checked as it would be stored but
+ * not stored; without updates (p[3] NULL: the commit's part, in place)
+ * only the new buffer is written and checked. */
 static KATTR int R(momentum)(const void *va, int i, int64_t k0, int64_t len, char *const *p)
 {
     const momentum_args *a = va;
@@ -48,9 +53,16 @@ static KATTR int R(momentum)(const void *va, int i, int64_t k0, int64_t len, cha
         vec uv = VFMA(m1, bv, gv);
         vec bn = VADD(VMUL(bv, m2), gv);
         if (a->nesterov) uv = VADD(VMUL(uv, m1), gv);
-        acc = SST_FIN(nb + k, bn, acc);
-        acc = FACC_ADD(acc, uv);
-        VST(u + k, uv);
+        if (nb) {
+            acc = SST_FIN(nb + k, bn, acc);
+        } else { /* checked as the state would hold it, not stored */
+            state_t st[W];
+            acc = SST_FIN(st, bn, acc);
+        }
+        if (u) {
+            acc = FACC_ADD(acc, uv);
+            VST(u + k, uv);
+        }
     }
     return !FACC_ANY(acc);
 }

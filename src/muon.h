@@ -80,6 +80,9 @@ MU_API const char *mu_version(void);
 enum { MU_F32 = 0, MU_F64 = 1 };
 /* The most dims a parameter has. */
 enum { MU_MAX_DIMS = 8 };
+/* The longest parameter name, in bytes (names are valid UTF-8: checkpoints
+ * store them as text). */
+enum { MU_MAX_NAME = 65536 };
 
 /* --------------------------------------------------------------- engine */
 
@@ -179,10 +182,11 @@ enum { MU_REDUCE_SUM = 0, MU_REDUCE_MEAN = 1 };
  * (rank order) are added left to right and, for the mean, divided by their
  * count, so every replica gets the same bits. Collective: every rank of the
  * mesh calls it. Its bytes show in the data counters (comm_stats). Without a
- * dist section nothing changes (MU_OK). MU_EINVAL for an unknown op, or
- * when a parameter has a grad on some ranks holding a box of it and none on
- * others (every rank fails, naming the parameter and the ranks; no grad
- * changes). The grad buffers are written (mu_engine_add_param's grad). */
+ * dist section nothing changes (MU_OK). MU_EINVAL for an unknown op, for
+ * ops that differ across ranks (every rank fails, naming both), or when a
+ * parameter has a grad on some ranks holding a box of it and none on others
+ * (every rank fails, naming the parameter and the ranks); no grad changes
+ * then. The grad buffers are written (mu_engine_add_param's grad). */
 MU_API int mu_engine_reduce_grads(mu_engine *eng, int op);
 /* Runtime values: set "lr_scale" (multiplies every group's lr); get "lr",
  * "step", "stepped" (1 if the last mu_engine_step stepped, 0 if it had
@@ -214,7 +218,8 @@ MU_API int mu_engine_zero_grad(mu_engine *eng);
  * norm is over the whole parameters, each piece counted once (by the rank
  * that keeps its optimizer state: replicas must hold the same grads, i.e.
  * reduce them first); ranks in another collective call fail with
- * MU_ESTATE, and a bad max_norm on one rank fails it on every rank.
+ * MU_ESTATE, and a bad max_norm on one rank, or a max_norm that differs
+ * across ranks, fails it on every rank.
  * MU_EINVAL for max_norm not a finite number >= 0 (nothing changes). */
 MU_API int mu_engine_clip_grad_norm(mu_engine *eng, double max_norm, double *norm);
 /* Set the lr of a group (its index "1", "2", ... or its name in the
@@ -226,9 +231,22 @@ MU_API int mu_engine_clip_grad_norm(mu_engine *eng, double max_norm, double *nor
  * message lists them) or lr not a finite number >= 0 (nothing changes). */
 MU_API int mu_engine_set_lr(mu_engine *eng, const char *group, double lr);
 /* Optimizer state as safetensors (save is atomic; load checks names and
- * shapes against the registered parameters and changes nothing on error). */
+ * shapes against the registered parameters and changes nothing on error).
+ * A path that is a directory or not a regular file, itself or through a
+ * symbolic link, is MU_EIO (through a link to a file, that file is
+ * replaced). */
 MU_API int mu_engine_save(mu_engine *eng, const char *path);
-/* Load a checkpoint of mu_engine_save: MU_EIO when the file cannot be
+/* mu_engine_save with flags: MU_SAVE_SHARDED writes path as a directory
+ * (made if needed) where each rank writes the state boxes it holds, one
+ * safetensors file per rank, and rank 0 an index.json last: nothing is
+ * gathered, and mu_engine_load reads it on any number of ranks and mesh.
+ * On a mesh every rank passes the same flags. A failure on any rank fails
+ * every rank and leaves the previous checkpoint in path whole. */
+enum { MU_SAVE_SHARDED = 1 };
+/* mu_engine_save with flags (0 or MU_SAVE_SHARDED), the same codes. */
+MU_API int mu_engine_save_ex(mu_engine *eng, const char *path, int flags);
+/* Load a checkpoint of mu_engine_save (a file, or a directory of
+ * MU_SAVE_SHARDED, saved on any number of ranks): MU_EIO when the file cannot be
  * read, MU_EFORMAT for a malformed one (truncated, bad header, checksum
  * mismatch), MU_EINVAL when it does not match the registered parameters;
  * nothing changes on failure. */
@@ -238,7 +256,10 @@ MU_API int mu_engine_load(mu_engine *eng, const char *path);
  * program, e.g. Python); names, dtypes, shapes, values and the metadata are
  * still validated. */
 enum { MU_LOAD_NO_CHECKSUM = 1 };
-/* mu_engine_load with flags (0 or MU_LOAD_NO_CHECKSUM), the same codes. */
+/* mu_engine_load with flags (0 or MU_LOAD_NO_CHECKSUM), the same codes. On
+ * a mesh every rank passes the same flags and loads the same file (else
+ * MU_EINVAL on every rank); a rank that cannot read its file fails every
+ * rank with its own error ("rank 1: cannot open ..."). */
 MU_API int mu_engine_load_ex(mu_engine *eng, const char *path, int flags);
 /* Structured answers as JSON text: *len gets the text's length (without
  * the NUL), and the text is copied into buf (cap bytes) when *len < cap,

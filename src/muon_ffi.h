@@ -37,6 +37,19 @@ MU_API const char *mu_cdef(void);
  * Every loader of the library checks its files itself; this is for code
  * about to read a user-given path with io.open or fopen. */
 MU_API int mu_file_check(const char *path, char *resolved, size_t cap);
+/* Seconds on CLOCK_MONOTONIC (muon.clock(), the step's timers). */
+MU_API double mu_clock(void);
+/* The names in directory path (but "." and ".."), each followed by a NUL:
+ * *len gets their total bytes; they are copied into buf only when they all
+ * fit in cap bytes (*len <= cap; buf NULL with cap 0 asks for the length).
+ * MU_EIO when path cannot be listed (missing, not a directory). */
+MU_API int mu_dir_list(const char *path, char *buf, size_t cap, size_t *len);
+/* Make directory path (one level, mode 0777 & ~umask); MU_OK when it
+ * already is one, MU_EIO otherwise. */
+MU_API int mu_dir_make(const char *path);
+/* Write len bytes to path atomically (a temporary file in its directory,
+ * synced, then renamed over path): MU_EIO when it cannot. */
+MU_API int mu_file_write_atomic(const char *path, const void *data, size_t len);
 
 /* --------------------------------------------------------------- tensors */
 
@@ -441,6 +454,24 @@ MU_API void mu_ns_workspace_free(mu_ns_workspace *ws);
  * iteration's per-worker buffers once used) into *out (0 on failure): what
  * a step's scratch accounts for it. */
 MU_API int mu_ns_workspace_bytes(const mu_ns_workspace *ws, int64_t *out);
+/* What the Newton-Schulz calls on a workspace did (mu_ns_workspace_stats). */
+typedef struct mu_ns_stats {
+    double seconds;        /* wall time inside mu_ns_zeropower / _many */
+    int64_t matrices;      /* matrices orthogonalized */
+    int64_t residuals;     /* of them, those with a residual (below) */
+    double residual_max;   /* the largest residual */
+    double residual_sumsq; /* the sum of the residuals' squares */
+} mu_ns_stats;
+/* The stats of the calls on ws since it was made or last reset, into *out;
+ * reset nonzero zeroes them after the copy. The residual of a matrix is
+ * ||A - I||_F / sqrt(n) of the Gram matrix A = X X^T (n x n, n the smaller
+ * side) that its last step computes anyway, X being the iterate that step
+ * starts from: sqrt(mean (s^2 - 1)^2) over X's singular values s, which the
+ * last step maps to the output's a s + b s^3 + c s^5 (O(n^2) work, no
+ * product). The standard float32 / float64 iteration with steps >= 1 has
+ * one; bfloat16, the Gram iteration, the blocked iteration (a long side
+ * past one block, src/ns_split.c), zero inputs and 0 steps have none. */
+MU_API int mu_ns_workspace_stats(mu_ns_workspace *ws, int reset, mu_ns_stats *out);
 
 /* Orthogonalize in (n x m) or a batch (b x n x m), C-contiguous, into out
  * (same shape and dtype; out may be in). ws may be NULL (allocated inside).
@@ -531,7 +562,11 @@ MU_API int mu_ns_preset_precond(const char *name);
  * when one is NaN or Inf (everything is still written), with *bad (when
  * not NULL) the index of the first such tensor; a negative status on a
  * bad argument (nothing written). A NaN or Inf gradient always shows in
- * its update. */
+ * its update. In two parts (a step that keeps one buffer per state and
+ * updates it in place at its commit), with the same bits: new_bufs NULL
+ * writes only the updates, still checking the new buffers as they would
+ * be stored; updates NULL writes (and checks) only new_bufs, which may be
+ * bufs. Both NULL is MU_EINVAL. */
 MU_API int mu_foreach_momentum(int n, mu_tensor *const *grads, mu_tensor *const *bufs,
                                mu_tensor *const *new_bufs, mu_tensor *const *updates,
                                double m1, double m2, int nesterov, int *bad);
@@ -606,6 +641,12 @@ MU_API int mu_foreach_lion_update(int n, mu_tensor *const *grads, mu_tensor *con
 /* 1 if every element of every tensor is finite; else 0 and *bad is the
  * index of the first tensor holding NaN/Inf (negative on a bad argument). */
 MU_API int mu_foreach_all_finite(int n, mu_tensor *const *xs, int *bad);
+/* out[i] = the sum of the squares of xs[i]'s elements (contiguous tensors,
+ * each of any dtype), in double: eight partial sums over the elements in
+ * order (element k goes to sum k % 8), added in order at the end; one
+ * thread, the same bits every call. For the step's statistics (gradient
+ * norm, update RMS). */
+MU_API int mu_foreach_sumsq(int n, mu_tensor *const *xs, double *out);
 
 /* Copy each src[i] into dst at element offset offsets[i] (pack), or back
  * (unpack). dst/src batch buffers are contiguous, of the tensors' dtype;
@@ -710,6 +751,10 @@ MU_API void mu_comm_abort(int code);
 /* World size: from MPI if initialized, else from the launcher's environment
  * (OMPI_COMM_WORLD_SIZE / PMI_SIZE), else 1. Does not initialize MPI. */
 MU_API int mu_comm_world_size(void);
+/* This process's world rank: from MPI if initialized, else from the
+ * launcher's environment (OMPI_COMM_WORLD_RANK / PMI_RANK), else 0. Does
+ * not initialize MPI. */
+MU_API int mu_comm_world_rank(void);
 
 /* ---------------------------------------------- split Newton-Schulz */
 

@@ -113,7 +113,10 @@ int mu__write_full(int fd, const void *buf, size_t len);
 /* Atomic save: a new temporary file next to path, unique per call
  * (mkstemp), its name within NAME_MAX; then commit (fsync, close, rename
  * over path, fsync the directory; frees tmp; MU_EIO naming the path on
- * failure, the temporary removed) or abort (close, remove, free). */
+ * failure, the temporary removed) or abort (close, remove, free). A path
+ * that is a directory, a FIFO, a socket or a device, itself or through
+ * symbolic links, is refused (MU_EIO); through a link to a file, that file
+ * is replaced and the link stays. */
 int mu__tmp_create(const char *path, char **tmp, int *fd);
 int mu__tmp_commit(const char *path, char *tmp, int fd);
 void mu__tmp_abort(char *tmp, int fd);

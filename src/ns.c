@@ -425,6 +425,20 @@ static void ns_scale_copy(int dt, void *dst, const void *src, int64_t len, doubl
     }
 }
 
+/* ||A - I||_F / sqrt(n) of an n x n matrix (both triangles stored): the
+ * residual of mu_ns_stats, from the last step's Gram matrix. O(n^2). */
+static double ns_residual(int dt, const void *ap, int64_t n)
+{
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < n; j++) {
+            const double v = (dt == MU_F32 ? (double)((const float *)ap)[i * n + j]
+                                           : ((const double *)ap)[i * n + j]) - (i == j);
+            s += v * v;
+        }
+    return sqrt(s / (double)n);
+}
+
 /* ------------------------------------------------------- BLAS wrappers */
 
 static void ns_syrk(int dt, enum CBLAS_ORDER lo, enum CBLAS_UPLO up, int n, int k, double alpha,
@@ -736,6 +750,7 @@ static void ns_begin(mu__ns_iter *it, const mu__ns_job *job, const mu__ns_slot *
     it->s = s;
     it->dst = job->out + i * job->bytes_per;
     it->done = 1;
+    it->resid = job->resid ? job->resid + i : NULL;
 
     double norm = 0.0;
     if (job->norms) norm = job->norms[i];
@@ -864,6 +879,9 @@ static void ns_tile(const mu__ns_iter *it, int64_t u, int w)
         if (r.r0 == r.c0) ns_add_diag(dt, B, n, r.r0, r.r1, co[0]);
         return;
     default: { /* MU__NS_APPLY: Y = xs (B + a I) X */
+        /* (the last step's Gram A, complete and mirrored since PREP, is only
+         * read from here on: one tile takes its residual) */
+        if (t == 0 && it->resid && k == job->opts->steps - 1) *it->resid = ns_residual(dt, A, n);
         const ns_prod pr = {.apply = 1, .p = x, .ldp = p->ldx, .s = B, .alpha = xs, .c = y,
                             .ldc = p->ldx};
         ns_product_tile(p, &pr, t, NULL);
@@ -1310,6 +1328,7 @@ static int ns_ws_fits(const char *pre, const mu_ns_workspace *ws, const mu__ns_j
 typedef struct ns_lists {
     mu__ns_job *jobs;
     double *norms;
+    double *resid;   /* total: the matrices' residuals */
     ns_unit *unit;
     int64_t *tstart; /* total + 1 */
     int64_t *order;  /* njobs: mu_ns_zeropower_many's outputs by address */
@@ -1335,7 +1354,7 @@ static int ns_lists_get(mu_ns_workspace *ws, int64_t njobs, int64_t total, ns_li
     const size_t bu = ns_round((size_t)total * sizeof(ns_unit));
     const size_t bt = ns_round((size_t)(total + 1) * sizeof(int64_t));
     const size_t bo = ns_round((size_t)njobs * sizeof(int64_t));
-    const size_t need = bj + bn + bu + bt + bo;
+    const size_t need = bj + 2 * bn + bu + bt + bo;
     const int rc = mu__ns_grow(&ws->sched, &ws->sched_bytes, need, "lists");
     if (rc != MU_OK) return rc;
     char *b = ws->sched;
@@ -1344,6 +1363,8 @@ static int ns_lists_get(mu_ns_workspace *ws, int64_t njobs, int64_t total, ns_li
     l->unit = (ns_unit *)(b + bj + bn);
     l->tstart = (int64_t *)(b + bj + bn + bu);
     l->order = (int64_t *)(b + bj + bn + bu + bt);
+    l->resid = (double *)(b + bj + bn + bu + bt + bo);
+    for (int64_t i = 0; i < total; i++) l->resid[i] = NAN;
     return MU_OK;
 }
 
@@ -1365,6 +1386,30 @@ static int ns_run_aside(mu__ns_job *jobs, int64_t njobs, mu_ns_workspace *ws,
         if (rc != MU_OK) return rc;
         job->batch = 0;
     }
+    return MU_OK;
+}
+
+/* Add a finished call (total matrices, their residuals, since t0) to the
+ * workspace's stats. */
+static void ns_account(mu_ns_workspace *ws, const double *resid, int64_t total, double t0)
+{
+    mu_ns_stats *st = &ws->stats;
+    st->seconds += mu_clock() - t0;
+    st->matrices += total;
+    for (int64_t i = 0; i < total; i++) {
+        const double r = resid[i];
+        if (r != r) continue;
+        st->residuals++;
+        st->residual_sumsq += r * r;
+        if (r > st->residual_max) st->residual_max = r;
+    }
+}
+
+int mu_ns_workspace_stats(mu_ns_workspace *ws, int reset, mu_ns_stats *out)
+{
+    if (!ws || !out) return mu__fail(MU_EINVAL, "ns stats: ws and out must not be NULL");
+    *out = ws->stats;
+    if (reset) memset(&ws->stats, 0, sizeof ws->stats);
     return MU_OK;
 }
 
@@ -1395,6 +1440,7 @@ static int ns_run_asides(mu__ns_job *jobs, int64_t njobs, mu_ns_workspace *ws)
 int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
                     mu_ns_workspace *ws)
 {
+    const double t0 = mu_clock();
     mu__ns_job job;
     int rc = ns_job_init("ns: ", in, out, opts, &job);
     if (rc != MU_OK) return rc;
@@ -1428,10 +1474,12 @@ int mu_ns_zeropower(const mu_tensor *in, mu_tensor *out, const mu_ns_opts *opts,
         else for (int64_t i = 0; i < job.batch; i++)
             ns_norm(job.dt, job.in + i * job.bytes_per, len, &l.norms[i]);
         job.norms = l.norms;
+        job.resid = l.resid;
         l.jobs[0] = job;
         rc = ns_dnnl_ready(l.jobs, 1, ws);
         if (rc == MU_OK) rc = ns_run_asides(l.jobs, 1, ws);
         if (rc == MU_OK) rc = ns_schedule(l.jobs, 1, l.unit, l.tstart, ws);
+        if (rc == MU_OK) ns_account(ws, l.resid, job.batch, t0);
     }
     mu_ns_workspace_free(own);
     return rc;
@@ -1490,6 +1538,7 @@ int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *c
     if (count == 0) return MU_OK;
     if (!in || !out || !opts)
         return mu__fail(MU_EINVAL, "ns many: in, out and opts must not be NULL");
+    const double t0 = mu_clock();
     char pre[64];
     /* First pass: shapes, dtypes and options; the number of matrices. */
     int64_t total = 0;
@@ -1530,12 +1579,14 @@ int mu_ns_zeropower_many(int64_t count, const mu_tensor *const *in, mu_tensor *c
         rc = ns_job_init(pre, in[j], out[j], opts[j], &l.jobs[j]);
         if (rc == MU_OK) rc = ns_ws_fits(pre, ws, &l.jobs[j]);
         if (rc == MU_OK) rc = ns_job_norms(pre, &l.jobs[j], l.norms + off);
+        if (rc == MU_OK) l.jobs[j].resid = l.resid + off;
         off += l.jobs[j].batch;
     }
     if (rc == MU_OK) rc = ns_check_aliasing(&l, count);
     if (rc == MU_OK) rc = ns_dnnl_ready(l.jobs, count, ws);
     if (rc == MU_OK) rc = ns_run_asides(l.jobs, count, ws);
     if (rc == MU_OK) rc = ns_schedule(l.jobs, count, l.unit, l.tstart, ws);
+    if (rc == MU_OK) ns_account(ws, l.resid, total, t0);
     mu_ns_workspace_free(own);
     return rc;
 }

@@ -35,6 +35,7 @@ struct mu_ns_workspace {
     struct mu__dnnl *dnnl; /* oneDNN, opened by the first bfloat16 call (src/dnnl.c) */
     void *split;           /* the blocked iteration's buffers (src/ns_split.c), grown on use */
     size_t split_bytes;
+    mu_ns_stats stats;     /* what its calls did since the last reset (mu_ns_workspace_stats) */
 };
 
 /* A batch call of mu_ns_zeropower, validated (inputs finite, workspace big
@@ -106,6 +107,7 @@ typedef struct mu__ns_job {
     const mu_ns_opts *opts;
     int inplace;         /* out aliases in */
     const double *norms; /* per-matrix norms from the check pass, or NULL */
+    double *resid;       /* per-matrix residuals (mu_ns_stats), NaN until known; or NULL */
     mu__dnnl *dnnl;      /* the bfloat16 products (plan.bf16) */
     mu__ns_plan plan;
 } mu__ns_job;
@@ -120,6 +122,7 @@ typedef struct mu__ns_iter {
     double xs0;      /* step 1's pending scale (normalization folded in) */
     int dst_first;   /* step 1 writes dst (else the workspace) */
     int done;        /* nothing left after ns_begin (zero input or 0 steps) */
+    double *resid;   /* where the last step's residual goes, or NULL */
 } mu__ns_iter;
 
 int mu__ns_check_opts(const mu_ns_opts *o);

@@ -409,7 +409,7 @@ describe("hook budget: a misbehaving hook fails the step, nothing changed", func
         .. "valid hook_budget keys: instructions, memory, seconds" },
       { "{ seconds = -1 }", "hook_budget.seconds must be a number > 0 (math.huge: no limit), got -1" },
       { "{ memory = 0/0 }", "hook_budget.memory must be a number > 0 (math.huge: no limit), got nan" },
-      { "{ instructions = '1e6' }", "hook_budget.instructions must be a number > 0 (math.huge: no limit), got 1e6" },
+      { "{ instructions = '1e6' }", "hook_budget.instructions must be a number > 0 (math.huge: no limit), got the string \"1e6\"" },
       { "{ 1e6 }", "hook_budget: unknown hook_budget key 1;" },
     }) do
       local path = write_config("return { hook_budget = " .. c[1] .. ", " .. GROUPS .. " }")

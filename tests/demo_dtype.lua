@@ -36,7 +36,7 @@ end
 -- Whether a Muon group takes option `name` with value `value` on this build.
 function D.takes(name, value)
   local ok, err = pcall(engine.new, { groups = { { optimizer = "muon", [name] = value } } })
-  return ok or not tostring(err):find("unknown muon option '" .. name .. "'", 1, true), err
+  return ok or not tostring(err):find("unexpected keyword arguments: " .. name .. ";", 1, true), err
 end
 
 -- Trains the float32 config and the variant (path) for `steps`; returns

@@ -554,7 +554,7 @@ describe("engine with dist (one process)", function()
   it("rejects unknown dist keys and bad meshes", function()
     local c = cfg(false)
     c.dist = { mesh = { { "s", 1 } }, meshes = 1 }
-    assert.has_error(function() engine.new(c) end, "config (table): dist: unknown dist key 'meshes' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, max_batch_numel, mesh, split_ns")
+    assert.has_error(function() engine.new(c) end, "config (table): dist: unknown dist key 'meshes' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, independent, max_batch_numel, mesh, split_ns")
     c.dist = { mesh = { { "s", 1 } }, split_ns = "on" }
     assert.has_error(function() engine.new(c) end,
       "config (table): dist: dist: split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got on")
@@ -566,5 +566,54 @@ describe("engine with dist (one process)", function()
     -- sharded on a size-1 axis: the local shard is the whole tensor, no shape needed
     e:add_param("w", T.zeros({ 4, 4 }), nil, { "S(1)" })
     assert.are.same({ 4, 4 }, e:describe()[1].shape)
+  end)
+end)
+
+describe("the world a config sees, and ranks independent on purpose", function()
+  local engine = require("muon.engine")
+  local muon = require("muon")
+
+  it("muon.world() is { size = 1, rank = 0 } in one process, read-only; muon.clock() is monotonic seconds", function()
+    local w = muon.world()
+    assert.are.equal(1, w.size)
+    assert.are.equal(0, w.rank)
+    local ok, err = pcall(function() w.size = 2 end)
+    assert.is_false(ok)
+    H.has(err, "muon.world() is read-only")
+    local t0 = muon.clock()
+    local x = 0
+    for i = 1, 1e6 do x = x + i end
+    local t1 = muon.clock()
+    assert.truthy(t1 >= t0 and t1 - t0 < 10, x)
+  end)
+
+  it("a dry run's config sees the world it stands for (muon check --world N --rank R), sandboxed or not", function()
+    local path = H.config_file("local w = require('muon').world()\nreturn { name = w.size .. '/' .. w.rank, "
+      .. "groups = { {} }, dist = { mesh = { { 'replicate', w.size } } } }\n")
+    for _, trusted in ipairs({ false, true }) do
+      local _, problems, eng = engine.check(path, { { name = "w", shape = { 4, 4 } } },
+        { dry_run = { world = 8, rank = 5 }, trusted = trusted or nil })
+      assert.are.same({}, problems)
+      assert.are.equal("8/5", eng.config.name)
+      assert.are.equal(8, eng:plan().mesh.size)
+    end
+    assert.are.equal(1, muon.world().size) -- (only while the config loads)
+    os.remove(path)
+  end)
+
+  it("dist = { independent = true } takes no other key; in one process it is the plain engine", function()
+    local ok, err = pcall(engine.new, { groups = { {} }, dist = { independent = true, mesh = { { "r", 1 } } } })
+    assert.is_false(ok)
+    H.has(err, "dist: independent ranks take no other dist key (got mesh): a mesh makes the ranks one run")
+    ok, err = pcall(engine.new, { groups = { {} }, dist = { independent = "yes" } })
+    assert.is_false(ok)
+    H.has(err, "dist: independent must be true (or left out), got the string \"yes\"")
+    local e = engine.new({ groups = { {} }, dist = { independent = true } })
+    local w = T.randn({ 4, 4 }, 1)
+    e:add_param("w", w, T.randn({ 4, 4 }, 2))
+    e:step()
+    assert.are.equal(1, e:get("step"))
+    assert.is_nil(e.dist)
+    assert.are.equal(0, e:reduce_grads())
   end)
 end)

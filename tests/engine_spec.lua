@@ -170,6 +170,76 @@ describe("engine", function()
     for i = 1, #pa do H.assert_equal_bits(pa[i].value, pb[i].value, pa[i].name) end
   end)
 
+  it("names: valid UTF-8 of at most MU_MAX_NAME bytes, checked at add_param (engines, dry runs, optimizers); "
+    .. "UTF-8 beyond ASCII and control characters save and load", function()
+    local max = require("muon.core").C.MU_MAX_NAME
+    assert.equal(65536, max)
+    local bad = {
+      { "caf\233", "'caf\\xE9' is not valid UTF-8 (byte 4 is 0xE9)" },
+      { "w\192\175", "(byte 2 is 0xC0)" },           -- overlong '/'
+      { "w\237\160\128", "(byte 2 is 0xED)" },       -- a surrogate
+      { "w\244\144\128\128", "(byte 2 is 0xF4)" },   -- above U+10FFFF
+      { "w\226\130", "(byte 2 is 0xE2)" },           -- cut short
+      { "\128w", "'\\x80w' is not valid UTF-8 (byte 1 is 0x80)" },
+      { ("é"):rep(40) .. "\255", "'" .. ("\\xC3\\xA9"):rep(30) .. "...' (81 bytes) is not valid UTF-8 (byte 81" },
+      { ("n"):rep(max + 1), "'" .. ("n"):rep(60) .. "...' (65537 bytes) is longer than 65536 bytes (MU_MAX_NAME)" },
+      { "", "parameter name must be a non-empty string, got ''" },
+      { 7, "parameter name must be a non-empty string, got 7" },
+    }
+    for _, dry in ipairs({ false, true }) do
+      local eng = engine.new({ groups = { { optimizer = "adamw" } } }, { dry_run = dry or nil })
+      for _, c in ipairs(bad) do
+        local ok, err = pcall(eng.add_param, eng, c[1], T.zeros({ 2 }), T.zeros({ 2 }))
+        assert.is_false(ok)
+        assert.equal(E.EINVAL, err.code)
+        assert.truthy(tostring(err):find("add_param: parameter name ", 1, true), tostring(err))
+        assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
+        assert.equal(0, #eng:describe())
+      end
+    end
+    for _, c in ipairs(bad) do
+      local ok, err = pcall(muon.param, c[1], T.zeros({ 2 }), T.zeros({ 2 }))
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
+    end
+    -- the names that register save and load (a checkpoint stores them as UTF-8 text)
+    local good = { "café", "日本.w", "a\0b", "tab\there", "a\"b\\c/d", ("m"):rep(max), "\240\159\152\128" }
+    local eng = engine.new({ groups = { { optimizer = "adamw" } } })
+    for i, name in ipairs(good) do eng:add_param(name, T.randn({ 3 }, i), T.randn({ 3 }, 10 + i)) end
+    eng:step()
+    local path = H.tmpname(".safetensors")
+    eng:save(path)
+    local back = engine.new({ groups = { { optimizer = "adamw" } } })
+    for i, name in ipairs(good) do back:add_param(name, T.zeros({ 3 }), T.randn({ 3 }, 10 + i)) end
+    back:load(path)
+    os.remove(path)
+    for _, name in ipairs(good) do H.assert_equal_bits(eng:state(name).exp_avg, back:state(name).exp_avg, name) end
+  end)
+
+  it("describe() and param_groups() hand out copies: writing them changes nothing the engine keeps", function()
+    local eng = engine.new({ groups = { { optimizer = "adamw", betas = { 0.8, 0.9 } } } })
+    eng:add_param("w", T.zeros({ 2, 3 }), T.zeros({ 2, 3 }))
+    eng:describe()[1].shape[1] = 99
+    eng:describe()[1].options.betas[1] = 0.1
+    eng:param_groups()[1].options.betas[2] = 0.2
+    assert.same({ 2, 3 }, eng:describe()[1].shape)
+    assert.same({ 2, 3 }, eng:param("w").logical_shape)
+    assert.same({ 0.8, 0.9 }, eng:param_groups()[1].options.betas)
+    eng:step()
+    assert.same({ 0.8, 0.9 }, eng.groups[1].options.betas)
+    -- the resolved Newton-Schulz options too (the C struct and its coefficients)
+    local m = engine.new({ groups = { { optimizer = "muon", ns_steps = 5 } } })
+    m:add_param("w", T.zeros({ 4, 3 }), T.zeros({ 4, 3 }))
+    local ns_opts = m:describe()[1].ns_opts
+    assert.equal(5, ns_opts.steps)
+    ns_opts.steps, ns_opts.copts.steps, ns_opts.coeffs[0] = 1, 1, 99
+    local r = m.groups[1].options._ns
+    assert.equal(5, r.steps)
+    assert.equal(5, r.copts.steps)
+    assert.are_not.equal(99, r.coeffs[0])
+    assert.equal(5, m:describe()[1].ns_opts.copts.steps)
+  end)
+
   it("reports routing problems and bad configs with clear messages", function()
     local eng = engine.new({ groups = { { optimizer = "muon", match = "^w" } } })
     local ok, err = pcall(eng.add_param, eng, "bias", T.zeros({ 2, 2 }))
@@ -180,7 +250,7 @@ describe("engine", function()
     ok, err = pcall(eng.add_param, eng, "w2", T.zeros({ 2, 2 }))
     assert.truthy(err:find("'w2' is already registered", 1, true), err)
     local cases = {
-      { { groups = { { optimizer = "muon", lrr = 1 } } }, "group 1: unknown muon option 'lrr' (did you mean 'lr'?)" },
+      { { groups = { { optimizer = "muon", lrr = 1 } } }, "group 1: Muon got unexpected keyword arguments: lrr (did you mean 'lr' for 'lrr'?)" },
       { { groups = { { optimizer = "sgd" } } }, "group 1: unknown optimizer 'sgd'; valid optimizers: adamw, lion, muon" },
       { { groups = {} }, "'groups' must be a non-empty list" },
       { { groups = { { optimizer = "adamw", lr = -3 } } }, "lr must be >= 0" },

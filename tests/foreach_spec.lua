@@ -406,6 +406,24 @@ describe("foreach.all_finite", function()
   end)
 end)
 
+describe("foreach.first_nonfinite", function()
+  it("gives the lowest index over mixed dtypes (one fused pass per dtype), bfloat16 as stored", function()
+    local xs = { T.zeros({ 5 }), T.zeros({ 3 }, "bfloat16"), T.zeros({ 4 }, "float64"), T.zeros({ 2 }, "bfloat16"),
+      T.zeros({ 6 }) }
+    assert.is_nil(F.first_nonfinite(xs))
+    assert.is_nil(F.first_nonfinite({}))
+    xs[5]:set(0 / 0, 6)
+    assert.equal(5, F.first_nonfinite(xs))
+    xs[4]:copy(T.from({ 1, 3.397e38 }, { 2 }):clone("bfloat16")) -- finite in float32, Inf in bfloat16
+    assert.equal(4, F.first_nonfinite(xs))
+    xs[3]:set(-1 / 0, 2)
+    assert.equal(3, F.first_nonfinite(xs))
+    xs[1]:set(1 / 0, 1)
+    assert.equal(1, F.first_nonfinite(xs))
+    assert.equal(1, F.first_nonfinite({ xs[4], xs[4] }))
+  end)
+end)
+
 describe("foreach.pack / unpack", function()
   it("round-trips at explicit and packed offsets", function()
     for _, dt in ipairs({ "float32", "float64" }) do
@@ -662,6 +680,53 @@ describe("foreach.apply_cautious", function()
   end)
 end)
 
+describe("momentum in two parts (Muon's momentum written in place at the commit)", function()
+  local TT = require("muon.tensor")
+  local function list(shapes, seed, dt, scale)
+    local out = {}
+    for i, s in ipairs(shapes) do
+      out[i] = TT.randn(s, seed + i):mul(scale or 1)
+      if dt then out[i] = out[i]:to(dt) end
+    end
+    return out
+  end
+  local PART_SHAPES = { { 37, 5 }, { 3 }, { 64, 33 }, { 0, 4 } }
+
+  for _, case in ipairs({ { "float32" }, { "float64" }, { "float32", "bfloat16" } }) do
+    local dt, sdt = case[1], case[2] or case[1]
+    it(("%s, %s state: the updates alone, then the buffers alone in place, give momentum's bits"):format(dt, sdt), function()
+      for _, nesterov in ipairs({ true, false }) do
+        local g = list(PART_SHAPES, 1, dt)
+        local b1, b2 = list(PART_SHAPES, 50, sdt), list(PART_SHAPES, 50, sdt)
+        local nb, u1, u2 = {}, {}, {}
+        for i, s in ipairs(PART_SHAPES) do
+          nb[i], u1[i], u2[i] = TT.zeros(s, sdt), TT.zeros(s, dt), TT.zeros(s, dt)
+        end
+        F.momentum(g, b1, nb, u1, 0.9, 0.95, nesterov)
+        assert.is_nil(F.momentum_updates(g, b2, u2, 0.9, 0.95, nesterov))
+        for i = 1, #PART_SHAPES do H.assert_equal_bits(u2[i], u1[i], "update " .. i) end
+        assert.is_nil(F.momentum_buffers(g, b2, b2, 0.9, 0.95))
+        for i = 1, #PART_SHAPES do H.assert_equal_bits(b2[i], nb[i], "buffer " .. i) end
+      end
+    end)
+  end
+
+  it("the updates' call reports the first tensor whose new buffer would overflow, storing nothing of it", function()
+    local g, b = list(PART_SHAPES, 1, "float32"), list(PART_SHAPES, 50, "float32")
+    g[3]:set(3e38, 2, 2)
+    b[3]:set(3e38, 2, 2) -- 0.95 * 3e38 + 3e38 overflows; u = g + 0 * b stays finite with m1 = 0
+    local before = b[3]:clone()
+    local u = {}
+    for i, s in ipairs(PART_SHAPES) do u[i] = TT.zeros(s) end
+    assert.are.equal(3, F.momentum_updates(g, b, u, 0, 0.95, false))
+    H.assert_equal_bits(b[3], before, "bufs untouched")
+    assert.truthy(u[3]:all_finite())
+    -- bfloat16 state: a float32 value that rounds past bfloat16's largest (3.3895e38; halfway to 2^128 is 3.3962e38) is caught too
+    local gb, bb = { TT.zeros({ 4 }):fill(3.397e38) }, { TT.zeros({ 4 }, "bfloat16") }
+    assert.are.equal(1, F.momentum_updates(gb, bb, { TT.zeros({ 4 }) }, 0, 1, false))
+  end)
+end)
+
 describe("the update passes check what they write", function()
   -- momentum, adamw_update and lion_update write everything and return nil,
   -- or the first tensor where a value they wrote (the update, or with
@@ -706,6 +771,17 @@ describe("the update passes check what they write", function()
           H.assert_equal_bits(u[i], u2[i], "update " .. i)
         end
         assert.are.equal(first_bad(u, nb), bad)
+        -- in two parts (the buffers written in place at the step's commit):
+        -- the same bits, the same report, the buffers untouched by the first
+        local bs2, u3 = {}, zeros_like(gs)
+        for i = 1, 3 do bs2[i] = bs[i]:clone() end
+        assert.are.equal(bad, F.momentum_updates(gs, bs2, u3, m1, m2, true))
+        for i = 1, 3 do H.assert_equal_bits(bs2[i], bs[i], "buf " .. i .. " before the commit's part") end
+        assert.are.equal(first_bad(nb), F.momentum_buffers(gs, bs2, bs2, m1, m2))
+        for i = 1, 3 do
+          H.assert_equal_bits(u3[i], u[i], "update " .. i .. " (parts)")
+          H.assert_equal_bits(bs2[i], nb[i], "new buf " .. i .. " (parts, in place)")
+        end
         return bad
       end
       assert.is_nil(run(T.randn({ 64, 33 }, 5), T.randn({ 64, 33 }, 6), 0.9, 0.8))
@@ -809,6 +885,19 @@ describe("the update passes check what they write", function()
       H.assert_equal_bits(nb[i], nb1[i], "new buf " .. i)
       H.assert_equal_bits(u[i], u1[i], "update " .. i)
     end
+  end)
+
+  it("float64 state: a new buffer or moment that overflows (a tail element)", function()
+    local g, b = { T.zeros({ 37 }, "float64") }, { T.zeros({ 37 }, "float64") }
+    g[1]:set(1.7e308, 36)
+    b[1]:set(1.7e308, 36)
+    local _, bad = F.momentum(g, b, zeros_like(b), zeros_like(g), 0, 1, false) -- u = g; b' = b + g overflows
+    assert.are.equal(1, bad)
+    assert.is_nil(select(2, F.momentum(g, b, zeros_like(b), zeros_like(g), 0, 0, false))) -- b' = g
+    -- (1 - beta2) g^2 overflows; Lion's m' = g (beta2 = 0) stays finite
+    assert.are.equal(1, F.adamw_update(g, b, zeros_like(b), zeros_like(b), zeros_like(b), zeros_like(g),
+      { lr = 0.1, beta1 = 0.9, beta2 = 0.5, eps = 1e-8, step = 1 }))
+    assert.is_nil(F.lion_update(g, b, zeros_like(b), zeros_like(g), 0.9, 0))
   end)
 
   it("rejects params that are written, of another size or dtype, touching nothing", function()

@@ -179,7 +179,7 @@ describe("set_lr", function()
     fails(E.EINVAL, "set_lr: unknown group 'hiden' (did you mean 'hidden'?); valid groups: hidden, rest", eng.set_lr, eng, "hiden", 1)
     fails(E.EINVAL, "set_lr: unknown group '3'", eng.set_lr, eng, 3, 1)
     for _, v in ipairs({ -1, 0 / 0, math.huge, "0.1" }) do
-      fails(E.EINVAL, "set_lr: group 1 ('hidden'): lr must be a finite number >= 0, got " .. tostring(v), eng.set_lr, eng, "hidden", v)
+      fails(E.EINVAL, "set_lr: group 1 ('hidden'): lr must be a finite number >= 0, got " .. E.value(v), eng.set_lr, eng, "hidden", v)
     end
     assert.equal(0.02, eng:get("lr:hidden"))
   end)

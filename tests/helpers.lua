@@ -21,6 +21,24 @@ function H.max_abs_diff(a, b)
   return m
 end
 
+-- Every bit an engine keeps for the named parameters on this rank, as one
+-- string: its step count first, then (sorted) the shapes describe() shows
+-- and each parameter's value, state tensors (bfloat16 exactly, through
+-- float64) and state scalars.
+function H.engine_bits(eng, names)
+  local parts = {}
+  for _, row in ipairs(eng:describe()) do parts[#parts + 1] = row.name .. T.shape_string(row.shape) end
+  for _, name in ipairs(names) do
+    parts[#parts + 1] = name .. "=" .. table.concat(eng:param(name).value:clone("float64"):flat(), ",")
+    for k, v in pairs(eng:state(name) or {}) do
+      parts[#parts + 1] = name .. "/" .. k .. "="
+        .. (T.is_tensor(v) and table.concat(v:clone("float64"):flat(), ",") or tostring(v))
+    end
+  end
+  table.sort(parts)
+  return eng:get("step") .. ";" .. table.concat(parts, ";")
+end
+
 -- Assert a and b agree elementwise within tol (absolute).
 function H.assert_close(a, b, tol, what)
   local d = H.max_abs_diff(a, b)
@@ -215,6 +233,14 @@ function H.tmpdir()
 end
 
 function H.rmrf(p) os.execute("rm -rf '" .. p .. "'") end
+
+-- The target a symbolic link names (readlink), or nil.
+function H.readlink(p)
+  local f = io.popen("readlink '" .. p .. "'")
+  local out = f:read("*l")
+  f:close()
+  return out
+end
 
 function H.listdir(p)
   local out = {}

@@ -348,3 +348,208 @@ return { groups = { {
     assert.is_true(math.abs(w:norm() - 2) < 1e-6)
   end)
 end)
+
+-- A trusted hook that yields (a trainer calling eng:step() inside a
+-- coroutine): refused where the hook is called, so the step fails like any
+-- failing hook and nothing is left suspended or busy.
+describe("hooks that yield", function()
+  local muon = require("muon")
+  local S = require("muon.step")
+  local function snapshot(eng) return H.engine_bits(eng, { "w", "b" }) end
+
+  it("every kind of hook (with and without hook_budget), a schedule and a match function: the step fails naming "
+    .. "it, nothing changed, no coroutine left suspended; a dropped coroutine leaves the engine idle", function()
+    local yielding = true
+    local function y() if yielding then coroutine.yield("from a hook") end end
+    local function updates(grads) y() local u = {} for i, g in ipairs(grads) do u[i] = g:clone() end return u end
+    local hooks = {
+      post_update_fn = function() y() end, pre_ortho_fn = function() y() end, post_ortho_fn = function() y() end,
+      momentum_update_fn = function(grads, bufs, m1) for i = 1, #bufs do bufs[i]:mul_(m1):add_(grads[i]) end
+        return updates(grads) end,
+      zeropower_fn = function(x) y() return x end,
+      reshape_fn = function(_, x) y() return { x } end,
+    }
+    for _, budget in ipairs({ false, true }) do
+      for name, fn in pairs(hooks) do
+        local function make()
+          return engine.new({ groups = { { optimizer = "muon", match = "^w", lr = 0.02, [name] = fn },
+            { optimizer = "adamw", lr = 0.01 } }, hook_budget = budget and { seconds = 30 } or nil })
+        end
+        local eng, ref = make(), make() -- (ref steps only once the hook no longer yields)
+        for _, e in ipairs({ eng, ref }) do
+          e:add_param("w", T.randn({ 6, 4 }, 1), T.randn({ 6, 4 }, 2))
+          e:add_param("b", T.randn({ 4 }, 3), T.randn({ 4 }, 4))
+        end
+        yielding = true
+        local before = snapshot(eng)
+        local co = coroutine.create(function() return eng:step() end)
+        local ok, err = coroutine.resume(co)
+        local label = name .. (budget and " (hook_budget)" or "")
+        assert.is_false(ok, label)
+        assert.equal("dead", coroutine.status(co), label)
+        assert.equal(E.ELUA, E.code(err), label)
+        assert.truthy(tostring(err):find(name .. ": coroutine.yield inside a hook: a hook must return, not yield", 1,
+          true), tostring(err))
+        assert.equal(before, snapshot(eng), label)
+        -- a second coroutine, dropped while the first never suspended: the engine is idle
+        co = coroutine.wrap(function() return eng:step() end)
+        assert.is_false((pcall(co)))
+        co = nil
+        collectgarbage()
+        yielding = false
+        eng:step()
+        ref:step()
+        assert.equal(snapshot(ref), snapshot(eng), label .. ": the next step is the one a fresh engine takes")
+      end
+    end
+  end)
+
+  it("a schedule, a match function, a sandboxed config (no coroutine library) and the one-process optimizers", function()
+    local eng = engine.new({ groups = { { optimizer = "adamw" } },
+      schedule = function(step) coroutine.yield() return 0.01 * step end })
+    eng:add_param("b", T.randn({ 4 }, 3), T.randn({ 4 }, 4))
+    local co = coroutine.create(function() return eng:step() end)
+    local ok, err = coroutine.resume(co)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("schedule: coroutine.yield inside a hook", 1, true), tostring(err))
+    assert.equal(0, eng:get("step"))
+    local m = engine.new({ groups = { { optimizer = "adamw", match = function() coroutine.yield() return true end } } })
+    ok, err = coroutine.resume(coroutine.create(function() return m:add_param("b", T.zeros({ 2 }), T.zeros({ 2 })) end))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("match function: coroutine.yield inside a hook", 1, true), tostring(err))
+    assert.equal(0, #m:describe())
+    local path = H.tmpname(".lua")
+    local f = assert(io.open(path, "w"))
+    f:write("return { groups = { { optimizer = 'muon', post_update_fn = function() coroutine.yield() end } } }")
+    f:close()
+    local s = engine.new(path)
+    s:add_param("w", T.randn({ 6, 4 }, 1), T.randn({ 6, 4 }, 2))
+    ok, err = pcall(s.step, s)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("coroutine", 1, true), tostring(err))
+    os.remove(path)
+    local p = muon.param("w", T.randn({ 6, 4 }, 1), T.randn({ 6, 4 }, 2))
+    local opt = muon.optim.Muon({ p }, { post_update_fn = function() coroutine.yield() end })
+    ok, err = coroutine.resume(coroutine.create(function() return opt:step() end))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("post_update_fn: coroutine.yield inside a hook", 1, true), tostring(err))
+    assert.is_nil(opt.state[p])
+  end)
+
+  it("a yield that reaches one of the optimizer's calls another way fails that call and leaves it idle", function()
+    local st = S.new({ groups = {} })
+    local co = coroutine.create(function() return st:exclusive("step", function() coroutine.yield("x") end) end)
+    local ok, err = coroutine.resume(co)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("coroutine.yield inside step", 1, true), tostring(err))
+    assert.equal("dead", coroutine.status(co))
+    st:check_idle("step")
+    assert.equal(3, st:exclusive("step", function(a, b) return a + b end, 1, 2))
+  end)
+end)
+
+-- ctx (and post_update_fn's parameter) is read-only, in trusted and
+-- sandboxed configs alike: a write to any field or nested field fails the
+-- step naming it, and nothing the engine keeps changes.
+describe("a hook's ctx is read-only", function()
+  -- hook -> the fields of its ctx, and a value to write into each
+  local FIELDS = {
+    pre_ortho_fn = { "param_fqn", "logical_shape", "region", "step", "lr", "weight_decay", "signals", "allreduce",
+      "global_norm" },
+    post_update_fn = { "param_fqn", "logical_shape", "box", "step", "lr", "weight_decay", "signals", "allreduce",
+      "global_norm" },
+  }
+  FIELDS.post_ortho_fn = FIELDS.pre_ortho_fn
+  -- nested writes: Lua source run as the hook's body (ctx, param: its arguments)
+  local NESTED = {
+    pre_ortho_fn = { { "ctx.logical_shape[1] = 2 * ctx.logical_shape[1]", "changed ctx.logical_shape[1] (6 -> 12)" },
+      { "ctx.region.start[2] = 3", "changed ctx.region.start[2] (0 -> 3)" },
+      { "ctx.region.len = { 1 }", "changed ctx.region.len[1] (6 -> 1)" },
+      { "table.insert(ctx.logical_shape, 1)", "changed ctx.logical_shape[3] (nil -> 1)" },
+      { "ctx.signals.s[1] = 5", "changed ctx.signals.s[1] (1 -> 5)" },
+      { "ctx.signals.t = { 1 }", "changed ctx.signals.t (nil -> a table)" } },
+    post_update_fn = { { "ctx.box.start[1] = 4", "changed ctx.box.start[1] (1 -> 4)" },
+      { "ctx.box.len[2] = 0", "changed ctx.box.len[2] (4 -> 0)" },
+      { "ctx.logical_shape[2] = 1", "changed ctx.logical_shape[2] (4 -> 1)" },
+      { "ctx.signals.s = nil", "changed ctx.signals.s (a table -> nil)" },
+      { "param.logical_shape[1] = 0", "changed param.logical_shape[1] (6 -> 0)" },
+      { "param.value = param.grad", "cannot set param.value: post_update_fn's parameter is read-only" },
+      { "param.name = 'x'", "cannot set param.name" } },
+  }
+  NESTED.post_ortho_fn = NESTED.pre_ortho_fn
+
+  -- An engine over w (6x4) and b (4) whose hook runs body(…) while
+  -- switch.on, from a config table (trusted) or a sandboxed file.
+  local function make(hook, body, sandboxed)
+    local src = ("return { groups = { { optimizer = 'muon', match = '^w', lr = 0.02, %s = function(a, b, ctx) "
+      .. "if WRITE then local param, ctx = a, ctx; %s end end }, { optimizer = 'adamw', lr = 0.01 } } }")
+      :format(hook, body)
+    local eng, switch
+    if sandboxed then
+      local path = H.tmpname(".lua")
+      -- (the sandbox has no shared globals: the switch is a set_signal)
+      H.write_file(path, (src:gsub("if WRITE then", "if ctx.signals.on[1] == 1 then")))
+      eng = engine.new(path)
+      os.remove(path)
+      switch = function(on) eng:set_signal("on", { on and 1 or 0 }) end
+    else
+      local env = setmetatable({ WRITE = false }, { __index = _G })
+      eng = engine.new(setfenv(assert(loadstring(src)), env)())
+      switch = function(on) env.WRITE = on end
+    end
+    eng:add_param("w", T.randn({ 6, 4 }, 1), T.randn({ 6, 4 }, 2))
+    eng:add_param("b", T.randn({ 4 }, 3), T.randn({ 4 }, 4))
+    eng:set_signal("s", { 1, 2 })
+    switch(false)
+    return eng, switch
+  end
+
+  local function snapshot(eng) return H.engine_bits(eng, { "w", "b" }) end
+
+  it("a write to any field or nested field fails the step naming it, trusted and sandboxed; nothing changes, and "
+    .. "describe(), save and load go on as before", function()
+    local path = H.tmpname(".safetensors")
+    for _, sandboxed in ipairs({ false, true }) do
+      for hook, fields in pairs(FIELDS) do
+        local cases = {}
+        for _, f in ipairs(fields) do cases[#cases + 1] = { "ctx." .. f .. " = 1", "cannot set ctx." .. f .. ": " } end
+        for _, c in ipairs(NESTED[hook]) do cases[#cases + 1] = c end
+        for _, c in ipairs(cases) do
+          local eng, switch = make(hook, c[1], sandboxed)
+          local ref = make(hook, "", sandboxed)
+          eng:step()
+          ref:step()
+          local before = snapshot(eng)
+          switch(true)
+          local ok, err = pcall(eng.step, eng)
+          local label = ("%s %s (%s)"):format(hook, c[1], sandboxed and "sandboxed" or "trusted")
+          assert.is_false(ok, label)
+          assert.equal(E.ELUA, E.code(err), label)
+          assert.truthy(tostring(err):find(c[2], 1, true), label .. ": " .. tostring(err))
+          assert.equal(before, snapshot(eng), label)
+          switch(false)
+          eng:save(path)
+          eng:load(path)
+          eng:step()
+          ref:step()
+          assert.equal(snapshot(ref), snapshot(eng), label)
+        end
+      end
+    end
+    os.remove(path)
+  end)
+
+  it("reads work as on plain tables: #, ipairs, table.concat, unpack, nested fields", function()
+    local seen = {}
+    local eng = engine.new({ groups = { { optimizer = "muon", post_update_fn = function(param, _, ctx)
+      seen[#seen + 1] = table.concat({ #ctx.logical_shape, table.concat(ctx.logical_shape, "x"), ctx.param_fqn,
+        param.name, table.concat(param.logical_shape, "x"), select(2, unpack(ctx.box.len)), ctx.box.start[1],
+        #ctx.signals.s, ctx.signals.s[2], ctx.step, tostring(ctx):match("^read%-only ctx") and "view" or "?" }, " ")
+      for i, d in ipairs(ctx.logical_shape) do seen[#seen + 1] = i .. ":" .. d end
+    end } } })
+    eng:add_param("w", T.randn({ 6, 4 }, 1), T.randn({ 6, 4 }, 2))
+    eng:set_signal("s", { 7, 8, 9 })
+    eng:step()
+    assert.same({ "2 6x4 w w 6x4 4 1 3 8 1 view", "1:6", "2:4" }, seen)
+  end)
+end)

@@ -53,6 +53,10 @@ describe("the kind contract", function()
     assert.truthy(msg:find("option 'lr' is declared twice", 1, true), msg)
     msg = raised(K.register, toy({ state = { { "hook.x" } } }))
     assert.truthy(msg:find("state entries are", 1, true), msg)
+    msg = raised(K.register, toy({ state = { { "m", min = "0" } } }))
+    assert.truthy(msg:find("state entries are { key, min = number }", 1, true), msg)
+    msg = raised(K.register, toy({ state = { { "m", hidden = true } } }))
+    assert.truthy(msg:find("unknown state entry field 'hidden'", 1, true), msg)
   end)
 
   it("every member is documented; optional members are absent, never stubbed", function()
@@ -68,7 +72,7 @@ describe("the kind contract", function()
       for _, h in ipairs(e.heads) do documented[h.key] = #e.desc end
     end
     local want = { "ENTRIES", "DEFAULTS", "OPTIONS", "SCHEDULABLE", "SCHEDULE_ORDER", "HOOKS", "DISPLAY", "SAVED", "LOAD",
-      "state_keys", "hidden_state_keys", "ns" }
+      "state_keys", "state_min", "ns" }
     for _, m in ipairs(K.MEMBERS) do want[#want + 1] = m[1] end
     for _, name in ipairs(want) do
       assert.truthy(documented["Kind:" .. name], "Kind." .. name .. " has no entry")
@@ -99,7 +103,7 @@ describe("the kind contract", function()
       "post_ortho_fn" }, m.HOOKS)
     assert.same({ "lr", "weight_decay", "momentum", "nesterov", "ns_steps", "ns_variant", "matched_adamw_rms" }, m.DISPLAY)
     assert.same({ "momentum_buffer" }, m.state_keys)
-    assert.same({}, m.hidden_state_keys)
+    assert.same({}, m.state_min)
     assert.is_nil(m.SAVED.hook_state)
     assert.is_true(m.SAVED.ns_steps)
     assert.equal("config", m.LOAD.ns_steps)
@@ -111,7 +115,7 @@ describe("the kind contract", function()
     assert.same({ "lr", "weight_decay", "betas", "eps" }, a.DISPLAY)
     assert.same({}, a.HOOKS)
     assert.same({ "exp_avg", "exp_avg_sq" }, a.state_keys)
-    assert.same({ "exp_avg_sq" }, a.hidden_state_keys)
+    assert.same({ exp_avg_sq = 0 }, a.state_min)
     assert.is_true(a.counts_steps)
     -- the public modules expose the same tables
     assert.equal(m.DEFAULTS, muon.optim.Muon.DEFAULTS)
@@ -173,7 +177,7 @@ describe("the config's own keys", function()
   it("top-level seed is refused (nothing reads it); name is a string label that muon check prints", function()
     local ok, err = pcall(muon.engine.new, { groups = { {} }, seed = 1 })
     assert.is_false(ok)
-    assert.truthy(tostring(err):find("unknown top-level key 'seed'; valid top-level keys: dist, groups, hook_budget, hooks, name, "
+    assert.truthy(tostring(err):find("unknown top-level key 'seed'; valid top-level keys: dist, groups, hook_budget, hooks, log, name, "
       .. "nil_grad_warning, schedule", 1, true),
       tostring(err))
     ok, err = pcall(muon.engine.new, { groups = { {} }, name = 3 })

@@ -15,7 +15,7 @@ end
 
 -- The plain-Lua double-precision reference shared with the Muon specs.
 local R = require("ref_muon")
-local mat_t, mat_mul, ref_ns = R.transpose, R.matmul, R.ns
+local ref_ns = R.ns
 
 local function flatten(rows)
   local f = {}
@@ -23,43 +23,7 @@ local function flatten(rows)
   return f
 end
 
--- Singular values: sqrt of the eigenvalues of X X^T (smaller side), cyclic
--- Jacobi in double.
-local function singular_values(t)
-  local x = to_rows(t:to("float64"))
-  if #x > #x[1] then x = mat_t(x) end
-  local S = mat_mul(x, mat_t(x))
-  local n = #S
-  for _ = 1, 50 do
-    local off = 0
-    for p = 1, n - 1 do for q = p + 1, n do off = off + S[p][q] ^ 2 end end
-    if off < 1e-26 then break end
-    for p = 1, n - 1 do
-      for q = p + 1, n do
-        if math.abs(S[p][q]) > 1e-300 then
-          local theta = (S[q][q] - S[p][p]) / (2 * S[p][q])
-          local tt = (theta >= 0 and 1 or -1) / (math.abs(theta) + math.sqrt(theta * theta + 1))
-          local c = 1 / math.sqrt(tt * tt + 1)
-          local s = tt * c
-          for k = 1, n do
-            local skp, skq = S[k][p], S[k][q]
-            S[k][p] = c * skp - s * skq
-            S[k][q] = s * skp + c * skq
-          end
-          for k = 1, n do
-            local spk, sqk = S[p][k], S[q][k]
-            S[p][k] = c * spk - s * sqk
-            S[q][k] = s * spk + c * sqk
-          end
-        end
-      end
-    end
-  end
-  local sv = {}
-  for i = 1, n do sv[i] = math.sqrt(math.max(S[i][i], 0)) end
-  table.sort(sv)
-  return sv
-end
+local function singular_values(t) return R.singular_values(to_rows(t:to("float64"))) end
 
 local function max_diff(a, b) return H.max_abs_diff(a, b) end
 

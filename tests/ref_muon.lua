@@ -78,6 +78,43 @@ function R.ns(x, coeffs, eps, norm_scale)
   return X
 end
 
+-- Singular values of a matrix (rows of doubles), ascending: sqrt of the
+-- eigenvalues of X X^T (the smaller side), cyclic Jacobi in double.
+function R.singular_values(x)
+  if #x > #x[1] then x = R.transpose(x) end
+  local S = R.matmul(x, R.transpose(x))
+  local n = #S
+  for _ = 1, 50 do
+    local off = 0
+    for p = 1, n - 1 do for q = p + 1, n do off = off + S[p][q] ^ 2 end end
+    if off < 1e-26 then break end
+    for p = 1, n - 1 do
+      for q = p + 1, n do
+        if math.abs(S[p][q]) > 1e-300 then
+          local theta = (S[q][q] - S[p][p]) / (2 * S[p][q])
+          local tt = (theta >= 0 and 1 or -1) / (math.abs(theta) + math.sqrt(theta * theta + 1))
+          local c = 1 / math.sqrt(tt * tt + 1)
+          local s = tt * c
+          for k = 1, n do
+            local skp, skq = S[k][p], S[k][q]
+            S[k][p] = c * skp - s * skq
+            S[k][q] = s * skp + c * skq
+          end
+          for k = 1, n do
+            local spk, sqk = S[p][k], S[q][k]
+            S[p][k] = c * spk - s * sqk
+            S[q][k] = s * spk + c * sqk
+          end
+        end
+      end
+    end
+  end
+  local sv = {}
+  for i = 1, n do sv[i] = math.sqrt(math.max(S[i][i], 0)) end
+  table.sort(sv)
+  return sv
+end
+
 -- Core (A, B) slices of a flat row-major array of the given shape.
 local function core(shape)
   local n = #shape

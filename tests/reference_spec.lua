@@ -288,6 +288,32 @@ describe("muon help and the Markdown reference", function()
     assert.truthy(out:find("no reference entry for 'no_such_name_at_all'", 1, true), out)
   end)
 
+  it("muon help finds C enums, constants, structs and fields, options, and entries by their last name segments", function()
+    local cases = {
+      { "MU_F32", "(muon.h constant)", "enum { MU_F32 = 0, MU_F64 = 1 };" },
+      { "MU_EINVAL", "(muon.h constant of MU_ERRORS)", 'X(EINVAL, -1, "invalid argument")' },
+      { "mu_engine_opts", "(muon.h struct)", "typedef struct mu_engine_opts {" },
+      { "mu_engine_opts.lua_path", "(muon.h field of mu_engine_opts)", "const char *lua_path;" },
+      { "trusted", "(muon.h field of mu_engine_opts)", "int trusted;" },
+      { "trusted", "(muon.engine, option trusted)", "muon.engine.new(config, opts)" },
+      { "MU_MAP_ADD", "(muon_ffi.h constant of mu_map_op, private", "x0 + alpha*x1" },
+      { "zeropower", "(muon.ns)", "muon.ns.zeropower(x, opts)" },
+      { "ns.zeropower", "(muon.ns)", "muon.ns.zeropower(x, opts)" },
+      { "nesterov", "(muon.optim, option nesterov)", "muon.optim.Muon(params, opts)" },
+    }
+    for _, c in ipairs(cases) do
+      local out, status = run(BIN .. " help " .. c[1])
+      assert.are.equal(0, status, out)
+      assert.truthy(out:find(c[2], 1, true), c[1] .. ": " .. out)
+      assert.truthy(out:find(c[3], 1, true), c[1] .. ": " .. out)
+    end
+    -- every struct field and enum constant of the public header is found
+    for _, t in ipairs(R.header_types(read("src/muon.h"))) do
+      assert.truthy(R.lookup(t.name), t.name)
+      if t.kind == "field" or t.kind == "constant" then assert.truthy(t.comment, t.name .. " has no comment") end
+    end
+  end)
+
   it("the Markdown has a section per module and every MU_API function of both headers", function()
     local md = R.markdown()
     for _, spec in ipairs(R.MODULES) do

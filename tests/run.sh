@@ -4,10 +4,14 @@
 # failed". Exit 1 on any failure. Each component reports TAP lines ("ok ..."
 # / "not ok ..."); a component that exits non-zero without a "not ok" line
 # counts as one failure. "ok ... # SKIP" lines (a test that cannot run here:
-# torch or mpi4py missing, no MPI) count as skipped, not passed.
+# torch or mpi4py missing, no MPI) count as skipped, not passed. Output is
+# streamed as it comes: a line per test, "# <spec file>" lines from the
+# busted handler tests/tap_progress.lua, and a heartbeat after 10 s of
+# silence (tests/heartbeat.bash).
 set -u
 cd "$(dirname "$0")/.."
 export LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;$PWD/tests/?.lua;;"
+. tests/heartbeat.bash
 passed=0
 failed=0
 skipped=0
@@ -19,9 +23,10 @@ run_tap() { # name command...
   local name=$1; shift
   local out="$log/$name.out"
   echo "== $name"
-  "$@" >"$out" 2>&1
-  local status=$?
-  cat "$out"
+  # (streamed as it runs, never silent for more than 10 s, and kept for the
+  # counts below)
+  "$@" 2>&1 | heartbeat "$name" | tee "$out"
+  local status=${PIPESTATUS[0]}
   local p f s
   s=$(grep -E '^ok [0-9]' "$out" | grep -ciE '# SKIP')
   p=$(($(grep -cE '^ok [0-9]' "$out") - s))
@@ -73,11 +78,11 @@ if [ "${SAN:-}" = 1 ]; then
   # (allocator_may_return_null: a huge allocation fails as malloc does,
   # NULL, so that the specs see MU_ENOMEM instead of ASan aborting)
   export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1
-  run_tap busted env LD_PRELOAD="$asan_rt" luajit /usr/bin/busted -o TAP
+  run_tap busted env LD_PRELOAD="$asan_rt" luajit /usr/bin/busted -o tests/tap_progress.lua
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 else
   # Lua specs (busted under LuaJIT, TAP output).
-  run_tap busted luajit /usr/bin/busted -o TAP
+  run_tap busted luajit /usr/bin/busted -o tests/tap_progress.lua
 fi
 
 # C tests: each $BUILD/tests/<name> prints TAP.

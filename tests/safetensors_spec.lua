@@ -290,6 +290,50 @@ describe("safetensors hostile input", function()
     rmrf(dir)
   end)
 
+  it("save refuses a directory, a FIFO and links to them (the link stays); through a link to a file it replaces the file",
+    function()
+    local dir = tmpdir()
+    local x = T.randn({ 3, 2 }, 5)
+    local function sh(cmd) assert(os.execute(cmd) == 0, cmd) end
+    sh(("mkdir '%s/d' && mkfifo '%s/fifo'"):format(dir, dir))
+    sh(("ln -s d '%s/to_dir' && ln -s to_dir '%s/to_link' && ln -s fifo '%s/to_fifo' && ln -s nowhere '%s/dangling'")
+      :format(dir, dir, dir, dir))
+    local refused = {
+      { "d", "it is a directory, not a file" }, { "to_dir", "it is a symbolic link to a directory" },
+      { "to_link", "it is a symbolic link to a directory" }, { "fifo", "it is a FIFO" },
+      { "to_fifo", "it is a symbolic link to a FIFO" }, { "dangling", "it is a symbolic link that leads to no file" },
+      { "d/", "it is a directory" }, { "to_dir/", "it is a directory" },
+    }
+    local function listing() return table.concat(listdir(dir), ",") .. "|" .. table.concat(listdir(dir .. "/d"), ",") end
+    local before = listing()
+    for _, c in ipairs(refused) do
+      local p = dir .. "/" .. c[1]
+      for _, save in ipairs({ function() st.save(p, { x = x }) end, function() x:save(p) end }) do
+        local ok, err = pcall(save)
+        assert.is_false(ok, p)
+        assert.equal(E.EIO, err.code)
+        assert.truthy(tostring(err):find("cannot save '" .. p .. "': " .. c[2], 1, true), tostring(err))
+      end
+    end
+    assert.equal(before, listing()) -- no link replaced, nothing written in the directory
+    assert.equal("d", H.readlink(dir .. "/to_dir"))
+    -- loads refuse them too
+    for _, c in ipairs({ "d", "to_dir", "to_link" }) do
+      local ok, err = pcall(st.load, dir .. "/" .. c)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("is not a regular file", 1, true), tostring(err))
+    end
+    -- a link to a file: the file gets the new contents, the link stays
+    st.save(dir .. "/d/real.safetensors", { x = T.zeros({ 1 }) })
+    sh(("ln -s d/real.safetensors '%s/to_file'"):format(dir))
+    st.save(dir .. "/to_file", { x = x })
+    assert.equal("d/real.safetensors", H.readlink(dir .. "/to_file"))
+    assert.equal(bytes_of(x), bytes_of(st.load(dir .. "/d/real.safetensors").tensors.x))
+    assert.equal(bytes_of(x), bytes_of(st.load(dir .. "/to_file").tensors.x))
+    assert.same({ "real.safetensors" }, listdir(dir .. "/d")) -- no temporary left
+    rmrf(dir)
+  end)
+
   it("rejects files too short for the length field", function()
     assert.matches("too short", load_err("\1\0\0"))
     assert.matches("too short", load_err(""))

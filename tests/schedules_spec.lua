@@ -53,7 +53,7 @@ describe("schedules.wsd (warmup-stable-decay)", function()
     local cases = {
       { { -1, 1, 1, 0 }, "wsd: warmup must be a number >= 0, got -1" },
       { { 1, 0 / 0, 1, 0 }, "wsd: stable must be a number >= 0, got nan" },
-      { { 1, 1, "5", 0 }, "wsd: decay must be a number >= 0, got 5" },
+      { { 1, 1, "5", 0 }, "wsd: decay must be a number >= 0, got the string \"5\"" },
       { { 1, 1, 1, 1.5 }, "wsd: min_ratio must be a number in [0, 1], got 1.5" },
       { { 1, 1, 1 }, "wsd: min_ratio must be a number in [0, 1], got nil" },
       { { 1, 1, 1, 0, "cosin" }, "wsd: unknown shape 'cosin' (did you mean 'cosine'?); valid shapes: cosine, linear, sqrt" },

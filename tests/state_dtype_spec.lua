@@ -247,3 +247,131 @@ for k in sorted(h):
     os.remove(path)
   end)
 end)
+
+-- Every state tensor a step writes is checked as stored: a value float32
+-- keeps finite (up to 3.4028e38) rounds to Inf in bfloat16 above 3.3962e38.
+describe("state_dtype: nothing non-finite is committed or loaded", function()
+  local E = require("muon.errors")
+
+  local function snapshot(eng, name) return H.engine_bits(eng, { name }) end
+
+  local function all_state_finite(eng, name)
+    for k, v in pairs(eng:state(name) or {}) do
+      if T.is_tensor(v) and not v:all_finite() then return false, k end
+    end
+    return true
+  end
+
+  it("a step whose state would round to NaN/Inf (any kind, state dtype, policy) fails or skips, changing nothing",
+    function()
+    local kinds = {
+      { optimizer = "muon" }, { optimizer = "muon", nesterov = false },
+      { optimizer = "muon", momentum = { 0.5, 0.99 }, nesterov = false },
+      { optimizer = "adamw" }, { optimizer = "adamw", betas = { 0, 0 } },
+      { optimizer = "lion" }, { optimizer = "lion", betas = { 0.9, 0 } }, { optimizer = "lion", betas = { 0, 0 } },
+    }
+    -- gradients finite in float32: above bfloat16's range, near float32's, and ordinary
+    local grads = { 3.397e38, -3.4028e38, 1e-3, 2.5e38, 3.3e38, 1 }
+    local path = H.tmpname(".safetensors")
+    local failed, skipped = 0, 0
+    for _, k in ipairs(kinds) do
+      for _, sd in ipairs({ "float32", "bfloat16" }) do
+        for _, policy in ipairs({ "error", "skip" }) do
+          local g = { state_dtype = sd, nonfinite = policy, lr = 1e-3 }
+          for key, v in pairs(k) do g[key] = v end
+          local eng = engine.new({ groups = { g } })
+          local grad = T.zeros({ 4, 3 })
+          eng:add_param("w", T.randn({ 4, 3 }, 1), grad)
+          local label = ("%s %s %s"):format(require("muon.optim.kind").serialize(k), sd, policy)
+          for _, gv in ipairs(grads) do
+            grad:copy(T.randn({ 4, 3 }, 7):sign():mul(gv))
+            local before = snapshot(eng, "w")
+            local skips = eng:stats()[g.optimizer].skipped_nonfinite
+            local ok, err = pcall(eng.step, eng)
+            if not ok then
+              failed = failed + 1
+              assert.equal(E.ENONFINITE, E.code(err), label .. ": " .. tostring(err))
+              assert.equal("error", policy, label .. ": " .. tostring(err))
+              assert.equal(before, snapshot(eng, "w"), label)
+            elseif eng:stats()[g.optimizer].skipped_nonfinite > skips then
+              skipped = skipped + 1
+              assert.equal(before:gsub("^%d+;", ""), snapshot(eng, "w"):gsub("^%d+;", ""), label)
+            end
+            local fin, key = all_state_finite(eng, "w")
+            assert.is_true(fin, label .. ": state " .. tostring(key) .. " holds NaN or Inf after gradient " .. gv)
+            assert.is_true(eng:param("w").value:all_finite(), label)
+            eng:save(path) -- (a save refuses non-finite state)
+          end
+        end
+      end
+    end
+    os.remove(path)
+    -- (the class is exercised: both policies met such steps)
+    assert.is_true(failed > 10 and skipped > 10, ("failed %d, skipped %d"):format(failed, skipped))
+  end)
+
+  -- A float32 AdamW checkpoint of w (4x3) whose state is set by edit(state).
+  local function checkpoint(edit)
+    local eng = engine.new({ groups = { { optimizer = "adamw" } } })
+    eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
+    eng:step()
+    edit(eng:state("w"))
+    local path = H.tmpname(".safetensors")
+    eng:save(path)
+    return path
+  end
+
+  it("a loaded checkpoint is checked as the group keeps it (converted) and against the kind's invariants", function()
+    local cases = {
+      { "above bfloat16's range", function(s) s.exp_avg:set(3.397e38, 2, 2) end, "bfloat16",
+        "state tensor 'adamw/w/exp_avg' holds NaN or Inf once converted from float32 to bfloat16 (the group's "
+        .. "state_dtype)" },
+      { "-3.4e38 into bfloat16", function(s) s.exp_avg:set(-3.4e38, 1, 3) end, "bfloat16", "holds NaN or Inf once" },
+      { "a negative exp_avg_sq", function(s) s.exp_avg_sq:set(-2.5, 2, 3) end, "float32",
+        "state tensor 'adamw/w/exp_avg_sq' holds -2.5 (element 6), below 0, which AdamW's exp_avg_sq never is" },
+      { "a tiny negative exp_avg_sq, bfloat16", function(s) s.exp_avg_sq:set(-1e-30, 4, 3) end, "bfloat16",
+        "(element 12), below 0" },
+    }
+    for _, c in ipairs(cases) do
+      local path = checkpoint(c[2])
+      for _, checksum in ipairs({ true, false }) do
+        local eng = engine.new({ groups = { { optimizer = "adamw", state_dtype = c[3] } } })
+        eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
+        local ok, err = pcall(eng.load, eng, path, { checksum = checksum })
+        assert.is_false(ok, c[1])
+        assert.equal(E.EFORMAT, E.code(err), c[1])
+        assert.truthy(tostring(err):find("checkpoint '" .. path .. "': " .. (c[4]:find("^state") and c[4] or ""), 1,
+          true), tostring(err))
+        assert.truthy(tostring(err):find(c[4], 1, true), tostring(err))
+        assert.equal(0, eng:get("step"))
+        assert.is_nil(eng:state("w"))
+      end
+      -- the one-process class's load_state_dict says the same
+      local opt = muon.optim.AdamW({ muon.param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2)) },
+        { state_dtype = c[3] })
+      opt:step()
+      local d = opt:state_dict()
+      local s = d.state.w
+      s.exp_avg, s.exp_avg_sq = s.exp_avg:clone("float32"), s.exp_avg_sq:clone("float32")
+      c[2](s)
+      local before = opt.state[opt.param_groups[1].params[1]].exp_avg:clone("float64"):flat()
+      local ok, err = pcall(opt.load_state_dict, opt, d)
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("state dict: state tensor 'w/exp_avg", 1, true), tostring(err))
+      assert.same(before, opt.state[opt.param_groups[1].params[1]].exp_avg:clone("float64"):flat())
+      os.remove(path)
+    end
+    -- values at the edge load: -0 in exp_avg_sq, bfloat16's largest finite value
+    local path = checkpoint(function(s)
+      s.exp_avg_sq:set(-0.0, 1, 1)
+      s.exp_avg:set(3.3895e38, 1, 1)
+    end)
+    for _, sd in ipairs({ "float32", "bfloat16" }) do
+      local eng = engine.new({ groups = { { optimizer = "adamw", state_dtype = sd } } })
+      eng:add_param("w", T.randn({ 4, 3 }, 1), T.randn({ 4, 3 }, 2))
+      H.stderr_of(function() eng:load(path) end)
+      assert.equal(1, eng:get("step"))
+    end
+    os.remove(path)
+  end)
+end)

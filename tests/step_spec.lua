@@ -55,7 +55,7 @@ describe("step: per-step values are checked before anything changes", function()
     { { key = "eps", value = -1, group = 2 }, "group 2 ('rest'), step 3: eps must be >= 0, got -1" },
     { { key = "lr", value = math.huge, group = 1 }, "group 1 ('hidden'), step 3: lr must be a finite number, got inf" },
     { { key = "momentum", value = { 0.9, -0.5 }, group = 1 }, "group 1 ('hidden'), step 3: momentum[2] must be >= 0, got -0.5" },
-    { { key = "matched_adamw_rms", value = "x", group = 1 }, "group 1 ('hidden'), step 3: matched_adamw_rms must be a finite number, got x" },
+    { { key = "matched_adamw_rms", value = "x", group = 1 }, "group 1 ('hidden'), step 3: matched_adamw_rms must be a finite number, got the string \"x\"" },
   }
   for _, c in ipairs(cases) do
     it("rejects " .. c[2]:match(": (.*)$") .. " (EINVAL), then steps as if it had not happened", function()

@@ -81,15 +81,15 @@ local function c_err(eng) return note(ffi.string(C.mu_engine_error(eng))) end
 describe("option typos name the valid options and the closest one", function()
   local cases = {
     { function() engine.new(cfg({ { optimizer = "muon", momentm = 0.9 } })) end,
-      "group 1: unknown muon option 'momentm' (did you mean 'momentum'?); valid muon options: " },
+      "group 1: Muon got unexpected keyword arguments: momentm (did you mean 'momentum' for 'momentm'?); valid options: " },
     { function() engine.new(cfg({ { optimizer = "adamw", beta = { 0.9, 0.99 } } })) end,
-      "unknown adamw option 'beta' (did you mean 'betas'?)" },
+      "AdamW got unexpected keyword arguments: beta (did you mean 'betas' for 'beta'?)" },
     { function() engine.new(cfg({ {} }, { schedul = function() end })) end,
       "unknown top-level key 'schedul' (did you mean 'schedule'?)" },
     { function() engine.new(cfg({ {} }, { hooks = { post_update = function() end } })) end,
       "hooks: unknown hook 'post_update' (did you mean 'post_update_fn'?)" },
     { function() engine.new(cfg({ {} }, { dist = { mesj = { { "dp", 1 } } } })) end,
-      "dist: unknown dist key 'mesj' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, max_batch_numel, mesh" },
+      "dist: unknown dist key 'mesj' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, independent, max_batch_numel, mesh" },
     { function() engine.new(cfg({ {} }), { trustd = true }) end,
       "engine.new: unknown option 'trustd' (did you mean 'trusted'?); valid options: dry_run, source, trusted" },
     { function() engine.new(cfg({ {} })):set("lr_scal", 1) end,
@@ -110,14 +110,22 @@ describe("option typos name the valid options and the closest one", function()
 
   it("with no close name, only the valid ones", function()
     local err = raised(function() engine.new(cfg({ { optimizer = "muon", zzzzzz = 1 } })) end)
-    has(err, "unknown muon option 'zzzzzz'; valid muon options: apply_lr_in_update, ")
+    has(err, "Muon got unexpected keyword arguments: zzzzzz; valid options: apply_lr_in_update, ")
+  end)
+
+  it("a config's unknown options: the seed's sentence first, as the optimizer's own constructor says it", function()
+    local err = raised(function() engine.new(cfg({ { name = "hidden", alpha = 1, mid = 2, zeta = 3 } })) end)
+    has(err, "config (table): group 1 ('hidden'): Muon got unexpected keyword arguments: alpha, mid, zeta; valid options: ")
+    local err2 = raised(function() Muon({ H.muon.param("w", T.zeros({ 2, 2 })) }, { alpha = 1, mid = 2, zeta = 3 }) end)
+    has(err2, "Muon got unexpected keyword arguments: alpha, mid, zeta; valid options: ")
   end)
 
   it("from C, in a config file, the same message", function()
     local path = write(dir .. "/typo.lua", "return { groups = { { optimizer = 'muon', momentm = 0.9 } } }\n")
     local rc, msg = c_open(path)
     assert.equal(E.EINVAL, rc)
-    has(msg, "mu_engine_open: config '" .. path .. "': group 1: unknown muon option 'momentm' (did you mean 'momentum'?)")
+    has(msg, "mu_engine_open: config '" .. path .. "': group 1: Muon got unexpected keyword arguments: momentm (did you "
+      .. "mean 'momentum' for 'momentm'?)")
   end)
 end)
 
@@ -132,6 +140,40 @@ describe("unknown optimizer and bad values name the group and option", function(
     local err = raised(engine.new, cfg({ { optimizer = "muon" }, { name = "rest", optimizer = "adamw", lr = -0.1 } }))
     assert.equal(E.EINVAL, E.code(err))
     has(err, "group 2 ('rest') (adamw): lr must be >= 0, got -0.1")
+  end)
+end)
+
+describe("a string where a number goes says it is a string", function()
+  local p = function() return H.muon.param("w", T.zeros({ 2, 2 })) end
+  local cases = {
+    { function() engine.new(cfg({ { name = "hidden", lr = "0.02" } })) end,
+      "group 1 ('hidden') (muon): lr must be a finite number, got the string \"0.02\"" },
+    { function() Muon({ p() }, { lr = "0.02" }) end, "lr must be a finite number, got the string \"0.02\"" },
+    { function() Muon({ p() }, { ns_steps = "5" }) end, "ns_steps must be an integer >= 0, got the string \"5\"" },
+    { function() Muon({ p() }, { nesterov = "true" }) end, "nesterov must be a boolean, got the string \"true\"" },
+    { function() Muon({ p() }, { momentum = "0.9" }) end,
+      "momentum must be a number or a list of one or two numbers, got the string \"0.9\"" },
+    { function() H.muon.optim.AdamW({ p() }, { betas = { "0.9", 0.99 } }) end,
+      "betas[1] must be a finite number, got the string \"0.9\"" },
+    { function() engine.new(cfg({ { name = "h" } })):set_lr("h", "0.1") end,
+      "set_lr: group 1 ('h'): lr must be a finite number >= 0, got the string \"0.1\"" },
+    { function() engine.new(cfg({ {} })):set("lr_scale", "2") end,
+      "set: lr_scale must be a finite number >= 0, got the string \"2\"" },
+    { function() H.muon.schedules.warmup_cosine("100", 1000) end, "got the string \"100\"" },
+  }
+  for i, c in ipairs(cases) do
+    it("case " .. i .. ": " .. c[2]:sub(1, 70), function()
+      local err = raised(c[1])
+      assert.equal(E.EINVAL, E.code(err))
+      has(err, c[2])
+    end)
+  end
+
+  it("a number stays a number, nil and tables by their type", function()
+    assert.equal("0.5", E.value(0.5))
+    assert.equal("nil", E.value(nil))
+    assert.equal("a table", E.value({}))
+    assert.equal("the string \"x\"", E.value("x"))
   end)
 end)
 
@@ -228,6 +270,39 @@ describe("checkpoints", function()
     has(err, "'" .. npy .. "' is not a safetensors file (it is a NumPy .npy file)")
   end)
 
+  it("a checksum mismatch gives the fix in the caller's language: Lua's option, the C flag", function()
+    local a = eng({ 4, 4 })
+    a:step()
+    local ckpt = dir .. "/sum.safetensors"
+    a:save(ckpt)
+    local f = assert(io.open(ckpt, "r+b"))
+    local size = f:seek("end")
+    f:seek("set", size - 3) -- a byte of the data section: its checksum no longer matches
+    local b = f:read(1)
+    f:seek("set", size - 3)
+    f:write(string.char((b:byte() + 1) % 256))
+    f:close()
+    local err = raised(function() eng({ 4, 4 }):load(ckpt) end)
+    assert.equal(E.EFORMAT, E.code(err))
+    has(err, "checksum mismatch")
+    has(err, "load(path, { checksum = false })")
+    assert.falsy(tostring(err):find("mu_engine_load_ex", 1, true), tostring(err))
+    -- the same file through the C API, as a C trainer loads it
+    local path = write(dir .. "/sum_cfg.lua", "return { groups = { { optimizer = 'muon', min_dim = 2 }, "
+      .. "{ optimizer = 'adamw' } } }\n")
+    local rc, _, ce = c_open(path)
+    assert.equal(0, rc)
+    local w, g = ffi.new("float[16]"), ffi.new("float[16]")
+    local shape = ffi.new("int64_t[2]", 4, 4)
+    assert.equal(0, C.mu_engine_add_param(ce, "layers.0.w", C.MU_F32, 2, shape, w, g))
+    assert.equal(E.EFORMAT, C.mu_engine_load(ce, ckpt))
+    local msg = c_err(ce)
+    has(msg, "checksum mismatch")
+    has(msg, "mu_engine_load_ex(eng, path, MU_LOAD_NO_CHECKSUM)")
+    assert.falsy(msg:find("checksum = false", 1, true), msg)
+    assert.equal(0, C.mu_engine_load_ex(ce, ckpt, C.MU_LOAD_NO_CHECKSUM))
+  end)
+
   it("a checkpoint of other parameters names the parameter and what differs", function()
     local a = eng({ 4, 4 })
     a:step()
@@ -294,6 +369,34 @@ describe("numbers: a finite gradient whose momentum overflows", function()
 end)
 
 describe("hooks", function()
+  it("NaN or Inf made by a hook names the hook and the parameter; nothing changes", function()
+    local nan = function(O) O:fill(0 / 0) end
+    local cases = {
+      { { post_ortho_fn = nan }, "the update holds NaN or Inf after post_ortho_fn (the Newton-Schulz input was finite)" },
+      { { zeropower_fn = function(x) return x:clone():fill(1 / 0) end },
+        "the update holds NaN or Inf after zeropower_fn" },
+      { { momentum_update_fn = function(gs)
+          local out = {}
+          for i, x in ipairs(gs) do out[i] = x:clone():fill(0 / 0) end
+          return out
+        end }, "the Newton-Schulz input holds NaN or Inf after momentum_update_fn (its gradient is finite)" },
+      { { pre_ortho_fn = nan, hook_state = { s = "scalar" } }, "pre_ortho_fn left NaN or Inf in the Newton-Schulz input" },
+    }
+    for _, c in ipairs(cases) do
+      local g = { name = "hidden", optimizer = "muon" }
+      for k, v in pairs(c[1]) do g[k] = v end
+      local e = engine.new(cfg({ g }))
+      local w = T.randn({ 4, 4 }, 1)
+      local before = w:clone()
+      e:add_param("blocks.0.w", w, T.randn({ 4, 4 }, 2))
+      local err = raised(e.step, e)
+      assert.equal(E.ENONFINITE, E.code(err))
+      has(err, "parameter 'blocks.0.w': " .. c[2])
+      H.assert_equal_bits(w, before, "the parameter")
+      assert.equal(0, e:get("step"))
+    end
+  end)
+
   it("a hook raising a table: MU_ELUA, its fields, a traceback ending at the user's line", function()
     local path = write(dir .. "/hook.lua", table.concat({
       "local function check(x)",

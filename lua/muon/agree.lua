@@ -7,7 +7,8 @@
 --
 --   local A = require("muon.agree")
 --   local a = A.new(ctrl)                -- ctrl: the control communicator (muon.comm)
---   a:gate(op, err)                      -- the start of a collective call (A.OPS); err: this rank's argument error
+--   a:gate(op, err, args)                -- the start of a collective call (A.OPS); err: this rank's argument error;
+--                                        -- args: the call's arguments ({ key, value } strings), agreed
 --   a:failure(err, run)                  -- raise everywhere if any rank failed; with run: agree on skipped groups
 --   a:entries(entries, what)             -- nil, or the message naming the first { key, value } that differs
 --   a:run(run, err, records, groups)     -- a step's failures, skipped groups, stepping set and values
@@ -20,7 +21,7 @@ local Agree = {}
 Agree.__index = Agree
 
 -- The collective calls of an engine, each with its tag in the gate.
-A.OPS = { "step", "save", "load", "reduce_grads", "clip_grad_norm" }
+A.OPS = { "step", "save", "load", "reduce_grads", "clip_grad_norm", "save_sharded" }
 local OP_TAG = {}
 for i, op in ipairs(A.OPS) do OP_TAG[op] = i end
 
@@ -63,18 +64,28 @@ function Agree:entries(entries, what)
   return D.agree_entries(self.ctrl, entries, what, #entries)
 end
 
+local function hash_all(list)
+  local parts = {}
+  for i, e in ipairs(list) do parts[i] = e[1] .. "=" .. e[2] end
+  return D.hash(table.concat(parts, "\n"))
+end
+
 -- The start of every collective call (op: one of A.OPS): one all-reduce of
--- the call's tag and of whether this rank already failed (err: an argument
--- error, raised here on every rank, the lowest failing rank's). Ranks in
--- different calls (save on one, step on another) fail on every rank naming
--- both calls. On one process err raises at once.
-function Agree:gate(op, err)
+-- the call's tag, of whether this rank already failed (err: an argument
+-- error, raised here on every rank, the lowest failing rank's) and of a
+-- hash of the call's arguments (args: { key, value } strings, nil for
+-- none). Ranks in different calls (save on one, step on another) fail on
+-- every rank naming both calls; ranks whose arguments differ (op "mean" on
+-- one, "sum" on another) fail on every rank naming the key and both
+-- values. On one process err raises at once.
+function Agree:gate(op, err, args)
   if self.W == 1 then
     if err ~= nil then error(err, 0) end
     return
   end
   local tag = OP_TAG[op]
-  local r = self.ctrl:allreduce({ tag, -tag, err ~= nil and (self.W - self.me) or 0 }, "max")
+  local h = args and hash_all(args) or 0
+  local r = self.ctrl:allreduce({ tag, -tag, err ~= nil and (self.W - self.me) or 0, h, -h }, "max")
   if r[1] ~= -r[2] then
     local other = A.OPS[r[1] ~= tag and r[1] or -r[2]]
     E.raise(E.ESTATE, "%s: the ranks are not in the same call: rank %d called %s while another rank called %s "
@@ -82,12 +93,10 @@ function Agree:gate(op, err)
       op, other, table.concat(A.OPS, ", "))
   end
   if r[3] ~= 0 then self:raise_from(self.W - r[3], err) end
-end
-
-local function hash_all(list)
-  local parts = {}
-  for i, e in ipairs(list) do parts[i] = e[1] .. "=" .. e[2] end
-  return D.hash(table.concat(parts, "\n"))
+  if r[4] ~= -r[5] then
+    local msg = D.agree_entries(self.ctrl, args or {}, op .. ": the arguments")
+    E.raise(E.EINVAL, "%s: every rank must pass the same; nothing was changed", msg or (op .. ": the arguments differ"))
+  end
 end
 
 -- Some rank holds an empty shard of a parameter and passed no grad for it

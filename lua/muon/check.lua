@@ -15,8 +15,11 @@ muon.check.run(config_path, shapes_path, opts)
     The report text (with "config: <name>" first when the config has one:
     the routing table, the Newton-Schulz table, the totals per group), the
     list of problems (unmatched parameters, 1-D parameters in a Muon group,
-    unreadable lines, a broken config, an unreadable params file), the
-    warnings (check.warnings) and notes (tensors a checkpoint left out).
+    a Muon group whose match selects no parameter while others take the
+    matrices, a pattern in regex syntax, unreadable lines, a broken config,
+    an unreadable params file), the warnings (check.warnings, and groups
+    left empty: Engine:check_routes) and notes (tensors a checkpoint left
+    out).
     opts as muon.engine.new's.
 muon.check.read_params(path)
     The parameters of a params file, told apart by content (never by the
@@ -425,7 +428,12 @@ function check.run(config_path, shapes_path, opts)
   text = text .. check.format_report(rows)
   local name = eng.config.name
   if name ~= nil then text = "config: " .. name .. "\n" .. text end
-  return text, problems, check.warnings(rows), notes
+  -- groups left empty (muon.routing): errors are problems, the rest warnings
+  local warnings = check.warnings(rows)
+  local route_errors, route_warnings = eng:check_routes()
+  for _, m in ipairs(route_errors) do problems[#problems + 1] = m end
+  for _, m in ipairs(route_warnings) do warnings[#warnings + 1] = m end
+  return text, problems, warnings, notes
 end
 
 -- "\nN notes:\n  - ...\n" for a non-empty list.
@@ -497,8 +505,10 @@ function check.main(args)
     notes, warnings = rnotes or {}, {}
     if not shapes then text, problems = "", { bad }
     else
-      text, problems = require("muon.check_world").run(config, shapes, { world = world.world, rank = world.rank,
+      local rw, _
+      text, problems, _, rw = require("muon.check_world").run(config, shapes, { world = world.world, rank = world.rank,
         mesh = world.mesh, trusted = trusted })
+      warnings = rw or {}
       for _, p in ipairs(bad) do problems[#problems + 1] = p end
     end
   else

@@ -94,8 +94,8 @@ local function peak_rss_mb()
 end
 
 -- Plans rank opts.rank of opts.world for the config and shapes ({ name,
--- shape, placement = list or nil }); returns the text and a list of
--- problems.
+-- shape, placement = list or nil }); returns the text, a list of
+-- problems, the plan's figures and the routing's warnings.
 function CW.run(config_path, shapes, opts)
   local W, me = opts.world, opts.rank
   local mesh
@@ -107,6 +107,8 @@ function CW.run(config_path, shapes, opts)
   local _, problems, eng = require("muon.engine").check(config_path, shapes, { trusted = opts.trusted or nil,
     dry_run = { world = W, rank = me, mesh = mesh } })
   if #problems > 0 then return "", problems end
+  local route_errors, route_warnings = eng:check_routes()
+  if #route_errors > 0 then return "", route_errors, nil, route_warnings end
   collectgarbage()
   local m0, t0 = collectgarbage("count"), os.clock()
   local plan = eng:plan()
@@ -139,7 +141,7 @@ function CW.run(config_path, shapes, opts)
   line("  job NS imbalance (largest rank / mean, by %s): %.4f", plan.balance, f.imbalance)
   local rss = peak_rss_mb()
   line("  plan time %.3f s, plan memory %.1f MB%s", secs, mem, rss and (", process peak RSS %.1f MB"):format(rss) or "")
-  return table.concat(out, "\n") .. "\n", problems, f
+  return table.concat(out, "\n") .. "\n", problems, f, route_warnings
 end
 
 return CW

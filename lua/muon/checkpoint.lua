@@ -11,7 +11,9 @@
 -- restores them; files without them load as before) with full (global-shape) tensors. On a mesh each state buffer lives on
 -- one rank per box (muon.dist's holder): saving gathers the full tensors to
 -- rank 0, which writes one file; loading reads the file on every rank and
--- each holder keeps its box. The file never depends on the mesh.
+-- each holder keeps its box. The file never depends on the mesh. (A
+-- sharded checkpoint, muon.checkpoint_sharded, is a directory where each
+-- holder writes its own boxes; its load goes through S.load too.)
 --
 -- Checkpoint files: tensors "<prefix><param name>/<state key>"; the
 -- parameter lists, group steps and per-parameter scalars go in the metadata
@@ -153,13 +155,15 @@ end
 
 -- The state tensors of a parameter: its kind's, then its hook state's
 -- ("hook.<name>"), each { key, shape (global), record (of the plan, on a
--- mesh: boxes and holders) }.
+-- mesh: boxes and holders), dtype (as the group keeps it), min (the kind's
+-- invariant, Kind.state_min) }.
 local function tensor_specs(stepper, e)
   local list = {}
   local rec = stepper:record(e.p)
   local r = stepper:size() > 1 and rec or nil
   for _, k in ipairs(e.kind.state_keys) do
-    list[#list + 1] = { key = k, shape = e.p.logical_shape, record = r, dtype = rec.state_dtype }
+    list[#list + 1] = { key = k, shape = e.p.logical_shape, record = r, dtype = rec.state_dtype,
+      min = e.kind.state_min[k] }
   end
   for _, h in ipairs(e.hooks) do
     list[#list + 1] = { key = h.key, shape = h.shape, record = r and r.hook_records[h.key], dtype = rec.dtype }
@@ -337,11 +341,37 @@ local function staged_options(g, saved, li, what, hyper, expected)
   return new, notes
 end
 
+-- A loaded state tensor t as the group keeps it (converted to its dtype),
+-- checked: finite (a float32 value above
+-- bfloat16's range becomes Inf), and not below the kind's invariant
+-- spec.min. Raises EFORMAT naming the tensor (name) and where it came from
+-- (what: the file).
+local function check_loaded(t, spec, name, from, what)
+  if not t:all_finite() then
+    E.raise(E.EFORMAT, "%s: state tensor '%s' holds NaN or Inf%s; nothing was changed", what, name,
+      from ~= t:dtype() and (" once converted from %s to %s (the group's state_dtype)"):format(from, t:dtype()) or "")
+  end
+  if spec.min ~= nil and t:numel() > 0 then
+    local x = t:dtype() == "bfloat16" and t:clone("float32") or t:contiguous()
+    local below = x:lt(spec.min)
+    if below:amax() > 0 then
+      local i = below:argmax()
+      E.raise(E.EFORMAT, "%s: state tensor '%s' holds %.9g (element %d), below %g, which %s's %s never is (the "
+        .. "file is corrupted or was edited); nothing was changed", what, name, x:view({ x:numel() }):get(i), i,
+        spec.min, spec.class, spec.key)
+    end
+  end
+end
+
 -- Check d against the stepper and copy this rank's part of it (raises,
 -- changing nothing). Returns what commit() installs. hyper: "restore" (the
 -- group hyperparameters d holds replace the current ones, as torch's
--- load_state_dict) or "config" (see staged_options).
-local function stage(stepper, kind, d, what, hyper, expected)
+-- load_state_dict) or "config" (see staged_options). fetch(p, t, v) (a
+-- sharded checkpoint's, muon.checkpoint_sharded): this rank's box of state
+-- tensor t (a tensor_specs entry) of parameter p as the group keeps it,
+-- read from the files (v is then a stand-in of the full shape and stored
+-- dtype), checked as read.
+local function stage(stepper, kind, d, what, hyper, expected, prefix, fetch)
   if type(d) ~= "table" or type(d.groups) ~= "table" or type(d.params) ~= "table" or type(d.state) ~= "table" then
     E.raise(E.EINVAL, "%s must be a table { groups = {...}, params = {...}, state = {...} } as state_dict() returns, got %s",
       what or "state dict", type(d) == "table" and "a table without them" or type(d))
@@ -371,7 +401,18 @@ local function stage(stepper, kind, d, what, hyper, expected)
         one.state = {}
         for _, t in ipairs(tensor_specs(stepper, e)) do
           local v = entry[t.key]
-          one.state[t.key] = (W == 1 and v or D.box_view(v, t.record.mine)):clone(t.dtype)
+          t.class = e.kind.class
+          local name = (prefix or "") .. p.name .. "/" .. t.key
+          if fetch then
+            one.state[t.key] = fetch(p, t, v)
+            check_loaded(one.state[t.key], t, name, v:dtype(), what or "state dict")
+          else
+            -- (checked whole, as the group keeps it: the same verdict on every holder)
+            local full = v:dtype() == t.dtype and v or v:clone(t.dtype)
+            check_loaded(full, t, name, v:dtype(), what or "state dict")
+            if W > 1 then one.state[t.key] = D.box_view(full, t.record.mine):clone()
+            else one.state[t.key] = full ~= v and full or v:clone() end
+          end
           if v:dtype() ~= t.dtype then
             local c = staged.converted[v:dtype() .. " to " .. t.dtype] or 0
             staged.converted[v:dtype() .. " to " .. t.dtype] = c + 1
@@ -544,7 +585,8 @@ local function format_error(msg) E.raise(E.EFORMAT, msg) end
 -- Inverse of encode: list of { prefix, dict } from a loaded file, for the
 -- kinds (name -> kind) of a stepper. verify = false: the checksums are
 -- neither required nor checked (a file written in Python); the structure
--- and every value still are.
+-- and every value still are. file: { metadata, order, tensors, lazy } (lazy:
+-- the tensors are stand-ins whose values are checked when read).
 function S.decode(file, path, verify, kinds)
   local meta = file.metadata
   if meta["muon.state"] == nil then
@@ -553,14 +595,12 @@ function S.decode(file, path, verify, kinds)
   if verify ~= false then
     if meta["muon.checksum"] == nil or meta[META_SUM] == nil then
       format_error(("'%s': checkpoint has no checksum (muon.checksum, %s): corrupted or not written by muon "
-        .. "(a file written by another program loads with load(path, { checksum = false }) or "
-        .. "mu_engine_load_ex(eng, path, MU_LOAD_NO_CHECKSUM))"):format(path, META_SUM))
+        .. "(a file written by another program loads with load(path, { checksum = false }))"):format(path, META_SUM))
     end
     local want, got = meta[META_SUM], meta_checksum(meta)
     if want:lower() ~= got then
       format_error(("'%s': metadata checksum mismatch (header says %s, metadata gives %s): the file is corrupted "
-        .. "(or edited by another program: load(path, { checksum = false }) or "
-        .. "mu_engine_load_ex(eng, path, MU_LOAD_NO_CHECKSUM) skips the checksums)")
+        .. "(or edited by another program: load(path, { checksum = false }) skips the checksums)")
         :format(path, want, got))
     end
   end
@@ -593,7 +633,7 @@ function S.decode(file, path, verify, kinds)
           entry = entry or {}
           entry[k] = file.tensors[name]
           used[name] = true
-          if not entry[k]:all_finite() then
+          if not file.lazy and not entry[k]:all_finite() then -- (lazy: checked as read)
             format_error(("'%s': state tensor '%s' holds NaN or Inf"):format(path, name))
           end
         end
@@ -667,21 +707,32 @@ S.load_options = st.load_options
 -- checkpoint's step per group of the kind, see stage }): validates
 -- everything first (check(meta) may reject the extra metadata, raising),
 -- changes nothing on any error (on every rank of a mesh). opts: see
--- S.load_options; pre_err: as for S.save. Returns the file's metadata.
+-- S.load_options; pre_err: as for S.save. reader(path, verify, kinds,
+-- stepper) (muon.checkpoint_sharded.reader): nil for a file, else the
+-- checkpoint path names as { dicts, meta, fetch, close }. Returns the
+-- checkpoint's metadata.
 local S_load_body
-function S.load(stepper, path, parts, check, opts, pre_err)
-  return stepper:exclusive("load", S_load_body, stepper, path, parts, check, opts, pre_err)
+function S.load(stepper, path, parts, check, opts, pre_err, reader)
+  return stepper:exclusive("load", S_load_body, stepper, path, parts, check, opts, pre_err, reader)
 end
 
-function S_load_body(stepper, path, parts, check, opts, pre_err)
-  stepper:gate("load", pre_err)
+function S_load_body(stepper, path, parts, check, opts, pre_err, reader)
+  -- (the options are the call's arguments: agreed at the gate)
+  local okv, verify, dtype = pcall(S.load_options, opts)
+  stepper:gate("load", pre_err or (not okv and verify or nil),
+    okv and { { "checksum", tostring(verify) }, { "dtype", tostring(dtype) } } or nil)
   stepper:build_once() -- (collective on a mesh: before anything that can fail)
-  local staged, meta = {}, nil
+  local staged, meta, opened = {}, nil, nil
   local ok, err = pcall(function()
-    local verify = S.load_options(opts)
-    local file = st.load(path, { checksum = verify })
-    meta = file.metadata
-    local dicts = S.decode(file, path, verify, kinds_of(stepper))
+    opened = reader and reader(path, verify, kinds_of(stepper), stepper)
+    local dicts
+    if opened then
+      dicts, meta = opened.dicts, opened.meta
+    else
+      local file = st.load(path, { checksum = verify })
+      meta = file.metadata
+      dicts = S.decode(file, path, verify, kinds_of(stepper))
+    end
     local by_prefix, problems = {}, {}
     for _, it in ipairs(dicts) do by_prefix[it.prefix] = it end
     local wanted = {}
@@ -707,22 +758,23 @@ function S_load_body(stepper, path, parts, check, opts, pre_err)
     if check then check(meta) end
     for _, part in ipairs(parts) do
       staged[#staged + 1] = stage(stepper, part.kind, by_prefix[part.prefix].dict, "checkpoint '" .. path .. "'", part.hyper,
-        part.expected)
+        part.expected, part.prefix, opened and opened.fetch)
     end
   end)
+  if opened then opened.close() end
+  -- A rank that failed above (its file missing, malformed, not matching)
+  -- fails every rank with its own error (the lowest failing rank's).
+  stepper:agree_failure(not ok and err or nil)
   if stepper:size() > 1 then
     -- Every rank must load the same file: its step and checksums agree
-    -- (one all-reduce when they do; a rank that failed above compares as
-    -- failed, and its error is the one raised).
-    local entries = ok and {
+    -- (one all-reduce when they do; the message is the same on every rank).
+    local msg = stepper:agree_entries({
       { "step", tostring(meta["muon.engine.step"] or "(none)") },
       { "data checksum", tostring(meta["muon.checksum"] or "(none)") },
       { "metadata checksum", tostring(meta_checksum(meta)) },
-    } or { { "step", "(the load failed)" }, { "data checksum", "(the load failed)" }, { "metadata checksum", "(the load failed)" } }
-    local msg = stepper:agree_entries(entries, ("checkpoints loaded from '%s'"):format(path))
-    if ok and msg then ok, err = false, E.new(E.EINVAL, msg .. ": every rank must load the same file") end
+    }, ("checkpoints loaded from '%s'"):format(path))
+    if msg then E.raise(E.EINVAL, "%s: every rank must load the same file; nothing was changed", msg) end
   end
-  stepper:agree_failure(not ok and err or nil)
   local converted = {}
   for _, s in ipairs(staged) do
     commit(stepper, s)
@@ -741,5 +793,11 @@ function S_load_body(stepper, path, parts, check, opts, pre_err)
   end
   return meta
 end
+
+-- What the sharded checkpoints (muon.checkpoint_sharded) share with this
+-- format: the lists of a stepper's state, the group hyperparameters, the
+-- header's validation.
+S.kinds_of, S.of_kind, S.tensor_specs, S.group_options = kinds_of, of_kind, tensor_specs, group_options
+S.is_int, S.is_list = is_int, is_list
 
 return S

@@ -31,8 +31,17 @@ muon.comm.from_handle(ptr)
 muon.comm.have_mpi()
     Whether the library was built with MPI.
 muon.comm.world_size()
-    The world's size without initializing MPI (from the launcher's
-    environment, else 1).
+muon.comm.world_rank()
+    The world's size and this process's rank without initializing MPI
+    (from MPI once it runs, else the launcher's environment; 1 and 0
+    without one).
+muon.comm.world_info()
+    size, rank: the world a config sees (muon.world()): world_size and
+    world_rank, or the virtual world of a dry run while its config loads
+    (as_world).
+muon.comm.as_world(world, f, ...)
+    f(...) with world_info() giving world.size and world.rank (a dry run's
+    config load: muon check --world N --rank R); returns what f returns.
 muon.comm.virtual(size, rank)
     A communicator that stands for rank `rank` of `size` ranks (at most
     muon.dist.MAX_RANKS) without communicating: a dry run's
@@ -99,6 +108,24 @@ end
 
 function M.have_mpi() return C.mu_comm_have_mpi() == 1 end
 function M.world_size() return tonumber(C.mu_comm_world_size()) end
+function M.world_rank() return tonumber(C.mu_comm_world_rank()) end
+
+-- The world a config sees (its contract: the reference block); `shown`
+-- is set only while a dry run's config loads.
+local shown
+function M.world_info()
+  if shown then return shown.size, shown.rank end
+  return M.world_size(), M.world_rank()
+end
+
+function M.as_world(world, f, ...)
+  local saved = shown
+  shown = world
+  local r = { pcall(f, ...) }
+  shown = saved
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, table.maxn(r))
+end
 
 function M.world()
   local out = ffi.new("mu_comm *[1]")

@@ -31,34 +31,68 @@ local function nonfinite(G, gr, fmt, ...)
   E.raise(E.ENONFINITE, fmt, ...)
 end
 
+-- Whether a hook of the group writes the kind's state (then CC.state
+-- checks it, naming the hook).
+local function hook_writes_state(G)
+  for _, h in ipairs(G.kind.HOOKS) do
+    if K.HOOK_NAMES[h].writes_state and G.options[h] ~= nil then return true end
+  end
+  return false
+end
+
+-- The hooks a group runs that write `what` of its step ("input": the
+-- Newton-Schulz input, "update": the update; K.HOOKS' writes), as text:
+-- "post_ortho_fn", "zeropower_fn or post_ortho_fn", or nil for none.
+local function writers(G, what)
+  local list = {}
+  for _, h in ipairs(G.kind.HOOKS) do
+    if K.HOOK_NAMES[h].writes == what and G.options[h] ~= nil then list[#list + 1] = h end
+  end
+  if #list == 0 then return nil end
+  return table.concat(list, " or ")
+end
+
 -- A finite gradient can still overflow what is derived from it: the NS
--- input, and the state the update does not show (kind.hidden_state_keys;
--- the update itself is checked by CC.apply): the first entry holding NaN
--- or Inf, and its message; nil when they are finite.
+-- input and every state tensor direction wrote, as stored (a value that
+-- float32 keeps finite rounds to Inf in a bfloat16 state; state a hook
+-- wrote is CC.state's; the update itself is checked by CC.apply): the
+-- message naming the first one holding NaN or Inf, or nil.
 local function derived_failure(G, entries)
-  local list, owner = {}, {}
+  local list, owner, what = {}, {}, {}
+  local keys = hook_writes_state(G) and {} or G.kind.state_keys
   for _, e in ipairs(entries) do
-    if G.kind.ns then list[#list + 1] = e.u end
-    for _, k in ipairs(G.kind.hidden_state_keys) do list[#list + 1] = e.new[k] end
-    for _ = #owner + 1, #list do owner[#owner + 1] = e.p end
+    if G.kind.ns then list[#list + 1], owner[#list + 1], what[#list + 1] = e.u, e.p, "the Newton-Schulz input" end
+    for _, k in ipairs(keys) do
+      -- (state written in place at the commit is not there yet: failure_of finds it)
+      if e.new[k] ~= nil then list[#list + 1], owner[#list + 1], what[#list + 1] = e.new[k], e.p, k end
+    end
   end
   local bad = foreach.first_nonfinite(list)
   if not bad then return nil end
-  return ("parameter '%s': its gradient is finite but the %s overflowed to NaN or Inf (%s)"):format(owner[bad].name,
-    G.kind.ns and "momentum (the Newton-Schulz input)" or table.concat(G.kind.hidden_state_keys, ", "), G.label)
+  local hook = G.kind.ns and what[bad] == "the Newton-Schulz input" and writers(G, "input")
+  if hook then
+    return ("parameter '%s': the Newton-Schulz input holds NaN or Inf after %s (its gradient is finite) (%s)")
+      :format(owner[bad].name, hook, G.label)
+  end
+  return ("parameter '%s': its gradient is finite but %s overflowed to NaN or Inf%s (%s); nothing was changed")
+    :format(owner[bad].name, G.kind.ns and what[bad] == "the Newton-Schulz input"
+      and "the momentum (the Newton-Schulz input)" or ("the " .. what[bad]),
+      list[bad]:dtype() == "bfloat16" and " in bfloat16 (state_dtype)" or "", G.label)
 end
 
 local apply_failure -- (below)
 
 -- Which check a bad value that a kind's direction reported fails (its
--- passes check everything at once): the gradients, the derived values,
--- the applies it checked, the state it wrote, as the separate checks
--- would have found them, in that order. Returns the message.
-local function failure_of(G, gr, entries, applies)
+-- passes check everything at once): the gradients, the derived values
+-- (the NS input, the state as stored), the applies it checked, the state
+-- it wrote, as the separate checks would have found them, in that order
+-- (state a kind writes in place at the commit is not written yet: then
+-- the reported entry bad holds it). Returns the message.
+local function failure_of(G, gr, entries, bad, applies)
   local grads = {}
   for i, e in ipairs(entries) do grads[i] = e.grad:is_contiguous() and e.grad or e.grad:contiguous() end
-  local bad = foreach.first_nonfinite(grads)
-  if bad then return ("parameter '%s': gradient holds NaN or Inf (%s)"):format(entries[bad].p.name, G.label) end
+  local g = foreach.first_nonfinite(grads)
+  if g then return ("parameter '%s': gradient holds NaN or Inf (%s)"):format(entries[g].p.name, G.label) end
   local msg = derived_failure(G, entries)
   if msg then return msg end
   if applies then
@@ -70,11 +104,12 @@ local function failure_of(G, gr, entries, applies)
     msg = apply_failure(G, gr, values, updates, names, scales)
     if msg then return msg end
   end
-  for _, e in ipairs(entries) do
+  for i, e in ipairs(entries) do
     for _, k in ipairs(G.kind.state_keys) do
-      if not e.new[k]:all_finite() then
-        return ("parameter '%s': state tensor '%s' would hold NaN or Inf after the step (%s); nothing was changed")
-          :format(e.p.name, k, G.label)
+      local t = e.new[k]
+      if t == nil and i == bad or t ~= nil and not t:all_finite() then
+        return ("parameter '%s': its gradient is finite but the %s overflowed to NaN or Inf%s (%s); nothing was changed")
+          :format(e.p.name, k, G.options.state_dtype == "bfloat16" and " in bfloat16 (state_dtype)" or "", G.label)
       end
     end
   end
@@ -84,9 +119,9 @@ end
 -- What the direction of a group wrote (entries) is finite: with
 -- kind.checks, direction reported it (bad: nil, or an entry holding NaN or
 -- Inf; applies: it checked the applies too, which CC.apply then skips);
--- else the NS input and the hidden state are checked here (a NaN/Inf
--- gradient was checked before). Under "skip" the NS inputs are zeroed so
--- that routing and Newton-Schulz stay finite.
+-- else the NS input and the state are checked here (derived_failure; a
+-- NaN/Inf gradient was checked before). Under "skip" the NS inputs are
+-- zeroed so that routing and Newton-Schulz stay finite.
 function CC.derived(run, G, gr, entries, bad, applies)
   local msg
   if G.kind.checks then
@@ -94,7 +129,7 @@ function CC.derived(run, G, gr, entries, bad, applies)
       gr.apply_checked = applies == true
       return
     end
-    msg = failure_of(G, gr, entries, applies)
+    msg = failure_of(G, gr, entries, bad, applies)
   else
     msg = derived_failure(G, entries)
     if not msg then return end
@@ -105,30 +140,13 @@ function CC.derived(run, G, gr, entries, bad, applies)
   for _, e in ipairs(entries) do e.u:zero() end
 end
 
--- Whether a hook of the group writes the kind's state (then the update
--- does not show it: it is checked on its own).
-local function hook_writes_state(G)
-  for _, h in ipairs(G.kind.HOOKS) do
-    if K.HOOK_NAMES[h].writes_state and G.options[h] ~= nil then return true end
-  end
-  return false
-end
-
 -- The state the commit swaps in: the hooks' hook state is copied into it
--- from the buffers they saw (scratch:hook_buffer), then every state tensor
--- the update does not show is checked (hook state; the kind's state where a
--- hook wrote it; the hidden state was checked by CC.derived). records:
--- param -> its plan record.
+-- from the buffers they saw (scratch:hook_buffer), then what CC.derived
+-- did not check is (hook state; the kind's state where a hook wrote it).
+-- records: param -> its plan record.
 function CC.state(scratch, records, G, gr)
   local list, owner, key = {}, {}, {}
-  local kind_keys = {}
-  if hook_writes_state(G) then
-    local hidden = {}
-    for _, k in ipairs(G.kind.hidden_state_keys) do hidden[k] = true end
-    for _, k in ipairs(G.kind.state_keys) do
-      if not hidden[k] then kind_keys[#kind_keys + 1] = k end
-    end
-  end
+  local kind_keys = hook_writes_state(G) and G.kind.state_keys or {}
   for _, e in ipairs(gr.entries) do
     for _, k in ipairs(kind_keys) do
       list[#list + 1], owner[#list + 1], key[#list + 1] = e.new[k], e.p, k
@@ -142,9 +160,10 @@ function CC.state(scratch, records, G, gr)
   if bad then
     local k = key[bad]
     local hook = k:match("^hook%.(.*)$")
-    nonfinite(G, gr, "parameter '%s': %s would hold NaN or Inf after the step (%s); nothing was changed",
+    nonfinite(G, gr, "parameter '%s': %s would hold NaN or Inf after the step%s (%s); nothing was changed",
       owner[bad].name, hook and ("hook state '" .. hook .. "' (pre_ortho_fn / post_ortho_fn)")
-        or ("state tensor '" .. k .. "' (written by a hook)"), G.label)
+        or ("state tensor '" .. k .. "' (written by a hook)"),
+      list[bad]:dtype() == "bfloat16" and " in bfloat16 (state_dtype)" or "", G.label)
   end
 end
 
@@ -181,7 +200,14 @@ apply_failure = function(G, gr, values, updates, names, scales)
     if not ok then
       local name
       for n, v in ipairs(values) do if v == part[1][i] then name = names[n] end end
-      if not part[2][i]:all_finite() then return ("parameter '%s': update holds NaN or Inf (%s)"):format(name, G.label) end
+      if not part[2][i]:all_finite() then
+        local hook = writers(G, "update")
+        if hook then -- (its Newton-Schulz input was checked finite: the hook made it)
+          return ("parameter '%s': the update holds NaN or Inf after %s (the Newton-Schulz input was finite) (%s); "
+            .. "nothing was changed"):format(name, hook, G.label)
+        end
+        return ("parameter '%s': update holds NaN or Inf (%s)"):format(name, G.label)
+      end
       return ("parameter '%s': the step would leave NaN or Inf in the parameter (value * %.17g + "
         .. "%.17g * update overflows, or the value holds NaN or Inf) (%s); nothing was changed")
         :format(name, decay, alpha, G.label)

@@ -18,6 +18,7 @@ local commlib = require("muon.comm")
 local O = require("muon.optim.options")
 local K = require("muon.optim.kind")
 local kinds = require("muon.optim.kinds")
+local Rt = require("muon.routing")
 local config = {}
 
 local HOW_TO_ALLOW = sandbox.HOW_TO_ALLOW
@@ -158,7 +159,7 @@ function config.hook_limits(budget, trusted, where)
   for k, v in pairs(sandbox.HOOK_BUDGET) do limits[k] = v end
   for k, v in pairs(budget) do
     if type(v) ~= "number" or v ~= v or v <= 0 then
-      fail(E.EINVAL, "config %s: hook_budget.%s must be a number > 0 (math.huge: no limit), got %s", where, k, tostring(v))
+      fail(E.EINVAL, "config %s: hook_budget.%s must be a number > 0 (math.huge: no limit), got %s", where, k, E.value(v))
     end
     limits[k] = v
   end
@@ -242,8 +243,8 @@ local function config_fail(fmt, ...) E.raise(E.EINVAL, fmt, ...) end
 
 -- A config's top-level keys, the keys of a group besides its kind's
 -- options (they route parameters to it), and the keys of its dist section:
--- { name, doc, check = function(v, name) (raises; run when the key is set,
--- or always when required) }. config.resolve checks them (config.check_keys)
+-- { name, doc, check = function(v, name, t) (raises; run when the key is
+-- set, or always when required; t: the whole table) }. config.resolve checks them (config.check_keys)
 -- in this order; groups, hooks and dist have more checks there.
 config.CONFIG_KEYS = {
   { "groups", "a non-empty list of groups, each { name, optimizer, match, ..., options }", required = true,
@@ -258,8 +259,8 @@ config.CONFIG_KEYS = {
     check = function(v)
       if type(v) ~= "table" then config_fail("'hooks' must be a table") end
     end },
-  { "dist", "{ mesh, balance, max_batch_numel, check_replicas, split_ns, comm }: the distributed layout "
-    .. "(config.DIST_KEYS)" },
+  { "dist", "{ mesh, balance, max_batch_numel, check_replicas, split_ns, comm } (the distributed layout: config.DIST_KEYS), or "
+    .. "{ independent = true }: under mpirun each rank steps its own model on purpose" },
   { "name", "a label for the config (a string; `muon check` prints it)",
     check = function(v)
       if type(v) ~= "string" then config_fail("'name' must be a string (a label), got %s", type(v)) end
@@ -268,10 +269,12 @@ config.CONFIG_KEYS = {
     .. "gets one warning naming it",
     check = function(v)
       if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
-        config_fail("'nil_grad_warning' must be an integer >= 0 (steps; 0: never warn), got %s", tostring(v))
+        config_fail("'nil_grad_warning' must be an integer >= 0 (steps; 0: never warn), got %s", E.value(v))
       end
     end },
   { "hook_budget", "{ instructions, seconds, memory }: the limits of one hook call (config.hook_limits)" },
+  { "log", "{ level = 'error' | 'warn' | 'info' | 'debug', every = N, file = path, format = 'csv' | 'jsonl' }: "
+    .. "messages at a level (MUON_LOG overrides it) and every N steps a row of eng:stats() (muon.log)" },
 }
 config.GROUP_KEYS = {
   { "name", "the group's name (messages, get('lr:<name>'), schedules' group.name)" },
@@ -293,7 +296,7 @@ config.DIST_KEYS = {
     end },
   { "max_batch_numel", "elements per Newton-Schulz batch",
     check = function(v)
-      if type(v) ~= "number" or v < 1 then config_fail("max_batch_numel must be a number >= 1") end
+      if type(v) ~= "number" or v < 1 then config_fail("max_batch_numel must be a number >= 1, got %s", E.value(v)) end
     end },
   { "check_replicas", "'off' (default), 'grads' or 'params': compare a hash of every box over its replicas "
     .. "before the step (gradients) or after it (values); a difference fails on every rank, naming the parameter",
@@ -312,6 +315,18 @@ config.DIST_KEYS = {
     check = function(v)
       if not commlib.is_comm(v) then config_fail("comm must be a muon.comm communicator") end
     end },
+  { "independent", "true: under mpirun every rank steps its own model, on purpose (no mesh: the engine is one "
+    .. "process's on each rank); without it, an engine without a mesh refuses to step on a world of several ranks",
+    check = function(v, _, d)
+      if v ~= true then config_fail("independent must be true (or left out), got %s", E.value(v)) end
+      local other = {}
+      for k in pairs(d) do if k ~= "independent" then other[#other + 1] = tostring(k) end end
+      table.sort(other)
+      if #other > 0 then
+        config_fail("independent ranks take no other dist key (got %s): a mesh makes the ranks one run",
+          table.concat(other, ", "))
+      end
+    end },
 }
 
 -- A list of { name, ... } as a set.
@@ -329,7 +344,7 @@ function config.check_keys(t, list, what, where)
   for _, e in ipairs(list) do
     local v = t[e[1]]
     if e.check and (v ~= nil or e.required) then
-      local ok, err = pcall(e.check, v, e[1])
+      local ok, err = pcall(e.check, v, e[1], t)
       if not ok then E.raise(E.code(err) or E.EINVAL, "%s: %s", where, E.message(err)) end
     end
   end
@@ -360,6 +375,19 @@ local function as_list(v, what)
     end
   end
   return v
+end
+
+-- A group's match or exclude list (as_list's) whose patterns Lua reads as
+-- the config means them: regex syntax and malformed patterns are EINVAL
+-- naming the group, the pattern and its Lua spelling (muon.routing).
+local function check_patterns(list, what, given)
+  for i, m in ipairs(list) do
+    local why = type(m) == "string" and Rt.pattern_problem(m)
+    if why then
+      E.raise(E.EINVAL, "%s%s = %q %s", what, type(given) == "table" and ("[" .. i .. "]") or "", m, why)
+    end
+  end
+  return list
 end
 
 local function group_label(gi, name)
@@ -418,7 +446,10 @@ local function resolve_config(cfg, where)
       E.raise(E.EINVAL, "config %s: %s (%s): hook '%s' would never be called: hooks run in %s groups only "
         .. "(move it to a %s group or remove it)", where, label, kname, never[1], classes, classes)
     end
-    E.check_keys(g, valid, kname .. " option", ("config %s: %s"):format(where, label))
+    local bad = O.unknown_keys(g, valid)
+    if #bad > 0 then -- (the seed's sentence first, then the suggestions)
+      E.raise(E.EINVAL, "config %s: %s: %s", where, label, E.unexpected(kind.class, bad, valid))
+    end
     for k, v in pairs(g) do
       if not ROUTING_KEYS[k] then opts[k] = v end
     end
@@ -437,8 +468,10 @@ local function resolve_config(cfg, where)
     groups[gi] = {
       index = gi, name = g.name, kind = kind, label = label, options = options,
       -- (no match: every name, without a pattern to run on it)
-      match = g.match and as_list(g.match, ("config %s: %s.match"):format(where, label)) or nil,
-      exclude = as_list(g.exclude, ("config %s: %s.exclude"):format(where, label)),
+      match = g.match and check_patterns(as_list(g.match, ("config %s: %s.match"):format(where, label)),
+        ("config %s: %s: match"):format(where, label), g.match) or nil,
+      exclude = check_patterns(as_list(g.exclude, ("config %s: %s.exclude"):format(where, label)),
+        ("config %s: %s: exclude"):format(where, label), g.exclude),
       min_dim = g.min_dim, max_dim = g.max_dim,
       base = O.merge(kind.DEFAULTS, opts),
     }
@@ -476,14 +509,22 @@ end
 -- as messages name it): groups = list of { index, name, kind, label,
 -- options (the kind's option table, torch-like: params, step, options),
 -- match, exclude, min_dim, max_dim, base (the options the schedule starts
--- from) }; dist = a copy of the dist section, or nil. Raises EINVAL error
--- objects naming the key or option.
-function config.resolve(cfg, where)
+-- from) }; dist = a copy of the dist section, or nil (none, or
+-- independent ranks); independent = true for dist = { independent = true }.
+-- trusted: the config ran with full Lua (its log file may be anywhere).
+-- Raises EINVAL error objects naming the key or option.
+function config.resolve(cfg, where, trusted)
   local groups = resolve_config(cfg, where)
+  if cfg.log ~= nil then
+    local ok, err = pcall(require("muon.log").check, cfg.log, trusted)
+    if not ok then E.raise(E.code(err) or E.EINVAL, "config %s: %s", where, E.message(err)) end
+  end
   local dist
   if cfg.dist ~= nil then dist = resolve_dist(cfg.dist, where) end
+  local independent = dist ~= nil and dist.independent or nil
+  if independent then dist = nil end
   check_hsdp(groups, dist, where)
-  return groups, dist
+  return groups, dist, independent
 end
 
 return config

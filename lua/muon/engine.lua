@@ -18,10 +18,13 @@
     group that matches takes a parameter), schedule (function(step, group)
     -> an lr or a table of schedulable values), hooks (for every group
     whose kind takes hooks), dist ({ mesh, balance, max_batch_numel,
-    check_replicas = "off" | "grads" | "params", split_ns, comm }),
-    name, nil_grad_warning (steps, default 1) and
+    check_replicas = "off" | "grads" | "params", split_ns, comm }, or {
+    independent = true }), name, nil_grad_warning (steps, default 1) and
     hook_budget ({ instructions, seconds, memory }). Unknown keys are
-    errors.
+    errors. Under mpirun (a world of several ranks) an engine without a
+    mesh fails its collective calls (step, reduce_grads, clip_grad_norm,
+    save, load) on every rank, naming the fix, unless its config says the
+    ranks are independent on purpose: dist = { independent = true }.
 muon.engine.new(config, opts)
     An engine on a config file path (run sandboxed) or a config table.
     opts.trusted = false: true runs a config file with full Lua.
@@ -70,7 +73,9 @@ Engine:param_groups()
     The groups as plain data: a list of { index, name, optimizer, step,
     options (the group's values, the config's with set_lr applied; no
     functions), hooks (the names of the hooks it runs), params (the names
-    of its parameters, in registration order) }.
+    of its parameters, in registration order) }; tostring of one prints it
+    as torch.optim does ("Parameter Group 0\n    lr: 0.02 ..."), and
+    tostring(eng) all of them (the seed's repr).
 Engine:step(closure)
     One atomic step of every group: on failure nothing changed (parameters,
     state, step count). Calls closure() first when given; returns its value
@@ -85,7 +90,8 @@ Engine:reduce_grads(opts)
     the default) or sum ("sum") of that grad over the ranks holding the
     same box (the replicate axes of its placement), in place, added in
     rank order ((g_0 + g_1 + ...) / n): every replica gets the same bits.
-    Collective; its bytes count in comm_stats().data. A grad missing on
+    Collective: every rank passes the same op (else EINVAL on every rank,
+    naming both, nothing changed); its bytes count in comm_stats().data. A grad missing on
     some ranks of a box is EINVAL on every rank naming the parameter and
     the ranks (no grad changed). Without dist: nothing changes. Returns the
     number of grads reduced on this rank.
@@ -95,8 +101,8 @@ Engine:clip_grad_norm(max_norm)
     multiplies every grad by it (not when the norm is NaN or Inf). Exact
     (one rounding), so the same bits on any mesh, where it is a collective
     over the whole parameters, each piece counted once (replicas must hold
-    the same grads: reduce them first). max_norm: a finite number >= 0
-    (EINVAL otherwise, nothing changed).
+    the same grads: reduce them first). max_norm: a finite number >= 0,
+    the same on every rank (EINVAL otherwise, nothing changed).
 Engine:set_lr(group, lr)
     Set a group's lr (group: its index or name; lr a finite number >= 0):
     it replaces the config's lr from the next step on. A schedule that
@@ -108,8 +114,10 @@ Engine:set(key, v)
     Set "lr_scale" (a finite number >= 0, multiplies every group's lr).
 Engine:get(key)
     "lr" (group 1's), "lr:<group name or index>", "step", "stepped" (1 if
-    the last step stepped), "lr_scale", "state_bytes", "scratch_bytes". An
-    unknown key or group is EINVAL listing the valid ones.
+    the last step stepped), "lr_scale", "state_bytes", "scratch_bytes", and
+    "stats.<name>" / "stats.update_rms:<group>": a number of stats() (NaN
+    before the first step). An unknown key or group is EINVAL listing the
+    valid ones.
 Engine:set_signal(name, values)
     Per-step values (a list of finite numbers) for the hooks, read as
     ctx.signals[name]; kept until set again. On a mesh every rank sets the
@@ -120,28 +128,52 @@ Engine:state(name)
     The parameter's optimizer state on this rank (nil before its first
     step, or when another replica holds it).
 Engine:memory()
-    { state_bytes = n, scratch_bytes = n } this rank holds.
+    { state_bytes = n, scratch_bytes = n, scratch = { updates, state,
+    copies, routing, ns } } this rank holds: the optimizer state, and the
+    step's own buffers by kind (an update buffer per parameter; second
+    buffers of the state the kinds do not write in place, AdamW's moments,
+    and of the hooks' state; post_update_fn's copies; a mesh's routing
+    buffers and split matrices' pieces; the Newton-Schulz workspace, per
+    worker the largest matrix and two n x n Gram buffers, and the split
+    groups' machines).
 Engine:stats()
     { steps = n, <kind> = { steps, skipped_nonfinite }, comm = ... (with
-    dist) }.
+    dist) } and, after a step, its measurements (muon.step_stats):
+    step_seconds, ns_seconds and hook_seconds (this rank's wall time: the
+    step, the Newton-Schulz calls and the config's functions in it),
+    grad_norm (of every stepping parameter's gradient), update_rms[group
+    name or index] (sqrt(mean u^2) of the update u the commit applies, p =
+    p * decay + alpha * u), ns_matrices, ns_residual and ns_residual_rms
+    (the largest and the RMS of ||A - I||_F / sqrt(n) over the matrices, A
+    the Gram matrix X X^T of the iterate X entering Newton-Schulz's last
+    step: how far its singular values s are from 1, sqrt(mean (s^2 - 1)^2),
+    computed from that step's own product), bytes_sent and bytes_recv (this
+    rank). The config's log = { every = N, file = path } writes them.
 Engine:comm_stats()
     Bytes and seconds per communicator of a distributed engine ({}
     without dist): { data (the plan's moves), control (agreements),
     split_ns (the split Newton-Schulz groups' exchanges, summed) }, each
     as muon.comm.stats gives them.
-Engine:save(path)
+Engine:save(path, opts)
     One safetensors checkpoint of every group's state, the step count and
-    lr_scale (atomic write, checksummed).
+    lr_scale (atomic write, checksummed). opts.sharded = false: true
+    writes a directory instead, each rank its own boxes of the state plus
+    an index (muon.checkpoint_sharded), nothing gathered; every rank passes
+    the same opts.
 Engine:load(path, opts)
-    Load a checkpoint of save(): everything is checked before anything
+    Load a checkpoint of save() (a file, or a sharded checkpoint's
+    directory, saved on any world size and mesh): everything is checked before anything
     changes. State, step counts and lr_scale are the checkpoint's; options
     the config keeps stay the config's; every saved value that differs is a
     note on stderr. opts.checksum = true: false loads a file without (or
-    with stale) checksums, written in Python.
+    with stale) checksums, written in Python. On a mesh every rank passes
+    the same opts and loads the same file (else EINVAL on every rank); a
+    rank that cannot load its file fails every rank with its own error.
 Engine:describe()
     Rows { name, shape, group, group_name, optimizer, options, defaults,
     hooks, order, ns_opts (the group's resolved muon.ns options, nil
-    without Newton-Schulz) } per parameter: what muon check prints.
+    without Newton-Schulz) } per parameter: what muon check prints
+    (copies: writing them changes nothing the engine keeps).
 Engine:plan()
     This rank's plan of the registered parameters (muon.dist.plan: state
     holders, Newton-Schulz owners, items, batches, ns_load), by the rules
@@ -149,6 +181,12 @@ Engine:plan()
     process.
 Engine:route(name, shape)
     The group a parameter of that name and shape would go to, or nil.
+Engine:check_routes()
+    The routing's problems over the registered parameters (muon.routing's
+    report): errors and warnings, two lists of messages. The first step
+    (and the first after more add_param) fails with the first error
+    (EINVAL, on every rank) and prints each warning once (rank 0); muon
+    check lists them as problems and warnings.
 Engine:set_comm(c)
     Use communicator c (a muon.comm) instead of the world; a config with
     dist only, before the first add_param (ESTATE otherwise).
@@ -156,7 +194,6 @@ Engine:local_shape_of(name, shape, placement)
     This rank's shard shape of a parameter of global shape and placement.
 ]]
 local config = require("muon.config")
-local sandbox = require("muon.sandbox")
 local T = require("muon.tensor")
 local P = require("muon.param")
 local O = require("muon.optim.options")
@@ -166,8 +203,15 @@ local kinds = require("muon.optim.kinds")
 local class = require("muon.optim.class")
 local Step = require("muon.step")
 local S = require("muon.checkpoint")
+local SH = require("muon.checkpoint_sharded")
 local commlib = require("muon.comm")
 local G = require("muon.grads")
+local K = require("muon.optim.kind")
+local RO = require("muon.readonly")
+local ns = require("muon.ns")
+local Rt = require("muon.routing")
+local Log = require("muon.log")
+local Rp = require("muon.repr")
 
 local engine = {}
 local Engine = {}
@@ -175,17 +219,6 @@ Engine.__index = Engine
 
 local OPEN_KEYS = { trusted = true, dry_run = true, source = true }
 local DRY_KEYS = { world = true, rank = true, mesh = true }
-
-local function matches_any(list, name, shape)
-  for _, m in ipairs(list) do
-    if type(m) == "function" then
-      if E.call_hook_on("parameter '" .. name .. "'", "match function", m, name, shape) then return true end
-    elseif sandbox.bounded_find(name, m, "match") then -- (a backtracking pattern is refused, not run)
-      return true
-    end
-  end
-  return false
-end
 
 -- A dry run's dist (engine.new opts.dry_run: see the reference block), its
 -- mesh checked now; nil for a dry run of a config without dist.
@@ -224,20 +257,50 @@ function engine.new(cfg_src, opts)
   opts = opts or {}
   if type(opts) ~= "table" then E.raise(E.EINVAL, "engine.new: options must be a table, got %s", type(opts)) end
   E.check_keys(opts, OPEN_KEYS, "option", "engine.new")
-  local ok, cfg, where = pcall(config.load, cfg_src, opts.trusted, opts.source)
+  -- (a dry run's config sees the world it stands for: muon.world())
+  local dry = opts.dry_run
+  local world = dry ~= nil and { size = type(dry) == "table" and tonumber(dry.world) or 1,
+    rank = type(dry) == "table" and tonumber(dry.rank) or 0 } or nil
+  local ok, cfg, where
+  if world then ok, cfg, where = pcall(commlib.as_world, world, config.load, cfg_src, opts.trusted, opts.source)
+  else ok, cfg, where = pcall(config.load, cfg_src, opts.trusted, opts.source) end
   if not ok then E.reraise(cfg, E.EINVAL) end
   local label = where == "(table)" and "(table)" or ("'" .. where .. "'")
-  local ok2, groups, dist = pcall(config.resolve, cfg, label)
+  local ok2, groups, dist, independent = pcall(config.resolve, cfg, label, opts.trusted or type(cfg_src) == "table")
   if not ok2 then E.reraise(groups, E.EINVAL) end
   if opts.dry_run ~= nil then
     local ok5, d = pcall(dry_dist, opts.dry_run, dist, label)
     if not ok5 then E.reraise(d, E.EINVAL) end
     dist = d
   end
-  return setmetatable({
+  local self = setmetatable({
     config = cfg, source = where, groups = groups, params = {}, by_name = {},
     lr_scale = 1.0, step_count = 0, dist = dist, signals = {}, dry_run = opts.dry_run ~= nil or nil,
+    independent = independent,
   }, Engine)
+  -- (messages and the stats file from rank 0 of the engine's ranks: the
+  -- mesh's, or the job's for independent ranks)
+  self.log = Log.new(not self.dry_run and cfg.log or nil, function()
+    if self.dist then return self:_stepper():rank() end
+    return commlib.world_rank()
+  end)
+  return self
+end
+
+-- A collective call (what: step, reduce_grads, clip_grad_norm, save, load)
+-- of an engine without a mesh on a world of several ranks (mpirun): every
+-- rank would train its own model, silently. Each rank sees the same world
+-- and config, so each fails alike, before any communication; unless the
+-- config says so (dist = { independent = true }).
+local function lone_on_world(self, what)
+  if self.dist or self.independent or self.dry_run then return end
+  local size = commlib.world_size()
+  if size <= 1 then return end
+  local where = self.source == "(table)" and "(table)" or ("'" .. self.source .. "'")
+  E.raise(E.EINVAL, "%s: this process is rank %d of %d (mpirun), but config %s has no dist section: every rank "
+    .. "would train its own copy of the model. For data parallelism add dist = { mesh = { { \"replicate\", %d } } } "
+    .. "(and call reduce_grads before each step); if the ranks are independent on purpose, add "
+    .. "dist = { independent = true }", what, commlib.world_rank(), size, where, size)
 end
 
 -- The step protocol over every group, made on first use (after set_comm).
@@ -256,7 +319,9 @@ function Engine:_stepper()
   self.stepper = Step.new({ groups = specs, comm = comm, mesh = mesh,
     balance = d and d.balance, max_batch_numel = d and d.max_batch_numel, check_replicas = d and d.check_replicas,
     split_ns = d and d.split_ns,
-    nil_grad_warning = self.config.nil_grad_warning })
+    nil_grad_warning = self.config.nil_grad_warning, log = self.log,
+    -- (a hook over its budget on one rank fails the step on every rank)
+    settings = { { "hook_budget", K.serialize(self.config.hook_budget) } } })
   return self.stepper
 end
 
@@ -269,15 +334,40 @@ function Engine:set_comm(c)
 end
 
 -- (Its contract: the reference block at the top.)
-function Engine:route(name, shape)
-  for _, g in ipairs(self.groups) do
-    local nd = #shape
-    if (g.min_dim == nil or nd >= g.min_dim) and (g.max_dim == nil or nd <= g.max_dim)
-      and (g.match == nil or matches_any(g.match, name, shape)) and not matches_any(g.exclude, name, shape) then
-      return g
+function Engine:route(name, shape) return Rt.route(self.groups, name, shape) end
+
+-- (Its contract: the reference block at the top.)
+function Engine:check_routes()
+  local params = {}
+  for i, e in ipairs(self.params) do
+    params[i] = { name = e.param.name, shape = e.param.logical_shape, group = e.group.index }
+  end
+  local errors, warnings = Rt.report(self.groups, params)
+  local where = self.source == "(table)" and "(table)" or ("'" .. self.source .. "'")
+  for i, m in ipairs(errors) do errors[i] = ("config %s: %s"):format(where, m) end
+  for i, m in ipairs(warnings) do warnings[i] = ("config %s: %s"):format(where, m) end
+  return errors, warnings
+end
+
+-- The routing check of a step (check_routes, once per registration set):
+-- nil, or the error that fails the step; its warnings printed once.
+function Engine:_routes_error()
+  if self.routes_checked == #self.params then return self.routes_err end
+  self.routes_checked = #self.params
+  local ok, errors, warnings = pcall(self.check_routes, self)
+  if not ok then
+    self.routes_err = E.is(errors) and errors or E.new(E.EINVAL, E.message(errors))
+    return self.routes_err
+  end
+  self.warned_routes = self.warned_routes or {}
+  for _, w in ipairs(warnings) do
+    if not self.warned_routes[w] then
+      self.warned_routes[w] = true
+      self.log:say("warn", "%s", w)
     end
   end
-  return nil
+  self.routes_err = errors[1] and E.new(E.EINVAL, errors[1]) or nil
+  return self.routes_err
 end
 
 local shape_str = T.shape_string
@@ -343,7 +433,7 @@ end
 -- (Its contract: the reference block at the top.)
 function Engine:add_param(name, value, grad, placement)
   local ok, err = pcall(function()
-    if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "add_param: name must be a non-empty string") end
+    P.check_name(name, "add_param")
     if self.by_name[name] then E.raise(E.EINVAL, "add_param: parameter '%s' is already registered", name) end
     -- (a dry run registers stand-ins: only their shapes matter)
     if not self.dry_run then P.check(name, value, grad) end
@@ -390,17 +480,27 @@ function Engine:set_grads(changes)
   self:_stepper():set_grads(list)
 end
 
--- A group's options as data (its base values but functions) and the names
--- of the hooks it runs.
+-- A group's options as data (copies of its base values but functions) and
+-- the names of the hooks it runs.
 local function options_and_hooks(g)
   local options, hooks = {}, {}
   for k, v in pairs(g.base) do
-    if type(v) ~= "function" then options[k] = v end
+    if type(v) ~= "function" then options[k] = RO.copy(v) end
   end
   for _, h in ipairs(g.kind.HOOKS) do
     if g.options[h] ~= nil then hooks[#hooks + 1] = h end
   end
   return options, hooks
+end
+
+-- A param_groups() entry's options as its tostring prints them: the
+-- options with the group's name and optimizer, hooks by name.
+local function shown(e)
+  local o = {}
+  for k, v in pairs(e.options) do o[k] = v end
+  o.name, o.optimizer = e.name, e.optimizer
+  for _, h in ipairs(e.hooks) do o[h] = "<function>" end
+  return o
 end
 
 function Engine:param_groups()
@@ -409,10 +509,19 @@ function Engine:param_groups()
     local options, hooks = options_and_hooks(g)
     local params = {}
     for i, p in ipairs(g.options.params) do params[i] = p.name end
-    list[#list + 1] = { index = g.index, name = g.name, optimizer = g.kind.name, step = g.options.step,
-      options = options, hooks = hooks, params = params }
+    list[#list + 1] = Rp.printable_group({ index = g.index, name = g.name, optimizer = g.kind.name, step = g.options.step,
+      options = options, hooks = hooks, params = params }, g.index - 1, shown)
   end
   return list
+end
+
+-- The seed's (torch.optim's) repr over the groups, the config named:
+-- "Engine (config 'configs/muon.lua', 4 parameters, step 0\nParameter Group 0\n    lr: ...\n)".
+function Engine:__tostring()
+  local groups = {}
+  for i, e in ipairs(self:param_groups()) do groups[i] = shown(e) end
+  return Rp.optimizer("Engine", groups, ("config %s, %d parameters, step %d"):format(
+    self.source == "(table)" and "(table)" or ("'" .. self.source .. "'"), #self.params, self.step_count))
 end
 
 -- (Its contract: the reference block at the top.)
@@ -433,8 +542,9 @@ function Engine:_scheduled(step, lr_scale)
     local v = {}
     for _, k in ipairs(g.kind.SCHEDULE_ORDER) do v[k] = g.base[k] end
     if sched then
+      -- (a copy: nothing the engine keeps is the schedule's)
       local r = E.call_hook_on(g.label, "schedule", sched, step,
-        { index = g.index, name = g.name, optimizer = g.kind.name, base_lr = g.base.lr, base = g.base })
+        { index = g.index, name = g.name, optimizer = g.kind.name, base_lr = g.base.lr, base = RO.copy(g.base) })
       if type(r) == "number" then
         v.lr = r
       elseif type(r) == "table" then
@@ -465,16 +575,37 @@ end
 -- (parameters, state, the step count and so the schedule).
 function Engine:step(closure)
   live(self, "step")
+  lone_on_world(self, "step")
   local loss = class.run_closure(closure)
   local st = self:_stepper()
   local step = self.step_count + 1
   local okv, values = pcall(self._scheduled, self, step)
+  -- (a routing error fails the step on every rank, as a bad value does)
+  local pre_err = self:_routes_error() or (not okv and values or nil)
   local before = st:stats().steps
-  local ok, stepped = pcall(st.step, st, okv and values or nil, not okv and values or nil)
+  local ok, stepped = pcall(st.step, st, okv and values or nil, pre_err)
   if st:stats().steps > before then self.step_count = step end
   if not ok then E.reraise(stepped, E.ELUA) end
   self.last_stepped = stepped
+  if stepped and self.log:due(self.step_count) then self.log:row(self:_stats_row()) end
   return loss, stepped
+end
+
+-- A group's key in the stats (its name, else its index).
+local function group_key(g) return g.name ~= nil and g.name or g.index end
+
+-- The log file's record of the last step: step, each group's lr, then
+-- eng:stats()'s measurements (muon.log writes it as CSV or JSON).
+function Engine:_stats_row()
+  local s = self:stats()
+  local row = { { "step", self.step_count } }
+  for _, g in ipairs(self.groups) do row[#row + 1] = { "lr:" .. group_key(g), g.options.lr } end
+  for _, k in ipairs({ "step_seconds", "ns_seconds", "hook_seconds", "grad_norm" }) do row[#row + 1] = { k, s[k] } end
+  for _, g in ipairs(self.groups) do row[#row + 1] = { "update_rms:" .. group_key(g), s.update_rms[group_key(g)] } end
+  for _, k in ipairs({ "ns_residual", "ns_residual_rms", "ns_matrices", "bytes_sent", "bytes_recv" }) do
+    row[#row + 1] = { k, s[k] }
+  end
+  return row
 end
 
 -- Average (opts.op = "mean", the default) or sum ("sum") every registered
@@ -485,6 +616,7 @@ end
 -- Returns the number of gradients reduced on this rank.
 function Engine:reduce_grads(opts)
   live(self, "reduce_grads")
+  lone_on_world(self, "reduce_grads")
   -- (a bad argument on one rank fails every rank: the stepper's gate)
   local op, err = nil, nil
   opts = opts == nil and {} or opts
@@ -519,7 +651,7 @@ function Engine:set_signal(name, values)
   end
   for i = 1, n do
     if not O.is_finite(values[i]) then
-      E.raise(E.EINVAL, "set_signal '%s': values[%d] = %s is not a finite number", name, i, tostring(values[i]))
+      E.raise(E.EINVAL, "set_signal '%s': values[%d] = %s is not a finite number", name, i, E.value(values[i]))
     end
   end
   self:_stepper():set_signal(name, values)
@@ -534,6 +666,7 @@ end
 -- (Its contract: the reference block at the top; the maths: muon.grads.)
 function Engine:clip_grad_norm(max_norm)
   live(self, "clip_grad_norm")
+  lone_on_world(self, "clip_grad_norm")
   local ok, norm = pcall(G.clip, self:_stepper(), max_norm, "clip_grad_norm")
   if not ok then E.reraise(norm, E.EINVAL) end
   return norm
@@ -555,14 +688,21 @@ end
 function Engine:set_lr(group, lr)
   local g = self:_group(group, "set_lr")
   if not O.is_finite(lr) or lr < 0 then
-    E.raise(E.EINVAL, "set_lr: %s: lr must be a finite number >= 0, got %s", g.label, tostring(lr))
+    E.raise(E.EINVAL, "set_lr: %s: lr must be a finite number >= 0, got %s", g.label, E.value(lr))
   end
   g.base.lr = lr
   g.options.lr = lr
 end
 
 local SETTABLE = { lr_scale = true }
+-- (the stats.* keys: eng:stats()'s numbers of the last step, NaN before one)
+local STATS_KEYS = { "step_seconds", "ns_seconds", "hook_seconds", "grad_norm", "ns_residual", "ns_residual_rms",
+  "ns_matrices", "bytes_sent", "bytes_recv" }
 local GETTABLE = { "lr", "lr:<group>", "step", "stepped", "lr_scale", "state_bytes", "scratch_bytes" }
+for _, k in ipairs(STATS_KEYS) do GETTABLE[#GETTABLE + 1] = "stats." .. k end
+GETTABLE[#GETTABLE + 1] = "stats.update_rms:<group>"
+local IS_STAT = {}
+for _, k in ipairs(STATS_KEYS) do IS_STAT[k] = true end
 
 function Engine:set(key, value)
   if not SETTABLE[key] then
@@ -570,7 +710,7 @@ function Engine:set(key, value)
     if key == "lr" or key == "step" then msg = msg .. " ('" .. key .. "' can be read with get; scale lrs with lr_scale)" end
     E.raise(E.EINVAL, "set: %s", msg)
   end
-  if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, tostring(value)) end
+  if not O.is_finite(value) or value < 0 then E.raise(E.EINVAL, "set: %s must be a finite number >= 0, got %s", key, E.value(value)) end
   if self.stepper then self.stepper:check_idle("set") end
   self[key] = value
 end
@@ -584,6 +724,16 @@ function Engine:get(key)
   if type(key) == "string" then
     local which = key:match("^lr:(.+)$")
     if which then return self:_group(which, "get").options.lr end
+    local stat = key:match("^stats%.(.+)$")
+    if stat and IS_STAT[stat] then
+      local v = self:stats()[stat]
+      return v == nil and 0 / 0 or v
+    end
+    which = key:match("^stats%.update_rms:(.+)$")
+    if which then
+      local v = self:stats().update_rms[group_key(self:_group(which, "get"))]
+      return v == nil and 0 / 0 or v
+    end
   end
   E.raise(E.EINVAL, "get: %s", E.unknown("key", tostring(key), GETTABLE))
 end
@@ -604,20 +754,27 @@ function Engine:describe()
   for _, e in ipairs(self.params) do
     local g = e.group
     local options, hooks = options_and_hooks(g)
-    rows[#rows + 1] = { name = e.param.name, shape = e.param.logical_shape, group = g.index, group_name = g.name,
+    rows[#rows + 1] = { name = e.param.name, shape = { unpack(e.param.logical_shape) }, group = g.index, group_name = g.name,
       optimizer = g.kind.name, options = options, defaults = g.kind.DEFAULTS, hooks = hooks, order = g.kind.DISPLAY,
-      ns_opts = g.options._ns }
+      ns_opts = g.options._ns and ns.copy(g.options._ns) }
   end
   return rows
 end
 
 function Engine:stats()
   local st = self:_stepper()
-  local s = { steps = self.step_count }
+  local s = { steps = self.step_count, update_rms = {} }
   for kind, ks in pairs(st:stats().kinds) do
     s[kind] = { steps = ks.steps, skipped_nonfinite = ks.skipped_nonfinite }
   end
   if self.dist then s.comm = st:comm_stats() end
+  local last = st:last_step()
+  if last then
+    for k, v in pairs(last) do
+      if k ~= "update_rms" then s[k] = v end
+    end
+    for _, g in ipairs(self.groups) do s.update_rms[group_key(g)] = last.update_rms[g.index] end
+  end
   return s
 end
 
@@ -646,11 +803,26 @@ local function path_error(fn, path)
   if path == "" then return E.new(E.EINVAL, fn .. ": path is empty") end
 end
 
-function Engine:save(path)
+-- save's options: whether the checkpoint is sharded (or the error).
+local function save_options(opts)
+  if opts == nil then return false end
+  if type(opts) ~= "table" then return false, E.new(E.EINVAL, "save: options must be a table { sharded = true }, got " .. type(opts)) end
+  for k in pairs(opts) do
+    if k ~= "sharded" then return false, E.new(E.EINVAL, "save: " .. E.unknown("option", tostring(k), { "sharded" })) end
+  end
+  if opts.sharded ~= nil and type(opts.sharded) ~= "boolean" then
+    return false, E.new(E.EINVAL, "save: sharded must be a boolean, got " .. type(opts.sharded))
+  end
+  return opts.sharded == true
+end
+
+function Engine:save(path, opts)
   live(self, "save")
-  local ok, err = pcall(S.save, self:_stepper(), path, parts(self),
+  lone_on_world(self, "save")
+  local sharded, oerr = save_options(opts)
+  local ok, err = pcall(sharded and SH.save or S.save, self:_stepper(), path, parts(self),
     { ["muon.engine.step"] = tostring(self.step_count), ["muon.engine.lr_scale"] = ("%.17g"):format(self.lr_scale) },
-    path_error("save", path))
+    path_error("save", path) or oerr)
   if not ok then E.reraise(err, E.EIO) end
 end
 
@@ -659,7 +831,9 @@ end
 function Engine:_fail_collective(op, err)
   if self.dist == nil then error(err, 0) end
   local st = self:_stepper()
-  if op == "save" then S.save(st, nil, parts(self), nil, err) else S.load(st, nil, parts(self), nil, nil, err) end
+  if op == "save" then S.save(st, nil, parts(self), nil, err)
+  elseif op == "save_sharded" then SH.save(st, nil, parts(self), nil, err)
+  else S.load(st, nil, parts(self), nil, nil, err) end
 end
 
 -- The engine's values in a checkpoint's metadata, checked like config values.
@@ -681,6 +855,7 @@ end
 -- checkpoint's step.
 function Engine:load(path, opts)
   live(self, "load")
+  lone_on_world(self, "load")
   local values
   local ps = parts(self)
   local ok, err = pcall(S.load, self:_stepper(), path, ps, function(meta)
@@ -697,7 +872,7 @@ function Engine:load(path, opts)
         end
       end
     end
-  end, opts, path_error("load", path))
+  end, opts, path_error("load", path), SH.reader)
   if not ok then E.reraise(err, E.EFORMAT) end
   self.step_count, self.lr_scale = values[1], values[2]
 end

@@ -81,6 +81,10 @@ muon.errors.name(code)
     The code's name ("EINVAL"), or nil.
 muon.errors.message(err)
     The message of any error value, without calling anything it holds.
+muon.errors.value(v)
+    A value as a message names it: a number or boolean as itself, a string
+    as `the string "0.02"` (so that lr = "0.02" does not read as a
+    number), anything else by its type ("a table").
 muon.errors.check(rc, what)
     Raise an error object for a failed C status (mu_last_error() as the
     detail, prefixed by what).
@@ -113,10 +117,18 @@ muon.errors.trim_traceback(tb)
 muon.errors.call_hook(what, fn, ...)
     Call a config function (hook, schedule, match); what it raises comes
     back as an ELUA object "<what>: <message>" with its traceback (ENOMEM
-    when memory or stack ran out).
+    when memory or stack ran out). It runs in a coroutine of its own: a
+    coroutine.yield in it fails it (E.yielded).
 muon.errors.call_hook_on(subject, what, fn, ...)
     call_hook naming subject ("parameter 'w'") when the call exceeds the
     hook budget.
+muon.errors.yielded(what)
+    The ELUA error of a coroutine.yield that reached what ("a hook", a
+    call of the engine's): refused, nothing changed.
+muon.errors.hook_seconds()
+    Seconds spent in the calls of call_hook / call_hook_on so far (the
+    outermost ones: a hook's own hook calls count once); a step's hook time
+    is the difference over the step.
 ]]
 local ffi = require("ffi")
 local core = require("muon.core")
@@ -192,6 +204,16 @@ local function describe_value(v)
   if t == "string" then return ("%q"):format(#v > 40 and (v:sub(1, 40) .. "...") or v) end
   if t == "number" or t == "boolean" then return tostring(v) end
   return t
+end
+
+-- A value as a message names it (read raw: no metamethod is called): a
+-- number, boolean or nil as itself, a string as 'the string "0.02"' (cut
+-- at 40 bytes), else "a <type>".
+function E.value(v)
+  local t = type(v)
+  if t == "string" then return "the string " .. describe_value(v) end
+  if t == "number" or t == "boolean" or t == "nil" then return tostring(v) end
+  return "a " .. t
 end
 
 -- The message of any error value, without calling anything it may hold
@@ -466,20 +488,55 @@ local function hook_result(what, subject, ok, ...)
   error(e, 0)
 end
 
+-- The error of a coroutine.yield that reached a call of muon's (a hook's,
+-- or one of the engine's own calls): refused, since what it runs inside (a
+-- step: its agreements, its commit) cannot be suspended and left.
+function E.yielded(what)
+  return E.new(E.ELUA, ("coroutine.yield inside %s: a hook must return, not yield (the call it runs in cannot be "
+    .. "suspended; nothing was changed)"):format(what))
+end
+
+-- The time spent in config functions (E.hook_seconds: the outermost
+-- calls only, a hook that calls another counts once).
+local hook_depth, hook_spent = 0, 0
+local mu_clock = C.mu_clock
+
+-- A hook runs as the body of a coroutine of its own, so that a
+-- coroutine.yield in it (a trusted config's) comes back here, failing the
+-- hook, instead of suspending the caller's call (a step left half-way,
+-- its engine busy for good once that coroutine is dropped).
+local co_create, co_resume, co_status = coroutine.create, coroutine.resume, coroutine.status
+local function captured(fn, ...) return xpcall(fn, E.capture, ...) end
+local function hook_done(what, subject, t0, co, resumed, ...)
+  hook_depth = hook_depth - 1
+  if t0 then hook_spent = hook_spent + (mu_clock() - t0) end
+  if not resumed then return hook_result(what, subject, false, (...)) end -- (the handler itself failed)
+  if co_status(co) ~= "dead" then return hook_result(what, subject, false, { E.yielded("a hook") }) end
+  return hook_result(what, subject, ...)
+end
+
 -- Call a user hook (a function of the config: hook, schedule, match
 -- function) and return its results. Whatever it raises comes back as an
 -- MU_ELUA object "<what>: <message>" (MU_ENOMEM when memory or stack ran
--- out), carrying the traceback down to the line that raised.
+-- out), carrying the traceback down to the line that raised; a hook that
+-- yields fails so (E.yielded).
 function E.call_hook(what, fn, ...)
-  return hook_result(what, nil, xpcall(fn, E.capture, ...))
+  return E.call_hook_on(nil, what, fn, ...)
 end
 
 -- E.call_hook for a hook that runs on one parameter or group: subject
 -- ("parameter 'w'", "group 1 ('hidden')") is named in the message when
 -- the call exceeds a limit of the hook budget.
 function E.call_hook_on(subject, what, fn, ...)
-  return hook_result(what, subject, xpcall(fn, E.capture, ...))
+  hook_depth = hook_depth + 1
+  local t0 = hook_depth == 1 and mu_clock() or nil
+  local co = co_create(captured)
+  return hook_done(what, subject, t0, co, co_resume(co, fn, ...))
 end
+
+-- Seconds spent in config functions called through call_hook(_on) since
+-- muon.errors loaded (the step's hook time is a difference of two calls).
+function E.hook_seconds() return hook_spent end
 
 -- Raise an error object for a failed C status code (core.check).
 E.check = core.check

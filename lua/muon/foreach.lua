@@ -16,6 +16,14 @@ muon.foreach.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
     whose update or new buffer (as stored) holds NaN or Inf (the same
     pass checks them; everything is written either way). A NaN or Inf
     gradient always shows in its update.
+muon.foreach.momentum_updates(grads, bufs, updates, m1, m2, nesterov)
+muon.foreach.momentum_buffers(grads, bufs, new_bufs, m1, m2)
+    momentum in two parts, each with momentum's bits (a step that keeps
+    one buffer and writes it in place at its commit): the updates alone,
+    checking the new buffers as they would be stored without storing
+    them; then the new buffers alone (new_bufs may be bufs: in place).
+    Each returns nil, or the 1-based index of the first tensor whose
+    update or new buffer (as stored) holds NaN or Inf.
 muon.foreach.apply(params, updates, scales, decay, alpha)
     p = p decay + alpha (u s); scales nil (1), a number, or one number per
     tensor.
@@ -50,6 +58,10 @@ muon.foreach.lion_update(grads, exp_avgs, new_exp_avgs, updates, beta1, beta2, a
 muon.foreach.all_finite(xs)
     true when every element is finite; else false and the 1-based index of
     the first tensor holding NaN or Inf.
+muon.foreach.sumsq(xs)
+    The sum of the squares of each tensor's elements (one dtype), in
+    double (one C call; always the same bits): a list of numbers, one per
+    tensor.
 muon.foreach.pack(srcs, dst, offsets)
 muon.foreach.unpack(src, dsts, offsets)
     Copy tensors into / out of one contiguous batch tensor at element
@@ -69,7 +81,7 @@ muon.foreach.split_dtype(as, ...)
     share a dtype, none when empty). A list after as may hold numbers.
 muon.foreach.first_nonfinite(xs)
     The index of the first tensor of xs (any dtypes) holding NaN or Inf,
-    or nil (one fused pass per call when they share a dtype).
+    or nil (one fused pass per dtype).
 ]]
 local ffi = require("ffi")
 local core = require("muon.core")
@@ -195,22 +207,25 @@ local function scales_arg(slot, s, n, what)
   return arr, 1.0
 end
 
--- u = g + m1*buf; buf' = m2*buf + g; nesterov: u = m1*u + g.
--- new_bufs nil means in place (bufs); m2 nil means m1. Returns updates.
-function F.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
+-- A checking update call's status: nil (all finite) or the 1-based index
+-- of the first bad tensor.
+local function first_bad(rc, bad, what)
+  if rc < 0 then check(rc, what) end
+  if rc == 1 then return nil end
+  return bad[0] + 1
+end
+
+-- mu_foreach_momentum: u = g + m1*buf; buf' = m2*buf + g; nesterov: u =
+-- m1*u + g. new_bufs (may be bufs: in place) or updates false leaves that
+-- part out (momentum's two parts: the reference block). m2 nil means m1.
+-- Returns nil or the first tensor holding NaN or Inf (first_bad).
+local function momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
   local g, n = tensors("a", grads, "grads")
-  same_count("bufs", n, bufs)
-  same_count("updates", n, updates)
-  local b = tensors("b", bufs, "bufs")
-  local nb = b
-  if new_bufs ~= nil then
-    same_count("new_bufs", n, new_bufs)
-    nb = tensors("c", new_bufs, "new_bufs")
-  end
-  local u = tensors("d", updates, "updates")
-  match(g, "grads", b, "bufs", n)
-  if nb ~= b then match(g, "grads", nb, "new_bufs", n) end
-  match(g, "grads", u, "updates", n)
+  local b = beside_grads(g, n, { { "b", bufs, "bufs" } })[1]
+  local nb, u
+  if new_bufs == bufs then nb = b
+  elseif new_bufs ~= false then nb = beside_grads(g, n, { { "c", new_bufs, "new_bufs" } })[1] end
+  if updates ~= false then u = beside_grads(g, n, { { "d", updates, "updates" } })[1] end
   number(m1, "m1")
   if m2 == nil then m2 = m1 end
   number(m2, "m2")
@@ -218,10 +233,21 @@ function F.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
     blame(E.EINVAL, "nesterov must be a boolean, got " .. type(nesterov))
   end
   local bad = int_box()
-  local rc = C.mu_foreach_momentum(n, g, b, nb, u, m1, m2, nesterov and 1 or 0, bad)
-  if rc < 0 then check(rc, "foreach.momentum") end
-  if rc == 1 then return updates, nil end
-  return updates, bad[0] + 1
+  return first_bad(C.mu_foreach_momentum(n, g, b, nb, u, m1, m2, nesterov and 1 or 0, bad), bad, "foreach.momentum")
+end
+
+-- (Their contracts: the reference block at the top.)
+function F.momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
+  if new_bufs == nil then new_bufs = bufs end
+  return updates, momentum(grads, bufs, new_bufs, updates, m1, m2, nesterov)
+end
+
+function F.momentum_updates(grads, bufs, updates, m1, m2, nesterov)
+  return momentum(grads, bufs, false, updates, m1, m2, nesterov)
+end
+
+function F.momentum_buffers(grads, bufs, new_bufs, m1, m2)
+  return momentum(grads, bufs, new_bufs, false, m1, m2, false)
 end
 
 -- p = p*decay + alpha*(update*scale_i); scales nil, a number or an array.
@@ -340,14 +366,6 @@ local function apply_arg(g, n, a)
   return p, number(a.decay, "against.decay"), number(a.alpha, "against.alpha")
 end
 
--- A checking update call's status: nil (all finite) or the 1-based index
--- of the first bad tensor.
-local function first_bad(rc, bad, what)
-  if rc < 0 then check(rc, what) end
-  if rc == 1 then return nil end
-  return bad[0] + 1
-end
-
 -- AdamW without touching the parameters: new moments into new_exp_avgs /
 -- new_exp_avg_sqs (which may be the old ones) and the update direction into
 -- updates; F.apply(params, updates, nil, 1 - lr*weight_decay, 1) then gives
@@ -389,6 +407,16 @@ function F.all_finite(xs)
   if rc < 0 then check(rc, "foreach.all_finite") end
   if rc == 1 then return true, nil end
   return false, bad[0] + 1
+end
+
+-- (Its contract: the reference block at the top.)
+function F.sumsq(xs)
+  local x, n = tensors("a", xs, "xs")
+  local out = ffi.new("double[?]", math.max(n, 1))
+  check(C.mu_foreach_sumsq(n, x, out), "foreach.sumsq")
+  local r = {}
+  for i = 1, n do r[i] = out[i - 1] end
+  return r
 end
 
 -- Offsets are element offsets into the batch (0 = its first element); nil
@@ -498,20 +526,13 @@ function F.split_dtype(...)
 end
 
 -- The index of the first tensor of xs (any dtypes) holding NaN or Inf, or
--- nil: one fused pass when they share a dtype.
+-- nil: one fused pass per dtype.
 function F.first_nonfinite(xs)
   if #xs == 0 then return nil end
-  for i = 2, #xs do
-    if xs[i].scalar ~= xs[1].scalar then
-      for j, x in ipairs(xs) do
-        if not x:all_finite() then return j end
-      end
-      return nil
-    end
-  end
-  local ok, bad = F.all_finite(xs)
-  if ok then return nil end
-  return bad
+  return F.per_dtype(function(part)
+    local ok, bad = F.all_finite(part)
+    if not ok then return bad end
+  end, { xs })
 end
 
 return F

@@ -44,11 +44,11 @@ end
 function G.clip(st, max_norm, who)
   local bad
   if not O.is_finite(max_norm) or max_norm < 0 then
-    bad = E.new(E.EINVAL, ("%s: max_norm must be a finite number >= 0, got %s"):format(who, tostring(max_norm)))
+    bad = E.new(E.EINVAL, ("%s: max_norm must be a finite number >= 0, got %s"):format(who, E.value(max_norm)))
   end
   -- (on a mesh: every rank in this call, or every rank fails; a bad
   -- max_norm on one rank fails it on every rank)
-  st:gate("clip_grad_norm", bad)
+  st:gate("clip_grad_norm", bad, { { "max_norm", ("%.17g"):format(tonumber(max_norm) or 0) } })
   local params = grads_of(st)
   local counted = {}
   local mesh = st:size() > 1

@@ -129,14 +129,37 @@ function host.zero_grad(eng) eng:zero_grad() end
 function host.clip_grad_norm(eng, max_norm) return eng:clip_grad_norm(max_norm) end
 function host.set_lr(eng, group, lr) eng:set_lr(group, lr) end
 
-function host.save(eng, path) eng:save(path) end
+function host.save(eng, path, sharded) eng:save(path, sharded and { sharded = true } or nil) end
 
--- A C-side argument error of mu_engine_save / mu_engine_load (op "save" or
--- "load"; code and message): raised on every rank of a distributed engine.
+-- A C-side argument error of mu_engine_save / mu_engine_load (op "save",
+-- "save_sharded" or "load"; code and message): raised on every rank of a
+-- distributed engine.
 function host.fail_collective(eng, op, code, msg) eng:_fail_collective(op, E.new(code, msg)) end
 
+-- The fixes a message names, as a C host spells them: what the Lua side
+-- writes (the Lua call) -> the C call. host.load's errors go through it.
+host.C_FIXES = {
+  { "load(path, { checksum = false })", "mu_engine_load_ex(eng, path, MU_LOAD_NO_CHECKSUM)" },
+}
+
+-- err (an error object or a string) with its fixes spelled for C (code
+-- and traceback kept).
+function host.c_spelling(err)
+  local msg = E.message(err)
+  for _, f in ipairs(host.C_FIXES) do
+    local i, j = msg:find(f[1], 1, true)
+    while i do
+      msg = msg:sub(1, i - 1) .. f[2] .. msg:sub(j + 1)
+      i, j = msg:find(f[1], i + #f[2], true)
+    end
+  end
+  if msg == E.message(err) then return err end
+  return E.is(err) and E.new(err.code, msg, rawget(err, "tb")) or msg
+end
+
 function host.load(eng, path, no_checksum)
-  eng:load(path, no_checksum and { checksum = false } or nil)
+  local ok, err = pcall(eng.load, eng, path, no_checksum and { checksum = false } or nil)
+  if not ok then error(host.c_spelling(err), 0) end
 end
 
 -- The exit status for what a script (or a module's function) returns, read

@@ -19,6 +19,15 @@ muon.blas_info()
     when a generic core (Prescott, Core2, Nehalem, Barcelona, Bulldozer)
     runs on a CPU that has a faster one: export
     OPENBLAS_CORETYPE=<expected> before starting.
+muon.world()
+    This process in the job: a read-only table { size = N, rank = R }
+    (muon.comm.world_info: mpirun's world without initializing MPI, or
+    the dry run's of muon check --world N --rank R; { size = 1, rank = 0 }
+    for one process). Sandboxed configs have it too: one config for every
+    rank count.
+muon.clock()
+    Seconds on a monotonic clock (CLOCK_MONOTONIC), for timing: the
+    difference of two calls is the time between them.
 muon.config_path(name)
     The path of a shipped config ("muon" or "muon.lua", "normuon",
     "adamw", ...): configs/ of the source tree, or <prefix>/share/muon/
@@ -33,6 +42,7 @@ muon.errors
 muon.foreach
 muon.ns
 muon.optim
+muon.plot
 muon.safetensors
 muon.schedules
     The public submodules, loaded on first use (each documents itself).
@@ -84,6 +94,15 @@ function muon.blas_info()
   return r
 end
 
+-- (Its contract: the reference block at the top.)
+local READ_ONLY = function() error(E.new(E.EINVAL, E.position() .. "muon.world() is read-only"), 0) end
+function muon.world()
+  local size, rank = require("muon.comm").world_info()
+  return setmetatable({}, { __index = { size = size, rank = rank }, __newindex = READ_ONLY, __metatable = false })
+end
+
+function muon.clock() return tonumber(C.mu_clock()) end
+
 -- The path of a config shipped with muon ("muon" or "muon.lua", "normuon",
 -- ...): configs/ of the source tree these modules are in, or
 -- <prefix>/share/muon/configs/ of an installed muon. Found from where this
@@ -110,7 +129,7 @@ end
 -- other name is an error listing the valid ones (muon.optm is a typo, not
 -- nil).
 local MODULES = { "check", "comm", "config", "core", "dist", "engine", "errors", "foreach", "host", "ns", "optim",
-  "router", "safetensors", "sandbox", "schedules", "step" }
+  "plot", "router", "safetensors", "sandbox", "schedules", "step" }
 local is_module = {}
 for _, k in ipairs(MODULES) do is_module[k] = true end
 setmetatable(muon, {

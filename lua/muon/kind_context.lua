@@ -4,10 +4,11 @@
 -- (muon.scratch), nothing else of the step.
 --
 --   local KC = require("muon.kind_context")
---   local ctx = KC.new(scratch)
+--   local ctx = KC.new(scratch, log)        -- log: a muon.log logger (nil: none)
 --   ctx:batch_buffer(dtype, n, a, b, slot) -- a reusable (n, a, b) tensor
 --   ctx:ns_workspace(dtype, a, b)          -- a Newton-Schulz workspace for a x b
 --   ctx:ns_many(jobs)                      -- Newton-Schulz in place on every { x, r } in one scheduler call
+--   ctx:log(level, fmt, ...)               -- a message at a level (muon.log: rank 0, when the level shows)
 local ns = require("muon.ns")
 
 local KC = {}
@@ -34,8 +35,11 @@ local function ns_many(scratch, jobs)
   end
 end
 
-function KC.new(scratch)
+function KC.new(scratch, log)
   local ctx = {}
+  function ctx.log(_, level, fmt, ...)
+    if log then log:say(level, fmt, ...) end
+  end
   function ctx.batch_buffer(_, dtype, n, a, b, slot) return scratch:batch(dtype, n, a, b, slot) end
   function ctx.ns_workspace(_, dtype, a, b) return scratch:ns_workspace(dtype, a, b) end
   function ctx.ns_many(_, jobs) return ns_many(scratch, jobs) end

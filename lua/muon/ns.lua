@@ -47,6 +47,9 @@ muon.ns.resolve(opts)
     The options of zeropower checked and resolved once (coefficients, norm
     scale, path, method, the C mu_ns_opts) for zeropower_into and
     zeropower_many; a resolved table passes through unchanged.
+muon.ns.copy(r)
+    A resolved table of its own (its C options and coefficients copied):
+    what is handed out where the caller may write it (Engine:describe).
 muon.ns.zeropower_into(out, x, r, ws)
     The C call with resolved options r, no option checks: x and out
     contiguous, same shape (2-D or 3-D) and dtype; out may be x; ws (may be
@@ -58,6 +61,12 @@ muon.ns.zeropower_many(outs, xs, rs, ws, count)
 muon.ns.workspace(dtype, rows, cols)
     A reusable workspace for matrices up to rows x cols (either
     orientation), freed by the GC.
+muon.ns.workspace_stats(ws, reset)
+    What the calls on a workspace did since it was made or reset (reset =
+    true zeroes it after reading): { seconds, matrices, residuals,
+    residual_max, residual_rms } (mu_ns_workspace_stats: the residual of a
+    matrix is ||A - I||_F / sqrt(n) of its last step's Gram matrix A = X
+    X^T, X the iterate that step starts from; no extra product).
 muon.ns.method_for(rows, cols, opts)
     "standard" or "gram": the iteration opts.method runs for a rows x cols
     matrix ("auto" resolved by the cost model, see cost).
@@ -348,6 +357,18 @@ function ns.resolve(opts)
   return resolve(opts)
 end
 
+function ns.copy(r)
+  if getmetatable(r) ~= resolved_mt then blame(E.EINVAL, "copy: r must be a table ns.resolve returned") end
+  local c = {}
+  for k, v in pairs(r) do c[k] = v end
+  local len = math.max(3 * r.steps, 3)
+  c.coeffs = ffi.new("double[?]", len)
+  ffi.copy(c.coeffs, r.coeffs, len * ffi.sizeof("double"))
+  c.copts = ffi.new("mu_ns_opts", r.copts)
+  c.copts.coeffs = c.coeffs
+  return setmetatable(c, resolved_mt)
+end
+
 -- ns.method_for(rows, cols, opts) -> "standard" or "gram": the iteration
 -- opts.method runs for a rows x cols matrix ("auto" resolved by the cost
 -- model of src/ns_gram.c).
@@ -443,6 +464,16 @@ function ns.workspace(dtype, rows, cols)
   local box = ffi.new("mu_ns_workspace *[1]")
   check(C.mu_ns_workspace_new(T.dtype_code(dtype), rows, cols, box), "workspace")
   return ffi.gc(box[0], C.mu_ns_workspace_free)
+end
+
+-- (Its contract: the reference block at the top.)
+local stats_box = ffi.new("mu_ns_stats")
+function ns.workspace_stats(ws, reset)
+  check(C.mu_ns_workspace_stats(ws, reset and 1 or 0, stats_box), "workspace_stats")
+  local s = stats_box
+  local n = tonumber(s.residuals)
+  return { seconds = s.seconds, matrices = tonumber(s.matrices), residuals = n, residual_max = n > 0 and s.residual_max or nil,
+    residual_rms = n > 0 and math.sqrt(s.residual_sumsq / n) or nil, residual_sumsq = s.residual_sumsq }
 end
 
 -- ns.zeropower_into(out, x, resolved, ws): the C call without validation of

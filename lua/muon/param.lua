@@ -12,6 +12,13 @@ muon.param.shape_only(name, value)
 muon.param.check(name, value, grad)
     The checks of new, raising EINVAL / EDTYPE / ESHAPE naming the
     parameter.
+muon.param.check_name(name, who)
+    A parameter name as checkpoints store it: a non-empty string of valid
+    UTF-8, at most muon.param.MAX_NAME bytes; else EINVAL (who: the call,
+    first in the message, which shows its first 60 bytes, those above
+    0x7E and control characters as \xNN).
+muon.param.MAX_NAME
+    The longest name, in bytes: 65536 (MU_MAX_NAME of muon.h).
 muon.param.is_param(x)
     Whether x is a parameter.
 muon.param.same_shape(a, b)
@@ -29,6 +36,8 @@ Param.grad
 local ffi = require("ffi")
 local T = require("muon.tensor")
 local E = require("muon.errors")
+local st = require("muon.safetensors")
+local C = require("muon.core").C
 
 local Param = {}
 Param.__index = Param
@@ -56,12 +65,38 @@ local function overlap(grad, value)
   return a < b + n * es and b < a + n * es
 end
 
+local MAX_NAME = tonumber(C.MU_MAX_NAME)
+
+-- A refused name in a message: its first 60 bytes, control characters and
+-- bytes >= 0x80 as \xNN, and its length when cut.
+local function shown(name)
+  local s = name:sub(1, 60):gsub("[%z\1-\31\127-\255]", function(c) return ("\\x%02X"):format(c:byte()) end)
+  return #name > 60 and ("%s...' (%d bytes)"):format(s, #name) or s .. "'"
+end
+
+-- (Its contract: the reference block at the top.)
+local function check_name(name, who)
+  local at = who and (who .. ": ") or ""
+  if type(name) ~= "string" or name == "" then
+    E.raise(E.EINVAL, "%sparameter name must be a non-empty string, got %s", at,
+      type(name) == "string" and "''" or tostring(name))
+  end
+  if #name > MAX_NAME then
+    E.raise(E.EINVAL, "%sparameter name '%s is longer than %d bytes (MU_MAX_NAME)", at, shown(name), MAX_NAME)
+  end
+  local ok, bad = st.valid_utf8(name)
+  if not ok then
+    E.raise(E.EINVAL, "%sparameter name '%s is not valid UTF-8 (byte %d is 0x%02X): checkpoints store names as "
+      .. "UTF-8 text", at, shown(name), bad, name:byte(bad))
+  end
+end
+
 -- Check a parameter's tensors where it is registered, so that a mismatch
 -- is reported naming the parameter instead of failing in a later step:
 -- value a contiguous tensor (the optimizer updates it in place), grad nil
 -- or a tensor of the value's dtype and shape that does not share its memory.
 local function check(name, value, grad)
-  if type(name) ~= "string" or name == "" then E.raise(E.EINVAL, "parameter name must be a non-empty string, got %s", tostring(name)) end
+  check_name(name)
   if not T.is_tensor(value) then E.raise(E.EINVAL, "parameter '%s': value must be a tensor, got %s", name, type(value)) end
   if not value:is_contiguous() then
     E.raise(E.EINVAL, "parameter '%s': value (shape %s, strides %s) is not contiguous; the optimizer updates it in place, so pass a contiguous tensor",
@@ -92,7 +127,8 @@ local function shape_only(name, value)
   return setmetatable({ name = name, value = value, stand_in = true }, Param)
 end
 
-local M = setmetatable({ new = new, shape_only = shape_only, Param = Param, same_shape = same_shape, check = check, shape_string = shape_string }, {
+local M = setmetatable({ new = new, shape_only = shape_only, Param = Param, same_shape = same_shape, check = check,
+  check_name = check_name, MAX_NAME = MAX_NAME, shape_string = shape_string }, {
   __call = function(_, ...) return new(...) end,
 })
 

@@ -80,6 +80,13 @@ muon.reference.check_header_types(text, where)
 muon.reference.header_items(text)
     The header in order for the Markdown: sections, standalone comments,
     types with their comments, MU_API entries.
+muon.reference.header_types(text)
+    The types and constants of a C header, for lookups: { kind = "struct"
+    | "field" | "enum" | "constant", name =, short = (a field's own name),
+    parent = (a field's struct, a constant's enum type), comment =, decl =
+    } for each struct (typedef struct, opaque ones too), each struct
+    field, each enum type (typedef enum), each constant of an enum and each
+    status code of the MU_ERRORS table (MU_EINVAL ...).
 muon.reference.HEADERS
     The C headers, in order: { name = "muon.h", title = } (the public API,
     installed) and { name = "muon_ffi.h", title =, private = true } (the
@@ -93,9 +100,13 @@ muon.reference.markdown()
     build/REFERENCE.md): every module's entries, then each header's
     functions (muon.h, then muon_ffi.h where it exists).
 muon.reference.lookup(name)
-    The entries matching a name ("muon.tensor.zeros", "Tensor:add", "add",
-    "mu_engine_step") as text, or nil. A private C function's entry says
-    so (not installed).
+    The entries matching a name as text, or nil: a Lua entry by its full
+    name ("muon.tensor.zeros", "Tensor:add") or its last name segments
+    ("add", "ns.zeropower"), the Lua entries documenting an option of that
+    name ("trusted": opts.trusted), a C function ("mu_engine_step"), struct
+    ("mu_engine_opts"), field ("trusted", "mu_engine_opts.trusted"), enum
+    or constant ("MU_F32", "MU_EINVAL") of the headers. A private C
+    header's entry says so (not installed).
 muon.reference.main(args)
     `muon help API` (the reference as text), `muon help NAME` (one entry),
     `muon help API --markdown FILE`; returns the exit status.
@@ -171,6 +182,7 @@ R.MODULES = {
   { name = "muon.schedules" },
   { name = "muon.foreach" },
   { name = "muon.safetensors" },
+  { name = "muon.checkpoint_sharded" },
   { name = "muon.comm", classes = {
     Comm = function(c) return members(getmetatable(c.self())) end,
     Request = function(c)
@@ -187,6 +199,7 @@ R.MODULES = {
   } },
   { name = "muon.errors" },
   { name = "muon.check" },
+  { name = "muon.plot" },
   { name = "muon.reference" },
 }
 
@@ -542,6 +555,94 @@ function R.check_header_types(text, where)
   return problems
 end
 
+-- The comment ending on the line right above line i (macro lines that
+-- build an enum, starting with '#' or ending in a backslash, skipped), or nil.
+local function comment_above_text(lines, i)
+  local k = i - 1
+  while k >= 1 and (lines[k]:match("^#") or lines[k]:match("\\%s*$")) do k = k - 1 end
+  if k < 1 or not lines[k]:match("%*/%s*$") then return nil end
+  local c = { lines[k] }
+  while not lines[k]:find("/%*") and k > 1 do
+    k = k - 1
+    table.insert(c, 1, lines[k])
+  end
+  return table.concat(c, "\n")
+end
+
+-- A member line's own comment: on its line (continued below it up to the
+-- closing */), or nil.
+local function inline_comment(lines, i)
+  local at = lines[i]:find("/%*")
+  if not at then return nil end
+  local c = { lines[i]:sub(at) }
+  local k = i
+  while not lines[k]:find("%*/") and k < #lines do
+    k = k + 1
+    c[#c + 1] = lines[k]
+  end
+  return table.concat(c, "\n")
+end
+
+function R.header_types(text)
+  local lines = split_lines(text)
+  local items = {}
+  local errors_at -- the line of "#define MU_ERRORS(X)", whose rows are the status codes
+  for n, x in ipairs(lines) do
+    if x:find("^#define MU_ERRORS%(X%)") then errors_at = n end
+  end
+  local function add(t) items[#items + 1] = t end
+  local i = 1
+  while i <= #lines do
+    local l = lines[i]
+    local sname = l:match("^typedef struct ([%w_]+) ?{")
+    local ename = l:match("^typedef enum ?[%w_]* ?{")
+    if sname or ename then -- a struct or enum type: its members up to the closing line
+      local above = comment_above_text(lines, i)
+      local j, body = i, { l }
+      while j < #lines and not lines[j]:match("^}") do
+        j = j + 1
+        body[#body + 1] = lines[j]
+      end
+      local tname = lines[j]:match("^}%s*([%w_]+)") or sname
+      add({ kind = sname and "struct" or "enum", name = tname, comment = above, decl = table.concat(body, "\n") })
+      local prev -- (a comment on the lines above a field)
+      for k = i + 1, j - 1 do
+        local m = lines[k]
+        local field = sname and m:match("([%w_]+)%s*[%[;]") or (not sname and m:match("^%s+(MU_[%w_]+)"))
+        if m:match("^%s*/%*") and not m:match("^%s*/%*.*;") then
+          prev = comment_above_text(lines, k + 1) or prev
+        elseif field and not m:match("^%s*%*") and not m:match("^%s*/%*") then
+          local names = sname and {} or { field }
+          if sname then -- (one line may declare several: "double lo, hi;")
+            local decl = m:gsub("/%*.*$", ""):gsub("%[[^%]]*%]", "")
+            for f in decl:gsub("^[^,]-([%w_]+)%s*,", ",%1,"):gmatch("([%w_]+)%s*[,;]") do names[#names + 1] = f end
+          end
+          for _, f in ipairs(names) do
+            add({ kind = sname and "field" or "constant", name = sname and (tname .. "." .. f) or f, short = f,
+              parent = tname, comment = inline_comment(lines, k) or prev, decl = m })
+          end
+          prev = nil
+        end
+      end
+      i = j + 1
+    else
+      local opaque = l:match("^typedef struct ([%w_]+) [%w_]+;")
+      if opaque then add({ kind = "struct", name = opaque, comment = comment_above_text(lines, i), decl = l }) end
+      if l:match("^enum%s*{.*}%s*;") then
+        local above = comment_above_text(lines, i)
+        for c in l:gmatch("(MU_[%w_]+)%s*=") do add({ kind = "constant", name = c, comment = above, decl = l }) end
+      end
+      local code = l:match("^%s*X%(([%w_]+),%s*%-?%d+,")
+      if code and errors_at then -- a row of the MU_ERRORS table: a status code
+        add({ kind = "constant", name = "MU_" .. code, parent = "MU_ERRORS", decl = (l:gsub("%s*\\%s*$", "")),
+          comment = comment_above_text(lines, errors_at) })
+      end
+      i = i + 1
+    end
+  end
+  return items
+end
+
 R.HEADERS = {
   { name = "muon.h", title = "the public API (installed)" },
   { name = "muon_ffi.h", private = true,
@@ -769,30 +870,54 @@ local function text_reference()
   return table.concat(out, "\n")
 end
 
+-- Whether an entry head is named by name: its full key or short form, or
+-- its last name segments ("add", "ns.zeropower").
+local function head_named(h, name)
+  if h.key == name or h.prefix .. h.sep .. h.name == name or h.prefix .. "." .. h.name == name then return true end
+  local key = h.prefix .. "." .. h.name
+  return #key > #name and key:sub(-#name - 1) == "." .. name
+end
+
 function R.lookup(name)
   local found = {}
+  local plain_name = name:match("^[%a_][%w_]*$") ~= nil
+  local options = {} -- entries that document opts.<name>
   for _, spec in ipairs(R.MODULES) do
     local entries = R.load(spec)
     for _, e in ipairs(entries) do
+      local named = false
       for _, h in ipairs(e.heads) do
-        local short = h.prefix .. h.sep .. h.name
-        if h.key == name or short == name or h.name == name or h.prefix .. "." .. h.name == name then
-          found[#found + 1] = "(" .. spec.name .. ")\n" .. entry_text(spec, e)
-          break
+        if head_named(h, name) then named = true break end
+      end
+      if named then
+        found[#found + 1] = "(" .. spec.name .. ")\n" .. entry_text(spec, e)
+      elseif plain_name then
+        for _, l in ipairs(e.desc) do
+          if l:find("opts%." .. name .. "[^%w_]") or l:find("opts%." .. name .. "$") then
+            options[#options + 1] = "(" .. spec.name .. ", option " .. name .. ")\n" .. entry_text(spec, e)
+            break
+          end
         end
       end
     end
   end
-  if name:match("^mu_") then
-    for _, h in ipairs(headers()) do
-      for _, e in ipairs(R.header_entries(h.text)) do
-        if e.name == name then
-          found[#found + 1] = (h.spec.private and ("(" .. h.spec.name .. ", " .. h.spec.title .. ")\n") or "")
-            .. (e.comment and (e.comment .. "\n") or "") .. e.decl
-        end
+  for _, h in ipairs(headers()) do
+    local where = h.spec.private and ("(" .. h.spec.name .. ", " .. h.spec.title .. ")\n") or ""
+    for _, e in ipairs(R.header_entries(h.text)) do
+      if e.name == name then
+        found[#found + 1] = where .. (e.comment and (e.comment .. "\n") or "") .. e.decl
+      end
+    end
+    for _, t in ipairs(R.header_types(h.text)) do
+      if t.name == name or t.short == name then
+        local head = ("(%s %s%s%s)\n"):format(h.spec.name, t.kind, t.parent and (" of " .. t.parent) or "",
+          h.spec.private and (", " .. h.spec.title) or "")
+        local comment = t.comment and not t.decl:find(t.comment, 1, true) and (t.comment .. "\n") or ""
+        found[#found + 1] = head .. comment .. t.decl
       end
     end
   end
+  for _, o in ipairs(options) do found[#found + 1] = o end
   if #found == 0 then return nil end
   return table.concat(found, "\n\n")
 end

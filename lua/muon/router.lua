@@ -182,7 +182,9 @@ local function route(self, it, io, sends, recvs, out, locals)
         if out then table.insert(recvs[o + 1], { n = n, dst = io.dest(r) })
         else
           local placed = io.direct(r)
-          table.insert(sends[o + 1], { n = n, src = io.source(r), record = r, direct = placed })
+          -- (laying out the inputs, hook state has no source yet: it is copied later)
+          local src = not (locals and r.parent) and io.source(r) or nil
+          table.insert(sends[o + 1], { n = n, src = src, record = r, direct = placed })
           if not locals then count_input(self, r, n, placed) end
         end
       end
@@ -250,7 +252,7 @@ function Router:inputs(jobs, io)
           local buf, off = self:_staging(input_key(k, dt), dt, stot), 0
           for q = 1, self.W do
             for _, x in ipairs(sends[q]) do
-              if x.record and x.n == x.src:numel() then put(x.record, buf:narrow(1, off + 1, x.n):view(x.src:size())) end
+              if x.record and x.src and x.n == x.src:numel() then put(x.record, buf:narrow(1, off + 1, x.n):view(x.src:size())) end
               off = off + x.n
             end
           end

@@ -33,11 +33,15 @@
     read or write), EFORMAT (bad contents, checksum mismatch), EINVAL (bad
     arguments).
 muon.safetensors.save(path, entries, metadata)
-    Write tensors atomically (F32, F64 or BF16, their dtype). entries: an
+    Write tensors atomically (F32, F64 or BF16, their dtype; a temporary
+    file renamed over path: a directory, a FIFO or a device at path, or a
+    symbolic link to one, is EIO; through a link to a file that file is
+    replaced and the link stays). entries: an
     ordered list of { name =, tensor = } or a name -> tensor table (stored
     sorted by name); metadata: string -> string. Adds "muon.format" = "1"
     and "muon.checksum" = "xxh64:<16 hex digits>" (of the data section).
-    The header is laid out as the reference (Rust) writer does.
+    The header is laid out as the reference (Rust) writer does. Returns
+    the data section's bytes and its checksum.
 muon.safetensors.load(path, opts)
     { tensors = { name -> tensor }, order = { names in file order },
     metadata = { string -> string } }, new contiguous tensors.
@@ -45,6 +49,11 @@ muon.safetensors.load(path, opts)
     written or edited by another program).
     opts.dtype = nil: "float32" | "float64" | "bfloat16" converts every
     tensor (F16, integer and BOOL tensors load only so).
+muon.safetensors.open(path)
+    A file opened for reading some of its tensors, its header validated:
+    { entries, by_name, metadata, data_size, read(name, dst) (dst
+    contiguous, of the entry's dtype and numel), checksum() ("xxh64:..."
+    of the data section), close() }.
 muon.safetensors.load_options(opts)
     The options of a load, checked: whether to verify checksums, and the
     dtype (nil: as stored).
@@ -386,6 +395,36 @@ function M.inspect(path)
   return { entries = entries, order = order, metadata = metadata, data_size = data_size }
 end
 
+--- An open file, validated, to read some of its tensors: { entries,
+--- by_name, metadata, data_size, read(name, dst), checksum(), close() }.
+--- read fills dst (contiguous, the entry's dtype and numel); checksum is
+--- "xxh64:<hex>" of the whole data section (read through).
+function M.open(path)
+  local r, text, data_size = open_reader(path)
+  local ok, entries, metadata = pcall(parse_header, path, text, data_size)
+  if not ok then
+    close_reader(r)
+    error(entries, 0)
+  end
+  local f = { entries = entries, by_name = {}, metadata = metadata, data_size = data_size }
+  for _, en in ipairs(entries) do f.by_name[en.name] = en end
+  function f.read(name, dst)
+    local en = f.by_name[name]
+    local rc = C.mu_st_reader_read(r, en.offsets[1], en.offsets[2], dst)
+    if rc ~= 0 then E.raise(tonumber(rc), "tensor '%s': %s", name, ffi.string(C.mu_last_error())) end
+  end
+  function f.checksum()
+    local out = u64_box()
+    check(C.mu_st_reader_checksum(r, out), "checksum")
+    return "xxh64:" .. bit.tohex(out[0], 16)
+  end
+  function f.close()
+    if r then close_reader(r) end
+    r = nil
+  end
+  return f
+end
+
 -- The options of a load: { checksum = false } accepts a file without
 -- checksums or with stale ones (written or edited in Python); { dtype =
 -- "float32" | "float64" | "bfloat16" } converts every tensor to it. Returns
@@ -555,7 +594,7 @@ function M.save(path, entries, metadata)
   end
   local header = table.concat(out, ",") .. "}"
   check(C.mu_st_write(path, header, #header, n, arr)) -- EIO when the file cannot be written
-  return pos
+  return pos, meta["muon.checksum"]
 end
 
 return M

@@ -32,7 +32,7 @@ local S = {}
 local function check(name, v, min, max)
   if type(v) ~= "number" or v ~= v or v < min or (max and v > max) then
     E.blame(E.EINVAL, "%s must be a number %s, got %s", name,
-      max and ("in [%s, %s]"):format(tostring(min), tostring(max)) or (">= " .. tostring(min)), tostring(v))
+      max and ("in [%s, %s]"):format(tostring(min), tostring(max)) or (">= " .. tostring(min)), E.value(v))
   end
 end
 

@@ -8,14 +8,15 @@
 --   local Sc = require("muon.scratch")
 --   local sc = Sc.new()
 --   sc:update(p, rec)              -- the update buffer of this rank's box (the NS input, then the update)
---   sc:entry(p, rec, keys, state)  -- the kind's entry of a parameter whose state this rank holds
+--   sc:entry(p, rec, keys, state, in_place) -- the kind's entry of a parameter whose state this rank holds
 --   sc:swap(e, state)              -- the commit: e's new buffers become the state (the old ones the spares)
 --   sc:hook_buffer(p, key)         -- the buffer the hooks see for a hook state tensor
 --   sc:stand_in(p)                 -- what post_update_fn gets: p's fields, value a private copy of p.value
 --   sc:region(item, rec)           -- an owner's buffer for a plan item's region
 --   sc:batch(dtype, n, a, b, slot) -- a reusable (n, a, b) buffer for Newton-Schulz batches
 --   sc:ns_workspace(dtype, a, b)   -- a Newton-Schulz workspace large enough for a x b
---   sc:bytes()                     -- bytes held by all of them
+--   sc:bytes()                     -- bytes held by all of them, and by kind
+--   sc:ns_stats(reset)             -- the Newton-Schulz calls on its workspaces (muon.ns.workspace_stats, summed)
 local T = require("muon.tensor")
 local ns = require("muon.ns")
 local core = require("muon.core")
@@ -64,8 +65,10 @@ end
 -- step: they become the state), work = the kind's own buffers }, the same
 -- table every step. keys: the kind's state keys; state: p's state table or
 -- nil. Hook state (rec.hooks_list) gets its old/new pair too, and a buffer
--- of its own that the hooks see (hook_buffer).
-function Scratch:entry(p, rec, keys, state)
+-- of its own that the hooks see (hook_buffer). in_place: the set of keys
+-- the kind writes in place at the commit (muon.optim.kind's in_place_state):
+-- old[k] is the state itself and there is no new[k].
+function Scratch:entry(p, rec, keys, state, in_place)
   local s = self:of(p)
   local e = s.entry
   if e == nil then
@@ -73,22 +76,29 @@ function Scratch:entry(p, rec, keys, state)
     s.entry = e
   end
   e.grad, e.u = p.grad, self:update(p, rec)
+  e.in_place = in_place
   local nk = #keys
   for i = 1, nk + #rec.hooks_list do
     local k = i <= nk and keys[i] or rec.hooks_list[i - nk].key
     local shape = i <= nk and rec.mine.len or rec.hook_records[k].mine.len
     local dt = i <= nk and rec.state_dtype or rec.dtype
-    local spare = s.spare[k]
-    if spare == nil then
-      spare = T.zeros(shape, dt)
-      s.spare[k] = spare
+    if in_place and in_place[k] then
+      -- written in place at the commit: the state itself (first step: zeros
+      -- that become it), no second buffer
+      e.old[k], e.new[k] = state and state[k] or T.zeros(shape, dt), nil
+    else
+      local spare = s.spare[k]
+      if spare == nil then
+        spare = T.zeros(shape, dt)
+        s.spare[k] = spare
+      end
+      if state then
+        e.old[k], e.new[k] = state[k], spare
+      else -- first step: zeros in, a fresh buffer out (becomes the state)
+        e.old[k], e.new[k] = spare:zero(), T.zeros(shape, dt)
+      end
+      if i > nk and s.hook[k] == nil then s.hook[k] = T.zeros(shape, dt) end
     end
-    if state then
-      e.old[k], e.new[k] = state[k], spare
-    else -- first step: zeros in, a fresh buffer out (becomes the state)
-      e.old[k], e.new[k] = spare:zero(), T.zeros(shape, dt)
-    end
-    if i > nk and s.hook[k] == nil then s.hook[k] = T.zeros(shape, dt) end
   end
   return e
 end
@@ -100,6 +110,7 @@ function Scratch:swap(e, state)
   if state == nil then
     state = {}
     for k, t in pairs(e.new) do state[k] = t end
+    for k in pairs(e.in_place or {}) do state[k] = e.old[k] end
     return state
   end
   local spare = self.per[e.p].spare
@@ -164,25 +175,44 @@ function Scratch:ns_workspace(dtype, a, b)
   return ws.handle
 end
 
+-- What the Newton-Schulz calls on the workspaces did since the last reset:
+-- { seconds, matrices, residuals, residual_max, residual_sumsq } summed
+-- over them (reset: zero them after reading).
+function Scratch:ns_stats(reset)
+  local r = { seconds = 0, matrices = 0, residuals = 0, residual_sumsq = 0 }
+  for _, ws in pairs(self.ws) do
+    local s = ns.workspace_stats(ws.handle, reset)
+    r.seconds, r.matrices = r.seconds + s.seconds, r.matrices + s.matrices
+    r.residuals, r.residual_sumsq = r.residuals + s.residuals, r.residual_sumsq + s.residual_sumsq
+    if s.residual_max and (r.residual_max == nil or s.residual_max > r.residual_max) then r.residual_max = s.residual_max end
+  end
+  return r
+end
+
 local function tensor_bytes(t) return t:numel() * T.DTYPE_SIZES[t:dtype()] end
 local ws_bytes = ffi.new("int64_t[1]")
 
--- The bytes held by every buffer here.
+-- The bytes held by every buffer here, and by kind: { updates (the update
+-- buffers: the Newton-Schulz inputs and the updates), state (the second
+-- buffers of the state a kind does not write in place, and the hooks'
+-- state), copies (post_update_fn's private copies of the parameters),
+-- routing (a mesh's owner regions and batches), ns (the Newton-Schulz
+-- workspaces: per worker the largest matrix and two n x n Gram buffers) }.
 function Scratch:bytes()
-  local n = 0
+  local d = { updates = 0, state = 0, copies = 0, routing = 0, ns = 0 }
   for _, s in pairs(self.per) do
-    if s.u then n = n + tensor_bytes(s.u) end
-    if s.post then n = n + tensor_bytes(s.post.value) end
-    for _, v in pairs(s.spare) do n = n + tensor_bytes(v) end
-    for _, v in pairs(s.hook) do n = n + tensor_bytes(v) end
+    if s.u then d.updates = d.updates + tensor_bytes(s.u) end
+    if s.post then d.copies = d.copies + tensor_bytes(s.post.value) end
+    for _, v in pairs(s.spare) do d.state = d.state + tensor_bytes(v) end
+    for _, v in pairs(s.hook) do d.state = d.state + tensor_bytes(v) end
   end
-  for _, b in pairs(self.full) do n = n + tensor_bytes(b) end
-  for _, b in pairs(self.merged) do n = n + tensor_bytes(b) end
+  for _, b in pairs(self.full) do d.routing = d.routing + tensor_bytes(b) end
+  for _, b in pairs(self.merged) do d.routing = d.routing + tensor_bytes(b) end
   for _, ws in pairs(self.ws) do
     core.check(core.C.mu_ns_workspace_bytes(ws.handle, ws_bytes), "ns workspace bytes")
-    n = n + tonumber(ws_bytes[0])
+    d.ns = d.ns + tonumber(ws_bytes[0])
   end
-  return n
+  return d.updates + d.state + d.copies + d.routing + d.ns, d
 end
 
 return Sc

@@ -18,7 +18,7 @@
 --   local sp = SP.new(router, mesh)     -- router: the step's (its exchange over the data communicator)
 --   sp:run(records, io, run)            -- records: the step's split records, in plan order (the same on every rank)
 --   sp:stats()                          -- the groups' communicators' counters, summed
---   sp:bytes()                          -- the machines' and pieces' bytes
+--   sp:bytes()                          -- the machines' bytes, the pieces' bytes
 local ffi = require("ffi")
 local core = require("muon.core")
 local D = require("muon.dist")
@@ -124,17 +124,19 @@ function Phase:stats()
   return s
 end
 
--- Bytes held: the machines' buffers and the pieces.
+-- Bytes held: the machines' buffers (Newton-Schulz workspace), and the
+-- pieces (what the exchanges fill: routing).
 local info = ffi.new("mu__split_info")
 function Phase:bytes()
-  local n = 0
+  local machines, pieces = 0, 0
   for _, g in pairs(self.groups) do
     if g.machine then
       check(C.mu__split_get_info(g.machine, info), "split ns")
-      n = n + tonumber(info.workspace_bytes) + g.piece:numel() * T.DTYPE_SIZES[g.piece:dtype()]
+      machines = machines + tonumber(info.workspace_bytes)
+      pieces = pieces + g.piece:numel() * T.DTYPE_SIZES[g.piece:dtype()]
     end
   end
-  return n
+  return machines, pieces
 end
 
 return SP

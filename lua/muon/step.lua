@@ -24,8 +24,8 @@
 --               (refreshed from its committed value) takes the apply, then
 --               the hook runs on it (muon.post_phase; after one agreement
 --               on a mesh: its reductions are collectives)
---   6. check    what the commit writes is finite (muon.commit_checks: hook
---               state, state a hook wrote, the copies post_update_fn left,
+--   6. check    what the commit writes is finite (muon.commit_checks: the
+--               state as stored, hook state, the copies post_update_fn left,
 --               the other groups' values computed without writing them);
 --               on a mesh every rank agrees: the lowest failing rank's error
 --               is raised everywhere
@@ -48,7 +48,8 @@
 --   st:check_buffers(params)         -- raises if their memory overlaps a registered one's
 --   st:set_grads({ { p = p, grad = g }, ... }) -- re-point registered grads (nil: none), all at once
 --   st:add_group(spec) --> gi        -- one more group (before its parameters)
---   st:gate(op, err)                 -- the start of a collective call (step, save, load, reduce_grads)
+--   st:gate(op, err, args)           -- the start of a collective call (step, save, load, reduce_grads,
+--                                    -- clip_grad_norm): its arguments ({ key, value } strings) agreed
 --   st:exclusive(what, f, ...)       -- f(...) as a call no hook may re-enter; st:check_idle(what)
 --   st:step(values, pre_err)         -- values[gi] = { lr = ..., ... } this step's schedule;
 --                                    -- false when no parameter has a grad (nothing changed)
@@ -56,7 +57,8 @@
 --   st:state_table()                 -- param -> its state table (live; on its holder)
 --   st:state_of(p)                   -- one parameter's state table, or nil
 --   st:stats()                       -- { steps, skipped_nonfinite, kinds = { name -> {...} } } (live)
---   st:memory(), st:comm_stats()     -- bytes held; communicator counters
+--   st:last_step()                   -- the last step's measurements (muon.step_stats), nil before one
+--   st:memory(), st:comm_stats()     -- bytes held (scratch by kind: muon.scratch); communicator counters
 --   st:reduce_grads(op)              -- "mean"/"sum" of the grads over replicas (muon.grad_reduce; collective)
 --   st:check_replicas(what)          -- "grads"/"params": replicas bitwise equal, else raise (muon.replica_check)
 --   st:mesh(), st:rank(), st:size()  -- the mesh and this process in it
@@ -88,6 +90,8 @@ local PP = require("muon.post_phase")
 local CC = require("muon.commit_checks")
 local GR = require("muon.grad_reduce")
 local RC = require("muon.replica_check")
+local RO = require("muon.readonly")
+local SS = require("muon.step_stats")
 
 local M = {}
 local Stepper = {}
@@ -113,7 +117,10 @@ end
 -- option values), label }), comm (muon.comm, default: this process alone),
 -- mesh (muon.dist mesh over comm), balance, max_batch_numel, split_ns,
 -- check_replicas, nil_grad_warning (steps without a grad before a
--- parameter's warning; default 1, 0: never).
+-- parameter's warning; default 1, 0: never), settings (more { key, value }
+-- strings the ranks must agree on: the caller's config keys that change
+-- what a step does), log (a muon.log logger; default: MUON_LOG's level,
+-- rank 0).
 function M.new(opts)
   local comm = opts.comm or commlib.self()
   local W = comm:size()
@@ -122,7 +129,7 @@ function M.new(opts)
     groups = {},
     comm = comm, W = W, me = comm:rank(), dmesh = mesh,
     balance = opts.balance or "flops", max_batch_numel = opts.max_batch_numel, split_ns = opts.split_ns,
-    check_replicas_mode = opts.check_replicas or "off",
+    check_replicas_mode = opts.check_replicas or "off", settings = opts.settings or {},
     order = {}, where = {},
     state = {},     -- param -> { momentum_buffer } / { step, exp_avg, exp_avg_sq } (on its holder)
     pstep = {},     -- param -> how many steps it took (every rank knows)
@@ -145,7 +152,8 @@ function M.new(opts)
   end
   self.agree = A.new(self.ctrl)
   self.router = R.new(self.data)
-  self.ctx = KC.new(self.scratch)
+  self.log = opts.log or require("muon.log").new(nil, function() return self.me end)
+  self.ctx = KC.new(self.scratch, self.log)
   self.split_phase = SP.new(self.router, self.dmesh)
   self.ns_phase = NP.new({ groups = self.groups, scratch = self.scratch, router = self.router, ctx = self.ctx,
     me = self.me, split_phase = self.split_phase })
@@ -179,12 +187,18 @@ function Stepper:check_idle(what)
   end
 end
 
--- f(...) as the call `what` (check_idle refuses calls until it returns).
+-- f(...) as the call `what` (check_idle refuses calls until it returns),
+-- in a coroutine of its own: hooks cannot yield (E.call_hook), and should
+-- anything else yield inside the call, the call fails instead of being
+-- suspended with the optimizer busy for good once its caller's coroutine
+-- is dropped.
 function Stepper:exclusive(what, f, ...)
   self:check_idle(what)
   self.running = what
-  local r = { pcall(f, ...) }
+  local co = coroutine.create(f)
+  local r = { coroutine.resume(co, ...) }
   self.running = nil
+  if r[1] and coroutine.status(co) ~= "dead" then error(E.yielded(what), 0) end
   if not r[1] then error(r[2], 0) end
   return unpack(r, 2, table.maxn(r))
 end
@@ -193,12 +207,13 @@ function Stepper:group_specs() return self.groups end
 function Stepper:state_table() return self.state end
 function Stepper:state_of(p) return self.state[p] end
 function Stepper:stats() return self.counters end
+function Stepper:last_step() return self.last end
 function Stepper:mesh() return self.dmesh end
 function Stepper:rank() return self.me end
 function Stepper:size() return self.W end
 function Stepper:step_count(p) return self.pstep[p] or 0 end
 function Stepper:control() return self.ctrl end
-function Stepper:gate(op, err) return self.agree:gate(op, err) end
+function Stepper:gate(op, err, args) return self.agree:gate(op, err, args) end
 function Stepper:agree_failure(err) return self.agree:failure(err) end
 function Stepper:agree_entries(entries, what) return self.agree:entries(entries, what) end
 
@@ -282,9 +297,11 @@ end
 
 ------------------------------------------------------------- the plan
 
--- The resolved configuration as (key, value) entries: group kinds, names
--- and every option of the kinds' schemas, in canonical text (K.serialize:
--- nested tables with their keys sorted; hooks by presence).
+-- The resolved configuration as (key, value) entries: every setting that
+-- changes what the ranks do together (the mesh, the plan's, the replica
+-- checks', the caller's settings), group kinds, names and every option of
+-- the kinds' schemas, in canonical text (K.serialize: nested tables with
+-- their keys sorted; hooks by presence).
 function Stepper:config_entries()
   local entries = {}
   local function add(k, v) entries[#entries + 1] = { k, v } end
@@ -292,6 +309,8 @@ function Stepper:config_entries()
   add("balance", self.balance)
   add("max_batch_numel", tostring(self.max_batch_numel or ""))
   add("split_ns", K.serialize(self.split_ns or "auto"))
+  add("check_replicas", self.check_replicas_mode)
+  for _, e in ipairs(self.settings) do add(e[1], e[2]) end
   for gi, g in ipairs(self.groups) do
     local keys = {}
     for k in pairs(g.kind.OPTIONS) do keys[#keys + 1] = k end
@@ -339,11 +358,31 @@ function Stepper:build()
     r.hooks_list = r.hooks or {}
     self.rec[r.param] = r
   end
+  if self.log:enabled("debug") then self:log_uneven() end
   self.gparams, self.index_of = {}, {}
   for i, p in ipairs(self.order) do self.index_of[p] = i end
   for gi = 1, #self.groups do self.gparams[gi] = {} end
   for _, p in ipairs(self.order) do table.insert(self.gparams[self.where[p].gi], p) end
   self.built = true
+end
+
+-- The seed's debug_rank0 "[hyper-optimizer uneven-shard]" line for each
+-- parameter a shard axis does not divide evenly (torch.chunk's pieces of
+-- unequal length, possibly empty).
+function Stepper:log_uneven()
+  local mesh = self.dmesh
+  for _, r in ipairs(self.records) do
+    for a, pl in ipairs(r.placement) do
+      local d, k = pl.kind == "S" and pl.dim, mesh.sizes[a]
+      if d and k > 1 and r.shape[d] % k ~= 0 then
+        local sizes = {}
+        for i = 0, k - 1 do sizes[i + 1] = select(2, D.chunk(r.shape[d], k, i)) end
+        self.log:say("debug", "[hyper-optimizer uneven-shard] p %s placement %s device_mesh %s local_shape %s "
+          .. "global_shape %s rank %d shard_sizes %s", r.name, D.placement_string(r.placement), mesh:describe(),
+          T.shape_string(r.param.value:size()), T.shape_string(r.shape), self.me, T.shape_string(sizes))
+      end
+    end
+  end
 end
 
 function Stepper:build_once()
@@ -358,14 +397,19 @@ end
 
 local function tensor_bytes(t) return t:numel() * T.DTYPE_SIZES[t:dtype()] end
 
--- { state_bytes, scratch_bytes } held by this rank.
+-- { state_bytes, scratch_bytes, scratch = its parts } held by this rank.
 function Stepper:memory()
   local state = 0
   for _, st in pairs(self.state) do
     for _, v in pairs(st) do if T.is_tensor(v) then state = state + tensor_bytes(v) end end
   end
-  return { state_bytes = state,
-    scratch_bytes = self.scratch:bytes() + self.router:scratch_bytes() + self.split_phase:bytes() }
+  local scratch, parts = self.scratch:bytes()
+  local routing = self.router:scratch_bytes()
+  local machines, pieces = self.split_phase:bytes()
+  routing = routing + pieces
+  parts.routing = parts.routing + routing
+  parts.ns = parts.ns + machines
+  return { state_bytes = state, scratch_bytes = scratch + routing + machines, scratch = parts }
 end
 
 function Stepper:comm_stats()
@@ -456,6 +500,12 @@ local function direction_phase(self, run)
     gr.entries, gr.empties = entries, empties
     if not gr.skip then
       local keys = G.kind.state_keys
+      local in_place = G.kind.in_place_state and G.kind.in_place_state(G.options)
+      if in_place then
+        local set = {}
+        for _, k in ipairs(in_place) do set[k] = true end
+        in_place = set
+      end
       for _, p in ipairs(gr.params) do
         local r = self.rec[p]
         if r.mine_n == 0 and self.W == 1 then
@@ -472,7 +522,7 @@ local function direction_phase(self, run)
         elseif r.mine_n > 0 then
           self.scratch:update(p, r)
           if r.holds then
-            local e = self.scratch:entry(p, r, keys, self.state[p])
+            local e = self.scratch:entry(p, r, keys, self.state[p], in_place)
             e.count = (self.pstep[p] or 0) + 1
             local dest = run.ns_inputs and run.ns_inputs[r]
             if dest then -- (the NS input goes out from there: no copy)
@@ -486,6 +536,14 @@ local function direction_phase(self, run)
       if #entries > 0 then run:attempt(direction, self, run, G, gr, entries) end
     end
   end
+end
+
+-- The step's signals as its hooks leave them (ctx.signals: one copy per
+-- step, which they share): unchanged, or the step fails naming the value
+-- (a hook's ctx is read-only; on a mesh a change would make ranks differ).
+local function check_signals(self, run)
+  RO.unchanged(run.signals, self.signals, "ctx.signals", "a hook", "a hook's ctx is read-only (change a copy of what "
+    .. "you read)")
 end
 
 -- Phase 6 (local, after every hook of the step): the state the commit
@@ -533,6 +591,10 @@ local function commit_phase(self, run)
       else
         CC.write(gr.applies)
       end
+      -- the state the kind writes in place (its new value checked finite by direction)
+      if G.kind.commit_state and gr.entries[1] and gr.entries[1].in_place then
+        G.kind.commit_state(G.options, gr.hp, gr.entries)
+      end
     end
   end
   for _, ks in ipairs(self.kind_stats) do ks.steps = ks.steps + 1 end
@@ -565,6 +627,7 @@ end
 -- pre_err: see check_phase. Returns true, or false when no parameter has a
 -- grad (then nothing changed: parameters, state, step counts).
 local function step_body(self, values, pre_err)
+  local measured = SS.begin(self)
   self:gate("step")
   self:build_once()
   local W = self.W
@@ -608,9 +671,11 @@ local function step_body(self, values, pre_err)
     self.agree:failure(run.failure, run)
     run:attempt(self.post_phase.run, self.post_phase, run, self.rec, self.index_of)
   end
+  if next(self.signals) ~= nil then run:attempt(check_signals, self, run) end
   run:attempt(final_checks, self, run)
   self.agree:failure(run.failure, run)
   commit_phase(self, run)
+  self.last = SS.finish(self, run, measured)
   return true
 end
 
@@ -626,7 +691,7 @@ local function reduce_body(self, op, pre_err)
   if pre_err == nil and op ~= "mean" and op ~= "sum" then
     pre_err = E.new(E.EINVAL, ("reduce_grads: op must be 'mean' or 'sum', got %s"):format(tostring(op)))
   end
-  self:gate("reduce_grads", pre_err)
+  self:gate("reduce_grads", pre_err, { { "op", ("'%s'"):format(tostring(op)) } })
   self:build_once()
   if self.W == 1 then return 0 end
   self.grad_reduce = self.grad_reduce or GR.new(self.dmesh, self.ctrl, self.router)

@@ -134,7 +134,8 @@ Tensor:flat()
 Tensor:all_finite()
     true if no element is NaN or Inf, else false.
 Tensor:save(path)
-    Write a NumPy .npy file (C order); returns x.
+    Write a NumPy .npy file (C order), atomically as muon.safetensors.save
+    writes (the same paths refused); returns x.
 ]]
 local ffi = require("ffi")
 local core = require("muon.core")

@@ -4,6 +4,7 @@
  *   muon run script.lua [args...]           run a Lua script with muon loaded
  *   muon check config.lua --params shapes   show which parameter lands where
  *   muon info                                version, BLAS core, MPI
+ *   muon plot FILE.csv [--out FILE.svg] ...  a CSV (a run's log) as an SVG plot
  *   muon help API | NAME                     the API reference, or one entry
  *   muon --version, muon --help, muon COMMAND --help
  *
@@ -27,8 +28,11 @@ static const char usage_text[] =
     "                                       with optimizer and options, and every problem;\n"
     "                                       SHAPES has lines 'name dim1 dim2 ...'; exit 1 on problems\n"
     "  info                                 version, BLAS core and threads, MPI availability\n"
+    "  plot FILE.csv [--y COL]... [--out F]  a CSV file's columns as an SVG plot (a run's log:\n"
+    "                                       config log = { every = N, file = 'run.csv' })\n"
     "  help API | NAME                      the API reference (Lua modules, C headers), or\n"
-    "                                       the entry of one name (Tensor:add, mu_engine_step)\n"
+    "                                       the entries of one name (Tensor:add, zeropower,\n"
+    "                                       mu_engine_step, MU_F32, mu_engine_opts, trusted)\n"
     "\n"
     "options:\n"
     "  -h, --help                           this text (muon COMMAND --help: the command's)\n"
@@ -113,6 +117,10 @@ int main(int argc, char **argv)
                                argv[first]);
         int rc = mu_script_run(argv[first], argc - first - 1, argv + first + 1, flags, &status);
         return report(rc, status, 1);
+    }
+    if (strcmp(cmd, "plot") == 0) {
+        int rc = mu_script_run_module("muon.plot", argc - 2, argv + 2, 0, &status);
+        return report(rc, status, 0);
     }
     if (strcmp(cmd, "check") == 0) {
         int rc = mu_script_run_module("muon.check", argc - 2, argv + 2, 0, &status);

@@ -42,8 +42,15 @@ class Param:
     def __init__(self, name, value, grad=None):
         if not isinstance(name, str) or not name:
             raise error_for(lib.MU_EINVAL, "parameter names must be non-empty strings, got %r" % (name,))
+        try:
+            encoded = name.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise error_for(lib.MU_EINVAL, "parameter name %r is not valid UTF-8 (%s): checkpoints store names as "
+                            "UTF-8 text" % (name, e.reason)) from None
+        if b"\0" in encoded:
+            raise error_for(lib.MU_EINVAL, "parameter name %r holds a NUL character (a C string ends there)" % (name,))
         self.name, self.value, self.torch = name, value, is_torch(value)
-        self.cname = ffi.new("char[]", name.encode())
+        self.cname = ffi.new("char[]", encoded)
         self.sent, self.bump, self.master, self.grad_buf, self.grad = 0, None, None, None, None
         self._empty = np.zeros(1, np.float32)  # (a non-NULL address for buffers of no element)
         if self.torch:

@@ -58,9 +58,16 @@ def error_for(code, message):
     return cls(message) if cls else MuonError(message, code)
 
 
+# The fixes a message names, as this package spells them: the C call the
+# library's message gives -> the Python call.
+PY_FIXES = (("mu_engine_load_ex(eng, path, MU_LOAD_NO_CHECKSUM)", "load(path, checksum=False)"),)
+
+
 def check(rc, eng=None):
     """Raise the exception of status rc (the message of eng's last failure,
     or of this thread's) unless rc is MU_OK."""
     if rc != 0:
         msg = text(lib.mu_engine_error(eng)) if eng is not None else text(lib.mu_last_error())
+        for c_fix, py_fix in PY_FIXES:
+            msg = msg.replace(c_fix, py_fix)
         raise error_for(rc, msg or text(lib.mu_strerror(rc)))

@@ -544,13 +544,17 @@ class Optimizer(_Base):
             if "lr" in g:
                 self.param_groups[i]["lr"] = g["lr"]
 
-    def save(self, path):
-        """The engine's checkpoint (safetensors, atomic, checksummed)."""
-        check(lib.mu_engine_save(self._live(), os.fsencode(path)), self._eng)
+    def save(self, path, sharded=False):
+        """The engine's checkpoint (safetensors, atomic, checksummed);
+        sharded=True: a directory where each rank writes its own state boxes
+        and rank 0 an index, nothing gathered (every rank passes the same)."""
+        flags = lib.MU_SAVE_SHARDED if sharded else 0
+        check(lib.mu_engine_save_ex(self._live(), os.fsencode(path), flags), self._eng)
 
     def load(self, path, checksum=True):
-        """Load a checkpoint of save() (checksum=False: one written or edited
-        elsewhere); nothing changes on failure."""
+        """Load a checkpoint of save() (a file, or a sharded checkpoint's
+        directory saved on any number of ranks; checksum=False: one written
+        or edited elsewhere); nothing changes on failure."""
         flags = 0 if checksum else lib.MU_LOAD_NO_CHECKSUM
         check(lib.mu_engine_load_ex(self._live(), os.fsencode(path), flags), self._eng)
 

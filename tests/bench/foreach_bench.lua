@@ -65,45 +65,44 @@ print(("parameter set: %d layers, %d tensors, %.1f M elements (float32, %.0f MB 
 local ta, tb, tc = T.zeros({ N }), T.randn({ N }, 7), T.randn({ N }, 8)
 local function triad() assert(C.mu__foreach_triad(ta, tb, tc, 0.5) == 0) end
 
-local results = {}
-local function measure(threads)
+-- GB/s of each op (per element bytes above), one op at a time.
+local step = 0
+local ms, vs = ups, bufs -- reuse as AdamW state (values irrelevant for timing)
+local RATES = {
+  triad = function() return 12 * N / best_time(triad) / 1e9 end,
+  momentum = function()
+    return 16 * N / best_time(function() F.momentum(grads, bufs, nil, ups, 0.95, 0.95, true) end) / 1e9
+  end,
+  apply = function() return 12 * N / best_time(function() F.apply(params, ups, nil, 1 - 0.02 * 0.1, -0.02) end) / 1e9 end,
+  adamw = function()
+    return 28 * N / best_time(function()
+      step = step + 1
+      F.adamw(params, grads, ms, vs, { lr = 1e-3, step = step })
+    end) / 1e9
+  end,
+  scale = function() return 8 * N / best_time(function() F.scale(ups, 0.999) end) / 1e9 end,
+  all_finite = function() return 4 * N / best_time(function() assert(F.all_finite(grads)) end) / 1e9 end,
+  pack = function() return 8 * N / best_time(function() F.pack(grads, ta) end) / 1e9 end,
+}
+local function measure(op, threads)
   ffi.C.unsetenv("MU_FOREACH_MT_MIN")
   if threads then ffi.C.setenv("MU_FOREACH_THREADS", tostring(threads), 1)
   else ffi.C.unsetenv("MU_FOREACH_THREADS") end
-  local r = {}
-  r.triad = 12 * N / best_time(triad) / 1e9
-  r.momentum = 16 * N / best_time(function()
-    F.momentum(grads, bufs, nil, ups, 0.95, 0.95, true)
-  end) / 1e9
-  r.apply = 12 * N / best_time(function()
-    F.apply(params, ups, nil, 1 - 0.02 * 0.1, -0.02)
-  end) / 1e9
-  local step = 0
-  local ms, vs = ups, bufs -- reuse as AdamW state (values irrelevant for timing)
-  r.adamw = 28 * N / best_time(function()
-    step = step + 1
-    F.adamw(params, grads, ms, vs, { lr = 1e-3, step = step })
-  end) / 1e9
-  r.scale = 8 * N / best_time(function() F.scale(ups, 0.999) end) / 1e9
-  r.all_finite = 4 * N / best_time(function() assert(F.all_finite(grads)) end) / 1e9
-  r.pack = 8 * N / best_time(function() F.pack(grads, ta) end) / 1e9
-  return r
+  return RATES[op]()
 end
 
-results[1] = measure(1)
-results[2] = measure(nil)
-ffi.C.unsetenv("MU_FOREACH_THREADS")
-
-if MEASURE then
-  for _, op in ipairs(OPS) do print(("RESULT %s %.6f %.6f"):format(op, results[1][op], results[2][op])) end
-  return
-end
-
-print(("%-11s %10s %10s %10s"):format("op", "1 thr GB/s", "2 thr GB/s", "% triad"))
+-- One row per op, printed as soon as it is measured (1 thread, then the default).
+if not MEASURE then print(("%-11s %10s %10s %10s"):format("op", "1 thr GB/s", "2 thr GB/s", "% triad")) end
+local results = { {}, {} } -- [1]: one thread, [2]: the default; op -> GB/s
 for _, op in ipairs(OPS) do
-  local r1, r2 = results[1][op], results[2][op]
-  print(("%-11s %10.1f %10.1f %9.0f%%"):format(op, r1, r2, 100 * r2 / results[2].triad))
+  local r1, r2 = measure(op, 1), measure(op, nil)
+  results[1][op], results[2][op] = r1, r2
+  local triad2 = results[2].triad
+  if MEASURE then print(("RESULT %s %.6f %.6f"):format(op, r1, r2))
+  else print(("%-11s %10.1f %10.1f %9.0f%%"):format(op, r1, r2, 100 * r2 / triad2)) end
 end
+ffi.C.unsetenv("MU_FOREACH_THREADS")
+if MEASURE then return end
 
 -- The same table for a baseline revision, interleaved with this tree.
 local rev = os.getenv("MU_BENCH_BASELINE")

@@ -196,6 +196,36 @@ print(("libraries: %s; %s; muon bf16 Newton-Schulz: %s"):format(info.config, jit
 
 local torch, why = torch_server()
 if torch then print("torch: " .. torch.versions .. " (the seed's function; bf16 matmuls on oneDNN)") end
+
+local function ms(v) return v and ("%.1f"):format(v * 1e3) or "n/a" end
+local function ratio(a, b) return (a and b) and ("%.2f"):format(a / b) or "n/a" end
+local function tms(row, k) return row.res["seed " .. k] end
+
+-- Each shape's two rows are printed as soon as it is measured: float32,
+-- then bfloat16 (its columns under the second header line).
+local F32 = "%-11s %8s %8s %8s %8s %8s %9s %9s %8s %8s %10s %9s %9s %8s"
+local B16 = "%-11s %8s %8s %8s %8s %9s %9s %11s %11s %10s %8s %8s %8s %8s"
+local function print_row(row)
+  local r = row.res
+  print(F32:format(row.s, ms(r.standard),
+    ms(r.plain), ms(r.gram), ms(r.auto), row.pick, ms(tms(row, "f32")), ("%.0f"):format(row.sgemm / 1e9),
+    ("%.2f"):format(r.standard / r.gram), ("%.2f"):format(row.model), ("%.2f"):format(r.standard / r.auto),
+    ("%.2f (%d)"):format(row.min.standard / row.min.auto, row.rounds),
+    ratio(tms(row, "f32"), r.auto), row.err and ("%.1e"):format(row.err) or "-"))
+  local gf = r["bf16 auto"] and row.flops16 / r["bf16 auto"] or nil
+  print(B16:format("  bf16", ms(r["bf16 standard"]),
+    ms(r["bf16 gram"]), ms(r["bf16 auto"]), row.pick16, ms(tms(row, "bf16")), ms(tms(row, "f32")),
+    ratio(tms(row, "bf16"), r["bf16 standard"]), ratio(tms(row, "bf16"), r["bf16 auto"]),
+    ratio(tms(row, "bf16"), r.auto), row.gemm and ("%.0f"):format(row.gemm / 1e9) or "n/a",
+    gf and ("%.0f"):format(gf / 1e9) or "n/a", ratio(gf, row.gemm), row.err16 and ("%.1e"):format(row.err16) or "-"))
+end
+print()
+print("ms; ratios same run. float32 columns:")
+print(F32:format("shape", "std", "plain", "gram", "auto",
+  "auto", "seed f32", "sgemm GF", "std/gram", "model", "std/auto", "(best of)", "seed/auto", "err"))
+print("bfloat16 columns (the second line of each shape):")
+print(B16:format("", "std", "gram", "auto", "auto",
+  "seed bf16", "seed f32", "seed16/std", "seed16/auto", "seed16/f32", "mm GF", "auto GF", "auto/mm", "err"))
 -- Without bf16 kernels (below AVX-512) oneDNN has no bf16 matmul: torch's
 -- falls back to a scalar loop (minutes per large call) and ours widens to
 -- sgemm; comparing them says nothing, so the seed's bf16 runs are skipped.
@@ -280,6 +310,7 @@ for _, s in ipairs(SHAPES) do
     err = err, err16 = err16, model = model, min = min, rounds = rounds, flops16 = flops16,
     pick16 = ns.method_for(r, c, { steps = STEPS, variant = "asym5", method = "auto", dtype = "bfloat16" }), x = x,
     out = out, ws = ws, bws = bws }
+  print_row(rows[#rows])
 end
 
 -- The same shapes under a competing 2-thread load: two busy processes,
@@ -296,6 +327,10 @@ local function stop_load(pids)
 end
 local loaded = os.getenv("MU_BENCH_LOAD") ~= "0"
 if loaded then
+  print()
+  print("under a competing 2-thread load (ms; ratios same run; each row as measured)")
+  local LOADED = "%-11s %8s %9s %10s %8s %9s %11s"
+  print(LOADED:format("shape", "auto", "seed f32", "seed32/auto", "bf16", "seed bf16", "seed16/bf16"))
   local pids = start_load()
   local ok, err = pcall(function()
     for _, row in ipairs(rows) do
@@ -316,8 +351,11 @@ if loaded then
         end
       end
       local med = median_times(fns, 8.0)
-      row.loaded = {}
-      for k, name in ipairs(labels) do row.loaded[name] = med[k] end
+      local l = {}
+      for k, name in ipairs(labels) do l[name] = med[k] end
+      row.loaded = l
+      print(LOADED:format(row.s, ms(l.auto), ms(l["seed f32"]), ratio(l["seed f32"], l.auto),
+        ms(l["bf16 auto"]), ms(l["seed bf16"]), ratio(l["seed bf16"], l["bf16 auto"])))
     end
   end)
   stop_load(pids)
@@ -326,45 +364,6 @@ end
 
 if torch then torch.close() end
 
-local function ms(v) return v and ("%.1f"):format(v * 1e3) or "n/a" end
-local function ratio(a, b) return (a and b) and ("%.2f"):format(a / b) or "n/a" end
-local function tms(row, k) return row.res["seed " .. k] end
-
-print()
-print("float32 (ms; ratios same run)")
-print(("%-11s %8s %8s %8s %8s %8s %9s %9s %8s %8s %10s %9s %9s %8s"):format("shape", "std", "plain", "gram", "auto",
-  "auto", "seed f32", "sgemm GF", "std/gram", "model", "std/auto", "(best of)", "seed/auto", "err"))
-for _, row in ipairs(rows) do
-  local r = row.res
-  print(("%-11s %8s %8s %8s %8s %8s %9s %9.0f %8.2f %8.2f %8.2f %10s %9s %8s"):format(row.s, ms(r.standard),
-    ms(r.plain), ms(r.gram), ms(r.auto), row.pick, ms(tms(row, "f32")), row.sgemm / 1e9, r.standard / r.gram,
-    row.model, r.standard / r.auto, ("%.2f (%d)"):format(row.min.standard / row.min.auto, row.rounds),
-    ratio(tms(row, "f32"), r.auto), row.err and ("%.1e"):format(row.err) or "-"))
-end
-print()
-print("bfloat16 (ms; ratios same run)")
-print(("%-11s %8s %8s %8s %8s %9s %9s %11s %11s %10s %8s %8s %8s %8s"):format("shape", "std", "gram", "auto", "auto",
-  "seed bf16", "seed f32", "seed16/std", "seed16/auto", "seed16/f32", "mm GF", "auto GF", "auto/mm", "err"))
-for _, row in ipairs(rows) do
-  local r = row.res
-  local gf = r["bf16 auto"] and row.flops16 / r["bf16 auto"] or nil
-  print(("%-11s %8s %8s %8s %8s %9s %9s %11s %11s %10s %8s %8s %8s %8s"):format(row.s, ms(r["bf16 standard"]),
-    ms(r["bf16 gram"]), ms(r["bf16 auto"]), row.pick16, ms(tms(row, "bf16")), ms(tms(row, "f32")),
-    ratio(tms(row, "bf16"), r["bf16 standard"]), ratio(tms(row, "bf16"), r["bf16 auto"]),
-    ratio(tms(row, "bf16"), r.auto), row.gemm and ("%.0f"):format(row.gemm / 1e9) or "n/a",
-    gf and ("%.0f"):format(gf / 1e9) or "n/a", ratio(gf, row.gemm), row.err16 and ("%.1e"):format(row.err16) or "-"))
-end
-if loaded then
-  print()
-  print("under a competing 2-thread load (ms; ratios same run)")
-  print(("%-11s %8s %9s %10s %8s %9s %11s"):format("shape", "auto", "seed f32", "seed32/auto", "bf16", "seed bf16",
-    "seed16/bf16"))
-  for _, row in ipairs(rows) do
-    local l = row.loaded
-    print(("%-11s %8s %9s %10s %8s %9s %11s"):format(row.s, ms(l.auto), ms(l["seed f32"]), ratio(l["seed f32"], l.auto),
-      ms(l["bf16 auto"]), ms(l["seed bf16"]), ratio(l["seed bf16"], l["bf16 auto"])))
-  end
-end
 print("sgemm GF: this run's standalone OpenBLAS sgemm rate on the (n x n)(n x m) product (n = smaller dim);")
 print("mm GF: torch's bf16 matmul (oneDNN) on the same product; auto GF: bfloat16 auto in the flops it performs")
 print("(muon.ns.cost), auto/mm its fraction of mm GF. seed f32 / seed bf16: the seed's function in torch on")

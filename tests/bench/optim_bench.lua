@@ -95,6 +95,9 @@ local new, old = {}, {}
 for r = 1, ROUNDS do -- interleaved, so that load on the machine hits both
   new[r] = run_tree(here, here .. "/build/libmuon.so")
   if have_base then old[r] = run_tree(base, base .. "/build/libmuon.so") end
+  print(("round %d/%d: GPT-2 small step %.0f ms%s; tiny parameters %.2f us each%s"):format(r, ROUNDS, new[r][1] * 1e3,
+    have_base and (" (old %.0f)"):format(old[r][1] * 1e3) or "", new[r][3] * 1e6,
+    have_base and (" (old %.2f)"):format(old[r][3] * 1e6) or ""))
 end
 local function med(rows, i)
   local xs = {}

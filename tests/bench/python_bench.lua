@@ -36,6 +36,7 @@ local c, p, own = {}, {}, {}
 for r = 1, ROUNDS do
   c[r] = result(("%s %s %d"):format(host, sh(config), STEPS))
   p[r], own[r] = result(("PYTHONPATH=src %s tests/bench/python_step.py %s %d"):format(sh(py), sh(config), STEPS))
+  print(("round %d/%d: C %.1f ms/step, Python %.1f ms/step"):format(r, ROUNDS, c[r] * 1e3, p[r] * 1e3))
 end
 os.remove(config)
 local core = capture(("PYTHONPATH=src %s -c %s"):format(sh(py), sh("import libmuon; print(libmuon.blas_info()['core'])")))

@@ -75,7 +75,10 @@ local wall0 = os.time()
 local samples = {}
 for n = WARMUP + 1, WARMUP + STEPS do
   step(n)
-  if (n - WARMUP) % (STEPS / 4) == 0 then samples[#samples + 1] = ("%.1f"):format(rss_kib() / 1024) end
+  if (n - WARMUP) % (STEPS / 4) == 0 then
+    samples[#samples + 1] = ("%.1f"):format(rss_kib() / 1024)
+    print(("soak: step %d of %d: RSS %s MiB"):format(n - WARMUP, STEPS, samples[#samples]))
+  end
 end
 local cpu = os.clock() - t0
 collectgarbage()

@@ -260,6 +260,34 @@ int main(void)
     ok(rc == MU_EINVAL, "NULL name: MU_EINVAL");
     rc = mu_engine_add_param(NULL, "w.0", MU_F32, 2, s22, w, gw);
     ok(rc == MU_EINVAL, "NULL engine: MU_EINVAL");
+    { /* names: valid UTF-8 of at most MU_MAX_NAME bytes (checkpoints store them as text) */
+        const char *bad[] = {"w.caf\xE9", "w.\xC0\xAF", "w.\xED\xA0\x80", "w.\xF4\x90\x80\x80", "w.\xE2\x82", "w.\xFF"};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            rc = mu_engine_add_param(eng, bad[i], MU_F32, 2, s22, w, gw);
+            ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "is not valid UTF-8"),
+               "name %zu not UTF-8: MU_EINVAL: %s", i, mu_engine_error(eng));
+            rc = mu_engine_add_param_sharded(eng, bad[i], MU_F32, 2, s22, 0, NULL, w, gw);
+            ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "mu_engine_add_param_sharded: parameter name"),
+               "name %zu not UTF-8, sharded: MU_EINVAL: %s", i, mu_engine_error(eng));
+        }
+        rc = mu_engine_add_param(eng, bad[0], MU_F32, 2, s22, w, gw);
+        ok(contains(mu_engine_error(eng), "parameter name 'w.caf\\xE9' is not valid UTF-8 (byte 6 is 0xE9)"),
+           "the message shows the bad byte escaped: %s", mu_engine_error(eng));
+        static char long_name[MU_MAX_NAME + 2];
+        memset(long_name, 'w', MU_MAX_NAME + 1);
+        rc = mu_engine_add_param(eng, long_name, MU_F32, 2, s22, w, gw);
+        ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "is longer than 65536 bytes (MU_MAX_NAME)") &&
+               strlen(mu_engine_error(eng)) < 200,
+           "a name of MU_MAX_NAME + 1 bytes: MU_EINVAL, shown cut: %s", mu_engine_error(eng));
+        long_name[MU_MAX_NAME] = '\0';
+        mu_engine *e2;
+        float w2[4] = {0}, gw2[4] = {0};
+        rc = mu_engine_open(&e2, tap_write(dir, "names.lua", CONFIG));
+        ok(rc == MU_OK && mu_engine_add_param(e2, long_name, MU_F32, 2, s22, w, gw) == MU_OK &&
+               mu_engine_add_param(e2, "w.caf\xC3\xA9", MU_F32, 2, s22, w2, gw2) == MU_OK,
+           "MU_MAX_NAME bytes, and UTF-8 beyond ASCII, register: %s", e2 ? mu_engine_error(e2) : "");
+        mu_engine_close(e2);
+    }
     rc = mu_engine_add_param(eng, "x.0", MU_F32, 2, s22, w, gw);
     ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "x.0") && contains(mu_engine_error(eng), "no group"),
        "parameter no group matches: MU_EINVAL: %s", mu_engine_error(eng));
@@ -390,6 +418,30 @@ int main(void)
     ok(rc == MU_OK && memcmp(w, w_after, sizeof w) == 0 && memcmp(b, b_after, sizeof b) == 0,
        "step after load reproduces the step after save bit for bit");
 
+    /* the same through a sharded checkpoint (a directory) */
+    {
+        char sdir[320];
+        snprintf(sdir, sizeof sdir, "%s/sharded", dir);
+        memcpy(w, w_saved, sizeof w);
+        memcpy(b, b_saved, sizeof b);
+        rc = mu_engine_load(eng, ckpt);
+        rc |= mu_engine_save_ex(eng, sdir, MU_SAVE_SHARDED);
+        char index[340];
+        snprintf(index, sizeof index, "%s/index.json", sdir);
+        ok(rc == MU_OK && access(index, R_OK) == 0, "save_ex(MU_SAVE_SHARDED) writes a directory with index.json "
+           "(rc %d: %s)", rc, line1(mu_engine_error(eng)));
+        rc = mu_engine_step(eng);
+        memcpy(w, w_saved, sizeof w);
+        memcpy(b, b_saved, sizeof b);
+        rc |= mu_engine_load(eng, sdir);
+        rc |= mu_engine_step(eng);
+        ok(rc == MU_OK && memcmp(w, w_after, sizeof w) == 0 && memcmp(b, b_after, sizeof b) == 0,
+           "mu_engine_load of it: the step after it is the step after save, bit for bit");
+        rc = mu_engine_save_ex(eng, sdir, 4);
+        ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "flags"), "save_ex unknown flags: MU_EINVAL");
+        ok(mu_engine_save_ex(NULL, sdir, MU_SAVE_SHARDED) == MU_EINVAL, "save_ex NULL engine: MU_EINVAL");
+    }
+
     /* a checkpoint edited by another program (stale checksums): refused by
      * mu_engine_load, accepted by mu_engine_load_ex(MU_LOAD_NO_CHECKSUM) */
     {
@@ -409,7 +461,9 @@ int main(void)
             fwrite(bytes, 1, len, f);
             fclose(f);
             rc = mu_engine_load(eng, edited);
-            ok(rc == MU_EFORMAT && contains(mu_engine_error(eng), "checksum = false"),
+            /* (the C spelling of the fix, not the Lua option) */
+            ok(rc == MU_EFORMAT && contains(mu_engine_error(eng), "mu_engine_load_ex(eng, path, MU_LOAD_NO_CHECKSUM)") &&
+                   !contains(mu_engine_error(eng), "checksum = false"),
                "stale checksum: MU_EFORMAT, the message names the way out (%s)", line1(mu_engine_error(eng)));
             rc = mu_engine_load_ex(eng, edited, 2);
             ok(rc == MU_EINVAL && contains(mu_engine_error(eng), "flags"), "load_ex unknown flags: MU_EINVAL");

@@ -185,6 +185,9 @@ static void null_calls(void)
     /* foreach */
     NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, NULL, ts, ts, ts, 0.9, 0.9, 0, &bad));
     NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, ts, nts, ts, ts, 0.9, 0.9, 0, NULL));
+    NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, ts, ts, NULL, NULL, 0.9, 0.9, 0, &bad)); /* nothing to write */
+    NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, ts, ts, nts, NULL, 0.9, 0.9, 0, &bad));
+    NULL_CALL(MU_EINVAL, mu_foreach_momentum(1, ts, ts, NULL, nts, 0.9, 0.9, 0, &bad));
     NULL_CALL(MU_EINVAL, mu_foreach_apply(1, NULL, ts, NULL, 1, 1));
     NULL_CALL(MU_EINVAL, mu_foreach_apply(1, ts, nts, NULL, 1, 1));
     NULL_CALL(MU_EINVAL, mu_foreach_apply_cautious(1, nts, ts, NULL, 1, 1));

@@ -24,7 +24,7 @@ groups='groups = {
 for m in "2 1 2" "4 2 2"; do
   set -- $m
   echo "return { $groups, dist = { mesh = { {\"replicate\", $2}, {\"shard\", $3} } } }" > "$work/dist.lua"
-  echo "return { $groups }" > "$work/plain.lua"
+  echo "return { $groups, dist = { independent = true } }" > "$work/plain.lua"
   mpi_case "c_engine np=$1 mesh ${2}x${3}" "$1" "$bin" "$work/dist.lua" "$work/plain.lua" "$2" "$3"
 done
 [ "$FAILS" -eq 0 ]

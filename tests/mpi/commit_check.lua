@@ -45,7 +45,7 @@ local bits_equal = H.bits_equal
 H.main(function()
   H.init()
   local me = H.rank
-  local ref = engine.new(config(false))
+  local ref = engine.new(H.alone(config(false)))
   local eng = engine.new(config(true))
   local mesh, loc = H.add_dim1_sharded(ref, eng, { { "w", SHAPES.w, 11 }, { "v", SHAPES.v, 12 } })
   local function set_grads(s) H.set_dim1_grads(ref, loc, s) end

@@ -32,7 +32,7 @@ local bits_equal = H.bits_equal
 
 H.main(function()
   H.init()
-  local ref, eng = engine.new(config(false)), engine.new(config(true))
+  local ref, eng = engine.new(H.alone(config(false))), engine.new(config(true))
   local mesh = D.mesh(AXES, H.size)
   local locals = {}
   for i, s in ipairs(PARAMS) do

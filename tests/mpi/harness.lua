@@ -69,6 +69,15 @@ function H.grouped_config(groups, params, axes)
   return cfg
 end
 
+-- cfg for the one-process reference engine every rank runs beside the
+-- mesh engine: without a mesh, its ranks are independent on purpose
+-- (dist = { independent = true }; an engine without one refuses to step
+-- on a world of several ranks).
+function H.alone(cfg)
+  if cfg.dist == nil then cfg.dist = { independent = true } end
+  return cfg
+end
+
 -- A parameter's seed from its name; the element count of a shape.
 function H.seed_of(name) return D.hash(name) % 100000 end
 function H.numel(s) local n = 1 for _, x in ipairs(s) do n = n * x end return n end

@@ -2,7 +2,8 @@
 # The research hooks on meshes (tests/mpi/hooks_check.lua): AdaMuon,
 # Newton-Muon and MuonH (sharded weights, ctx.global_norm) and every
 # reduction bitwise equal to one process at 1..4 ranks, the mesh's
-# checkpoint of them; ranks whose reductions differ fail together.
+# checkpoint of them; ranks whose reductions differ fail together; hooks
+# that write their read-only ctx or yield, on one rank, fail every rank.
 . "$(dirname "$0")/lib.bash"
 S=tests/mpi/hooks_check.lua
 ck=$(mktemp -d)
@@ -13,6 +14,11 @@ done
 for c in "1 shard:1" "2 shard:2" "3 shard:3" "4 replicate:2,shard:2"; do
   set -- $c
   mpi_case "hooks np=$1 mesh $2 reductions that differ" "$1" $RUN $S mismatch "$2"
+done
+# Hooks that write into ctx or post_update_fn's parameter, or yield, on one
+# rank only: every rank fails the step, nothing changes, no hang.
+for np in 1 2 3; do
+  mpi_case "hooks np=$np writing ctx / yielding on one rank" "$np" $RUN tests/mpi/hook_misuse_check.lua "$ck/misuse.safetensors"
 done
 rm -rf "$ck"
 if [ -x "$ROOT/build/muon" ]; then

@@ -76,7 +76,7 @@ local function config(dist, tag)
 end
 
 local function setup()
-  local ref = engine.new(config(false, "ref"))
+  local ref = engine.new(H.alone(config(false, "ref")))
   local eng = engine.new(config(true, "mesh"))
   local locals = H.add_mesh_params(ref, eng, PARAMS, AXES, function(spec, full)
     if spec[4] == 3 then -- MuonH: on its sphere (radius sqrt(rows))
@@ -115,7 +115,7 @@ H.main(function()
       ref_step(ref)
       if step == 5 and path then
         eng:save(path)
-        local one = engine.new(config(false, "one"))
+        local one = engine.new(H.alone(config(false, "one")))
         for _, spec in ipairs(PARAMS) do one:add_param(spec[1], T.zeros(spec[2]), T.zeros(spec[2])) end
         one:load(path)
         local same, first = true, nil

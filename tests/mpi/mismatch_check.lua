@@ -1,8 +1,9 @@
 -- Ranks in different collective calls (save on one, step on another; load
 -- against step; save against load; the first call of an engine) fail on
 -- every rank with one clear message instead of hanging; an argument error
--- on one rank only fails the call everywhere; after each, the ranks go on
--- together and nothing changed.
+-- on one rank only fails the call everywhere, as do arguments or config
+-- keys that differ across ranks, and a missing file on one rank (its own
+-- error); after each, the ranks go on together and nothing changed.
 --   build/muon run tests/mpi/mismatch_check.lua PATH
 local H = require("mpi.harness")
 local T = require("muon.tensor")
@@ -13,10 +14,14 @@ local path = arg[1]
 H.init()
 local W, me = H.size, H.rank
 
-local function make()
-  local eng = engine.new({ groups = {
+-- dist and top: more keys of the config's dist section and of the config.
+local function make(dist, top)
+  local cfg = { groups = {
     { optimizer = "muon", match = "^w", lr = 0.02, post_update_fn = function(_, x, ctx) ctx.allreduce(x, "sum") end },
-    { optimizer = "adamw", match = "^b", lr = 0.01 } }, dist = { mesh = { { "shard", W } } } })
+    { optimizer = "adamw", match = "^b", lr = 0.01 } }, dist = { mesh = { { "shard", W } } } }
+  for k, v in pairs(dist or {}) do cfg.dist[k] = v end
+  for k, v in pairs(top or {}) do cfg[k] = v end
+  local eng = engine.new(cfg)
   local rows = 4 * W
   local function part(n, seed)
     return T.randn({ n, 6 }, seed):narrow(1, me * (n / W) + 1, n / W):contiguous()
@@ -26,11 +31,12 @@ local function make()
   return eng
 end
 
--- Every bit of parameters, state and counters on this rank.
+-- Every bit of parameters, grads, state and counters on this rank.
 local function snapshot(eng)
   local parts = { tostring(eng:get("step")) }
   for _, name in ipairs({ "w", "b" }) do
     parts[#parts + 1] = table.concat(eng:param(name).value:flat(), ",")
+    parts[#parts + 1] = table.concat(eng:param(name).grad:flat(), ",")
     local s = eng:state(name)
     for _, k in ipairs({ "momentum_buffer", "exp_avg", "exp_avg_sq", "step" }) do
       local v = s and s[k]
@@ -97,6 +103,51 @@ H.main(function()
       and msg:find(("rank %d: clip_grad_norm: max_norm must be a finite number >= 0, got -1"):format(W - 1), 1, true)
         ~= nil, msg)
     H.check("clip-bad-max-norm-nothing-changed", snapshot(eng) == before)
+  end
+  -- a call's arguments that differ on the last rank: every rank fails
+  -- before communicating, naming the key and both values; nothing changed
+  local last = me == W - 1
+  local differ = {
+    { "reduce-op", function() eng:reduce_grads({ op = last and "sum" or "mean" }) end,
+      "reduce_grads: the arguments differ across ranks at op: rank 0 has 'mean', rank %d has 'sum'" },
+    { "clip-max-norm", function() eng:clip_grad_norm(last and 2 or 1) end,
+      "clip_grad_norm: the arguments differ across ranks at max_norm: rank 0 has 1, rank %d has 2" },
+    { "load-checksum", function() eng:load(path, last and { checksum = false } or nil) end,
+      "load: the arguments differ across ranks at checksum: rank 0 has true, rank %d has false" },
+    { "load-dtype", function() eng:load(path, last and { dtype = "float64" } or nil) end,
+      "load: the arguments differ across ranks at dtype: rank 0 has nil, rank %d has float64" },
+  }
+  for _, c in ipairs(differ) do
+    local before = snapshot(eng)
+    local ok, err = pcall(c[2])
+    local msg = not ok and E.message(err) or ""
+    H.check(c[1] .. "-differs-fails-everywhere", not ok and E.code(err) == E.EINVAL
+      and msg:find(c[3]:format(W - 1), 1, true) ~= nil and msg:find("every rank must pass the same", 1, true) ~= nil, msg)
+    H.check(c[1] .. "-differs-nothing-changed", snapshot(eng) == before)
+  end
+  do -- the last rank's file is missing: every rank gives that rank's own error
+    local before = snapshot(eng)
+    local ok, err = pcall(eng.load, eng, last and path .. ".missing" or path)
+    local msg = not ok and E.message(err) or ""
+    H.check("load-missing-on-one-rank-gives-its-error", not ok and E.code(err) == E.EIO
+      and msg:find(("rank %d: "):format(W - 1), 1, true) ~= nil
+      and msg:find("cannot open '" .. path .. ".missing'", 1, true) ~= nil and not msg:find("differ", 1, true), msg)
+    H.check("load-missing-nothing-changed", snapshot(eng) == before)
+  end
+  -- config keys that change what the ranks do together differ on the
+  -- last rank: the first step fails on every rank naming both values
+  for _, c in ipairs({
+    { "check-replicas-off", { check_replicas = last and "off" or "grads" }, nil, "check_replicas: rank 0 has grads, rank %d has off" },
+    { "check-replicas-params", { check_replicas = last and "params" or "grads" }, nil,
+      "check_replicas: rank 0 has grads, rank %d has params" },
+    { "hook-budget", nil, { hook_budget = last and { seconds = 5 } or nil }, "hook_budget: rank 0 has nil, rank %d has" },
+  }) do
+    local e = make(c[2], c[3])
+    local ok, err = pcall(e.step, e)
+    local msg = not ok and E.message(err) or ""
+    H.check(c[1] .. "-config-differs-fails-everywhere", not ok and E.code(err) == E.EINVAL
+      and msg:find("configs differ across ranks at " .. c[4]:format(W - 1), 1, true) ~= nil, msg)
+    H.check(c[1] .. "-config-differs-nothing-changed", e:get("step") == 0)
   end
   do -- a ctx kept by post_update_fn, called from a later pre_ortho_fn (on
     -- the owner of w alone): that rank fails, so the step fails everywhere

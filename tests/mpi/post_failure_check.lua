@@ -75,7 +75,7 @@ end
 H.main(function()
   H.init()
   for _, mode in ipairs({ "error", "nan", "budget" }) do
-    local ref = engine.new(config(mode, false, false))
+    local ref = engine.new(H.alone(config(mode, false, false)))
     local eng = engine.new(config(mode, true, true))
     local _, loc = H.add_dim1_sharded(ref, eng, { { "w", SHAPES.w, 11 }, { "v", SHAPES.v, 12 }, { "b", SHAPES.b, 13 } })
     for s = 1, 2 do

@@ -42,7 +42,7 @@ H.main(function()
     return c
   end
   local function setup(extra)
-    local eng, ref = engine.new(config(true, extra)), engine.new(config(false))
+    local eng, ref = engine.new(config(true, extra)), engine.new(H.alone(config(false)))
     local l = {}
     for i, s in ipairs(SHAPES) do
       local name, shape = s[1], s[2]

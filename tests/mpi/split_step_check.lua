@@ -36,7 +36,7 @@ end
 H.main(function()
   H.init()
   local W = H.size
-  local ref, eng = engine.new(config(false)), engine.new(config(true))
+  local ref, eng = engine.new(H.alone(config(false))), engine.new(config(true))
   local locals = H.add_mesh_params(ref, eng, PARAMS, AXES)
   local function set_grads(step, nan_on)
     for name, l in pairs(locals) do

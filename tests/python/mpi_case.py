@@ -53,7 +53,8 @@ full = {n: np.sin(0.37 * np.arange(np.prod(s)) + i).astype(np.float32).reshape(s
 local = {n: v[box(n)].copy() for n, v in full.items()}
 plain_grads = {n: np.zeros_like(v) for n, v in full.items()}
 
-plain = libmuon.Optimizer([(n, full[n], plain_grads[n]) for n in SHAPES], config={"groups": GROUPS})
+plain = libmuon.Optimizer([(n, full[n], plain_grads[n]) for n in SHAPES],
+                          config={"groups": GROUPS, "dist": {"independent": True}})
 dist = libmuon.Optimizer([(n, local[n], None) for n in SHAPES],
                          config={"groups": GROUPS, "dist": {"mesh": [["replicate", R], ["shard", S]]}}, comm=comm,
                          placements={n: {"shape": s, "placement": ["R", "S(0)"]} for n, s in SHAPES.items()})

@@ -80,7 +80,7 @@ class Errors(unittest.TestCase):
         with self.assertRaises(libmuon.EINVAL) as cm:
             libmuon.Muon([("w", np.zeros((2, 2), np.float32), None)], momentm=0.9)
         msg = str(cm.exception)
-        self.assertIn("unknown muon option 'momentm' (did you mean 'momentum'?)", msg)
+        self.assertIn("Muon got unexpected keyword arguments: momentm (did you mean 'momentum' for 'momentm'?)", msg)
         self.assertEqual(cm.exception.code, -1)
 
     def test_a_config_of_another_type_is_einval(self):
@@ -129,6 +129,18 @@ class Errors(unittest.TestCase):
         with self.assertRaises(libmuon.EINVAL) as cm:
             libmuon.Muon([np.ones((3, 3), np.float32)])
         self.assertIn("named_parameters", str(cm.exception))
+
+    def test_names_are_utf8_without_nul_and_at_most_mu_max_name_bytes(self):
+        for name, want in (("caf\udce9", "is not valid UTF-8"), ("a\0b", "NUL character"),
+                           ("n" * 65537, "is longer than 65536 bytes (MU_MAX_NAME)")):
+            with self.assertRaises(libmuon.EINVAL) as cm:
+                libmuon.AdamW([(name, np.ones(3, np.float32), np.ones(3, np.float32))])
+            self.assertIn(want, str(cm.exception))
+        w = np.ones(3, np.float32)
+        opt = libmuon.AdamW([("café", w, np.ones(3, np.float32))], lr=0.01, weight_decay=0)
+        opt.step()
+        np.testing.assert_allclose(w, 0.99, rtol=0, atol=1e-6)
+        opt.close()
 
 
 class Groups(unittest.TestCase):

@@ -69,14 +69,14 @@ class Declarations(unittest.TestCase):
 # The installed header's embedding API (what stays public when the Lua
 # layer's calls move to a private header), with the package's additions:
 # mu_blas_switch_core, mu_engine_open_source, mu_engine_set_grads,
-# mu_engine_query.
+# mu_engine_query, mu_engine_save_ex.
 EMBEDDING_API = set("""
 mu_strerror mu_errname mu_last_error mu_version
 mu_blas_cpu_core mu_blas_fix_core mu_blas_preset_core mu_blas_switch_core mu_blas_get_info mu_blas_set_threads
 mu_engine_open mu_engine_open_ex mu_engine_open_source mu_engine_close mu_engine_add_param
 mu_engine_add_param_sharded mu_engine_set_comm mu_engine_set_grads mu_engine_step mu_engine_reduce_grads
 mu_engine_zero_grad mu_engine_clip_grad_norm mu_engine_set mu_engine_get mu_engine_set_lr mu_engine_set_signal
-mu_engine_save mu_engine_load mu_engine_load_ex mu_engine_query mu_engine_error mu_engine_error_copy
+mu_engine_save mu_engine_save_ex mu_engine_load mu_engine_load_ex mu_engine_query mu_engine_error mu_engine_error_copy
 mu_script_run mu_script_run_module
 """.split())
 

@@ -3,6 +3,7 @@ state_dict -> torch.save -> torch.load -> load_state_dict resumes bitwise;
 an engine checkpoint written from Python loads in Lua, and Lua's in Python."""
 import io
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -103,6 +104,23 @@ class StateDict(unittest.TestCase):
 
 @needs_torch
 class Checkpoints(unittest.TestCase):
+    def test_a_checksum_mismatch_names_the_python_fix(self):
+        _, opt, _, _ = trained(1)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "c.safetensors")
+            opt.save(path)
+            with open(path, "r+b") as f:  # a byte of the data section
+                f.seek(-3, os.SEEK_END)
+                b = f.read(1)
+                f.seek(-3, os.SEEK_END)
+                f.write(bytes([(b[0] + 1) % 256]))
+            with self.assertRaises(libmuon.EFORMAT) as cm:
+                opt.load(path)
+            self.assertIn("checksum mismatch", str(cm.exception))
+            self.assertIn("load(path, checksum=False)", str(cm.exception))
+            self.assertNotIn("MU_LOAD_NO_CHECKSUM", str(cm.exception))
+            opt.load(path, checksum=False)
+
     def test_python_checkpoint_loads_in_lua_and_luas_in_python(self):
         model, opt, _, _ = trained(3)
         names = [n for n, _ in model.named_parameters()]
@@ -134,6 +152,51 @@ class Checkpoints(unittest.TestCase):
             for i, st in s1["state"].items():
                 for k, t in st.items():
                     self.assertTrue(torch.equal(t, s2["state"][i][k]), (i, k))
+
+    def test_sharded_save_loads_in_a_new_optimizer(self):
+        model, opt, _, _ = trained(3)
+        with tempfile.TemporaryDirectory() as d:
+            ck = os.path.join(d, "ck")
+            opt.save(ck, sharded=True)
+            self.assertIn("index.json", os.listdir(ck))
+            model2 = fresh()
+            with torch.no_grad():
+                for a, b in zip(model2.parameters(), model.parameters()):
+                    a.copy_(b)
+            opt2 = libmuon.Optimizer(model2.named_parameters(), config=MUON)
+            opt2.load(ck)
+            self.assertEqual(opt2.get("step"), 3)
+            s1, s2 = opt.state_dict(), opt2.state_dict()
+            for i, st in s1["state"].items():
+                for k, t in st.items():
+                    self.assertTrue(torch.equal(t, s2["state"][i][k]), (i, k))
+
+
+class NumpyWriter(unittest.TestCase):
+    def test_the_numpy_only_writer_loads_without_checksums_only(self):
+        # examples/python/write_safetensors.py (the README's "The format"):
+        # its file loads with checksum = false and holds what it wrote
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "np.safetensors")
+            subprocess.run([sys.executable, os.path.join(helpers.ROOT, "examples", "python", "write_safetensors.py"),
+                            path], check=True)
+            out = helpers.run_lua(LUA_NUMPY_LOAD, path)
+            self.assertIn("no checksum", out)
+            self.assertIn("step 3 shape 2x3 norm 0", out)
+
+
+LUA_NUMPY_LOAD = r"""
+local muon = require("muon")
+local T = muon.tensor
+local eng = muon.engine.new({ groups = { { optimizer = "muon" } } })
+eng:add_param("w", T.zeros({ 2, 3 }), T.zeros({ 2, 3 }))
+local ok, err = pcall(eng.load, eng, arg[1])
+assert(not ok)
+print(tostring(err))
+eng:load(arg[1], { checksum = false })
+local m = eng:state("w").momentum_buffer
+print(("step %d shape %s norm %g"):format(eng:get("step"), table.concat(m:size(), "x"), m:norm()))
+"""
 
 
 LUA_RESUME = r"""

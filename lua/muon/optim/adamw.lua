@@ -12,10 +12,10 @@ local K = require("muon.optim.kind")
 local class = require("muon.optim.class")
 
 local kind = { name = "adamw", class = "AdamW", counts_steps = true,
-  -- exp_avg_sq's overflow does not show in the update (Inf makes it 0):
-  -- hidden state; direction checks it, the other moment and the apply in
-  -- its pass (kind.checks)
-  state = { { "exp_avg" }, { "exp_avg_sq", hidden = true } }, checks = true }
+  -- (exp_avg_sq: a running mean of squares, never negative; its overflow
+  -- does not show in the update, Inf makes it 0: direction checks it, the
+  -- other moment and the apply in its pass, kind.checks)
+  state = { { "exp_avg" }, { "exp_avg_sq", min = 0 } }, checks = true }
 
 -- torch.optim.AdamW's defaults, checked in this order.
 kind.options = {
@@ -28,9 +28,9 @@ kind.options = {
 -- Moments and update direction on the entries this rank keeps state for:
 -- entry = { p, grad, old = { exp_avg, exp_avg_sq }, new = {...}, u,
 -- count = the parameter's step number after this step (torch counts steps
--- per parameter) }. The same pass checks the new moments and the apply's
--- result (p * (1 - lr wd) + u, reading p): returns the first bad entry or
--- nil, and whether the applies were checked (kind.checks).
+-- per parameter) }. The same pass checks the new moments (as stored) and
+-- the apply's result (p * (1 - lr wd) + u, reading p): returns the first
+-- bad entry or nil, and whether the applies were checked (kind.checks).
 function kind.direction(_, group, hp, entries)
   -- One fused call per (step count, dtype); usually all share one.
   local by, order = {}, {}

@@ -14,6 +14,7 @@ local K = require("muon.optim.kind")
 local Step = require("muon.step")
 local S = require("muon.checkpoint")
 local G = require("muon.grads")
+local Rp = require("muon.repr")
 
 local M = {}
 
@@ -65,6 +66,7 @@ function M.make(kind)
     local stepper = Step.new({ groups = specs })
     for gi, g in ipairs(groups) do
       for _, p in ipairs(g.params) do stepper:add(gi, p) end
+      Rp.printable_group(g, gi - 1)
     end
     return setmetatable({
       defaults = defaults,
@@ -116,7 +118,7 @@ function M.make(kind)
       st:check_buffers(g.params) -- (before anything is added)
       st:add_group({ kind = kind, options = g, label = ("param group %d"):format(gi) })
       for _, p in ipairs(g.params) do st:add(gi, p) end
-      self.param_groups[gi] = g
+      self.param_groups[gi] = Rp.printable_group(g, gi - 1)
     end)
     if not ok then E.reraise(err, E.EINVAL) end
   end
@@ -131,6 +133,9 @@ function M.make(kind)
   end
 
   function class:memory() return self._stepper:memory() end
+
+  -- torch.optim's repr (the seed's __repr__): "Muon (\nParameter Group 0\n    lr: 0.02 ...)".
+  function class:__tostring() return Rp.optimizer(what, self.param_groups) end
 
   -- Set every parameter's grad to 0, in place (those without one skipped).
   function class:zero_grad() G.zero(self._stepper) end

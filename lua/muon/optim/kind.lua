@@ -44,9 +44,12 @@ Kind.options
     stays, a note on stderr when they differ; the default for the others).
     Two markers splice shared entries in: HOOK_OPTIONS and COMMON_OPTIONS.
 Kind.state
-    Per-parameter state tensors (required): a list of { key, hidden =
-    bool }; hidden: an overflow there does not show in the update, so the
-    step checks it for NaN/Inf. Keys other than "step" and "hook.*".
+    Per-parameter state tensors (required): a list of { key, min = n }.
+    Keys other than "step" and "hook.*". min: the least value the kind's
+    maths leave in the tensor (AdamW's exp_avg_sq >= 0), an invariant a
+    loaded checkpoint must hold (as every state tensor, finite in the
+    group's state_dtype: the step checks each state tensor it writes for
+    NaN/Inf).
 Kind.counts_steps
     true: it keeps a step count per parameter (state.step; saved in
     checkpoints).
@@ -72,7 +75,8 @@ Kind.checks
     step then checks neither those gradients, nor those outputs, nor (with
     applies) those applies again; on a bad value it finds out which check
     failed for its message. Without it the step checks the gradients, the
-    Newton-Schulz input or the hidden state, and every apply.
+    Newton-Schulz input, every state tensor direction wrote (as stored) and
+    every apply.
 Kind.apply_coeffs(group, hp)
     -> decay, alpha, cautious (required): the commit does p = p * decay +
     alpha * u * scale (cautious: the decay only where the update moves p
@@ -112,6 +116,16 @@ Kind.post_update(group, hp, params, boxes, signals, reducers)
     process).
 Kind.replica_count(v)
     -> n: the seed's hsdp_replica_count as a number.
+Kind.in_place_state(group)
+Kind.commit_state(group, hp, entries)
+    Both or neither, with checks. in_place_state -> the state keys of the
+    group whose new value the kind writes in place at the commit (no second
+    buffer: the step's scratch stays small), or nil. For those keys
+    direction gets old[k] (the state, or on a parameter's first step zeros
+    that become it) and no new[k]; its report (Kind.checks) covers the value
+    commit_state will write, as stored (the nonfinite policy applies);
+    commit_state then writes it into old[k] from what it read (grad, old),
+    after the parameters' apply; it must not fail.
 ## What register derives from the schema (set on the kind)
 Kind.ENTRIES
     The schema's entries with the markers expanded, in check order.
@@ -132,20 +146,24 @@ Kind.SAVED
 Kind.LOAD
     name -> "restore" | "config" (see Kind.options).
 Kind.state_keys
-Kind.hidden_state_keys
-    The state keys, and the hidden ones, in Kind.state's order.
+Kind.state_min
+    The state keys, in Kind.state's order; key -> its min (the keys that
+    have one).
 Kind.ns
     Whether it runs Newton-Schulz (it has orthogonalize).
 ## Hooks
 muon.optim.kind.HOOKS
     The hook options (Lua functions of a config), in the order `muon check`
     lists them: { name, signature, whole =, reshapes =, keeps_state =,
-    reduces =, writes_state = }. whole: a parameter of a group that sets it
+    reduces =, writes_state =, writes = }. whole: a parameter of a group that sets it
     is orthogonalized whole on one rank; reshapes: it reshapes the
     Newton-Schulz input; keeps_state: it sees the group's hook_state (one
     table for every such hook of a group); reduces: its ctx has allreduce
     and global_norm (muon.reduce); writes_state: it writes the kind's state
-    (checked for NaN/Inf on its own).
+    (checked for NaN/Inf on its own); writes: what of the step it writes
+    ("input": the Newton-Schulz input, "update": the update), for the
+    message that names the hook when that holds NaN or Inf (pre_ortho_fn's
+    result is checked where it runs).
 muon.optim.kind.HOOK_NAMES
     name -> its HOOKS entry.
 muon.optim.kind.HOOK_KEYS
@@ -209,21 +227,22 @@ K.MEMBERS = {
   { "resolve", "function", false }, { "check_param", "function", false },
   { "orthogonalize", "function", false }, { "ns_prepare", "function", false }, { "ns_finish", "function", false },
   { "hook_shapes", "function", false }, { "post_update", "function", false }, { "replica_count", "function", false },
+  { "in_place_state", "function", false }, { "commit_state", "function", false },
 }
 
 -------------------------------------------------------------- the hooks
 
 -- (HOOKS, HOOK_STATE_RULES and their flags: see the reference block)
 K.HOOKS = {
-  { "zeropower_fn", "(x, steps) -> orthogonalized x" },
-  { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates", writes_state = true },
-  { "reshape_fn", "(name, x) -> views of x", whole = true, reshapes = true },
-  { "ns_transform_fn", "(name, x) -> nil or { tensors, restore }", whole = true, reshapes = true },
+  { "zeropower_fn", "(x, steps) -> orthogonalized x", writes = "update" },
+  { "momentum_update_fn", "(grads, bufs, m1, m2, nesterov) -> updates", writes_state = true, writes = "input" },
+  { "reshape_fn", "(name, x) -> views of x", whole = true, reshapes = true, writes = "update" },
+  { "ns_transform_fn", "(name, x) -> nil or { tensors, restore }", whole = true, reshapes = true, writes = "update" },
   { "post_update_fn", "(param, local_tensor, ctx)", reduces = true },
   { "pre_ortho_fn", "(G, state, ctx): on the Newton-Schulz input, after momentum", whole = true, keeps_state = true,
     reduces = true },
   { "post_ortho_fn", "(O, state, ctx): after Newton-Schulz, before the scale", whole = true, keeps_state = true,
-    reduces = true },
+    reduces = true, writes = "update" },
 }
 K.HOOK_STATE_RULES = {
   { "rows", "rows", 1 },
@@ -348,14 +367,16 @@ local function derive(kind, entries)
   table.sort(d.SCHEDULE_ORDER)
   table.sort(shown, function(a, b) return a.show < b.show end)
   for i, e in ipairs(shown) do d.DISPLAY[i] = e[1] end
-  d.state_keys, d.hidden_state_keys = {}, {}
+  d.state_keys, d.state_min = {}, {}
   for _, s in ipairs(kind.state) do
     d.state_keys[#d.state_keys + 1] = s[1]
-    if s.hidden then d.hidden_state_keys[#d.hidden_state_keys + 1] = s[1] end
+    d.state_min[s[1]] = s.min
   end
   d.ns = kind.orthogonalize ~= nil
   for k, v in pairs(d) do kind[k] = v end
 end
+
+local STATE_KEYS = { [1] = true, min = true }
 
 -- Check a kind against the contract (once, when its module loads) and set
 -- what derives from its schema. Raises naming the kind and the member.
@@ -381,6 +402,9 @@ function K.register(kind)
   if (kind.ns_prepare == nil) ~= (kind.ns_finish == nil) or (kind.ns_prepare and not kind.orthogonalize) then
     E.raise(E.EINVAL, "%s: ns_prepare and ns_finish come together, with orthogonalize", what)
   end
+  if (kind.in_place_state == nil) ~= (kind.commit_state == nil) or (kind.in_place_state and not kind.checks) then
+    E.raise(E.EINVAL, "%s: in_place_state and commit_state come together, with checks = true", what)
+  end
   local entries, seen = expand(kind.options), {}
   for i, e in ipairs(entries) do
     if type(e) ~= "table" or type(e[1]) ~= "string" then E.raise(E.EINVAL, "%s: options[%d] has no name", what, i) end
@@ -393,9 +417,11 @@ function K.register(kind)
     end
   end
   for _, s in ipairs(kind.state) do
-    if type(s) ~= "table" or type(s[1]) ~= "string" or s[1]:find("^hook%.") or s[1] == "step" then
-      E.raise(E.EINVAL, "%s: state entries are { key, hidden = bool } with a key other than 'step' or 'hook.*'", what)
+    if type(s) ~= "table" or type(s[1]) ~= "string" or s[1]:find("^hook%.") or s[1] == "step"
+      or (s.min ~= nil and type(s.min) ~= "number") then
+      E.raise(E.EINVAL, "%s: state entries are { key, min = number } with a key other than 'step' or 'hook.*'", what)
     end
+    E.check_keys(s, STATE_KEYS, "state entry field", what)
   end
   derive(kind, entries)
   return kind

@@ -18,6 +18,7 @@ local K = require("muon.optim.kind")
 local class = require("muon.optim.class")
 local per_dtype = foreach.per_dtype
 local Rd = require("muon.reduce")
+local RO = require("muon.readonly")
 
 local M = {} -- what other modules use besides the kind (core_shape, call_in_place)
 
@@ -31,7 +32,7 @@ local function momentum_pair(m)
     return m, m
   end
   if type(m) ~= "table" or (#m ~= 1 and #m ~= 2) then
-    fail("momentum must be a number or a list of one or two numbers, got %s", tostring(m))
+    fail("momentum must be a number or a list of one or two numbers, got %s", E.value(m))
   end
   num(m[1], "momentum[1]")
   num(m[#m], "momentum[" .. #m .. "]")
@@ -46,13 +47,13 @@ local function replica_count(v)
   local n = 0
   for _ in pairs(list) do n = n + 1 end
   if n == 0 or n ~= #list then
-    fail("hsdp_replica_count must be an integer >= 1 or a list of them, got %s", tostring(v))
+    fail("hsdp_replica_count must be an integer >= 1 or a list of them, got %s", E.value(v))
   end
   local prod = 1
   for i = 1, #list do
     local x = list[i]
     if type(x) ~= "number" or x ~= math.floor(x) or x < 1 or x > 2 ^ 31 then
-      fail("hsdp_replica_count must be an integer >= 1 or a list of them, got %s", tostring(x))
+      fail("hsdp_replica_count must be an integer >= 1 or a list of them, got %s", E.value(x))
     end
     prod = prod * x
   end
@@ -239,14 +240,34 @@ end
 
 ------------------------------------------------------------- the step parts
 
+-- The momentum buffer is written in place at the commit (no second buffer
+-- in the step's scratch) unless a hook writes it (momentum_update_fn) or
+-- sees the gradient it is computed from (post_update_fn's param.grad).
+function kind.in_place_state(group)
+  if group.momentum_update_fn or group.post_update_fn then return nil end
+  return { "momentum_buffer" }
+end
+
+-- The commit's part of the momentum: buf' = m2 buf + g, in place.
+function kind.commit_state(_, hp, entries)
+  local m1, m2 = momentum_pair(hp.momentum)
+  local grads, bufs = {}, {}
+  for i, e in ipairs(entries) do
+    grads[i] = e.grad:is_contiguous() and e.grad or e.grad:contiguous()
+    bufs[i] = e.old.momentum_buffer
+  end
+  per_dtype(function(g, b) foreach.momentum_buffers(g, b, b, m1, m2) end, { grads, bufs })
+end
+
 -- Momentum on the entries this rank keeps state for (seed:
 -- _update_muon_momentum): entry = { p, grad, old = { momentum_buffer },
--- new = { momentum_buffer }, u }: writes new.momentum_buffer and the NS
--- input u, reading old (never written). Returns the first entry whose
--- gradient, NS input or new momentum holds NaN or Inf (kind.checks: the
--- momentum pass checks what it writes; momentum_update_fn gets checked
--- gradients, and the momentum it writes is the step's to check, naming
--- the hook), or nil.
+-- new = { momentum_buffer } (none when in place: kind.in_place_state), u }:
+-- writes the NS input u (and new.momentum_buffer), reading old (never
+-- written). Returns the first entry whose gradient, NS input or new
+-- momentum (written, or in place: as the commit will write it) holds NaN
+-- or Inf (kind.checks: the momentum pass checks what it writes;
+-- momentum_update_fn gets checked gradients, and the momentum it writes is
+-- the step's to check, naming the hook), or nil.
 function kind.direction(_, group, hp, entries)
   local grads, bufs, new_bufs, updates = {}, {}, {}, {}
   for i, e in ipairs(entries) do
@@ -288,6 +309,10 @@ function kind.direction(_, group, hp, entries)
     end
     for i = 1, #entries do new_bufs[i]:copy(work[i]) end
     return foreach.first_nonfinite(updates)
+  end
+  if new_bufs[1] == nil then -- (in place: the commit writes the buffers, kind.commit_state)
+    return per_dtype(function(g, b, u) return foreach.momentum_updates(g, b, u, m1, m2, hp.nesterov) end,
+      { grads, bufs, updates })
   end
   return per_dtype(function(g, b, nb, u)
     local _, bad = foreach.momentum(g, b, nb, u, m1, m2, hp.nesterov)
@@ -370,7 +395,7 @@ end
 
 -- The tensors NS runs on for one working input, and how to write their
 -- updates back (seed: _prepare_ns_transform / _reshape_ns_input).
-local function prepare(group, name, working)
+local function prepare(ctx, group, name, working)
   if group.ns_transform_fn and name then
     local subject = "parameter '" .. name .. "'"
     local tr = E.call_hook_on(subject, "ns_transform_fn", group.ns_transform_fn, name, working)
@@ -392,6 +417,9 @@ local function prepare(group, name, working)
         end
       end
       views = r
+      if not P.same_shape(r[1], working) then -- (the seed's logger.info_rank0)
+        ctx:log("info", "Reshape %s from %s to %s", name, P.shape_string(working), P.shape_string(r[1]))
+      end
     end
   end
   return views, function(updates, output)
@@ -420,13 +448,21 @@ end
 local function call_in_place(hook, fn, what, x, ...) return call_in_place_on(nil, hook, fn, what, x, ...) end
 M.call_in_place = call_in_place
 
+-- A hook's ctx: a read-only view (muon.readonly) of fields; its signals
+-- are the step's (one copy per step, which the step checks after its
+-- hooks: muon.step), the rest copied for the call.
+local CTX_WHY = "a hook's ctx is read-only (change a copy of what you read)"
+local SHARED_SIGNALS = { signals = true }
+local function hook_ctx(fields) return RO.view(fields, "ctx", CTX_WHY, SHARED_SIGNALS) end
+
 -- pre_ortho_fn(G, state, ctx) / post_ortho_fn(O, state, ctx) on one item:
 -- x is its (k, A, B) core matrices (the Newton-Schulz input after momentum,
 -- or its output before the scale), state its hook state as (k, d1, d2)
 -- views (d1, d2: the rule's dims, K.HOOK_STATE_RULES), the same tensors
--- for both hooks of a step; the hook changes x (and state) in place. ctx:
--- param_fqn, logical_shape, region, step, lr, weight_decay, signals, and
--- allreduce / global_norm over the whole parameter (muon.reduce).
+-- for both hooks of a step; the hook changes x (and state) in place. ctx
+-- (read-only): param_fqn, logical_shape, region, step, lr, weight_decay,
+-- signals, and allreduce / global_norm over the whole parameter
+-- (muon.reduce).
 local function ortho_hook(hook, group, hp, it, x, a, b)
   local k = it.k
   local state = {}
@@ -435,12 +471,14 @@ local function ortho_hook(hook, group, hp, it, x, a, b)
     state[name] = it.state[name]:view({ k, rule_dim(r[2], a, b), rule_dim(r[3], a, b) })
   end
   local red = Rd.whole(hook)
+  local ctx = hook_ctx({
+    param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
+    lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
+    allreduce = red.allreduce, global_norm = red.global_norm,
+  })
   Rd.during(red, call_in_place_on, "parameter '" .. it.name .. "'", hook, group[hook],
-    hook == "pre_ortho_fn" and "G" or "O", x, state, {
-      param_fqn = it.name, logical_shape = it.shape, region = it.region, step = group.step + 1,
-      lr = hp.lr, weight_decay = hp.weight_decay, signals = it.signals,
-      allreduce = red.allreduce, global_norm = red.global_norm,
-    })
+    hook == "pre_ortho_fn" and "G" or "O", x, state, ctx)
+  RO.verify(ctx, hook)
 end
 
 -- pre_ortho_fn, then the Newton-Schulz input must still be finite.
@@ -567,7 +605,7 @@ function kind.orthogonalize(ctx, group, hp, items)
   end
   local prepared, order, records = {}, {}, {}
   for i, it in ipairs(items) do
-    local tensors, restore = prepare(group, it.name, it.input)
+    local tensors, restore = prepare(ctx, group, it.name, it.input)
     prepared[i] = { tensors = tensors, restore = restore, updates = {} }
     for j, t in ipairs(tensors) do
       local a, b = core_shape(t:size(), group.nd_mode)
@@ -613,19 +651,23 @@ end
 -- commit (params: the step's stand-ins, whose value is a private copy
 -- after the apply, which the commit copies into the parameter:
 -- muon.scratch).
--- ctx.box: where this rank's tensor lies in the parameter (1-based start
--- and length per dim; all of it on one process); ctx.signals: the values
--- the trainer set for this step (eng:set_signal); ctx.allreduce and
--- ctx.global_norm: reductions over the parameter's pieces on every rank
--- (reducers[i], muon.reduce).
+-- The hook gets param (read-only: name, value, grad, logical_shape) and
+-- ctx (read-only). ctx.box: where this rank's tensor lies in the parameter
+-- (1-based start and length per dim; all of it on one process);
+-- ctx.signals: the values the trainer set for this step (eng:set_signal);
+-- ctx.allreduce and ctx.global_norm: reductions over the parameter's
+-- pieces on every rank (reducers[i], muon.reduce).
 function kind.post_update(group, hp, params, boxes, signals, reducers)
   local fn = group.post_update_fn
   if not fn then return end
   for i, p in ipairs(params) do
     local red = reducers and reducers[i] or Rd.whole("post_update_fn", p.value:size())
-    Rd.during(red, call_in_place_on, "parameter '" .. p.name .. "'", "post_update_fn", fn, "the parameter", p, p.value, {
+    local shape = p.logical_shape or p.value:size()
+    local param = RO.view({ name = p.name, value = p.value, grad = p.grad, logical_shape = shape }, "param",
+      "post_update_fn's parameter is read-only (change param.value in place)")
+    local ctx = hook_ctx({
       param_fqn = p.name,
-      logical_shape = p.logical_shape or p.value:size(),
+      logical_shape = shape,
       lr = hp.lr,
       weight_decay = hp.weight_decay,
       step = group.step + 1, -- (the step being taken: the commit counts it)
@@ -633,6 +675,10 @@ function kind.post_update(group, hp, params, boxes, signals, reducers)
       signals = signals or {},
       allreduce = red.allreduce, global_norm = red.global_norm,
     })
+    Rd.during(red, call_in_place_on, "parameter '" .. p.name .. "'", "post_update_fn", fn, "the parameter", param,
+      p.value, ctx)
+    RO.verify(param, "post_update_fn")
+    RO.verify(ctx, "post_update_fn")
   end
 end
 

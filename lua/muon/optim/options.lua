@@ -41,21 +41,21 @@ local function fail(fmt, ...) E.raise(E.EINVAL, fmt, ...) end
 -- A finite number, >= min when min is given.
 function O.number(min)
   return function(v, name)
-    if not is_finite(v) then fail("%s must be a finite number, got %s", name, tostring(v)) end
+    if not is_finite(v) then fail("%s must be a finite number, got %s", name, E.value(v)) end
     if min and v < min then fail("%s must be >= %s, got %s", name, tostring(min), tostring(v)) end
   end
 end
 
 function O.boolean()
   return function(v, name)
-    if type(v) ~= "boolean" then fail("%s must be a boolean, got %s", name, tostring(v)) end
+    if type(v) ~= "boolean" then fail("%s must be a boolean, got %s", name, E.value(v)) end
   end
 end
 
 function O.integer(min)
   return function(v, name)
     if type(v) ~= "number" or v ~= math.floor(v) or v < min then
-      fail("%s must be an integer >= %d, got %s", name, min, tostring(v))
+      fail("%s must be an integer >= %d, got %s", name, min, E.value(v))
     end
   end
 end
@@ -86,7 +86,7 @@ end
 function O.betas()
   local num = O.number(0)
   return function(b, name)
-    if type(b) ~= "table" or #b ~= 2 then fail("%s must be a pair {beta1, beta2}, got %s", name, tostring(b)) end
+    if type(b) ~= "table" or #b ~= 2 then fail("%s must be a pair {beta1, beta2}, got %s", name, E.value(b)) end
     for i = 1, 2 do
       local n = name .. "[" .. i .. "]"
       num(b[i], n)

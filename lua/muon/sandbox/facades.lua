@@ -119,11 +119,11 @@ BUILDERS["muon"] = function(get)
   local muon = require("muon")
   local f = { _VERSION = muon._VERSION, tensor = get("muon.tensor"), ns = get("muon.ns"),
     param = get("muon.param"), optim = get("muon.optim"), foreach = get("muon.foreach"),
-    blas_info = import(muon.blas_info) }
+    blas_info = import(muon.blas_info), world = import(muon.world), clock = import(muon.clock) }
   return facade_of(f, "muon.", { core = "(raw FFI library)", safetensors = "(file reads and writes)",
     comm = "(MPI communicators)", host = "(script host)", config = "(config loader)",
     engine = "(engine; open engines from the host program)", dist = "(distributed planner)",
-    check = "(muon check)", checkpoint = "(checkpoint files)" })
+    check = "(muon check)", checkpoint = "(checkpoint files)", plot = "(writes files)" })
 end
 
 function F.new_require(path)

@@ -11,6 +11,9 @@
 --   object (table with a metatable,     object proxy -> the object
 --     e.g. muon.param, an optimizer)
 --     -> read-only object proxy
+--   read-only view (muon.readonly: a
+--     hook's ctx) -> a view of its
+--     fields imported, its checks shared
 --   plain table -> deep copy            plain table -> deep copy (metatable dropped)
 --   host function -> wrapper            sandbox function -> wrapper
 --     (exports args, imports results)     (imports args, exports results)
@@ -41,6 +44,7 @@ local St = require("muon.sandbox.strings")
 local R = require("muon.sandbox.runs")
 local SE = require("muon.sandbox.errors")
 local C = require("muon.sandbox.costs")
+local RO = require("muon.readonly")
 
 local M = {}
 
@@ -278,6 +282,7 @@ function import(v, seen)
   end
   if tv == "table" then
     if REAL[v] ~= nil then return v end -- already a proxy
+    if RO.is_view(v) then return RO.import(v, function(x) return import(x, seen) end) end
     if getmetatable(v) ~= nil then return proxy_of(v, object_mt) end
     return copy_table(v, import, seen or {})
   end

@@ -96,6 +96,7 @@ local function finish_call(co, d, resumed, ok, ...)
     error(err, 0)
   end
   if not resumed then error(E.exhausted(ok), 0) end
+  if coroutine.status(co) ~= "dead" then error(E.yielded("a hook"), 0) end -- (a trusted config's coroutine.yield)
   if ok then return ... end
   local e, tb = E.caught((...))
   if E.is(e) and rawget(e, "tb") == nil then rawset(e, "tb", tb) end
