@@ -272,10 +272,12 @@ describe("dist NS cost and owners", function()
     end)
     -- the options, checked
     for _, c in ipairs({
-      { "on", "dist: split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got on" },
-      { { max_group = 0 }, "dist: split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), got 0" },
-      { { imbalance = 0.5 }, "dist: split_ns.imbalance must be a number >= 1 (largest rank / mean), got 0.5" },
-      { { groups = 2 }, "dist: split_ns: unknown key 'groups'; valid keys: imbalance, max_group" },
+      { "on", "dist.split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got the string \"on\"" },
+      { { max_group = "2" }, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), "
+        .. "got the string \"2\"" },
+      { { max_group = 0 }, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), got 0" },
+      { { imbalance = 0.5 }, "dist.split_ns.imbalance must be a number >= 1 (largest rank / mean), got 0.5" },
+      { { groups = 2 }, "dist.split_ns: unknown key 'groups'; valid keys: imbalance, max_group" },
     }) do
       assert.has_error(function() D.split_options(c[1]) end, c[2])
     end
@@ -557,7 +559,7 @@ describe("engine with dist (one process)", function()
     assert.has_error(function() engine.new(c) end, "config (table): dist: unknown dist key 'meshes' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, independent, max_batch_numel, mesh, split_ns")
     c.dist = { mesh = { { "s", 1 } }, split_ns = "on" }
     assert.has_error(function() engine.new(c) end,
-      "config (table): dist: dist: split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got on")
+      "config (table): dist: dist.split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got the string \"on\"")
     c.dist = { mesh = { { "s", 0 } } }
     assert.has_error(function() engine.new(c) end,
       "config (table): dist: dist.mesh[1] must be {name, size} with a string name and an integer size >= 1")

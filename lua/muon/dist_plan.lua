@@ -328,21 +328,21 @@ function P.split_options(v)
   if v == nil or v == "auto" then return { imbalance = SPLIT_IMBALANCE } end
   if v == "off" then return nil end
   if type(v) ~= "table" then
-    E.raise(E.EINVAL, "dist: split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got %s",
-      tostring(v))
+    E.raise(E.EINVAL, "dist.split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got %s",
+      E.value(v))
   end
   for k in pairs(v) do
     if k ~= "max_group" and k ~= "imbalance" then
-      E.raise(E.EINVAL, "dist: split_ns: %s", E.unknown("key", tostring(k), { "max_group", "imbalance" }))
+      E.raise(E.EINVAL, "dist.split_ns: %s", E.unknown("key", tostring(k), { "max_group", "imbalance" }))
     end
   end
   local g, imb = v.max_group, v.imbalance
   if g ~= nil and (type(g) ~= "number" or g < 1 or g ~= math.floor(g)) then
-    E.raise(E.EINVAL, "dist: split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), got %s",
-      tostring(g))
+    E.raise(E.EINVAL, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), got %s",
+      E.value(g))
   end
   if imb ~= nil and (type(imb) ~= "number" or imb ~= imb or imb < 1) then
-    E.raise(E.EINVAL, "dist: split_ns.imbalance must be a number >= 1 (largest rank / mean), got %s", tostring(imb))
+    E.raise(E.EINVAL, "dist.split_ns.imbalance must be a number >= 1 (largest rank / mean), got %s", E.value(imb))
   end
   if g == 1 then return nil end
   return { max_group = g, imbalance = imb or SPLIT_IMBALANCE }
