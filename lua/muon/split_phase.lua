@@ -18,6 +18,7 @@
 --   local sp = SP.new(router, mesh)     -- router: the step's (its exchange over the data communicator)
 --   sp:run(records, io, run)            -- records: the step's split records, in plan order (the same on every rank)
 --   sp:stats()                          -- the groups' communicators' counters, summed
+--   sp:ns_stats(reset)                  -- { seconds, matrices } of the machines' runs (muon.step_stats)
 --   sp:bytes()                          -- the machines' bytes, the pieces' bytes
 local ffi = require("ffi")
 local core = require("muon.core")
@@ -33,8 +34,8 @@ local Phase = {}
 Phase.__index = Phase
 
 function SP.new(router, mesh)
-  return setmetatable({ router = router, comm = router.comm, me = router.me, mesh = mesh, groups = {} },
-    Phase)
+  return setmetatable({ router = router, comm = router.comm, me = router.me, mesh = mesh, groups = {},
+    ran = { seconds = 0, matrices = 0 } }, Phase)
 end
 
 -- A record's group as this rank sees it (made on first use; collective
@@ -105,7 +106,11 @@ function Phase:run(records, io, run)
       if g.gq then
         -- (always run, also after a failure on this rank: the group's
         -- exchanges need every member; a failure is the same on all)
+        local t0 = C.mu_clock()
         local rc = C.mu__split_run(g.machine, g.sub.ptr, g.piece, g.piece)
+        self.ran.seconds = self.ran.seconds + (C.mu_clock() - t0)
+        -- (one matrix, counted by the group's first rank)
+        if g.gq == 0 then self.ran.matrices = self.ran.matrices + 1 end
         if rc ~= 0 then run:attempt(check, rc, ("split ns of '%s'"):format(r.name)) end
       end
     end
@@ -122,6 +127,15 @@ function Phase:stats()
     end
   end
   return s
+end
+
+-- The machines' runs since the last reset: { seconds (this rank's wall
+-- time in them, exchanges included), matrices (those this rank's groups
+-- orthogonalized, each counted on its group's first rank only) }.
+function Phase:ns_stats(reset)
+  local r = { seconds = self.ran.seconds, matrices = self.ran.matrices }
+  if reset then self.ran.seconds, self.ran.matrices = 0, 0 end
+  return r
 end
 
 -- Bytes held: the machines' buffers (Newton-Schulz workspace), and the

@@ -7,7 +7,8 @@
 -- matrices); MESH as tests/mpi/dist_check.lua.
 -- Checks: the plan split what the rule says; 4 steps bitwise equal to
 -- one process (values, momentum); the split NS bytes (comm_stats().split_ns)
--- equal the machines' formula; a NaN gradient on one rank fails the step
+-- equal the machines' formula; eng:stats() counts each split matrix once
+-- (ns_matrices as one process's); a NaN gradient on one rank fails the step
 -- on every rank, nothing changed.
 local H = require("mpi.harness")
 local T = require("muon.tensor")
@@ -85,6 +86,9 @@ H.main(function()
     end
   end
   H.check("split-step-bitwise-4-steps", ok, first)
+  local es, rs = eng:stats(), ref:stats()
+  H.check("split-step-stats-count-matrices-as-one-process", es.ns_matrices == rs.ns_matrices,
+    ("%s matrices, one process %s"):format(tostring(es.ns_matrices), tostring(rs.ns_matrices)))
   -- the groups' traffic: per step and group, the call's and the matrix's
   local sent, recv = 0, 0
   for _, r in ipairs(eng.stepper.plan.records) do
