@@ -811,6 +811,9 @@ typedef struct mu__split_info {
                                      * mu_comm_stats counts it */
     int64_t call_exchanges, call_bytes_sent, call_bytes_recv; /* per call, once */
     int64_t workspace_bytes;      /* buffers this machine holds */
+    double flops;                 /* per matrix: this rank's share of the products (2 per
+                                   * multiply-add, as mu_ns_cost_of counts them): its blocks'
+                                   * partial products and updates, its stripes */
 } mu__split_info;
 /* The blocks of a rows x cols matrix under opts: *blocks = k (1: not
  * blocked), *width (either may be NULL). */
@@ -828,6 +831,11 @@ MU_API int mu__split_new(int dtype, int64_t rows, int64_t cols, const mu_ns_opts
 MU_API void mu__split_free(mu__split *s);
 /* The plan as this rank sees it (mu__split_info) into *out. */
 MU_API int mu__split_get_info(const mu__split *s, mu__split_info *out);
+/* The info rank `rank` of a group of `group` would have (mu__split_new's
+ * arguments and checks), without making the machine or its buffers: what
+ * the cost model and the distributed plan weigh a split matrix by. */
+MU_API int mu__split_info_of(int dtype, int64_t rows, int64_t cols, const mu_ns_opts *opts,
+                             int group, int rank, mu__split_info *out);
 /* Start a call: in and out hold this rank's piece of every matrix, C
  * contiguous, (batch x) piece rows x piece cols (a tall matrix's rows
  * [start, start + length), a wide one's columns), dtype as made; out may be

@@ -175,28 +175,38 @@ typedef struct prog_out {
     double flops;
 } prog_out;
 
+/* The upper trapezoid of stripes (2 rows (n - r0) summed): the `count`
+ * stripes listed in own, or every stripe (own NULL). */
+static double stripes_trap(const split_plan *p, const int64_t *own, int64_t count)
+{
+    double trap = 0;
+    const int64_t S = own ? count : p->S;
+    for (int64_t i = 0; i < S; i++) {
+        int64_t r0, r1;
+        stripe_rows(p, own ? own[i] : i, &r0, &r1);
+        trap += 2.0 * (double)(r1 - r0) * (double)(p->n - r0);
+    }
+    return trap;
+}
+
 /* The flops of op (2 per multiply-add), as src/ns_cost.c counts those of
  * the unblocked iterations (a syrk: its triangle, n^2 per column): the
  * partial products (bfloat16: the tiles on and above the stripe grid's
  * diagonal), the stripes' gemms on the upper trapezoid (none for a
- * polynomial step with c = 0), the update. */
-static double op_flops(const split_plan *p, const split_op *op)
+ * polynomial step with c = 0), the update. The share of a rank whose
+ * blocks are `width` wide along m and whose stripes' trapezoid is `trap`
+ * (2 rows (n - r0) summed over them); one process: m and every stripe. */
+static double op_flops(const split_plan *p, const split_op *op, double width, double trap)
 {
-    const double n = (double)p->n, m = (double)p->m;
-    double trap = 0; /* the upper trapezoid of the stripes: sum of 2 rows (n - r0) */
-    for (int64_t t = 0; t < p->S; t++) {
-        int64_t r0, r1;
-        stripe_rows(p, t, &r0, &r1);
-        trap += 2.0 * (double)(r1 - r0) * (n - (double)r0);
-    }
+    const double n = (double)p->n;
     switch (op->kind) {
-    case OP_PARTIALS: return p->bf16 ? trap * m : n * n * m;
+    case OP_PARTIALS: return p->bf16 ? stripes_trap(p, NULL, 0) * width : n * n * width;
     case OP_SP: {
         const double c = p->o->coeffs[3 * op->k + 2];
         const int skip = op->poly && (p->bf16 ? mu__ns_bf16_coef(p->o, c) == 0.0f : c == 0.0);
         return skip ? 0 : trap * n;
     }
-    case OP_UPDATE: return 2 * n * n * m;
+    case OP_UPDATE: return 2 * n * n * width;
     default: return 0;
     }
 }
@@ -205,7 +215,7 @@ static void emit(prog_out *out, split_op op)
 {
     if (out->ops) out->ops[out->n] = op;
     out->n++;
-    out->flops += op_flops(out->p, &op);
+    out->flops += op_flops(out->p, &op, (double)out->p->m, stripes_trap(out->p, NULL, 0));
 }
 
 /* The standard iteration's ops: per step PARTIALS, COMBINE, SP, UPDATE,
@@ -788,19 +798,28 @@ static void norm_carve(mu__split *s, double *base, int64_t batch)
 
 static int workers_clamp(int w) { return w < 1 ? 1 : w > MU__POOL_MAX ? MU__POOL_MAX : w; }
 
+/* The plan of rank `rank` of a group of `group` for a shape of k > 1 blocks. */
+static int split_check_new(split_plan *p, int dtype, int64_t rows, int64_t cols, const mu_ns_opts *opts,
+                           int group, int rank)
+{
+    if (group < 1 || rank < 0 || rank >= group)
+        return mu__fail(MU_EINVAL, "split ns: rank %d of a group of %d (0 <= rank < group)", rank, group);
+    int rc = split_plan_init(p, dtype, rows, cols, opts);
+    if (rc == MU_OK && p->k < 2)
+        rc = mu__fail(MU_EINVAL, "split ns: a %lld x %lld matrix is one block (not split: the long "
+                      "side, the path, the preconditioning or the bfloat16 Gram iteration)",
+                      (long long)rows, (long long)cols);
+    return rc;
+}
+
 int mu__split_new(int dtype, int64_t rows, int64_t cols, const mu_ns_opts *opts, int group, int rank,
                   mu__split **out)
 {
     if (!out) return mu__fail(MU_EINVAL, "split ns: out is NULL");
     *out = NULL;
-    if (group < 1 || rank < 0 || rank >= group)
-        return mu__fail(MU_EINVAL, "split ns: rank %d of a group of %d (0 <= rank < group)", rank, group);
     mu__split *s = calloc(1, sizeof *s);
     if (!s) return mu__fail(MU_ENOMEM, "split ns: out of memory");
-    int rc = split_plan_init(&s->p, dtype, rows, cols, opts);
-    if (rc == MU_OK && s->p.k < 2)
-        rc = mu__fail(MU_EINVAL, "split ns: a %lld x %lld matrix is one block (not split: the long "
-                      "side, the path, the preconditioning or the bfloat16 Gram iteration)", (long long)rows, (long long)cols);
+    int rc = split_check_new(&s->p, dtype, rows, cols, opts, group, rank);
     if (rc != MU_OK) {
         free(s);
         return rc;
@@ -872,9 +891,9 @@ static void op_bytes(const mu__split *s, int kind, int64_t *sent, int64_t *recv)
     }
 }
 
-int mu__split_get_info(const mu__split *s, mu__split_info *out)
+/* The plan as rank s->rank sees it (its tables armed) into *out. */
+static void fill_info(const mu__split *s, mu__split_info *out)
 {
-    if (!s || !out) return mu__fail(MU_EINVAL, "split ns: s and out must not be NULL");
     const split_plan *p = &s->p;
     memset(out, 0, sizeof *out);
     out->blocks = p->k;
@@ -889,9 +908,11 @@ int mu__split_get_info(const mu__split *s, mu__split_info *out)
     out->start = s->b0 * p->w < p->m ? s->b0 * p->w : p->m;
     out->length = s->plen;
     out->workspace_bytes = (int64_t)(s->bytes + (size_t)s->ncap * sizeof(double));
-    if (s->g == 1) return MU_OK;
     const split_op *prog = p->gram ? s->prog + s->nstd : s->prog;
     const int nprog = p->gram ? s->ngram : s->nstd;
+    const double trap = stripes_trap(p, s->own, s->nown);
+    for (int i = 0; i < nprog; i++) out->flops += op_flops(p, &prog[i], (double)s->plen, trap);
+    if (s->g == 1) return;
     /* per matrix: its norms' share of the norms exchange, then the ops' */
     out->bytes_sent = 16 * s->nb * (s->g - 1);
     out->bytes_recv = 16 * (p->k - s->nb);
@@ -906,7 +927,38 @@ int mu__split_get_info(const mu__split *s, mu__split_info *out)
     out->call_exchanges = 3; /* head, norms, status */
     out->call_bytes_sent = 24 * (int64_t)(s->g - 1);
     out->call_bytes_recv = 24 * (int64_t)(s->g - 1);
+}
+
+int mu__split_get_info(const mu__split *s, mu__split_info *out)
+{
+    if (!s || !out) return mu__fail(MU_EINVAL, "split ns: s and out must not be NULL");
+    fill_info(s, out);
     return MU_OK;
+}
+
+int mu__split_info_of(int dtype, int64_t rows, int64_t cols, const mu_ns_opts *opts, int group,
+                      int rank, mu__split_info *out)
+{
+    if (!out) return mu__fail(MU_EINVAL, "split ns: out is NULL");
+    memset(out, 0, sizeof *out);
+    mu__split s;
+    memset(&s, 0, sizeof s);
+    int rc = split_check_new(&s.p, dtype, rows, cols, opts, group, rank);
+    if (rc != MU_OK) return rc;
+    s.g = group;
+    s.rank = rank;
+    s.workers = workers_clamp(mu__ns_workers());
+    const size_t tb = tables_layout(&s, NULL);
+    char *tab = malloc(tb);
+    if (!tab) return mu__fail(MU_ENOMEM, "split ns: out of memory");
+    tables_layout(&s, tab);
+    rc = split_arm(&s);
+    if (rc == MU_OK) {
+        s.bytes = split_layout(&s, NULL, 0) + tb;
+        fill_info(&s, out);
+    }
+    free(tab);
+    return rc;
 }
 
 /* The call's tensors: this rank's pieces, (batch x) piece rows x cols. */

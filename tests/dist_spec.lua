@@ -4,6 +4,7 @@
 local T = require("muon.tensor")
 local D = require("muon.dist")
 local comm = require("muon.comm")
+local H = require("helpers")
 
 local function chunks(n, k)
   local r = {}
@@ -171,6 +172,115 @@ describe("dist NS cost and owners", function()
     assert.are.same({ "e", "a,c", "b", "d" }, got)
     -- e moves only its update (to the other replica); a moves in and out.
     assert.are.same({ false, true, true, true }, { recs[5].moves_in, recs[5].moves_out, recs[1].moves_in, recs[1].moves_out })
+  end)
+  it("splits the largest matrices' Newton-Schulz over groups of ranks (split_ns), the same on every rank", function()
+    local ns = require("muon.ns")
+    H.with_env({ MU_NS_SPLIT_PLAN = "64,16,16" }, function()
+      local m = D.mesh({ { "r", 2 }, { "s", 2 } }, 4)
+      local function recs_of()
+        local function rec(name, shape)
+          return { name = name, shape = shape, placement = D.placement({ "R", "S(1)" }, m, #shape), group = 1,
+            ns = true, dtype = "float32", state_count = 1 }
+        end
+        -- 40 x 100: 7 blocks; 20 x 60 has a long side below 64: one block
+        return { rec("big", { 40, 100 }), rec("small", { 20, 60 }), rec("tiny", { 8, 8 }) }
+      end
+      local big, small = ns.cost(40, 100), ns.cost(20, 60)
+      local function plan(rank, split_ns)
+        return D.plan(recs_of(), m, { rank = rank, split_ns = split_ns })
+      end
+      -- off: one owner per matrix; the largest rank holds all of big
+      local p = plan(0, "off")
+      assert.is_nil(p.records[1].ns_group)
+      assert.are.equal(big, p.ns_load[p.records[1].owner])
+      -- auto: big (above 1.05 x the mean by itself) splits; small cannot
+      -- (one block) and keeps one owner; every rank plans the same groups
+      local groups
+      for q = 0, 3 do
+        p = plan(q)
+        local g = p.records[1].ns_group
+        assert.truthy(g, "big split")
+        assert.is_nil(p.records[2].ns_group)
+        assert.are.equal(7, g.blocks)
+        groups = groups or g.ranks
+        assert.are.same(groups, g.ranks, "rank " .. q)
+        assert.are.equal(p.records[1].owner, g.ranks[1])
+      end
+      -- distinct ranks; the shares (ns.split_cost) add up to big's cost
+      local seen, sum = {}, 0
+      for gq, q in ipairs(groups) do
+        assert.is_nil(seen[q])
+        seen[q] = true
+        sum = sum + ns.split_cost(40, 100, {}, #groups, gq - 1).flops
+      end
+      assert.are.equal(big, sum)
+      local total = 0
+      for q = 0, 3 do total = total + p.ns_load[q] end
+      assert.are.equal(big + small + ns.cost(8, 8), total)
+      assert.is_true(D.imbalance(p) < D.imbalance(plan(0, "off")))
+      -- max_group caps the group
+      p = plan(0, { max_group = 2 })
+      assert.are.equal(2, p.records[1].ns_group.size)
+      assert.is_nil(plan(0, { max_group = 1 }).records[1].ns_group)
+      -- a loose bound leaves big whole
+      assert.is_nil(plan(0, { imbalance = 100 }).records[1].ns_group)
+    end)
+    -- the moves of a split record's pieces (D.split_moves), as every rank
+    -- sees them on a 2 x 2 mesh: what p sends q is what q receives from p
+    -- (the same boxes, in the same order), every element of the matrix
+    -- reaches the one member whose piece holds it (in), and every rank
+    -- holding a box gets each of its elements once (out)
+    H.with_env({ MU_NS_SPLIT_PLAN = "64,16,16" }, function()
+      local m2 = D.mesh({ { "r", 2 }, { "s", 2 } }, 4)
+      for _, pl in ipairs({ { "R", "S(1)" }, { "R", "S(2)" }, { "S(2)", "S(1)" } }) do
+        local plans = {}
+        for q = 0, 3 do
+          local rec = { name = "big", shape = { 40, 100 }, placement = D.placement(pl, m2, 2), group = 1, ns = true,
+            dtype = "float32", state_count = 1 }
+          plans[q] = D.plan({ rec, { name = "x", shape = { 8, 8 }, placement = D.placement({ "R", "R" }, m2, 2),
+            group = 1, ns = true, dtype = "float32", state_count = 1 } }, m2, { rank = q }).records[1]
+        end
+        assert.truthy(plans[0].ns_group, table.concat(pl, ","))
+        for _, out in ipairs({ false, true }) do
+          local sent, got, covered = {}, {}, {}
+          for q = 0, 3 do
+            D.split_moves(plans[q], m2, q, out, function(peer, box, send)
+              local key = send and (q .. ">" .. peer) or (peer .. ">" .. q)
+              local t = send and sent or got
+              t[key] = t[key] or {}
+              table.insert(t[key], table.concat(box.start, ",") .. "+" .. table.concat(box.len, ","))
+              if not send then
+                for i = box.start[1], box.start[1] + box.len[1] - 1 do
+                  for j = box.start[2], box.start[2] + box.len[2] - 1 do
+                    local e = q .. ":" .. i .. "," .. j
+                    assert.is_nil(covered[e], "twice: " .. e)
+                    covered[e] = true
+                  end
+                end
+              end
+            end)
+          end
+          assert.are.same(sent, got)
+          local n = 0
+          for _ in pairs(covered) do n = n + 1 end
+          -- in: each element once (to its piece's member); out: once per holder of it
+          local holders = 0
+          for q = 0, 3 do holders = holders + plans[q].mine_n end
+          assert.are.equal(out and holders or 4000, n, table.concat(pl, ",") .. (out and " out" or " in"))
+        end
+      end
+    end)
+    -- the options, checked
+    for _, c in ipairs({
+      { "on", "dist.split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got the string \"on\"" },
+      { { max_group = "2" }, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), "
+        .. "got the string \"2\"" },
+      { { max_group = 0 }, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), got 0" },
+      { { imbalance = 0.5 }, "dist.split_ns.imbalance must be a number >= 1 (largest rank / mean), got 0.5" },
+      { { groups = 2 }, "dist.split_ns: unknown key 'groups'; valid keys: imbalance, max_group" },
+    }) do
+      assert.has_error(function() D.split_options(c[1]) end, c[2])
+    end
   end)
   it("keeps batch-sharded parameters where their shards live", function()
     local m = D.mesh({ { "s", 4 } }, 4)
@@ -446,7 +556,10 @@ describe("engine with dist (one process)", function()
   it("rejects unknown dist keys and bad meshes", function()
     local c = cfg(false)
     c.dist = { mesh = { { "s", 1 } }, meshes = 1 }
-    assert.has_error(function() engine.new(c) end, "config (table): dist: unknown dist key 'meshes' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, independent, max_batch_numel, mesh")
+    assert.has_error(function() engine.new(c) end, "config (table): dist: unknown dist key 'meshes' (did you mean 'mesh'?); valid dist keys: balance, check_replicas, comm, independent, max_batch_numel, mesh, split_ns")
+    c.dist = { mesh = { { "s", 1 } }, split_ns = "on" }
+    assert.has_error(function() engine.new(c) end,
+      "config (table): dist: dist.split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got the string \"on\"")
     c.dist = { mesh = { { "s", 0 } } }
     assert.has_error(function() engine.new(c) end,
       "config (table): dist: dist.mesh[1] must be {name, size} with a string name and an integer size >= 1")
@@ -459,7 +572,6 @@ describe("engine with dist (one process)", function()
 end)
 
 describe("the world a config sees, and ranks independent on purpose", function()
-  local H = require("helpers")
   local engine = require("muon.engine")
   local muon = require("muon")
 

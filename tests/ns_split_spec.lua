@@ -78,6 +78,46 @@ describe("ns split: the plan", function()
     end)
   end)
 
+  it("gives a rank's info without its machine (mu__split_info_of), and its share of the cost model's flops", function()
+    with_env(SMALL, function()
+      local info = ffi.new("mu__split_info[1]")
+      for _, c in ipairs({ { 40, 100, {} }, { 100, 40, {} }, { 96, 96, { method = "gram" } },
+        { 40, 100, { dtype = "bfloat16" } }, { 40, 100, { variant = "legacy", steps = 3 } } }) do
+        local r = ns.resolve(c[3])
+        local x = T.randn({ c[1], c[2] }, 1)
+        local whole = ns.cost(c[1], c[2], c[3])
+        for _, g in ipairs({ 1, 2, 3, 7, 10 }) do
+          local sum = 0
+          for q = 0, g - 1 do
+            local what = ("%dx%d %s g %d rank %d"):format(c[1], c[2], c[3].method or c[3].dtype or "", g, q)
+            local m = SV.machine(x, r, g, q)
+            core.check(C.mu__split_info_of(C.MU_F32, c[1], c[2], r.copts, g, q, info), "split_info_of")
+            for _, f in ipairs({ "blocks", "width", "stripes", "first_block", "nblocks", "start", "length",
+              "exchanges", "bytes_sent", "bytes_recv", "call_bytes_sent", "workspace_bytes" }) do
+              assert.are.equal(tonumber(m.info[f]), tonumber(info[0][f]), what .. " " .. f)
+            end
+            assert.are.equal(m.info.flops, info[0].flops, what)
+            local sc = ns.split_cost(c[1], c[2], c[3], g, q)
+            assert.are.equal(info[0].flops, sc.flops, what)
+            sum = sum + info[0].flops
+          end
+          -- the shares add up to one process's flops (integers: exact)
+          assert.are.equal(whole, sum, ("%dx%d g %d"):format(c[1], c[2], g))
+        end
+      end
+      -- by hand: 40 x 100, 5 steps of asym5 (c != 0 in each), g = 7: one
+      -- block of 16 per rank (the last 4), stripes of 16 rows (0, 16, 32)
+      -- dealt by cost 16*40, 16*24, 8*8 to ranks 0, 1, 2: rank 0 computes
+      -- 5 (3 40^2 16 + 2 16 40 40) flops, rank 6 (4 columns, no stripe)
+      -- 5 (3 40^2 4)
+      assert.are.equal(5 * (3 * 1600 * 16 + 2 * 16 * 40 * 40), ns.split_cost(40, 100, {}, 7, 0).flops)
+      assert.are.equal(5 * (3 * 1600 * 4), ns.split_cost(40, 100, {}, 7, 6).flops)
+      assert.is_nil(ns.split_cost(60, 60, {}, 2, 0)) -- one block: nothing to split
+      assert.has_error(function() ns.split_cost(40, 100, {}, 2, 2) end,
+        "split_cost: split ns: rank 2 of a group of 2 (0 <= rank < group)")
+    end)
+  end)
+
   it("keeps the Gram iteration in bfloat16 whole at every size: the method decides, from shape and options", function()
     with_env({ MU_NS_SPLIT_PLAN = false }, function()
       local g16 = { dtype = "bfloat16", method = "gram" }

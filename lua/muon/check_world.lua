@@ -27,6 +27,16 @@ function CW.parse_mesh(spec)
   return axes
 end
 
+-- Rank gq (0-based) of record r's split group: its share of one step's
+-- Newton-Schulz (the cost model's flops and the bytes it sends and
+-- receives, times the batch), its blocks.
+local function split_figures(r, gq)
+  local rows, cols, batch = ns.core(r.shape, r.nd_mode)
+  local c = ns.split_cost(rows, cols, r.ns_opts, r.ns_group.size, gq, r.dtype == "float64" and "float64" or "float32")
+  return { name = r.name, group = r.ns_group.size, rank = gq, blocks = c.blocks, first_block = c.first_block,
+    nblocks = c.nblocks, flops = c.flops * batch, bytes_sent = c.bytes_sent * batch, bytes_recv = c.bytes_recv * batch }
+end
+
 -- Rank plan.rank's figures: parameters it holds a piece of and holds the
 -- state of, items it owns (Newton-Schulz and elementwise), its state bytes,
 -- Newton-Schulz flops per step (the cost model), bytes sent and received per step (every
@@ -34,7 +44,8 @@ end
 function CW.figures(plan)
   local me = plan.rank
   local f = { held = 0, state_held = 0, owned_ns = 0, owned_elementwise = 0, state_bytes = 0, ns_flops = 0,
-    bytes_sent = 0, bytes_recv = 0, owned_names = {} }
+    bytes_sent = 0, bytes_recv = 0, owned_names = {}, split_groups = {}, split_sent = 0, split_recv = 0,
+    split_records = 0, split_ranks = 0 }
   for _, r in ipairs(plan.records) do
     if r.mine_n > 0 then f.held = f.held + 1 end
     if r.holds then
@@ -42,8 +53,14 @@ function CW.figures(plan)
       f.state_bytes = f.state_bytes + r.mine_n * ESIZE[r.state_dtype or r.dtype] * (r.state_count or 1)
       for _, hr in pairs(r.hook_records) do f.state_bytes = f.state_bytes + D.numel(hr.mine.len) * ESIZE[r.dtype] end
     end
+    local grp = r.ns_group
+    if grp then
+      for gq, q in ipairs(grp.ranks) do
+        if q == me then f.split_groups[#f.split_groups + 1] = split_figures(r, gq - 1) end
+      end
+    end
     for _, it in ipairs(r.items) do
-      if it.owner == me then
+      if it.owner == me and not grp then
         if it.ns then
           f.owned_ns = f.owned_ns + 1
           f.ns_flops = f.ns_flops + ns.shape_cost(it.region.len, r.nd_mode, r.ns_opts)
@@ -53,8 +70,15 @@ function CW.figures(plan)
         end
       end
     end
-    local s, v = D.step_elements({ records = { r } }, me)
+    local s, v = D.step_elements({ records = { r }, mesh = plan.mesh }, me)
     f.bytes_sent, f.bytes_recv = f.bytes_sent + s * ESIZE[r.dtype], f.bytes_recv + v * ESIZE[r.dtype]
+  end
+  for _, sg in ipairs(f.split_groups) do
+    f.ns_flops = f.ns_flops + sg.flops
+    f.split_sent, f.split_recv = f.split_sent + sg.bytes_sent, f.split_recv + sg.bytes_recv
+  end
+  for _, r in ipairs(plan.records) do
+    if r.ns_group then f.split_records, f.split_ranks = f.split_records + 1, f.split_ranks + r.ns_group.size end
   end
   f.imbalance = D.imbalance(plan)
   return f
@@ -99,6 +123,18 @@ function CW.run(config_path, shapes, opts)
   line("  owns: %d Newton-Schulz matri%s%s, %d elementwise piece%s", f.owned_ns, f.owned_ns == 1 and "x" or "ces",
     #names > 0 and (" (" .. table.concat(names, ", ", 1, math.min(#names, 8)) .. (#names > 8 and ", ..." or "") .. ")") or "",
     f.owned_elementwise, f.owned_elementwise == 1 and "" or "s")
+  local sg = f.split_groups
+  local descr = {}
+  for i = 1, math.min(#sg, 4) do
+    local x = sg[i]
+    descr[i] = ("%s: rank %d of %d, %s"):format(x.name, x.rank, x.group, x.nblocks == 0 and "stripes only"
+      or x.nblocks == 1 and ("block %d of %d"):format(x.first_block + 1, x.blocks)
+      or ("blocks %d-%d of %d"):format(x.first_block + 1, x.first_block + x.nblocks, x.blocks))
+  end
+  line("  split Newton-Schulz: %d matri%s over %d group ranks; rank %d is in %d group%s%s", f.split_records,
+    f.split_records == 1 and "x" or "ces", f.split_ranks, me, #sg, #sg == 1 and "" or "s",
+    #sg > 0 and (" (" .. table.concat(descr, "; ") .. (#sg > 4 and "; ..." or "") .. ")") or "")
+  if #sg > 0 then line("  split Newton-Schulz bytes per step: sent %d, received %d", f.split_sent, f.split_recv) end
   line("  state bytes: %d", f.state_bytes)
   line("  Newton-Schulz flops per step: %.6g", f.ns_flops)
   line("  bytes per step: sent %d, received %d", f.bytes_sent, f.bytes_recv)

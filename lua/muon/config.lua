@@ -259,7 +259,7 @@ config.CONFIG_KEYS = {
     check = function(v)
       if type(v) ~= "table" then config_fail("'hooks' must be a table") end
     end },
-  { "dist", "{ mesh, balance, max_batch_numel, check_replicas, comm } (the distributed layout: config.DIST_KEYS), or "
+  { "dist", "{ mesh, balance, max_batch_numel, check_replicas, split_ns, comm } (the distributed layout: config.DIST_KEYS), or "
     .. "{ independent = true }: under mpirun each rank steps its own model on purpose" },
   { "name", "a label for the config (a string; `muon check` prints it)",
     check = function(v)
@@ -304,6 +304,12 @@ config.DIST_KEYS = {
       if v ~= "off" and v ~= "grads" and v ~= "params" then
         config_fail("check_replicas must be 'off', 'grads' or 'params', got %s", tostring(v))
       end
+    end },
+  { "split_ns", "'auto' (default), 'off' or { max_group = n, imbalance = x }: Newton-Schulz of the largest "
+    .. "matrices over a group of ranks (muon.dist.plan)",
+    check = function(v)
+      local ok, err = pcall(D.split_options, v)
+      if not ok then E.raise(E.code(err) or E.EINVAL, "%s", E.message(err)) end
     end },
   { "comm", "a muon.comm communicator (default: the world)",
     check = function(v)

@@ -28,14 +28,50 @@ muon.dist.plan(records, mesh, opts)
     optimizer state lives and where each matrix is orthogonalized, and the
     items this rank takes part in. records: registration order, { name,
     shape (global), placement (normalized), group, dtype, ns, whole,
-    nd_mode, ns_opts, state_count, hooks }; opts.rank, opts.balance = "flops" |
-    "numel", opts.max_batch_numel = 512M. Sets mine, mine_n, holds, c,
-    owner, items, hook_records on each record; returns { mesh, rank,
-    records, batches, ns_load, balance } (ns_load[q]: rank q's
-    Newton-Schulz cost, 0 for most; only ranks with some are stored). Time
-    and memory O(P log P) over P records, none per rank: also for
-    `muon check --world 2147483647`; plus this rank's own items and one
-    entry per item of records whose Newton-Schulz splits along batch axes.
+    nd_mode, ns_opts, state_count, hooks, split_ok (false: never split)
+    }; opts.rank, opts.balance = "flops" |
+    "numel", opts.max_batch_numel = 512M, opts.split_ns (split_options).
+    Sets mine, mine_n, holds, c, owner, ns_group, items, hook_records on
+    each record; returns { mesh, rank, records, batches, ns_load, balance,
+    split_ns } (ns_load[q]: rank q's Newton-Schulz cost, 0 for most; only
+    ranks with some are stored). Time and memory O(P log P) over P
+    records, none per rank: also for `muon check --world 2147483647`;
+    plus this rank's own items, one entry per item of records whose
+    Newton-Schulz splits along batch axes, and O(g log W) per split
+    matrix of a group of g (a few rounds).
+    Split Newton-Schulz: a 2-D float32 or float64 matrix whose shape has
+    more than one block (the blocked iteration, ns.split_blocks: a long
+    side of 8192 or more) and whose record allows it splits when its cost alone exceeds split_ns.imbalance (1.05) times the
+    mean rank's NS cost (so whenever there are more ranks than matrices
+    of like cost), over the fewest ranks whose largest share
+    (ns.split_cost) is within that bound; every piece (a whole matrix, or
+    one rank's share of a group) goes, largest first, to the least loaded
+    candidate not yet in its group. While the job's imbalance stays above
+    the bound, the groups double (at most max_group, the candidates, and
+    the shape's blocks or stripes, whichever is more: ranks beyond the
+    blocks take stripes of the small side only), as long as a round
+    gains 1%. A split record's ns_group = { size, ranks (world ranks in
+    group-rank order), shares (each one's cost), blocks }; its owner is
+    ranks[1]. muon.split_phase runs it over the group (the blocked
+    iteration's bits, one process's).
+muon.dist.split_pieces(r)
+    A split record's pieces: [gq + 1] = group rank gq's piece of the
+    matrix as a global box (its blocks: columns of a wide matrix, rows of
+    a tall one).
+muon.dist.meet(a, b)
+    The intersection of two global boxes (nil when empty).
+muon.dist.split_moves(r, mesh, me, out, fn)
+    The pieces rank me sends and receives for split record r, in (the
+    state holders' boxes of the NS input to the members' pieces) or out
+    (the members' pieces of the update to every rank holding a box):
+    fn(peer, box, send, within) each, within the box the piece is a view
+    of (me's box or me's piece), in an order both sides share.
+muon.dist.split_options(v)
+    dist.split_ns checked and normalized: "auto" (or nil) -> {
+    imbalance = 1.05 }; "off" (or max_group = 1) -> nil; { max_group = n
+    (ranks per matrix, at most), imbalance = x (>= 1: the largest rank's
+    NS over the mean above which matrices split) } -> the same. Errors
+    name the key.
 muon.dist.dests(it)
     The dests of a plan item: { {rank, box} }, the ranks receiving their
     slice of its update (the owner's: every replica of every source's box,
@@ -66,6 +102,7 @@ local G = require("muon.dist_mesh")
 local P = {}
 
 local box_within = G.box_within
+local split_shares, take_least -- (split Newton-Schulz, below)
 
 -- The rank that sends rank `owner` the NS input piece held by `rank`, or
 -- nil if the owner holds it itself: the holder of that box sharing the
@@ -175,6 +212,15 @@ function P.analyse(r, mesh)
     end
   end
   r.box0 = box0
+  -- The owner candidates of a single record: every rank when its item spans
+  -- boxes, else the ranks at coordinate 0 of its sharded axes.
+  r.pool_zero = {}
+  if not r.spanning then
+    for _, a in ipairs(r.core_axes) do if mesh.sizes[a] > 1 then r.pool_zero[#r.pool_zero + 1] = a end end
+    for _, a in ipairs(r.batch_axes) do if mesh.sizes[a] > 1 then r.pool_zero[#r.pool_zero + 1] = a end end
+    table.sort(r.pool_zero)
+  end
+  r.pool_key = table.concat(r.pool_zero, ",")
   -- One item for the whole tensor, its owner chosen by NS cost.
   r.single = r.ns and not r.split and r.numel > 0
   r.moves_in = r.numel > 0 and r.spanning
@@ -268,6 +314,231 @@ local function rank_pool(mesh, zero, load)
   return pool
 end
 
+------------------------------------------------------ split Newton-Schulz
+
+-- Rounds of grow_splits the plan tries at most.
+local SPLIT_ROUNDS = 4
+-- The least relative gain in imbalance a round of larger groups must bring.
+local SPLIT_GAIN = 1.01
+local SPLIT_IMBALANCE = 1.05
+
+-- dist.split_ns ("auto" (nil), "off", or { max_group = n, imbalance = x })
+-- normalized: nil for "off", else { max_group (nil: no cap), imbalance }.
+function P.split_options(v)
+  if v == nil or v == "auto" then return { imbalance = SPLIT_IMBALANCE } end
+  if v == "off" then return nil end
+  if type(v) ~= "table" then
+    E.raise(E.EINVAL, "dist.split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got %s",
+      E.value(v))
+  end
+  for k in pairs(v) do
+    if k ~= "max_group" and k ~= "imbalance" then
+      E.raise(E.EINVAL, "dist.split_ns: %s", E.unknown("key", tostring(k), { "max_group", "imbalance" }))
+    end
+  end
+  local g, imb = v.max_group, v.imbalance
+  if g ~= nil and (type(g) ~= "number" or g < 1 or g ~= math.floor(g)) then
+    E.raise(E.EINVAL, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), got %s",
+      E.value(g))
+  end
+  if imb ~= nil and (type(imb) ~= "number" or imb ~= imb or imb < 1) then
+    E.raise(E.EINVAL, "dist.split_ns.imbalance must be a number >= 1 (largest rank / mean), got %s", E.value(imb))
+  end
+  if g == 1 then return nil end
+  return { max_group = g, imbalance = imb or SPLIT_IMBALANCE }
+end
+
+-- Every rank's share of a record split over g ranks (ns.split_cost, per
+-- matrix times the batch; balance "numel": its fraction of the numel), in
+-- group-rank order, with .blocks and .pieces (each one's piece of a 2-D
+-- matrix as a global box); cached per shape, options and g.
+local share_cache = setmetatable({}, { __mode = "k" })
+function split_shares(r, g, balance)
+  local rows, cols, batch = ns.core(r.shape, r.nd_mode)
+  local opts = r.ns_opts or {}
+  local per = share_cache[opts]
+  if not per then
+    per = {}
+    share_cache[opts] = per
+  end
+  local key = table.concat({ rows, cols, batch, g, balance, r.dtype }, ":")
+  if per[key] then return per[key] end
+  local shares, total = { pieces = {} }, 0
+  for q = 0, g - 1 do
+    local c = ns.split_cost(rows, cols, opts, g, q, r.dtype == "float64" and "float64" or "float32")
+    shares[q + 1] = c.flops * batch
+    shares.blocks = c.blocks
+    total = total + shares[q + 1]
+    local box = { start = { 0, 0 }, len = { rows, cols } } -- (2-D: only those split)
+    box.start[c.dim], box.len[c.dim] = c.start, c.length
+    shares.pieces[q + 1] = box
+  end
+  if balance ~= "flops" then
+    for i = 1, g do shares[i] = total > 0 and shares[i] / total * r.numel or 0 end
+  end
+  per[key] = shares
+  return shares
+end
+
+-- The least loaded rank of pool (ties: the smaller rank) that is not one
+-- of `taken` (the ranks of the piece's group so far); its load grows by
+-- cost (every pool of plist learns it).
+function take_least(pool, load, taken, cost, plist, mesh)
+  local skipped, saved, q = {}, {}
+  while true do
+    q = least_loaded(pool, load)
+    local clash = false
+    for _, t in pairs(taken) do clash = clash or t == q end
+    if not clash then break end
+    skipped[#skipped + 1], saved[#skipped + 1] = q, load[q]
+    load[q] = math.huge -- (out of the pool until the piece is placed)
+  end
+  local function learn(x)
+    local xc = mesh:coords(x)
+    for _, pl in ipairs(plist) do
+      if pl.has(xc) then hpush(pl.heap, { load[x], x }) end
+    end
+  end
+  for i, x in ipairs(skipped) do
+    load[x] = saved[i] or 0
+    learn(x)
+  end
+  load[q] = (load[q] or 0) + cost
+  learn(q)
+  return q
+end
+
+-- The largest load over the mean of W ranks (1 without load).
+local function load_imbalance(load, W)
+  local mx, sum = 0, 0
+  for _, l in pairs(load) do mx, sum = math.max(mx, l), sum + l end
+  return sum > 0 and mx / (sum / W) or 1
+end
+
+-- The group sizes a split may take for a job: at most max_group, the
+-- candidate ranks, and max(blocks, stripes) (beyond, ranks have nothing);
+-- 1 (no split) but for 2-D float32 or float64 matrices of more than one
+-- block whose record allows it (split_ok: no hook of its group needs the
+-- matrix whole or replaces Newton-Schulz).
+local function split_cap(j, mesh, split)
+  local r = j.r
+  if j.cap == nil then
+    local rows, cols = ns.core(r.shape, r.nd_mode)
+    local k = rows and ns.split_blocks(rows, cols, r.ns_opts or {}) or 1
+    j.k = k
+    -- (2-D float matrices whose group has no hook around Newton-Schulz)
+    if k < 2 or #r.shape ~= 2 or r.split_ok == false or (r.dtype ~= "float32" and r.dtype ~= "float64") then
+      j.cap = 1
+    else
+      local c = ns.split_cost(rows, cols, r.ns_opts or {}, 2, 0)
+      local ranks = 1
+      for a = 1, #mesh.sizes do
+        local z = false
+        for _, b in ipairs(r.pool_zero) do z = z or a == b end
+        if not z then ranks = ranks * mesh.sizes[a] end
+      end
+      j.cap = math.min(split.max_group or math.huge, ranks, math.max(k, c.stripes))
+    end
+  end
+  return j.cap
+end
+
+-- The first group sizes (jobs in placement order; sizes[i] = g, 1 not
+-- split): a matrix splits when its cost alone exceeds split.imbalance
+-- times the mean rank's NS cost (so also whenever there are more ranks
+-- than matrices of like cost), over the fewest ranks whose largest share
+-- is within that bound (at most split_cap and the blocks; the rounds of
+-- grow_splits go beyond). Only shapes of more than one
+-- block (the blocked iteration: a long side of 8192 or more) can split.
+local function split_sizes(jobs, load, mesh, split, balance)
+  local sizes = {}
+  if not split then return sizes end
+  local total = 0
+  for _, l in pairs(load) do total = total + l end
+  for _, j in ipairs(jobs) do total = total + j.cost end
+  local bound = split.imbalance * total / mesh.size
+  for i, j in ipairs(jobs) do
+    local cap = split_cap(j, mesh, split)
+    sizes[i] = 1
+    if cap > 1 and j.cost > bound then
+      local g = math.max(2, math.min(cap, math.ceil(j.cost / bound)))
+      while g < math.min(cap, j.k) do -- (beyond k blocks, grow_splits' rounds)
+        local sh, mx = split_shares(j.r, g, balance), 0
+        for q = 1, g do mx = math.max(mx, sh[q]) end
+        if mx <= bound then break end
+        g = g + 1
+      end
+      sizes[i] = g
+    end
+  end
+  return sizes
+end
+
+-- Larger groups when the placed loads stay above the bound: every split
+-- job's group doubles (at most its cap: finer shares, stripes alone on
+-- the extra ranks, fill the ranks' gaps). nil when none can grow.
+local function grow_splits(jobs, sizes)
+  local out, grown = {}, false
+  for i, j in ipairs(jobs) do
+    out[i] = sizes[i] or 1
+    if out[i] > 1 and out[i] < j.cap then
+      out[i] = math.min(j.cap, 2 * out[i])
+      grown = true
+    end
+  end
+  return grown and out or nil
+end
+
+-- The pieces of a split record's group: pieces[gq + 1] = group rank gq's
+-- piece of the matrix as a global box (columns of a wide matrix, rows of a
+-- tall one: ns.split_cost's).
+function P.split_pieces(r) return r.ns_group.shares.pieces end
+
+-- The intersection of two global boxes, or nil when empty.
+function P.meet(a, b)
+  local box = { start = {}, len = {} }
+  for d = 1, #a.len do
+    local s = math.max(a.start[d], b.start[d])
+    local e = math.min(a.start[d] + a.len[d], b.start[d] + b.len[d])
+    if e <= s then return nil end
+    box.start[d], box.len[d] = s, e - s
+  end
+  return box
+end
+
+-- Who sends a split record's pieces to whom, as rank `me` sees it: in
+-- (out = false), the state holders' boxes of the Newton-Schulz input to
+-- the members' pieces; out, the members' pieces of the update to every
+-- rank holding a box (each holder's box on every replica). Calls
+-- fn(peer, box, send) for each piece this rank sends (send true) or
+-- receives, in an order both sides share (as a holder, the members in
+-- group order; as a member, the boxes in shard-coordinate then replica
+-- order: one piece per pair of ranks and record). O(boxes) for a member.
+function P.split_moves(r, mesh, me, out, fn)
+  local pieces = P.split_pieces(r)
+  local mine = (out and r.mine_n > 0 or not out and r.holds) and r.mine or nil
+  if mine then
+    for q, rank in ipairs(r.ns_group.ranks) do
+      local m = P.meet(mine, pieces[q])
+      if m then fn(rank, m, not out, mine) end
+    end
+  end
+  local gq
+  for i, q in ipairs(r.ns_group.ranks) do
+    if q == me then gq = i - 1 end
+  end
+  if not gq then return end
+  local piece = pieces[gq + 1]
+  for _, b in ipairs(P.boxes_of(r, mesh)) do
+    local coords = mesh:coords(b.holder)
+    for c = 0, (out and r.nrep or 1) - 1 do
+      if out then set_class(r, mesh, c, coords) end
+      local m = P.meet(b.box, piece)
+      if m then fn(mesh:rank_of(coords), m, out, piece) end
+    end
+  end
+end
+
 -- plan.ns_load: a rank without Newton-Schulz work reads 0.
 local NO_LOAD = { __index = function() return 0 end }
 
@@ -290,7 +561,7 @@ local NO_LOAD = { __index = function() return 0 end }
 --     records are placed.
 -- Sets r.c (holder class) on every record, r.owner on single records;
 -- returns the NS load of the ranks that have some (0-based, sparse).
-local function assign(records, mesh, balance)
+local function assign(records, mesh, balance, split)
   local function cost(r, shape) return balance == "flops" and ns.shape_cost(shape, r.nd_mode, r.ns_opts) or G.numel(shape) end
   local function by_cost(x, y)
     if x.cost ~= y.cost then return x.cost > y.cost end
@@ -332,42 +603,67 @@ local function assign(records, mesh, balance)
       end)
     end
   end
-  -- Pass 2: single records by NS cost to the least loaded candidate, among
-  -- every rank ("*") or the ranks at coordinate 0 of some axes (the holders
-  -- of a non-spanning record's one box).
+  -- Pass 2: single records by NS cost to the least loaded candidates (a
+  -- split record's group: its g least loaded), among every rank ("*") or
+  -- the ranks at coordinate 0 of some axes (the holders of a non-spanning
+  -- record's one box); the group sizes by split_sizes.
   jobs = {}
   for _, r in ipairs(records) do
     if r.single then jobs[#jobs + 1] = { cost = cost(r, r.shape), r = r } end
   end
   table.sort(jobs, by_cost)
-  local pools, plist = {}, {}
-  for _, j in ipairs(jobs) do
-    local r = j.r
-    local zero = {}
-    if not r.spanning then
-      for _, a in ipairs(r.core_axes) do if mesh.sizes[a] > 1 then zero[#zero + 1] = a end end
-      for _, a in ipairs(r.batch_axes) do if mesh.sizes[a] > 1 then zero[#zero + 1] = a end end
-      table.sort(zero)
-    end
-    local key = table.concat(zero, ",")
-    local pool = pools[key]
-    if not pool then
-      pool = rank_pool(mesh, zero, load)
-      pools[key] = pool
-      plist[#plist + 1] = pool
-    end
-    local q = least_loaded(pool, load)
-    r.owner = q
-    local qc = mesh:coords(q)
-    r.c = class_of(r, mesh, qc)
-    add_load(load, q, j.cost)
-    if j.cost > 0 then
-      for _, pl in ipairs(plist) do
-        if pl.has(qc) then hpush(pl.heap, { load[q], q }) end
+  -- Every piece (a job's whole cost, or one share of its group) largest
+  -- first (ties: the job's order, then the group rank) onto the least
+  -- loaded candidate not yet in its group.
+  local function place(sizes)
+    local l = {}
+    for q, v in pairs(load) do l[q] = v end
+    local pools, plist, pieces = {}, {}, {}
+    for ji, j in ipairs(jobs) do
+      local r, g = j.r, sizes[ji] or 1
+      if not pools[r.pool_key] then
+        pools[r.pool_key] = rank_pool(mesh, r.pool_zero, l)
+        plist[#plist + 1] = pools[r.pool_key]
       end
+      local shares = g > 1 and split_shares(r, g, balance) or { j.cost }
+      j.ranks, j.shares = {}, shares
+      for q = 1, g do pieces[#pieces + 1] = { shares[q], ji, q } end
     end
+    table.sort(pieces, function(x, y)
+      if x[1] ~= y[1] then return x[1] > y[1] end
+      if x[2] ~= y[2] then return x[2] < y[2] end
+      return x[3] < y[3]
+    end)
+    for _, pc in ipairs(pieces) do
+      local j = jobs[pc[2]]
+      local q = take_least(pools[j.r.pool_key], l, j.ranks, pc[1], plist, mesh)
+      j.ranks[pc[3]] = q
+    end
+    for _, j in ipairs(jobs) do
+      local r = j.r
+      r.owner = j.ranks[1]
+      r.c = class_of(r, mesh, mesh:coords(r.owner))
+      r.ns_group = #j.ranks > 1 and { size = #j.ranks, ranks = j.ranks, shares = j.shares, blocks = j.shares.blocks }
+        or nil
+      j.ranks = nil
+    end
+    return l
   end
-  return load
+  -- Groups grow (grow_splits) while the imbalance stays above the bound
+  -- and each round gains at least SPLIT_GAIN (larger groups move more
+  -- bytes: every member receives the small side's stripes).
+  local sizes = split_sizes(jobs, load, mesh, split, balance)
+  local best, best_imb
+  for _ = 0, SPLIT_ROUNDS do
+    local imb = load_imbalance(place(sizes), mesh.size)
+    if best ~= nil and imb > best_imb / SPLIT_GAIN then break end
+    best, best_imb = sizes, imb
+    if not split or imb <= split.imbalance then break end
+    local grown = grow_splits(jobs, sizes)
+    if not grown then break end
+    sizes = grown
+  end
+  return place(best)
 end
 
 -- The item of record r that rank `me` (coordinates mc) takes part in, or
@@ -515,7 +811,9 @@ function P.plan(records, mesh, opts)
     r.index = ri
     P.analyse(r, mesh)
   end
-  plan.ns_load = setmetatable(assign(records, mesh, balance), NO_LOAD)
+  local split = P.split_options(opts.split_ns)
+  plan.split_ns = split
+  plan.ns_load = setmetatable(assign(records, mesh, balance, split), NO_LOAD)
   local mc = mesh:coords(me)
   for _, r in ipairs(records) do
     r.mine = G.local_box(r.shape, r.placement, mesh, me)
@@ -590,7 +888,9 @@ function P.batch(recs, group, shard)
     end
     b.moves_in = b.moves_in or r.moves_in
     b.moves_out = b.moves_out or r.moves_out
-    for _, it in ipairs(r.items) do b.items[#b.items + 1] = it end
+    if not r.ns_group then -- (split records run in muon.split_phase, not routed)
+      for _, it in ipairs(r.items) do b.items[#b.items + 1] = it end
+    end
   end
   table.sort(b.dtypes)
   return b
@@ -627,7 +927,9 @@ end
 -- Elements plan.rank sends and receives for one step of `plan` (records
 -- for which stepping(record) is true; all when nil): NS input pieces from
 -- state holders to owners, then each update slice from the owner to every
--- other rank that holds it. `rank` must be the plan's rank.
+-- other rank that holds it (split records: to and from the pieces of its
+-- group, P.split_moves; the group's own exchanges are the machines',
+-- ns.split_cost). `rank` must be the plan's rank.
 function P.step_elements(plan, rank, stepping)
   local sent, recv = 0, 0
   local function count(it)
@@ -647,11 +949,20 @@ function P.step_elements(plan, rank, stepping)
       end
     end
   end
+  local function split(peer, box, send)
+    if peer == rank then return end
+    if send then sent = sent + G.numel(box.len) else recv = recv + G.numel(box.len) end
+  end
   for _, r in ipairs(plan.records) do
     if stepping == nil or stepping(r) then
-      for _, it in ipairs(r.items) do
-        count(it)
-        for _, a in ipairs(it.attached or {}) do count(a) end
+      if r.ns_group then
+        P.split_moves(r, plan.mesh, rank, false, split)
+        P.split_moves(r, plan.mesh, rank, true, split)
+      else
+        for _, it in ipairs(r.items) do
+          count(it)
+          for _, a in ipairs(it.attached or {}) do count(a) end
+        end
       end
     end
   end

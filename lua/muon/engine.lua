@@ -18,8 +18,8 @@
     group that matches takes a parameter), schedule (function(step, group)
     -> an lr or a table of schedulable values), hooks (for every group
     whose kind takes hooks), dist ({ mesh, balance, max_batch_numel,
-    check_replicas = "off" | "grads" | "params", comm }, or { independent
-    = true }), name, nil_grad_warning (steps, default 1) and
+    check_replicas = "off" | "grads" | "params", split_ns, comm }, or {
+    independent = true }), name, nil_grad_warning (steps, default 1) and
     hook_budget ({ instructions, seconds, memory }). Unknown keys are
     errors. Under mpirun (a world of several ranks) an engine without a
     mesh fails its collective calls (step, reduce_grads, clip_grad_norm,
@@ -133,8 +133,9 @@ Engine:memory()
     step's own buffers by kind (an update buffer per parameter; second
     buffers of the state the kinds do not write in place, AdamW's moments,
     and of the hooks' state; post_update_fn's copies; a mesh's routing
-    buffers; the Newton-Schulz workspace, per worker the largest matrix and
-    two n x n Gram buffers).
+    buffers and split matrices' pieces; the Newton-Schulz workspace, per
+    worker the largest matrix and two n x n Gram buffers, and the split
+    groups' machines).
 Engine:stats()
     { steps = n, <kind> = { steps, skipped_nonfinite }, comm = ... (with
     dist) } and, after a step, its measurements (muon.step_stats):
@@ -150,7 +151,9 @@ Engine:stats()
     rank). The config's log = { every = N, file = path } writes them.
 Engine:comm_stats()
     Bytes and seconds per communicator of a distributed engine ({}
-    without dist).
+    without dist): { data (the plan's moves), control (agreements),
+    split_ns (the split Newton-Schulz groups' exchanges, summed) }, each
+    as muon.comm.stats gives them.
 Engine:save(path, opts)
     One safetensors checkpoint of every group's state, the step count and
     lr_scale (atomic write, checksummed). opts.sharded = false: true
@@ -315,6 +318,7 @@ function Engine:_stepper()
   for gi, g in ipairs(self.groups) do specs[gi] = { kind = g.kind, options = g.options, label = g.label } end
   self.stepper = Step.new({ groups = specs, comm = comm, mesh = mesh,
     balance = d and d.balance, max_batch_numel = d and d.max_batch_numel, check_replicas = d and d.check_replicas,
+    split_ns = d and d.split_ns,
     nil_grad_warning = self.config.nil_grad_warning, log = self.log,
     -- (a hook over its budget on one rank fails the step on every rank)
     settings = { { "hook_budget", K.serialize(self.config.hook_budget) } } })
@@ -741,7 +745,7 @@ function Engine:memory() return self:_stepper():memory() end
 function Engine:plan()
   local st, d = self:_stepper(), self.dist or {}
   return D.plan(st:plan_records(), st:mesh(), { rank = st:rank(), balance = d.balance,
-    max_batch_numel = d.max_batch_numel })
+    max_batch_numel = d.max_batch_numel, split_ns = d.split_ns })
 end
 
 -- Rows for `muon check` and humans: which parameter went where.

@@ -93,6 +93,19 @@ muon.ns.cost(rows, cols, opts)
 muon.ns.shape_cost(shape, nd_mode, opts)
     The same summed over the core matrices of a parameter shape (core):
     flops and bytes (0, 0 without a core matrix).
+muon.ns.split_cost(rows, cols, opts, group, rank, dtype)
+    The blocked iteration's share of rank `rank` (0-based) of a group of
+    `group` ranks splitting one rows x cols matrix (the same model: flops
+    of its blocks' partial products and updates and of its stripes, bytes
+    it sends and receives per matrix, src/muon_ffi.h mu__split_info), as
+    { blocks, stripes, flops, bytes_sent, bytes_recv (per matrix),
+    call_bytes_sent, call_bytes_recv (once per call), exchanges,
+    first_block (0-based), nblocks, dim, start, length } (dim 1-based: 1 rows of a tall matrix, 2 cols), or nil
+    when the shape is one block (k = 1: it cannot split). dtype: "float32"
+    (default) or "float64".
+muon.ns.split_blocks(rows, cols, opts)
+    k, the blocks of a rows x cols matrix in the blocked iteration (1: not
+    blocked, it cannot split), and their width.
 muon.ns.VARIANTS
 muon.ns.METHODS
 muon.ns.DTYPES
@@ -419,6 +432,27 @@ function ns.shape_cost(shape, nd_mode, opts)
   if a == nil then return 0, 0 end
   local flops, bytes = ns.cost(a, b, opts)
   return batch * flops, batch * bytes
+end
+
+-- The split share of one rank of a group (mu__split_info_of), or nil for
+-- a shape of one block.
+local blocks_box, width_box = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+function ns.split_blocks(rows, cols, opts)
+  check(C.mu__split_plan(rows, cols, resolve(opts or {}).copts, blocks_box, width_box), "split_blocks")
+  return tonumber(blocks_box[0]), tonumber(width_box[0])
+end
+
+local info_box = ffi.new("mu__split_info[1]")
+function ns.split_cost(rows, cols, opts, group, rank, dtype)
+  local r = resolve(opts or {})
+  if ns.split_blocks(rows, cols, r) < 2 then return nil end
+  check(C.mu__split_info_of(T.dtype_code(dtype or "float32"), rows, cols, r.copts, group, rank, info_box),
+    "split_cost")
+  local i = info_box[0]
+  return { blocks = tonumber(i.blocks), stripes = tonumber(i.stripes), flops = i.flops, bytes_sent = tonumber(i.bytes_sent),
+    bytes_recv = tonumber(i.bytes_recv), call_bytes_sent = tonumber(i.call_bytes_sent),
+    call_bytes_recv = tonumber(i.call_bytes_recv), exchanges = tonumber(i.exchanges), first_block = tonumber(i.first_block), nblocks = tonumber(i.nblocks),
+    dim = i.dim + 1, start = tonumber(i.start), length = tonumber(i.length) }
 end
 
 -- ns.workspace(dtype, rows, cols): reusable buffers for matrices up to

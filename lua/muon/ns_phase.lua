@@ -5,7 +5,8 @@
 -- post_ortho_fn, the scale), and every update slice comes back. Batches
 -- with nothing to route (every batch on one process) run first, their
 -- Newton-Schulz in one scheduler call (kind.ns_prepare, one ns_many,
--- kind.ns_finish); the bits are those of one call per batch. Everything is
+-- kind.ns_finish); the bits are those of one call per batch. Matrices the
+-- plan split over a group of ranks run last (muon.split_phase). Everything is
 -- computed into the step's scratch (muon.scratch): the NS input and the
 -- update in the parameter's update buffer, hook state in the buffers the
 -- hooks see (refreshed here from the state's current value). On a mesh
@@ -61,10 +62,10 @@ local function make_io(self)
 end
 
 -- opts: groups (the step's: { kind, options, label }), scratch, router,
--- ctx (muon.kind_context), me (this rank).
+-- split_phase (muon.split_phase), ctx (muon.kind_context), me (this rank).
 function NP.new(opts)
   local self = setmetatable({ groups = opts.groups, scratch = opts.scratch, router = opts.router, ctx = opts.ctx,
-    me = opts.me }, Phase)
+    me = opts.me, split_phase = opts.split_phase }, Phase)
   self.io = make_io(self)
   return self
 end
@@ -119,7 +120,7 @@ end
 function Phase:prepare(plan, run)
   self.io.run = run
   run.ns_direct = {}
-  local locals, routed = {}, {}
+  local locals, routed, splits = {}, {}, {}
   for _, batch in ipairs(plan.batches) do
     local gi = batch.group
     local gr, G = run.g[gi], self.groups[gi]
@@ -129,7 +130,11 @@ function Phase:prepare(plan, run)
       for _, r in ipairs(batch.records) do
         if run.stepping[r] then
           recs[#recs + 1] = r
-          for _, it in ipairs(r.items) do items[#items + 1] = it end
+          if r.ns_group then
+            if G.kind.ns then splits[#splits + 1] = r end
+          else
+            for _, it in ipairs(r.items) do items[#items + 1] = it end
+          end
           if r.mine_n > 0 then self.scratch:update(r.param, r) end
         end
       end
@@ -144,7 +149,7 @@ function Phase:prepare(plan, run)
       end
     end
   end
-  run.ns_jobs = { locals = locals, routed = routed }
+  run.ns_jobs = { locals = locals, routed = routed, splits = splits }
   -- (on one process every batch is local: nothing is routed)
   run.ns_inputs = #routed > 0 and self.router:inputs(routed, self.io) or nil
 end
@@ -157,6 +162,7 @@ function Phase:run(plan, run)
   local jobs = run.ns_jobs
   if #jobs.locals > 0 then self:_compute_local(run, jobs.locals) end
   if #jobs.routed > 0 then self.router:run_batches(jobs.routed, self.io) end
+  if #jobs.splits > 0 then self.split_phase:run(jobs.splits, self.io, run) end
 end
 
 return NP

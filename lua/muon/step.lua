@@ -84,6 +84,7 @@ local B = require("muon.buffers")
 local A = require("muon.agree")
 local Sc = require("muon.scratch")
 local KC = require("muon.kind_context")
+local SP = require("muon.split_phase")
 local NP = require("muon.ns_phase")
 local PP = require("muon.post_phase")
 local CC = require("muon.commit_checks")
@@ -114,7 +115,7 @@ end
 
 -- opts: groups (list of { kind, options = the group table (params, step,
 -- option values), label }), comm (muon.comm, default: this process alone),
--- mesh (muon.dist mesh over comm), balance, max_batch_numel,
+-- mesh (muon.dist mesh over comm), balance, max_batch_numel, split_ns,
 -- check_replicas, nil_grad_warning (steps without a grad before a
 -- parameter's warning; default 1, 0: never), settings (more { key, value }
 -- strings the ranks must agree on: the caller's config keys that change
@@ -127,7 +128,7 @@ function M.new(opts)
   local self = setmetatable({
     groups = {},
     comm = comm, W = W, me = comm:rank(), dmesh = mesh,
-    balance = opts.balance or "flops", max_batch_numel = opts.max_batch_numel,
+    balance = opts.balance or "flops", max_batch_numel = opts.max_batch_numel, split_ns = opts.split_ns,
     check_replicas_mode = opts.check_replicas or "off", settings = opts.settings or {},
     order = {}, where = {},
     state = {},     -- param -> { momentum_buffer } / { step, exp_avg, exp_avg_sq } (on its holder)
@@ -153,8 +154,9 @@ function M.new(opts)
   self.router = R.new(self.data)
   self.log = opts.log or require("muon.log").new(nil, function() return self.me end)
   self.ctx = KC.new(self.scratch, self.log)
+  self.split_phase = SP.new(self.router, self.dmesh)
   self.ns_phase = NP.new({ groups = self.groups, scratch = self.scratch, router = self.router, ctx = self.ctx,
-    me = self.me })
+    me = self.me, split_phase = self.split_phase })
   self.post_phase = PP.new({ groups = self.groups, scratch = self.scratch, ctrl = self.ctrl })
   for _, g in ipairs(opts.groups) do self:add_group(g) end
   return self
@@ -306,6 +308,7 @@ function Stepper:config_entries()
   add("mesh", self.dmesh:describe())
   add("balance", self.balance)
   add("max_batch_numel", tostring(self.max_batch_numel or ""))
+  add("split_ns", K.serialize(self.split_ns or "auto"))
   add("check_replicas", self.check_replicas_mode)
   for _, e in ipairs(self.settings) do add(e[1], e[2]) end
   for gi, g in ipairs(self.groups) do
@@ -331,6 +334,7 @@ function Stepper:plan_records(placement_of)
     records[i] = { name = p.name, shape = p.logical_shape, placement = placement_of and placement_of(p) or w.placement,
       group = w.gi, dtype = p.value:dtype(), ns = g.kind.ns, whole = K.whole(g.kind, g.options),
       nd_mode = g.options.nd_mode, ns_opts = g.options._ns, state_count = #g.kind.state_keys, param = p,
+      split_ok = g.kind.ns and not K.whole(g.kind, g.options) and g.options.zeropower_fn == nil,
       state_dtype = self:state_dtype_of(w.gi, p),
       hooks = g.kind.hook_shapes and g.kind.hook_shapes(g.options, p.logical_shape) or nil }
   end
@@ -348,7 +352,7 @@ function Stepper:build()
     if problem then E.raise(E.EINVAL, problem) end
   end
   self.plan = D.plan(records, self.dmesh, { rank = self.me, balance = self.balance,
-    max_batch_numel = self.max_batch_numel })
+    max_batch_numel = self.max_batch_numel, split_ns = self.split_ns })
   self.records, self.rec = records, {}
   for _, r in ipairs(records) do
     r.hooks_list = r.hooks or {}
@@ -401,12 +405,15 @@ function Stepper:memory()
   end
   local scratch, parts = self.scratch:bytes()
   local routing = self.router:scratch_bytes()
+  local machines, pieces = self.split_phase:bytes()
+  routing = routing + pieces
   parts.routing = parts.routing + routing
-  return { state_bytes = state, scratch_bytes = scratch + routing, scratch = parts }
+  parts.ns = parts.ns + machines
+  return { state_bytes = state, scratch_bytes = scratch + routing + machines, scratch = parts }
 end
 
 function Stepper:comm_stats()
-  return { data = commlib.stats(self.data), control = commlib.stats(self.ctrl) }
+  return { data = commlib.stats(self.data), control = commlib.stats(self.ctrl), split_ns = self.split_phase:stats() }
 end
 
 -- Values the trainer passes to hooks (ctx.signals[name]), kept until set

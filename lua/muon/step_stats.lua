@@ -7,7 +7,8 @@
 --
 -- What finish returns:
 --   step_seconds   wall time of the step (this rank)
---   ns_seconds     of it, inside Newton-Schulz calls (this rank's workspaces)
+--   ns_seconds     of it, inside Newton-Schulz calls (this rank's workspaces,
+--                  and its split groups' machines: muon.split_phase)
 --   hook_seconds   of it, inside the config's functions (hooks, match functions)
 --   grad_norm      sqrt of the sum of g^2 over every stepping parameter's
 --                  gradient (the whole parameters: each piece counted once, by
@@ -17,11 +18,12 @@
 --                  decay + alpha * u * s, alpha = -lr unless
 --                  apply_lr_in_update, s the kind's apply_scale: Muon's
 --                  per-slice scale, else 1); nil for a group that did not step
---   ns_matrices    matrices orthogonalized (every rank's)
+--   ns_matrices    matrices orthogonalized (every rank's; a split matrix once)
 --   ns_residual    the largest Newton-Schulz residual (muon.ns.workspace_stats:
 --                  ||A - I||_F / sqrt(n) of each matrix's last Gram matrix),
 --   ns_residual_rms  and the RMS over the matrices; nil without any
 --   bytes_sent, bytes_recv  this rank's traffic on the step's communicators
+--                  (its split groups' too)
 -- Sums of squares in double (muon.foreach.sumsq); on a mesh they, the
 -- residuals and the matrix counts are reduced over the ranks (two small
 -- all-reduces on the control communicator).
@@ -35,8 +37,7 @@ local SS = {}
 local function traffic(st)
   local sent, recv = 0, 0
   if st.W > 1 then
-    for _, c in ipairs({ st.data, st.ctrl }) do
-      local s = commlib.stats(c)
+    for _, s in ipairs({ commlib.stats(st.data), commlib.stats(st.ctrl), st.split_phase:stats() }) do
       sent, recv = sent + s.bytes_sent, recv + s.bytes_recv
     end
   end
@@ -45,6 +46,7 @@ end
 
 function SS.begin(st)
   st.scratch:ns_stats(true)
+  st.split_phase:ns_stats(true)
   local sent, recv = traffic(st)
   return { t0 = C.mu_clock(), hooks = E.hook_seconds(), sent = sent, recv = recv }
 end
@@ -81,17 +83,17 @@ function SS.finish(st, run, m)
     sums[2 * gi], sums[2 * gi + 1] = #us > 0 and sum(us, w) or 0, n
   end
   sums[1] = sum(grads)
-  local ns = st.scratch:ns_stats(false)
+  local ns, split = st.scratch:ns_stats(false), st.split_phase:ns_stats(false)
   local seconds = C.mu_clock() - m.t0
   local sent, recv = traffic(st) -- (the step's own, before the reductions below)
   local k = #sums
-  sums[k + 1], sums[k + 2], sums[k + 3] = ns.residual_sumsq, ns.residuals, ns.matrices
+  sums[k + 1], sums[k + 2], sums[k + 3] = ns.residual_sumsq, ns.residuals, ns.matrices + split.matrices
   local rmax = ns.residual_max or -1
   if st.W > 1 then
     sums = st.ctrl:allreduce(sums, "sum", "f64")
     rmax = st.ctrl:allreduce({ rmax }, "max", "f64")[1]
   end
-  local out = { step_seconds = seconds, ns_seconds = ns.seconds, hook_seconds = E.hook_seconds() - m.hooks,
+  local out = { step_seconds = seconds, ns_seconds = ns.seconds + split.seconds, hook_seconds = E.hook_seconds() - m.hooks,
     grad_norm = math.sqrt(sums[1]), update_rms = {}, ns_matrices = sums[k + 3] }
   for gi = 1, #st.groups do
     local n = sums[2 * gi + 1]

@@ -3,7 +3,9 @@
 -- 4096 on replicate:2,shard:2048; target: under 1 s of CPU and 200 MB peak
 -- RSS. Beside it the same parameters at world 2 (the plan's cost must not
 -- grow with the world: tests/check_world_spec.lua checks that ratio, with
--- room for noise, and this file the absolute target).
+-- room for noise, and this file the absolute target). Then the GPT-3-like
+-- shapes (tests/fixtures/gpt3_shapes.txt, configs/muon.lua: split
+-- Newton-Schulz) at rank 0 of 4096: target under 2 s and 300 MB.
 --   luajit tests/bench/check_world_bench.lua [params] [rounds]
 local B = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/lib.lua")
 local n, rounds = tonumber(arg[1] or 10000), tonumber(arg[2] or 5)
@@ -28,8 +30,7 @@ f:close()
 -- CPU seconds (user + system) and peak RSS (kB) of one plan.
 local function plan(args)
   local tv = os.tmpname()
-  os.execute(("/usr/bin/time -o %s -f 'cpu %%U %%S rss %%M' %s check configs/moonlight.lua --params %s %s >/dev/null")
-    :format(tv, cli, B.sh(shapes), args))
+  os.execute(("/usr/bin/time -o %s -f 'cpu %%U %%S rss %%M' %s check %s >/dev/null"):format(tv, cli, args))
   local out = assert(io.open(tv)):read("*a")
   os.remove(tv)
   local u, s, rss = out:match("cpu ([%d.]+) ([%d.]+) rss (%d+)")
@@ -37,9 +38,12 @@ local function plan(args)
   return tonumber(u) + tonumber(s), tonumber(rss)
 end
 
-local cases = { { "world 2", "--world 2 --rank 1 --mesh replicate:2" },
-  { "world 4096", "--world 4096 --rank 17 --mesh replicate:2,shard:2048" } }
-local cpu, rss = { {}, {} }, { 0, 0 }
+local gpt = "configs/moonlight.lua --params " .. B.sh(shapes)
+local cases = { { "world 2", gpt .. " --world 2 --rank 1 --mesh replicate:2" },
+  { "world 4096", gpt .. " --world 4096 --rank 17 --mesh replicate:2,shard:2048" },
+  { "GPT-3 split", "configs/muon.lua --params tests/fixtures/gpt3_shapes.txt --world 4096 --rank 0 "
+    .. "--mesh replicate:2,shard:2048" } }
+local cpu, rss = { {}, {}, {} }, { 0, 0, 0 }
 for _ = 1, rounds do -- (interleaved rounds)
   for i, c in ipairs(cases) do
     local t, m = plan(c[2])
@@ -48,10 +52,13 @@ for _ = 1, rounds do -- (interleaved rounds)
   end
 end
 os.remove(shapes)
-for i, c in ipairs(cases) do
+for i = 1, 2 do
   print(("%-10s %d parameters: median %.2f s of CPU, peak RSS %.0f MB (%d rounds)")
-    :format(c[1], n, B.median(cpu[i]), rss[i] / 1024, rounds))
+    :format(cases[i][1], n, B.median(cpu[i]), rss[i] / 1024, rounds))
 end
 local ok = B.median(cpu[2]) < 1 and rss[2] < 200 * 1024
 print(("rank 17 of 4096 / rank 1 of 2: %.2f; target under 1 s and 200 MB: %s")
   :format(B.median(cpu[2]) / B.median(cpu[1]), ok and "met" or "MISSED"))
+local split_ok = B.median(cpu[3]) < 2 and rss[3] < 300 * 1024
+print(("GPT-3-like shapes, rank 0 of 4096, split Newton-Schulz: median %.2f s of CPU, peak RSS %.0f MB; "
+  .. "target under 2 s and 300 MB: %s"):format(B.median(cpu[3]), rss[3] / 1024, split_ok and "met" or "MISSED"))

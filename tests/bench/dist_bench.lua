@@ -29,7 +29,8 @@ if comm.world_size() == 1 and arg[1] ~= "--worker" then
   -- np 2 with one BLAS thread per rank is one rank per core on this
   -- 2-core machine: the honest overlap figure; np 4 time-shares the cores
   -- (oversubscribed).
-  for _, run in ipairs({ { 2, "replicate:1,shard:2", "flops", "OPENBLAS_NUM_THREADS=1 " },
+  for _, run in ipairs({ { 2, "shard:2", "split", "OPENBLAS_NUM_THREADS=1 " },
+                         { 2, "replicate:1,shard:2", "flops", "OPENBLAS_NUM_THREADS=1 " },
                          { 4, "replicate:2,shard:2", "flops", "" }, { 4, "replicate:2,shard:2", "numel", "" },
                          { 2, "replicate:2,shard:1", "flops", "" } }) do
     local cmd = ("%s %s timeout -k 10 300 mpirun --timeout 280 --stdin none -np %d %s tests/bench/dist_bench.lua --worker %s %s %s %s </dev/null")
@@ -88,6 +89,39 @@ local axes = {}
 for name, n in mesh_arg:gmatch("(%w+):(%d+)") do axes[#axes + 1] = { name, tonumber(n) } end
 local w = comm.world()
 local rank, size = w:rank(), w:size()
+
+-- np 2, one BLAS thread per rank: one 2048 x 8192 float32 Muon matrix
+-- sharded on dim 1, the engine's step with its Newton-Schulz split over
+-- both ranks (split_ns = "auto") against split_ns = "off" (one owner),
+-- interleaved steps of two engines in the same run: the medians of the
+-- step times and their ratio (target <= 0.6).
+if balance == "split" then
+  local shape, mesh1 = { 2048, 8192 }, D.mesh(axes, size)
+  local engines, times, order = {}, {}, { "auto", "off" }
+  for _, mode in ipairs(order) do
+    local e = engine.new({ groups = { { optimizer = "muon" } }, dist = { mesh = axes, split_ns = mode } })
+    local box = D.local_box(shape, D.placement({ "S(1)" }, mesh1, 2), mesh1, rank)
+    e:add_param("w", T.randn(box.len, 1 + rank), T.randn(box.len, 2 + rank), { "S(1)", shape = shape })
+    engines[mode], times[mode] = e, {}
+  end
+  for round = 0, 5 do
+    for _, mode in ipairs(order) do
+      w:barrier()
+      local t0 = now()
+      engines[mode]:step()
+      w:barrier()
+      if round > 0 then table.insert(times[mode], now() - t0) end
+    end
+  end
+  if rank == 0 then
+    local grp = engines.auto:plan().records[1].ns_group
+    local a, o = B.median(times.auto), B.median(times.off)
+    print(("split step, np %d, 1 BLAS thread per rank, one 2048x8192 float32 matrix (S(1)): group of %d; "
+      .. "step %.1f ms split, %.1f ms one owner (medians of 5 interleaved): split/off %.2f (target <= 0.6)")
+      :format(size, grp and grp.size or 1, a * 1e3, o * 1e3, a / o))
+  end
+  return
+end
 
 -- A transformer-like model: attention, MLP, a stack of experts, embeddings.
 local shapes = {}

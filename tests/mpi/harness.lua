@@ -111,6 +111,30 @@ function H.add_dim1_sharded(ref, eng, params)
   return mesh, loc
 end
 
+-- Both engines with params = { { name, shape, shard dims, group } } placed
+-- on the mesh axes (H.placement): the one-process reference ref on the full
+-- tensors (T.randn(shape, H.seed_of(name)), then prepare(spec, full) if
+-- given) and eng on this rank's boxes, zero grads. Returns locals[name] =
+-- { value, grad, box, spec } (this rank's).
+function H.add_mesh_params(ref, eng, params, axes, prepare)
+  local mesh = D.mesh(axes, H.size)
+  local locals = {}
+  for _, spec in ipairs(params) do
+    local shape = spec[2]
+    local full = T.randn(shape, H.seed_of(spec[1]))
+    if prepare then prepare(spec, full) end
+    local pl = H.placement(axes, spec)
+    local box = D.local_box(shape, D.placement(pl, mesh, #shape), mesh, H.rank)
+    local value = H.numel(box.len) > 0 and D.box_view(full, box):clone() or T.zeros(box.len)
+    local grad = T.zeros(box.len)
+    pl.shape = shape
+    eng:add_param(spec[1], value, grad, pl)
+    ref:add_param(spec[1], full, T.zeros(shape))
+    locals[spec[1]] = { value = value, grad = grad, box = box, spec = spec }
+  end
+  return locals
+end
+
 -- The grads of step s for the parameters of H.add_dim1_sharded:
 -- T.randn(shape, 100 * s + #name), changed by edit(name, g) if given, in
 -- ref's grad and (this rank's box) in eng's.

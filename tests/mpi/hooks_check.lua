@@ -35,8 +35,6 @@ local PARAMS = {
 local seed_of = H.seed_of
 local numel = H.numel
 
-local function placement(spec) return H.placement(AXES, spec) end
-
 local bits_equal = H.bits_equal
 
 -- What the reductions returned, per engine: seen[tag][name][step] = list.
@@ -80,25 +78,13 @@ end
 local function setup()
   local ref = engine.new(H.alone(config(false, "ref")))
   local eng = engine.new(config(true, "mesh"))
-  local mesh = D.mesh(AXES, H.size)
-  local locals = {}
-  for _, spec in ipairs(PARAMS) do
-    local shape = spec[2]
-    local full = T.randn(shape, seed_of(spec[1]))
+  local locals = H.add_mesh_params(ref, eng, PARAMS, AXES, function(spec, full)
     if spec[4] == 3 then -- MuonH: on its sphere (radius sqrt(rows))
       local rows = 1
-      for d = 1, #shape - 1 do rows = rows * shape[d] end
+      for d = 1, #spec[2] - 1 do rows = rows * spec[2][d] end
       full:mul_(math.sqrt(rows) / full:norm())
     end
-    local pl = placement(spec)
-    local box = D.local_box(shape, D.placement(pl, mesh, #shape), mesh, H.rank)
-    local value = numel(box.len) > 0 and D.box_view(full, box):clone() or T.zeros(box.len)
-    local grad = T.zeros(box.len)
-    pl.shape = shape
-    eng:add_param(spec[1], value, grad, pl)
-    ref:add_param(spec[1], full, T.zeros(shape))
-    locals[spec[1]] = { value = value, grad = grad, box = box, spec = spec }
-  end
+  end)
   return ref, eng, locals
 end
 
