@@ -17,12 +17,15 @@
     to mesh coordinates in row-major order (the last axis fastest), as
     torch's DeviceMesh.
     Its entries: meshes, placements and boxes in lua/muon/dist_mesh.lua,
-    the plan in lua/muon/dist_plan.lua, the agreement in
-    lua/muon/dist_agree.lua.
+    the plan in lua/muon/dist_plan.lua, split Newton-Schulz in
+    lua/muon/dist_split.lua, the agreement in lua/muon/dist_agree.lua.
 ]]
--- One module name for three jobs, each in its own file.
+-- One module name for four jobs, each in its own file (a part's names
+-- starting with "_" are for the other parts only).
 local D = {}
-for _, part in ipairs({ "muon.dist_mesh", "muon.dist_plan", "muon.dist_agree" }) do
-  for k, v in pairs(require(part)) do D[k] = v end
+for _, part in ipairs({ "muon.dist_mesh", "muon.dist_plan", "muon.dist_split", "muon.dist_agree" }) do
+  for k, v in pairs(require(part)) do
+    if not k:find("^_") then D[k] = v end
+  end
 end
 return D

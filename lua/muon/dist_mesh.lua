@@ -1,6 +1,7 @@
 -- The geometry of distributed runs, the part of muon.dist (lua/muon/dist.lua,
 -- where its conventions are) the plan (lua/muon/dist_plan.lua) builds on:
--- the device mesh, placements, the box of a tensor each rank holds.
+-- the device mesh, placements, the box of a tensor each rank holds, and a
+-- planned record's replica classes and boxes.
 --[[ reference muon.dist
 ## Meshes and placements
 muon.dist.mesh(spec, world)
@@ -48,6 +49,16 @@ muon.dist.each_box(shape, pl, mesh, axes, coords, fn)
     (shard axes of pl, in mesh order) whose box of a tensor of shape is
     not empty, in each_coords' order, without visiting the empty ones:
     O(non-empty boxes), whatever the axes' sizes.
+## Records on the mesh (as muon.dist.plan places them)
+muon.dist.class_of(r, mesh, coords)
+    The replica class of coordinates for a record: their mixed-radix index
+    over its replicate axes.
+muon.dist.set_class(r, mesh, c, coords)
+    Set coords' entries on the record's replicate axes from class c (the
+    inverse of class_of; the other entries kept).
+muon.dist.boxes_of(rec, mesh)
+    Every distinct non-empty box of a record (or hook record) with its
+    state holder: { {box, holder} } in shard-coordinate order.
 ]]
 local E = require("muon.errors")
 
@@ -298,6 +309,47 @@ function D.each_box(shape, pl, mesh, axes, coords, fn)
     coords[a] = 0
   end
   walk(1)
+end
+
+------------------------------------------------- planned records
+
+-- The replica class of coordinates for a record: their mixed-radix index
+-- over its replicate axes (mesh order, last fastest).
+local function class_of(r, mesh, coords)
+  local c = 0
+  for _, a in ipairs(r.raxes) do c = c * mesh.sizes[a] + coords[a] end
+  return c
+end
+D.class_of = class_of
+
+-- Coordinates `coords` with replicate axes set from class c.
+local function set_class(r, mesh, c, coords)
+  for i = #r.raxes, 1, -1 do
+    local a = r.raxes[i]
+    coords[a] = c % mesh.sizes[a]
+    c = math.floor(c / mesh.sizes[a])
+  end
+end
+D.set_class = set_class
+
+-- Every distinct non-empty box of a record (or of a hook record) with its
+-- state holder: { {box, holder} }, in the order of the shard coordinates.
+-- O(non-empty boxes): for the rank that gathers or scatters every box.
+-- (A hook box is empty where the parameter's is.)
+function D.boxes_of(rec, mesh)
+  local r = rec.parent or rec
+  local coords = {}
+  for a = 1, #mesh.sizes do coords[a] = 0 end
+  set_class(r, mesh, r.c, coords)
+  local saxes = {}
+  for a, p in ipairs(r.placement) do if p.kind == "S" then saxes[#saxes + 1] = a end end
+  local out = {}
+  D.each_box(r.shape, r.placement, mesh, saxes, coords, function(x, pb)
+    local q = mesh:rank_of(x)
+    local b = rec.parent and D.hook_box(rec.shape, r.shape, r.placement, mesh, q) or pb
+    if D.numel(b.len) > 0 then out[#out + 1] = { box = b, holder = q } end
+  end)
+  return out
 end
 
 return D

@@ -2,7 +2,9 @@
 -- each parameter's optimizer state lives, which rank orthogonalizes each
 -- matrix (Newton-Schulz owners, balanced by flops), the batch schedule and
 -- the communication volumes. Pure Lua, computed once at setup, the same
--- rules on every rank, over the mesh and boxes of lua/muon/dist_mesh.lua.
+-- rules on every rank, over the mesh and boxes of lua/muon/dist_mesh.lua;
+-- which matrices split their Newton-Schulz over a group of ranks, and
+-- where their pieces go: lua/muon/dist_split.lua.
 --[[ reference muon.dist
 ## Plan
 muon.dist.build_owner_by_size(costs, ncoords)
@@ -17,12 +19,6 @@ muon.dist.analyse(r, mesh)
     alone (the same on every rank): its replicate axes, its shard axes
     split into core axes (a dim Newton-Schulz needs whole) and batch axes,
     whether items span several boxes, whether there are several items.
-muon.dist.class_of(r, mesh, coords)
-    The replica class of coordinates for a record: their mixed-radix index
-    over its replicate axes.
-muon.dist.set_class(r, mesh, c, coords)
-    Set coords' entries on the record's replicate axes from class c (the
-    inverse of class_of; the other entries kept).
 muon.dist.plan(records, mesh, opts)
     The step plan (the same rules on every rank): where each parameter's
     optimizer state lives and where each matrix is orthogonalized, and the
@@ -54,24 +50,6 @@ muon.dist.plan(records, mesh, opts)
     group-rank order), shares (each one's cost), blocks }; its owner is
     ranks[1]. muon.split_phase runs it over the group (the blocked
     iteration's bits, one process's).
-muon.dist.split_pieces(r)
-    A split record's pieces: [gq + 1] = group rank gq's piece of the
-    matrix as a global box (its blocks: columns of a wide matrix, rows of
-    a tall one).
-muon.dist.meet(a, b)
-    The intersection of two global boxes (nil when empty).
-muon.dist.split_moves(r, mesh, me, out, fn)
-    The pieces rank me sends and receives for split record r, in (the
-    state holders' boxes of the NS input to the members' pieces) or out
-    (the members' pieces of the update to every rank holding a box):
-    fn(peer, box, send, within) each, within the box the piece is a view
-    of (me's box or me's piece), in an order both sides share.
-muon.dist.split_options(v)
-    dist.split_ns checked and normalized: "auto" (or nil) -> {
-    imbalance = 1.05 }; "off" (or max_group = 1) -> nil; { max_group = n
-    (ranks per matrix, at most), imbalance = x (>= 1: the largest rank's
-    NS over the mean above which matrices split) } -> the same. Errors
-    name the key.
 muon.dist.dests(it)
     The dests of a plan item: { {rank, box} }, the ranks receiving their
     slice of its update (the owner's: every replica of every source's box,
@@ -79,9 +57,6 @@ muon.dist.dests(it)
 muon.dist.batch(recs, group, shard)
     A batch of records (the same on every rank): this rank's items, the
     dtypes (sorted), whether any item moves data in or out.
-muon.dist.boxes_of(rec, mesh)
-    Every distinct non-empty box of a record (or hook record) with its
-    state holder: { {box, holder} } in shard-coordinate order.
 muon.dist.imbalance(plan)
     The job's Newton-Schulz imbalance: the largest rank's cost over the
     mean (1 without Newton-Schulz work).
@@ -98,11 +73,12 @@ muon.dist.seed_step_elements(plan, rank)
 local ns = require("muon.ns")
 local E = require("muon.errors")
 local G = require("muon.dist_mesh")
+local S = require("muon.dist_split")
 
 local P = {}
 
 local box_within = G.box_within
-local split_shares, take_least -- (split Newton-Schulz, below)
+local class_of, set_class = G.class_of, G.set_class
 
 -- The rank that sends rank `owner` the NS input piece held by `rank`, or
 -- nil if the owner holds it itself: the holder of that box sharing the
@@ -228,26 +204,6 @@ function P.analyse(r, mesh)
   return r
 end
 
--- The replica class of coordinates for a record: their mixed-radix index
--- over its replicate axes (mesh order, last fastest).
-local function class_of(r, mesh, coords)
-  local c = 0
-  for _, a in ipairs(r.raxes) do c = c * mesh.sizes[a] + coords[a] end
-  return c
-end
-P.class_of = class_of
-
--- Coordinates `coords` with replicate axes set from class c.
-local function set_class(r, mesh, c, coords)
-  for i = #r.raxes, 1, -1 do
-    local a = r.raxes[i]
-    coords[a] = c % mesh.sizes[a]
-    c = math.floor(c / mesh.sizes[a])
-  end
-end
-
-P.set_class = set_class
-
 local function copy(t)
   local c = {}
   for i = 1, #t do c[i] = t[i] end
@@ -314,76 +270,10 @@ local function rank_pool(mesh, zero, load)
   return pool
 end
 
------------------------------------------------------- split Newton-Schulz
-
--- Rounds of grow_splits the plan tries at most.
-local SPLIT_ROUNDS = 4
--- The least relative gain in imbalance a round of larger groups must bring.
-local SPLIT_GAIN = 1.01
-local SPLIT_IMBALANCE = 1.05
-
--- dist.split_ns ("auto" (nil), "off", or { max_group = n, imbalance = x })
--- normalized: nil for "off", else { max_group (nil: no cap), imbalance }.
-function P.split_options(v)
-  if v == nil or v == "auto" then return { imbalance = SPLIT_IMBALANCE } end
-  if v == "off" then return nil end
-  if type(v) ~= "table" then
-    E.raise(E.EINVAL, "dist.split_ns must be 'auto', 'off' or a table { max_group = n, imbalance = x }, got %s",
-      E.value(v))
-  end
-  for k in pairs(v) do
-    if k ~= "max_group" and k ~= "imbalance" then
-      E.raise(E.EINVAL, "dist.split_ns: %s", E.unknown("key", tostring(k), { "max_group", "imbalance" }))
-    end
-  end
-  local g, imb = v.max_group, v.imbalance
-  if g ~= nil and (type(g) ~= "number" or g < 1 or g ~= math.floor(g)) then
-    E.raise(E.EINVAL, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), got %s",
-      E.value(g))
-  end
-  if imb ~= nil and (type(imb) ~= "number" or imb ~= imb or imb < 1) then
-    E.raise(E.EINVAL, "dist.split_ns.imbalance must be a number >= 1 (largest rank / mean), got %s", E.value(imb))
-  end
-  if g == 1 then return nil end
-  return { max_group = g, imbalance = imb or SPLIT_IMBALANCE }
-end
-
--- Every rank's share of a record split over g ranks (ns.split_cost, per
--- matrix times the batch; balance "numel": its fraction of the numel), in
--- group-rank order, with .blocks and .pieces (each one's piece of a 2-D
--- matrix as a global box); cached per shape, options and g.
-local share_cache = setmetatable({}, { __mode = "k" })
-function split_shares(r, g, balance)
-  local rows, cols, batch = ns.core(r.shape, r.nd_mode)
-  local opts = r.ns_opts or {}
-  local per = share_cache[opts]
-  if not per then
-    per = {}
-    share_cache[opts] = per
-  end
-  local key = table.concat({ rows, cols, batch, g, balance, r.dtype }, ":")
-  if per[key] then return per[key] end
-  local shares, total = { pieces = {} }, 0
-  for q = 0, g - 1 do
-    local c = ns.split_cost(rows, cols, opts, g, q, r.dtype == "float64" and "float64" or "float32")
-    shares[q + 1] = c.flops * batch
-    shares.blocks = c.blocks
-    total = total + shares[q + 1]
-    local box = { start = { 0, 0 }, len = { rows, cols } } -- (2-D: only those split)
-    box.start[c.dim], box.len[c.dim] = c.start, c.length
-    shares.pieces[q + 1] = box
-  end
-  if balance ~= "flops" then
-    for i = 1, g do shares[i] = total > 0 and shares[i] / total * r.numel or 0 end
-  end
-  per[key] = shares
-  return shares
-end
-
 -- The least loaded rank of pool (ties: the smaller rank) that is not one
 -- of `taken` (the ranks of the piece's group so far); its load grows by
 -- cost (every pool of plist learns it).
-function take_least(pool, load, taken, cost, plist, mesh)
+local function take_least(pool, load, taken, cost, plist, mesh)
   local skipped, saved, q = {}, {}
   while true do
     q = least_loaded(pool, load)
@@ -406,137 +296,6 @@ function take_least(pool, load, taken, cost, plist, mesh)
   load[q] = (load[q] or 0) + cost
   learn(q)
   return q
-end
-
--- The largest load over the mean of W ranks (1 without load).
-local function load_imbalance(load, W)
-  local mx, sum = 0, 0
-  for _, l in pairs(load) do mx, sum = math.max(mx, l), sum + l end
-  return sum > 0 and mx / (sum / W) or 1
-end
-
--- The group sizes a split may take for a job: at most max_group, the
--- candidate ranks, and max(blocks, stripes) (beyond, ranks have nothing);
--- 1 (no split) but for 2-D float32 or float64 matrices of more than one
--- block whose record allows it (split_ok: no hook of its group needs the
--- matrix whole or replaces Newton-Schulz).
-local function split_cap(j, mesh, split)
-  local r = j.r
-  if j.cap == nil then
-    local rows, cols = ns.core(r.shape, r.nd_mode)
-    local k = rows and ns.split_blocks(rows, cols, r.ns_opts or {}) or 1
-    j.k = k
-    -- (2-D float matrices whose group has no hook around Newton-Schulz)
-    if k < 2 or #r.shape ~= 2 or r.split_ok == false or (r.dtype ~= "float32" and r.dtype ~= "float64") then
-      j.cap = 1
-    else
-      local c = ns.split_cost(rows, cols, r.ns_opts or {}, 2, 0)
-      local ranks = 1
-      for a = 1, #mesh.sizes do
-        local z = false
-        for _, b in ipairs(r.pool_zero) do z = z or a == b end
-        if not z then ranks = ranks * mesh.sizes[a] end
-      end
-      j.cap = math.min(split.max_group or math.huge, ranks, math.max(k, c.stripes))
-    end
-  end
-  return j.cap
-end
-
--- The first group sizes (jobs in placement order; sizes[i] = g, 1 not
--- split): a matrix splits when its cost alone exceeds split.imbalance
--- times the mean rank's NS cost (so also whenever there are more ranks
--- than matrices of like cost), over the fewest ranks whose largest share
--- is within that bound (at most split_cap and the blocks; the rounds of
--- grow_splits go beyond). Only shapes of more than one
--- block (the blocked iteration: a long side of 8192 or more) can split.
-local function split_sizes(jobs, load, mesh, split, balance)
-  local sizes = {}
-  if not split then return sizes end
-  local total = 0
-  for _, l in pairs(load) do total = total + l end
-  for _, j in ipairs(jobs) do total = total + j.cost end
-  local bound = split.imbalance * total / mesh.size
-  for i, j in ipairs(jobs) do
-    local cap = split_cap(j, mesh, split)
-    sizes[i] = 1
-    if cap > 1 and j.cost > bound then
-      local g = math.max(2, math.min(cap, math.ceil(j.cost / bound)))
-      while g < math.min(cap, j.k) do -- (beyond k blocks, grow_splits' rounds)
-        local sh, mx = split_shares(j.r, g, balance), 0
-        for q = 1, g do mx = math.max(mx, sh[q]) end
-        if mx <= bound then break end
-        g = g + 1
-      end
-      sizes[i] = g
-    end
-  end
-  return sizes
-end
-
--- Larger groups when the placed loads stay above the bound: every split
--- job's group doubles (at most its cap: finer shares, stripes alone on
--- the extra ranks, fill the ranks' gaps). nil when none can grow.
-local function grow_splits(jobs, sizes)
-  local out, grown = {}, false
-  for i, j in ipairs(jobs) do
-    out[i] = sizes[i] or 1
-    if out[i] > 1 and out[i] < j.cap then
-      out[i] = math.min(j.cap, 2 * out[i])
-      grown = true
-    end
-  end
-  return grown and out or nil
-end
-
--- The pieces of a split record's group: pieces[gq + 1] = group rank gq's
--- piece of the matrix as a global box (columns of a wide matrix, rows of a
--- tall one: ns.split_cost's).
-function P.split_pieces(r) return r.ns_group.shares.pieces end
-
--- The intersection of two global boxes, or nil when empty.
-function P.meet(a, b)
-  local box = { start = {}, len = {} }
-  for d = 1, #a.len do
-    local s = math.max(a.start[d], b.start[d])
-    local e = math.min(a.start[d] + a.len[d], b.start[d] + b.len[d])
-    if e <= s then return nil end
-    box.start[d], box.len[d] = s, e - s
-  end
-  return box
-end
-
--- Who sends a split record's pieces to whom, as rank `me` sees it: in
--- (out = false), the state holders' boxes of the Newton-Schulz input to
--- the members' pieces; out, the members' pieces of the update to every
--- rank holding a box (each holder's box on every replica). Calls
--- fn(peer, box, send) for each piece this rank sends (send true) or
--- receives, in an order both sides share (as a holder, the members in
--- group order; as a member, the boxes in shard-coordinate then replica
--- order: one piece per pair of ranks and record). O(boxes) for a member.
-function P.split_moves(r, mesh, me, out, fn)
-  local pieces = P.split_pieces(r)
-  local mine = (out and r.mine_n > 0 or not out and r.holds) and r.mine or nil
-  if mine then
-    for q, rank in ipairs(r.ns_group.ranks) do
-      local m = P.meet(mine, pieces[q])
-      if m then fn(rank, m, not out, mine) end
-    end
-  end
-  local gq
-  for i, q in ipairs(r.ns_group.ranks) do
-    if q == me then gq = i - 1 end
-  end
-  if not gq then return end
-  local piece = pieces[gq + 1]
-  for _, b in ipairs(P.boxes_of(r, mesh)) do
-    local coords = mesh:coords(b.holder)
-    for c = 0, (out and r.nrep or 1) - 1 do
-      if out then set_class(r, mesh, c, coords) end
-      local m = P.meet(b.box, piece)
-      if m then fn(mesh:rank_of(coords), m, out, piece) end
-    end
-  end
 end
 
 -- plan.ns_load: a rank without Newton-Schulz work reads 0.
@@ -606,7 +365,7 @@ local function assign(records, mesh, balance, split)
   -- Pass 2: single records by NS cost to the least loaded candidates (a
   -- split record's group: its g least loaded), among every rank ("*") or
   -- the ranks at coordinate 0 of some axes (the holders of a non-spanning
-  -- record's one box); the group sizes by split_sizes.
+  -- record's one box); the group sizes by muon.dist_split's rules.
   jobs = {}
   for _, r in ipairs(records) do
     if r.single then jobs[#jobs + 1] = { cost = cost(r, r.shape), r = r } end
@@ -625,7 +384,7 @@ local function assign(records, mesh, balance, split)
         pools[r.pool_key] = rank_pool(mesh, r.pool_zero, l)
         plist[#plist + 1] = pools[r.pool_key]
       end
-      local shares = g > 1 and split_shares(r, g, balance) or { j.cost }
+      local shares = g > 1 and S._shares(r, g, balance) or { j.cost }
       j.ranks, j.shares = {}, shares
       for q = 1, g do pieces[#pieces + 1] = { shares[q], ji, q } end
     end
@@ -649,21 +408,8 @@ local function assign(records, mesh, balance, split)
     end
     return l
   end
-  -- Groups grow (grow_splits) while the imbalance stays above the bound
-  -- and each round gains at least SPLIT_GAIN (larger groups move more
-  -- bytes: every member receives the small side's stripes).
-  local sizes = split_sizes(jobs, load, mesh, split, balance)
-  local best, best_imb
-  for _ = 0, SPLIT_ROUNDS do
-    local imb = load_imbalance(place(sizes), mesh.size)
-    if best ~= nil and imb > best_imb / SPLIT_GAIN then break end
-    best, best_imb = sizes, imb
-    if not split or imb <= split.imbalance then break end
-    local grown = grow_splits(jobs, sizes)
-    if not grown then break end
-    sizes = grown
-  end
-  return place(best)
+  -- The group sizes: muon.dist_split's rules.
+  return place(S._groups(jobs, load, mesh, split, balance, place))
 end
 
 -- The item of record r that rank `me` (coordinates mc) takes part in, or
@@ -811,7 +557,7 @@ function P.plan(records, mesh, opts)
     r.index = ri
     P.analyse(r, mesh)
   end
-  local split = P.split_options(opts.split_ns)
+  local split = S.split_options(opts.split_ns)
   plan.split_ns = split
   plan.ns_load = setmetatable(assign(records, mesh, balance, split), NO_LOAD)
   local mc = mesh:coords(me)
@@ -896,39 +642,15 @@ function P.batch(recs, group, shard)
   return b
 end
 
--- Every distinct non-empty box of a record (or of a hook record) with its
--- state holder: { {box, holder} }, in the order of the shard coordinates.
--- O(non-empty boxes): for the rank that gathers or scatters every box.
--- (A hook box is empty where the parameter's is.)
-function P.boxes_of(rec, mesh)
-  local r = rec.parent or rec
-  local coords = {}
-  for a = 1, #mesh.sizes do coords[a] = 0 end
-  set_class(r, mesh, r.c, coords)
-  local saxes = {}
-  for a, p in ipairs(r.placement) do if p.kind == "S" then saxes[#saxes + 1] = a end end
-  local out = {}
-  G.each_box(r.shape, r.placement, mesh, saxes, coords, function(x, pb)
-    local q = mesh:rank_of(x)
-    local b = rec.parent and G.hook_box(rec.shape, r.shape, r.placement, mesh, q) or pb
-    if G.numel(b.len) > 0 then out[#out + 1] = { box = b, holder = q } end
-  end)
-  return out
-end
-
 -- The job's NS imbalance: the largest rank's NS cost over the mean (1 for
 -- no NS work). O(ranks with NS work).
-function P.imbalance(plan)
-  local W, mx, sum = plan.mesh.size, 0, 0
-  for _, l in pairs(plan.ns_load) do mx, sum = math.max(mx, l), sum + l end
-  return sum > 0 and mx / (sum / W) or 1
-end
+function P.imbalance(plan) return S._imbalance(plan.ns_load, plan.mesh.size) end
 
 -- Elements plan.rank sends and receives for one step of `plan` (records
 -- for which stepping(record) is true; all when nil): NS input pieces from
 -- state holders to owners, then each update slice from the owner to every
 -- other rank that holds it (split records: to and from the pieces of its
--- group, P.split_moves; the group's own exchanges are the machines',
+-- group, muon.dist.split_moves; the group's own exchanges are the machines',
 -- ns.split_cost). `rank` must be the plan's rank.
 function P.step_elements(plan, rank, stepping)
   local sent, recv = 0, 0
@@ -956,8 +678,8 @@ function P.step_elements(plan, rank, stepping)
   for _, r in ipairs(plan.records) do
     if stepping == nil or stepping(r) then
       if r.ns_group then
-        P.split_moves(r, plan.mesh, rank, false, split)
-        P.split_moves(r, plan.mesh, rank, true, split)
+        S.split_moves(r, plan.mesh, rank, false, split)
+        S.split_moves(r, plan.mesh, rank, true, split)
       else
         for _, it in ipairs(r.items) do
           count(it)

@@ -193,7 +193,7 @@ R.MODULES = {
       return members(getmetatable(req))
     end,
   } },
-  { name = "muon.dist", files = { "muon.dist", "muon.dist_mesh", "muon.dist_plan", "muon.dist_agree" }, classes = {
+  { name = "muon.dist", files = { "muon.dist", "muon.dist_mesh", "muon.dist_plan", "muon.dist_split", "muon.dist_agree" }, classes = {
     Mesh = function(d) return members(getmetatable(d.mesh({ { "world", 1 } }, 1))) end,
   } },
   { name = "muon.reduce", classes = {
