@@ -1,7 +1,8 @@
 -- `muon check --world N --rank R --mesh SPEC`: rank R's plan without MPI
 -- (muon.check_world). Its figures against a real mpirun are in
 -- tests/mpi/plan.sh; here: the scale (10,000 parameters at 4096 ranks),
--- the options and the placement suffix of a SHAPES line.
+-- the options and the placement suffix of a SHAPES line, the matrices a
+-- hook keeps whole.
 local check = require("muon.check")
 local CW = require("muon.check_world")
 
@@ -145,6 +146,25 @@ describe("muon check --world", function()
     assert.are.same({ 1, 0, 0, 0, 0, 0, 0, 128 },
       { f.held, f.state_held, f.owned_ns, f.owned_elementwise, f.state_bytes, f.ns_flops, f.bytes_sent, f.bytes_recv })
     assert.truthy(text:find("owns: 1 Newton-Schulz matrix (w)", 1, true))
+  end)
+  it("says which matrices a hook of their group keeps whole (never split)", function()
+    -- (two equal matrices of 4 blocks on 4 ranks: the plain one splits, the
+    -- hooked one stays on one rank; off: no such line; small ones not listed)
+    local cfg = tmpfile([[return { groups = {
+      { name = "hooked", optimizer = "muon", match = "^h", pre_ortho_fn = function() end,
+        post_update_fn = function() end },
+      { name = "own", optimizer = "muon", match = "^z", zeropower_fn = function(x) return x end },
+      { name = "plain", optimizer = "muon", match = "^p" } }, dist = { mesh = { { "shard", 4 } } } }]])
+    local shapes = assert(check.read_shapes(tmpfile("h.big 2048 8192\nz.big 8192 2048\nh.small 64 64\np.big 2048 8192\n")))
+    local text, problems = CW.run(cfg, shapes, { world = 4, rank = 0 })
+    assert.are.same({}, problems)
+    assert.truthy(text:find("split Newton-Schulz: 1 matrix over", 1, true), text)
+    assert.truthy(text:find("not split (a hook of the group needs the whole matrix): 2 matrices: h.big (pre_ortho_fn), "
+      .. "z.big (zeropower_fn)\n", 1, true), text)
+    local off = tmpfile([[return { groups = { { optimizer = "muon", pre_ortho_fn = function() end } },
+      dist = { mesh = { { "shard", 4 } }, split_ns = "off" } }]])
+    text = CW.run(off, shapes, { world = 4, rank = 0 })
+    assert.falsy(text:find("not split", 1, true), text)
   end)
   it("reads a placement suffix and refuses a bad one, a bad mesh and a missing --rank", function()
     local p = tmpfile("a 4 6 @R,S(2)\nb 3\n")

@@ -276,7 +276,14 @@ describe("dist NS cost and owners", function()
       { { max_group = "2" }, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), "
         .. "got the string \"2\"" },
       { { max_group = 0 }, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), got 0" },
-      { { imbalance = 0.5 }, "dist.split_ns.imbalance must be a number >= 1 (largest rank / mean), got 0.5" },
+      { { max_group = 1.5 }, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), got 1.5" },
+      { { max_group = math.huge }, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), "
+        .. "got inf" },
+      { { imbalance = 0.5 }, "dist.split_ns.imbalance must be a finite number >= 1 (largest rank / mean), got 0.5" },
+      { { imbalance = 0 / 0 }, "dist.split_ns.imbalance must be a finite number >= 1 (largest rank / mean), got nan" },
+      { { imbalance = math.huge }, "dist.split_ns.imbalance must be a finite number >= 1 (largest rank / mean), got inf" },
+      { { imbalance = "1.2" }, "dist.split_ns.imbalance must be a finite number >= 1 (largest rank / mean), "
+        .. "got the string \"1.2\"" },
       { { groups = 2 }, "dist.split_ns: unknown key 'groups'; valid keys: imbalance, max_group" },
     }) do
       assert.has_error(function() D.split_options(c[1]) end, c[2])

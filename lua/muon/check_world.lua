@@ -11,6 +11,7 @@
 --   CW.parse_mesh("replicate:2,shard:2048")   --> { {"replicate", 2}, {"shard", 2048} } or nil, err
 local D = require("muon.dist")
 local ns = require("muon.ns")
+local K = require("muon.optim.kind")
 local ESIZE = require("muon.tensor").DTYPE_SIZES
 
 local CW = {}
@@ -84,6 +85,30 @@ function CW.figures(plan)
   return f
 end
 
+-- The matrices a split could take (2-D float32 or float64, more than one
+-- block: ns.split_blocks) that never split because a hook of their group
+-- needs each whole (zeropower_fn, and the hooks K.whole names): "name
+-- (hook, ...)", from eng:describe()'s rows. None when split_ns is off.
+local function kept_whole(plan, eng)
+  local out, recs = {}, {}
+  if not plan.split_ns then return out end
+  for _, r in ipairs(plan.records) do
+    if r.ns and r.split_ok == false and #r.shape == 2 and (r.dtype == "float32" or r.dtype == "float64")
+      and ns.split_blocks(r.shape[1], r.shape[2], r.ns_opts) >= 2 then recs[#recs + 1] = r end
+  end
+  if #recs == 0 then return out end
+  local hooks_of = {}
+  for _, row in ipairs(eng:describe()) do hooks_of[row.name] = row.hooks end
+  for _, r in ipairs(recs) do
+    local whole = {}
+    for _, h in ipairs(hooks_of[r.name] or {}) do
+      if h == "zeropower_fn" or K.HOOK_NAMES[h].whole then whole[#whole + 1] = h end
+    end
+    out[#out + 1] = ("%s (%s)"):format(r.name, table.concat(whole, ", "))
+  end
+  return out
+end
+
 local function peak_rss_mb()
   local fh = io.open("/proc/self/status", "r")
   if not fh then return nil end
@@ -135,6 +160,11 @@ function CW.run(config_path, shapes, opts)
     f.split_records == 1 and "x" or "ces", f.split_ranks, me, #sg, #sg == 1 and "" or "s",
     #sg > 0 and (" (" .. table.concat(descr, "; ") .. (#sg > 4 and "; ..." or "") .. ")") or "")
   if #sg > 0 then line("  split Newton-Schulz bytes per step: sent %d, received %d", f.split_sent, f.split_recv) end
+  local kept = kept_whole(plan, eng)
+  if #kept > 0 then
+    line("  not split (a hook of the group needs the whole matrix): %d matri%s: %s", #kept, #kept == 1 and "x" or "ces",
+      table.concat(kept, ", ", 1, math.min(#kept, 4)) .. (#kept > 4 and ", ..." or ""))
+  end
   line("  state bytes: %d", f.state_bytes)
   line("  Newton-Schulz flops per step: %.6g", f.ns_flops)
   line("  bytes per step: sent %d, received %d", f.bytes_sent, f.bytes_recv)

@@ -51,12 +51,12 @@ function S.split_options(v)
     end
   end
   local g, imb = v.max_group, v.imbalance
-  if g ~= nil and (type(g) ~= "number" or g < 1 or g ~= math.floor(g)) then
+  if g ~= nil and (type(g) ~= "number" or g < 1 or g ~= math.floor(g) or g == math.huge) then
     E.raise(E.EINVAL, "dist.split_ns.max_group must be an integer >= 1 (ranks per matrix; 1: never split), got %s",
       E.value(g))
   end
-  if imb ~= nil and (type(imb) ~= "number" or imb ~= imb or imb < 1) then
-    E.raise(E.EINVAL, "dist.split_ns.imbalance must be a number >= 1 (largest rank / mean), got %s", E.value(imb))
+  if imb ~= nil and (type(imb) ~= "number" or imb ~= imb or imb < 1 or imb == math.huge) then
+    E.raise(E.EINVAL, "dist.split_ns.imbalance must be a finite number >= 1 (largest rank / mean), got %s", E.value(imb))
   end
   if g == 1 then return nil end
   return { max_group = g, imbalance = imb or SPLIT_IMBALANCE }

@@ -309,6 +309,10 @@ function Stepper:config_entries()
   add("balance", self.balance)
   add("max_batch_numel", tostring(self.max_batch_numel or ""))
   add("split_ns", K.serialize(self.split_ns or "auto"))
+  -- (the split plan's sizes, src/ns_split.c: ranks that read different
+  -- ones would plan different groups and wait on each other)
+  local plan_env = os.getenv("MU_NS_SPLIT_PLAN") or ""
+  add("MU_NS_SPLIT_PLAN", plan_env ~= "" and plan_env or "(unset)")
   add("check_replicas", self.check_replicas_mode)
   for _, e in ipairs(self.settings) do add(e[1], e[2]) end
   for gi, g in ipairs(self.groups) do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Split Newton-Schulz in the engine's step (tests/mpi/split_step_check.lua):
 # the split matrices' groups, bitwise equal to one process at 1-4 ranks,
-# their bytes, a failure on one rank failing every rank.
+# their bytes, a failure on one rank failing every rank, MU_NS_SPLIT_PLAN
+# different on one rank failing the first step everywhere (no hang).
 . "$(dirname "$0")/lib.bash"
 export MU_NS_SPLIT_PLAN=64,16,16
 S=tests/mpi/split_step_check.lua

@@ -9,12 +9,16 @@
 -- one process (values, momentum); the split NS bytes (comm_stats().split_ns)
 -- equal the machines' formula; eng:stats() counts each split matrix once
 -- (ns_matrices as one process's); a NaN gradient on one rank fails the step
--- on every rank, nothing changed.
+-- on every rank, nothing changed; MU_NS_SPLIT_PLAN different on the last
+-- rank fails a new engine's first step on every rank, naming it.
 local H = require("mpi.harness")
 local T = require("muon.tensor")
 local D = require("muon.dist")
 local ns = require("muon.ns")
+local E = require("muon.errors")
 local engine = require("muon.engine")
+local ffi = require("ffi")
+ffi.cdef("int setenv(const char *, const char *, int);")
 
 local mode, mesh_arg = arg[1], arg[2]
 local AXES = H.axes(mesh_arg)
@@ -113,4 +117,28 @@ H.main(function()
   local same = true
   for name, l in pairs(locals) do same = same and H.bits_equal(l.value, before[name]) end
   H.check("split-step-nan-fails-every-rank-nothing-changed", not sok and same, tostring(err))
+  -- the plan's sizes differ on the last rank: the ranks would plan
+  -- different groups (and wait on each other); the first step fails on
+  -- every rank naming the variable, nothing changed
+  if W > 1 then
+    local plan_env = os.getenv("MU_NS_SPLIT_PLAN")
+    if H.rank == W - 1 then ffi.C.setenv("MU_NS_SPLIT_PLAN", "off", 1) end
+    local e2 = engine.new(config(true))
+    local vals = {}
+    for _, spec in ipairs(PARAMS) do
+      local l = locals[spec[1]]
+      local pl = H.placement(AXES, spec)
+      pl.shape = spec[2]
+      vals[spec[1]] = l.value:clone()
+      e2:add_param(spec[1], vals[spec[1]], l.grad:clone(), pl)
+    end
+    local ok2, err2 = pcall(e2.step, e2)
+    ffi.C.setenv("MU_NS_SPLIT_PLAN", plan_env, 1)
+    local msg = not ok2 and E.message(err2) or ""
+    local kept = true
+    for name, l in pairs(locals) do kept = kept and H.bits_equal(vals[name], l.value) end
+    H.check("split-step-plan-env-differs-fails-every-rank", not ok2 and kept and msg:find(
+      ("configs differ across ranks at MU_NS_SPLIT_PLAN: rank 0 has 64,16,16, rank %d has off"):format(W - 1), 1, true)
+      ~= nil, msg)
+  end
 end)
