@@ -779,9 +779,10 @@ MU_API int mu_comm_world_rank(void);
  * or MU_NS_AUTO resolving to it) keep the unblocked iterations of src/ns.c
  * and src/ns_gram_bf16.c: one block, at every size. The knob
  * MU_NS_SPLIT_PLAN="LONG,BLOCK,STRIPE" (tests, measurements; "off": never
- * block) replaces 8192, 2048 and the stripe rows: every process of a run
- * must then set the same (a distributed engine's first step checks it,
- * muon.step's agreed settings). */
+ * block) replaces 8192, 2048 and the stripe rows (any other value is
+ * ignored, as a bad MU_NS_THREADS is: the defaults hold); every process of
+ * a run must then set the same (a distributed engine's first step checks
+ * it, muon.step's agreed settings). */
 typedef struct mu__split mu__split;
 /* Exchange kinds a rank's step machine asks its driver for. */
 enum { MU__SPLIT_ALLTOALLV = 1, MU__SPLIT_ALLGATHERV = 2 };
