@@ -13,6 +13,9 @@ local function wall() -- (monotonic seconds: CLOCK_MONOTONIC is 1 on Linux)
 end
 
 return function(options)
+  -- (busted's TAP handler writes with io.write: line buffering sends each
+  -- line whole as it ends, not in 4 KiB blocks cut anywhere)
+  io.stdout:setvbuf("line")
   local busted = require("busted")
   local handler = require("busted.outputHandlers.TAP")(options)
   local file_t0, file_n, test_t0 = 0, 0, 0
