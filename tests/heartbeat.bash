@@ -2,7 +2,8 @@
 #   command 2>&1 | heartbeat LABEL
 # copies its input to stdout line by line as it comes and, after 10 s
 # (HEARTBEAT_SECONDS) without a line (a long test or measurement), prints
-# "# LABEL: still running (N s)", again every 10 s: never silent longer.
+# "# LABEL: still running (N s)", again after each such interval: never
+# silent longer.
 # A line is never cut: what arrives of it before a heartbeat is held until
 # its end (a TAP line cut in two would not be counted).
 heartbeat() {

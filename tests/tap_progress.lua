@@ -20,10 +20,7 @@ return function(options)
   local handler = require("busted.outputHandlers.TAP")(options)
   local file_t0, file_n, test_t0 = 0, 0, 0
 
-  local function line(s)
-    io.write(s, "\n")
-    io.flush()
-  end
+  local function line(s) io.write(s, "\n") end
 
   busted.subscribe({ "file", "start" }, function(file)
     file_t0, file_n = wall(), 0
